@@ -1,0 +1,62 @@
+//! The KV block pool of one data-parallel rank.
+//!
+//! Only counts are kept: the simulator needs to know how many blocks are free, not which ones.
+//! Every block in use belongs to exactly one running request, and the scheduler's property tests
+//! check that the pool's count always equals the sum of the blocks its running requests hold.
+
+/// A fixed pool of KV cache blocks.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    /// Blocks the GPU has for the KV cache (`--num-gpu-blocks`).
+    total: u32,
+    /// Blocks currently held by running requests.
+    used: u32,
+}
+
+impl BlockPool {
+    pub fn new(total: u32) -> Self {
+        Self { total, used: 0 }
+    }
+
+    pub fn total(&self) -> u32 {
+        self.total
+    }
+
+    pub fn used(&self) -> u32 {
+        self.used
+    }
+
+    pub fn free(&self) -> u32 {
+        self.total - self.used
+    }
+
+    /// Takes `n` blocks if that many are free; otherwise takes none.
+    pub fn try_take(&mut self, n: u32) -> bool {
+        if n <= self.free() {
+            self.used += n;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Returns `n` blocks to the pool.
+    pub fn give_back(&mut self, n: u32) {
+        debug_assert!(n <= self.used, "returning more blocks than are in use");
+        self.used -= n.min(self.used);
+    }
+
+    /// The fraction of blocks in use, as `vllm:kv_cache_usage_perc` reports it.
+    pub fn usage(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            f64::from(self.used) / f64::from(self.total)
+        }
+    }
+}
+
+/// Blocks needed to hold `tokens` tokens of KV cache.
+pub fn blocks_for(tokens: u32, block_size: u32) -> u32 {
+    tokens.div_ceil(block_size.max(1))
+}

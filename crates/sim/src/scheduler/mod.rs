@@ -1,0 +1,481 @@
+//! Continuous batching for one data-parallel rank, as a pure state machine.
+//!
+//! `Scheduler::step` plans one forward pass the way vLLM's scheduler does: running requests first
+//! (decodes and prefill chunks, in admission order), then requests swapped out to host memory,
+//! then the waiting queue, all within `max_num_batched_tokens` and `max_num_seqs`. A request is
+//! admitted only when the free KV blocks cover its whole prompt plus a watermark; decoding takes a
+//! new block every `block_size` tokens, and when none is free a victim chosen by the eviction
+//! policy is preempted (recompute, swap or truncate). The step's cost comes from the step-time model
+//! `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read (+ PCIe transfers)`.
+//!
+//! Nothing here knows about time passing or HTTP: the engine loop calls `step`, waits the returned
+//! duration, and delivers the returned events. That keeps every scheduling decision testable on a
+//! plain `for` loop.
+
+mod blocks;
+mod seq;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use blocks::{blocks_for, BlockPool};
+pub use seq::{FinishReason, NewSeq, Phase, Seq, SeqId};
+
+/// What happens to a running request evicted to free KV blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Preemption {
+    /// Free its blocks and prefill it again later (prompt + generated tokens). vLLM's default.
+    #[default]
+    Recompute,
+    /// Move its blocks to host memory; bringing them back costs a PCIe transfer.
+    Swap,
+    /// End it at once with `finish_reason: "length"`.
+    Truncate,
+}
+
+/// Which running request is evicted when the KV cache is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Eviction {
+    /// The most recently admitted request (vLLM's behaviour).
+    #[default]
+    Fcfs,
+    /// Least attained service: the request that has consumed the fewest tokens.
+    Las,
+    /// Shortest remaining processing time first: evict the request furthest from completion.
+    Srpt,
+}
+
+/// The step-time model's coefficients.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCost {
+    /// Fixed cost of any forward pass (b0).
+    pub base: Duration,
+    /// Cost of each prompt token prefilled (b1).
+    pub per_prefill_token: Duration,
+    /// Cost of each token decoded (b2).
+    pub per_decode_token: Duration,
+    /// Cost of each token of context whose KV is read by attention (b3): long contexts decode slower.
+    pub per_kv_token_read: Duration,
+    /// Cost of moving one KV block across PCIe, either way.
+    pub per_block_transfer: Duration,
+}
+
+/// Limits and policies of one rank's scheduler.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// At most this many requests in the running batch.
+    pub max_num_seqs: u32,
+    /// At most this many tokens (prefill chunks + decodes) in one step.
+    pub max_num_batched_tokens: u32,
+    /// KV blocks on this rank.
+    pub num_gpu_blocks: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Blocks that must stay free after admitting a new request, so running ones can keep decoding.
+    pub watermark_blocks: u32,
+    pub preemption: Preemption,
+    pub eviction: Eviction,
+    pub cost: StepCost,
+}
+
+/// Something a step did to a sequence, for the engine to deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqEvent {
+    /// The sequence produced one more token.
+    Token(SeqId),
+    /// The sequence ended; its blocks are already free.
+    Finished(SeqId, FinishReason),
+    /// The sequence was preempted (recompute or swap) and will resume later.
+    Preempted(SeqId),
+}
+
+/// One planned forward pass and what it produced.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// How long the pass takes on the modelled GPU.
+    pub duration: Duration,
+    pub prefill_tokens: u32,
+    pub decode_tokens: u32,
+    pub events: Vec<SeqEvent>,
+}
+
+/// Running totals since the scheduler started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    pub steps: u64,
+    pub preemptions: u64,
+    pub aborted: u64,
+    pub finished: u64,
+    pub prompt_tokens_computed: u64,
+    pub tokens_generated: u64,
+    /// Prefill and decode work spent on requests later aborted, or recomputed after preemption.
+    pub wasted_tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    Prefill(u32),
+    Decode,
+}
+
+/// The scheduler of one data-parallel rank.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    pool: BlockPool,
+    seqs: HashMap<SeqId, Seq>,
+    /// The running batch, in admission order.
+    running: Vec<SeqId>,
+    /// Requests waiting for admission; preempted (recompute) requests go back to the front.
+    waiting: VecDeque<SeqId>,
+    /// Requests swapped out to host memory, resumed in the order they left.
+    swapped: VecDeque<SeqId>,
+    admissions: u64,
+    counters: Counters,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        let pool = BlockPool::new(cfg.num_gpu_blocks);
+        Self {
+            cfg,
+            pool,
+            seqs: HashMap::new(),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            swapped: VecDeque::new(),
+            admissions: 0,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Queues a new sequence at the back of the waiting queue.
+    pub fn add(&mut self, new: NewSeq) {
+        let id = new.id;
+        self.seqs.insert(id, Seq::new(new));
+        self.waiting.push_back(id);
+    }
+
+    /// Removes a sequence wherever it is and frees its blocks; its work so far is wasted.
+    /// Returns false when the sequence is unknown (already finished).
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return false;
+        };
+        match seq.phase {
+            Phase::Running => {
+                self.pool.give_back(seq.blocks);
+                self.running.retain(|r| *r != id);
+            }
+            Phase::Waiting => self.waiting.retain(|r| *r != id),
+            Phase::Swapped => self.swapped.retain(|r| *r != id),
+        }
+        self.counters.wasted_tokens += seq.work;
+        self.counters.aborted += 1;
+        true
+    }
+
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn swapped_len(&self) -> usize {
+        self.swapped.len()
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    pub fn seq(&self, id: SeqId) -> Option<&Seq> {
+        self.seqs.get(&id)
+    }
+
+    /// Sequences in the running batch, in admission order.
+    pub fn running(&self) -> impl Iterator<Item = &Seq> {
+        self.running.iter().filter_map(|id| self.seqs.get(id))
+    }
+
+    /// Prompt tokens not yet prefilled, waiting or running (Dynamo's `active_prefill_tokens`).
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.seqs
+            .values()
+            .filter(|s| s.phase != Phase::Swapped)
+            .map(|s| u64::from(s.prefill_target.saturating_sub(s.computed)))
+            .sum()
+    }
+
+    /// Plans and applies one forward pass. `None` when there is nothing to do.
+    pub fn step(&mut self) -> Option<Step> {
+        let mut events = Vec::new();
+        let mut plan: Vec<(SeqId, Work)> = Vec::new();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut transferred_blocks = 0u32;
+
+        let preempted =
+            self.schedule_running(&mut plan, &mut budget, &mut events, &mut transferred_blocks);
+        if !preempted {
+            self.resume_swapped(&mut plan, &mut budget, &mut transferred_blocks);
+            if self.swapped.is_empty() {
+                self.admit_waiting(&mut plan, &mut budget);
+            }
+        }
+        if plan.is_empty() && transferred_blocks == 0 && events.is_empty() {
+            return None;
+        }
+        let step = self.apply(plan, transferred_blocks, events);
+        self.counters.steps += 1;
+        Some(step)
+    }
+
+    /// Schedules the running batch; returns whether anything was preempted.
+    fn schedule_running(
+        &mut self,
+        plan: &mut Vec<(SeqId, Work)>,
+        budget: &mut u32,
+        events: &mut Vec<SeqEvent>,
+        transferred_blocks: &mut u32,
+    ) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                self.running.remove(i);
+                continue;
+            };
+            if seq.is_prefilling() {
+                let chunk = (seq.prefill_target - seq.computed).min(*budget);
+                *budget -= chunk;
+                plan.push((id, Work::Prefill(chunk)));
+                i += 1;
+                continue;
+            }
+            let need = blocks_for(seq.computed + 1, self.cfg.block_size).saturating_sub(seq.blocks);
+            if need == 0 || self.pool.try_take(need) {
+                seq.blocks += need;
+                *budget -= 1;
+                plan.push((id, Work::Decode));
+                i += 1;
+                continue;
+            }
+            // Out of blocks: evict someone (maybe this very request) and try again.
+            let Some(victim) = self.pick_victim() else {
+                break;
+            };
+            preempted = true;
+            let victim_index = self.running.iter().position(|r| *r == victim);
+            if let Some(pos) = plan.iter().position(|(pid, _)| *pid == victim) {
+                let (_, work) = plan.remove(pos);
+                *budget += match work {
+                    Work::Prefill(chunk) => chunk,
+                    Work::Decode => 1,
+                };
+            }
+            self.preempt(victim, events, transferred_blocks);
+            if matches!(victim_index, Some(v) if v < i) {
+                i -= 1;
+            }
+        }
+        preempted
+    }
+
+    /// The running request the eviction policy gives up first; ties go to the newest admission.
+    fn pick_victim(&self) -> Option<SeqId> {
+        let running = self.running.iter().filter_map(|id| self.seqs.get(id));
+        let newest = |s: &Seq| s.admitted_at;
+        let victim = match self.cfg.eviction {
+            Eviction::Fcfs => running.max_by_key(|s| newest(s)),
+            Eviction::Las => {
+                running.min_by_key(|s| (s.attained(), std::cmp::Reverse(newest(s))))
+            }
+            Eviction::Srpt => running.max_by_key(|s| (s.remaining(), newest(s))),
+        };
+        victim.map(|s| s.id)
+    }
+
+    fn preempt(&mut self, id: SeqId, events: &mut Vec<SeqEvent>, transferred_blocks: &mut u32) {
+        self.running.retain(|r| *r != id);
+        self.counters.preemptions += 1;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        self.pool.give_back(seq.blocks);
+        match self.cfg.preemption {
+            Preemption::Recompute => {
+                self.counters.wasted_tokens += seq.work;
+                seq.work = 0;
+                seq.blocks = 0;
+                seq.computed = 0;
+                seq.prefill_target = seq.prompt_tokens + seq.generated;
+                seq.phase = Phase::Waiting;
+                self.waiting.push_front(id);
+                events.push(SeqEvent::Preempted(id));
+            }
+            Preemption::Swap => {
+                *transferred_blocks += seq.blocks;
+                seq.phase = Phase::Swapped;
+                self.swapped.push_back(id);
+                events.push(SeqEvent::Preempted(id));
+            }
+            Preemption::Truncate => {
+                self.seqs.remove(&id);
+                self.counters.finished += 1;
+                events.push(SeqEvent::Finished(id, FinishReason::Length));
+            }
+        }
+    }
+
+    /// Brings swapped requests back while blocks (plus the watermark) allow, each decoding in the
+    /// step that brings it back.
+    fn resume_swapped(
+        &mut self,
+        plan: &mut Vec<(SeqId, Work)>,
+        budget: &mut u32,
+        transferred_blocks: &mut u32,
+    ) {
+        while let Some(&id) = self.swapped.front() {
+            if self.running.len() >= self.cfg.max_num_seqs as usize || *budget == 0 {
+                break;
+            }
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                self.swapped.pop_front();
+                continue;
+            };
+            let work = if seq.is_prefilling() {
+                Work::Prefill((seq.prefill_target - seq.computed).min(*budget))
+            } else {
+                Work::Decode
+            };
+            let extra = match work {
+                Work::Prefill(_) => 0,
+                Work::Decode => blocks_for(seq.computed + 1, self.cfg.block_size)
+                    .saturating_sub(seq.blocks),
+            };
+            let need = seq.blocks + extra;
+            if self.pool.free() < need + self.cfg.watermark_blocks || !self.pool.try_take(need) {
+                break;
+            }
+            *transferred_blocks += seq.blocks;
+            seq.blocks = need;
+            self.admissions += 1;
+            seq.admitted_at = self.admissions;
+            seq.phase = Phase::Running;
+            *budget -= match work {
+                Work::Prefill(chunk) => chunk,
+                Work::Decode => 1,
+            };
+            plan.push((id, work));
+            self.swapped.pop_front();
+            self.running.push(id);
+        }
+    }
+
+    /// Admits waiting requests in order while their whole context (plus the watermark) fits.
+    fn admit_waiting(&mut self, plan: &mut Vec<(SeqId, Work)>, budget: &mut u32) {
+        while self.running.len() < self.cfg.max_num_seqs as usize && *budget > 0 {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            let need = blocks_for(seq.prefill_target, self.cfg.block_size);
+            if self.pool.free() < need + self.cfg.watermark_blocks || !self.pool.try_take(need) {
+                break;
+            }
+            self.waiting.pop_front();
+            self.admissions += 1;
+            seq.admitted_at = self.admissions;
+            seq.blocks = need;
+            seq.phase = Phase::Running;
+            let chunk = (seq.prefill_target - seq.computed).min(*budget);
+            *budget -= chunk;
+            plan.push((id, Work::Prefill(chunk)));
+            self.running.push(id);
+        }
+    }
+
+    /// Prices the planned pass and advances every planned sequence by it.
+    fn apply(
+        &mut self,
+        plan: Vec<(SeqId, Work)>,
+        transferred_blocks: u32,
+        mut events: Vec<SeqEvent>,
+    ) -> Step {
+        let (mut prefill_tokens, mut decode_tokens, mut kv_read) = (0u32, 0u32, 0u64);
+        let mut finished = Vec::new();
+        for (id, work) in plan {
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            let computed_now = match work {
+                Work::Prefill(chunk) => {
+                    prefill_tokens += chunk;
+                    self.counters.prompt_tokens_computed += u64::from(chunk);
+                    chunk
+                }
+                Work::Decode => {
+                    decode_tokens += 1;
+                    1
+                }
+            };
+            seq.computed += computed_now;
+            seq.work += u64::from(computed_now);
+            kv_read += u64::from(seq.computed);
+            if seq.is_prefilling() {
+                continue;
+            }
+            seq.generated += 1;
+            self.counters.tokens_generated += 1;
+            events.push(SeqEvent::Token(id));
+            if seq.generated >= seq.output_tokens {
+                events.push(SeqEvent::Finished(id, seq.finish));
+                finished.push(id);
+            }
+        }
+        for id in finished {
+            if let Some(seq) = self.seqs.remove(&id) {
+                self.pool.give_back(seq.blocks);
+                self.counters.finished += 1;
+            }
+            self.running.retain(|r| *r != id);
+        }
+        let cost = &self.cfg.cost;
+        let forward_pass = if prefill_tokens + decode_tokens > 0 {
+            cost.base
+        } else {
+            Duration::ZERO
+        };
+        let duration = forward_pass
+            + cost.per_prefill_token * prefill_tokens
+            + cost.per_decode_token * decode_tokens
+            + cost.per_kv_token_read.saturating_mul(u32::try_from(kv_read).unwrap_or(u32::MAX))
+            + cost.per_block_transfer * transferred_blocks;
+        Step {
+            duration,
+            prefill_tokens,
+            decode_tokens,
+            events,
+        }
+    }
+}

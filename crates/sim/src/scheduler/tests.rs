@@ -1,0 +1,399 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn cost() -> StepCost {
+    StepCost {
+        base: Duration::from_millis(1),
+        per_prefill_token: Duration::from_micros(10),
+        per_decode_token: Duration::from_micros(100),
+        per_kv_token_read: Duration::from_nanos(0),
+        per_block_transfer: Duration::from_micros(50),
+    }
+}
+
+fn config(blocks: u32, block_size: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs: 64,
+        max_num_batched_tokens: 1024,
+        num_gpu_blocks: blocks,
+        block_size,
+        watermark_blocks: 0,
+        preemption: Preemption::Recompute,
+        eviction: Eviction::Fcfs,
+        cost: cost(),
+    }
+}
+
+fn seq(id: u64, prompt: u32, output: u32) -> NewSeq {
+    NewSeq {
+        id: SeqId(id),
+        prompt_tokens: prompt,
+        output_tokens: output,
+        finish: FinishReason::Stop,
+    }
+}
+
+fn tokens(step: &Step) -> Vec<u64> {
+    step.events
+        .iter()
+        .filter_map(|e| match e {
+            SeqEvent::Token(id) => Some(id.0),
+            _ => None,
+        })
+        .collect()
+}
+
+fn preempted(step: &Step) -> Vec<u64> {
+    step.events
+        .iter()
+        .filter_map(|e| match e {
+            SeqEvent::Preempted(id) => Some(id.0),
+            SeqEvent::Finished(id, FinishReason::Length) => Some(id.0),
+            _ => None,
+        })
+        .collect()
+}
+
+fn held_by_running(s: &Scheduler) -> u32 {
+    s.running().map(|q| q.blocks).sum()
+}
+
+#[test]
+fn an_idle_scheduler_does_not_step() {
+    let mut s = Scheduler::new(config(100, 16));
+    assert!(s.step().is_none());
+}
+
+#[test]
+fn one_step_prefills_every_waiting_prompt_that_fits_the_token_budget() {
+    let mut s = Scheduler::new(config(100, 16));
+    for id in 0..3 {
+        s.add(seq(id, 10, 5));
+    }
+    let step = s.step().unwrap();
+    assert_eq!(step.prefill_tokens, 30);
+    assert_eq!(step.decode_tokens, 0);
+    assert_eq!(tokens(&step), vec![0, 1, 2], "the prefill step samples each first token");
+    assert_eq!(
+        step.duration,
+        Duration::from_millis(1) + Duration::from_micros(10) * 30
+    );
+
+    let step = s.step().unwrap();
+    assert_eq!((step.prefill_tokens, step.decode_tokens), (0, 3));
+    assert_eq!(
+        step.duration,
+        Duration::from_millis(1) + Duration::from_micros(100) * 3
+    );
+}
+
+#[test]
+fn long_prompts_are_prefilled_in_chunks_beside_running_decodes() {
+    let mut cfg = config(100, 16);
+    cfg.max_num_batched_tokens = 100;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 10, 50));
+    s.step().unwrap();
+    s.add(seq(1, 250, 5));
+
+    let chunks: Vec<(u32, u32, Vec<u64>)> = (0..4)
+        .map(|_| {
+            let step = s.step().unwrap();
+            (step.prefill_tokens, step.decode_tokens, tokens(&step))
+        })
+        .collect();
+    assert_eq!(
+        chunks,
+        vec![
+            (99, 1, vec![0]),
+            (99, 1, vec![0]),
+            (52, 1, vec![0, 1]),
+            (0, 2, vec![0, 1]),
+        ],
+        "the decode goes first and the prompt takes what is left of the budget"
+    );
+}
+
+#[test]
+fn the_running_batch_is_capped_at_max_num_seqs() {
+    let mut cfg = config(100, 16);
+    cfg.max_num_seqs = 2;
+    let mut s = Scheduler::new(cfg);
+    for id in 0..5 {
+        s.add(seq(id, 4, 3));
+    }
+    let step = s.step().unwrap();
+    assert_eq!(tokens(&step), vec![0, 1]);
+    assert_eq!((s.running_len(), s.waiting_len()), (2, 3));
+}
+
+#[test]
+fn admission_needs_the_whole_prompt_plus_the_watermark_in_free_blocks() {
+    let mut cfg = config(10, 4);
+    cfg.watermark_blocks = 2;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 4 * 8, 1)); // 8 blocks + 2 watermark = 10: fits exactly
+    s.add(seq(1, 1, 1)); // 1 block, but only 2 free and the watermark needs them
+    let step = s.step().unwrap();
+    assert_eq!(tokens(&step), vec![0]);
+    assert_eq!(s.waiting_len(), 1, "the second prompt waits for blocks");
+    let step = s.step().unwrap();
+    assert_eq!(tokens(&step), vec![1], "admitted once the first one freed its blocks");
+}
+
+#[test]
+fn nothing_is_preempted_until_the_blocks_run_out() {
+    // Two prompts of one block each, three blocks: the first decode block fits, the second does not.
+    let mut s = Scheduler::new(config(3, 4));
+    s.add(seq(0, 4, 10));
+    s.add(seq(1, 4, 10));
+    let step = s.step().unwrap();
+    assert!(preempted(&step).is_empty());
+    assert_eq!(s.pool().used(), 2);
+
+    let step = s.step().unwrap();
+    assert_eq!(tokens(&step), vec![0]);
+    assert_eq!(preempted(&step), vec![1], "FCFS evicts the newest admission");
+    assert_eq!(s.counters().preemptions, 1);
+    assert_eq!(s.pool().used(), 2, "the victim's block is back in the pool");
+}
+
+/// Three running requests with distinct attained service and remaining work, and not one free
+/// block: the first decode forces an eviction, and the victim tells which policy chose it.
+fn victim_under(eviction: Eviction) -> u64 {
+    let mut cfg = config(9, 1);
+    cfg.eviction = eviction;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 5, 100)); // attained 6 after prefill, 99 to go, oldest
+    s.add(seq(1, 1, 3)); // attained 2, 2 to go
+    s.add(seq(2, 3, 50)); // attained 4, 49 to go, newest
+    let step = s.step().unwrap();
+    assert_eq!(s.pool().free(), 0);
+    assert!(preempted(&step).is_empty());
+    let step = s.step().unwrap();
+    let victims = preempted(&step);
+    assert!(!victims.is_empty());
+    victims[0]
+}
+
+#[test]
+fn fcfs_evicts_the_most_recently_admitted() {
+    assert_eq!(victim_under(Eviction::Fcfs), 2);
+}
+
+#[test]
+fn las_evicts_the_request_with_the_least_attained_service() {
+    assert_eq!(victim_under(Eviction::Las), 1);
+}
+
+#[test]
+fn srpt_evicts_the_request_furthest_from_completion() {
+    assert_eq!(victim_under(Eviction::Srpt), 0);
+}
+
+#[test]
+fn recompute_sends_the_victim_to_the_front_of_the_queue_and_wastes_its_work() {
+    let mut s = Scheduler::new(config(3, 4));
+    s.add(seq(0, 4, 10));
+    s.add(seq(1, 4, 10));
+    s.step().unwrap();
+    s.add(seq(2, 4, 10));
+    let step = s.step().unwrap();
+    assert_eq!(preempted(&step), vec![1]);
+    let victim = s.seq(SeqId(1)).unwrap();
+    assert_eq!(victim.phase, Phase::Waiting);
+    assert_eq!(victim.computed, 0);
+    assert_eq!(victim.prefill_target, 4 + 1, "prompt plus the token it generated");
+    assert_eq!(
+        s.waiting.iter().map(|id| id.0).collect::<Vec<_>>(),
+        vec![1, 2],
+        "the victim goes ahead of requests that never ran"
+    );
+    assert_eq!(s.counters().wasted_tokens, 4, "its prefill was thrown away");
+}
+
+#[test]
+fn swap_keeps_the_work_and_pays_the_transfer_both_ways() {
+    let mut cfg = config(3, 4);
+    cfg.preemption = Preemption::Swap;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 4, 2));
+    s.add(seq(1, 4, 10));
+    s.step().unwrap();
+    // Seq 0 takes the last block for its final token; seq 1 finds none and goes to host memory.
+    let step = s.step().unwrap();
+    assert!(step
+        .events
+        .contains(&SeqEvent::Finished(SeqId(0), FinishReason::Stop)));
+    assert_eq!(preempted(&step), vec![1]);
+    assert_eq!(s.swapped_len(), 1);
+    let decode_only = Duration::from_millis(1) + Duration::from_micros(100);
+    assert_eq!(
+        step.duration,
+        decode_only + Duration::from_micros(50),
+        "swap-out moves one block"
+    );
+    assert_eq!(s.counters().wasted_tokens, 0);
+
+    // Seq 0's blocks are free: seq 1 comes back (one block in) and decodes in the same step.
+    let step = s.step().unwrap();
+    assert_eq!(s.swapped_len(), 0);
+    assert_eq!(tokens(&step), vec![1]);
+    assert_eq!(s.seq(SeqId(1)).unwrap().computed, 5, "nothing was recomputed");
+    assert_eq!(step.duration, decode_only + Duration::from_micros(50));
+}
+
+#[test]
+fn truncate_finishes_the_victim_with_length() {
+    let mut cfg = config(3, 4);
+    cfg.preemption = Preemption::Truncate;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 4, 10));
+    s.add(seq(1, 4, 10));
+    s.step().unwrap();
+    let step = s.step().unwrap();
+    assert!(step
+        .events
+        .contains(&SeqEvent::Finished(SeqId(1), FinishReason::Length)));
+    assert!(s.seq(SeqId(1)).is_none());
+    assert_eq!(s.counters().wasted_tokens, 0, "its partial answer is kept");
+}
+
+#[test]
+fn a_sequence_ends_after_its_output_length_with_its_finish_reason() {
+    let mut s = Scheduler::new(config(10, 4));
+    s.add(NewSeq {
+        finish: FinishReason::Length,
+        ..seq(0, 4, 3)
+    });
+    let mut events = Vec::new();
+    while let Some(step) = s.step() {
+        events.extend(step.events);
+    }
+    assert_eq!(
+        events,
+        vec![
+            SeqEvent::Token(SeqId(0)),
+            SeqEvent::Token(SeqId(0)),
+            SeqEvent::Token(SeqId(0)),
+            SeqEvent::Finished(SeqId(0), FinishReason::Length),
+        ]
+    );
+    assert_eq!(s.pool().used(), 0);
+    assert_eq!(s.counters().finished, 1);
+}
+
+#[test]
+fn aborts_free_blocks_and_count_the_work_as_wasted() {
+    let mut s = Scheduler::new(config(10, 4));
+    s.add(seq(0, 8, 10));
+    s.add(seq(1, 8, 10));
+    s.step().unwrap();
+    s.add(seq(2, 8, 10));
+    assert_eq!(s.pool().used(), 4);
+    assert!(s.abort(SeqId(0)));
+    assert_eq!(s.pool().used(), 2);
+    assert!(s.abort(SeqId(2)), "a waiting request can be aborted too");
+    assert!(!s.abort(SeqId(2)));
+    assert_eq!(s.counters().aborted, 2);
+    assert_eq!(s.counters().wasted_tokens, 8);
+    assert_eq!((s.running_len(), s.waiting_len()), (1, 0));
+}
+
+#[test]
+fn kv_reads_make_long_contexts_decode_slower() {
+    let mut cfg = config(1000, 16);
+    cfg.cost.per_kv_token_read = Duration::from_micros(1);
+    let decode_time = |prompt: u32| {
+        let mut s = Scheduler::new(cfg.clone());
+        s.add(seq(0, prompt, 5));
+        s.step().unwrap();
+        s.step().unwrap().duration
+    };
+    assert_eq!(decode_time(1000) - decode_time(100), Duration::from_micros(900));
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add { prompt: u32, output: u32 },
+    Abort(u64),
+    Step,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1u32..200, 1u32..200).prop_map(|(prompt, output)| Op::Add { prompt, output }),
+        (0u64..40).prop_map(Op::Abort),
+        Just(Op::Step),
+        Just(Op::Step),
+        Just(Op::Step),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = (Preemption, Eviction)> {
+    let preemption = prop_oneof![
+        Just(Preemption::Recompute),
+        Just(Preemption::Swap),
+        Just(Preemption::Truncate)
+    ];
+    let eviction = prop_oneof![Just(Eviction::Fcfs), Just(Eviction::Las), Just(Eviction::Srpt)];
+    (preemption, eviction)
+}
+
+proptest! {
+    #[test]
+    fn blocks_in_use_always_equal_the_blocks_running_requests_hold(
+        ops in prop::collection::vec(op(), 1..300),
+        (preemption, eviction) in policy(),
+        max_num_seqs in 1u32..16,
+        max_num_batched_tokens in 1u32..300,
+        watermark_blocks in 0u32..3,
+    ) {
+        // 25 blocks of 16 tokens hold the longest possible request (400 tokens) beside the watermark.
+        let cfg = SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens,
+            num_gpu_blocks: 25 + watermark_blocks,
+            block_size: 16,
+            watermark_blocks,
+            preemption,
+            eviction,
+            cost: cost(),
+        };
+        let mut s = Scheduler::new(cfg);
+        let mut next = 0;
+        for op in ops {
+            match op {
+                Op::Add { prompt, output } => {
+                    s.add(seq(next, prompt, output));
+                    next += 1;
+                }
+                Op::Abort(id) => {
+                    s.abort(SeqId(id));
+                }
+                Op::Step => {
+                    s.step();
+                }
+            }
+            prop_assert_eq!(s.pool().used(), held_by_running(&s));
+            prop_assert!(s.pool().used() <= s.pool().total());
+            prop_assert!(s.running_len() <= max_num_seqs as usize);
+            prop_assert_eq!(
+                s.running_len() + s.waiting_len() + s.swapped_len(),
+                s.seqs.len(),
+                "every live sequence is in exactly one queue"
+            );
+        }
+        // Whatever happened, the work drains and returns every block.
+        let mut guard = 0;
+        while s.step().is_some() {
+            guard += 1;
+            prop_assert!(guard < 100_000, "the scheduler must make progress");
+        }
+        prop_assert_eq!(s.pool().used(), 0);
+        prop_assert_eq!(s.seqs.len(), 0);
+    }
+}
