@@ -1,2 +1,7 @@
 //! placeholder
+pub mod config;
+pub mod engine;
+pub mod faults;
+pub mod profile;
+pub mod request;
 pub mod scheduler;

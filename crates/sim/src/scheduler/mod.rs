@@ -479,3 +479,10 @@ impl Scheduler {
         }
     }
 }
+
+impl Scheduler {
+    /// Sequences waiting or swapped out, in queue order.
+    pub fn queued_ids(&self) -> Vec<SeqId> {
+        self.waiting.iter().chain(self.swapped.iter()).copied().collect()
+    }
+}

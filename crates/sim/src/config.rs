@@ -1,0 +1,162 @@
+//! One engine's settings, validated once when the engine starts.
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::Profile;
+use crate::scheduler::{blocks_for, Eviction, Preemption, SchedulerConfig};
+
+/// Which engine the simulator imitates on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flavor {
+    Vllm,
+    Sglang,
+}
+
+impl Flavor {
+    /// The `owned_by` of `/v1/models`, which gateways read to detect the backend.
+    pub fn owner(self) -> &'static str {
+        match self {
+            Flavor::Vllm => "vllm",
+            Flavor::Sglang => "sglang",
+        }
+    }
+}
+
+/// Fraction of the KV blocks kept free when admitting a new request (vLLM's watermark).
+pub const DEFAULT_WATERMARK: f64 = 0.01;
+
+/// Dynamo's default overflow queue behind `--engine-request-limit`.
+pub const DEFAULT_REQUEST_QUEUE_LIMIT: u32 = 16;
+
+/// The settings of one simulated engine. Every rank of a data-parallel engine gets the same
+/// scheduler limits and its own KV cache, as vLLM's DP ranks do.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub flavor: Flavor,
+    /// The served model name.
+    pub model: String,
+    pub profile: Profile,
+    /// Every engine duration is divided by this: 10 runs ten seconds of engine time in one.
+    pub time_scale: f64,
+    /// Seeds answer lengths, token text and injected error choices.
+    pub seed: u64,
+    pub max_num_seqs: u32,
+    pub max_num_batched_tokens: u32,
+    pub num_gpu_blocks: u32,
+    pub block_size: u32,
+    pub dp_size: u32,
+    pub max_model_len: u32,
+    pub preemption: Preemption,
+    pub eviction: Eviction,
+    /// Reject new requests with 503 once this many are waiting (off by default, as in vLLM).
+    pub max_queued_requests: Option<u32>,
+    /// Dynamo's worker-side cap: N requests in the engine...
+    pub engine_request_limit: Option<u32>,
+    /// ...plus Q waiting for a slot; the next one gets 529.
+    pub request_queue_limit: u32,
+    /// Bearer token the OpenAI routes require, as `vllm serve --api-key`.
+    pub api_key: Option<String>,
+    /// Fraction of KV blocks kept free at admission.
+    pub watermark: f64,
+}
+
+/// A setting that cannot work, named so the user knows which flag to fix.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("--{flag} must be at least {min}, got {value}")]
+    TooSmall {
+        flag: &'static str,
+        min: u64,
+        value: u64,
+    },
+    #[error("--time-scale must be a positive number, got {0}")]
+    TimeScale(f64),
+    #[error(
+        "--max-model-len {max_model_len} needs {needed} KV blocks but only {available} are \
+         usable (--num-gpu-blocks minus the watermark): raise --num-gpu-blocks or lower --max-model-len"
+    )]
+    ContextDoesNotFit {
+        max_model_len: u32,
+        needed: u32,
+        available: u32,
+    },
+}
+
+impl EngineConfig {
+    /// An engine with the profile's defaults.
+    pub fn new(flavor: Flavor, model: impl Into<String>, profile: Profile) -> Self {
+        Self {
+            flavor,
+            model: model.into(),
+            time_scale: 1.0,
+            seed: 0,
+            max_num_seqs: profile.max_num_seqs,
+            max_num_batched_tokens: profile.max_num_batched_tokens,
+            num_gpu_blocks: profile.num_gpu_blocks,
+            block_size: profile.block_size,
+            dp_size: 1,
+            max_model_len: profile.max_model_len,
+            preemption: Preemption::default(),
+            eviction: Eviction::default(),
+            max_queued_requests: None,
+            engine_request_limit: None,
+            request_queue_limit: DEFAULT_REQUEST_QUEUE_LIMIT,
+            api_key: None,
+            watermark: DEFAULT_WATERMARK,
+            profile,
+        }
+    }
+
+    /// KV blocks every admission must leave free.
+    pub fn watermark_blocks(&self) -> u32 {
+        (f64::from(self.num_gpu_blocks) * self.watermark).ceil() as u32
+    }
+
+    /// Checks that the engine can run; the error names the flag to change.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let at_least = |flag, min: u64, value: u64| {
+            if value < min {
+                Err(ConfigError::TooSmall { flag, min, value })
+            } else {
+                Ok(())
+            }
+        };
+        at_least("max-num-seqs", 1, self.max_num_seqs.into())?;
+        at_least("max-num-batched-tokens", 1, self.max_num_batched_tokens.into())?;
+        at_least("block-size", 1, self.block_size.into())?;
+        at_least("dp-size", 1, self.dp_size.into())?;
+        at_least("max-model-len", 1, self.max_model_len.into())?;
+        if let Some(limit) = self.engine_request_limit {
+            at_least("engine-request-limit", 1, limit.into())?;
+            at_least("request-queue-limit", 2, self.request_queue_limit.into())?;
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return Err(ConfigError::TimeScale(self.time_scale));
+        }
+        let needed = blocks_for(self.max_model_len, self.block_size);
+        let available = self.num_gpu_blocks.saturating_sub(self.watermark_blocks());
+        if needed > available {
+            return Err(ConfigError::ContextDoesNotFit {
+                max_model_len: self.max_model_len,
+                needed,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// The scheduler settings of one rank.
+    pub fn scheduler(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            num_gpu_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            watermark_blocks: self.watermark_blocks(),
+            preemption: self.preemption,
+            eviction: self.eviction,
+            cost: self.profile.cost,
+        }
+    }
+}

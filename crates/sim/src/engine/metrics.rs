@@ -1,0 +1,237 @@
+//! The engine's Prometheus metrics, under the names the real engine uses for its flavor.
+//!
+//! Counters and histograms are moved by the rank loops as events happen; gauges are read from
+//! the ranks' published state when `/metrics` is scraped. Latencies are observed on the host's
+//! clock, that is, as a client of a time-scaled engine sees them.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::stats::RankView;
+use crate::config::{EngineConfig, Flavor};
+use crate::faults::PinnedLoad;
+use crate::scheduler::FinishReason;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RankLabels {
+    model_name: String,
+    engine: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FinishLabels {
+    model_name: String,
+    engine: String,
+    finished_reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheConfigLabels {
+    block_size: String,
+    num_gpu_blocks: String,
+    enable_prefix_caching: String,
+    gpu_memory_utilization: String,
+    engine: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type FloatCounter = Counter<f64, AtomicU64>;
+type Histograms = Family<RankLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    ])
+}
+
+/// The metric names of one flavor.
+struct Names {
+    running: &'static str,
+    waiting: &'static str,
+    kv_usage: &'static str,
+    preemptions: &'static str,
+    prompt_tokens: &'static str,
+    generation_tokens: &'static str,
+    success: &'static str,
+    ttft: &'static str,
+    itl: &'static str,
+    e2e: &'static str,
+}
+
+const VLLM: Names = Names {
+    running: "vllm:num_requests_running",
+    waiting: "vllm:num_requests_waiting",
+    kv_usage: "vllm:kv_cache_usage_perc",
+    preemptions: "vllm:num_preemptions",
+    prompt_tokens: "vllm:prompt_tokens",
+    generation_tokens: "vllm:generation_tokens",
+    success: "vllm:request_success",
+    ttft: "vllm:time_to_first_token_seconds",
+    itl: "vllm:inter_token_latency_seconds",
+    e2e: "vllm:e2e_request_latency_seconds",
+};
+
+const SGLANG: Names = Names {
+    running: "sglang:num_running_reqs",
+    waiting: "sglang:num_queue_reqs",
+    kv_usage: "sglang:token_usage",
+    preemptions: "sglang:num_retracted_reqs",
+    prompt_tokens: "sglang:prompt_tokens",
+    generation_tokens: "sglang:generation_tokens",
+    success: "sglang:num_requests",
+    ttft: "sglang:time_to_first_token_seconds",
+    itl: "sglang:inter_token_latency_seconds",
+    e2e: "sglang:e2e_request_latency_seconds",
+};
+
+/// One engine's registry and the handles the rank loops move.
+#[derive(Debug)]
+pub struct EngineMetrics {
+    registry: Registry,
+    labels: Vec<RankLabels>,
+    model: String,
+    block_size: u32,
+    running: Family<RankLabels, FloatGauge>,
+    waiting: Family<RankLabels, FloatGauge>,
+    kv_usage: Family<RankLabels, FloatGauge>,
+    used_tokens: Family<RankLabels, FloatGauge>,
+    gen_throughput: Family<RankLabels, FloatGauge>,
+    preemptions: Family<RankLabels, FloatCounter>,
+    prompt_tokens: Family<RankLabels, FloatCounter>,
+    generation_tokens: Family<RankLabels, FloatCounter>,
+    success: Family<FinishLabels, FloatCounter>,
+    ttft: Histograms,
+    itl: Histograms,
+    e2e: Histograms,
+}
+
+impl EngineMetrics {
+    pub fn new(cfg: &EngineConfig) -> Self {
+        let names = match cfg.flavor {
+            Flavor::Vllm => &VLLM,
+            Flavor::Sglang => &SGLANG,
+        };
+        let mut registry = Registry::default();
+        let labels = (0..cfg.dp_size)
+            .map(|rank| RankLabels {
+                model_name: cfg.model.clone(),
+                engine: rank.to_string(),
+            })
+            .collect();
+        let histograms = || Histograms::new_with_constructor(latency_histogram as fn() -> _);
+        let m = Self {
+            registry: Registry::default(),
+            labels,
+            model: cfg.model.clone(),
+            block_size: cfg.block_size,
+            running: Family::default(),
+            waiting: Family::default(),
+            kv_usage: Family::default(),
+            used_tokens: Family::default(),
+            gen_throughput: Family::default(),
+            preemptions: Family::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            success: Family::default(),
+            ttft: histograms(),
+            itl: histograms(),
+            e2e: histograms(),
+        };
+        let reg = &mut registry;
+        reg.register(names.running, "Requests in the running batch.", m.running.clone());
+        reg.register(names.waiting, "Requests waiting to be scheduled.", m.waiting.clone());
+        reg.register(names.kv_usage, "Fraction of KV cache blocks in use (0..1).", m.kv_usage.clone());
+        reg.register(names.preemptions, "Preempted requests.", m.preemptions.clone());
+        reg.register(names.prompt_tokens, "Prefill tokens processed.", m.prompt_tokens.clone());
+        reg.register(names.generation_tokens, "Generation tokens produced.", m.generation_tokens.clone());
+        reg.register(names.success, "Finished requests by finish reason.", m.success.clone());
+        reg.register(names.ttft, "Time to first token in seconds.", m.ttft.clone());
+        reg.register(names.itl, "Inter-token latency in seconds.", m.itl.clone());
+        reg.register(names.e2e, "End-to-end request latency in seconds.", m.e2e.clone());
+        match cfg.flavor {
+            Flavor::Vllm => {
+                let info = Family::<CacheConfigLabels, FloatGauge>::default();
+                for rank in 0..cfg.dp_size {
+                    info.get_or_create(&CacheConfigLabels {
+                        block_size: cfg.block_size.to_string(),
+                        num_gpu_blocks: cfg.num_gpu_blocks.to_string(),
+                        enable_prefix_caching: "False".into(),
+                        gpu_memory_utilization: "0.9".into(),
+                        engine: rank.to_string(),
+                    })
+                    .set(1.0);
+                }
+                reg.register("vllm:cache_config_info", "Information of the KV cache config.", info);
+            }
+            Flavor::Sglang => {
+                reg.register("sglang:num_used_tokens", "KV tokens in use.", m.used_tokens.clone());
+                reg.register("sglang:gen_throughput", "Generation throughput (tokens/s).", m.gen_throughput.clone());
+            }
+        }
+        Self { registry, ..m }
+    }
+
+    fn rank(&self, rank: usize) -> &RankLabels {
+        &self.labels[rank.min(self.labels.len() - 1)]
+    }
+
+    pub fn observe_ttft(&self, rank: usize, seconds: f64) {
+        self.ttft.get_or_create(self.rank(rank)).observe(seconds);
+    }
+
+    pub fn observe_itl(&self, rank: usize, seconds: f64) {
+        self.itl.get_or_create(self.rank(rank)).observe(seconds);
+    }
+
+    pub fn finished(&self, rank: usize, reason: FinishReason, e2e_seconds: f64) {
+        self.e2e.get_or_create(self.rank(rank)).observe(e2e_seconds);
+        let labels = self.rank(rank);
+        self.success
+            .get_or_create(&FinishLabels {
+                model_name: labels.model_name.clone(),
+                engine: labels.engine.clone(),
+                finished_reason: reason.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Adds a step's work to the token and preemption counters.
+    pub fn progress(&self, rank: usize, prompt: u64, generated: u64, preemptions: u64) {
+        let labels = self.rank(rank);
+        self.prompt_tokens.get_or_create(labels).inc_by(prompt as f64);
+        self.generation_tokens.get_or_create(labels).inc_by(generated as f64);
+        self.preemptions.get_or_create(labels).inc_by(preemptions as f64);
+    }
+
+    /// The Prometheus text for the ranks' current state, with any pinned report applied.
+    pub fn render(&self, ranks: &[RankView], pinned: &[PinnedLoad]) -> String {
+        for (i, view) in ranks.iter().enumerate() {
+            let pin = pinned.get(i).copied().unwrap_or_default();
+            let labels = self.rank(i);
+            let running = pin.running.unwrap_or(view.running);
+            self.running.get_or_create(labels).set(running as f64);
+            let waiting = pin.waiting.unwrap_or(view.waiting);
+            self.waiting.get_or_create(labels).set(waiting as f64);
+            let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
+            self.kv_usage.get_or_create(labels).set(usage);
+            let used_tokens = view.kv_blocks_used * u64::from(self.block_size);
+            self.used_tokens.get_or_create(labels).set(used_tokens as f64);
+            self.gen_throughput.get_or_create(labels).set(view.gen_throughput);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+}

@@ -1,0 +1,248 @@
+//! A running engine: its data-parallel ranks, the way requests get in, and what it reports.
+//!
+//! `Engine::start` spawns one loop per rank (see `rank`). A request becomes one sequence per
+//! choice on the least-loaded rank; its `Submission` yields the choices' events and, when dropped
+//! (the client went away), aborts whatever is still running so the rank frees its KV blocks at
+//! the next step.
+
+mod gate;
+mod metrics;
+mod rank;
+mod stats;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+pub use gate::{AdmissionGate, GateTicket};
+pub use metrics::EngineMetrics;
+pub use stats::{RankGauges, RankView, Totals};
+
+use crate::config::EngineConfig;
+use crate::faults::FaultSet;
+use crate::scheduler::{FinishReason, NewSeq, Scheduler, SeqId};
+use rank::{RankCommand, RankContext, Subscriber};
+
+/// Something that happened to one choice of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChoiceEvent {
+    pub choice: u32,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Token,
+    Finished(FinishReason),
+}
+
+/// One choice to generate.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqSpec {
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    pub finish: FinishReason,
+}
+
+/// Why the engine refused a request.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SubmitError {
+    #[error("the waiting queue is full ({waiting} requests waiting)")]
+    QueueFull { waiting: u64 },
+    #[error("the engine is shut down")]
+    ShutDown,
+}
+
+struct Rank {
+    commands: mpsc::UnboundedSender<RankCommand>,
+    gauges: Arc<RankGauges>,
+}
+
+/// One incarnation of a simulated engine (a crash ends it; a restart makes a new one).
+pub struct Engine {
+    cfg: Arc<EngineConfig>,
+    ranks: Vec<Rank>,
+    metrics: Arc<EngineMetrics>,
+    totals: Arc<Totals>,
+    faults: watch::Receiver<FaultSet>,
+    next_seq: AtomicU64,
+    gate: Option<AdmissionGate>,
+    /// Requests being served over HTTP, as vLLM's `/load` reports them.
+    server_load: Arc<AtomicU64>,
+    progress: Arc<parking_lot::Mutex<Instant>>,
+}
+
+impl Engine {
+    /// Starts the ranks' loops on the current tokio runtime. `cfg` must be validated.
+    pub fn start(
+        cfg: Arc<EngineConfig>,
+        totals: Arc<Totals>,
+        faults: watch::Receiver<FaultSet>,
+    ) -> Self {
+        let metrics = Arc::new(EngineMetrics::new(&cfg));
+        let progress = Arc::new(parking_lot::Mutex::new(Instant::now()));
+        let ranks = (0..cfg.dp_size as usize)
+            .map(|index| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let gauges = Arc::new(RankGauges::default());
+                let ctx = RankContext {
+                    index,
+                    time_scale: cfg.time_scale,
+                    gauges: gauges.clone(),
+                    totals: totals.clone(),
+                    metrics: metrics.clone(),
+                    faults: faults.clone(),
+                    progress: progress.clone(),
+                };
+                tokio::spawn(rank::run(Scheduler::new(cfg.scheduler()), rx, ctx));
+                Rank {
+                    commands: tx,
+                    gauges,
+                }
+            })
+            .collect();
+        let gate = cfg
+            .engine_request_limit
+            .map(|n| AdmissionGate::new(n, cfg.request_queue_limit));
+        Self {
+            cfg,
+            ranks,
+            metrics,
+            totals,
+            faults,
+            next_seq: AtomicU64::new(0),
+            gate,
+            server_load: Arc::new(AtomicU64::new(0)),
+            progress,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+
+    pub fn totals(&self) -> &Totals {
+        &self.totals
+    }
+
+    pub fn faults(&self) -> FaultSet {
+        self.faults.borrow().clone()
+    }
+
+    pub fn gate(&self) -> Option<&AdmissionGate> {
+        self.gate.as_ref()
+    }
+
+    /// Each rank's state as it last published it.
+    pub fn ranks(&self) -> Vec<RankView> {
+        self.ranks.iter().map(|r| r.gauges.view()).collect()
+    }
+
+    /// Host time of the last step that produced a token.
+    pub fn last_progress(&self) -> Instant {
+        *self.progress.lock()
+    }
+
+    /// Counts an HTTP request for `/load` until the returned guard drops.
+    pub fn track_request(&self) -> LoadGuard {
+        self.server_load.fetch_add(1, Ordering::Relaxed);
+        LoadGuard(self.server_load.clone())
+    }
+
+    pub fn server_load(&self) -> u64 {
+        self.server_load.load(Ordering::Relaxed)
+    }
+
+    /// Queues a request's choices on the least-loaded rank.
+    pub fn submit(&self, choices: &[SeqSpec]) -> Result<Submission, SubmitError> {
+        let views = self.ranks();
+        if let Some(limit) = self.cfg.max_queued_requests {
+            let waiting: u64 = views.iter().map(|v| v.waiting).sum();
+            if waiting >= u64::from(limit) {
+                return Err(SubmitError::QueueFull { waiting });
+            }
+        }
+        let rank = views
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, v)| (v.running + v.waiting, *i))
+            .map(|(i, _)| i)
+            .ok_or(SubmitError::ShutDown)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let commands = self.ranks[rank].commands.clone();
+        let arrived = Instant::now();
+        let mut ids = Vec::with_capacity(choices.len());
+        for (choice, spec) in choices.iter().enumerate() {
+            let id = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
+            let seq = NewSeq {
+                id,
+                prompt_tokens: spec.prompt_tokens,
+                output_tokens: spec.output_tokens,
+                finish: spec.finish,
+            };
+            let subscriber = Subscriber {
+                events: tx.clone(),
+                choice: choice as u32,
+                arrived,
+                last_token: None,
+            };
+            commands
+                .send(RankCommand::Add(seq, subscriber))
+                .map_err(|_| SubmitError::ShutDown)?;
+            ids.push(id);
+        }
+        Ok(Submission {
+            events: rx,
+            abort: AbortOnDrop { commands, ids },
+        })
+    }
+
+    /// Stops every rank, aborting what they were doing (a crash).
+    pub fn shut_down(&self) {
+        for rank in &self.ranks {
+            let _ = rank.commands.send(RankCommand::Shutdown);
+        }
+    }
+}
+
+/// A request inside the engine: its events, and its abort when dropped.
+pub struct Submission {
+    pub events: mpsc::UnboundedReceiver<ChoiceEvent>,
+    abort: AbortOnDrop,
+}
+
+impl Submission {
+    /// Abandons the request now (as dropping it would).
+    pub fn abort(self) {
+        drop(self.abort);
+    }
+}
+
+struct AbortOnDrop {
+    commands: mpsc::UnboundedSender<RankCommand>,
+    ids: Vec<SeqId>,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        // Finished sequences are unknown to the rank by now; aborting them does nothing.
+        for id in self.ids.drain(..) {
+            let _ = self.commands.send(RankCommand::Abort(id));
+        }
+    }
+}
+
+/// Holds one unit of `/load` while an HTTP request is being served.
+pub struct LoadGuard(Arc<AtomicU64>);
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

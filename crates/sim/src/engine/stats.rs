@@ -1,0 +1,115 @@
+//! What an engine knows about itself, readable without locks.
+//!
+//! Each rank's loop is the only writer of its `RankGauges`; HTTP handlers (load endpoints, metrics,
+//! the control listener's `/state`) read them. `Totals` outlive an engine's crash and restart, so a
+//! benchmark reading ground truth at the end of a run sees everything the engine slot ever did.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use crate::scheduler::Counters;
+
+/// The live state of one data-parallel rank, published after every step.
+#[derive(Debug, Default)]
+pub struct RankGauges {
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    pub swapped: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    /// Prompt tokens not yet prefilled (waiting or running).
+    pub pending_prefill_tokens: AtomicU64,
+    /// Tokens generated per second over the last second, as an f64's bits.
+    pub gen_throughput_bits: AtomicU64,
+}
+
+/// A consistent-enough copy of one rank's gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RankView {
+    pub running: u64,
+    pub waiting: u64,
+    pub swapped: u64,
+    pub kv_blocks_used: u64,
+    pub kv_blocks_total: u64,
+    pub pending_prefill_tokens: u64,
+    pub gen_throughput: f64,
+}
+
+impl RankView {
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_blocks_total == 0 {
+            0.0
+        } else {
+            self.kv_blocks_used as f64 / self.kv_blocks_total as f64
+        }
+    }
+}
+
+impl RankGauges {
+    pub fn view(&self) -> RankView {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RankView {
+            running: load(&self.running),
+            waiting: load(&self.waiting),
+            swapped: load(&self.swapped),
+            kv_blocks_used: load(&self.kv_blocks_used),
+            kv_blocks_total: load(&self.kv_blocks_total),
+            pending_prefill_tokens: load(&self.pending_prefill_tokens),
+            gen_throughput: f64::from_bits(load(&self.gen_throughput_bits)),
+        }
+    }
+
+    pub fn publish(&self, view: RankView) {
+        let store = |a: &AtomicU64, v| a.store(v, Ordering::Relaxed);
+        store(&self.running, view.running);
+        store(&self.waiting, view.waiting);
+        store(&self.swapped, view.swapped);
+        store(&self.kv_blocks_used, view.kv_blocks_used);
+        store(&self.kv_blocks_total, view.kv_blocks_total);
+        store(&self.pending_prefill_tokens, view.pending_prefill_tokens);
+        store(&self.gen_throughput_bits, view.gen_throughput.to_bits());
+    }
+}
+
+/// Ground truth for benchmarks, summed over ranks and over every incarnation of an engine.
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub requests_received: AtomicU64,
+    pub steps: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub aborted: AtomicU64,
+    pub finished: AtomicU64,
+    pub prompt_tokens_computed: AtomicU64,
+    pub tokens_generated: AtomicU64,
+    /// Tokens handed to a client that was still listening.
+    pub tokens_delivered: AtomicU64,
+    pub wasted_tokens: AtomicU64,
+    /// Requests refused by the engine itself (queue full, at capacity, injected errors).
+    pub rejected: AtomicU64,
+    /// Steps the engine loop started later than the modelled clock wanted by more than a
+    /// millisecond: when this grows, the host CPU, not the model, is setting the pace.
+    pub late_steps: AtomicU64,
+}
+
+impl Totals {
+    /// Adds what the scheduler did since `before`.
+    pub fn add_progress(&self, before: &Counters, now: &Counters) {
+        let add = |a: &AtomicU64, n: u64, b: u64| {
+            if n > b {
+                a.fetch_add(n - b, Ordering::Relaxed);
+            }
+        };
+        add(&self.steps, now.steps, before.steps);
+        add(&self.preemptions, now.preemptions, before.preemptions);
+        add(&self.aborted, now.aborted, before.aborted);
+        add(&self.finished, now.finished, before.finished);
+        add(
+            &self.prompt_tokens_computed,
+            now.prompt_tokens_computed,
+            before.prompt_tokens_computed,
+        );
+        add(&self.tokens_generated, now.tokens_generated, before.tokens_generated);
+        add(&self.wasted_tokens, now.wasted_tokens, before.wasted_tokens);
+    }
+}

@@ -1,0 +1,218 @@
+//! Faults that can be injected into an engine, through the control listener or at startup.
+//!
+//! Most faults are standing conditions (`freeze`, `slow`, `hang`, ...) kept in a `FaultSet` that
+//! the engine's loops and handlers read from a `watch` channel. `crash` and `restart` are actions
+//! on the engine's process-like lifetime and are carried out by the fleet.
+
+use serde::{Deserialize, Serialize};
+
+/// How the load endpoints (`/metrics`, `/load`, `/v1/loads`, `/get_load`) misbehave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadEndpointMode {
+    /// Answer 500.
+    Error,
+    /// Answer 200 with an empty body.
+    Empty,
+    /// Never answer.
+    Timeout,
+}
+
+/// One fault, as posted to `POST /engines/{i}/fault`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Fault {
+    /// The scheduler stops; HTTP, /health and /metrics keep answering (a wedged engine).
+    Freeze,
+    /// The listener closes and every connection is reset.
+    Crash,
+    /// The engine comes back, empty, on the same port.
+    Restart,
+    /// Every step takes `factor` times longer.
+    Slow { factor: f64 },
+    /// This share of requests is answered 500.
+    ErrorRate { rate: f64 },
+    /// Connections are accepted and never answered.
+    Hang,
+    /// Streams end mid-way without `data: [DONE]`.
+    CutStreams,
+    /// The load endpoints fail in the given way.
+    LoadEndpoint { mode: LoadEndpointMode },
+    /// Pins what the load endpoints report, without changing what the engine does. Fields left
+    /// out keep their real value; `rank` picks one data-parallel rank (all when left out).
+    Report {
+        #[serde(default)]
+        rank: Option<u32>,
+        #[serde(default)]
+        waiting: Option<u64>,
+        #[serde(default)]
+        running: Option<u64>,
+        #[serde(default)]
+        kv_usage: Option<f64>,
+    },
+    /// Removes every standing fault.
+    Clear,
+}
+
+/// A reported load pinned by the `report` fault.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PinnedLoad {
+    pub waiting: Option<u64>,
+    pub running: Option<u64>,
+    pub kv_usage: Option<f64>,
+}
+
+/// The standing faults of one engine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FaultSet {
+    pub frozen: bool,
+    pub slow_factor: f64,
+    pub error_rate: f64,
+    pub hang: bool,
+    pub cut_streams: bool,
+    pub load_endpoint: Option<LoadEndpointMode>,
+    /// Pinned reports, one slot per data-parallel rank.
+    pub report: Vec<PinnedLoad>,
+}
+
+/// A fault that cannot be applied.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FaultError {
+    #[error("slow factor must be a finite number >= 1, got {0}")]
+    SlowFactor(f64),
+    #[error("error rate must be between 0 and 1, got {0}")]
+    ErrorRate(f64),
+    #[error("kv_usage must be between 0 and 1, got {0}")]
+    KvUsage(f64),
+    #[error("rank {rank} does not exist: the engine has {dp_size} data-parallel ranks")]
+    NoSuchRank { rank: u32, dp_size: u32 },
+}
+
+impl FaultSet {
+    pub fn new(dp_size: u32) -> Self {
+        Self {
+            frozen: false,
+            slow_factor: 1.0,
+            error_rate: 0.0,
+            hang: false,
+            cut_streams: false,
+            load_endpoint: None,
+            report: vec![PinnedLoad::default(); dp_size as usize],
+        }
+    }
+
+    /// Applies a standing fault (crash and restart are not standing and change nothing here).
+    pub fn apply(&mut self, fault: &Fault) -> Result<(), FaultError> {
+        match *fault {
+            Fault::Freeze => self.frozen = true,
+            Fault::Crash | Fault::Restart => {}
+            Fault::Slow { factor } => {
+                if !(factor.is_finite() && factor >= 1.0) {
+                    return Err(FaultError::SlowFactor(factor));
+                }
+                self.slow_factor = factor;
+            }
+            Fault::ErrorRate { rate } => {
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(FaultError::ErrorRate(rate));
+                }
+                self.error_rate = rate;
+            }
+            Fault::Hang => self.hang = true,
+            Fault::CutStreams => self.cut_streams = true,
+            Fault::LoadEndpoint { mode } => self.load_endpoint = Some(mode),
+            Fault::Report {
+                rank,
+                waiting,
+                running,
+                kv_usage,
+            } => self.pin_report(rank, waiting, running, kv_usage)?,
+            Fault::Clear => *self = Self::new(self.report.len() as u32),
+        }
+        Ok(())
+    }
+
+    fn pin_report(
+        &mut self,
+        rank: Option<u32>,
+        waiting: Option<u64>,
+        running: Option<u64>,
+        kv_usage: Option<f64>,
+    ) -> Result<(), FaultError> {
+        if let Some(kv) = kv_usage {
+            if !(0.0..=1.0).contains(&kv) {
+                return Err(FaultError::KvUsage(kv));
+            }
+        }
+        let dp_size = self.report.len() as u32;
+        let slots: Vec<&mut PinnedLoad> = match rank {
+            Some(r) if r >= dp_size => return Err(FaultError::NoSuchRank { rank: r, dp_size }),
+            Some(r) => vec![&mut self.report[r as usize]],
+            None => self.report.iter_mut().collect(),
+        };
+        for slot in slots {
+            slot.waiting = waiting.or(slot.waiting);
+            slot.running = running.or(slot.running);
+            slot.kv_usage = kv_usage.or(slot.kv_usage);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_from_the_documented_json() {
+        let parse = |s: &str| serde_json::from_str::<Fault>(s).unwrap();
+        assert_eq!(parse(r#"{"kind":"freeze"}"#), Fault::Freeze);
+        assert_eq!(parse(r#"{"kind":"slow","factor":3}"#), Fault::Slow { factor: 3.0 });
+        assert_eq!(
+            parse(r#"{"kind":"error-rate","rate":0.5}"#),
+            Fault::ErrorRate { rate: 0.5 }
+        );
+        assert_eq!(
+            parse(r#"{"kind":"load-endpoint","mode":"timeout"}"#),
+            Fault::LoadEndpoint {
+                mode: LoadEndpointMode::Timeout
+            }
+        );
+        assert!(serde_json::from_str::<Fault>(r#"{"kind":"melt"}"#).is_err());
+        assert!(serde_json::from_str::<Fault>(r#"{"kind":"slow"}"#).is_err());
+    }
+
+    #[test]
+    fn a_report_pins_only_the_fields_and_ranks_it_names() {
+        let mut set = FaultSet::new(2);
+        let report = |rank, waiting, kv_usage| Fault::Report {
+            rank,
+            waiting,
+            running: None,
+            kv_usage,
+        };
+        set.apply(&report(None, Some(5), None)).unwrap();
+        set.apply(&report(Some(1), None, Some(0.9))).unwrap();
+        assert_eq!(set.report[0].waiting, Some(5));
+        assert_eq!(set.report[0].kv_usage, None);
+        assert_eq!(set.report[1].kv_usage, Some(0.9));
+        assert_eq!(set.report[1].waiting, Some(5));
+        assert_eq!(
+            set.apply(&report(Some(2), None, None)),
+            Err(FaultError::NoSuchRank {
+                rank: 2,
+                dp_size: 2
+            })
+        );
+        set.apply(&Fault::Clear).unwrap();
+        assert_eq!(set, FaultSet::new(2));
+    }
+
+    #[test]
+    fn out_of_range_faults_are_refused() {
+        let mut set = FaultSet::new(1);
+        assert!(set.apply(&Fault::Slow { factor: 0.5 }).is_err());
+        assert!(set.apply(&Fault::ErrorRate { rate: 1.5 }).is_err());
+        assert_eq!(set, FaultSet::new(1));
+    }
+}

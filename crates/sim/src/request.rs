@@ -1,0 +1,388 @@
+//! OpenAI request bodies as the engine reads them: how many prompt tokens, how many choices,
+//! how long each answer will be, and how it is streamed.
+//!
+//! Prompt tokens are counted exactly from token-id arrays and by a fixed rule from text (one token
+//! per 4 bytes, plus a few tokens of chat template per message). An answer's natural length is
+//! drawn from a log-normal around the profile's median, seeded by the engine seed and the request
+//! itself, so the same request to the same engine always gets the same answer.
+
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, LogNormal};
+use serde::Deserialize;
+
+use crate::engine::SeqSpec;
+use crate::scheduler::FinishReason;
+
+/// Bytes of text per prompt token.
+pub const BYTES_PER_TOKEN: usize = 4;
+/// Template tokens around each chat message, and to prime the assistant's turn.
+const TOKENS_PER_MESSAGE: u32 = 4;
+const TOKENS_TO_PRIME_REPLY: u32 = 3;
+/// Spread of the natural answer length (sigma of its logarithm).
+const OUTPUT_LEN_SIGMA: f64 = 0.9;
+
+/// Which OpenAI route a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+}
+
+/// What is wrong with a request body.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RequestError {
+    #[error("{0}")]
+    Malformed(String),
+    #[error("{field} must be {rule}")]
+    Invalid {
+        field: &'static str,
+        rule: &'static str,
+    },
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// The fields both routes share; everything else in the body is accepted and ignored.
+#[derive(Deserialize)]
+struct Body {
+    model: String,
+    #[serde(default)]
+    messages: Option<Vec<Message>>,
+    #[serde(default)]
+    prompt: Option<PromptInput>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    n: Option<u32>,
+    #[serde(default)]
+    min_tokens: Option<u32>,
+    #[serde(default)]
+    ignore_eos: bool,
+    #[serde(default)]
+    seed: Option<u64>,
+}
+
+/// One prompt of a request: its size and a fingerprint of its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prompt {
+    pub tokens: u32,
+    pub fingerprint: u64,
+}
+
+/// A parsed generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub route: Route,
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// One entry per prompt (chat has one; completions may batch several).
+    pub prompts: Vec<Prompt>,
+    /// Choices per prompt.
+    pub n: u32,
+    pub max_tokens: Option<u32>,
+    pub min_tokens: u32,
+    /// Generate exactly `max_tokens`, as vLLM's `ignore_eos` does (benchmarks use it).
+    pub ignore_eos: bool,
+    /// The request's own `seed`, mixed into the answer length.
+    pub seed: Option<u64>,
+}
+
+/// FNV-1a: a stable fingerprint, so answer lengths do not change between builds.
+fn fingerprint(bytes: &[u8], state: u64) -> u64 {
+    bytes.iter().fold(state, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn text_tokens(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(BYTES_PER_TOKEN)).unwrap_or(u32::MAX)
+}
+
+fn chat_prompt(messages: &[Message]) -> Result<Prompt, RequestError> {
+    if messages.is_empty() {
+        return Err(RequestError::Invalid {
+            field: "messages",
+            rule: "a non-empty list",
+        });
+    }
+    let mut tokens = TOKENS_TO_PRIME_REPLY;
+    let mut hash = FNV_OFFSET;
+    for message in messages {
+        let mut bytes = message.role.len();
+        hash = fingerprint(message.role.as_bytes(), hash);
+        let texts: Vec<&str> = match &message.content {
+            None => vec![],
+            Some(Content::Text(text)) => vec![text.as_str()],
+            Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
+        };
+        for text in texts {
+            bytes += text.len();
+            hash = fingerprint(text.as_bytes(), hash);
+        }
+        tokens = tokens
+            .saturating_add(TOKENS_PER_MESSAGE)
+            .saturating_add(text_tokens(bytes));
+    }
+    Ok(Prompt {
+        tokens,
+        fingerprint: hash,
+    })
+}
+
+fn token_prompt(ids: &[u32]) -> Prompt {
+    let hash = ids
+        .iter()
+        .fold(FNV_OFFSET, |h, id| fingerprint(&id.to_le_bytes(), h));
+    Prompt {
+        tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        fingerprint: hash,
+    }
+}
+
+fn text_prompt(text: &str) -> Prompt {
+    Prompt {
+        tokens: text_tokens(text.len()),
+        fingerprint: fingerprint(text.as_bytes(), FNV_OFFSET),
+    }
+}
+
+fn completion_prompts(input: PromptInput) -> Result<Vec<Prompt>, RequestError> {
+    let prompts = match input {
+        PromptInput::Text(text) => vec![text_prompt(&text)],
+        PromptInput::Texts(texts) => texts.iter().map(|t| text_prompt(t)).collect(),
+        PromptInput::Tokens(ids) => vec![token_prompt(&ids)],
+        PromptInput::TokenLists(lists) => lists.iter().map(|ids| token_prompt(ids)).collect(),
+    };
+    if prompts.is_empty() || prompts.iter().any(|p| p.tokens == 0) {
+        return Err(RequestError::Invalid {
+            field: "prompt",
+            rule: "non-empty",
+        });
+    }
+    Ok(prompts)
+}
+
+impl GenerationRequest {
+    /// Parses a request body for `route`.
+    pub fn parse(route: Route, body: &[u8]) -> Result<Self, RequestError> {
+        let body: Body =
+            serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
+        let prompts = match route {
+            Route::Chat => {
+                let messages = body.messages.ok_or(RequestError::Invalid {
+                    field: "messages",
+                    rule: "present",
+                })?;
+                vec![chat_prompt(&messages)?]
+            }
+            Route::Completions => {
+                let prompt = body.prompt.ok_or(RequestError::Invalid {
+                    field: "prompt",
+                    rule: "present",
+                })?;
+                completion_prompts(prompt)?
+            }
+        };
+        let n = body.n.unwrap_or(1);
+        if n == 0 {
+            return Err(RequestError::Invalid {
+                field: "n",
+                rule: "at least 1",
+            });
+        }
+        let max_tokens = body.max_completion_tokens.or(body.max_tokens);
+        if max_tokens == Some(0) {
+            return Err(RequestError::Invalid {
+                field: "max_tokens",
+                rule: "at least 1",
+            });
+        }
+        Ok(Self {
+            route,
+            model: body.model,
+            stream: body.stream,
+            include_usage: body.stream_options.is_some_and(|o| o.include_usage),
+            prompts,
+            n,
+            max_tokens,
+            min_tokens: body.min_tokens.unwrap_or(0),
+            ignore_eos: body.ignore_eos,
+            seed: body.seed,
+        })
+    }
+
+    /// The longest prompt plus the requested output, for the context-length check.
+    pub fn longest_prompt(&self) -> u32 {
+        self.prompts.iter().map(|p| p.tokens).max().unwrap_or(0)
+    }
+
+    /// Every choice to generate, prompt by prompt, with its answer length decided.
+    pub fn choices(&self, engine_seed: u64, median: f64, max_model_len: u32) -> Vec<SeqSpec> {
+        let mut out = Vec::with_capacity(self.prompts.len() * self.n as usize);
+        for prompt in &self.prompts {
+            let room = max_model_len.saturating_sub(prompt.tokens).max(1);
+            let limit = self.max_tokens.unwrap_or(room).min(room);
+            for choice in 0..self.n {
+                let natural = if self.ignore_eos {
+                    u32::MAX
+                } else {
+                    natural_length(engine_seed, self.seed, prompt.fingerprint, choice, median)
+                        .max(self.min_tokens)
+                };
+                let (output_tokens, finish) = if natural <= limit {
+                    (natural, FinishReason::Stop)
+                } else {
+                    (limit, FinishReason::Length)
+                };
+                out.push(SeqSpec {
+                    prompt_tokens: prompt.tokens,
+                    output_tokens: output_tokens.max(1),
+                    finish,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// The length the model would answer with if nothing stopped it.
+fn natural_length(engine_seed: u64, request_seed: Option<u64>, prompt: u64, choice: u32, median: f64) -> u32 {
+    let seed = fingerprint(
+        &[
+            engine_seed.to_le_bytes(),
+            request_seed.unwrap_or(0).to_le_bytes(),
+            prompt.to_le_bytes(),
+            u64::from(choice).to_le_bytes(),
+        ]
+        .concat(),
+        FNV_OFFSET,
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    match LogNormal::new(median.max(1.0).ln(), OUTPUT_LEN_SIGMA) {
+        Ok(dist) => (dist.sample(&mut rng).round() as u32).max(1),
+        Err(_) => rng.random_range(1..=median.max(1.0) as u32),
+    }
+}
+
+/// Words the simulated model says, one per token.
+const WORDS: [&str; 16] = [
+    " the", " engine", " answers", " with", " simulated", " tokens", " while", " its",
+    " batch", " grows", " and", " the", " cache", " fills", " up", ".",
+];
+
+/// The text of the `index`-th token of a choice.
+pub fn token_text(choice: u32, index: u32) -> &'static str {
+    WORDS[((choice as usize) * 7 + index as usize) % WORDS.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(route: Route, body: &str) -> Result<GenerationRequest, RequestError> {
+        GenerationRequest::parse(route, body.as_bytes())
+    }
+
+    #[test]
+    fn token_ids_are_counted_exactly_and_text_by_four_bytes() {
+        let ids = parse(Route::Completions, r#"{"model":"m","prompt":[1,2,3,4,5]}"#).unwrap();
+        assert_eq!(ids.prompts[0].tokens, 5);
+        let text = parse(Route::Completions, r#"{"model":"m","prompt":"abcdefghi"}"#).unwrap();
+        assert_eq!(text.prompts[0].tokens, 3);
+        let batch = parse(Route::Completions, r#"{"model":"m","prompt":[[1,2],[3]]}"#).unwrap();
+        assert_eq!(batch.prompts.iter().map(|p| p.tokens).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    #[test]
+    fn chat_prompts_count_content_and_template() {
+        let req = parse(
+            Route::Chat,
+            r#"{"model":"m","messages":[{"role":"user","content":"12345678"}],"stream":true,
+                "stream_options":{"include_usage":true},"max_completion_tokens":7}"#,
+        )
+        .unwrap();
+        // "user" + 8 bytes = 12 bytes = 3 tokens, + 4 per message + 3 to prime the reply.
+        assert_eq!(req.prompts[0].tokens, 10);
+        assert!(req.stream && req.include_usage);
+        assert_eq!(req.max_tokens, Some(7));
+    }
+
+    #[test]
+    fn bad_bodies_say_what_is_wrong() {
+        assert!(matches!(parse(Route::Chat, "{"), Err(RequestError::Malformed(_))));
+        assert!(matches!(parse(Route::Chat, r#"{"messages":[]}"#), Err(RequestError::Malformed(_))));
+        assert_eq!(
+            parse(Route::Chat, r#"{"model":"m","messages":[]}"#),
+            Err(RequestError::Invalid { field: "messages", rule: "a non-empty list" })
+        );
+        assert_eq!(
+            parse(Route::Completions, r#"{"model":"m"}"#),
+            Err(RequestError::Invalid { field: "prompt", rule: "present" })
+        );
+    }
+
+    #[test]
+    fn answer_lengths_are_reproducible_and_capped_by_max_tokens() {
+        let req = parse(Route::Completions, r#"{"model":"m","prompt":"hello","n":3}"#).unwrap();
+        let a = req.choices(7, 200.0, 8192);
+        assert_eq!(a.len(), 3);
+        let lengths = |v: &[SeqSpec]| v.iter().map(|s| s.output_tokens).collect::<Vec<_>>();
+        assert_eq!(lengths(&a), lengths(&req.choices(7, 200.0, 8192)));
+        assert_ne!(lengths(&a), lengths(&req.choices(8, 200.0, 8192)), "the seed matters");
+
+        let capped = parse(Route::Completions, r#"{"model":"m","prompt":"hello","max_tokens":1}"#)
+            .unwrap()
+            .choices(7, 200.0, 8192);
+        assert_eq!((capped[0].output_tokens, capped[0].finish), (1, FinishReason::Length));
+
+        let exact = parse(
+            Route::Completions,
+            r#"{"model":"m","prompt":"hello","max_tokens":33,"ignore_eos":true}"#,
+        )
+        .unwrap()
+        .choices(7, 200.0, 8192);
+        assert_eq!(exact[0].output_tokens, 33);
+    }
+}
