@@ -1,1 +1,15 @@
-//! placeholder
+//! # sluice-bench: benchmarks for sluice and the engines behind it
+//!
+//! ## Layout
+//!
+//! - `capacity` — closed-loop concurrency sweep of one engine (`sluice bench capacity`), in
+//!   virtual time on the scheduler or over HTTP against a time-scaled simulated engine.
+//! - `workload` — seeded request shapes.
+//! - `stats` — percentiles.
+//! - `cli` — the `sluice bench` subcommands.
+
+pub mod capacity;
+pub mod cli;
+pub mod http_capacity;
+pub mod stats;
+pub mod workload;

@@ -23,8 +23,10 @@ impl Flavor {
     }
 }
 
-/// Fraction of the KV blocks kept free when admitting a new request (vLLM's watermark).
-pub const DEFAULT_WATERMARK: f64 = 0.01;
+/// Fraction of the KV blocks that must stay free after admitting a new request. vLLM's V1
+/// engine (the one deployed today) reserves nothing for decode growth, so the default is 0; V0
+/// kept 1% (`--kv-watermark 0.01`), which trades a little batch size for far fewer preemptions.
+pub const DEFAULT_WATERMARK: f64 = 0.0;
 
 /// Dynamo's default overflow queue behind `--engine-request-limit`.
 pub const DEFAULT_REQUEST_QUEUE_LIMIT: u32 = 16;
@@ -72,6 +74,8 @@ pub enum ConfigError {
     },
     #[error("--time-scale must be a positive number, got {0}")]
     TimeScale(f64),
+    #[error("--kv-watermark must be a fraction in [0, 1), got {0}")]
+    Watermark(f64),
     #[error(
         "--max-model-len {max_model_len} needs {needed} KV blocks but only {available} are \
          usable (--num-gpu-blocks minus the watermark): raise --num-gpu-blocks or lower --max-model-len"
@@ -133,6 +137,9 @@ impl EngineConfig {
         }
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
             return Err(ConfigError::TimeScale(self.time_scale));
+        }
+        if !(0.0..1.0).contains(&self.watermark) {
+            return Err(ConfigError::Watermark(self.watermark));
         }
         let needed = blocks_for(self.max_model_len, self.block_size);
         let available = self.num_gpu_blocks.saturating_sub(self.watermark_blocks());

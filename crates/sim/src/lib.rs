@@ -1,7 +1,40 @@
-//! placeholder
+//! # sluice-sim: a simulated vLLM / SGLang engine
+//!
+//! Everything in sluice is tested against engines that cannot run here (no GPU). This crate is
+//! an engine faithful enough on the wire that a gateway cannot tell it from vLLM or SGLang, and
+//! faithful enough inside that it collapses under over-admission the way a real engine does.
+//!
+//! ## Layout
+//!
+//! - `scheduler` — continuous batching for one data-parallel rank as a pure state machine: chunked
+//!   prefill, the KV block pool and its watermark, preemption (recompute, swap, truncate) by an
+//!   eviction policy (FCFS, LAS, SRPT), and the step-time model. No clock, no I/O.
+//! - `engine` — an engine incarnation: one task per rank stepping its scheduler in scaled real
+//!   time, the submission path (with abort on drop), the worker-side N+Q cap, metrics, and the
+//!   lock-free gauges the HTTP side reads.
+//! - `request` — OpenAI request bodies: prompt token counts, choices, answer lengths.
+//! - `api` — the HTTP routes of each flavor, their error shapes and SSE rendering.
+//! - `server` — the accept loop that can crash for real (connections reset).
+//! - `faults` — injectable faults and the standing fault set.
+//! - `fleet` — several engines in one process, crash and restart, ground-truth state.
+//! - `control` — the control listener's routes over a fleet.
+//! - `profile`, `config` — timing presets and validated engine settings.
+
+pub mod api;
+#[cfg(feature = "cli")]
+pub mod args;
 pub mod config;
+pub mod control;
 pub mod engine;
 pub mod faults;
+pub mod fleet;
 pub mod profile;
 pub mod request;
 pub mod scheduler;
+mod server;
+
+pub use config::{EngineConfig, Flavor};
+pub use faults::{Fault, LoadEndpointMode};
+pub use fleet::{EngineSlot, EngineState, FleetConfig, FleetError, SimFleet};
+pub use profile::Profile;
+pub use scheduler::{Eviction, Preemption};

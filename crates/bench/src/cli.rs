@@ -1,0 +1,144 @@
+//! The `sluice bench` subcommands.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use sluice_sim::args::EngineArgs;
+
+use crate::capacity::{default_levels, default_workload, run_virtual, CapacityPlan};
+use crate::http_capacity::run_http;
+use crate::workload::Workload;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Closed-loop concurrency sweep of one simulated engine: throughput, TTFT and preemptions
+    /// per level, showing where the engine's knee is.
+    Capacity(CapacityArgs),
+}
+
+#[derive(Args)]
+pub struct CapacityArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Concurrency levels, comma-separated [default: 1,2,4,...,1024].
+    #[arg(long, value_delimiter = ',')]
+    pub levels: Vec<u32>,
+    /// Engine seconds before each level is measured.
+    #[arg(long, default_value_t = 300.0)]
+    pub warmup_secs: f64,
+    /// Engine seconds measured at each level.
+    #[arg(long, default_value_t = 300.0)]
+    pub window_secs: f64,
+    /// Shortest prompt, in tokens.
+    #[arg(long, default_value_t = default_workload().prompt_min)]
+    pub prompt_min: u32,
+    /// Longest prompt, in tokens.
+    #[arg(long, default_value_t = default_workload().prompt_max)]
+    pub prompt_max: u32,
+    /// Median answer length, in tokens (log-normal).
+    #[arg(long, default_value_t = default_workload().output_median)]
+    pub output_median: f64,
+    /// Spread of answer lengths (sigma of their logarithm).
+    #[arg(long, default_value_t = default_workload().output_sigma)]
+    pub output_sigma: f64,
+    /// Longest answer, in tokens.
+    #[arg(long, default_value_t = default_workload().output_max)]
+    pub output_max: u32,
+    /// Drive a real engine over loopback HTTP in scaled wall-clock time (use --time-scale),
+    /// instead of stepping its scheduler on a virtual clock.
+    #[arg(long)]
+    pub http: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Why a bench command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Args(#[from] sluice_sim::args::ArgsError),
+    #[error(transparent)]
+    Http(#[from] crate::http_capacity::HttpBenchError),
+    #[error("--{0} must be a positive number of seconds")]
+    Duration(&'static str),
+}
+
+fn seconds(flag: &'static str, secs: f64) -> Result<Duration, BenchError> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or(BenchError::Duration(flag))
+}
+
+pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
+    match command {
+        BenchCommand::Capacity(args) => capacity(args).await,
+    }
+}
+
+async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {
+    let engine = args.engine.config()?;
+    let plan = CapacityPlan {
+        levels: if args.levels.is_empty() {
+            default_levels()
+        } else {
+            args.levels.clone()
+        },
+        warmup: seconds("warmup-secs", args.warmup_secs)?,
+        window: seconds("window-secs", args.window_secs)?,
+        workload: Workload {
+            prompt_min: args.prompt_min,
+            prompt_max: args.prompt_max,
+            output_median: args.output_median,
+            output_sigma: args.output_sigma,
+            output_max: args.output_max,
+        },
+        seed: engine.seed,
+    };
+    let method = if args.http { "http" } else { "virtual" };
+    let (report, late) = if args.http {
+        let (report, levels) = run_http(&engine, &plan).await?;
+        let late: Vec<(u64, u64)> = levels.iter().map(|l| (l.late_steps, l.steps)).collect();
+        (report, Some(late))
+    } else {
+        (run_virtual(&engine, &plan), None)
+    };
+    if args.json {
+        let mut json = serde_json::to_value(&report).unwrap_or_default();
+        json["method"] = method.into();
+        json["profile"] = engine.profile.name.into();
+        json["time_scale"] = engine.time_scale.into();
+        if let Some(late) = &late {
+            json["late_steps"] = late.iter().map(|l| l.0).collect::<Vec<_>>().into();
+        }
+        println!("{json}");
+        return Ok(());
+    }
+    println!(
+        "capacity of one {} engine ({}, {} method{}), {}-{} token prompts, answers ~{} tokens\n",
+        engine.flavor.owner(),
+        engine.profile.name,
+        method,
+        if args.http {
+            format!(", time scale {}", engine.time_scale)
+        } else {
+            String::new()
+        },
+        plan.workload.prompt_min,
+        plan.workload.prompt_max,
+        plan.workload.output_median
+    );
+    print!("{}", report.table());
+    if let Some(late) = late {
+        for (level, (late_steps, steps)) in plan.levels.iter().zip(late) {
+            if steps > 0 && late_steps * 20 > steps {
+                println!(
+                    "warning: at concurrency {level}, {late_steps} of {steps} engine steps started late: \
+                     the host CPU, not the modelled GPU, limited that level (lower --time-scale)"
+                );
+            }
+        }
+    }
+    Ok(())
+}

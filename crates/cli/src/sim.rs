@@ -1,0 +1,126 @@
+//! `sluice sim`: flags in, a running fleet (and its control listener) out.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use sluice_sim::args::EngineArgs;
+use sluice_sim::{Fault, FleetConfig, SimFleet};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// Number of engines; engine i listens on --port + i.
+    #[arg(long, default_value_t = 1)]
+    pub engines: usize,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port of the first engine.
+    #[arg(long, default_value_t = 8001)]
+    pub port: u16,
+    /// Port of the control listener (`GET /engines`, `POST /engines/{i}/fault`,
+    /// `GET /engines/{i}/state`); off when not given.
+    #[arg(long)]
+    pub control_port: Option<u16>,
+    /// A fault to apply at startup, `[ENGINE=]JSON`, e.g. `1={"kind":"slow","factor":3}`
+    /// (all engines when no index is given). Repeatable.
+    #[arg(long = "fault", value_name = "[ENGINE=]JSON")]
+    pub faults: Vec<String>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Parses `[ENGINE=]JSON`.
+fn parse_fault(spec: &str) -> anyhow::Result<(Option<usize>, Fault)> {
+    let (target, json) = match spec.split_once('=') {
+        Some((index, json)) if index.trim().chars().all(|c| c.is_ascii_digit()) => {
+            (Some(index.trim().parse()?), json)
+        }
+        _ => (None, spec),
+    };
+    let fault = serde_json::from_str(json).with_context(|| format!("invalid --fault {spec:?}"))?;
+    Ok((target, fault))
+}
+
+pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    let engine = args.engine.config()?;
+    let faults = args
+        .faults
+        .iter()
+        .map(|f| parse_fault(f))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let fleet = SimFleet::start(FleetConfig {
+        engines: args.engines,
+        host: args.host,
+        port: args.port,
+        engine: engine.clone(),
+        faults,
+    })
+    .await?;
+    let fleet = Arc::new(fleet);
+    for slot in fleet.engines() {
+        tracing::info!(
+            engine = slot.index(),
+            url = %slot.url(),
+            flavor = engine.flavor.owner(),
+            model = %engine.model,
+            profile = engine.profile.name,
+            time_scale = engine.time_scale,
+            "engine listening"
+        );
+    }
+    if let Some(port) = args.control_port {
+        let addr = SocketAddr::new(args.host, port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for the control API"))?;
+        tracing::info!(url = %format!("http://{addr}"), "control listener");
+        let router = sluice_sim::control::router(fleet.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!(error = %e, "control listener stopped");
+            }
+        });
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_target_one_engine_or_all() {
+        let (target, fault) = parse_fault(r#"1={"kind":"slow","factor":3}"#).unwrap();
+        assert_eq!(target, Some(1));
+        assert_eq!(fault, Fault::Slow { factor: 3.0 });
+        let (target, fault) = parse_fault(r#"{"kind":"freeze"}"#).unwrap();
+        assert_eq!((target, fault), (None, Fault::Freeze));
+        assert!(parse_fault("melt").is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! The engine's error answers, in the JSON shape of the flavor it imitates.
+//!
+//! vLLM wraps its errors (`{"error":{"message","type","param","code"}}`, code the HTTP status as an
+//! integer); SGLang answers flat (`{"object":"error","message",...}`); both answer unknown routes
+//! the way FastAPI does (`{"detail":"Not Found"}`), and a missing API key with
+//! `{"error":"Unauthorized"}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::config::Flavor;
+
+/// Status 529, which Dynamo-style workers use for "at capacity".
+pub const STATUS_OVERLOADED: u16 = 529;
+
+/// Why the engine refused or failed a request.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error("{0}")]
+    ContextTooLong(String),
+    #[error("The engine's waiting queue is full; try again later.")]
+    QueueFull,
+    #[error("Server overloaded: worker at capacity")]
+    AtCapacity,
+    #[error("Internal server error")]
+    Internal,
+    #[error("Unauthorized")]
+    Unauthorized,
+}
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::ContextTooLong(_) => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::AtCapacity => {
+                StatusCode::from_u16(STATUS_OVERLOADED).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+            }
+            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) | ApiError::ContextTooLong(_) => "BadRequestError",
+            ApiError::ModelNotFound(_) => "NotFoundError",
+            ApiError::QueueFull => "ServiceUnavailableError",
+            ApiError::AtCapacity => "OverloadedError",
+            ApiError::Internal => "InternalServerError",
+            ApiError::Unauthorized => "AuthenticationError",
+        }
+    }
+
+    /// The body, for the error object of a stream too.
+    pub fn body(&self, flavor: Flavor) -> serde_json::Value {
+        let code = self.status().as_u16();
+        match (self, flavor) {
+            (ApiError::Unauthorized, _) => json!({"error": "Unauthorized"}),
+            (_, Flavor::Vllm) => json!({"error": {
+                "message": self.to_string(), "type": self.kind(), "param": null, "code": code,
+            }}),
+            (_, Flavor::Sglang) => json!({
+                "object": "error", "message": self.to_string(), "type": self.kind(),
+                "param": null, "code": code,
+            }),
+        }
+    }
+
+    pub fn respond(&self, flavor: Flavor) -> Response {
+        (self.status(), axum::Json(self.body(flavor))).into_response()
+    }
+}
+
+/// FastAPI's answer to an unknown route.
+pub fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))).into_response()
+}
+
+/// FastAPI's answer to a known route with the wrong method.
+pub fn method_not_allowed() -> Response {
+    let mut response = (
+        StatusCode::METHOD_NOT_ALLOWED,
+        axum::Json(json!({"detail": "Method Not Allowed"})),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

@@ -1,0 +1,284 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`.
+//!
+//! Checks come in the order a real engine makes them (auth, body, model, context length), then
+//! the injected faults and the worker-side cap, then the request enters the engine. Whatever holds
+//! a count (`/load`, the N+Q gate) lives in the response until it ends, and dropping the response
+//! (the client left) drops the `Submission`, which aborts the request inside the engine.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+
+use super::errors::ApiError;
+use super::sse::{Renderer, Usage};
+use super::{authorize, ApiState};
+use crate::engine::{EventKind, GateTicket, LoadGuard, SubmitError, Submission};
+use crate::request::{GenerationRequest, Route};
+use crate::scheduler::FinishReason;
+
+pub(super) async fn chat(State(st): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(Route::Chat, &st, &headers, &body).await
+}
+
+pub(super) async fn completions(
+    State(st): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(Route::Completions, &st, &headers, &body).await
+}
+
+/// What a response keeps alive until it ends.
+struct Held {
+    _load: LoadGuard,
+    _ticket: Option<GateTicket>,
+}
+
+async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8]) -> Response {
+    let engine = &st.engine;
+    let flavor = engine.config().flavor;
+    let load = engine.track_request();
+    engine.totals().requests_received.fetch_add(1, Ordering::Relaxed);
+    let admitted = admit(route, st, headers, body).await;
+    let Admitted {
+        request,
+        submission,
+        ticket,
+        expected_tokens,
+    } = match admitted {
+        Ok(admitted) => admitted,
+        Err(error) => {
+            if matches!(error, ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal) {
+                engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            return error.respond(flavor);
+        }
+    };
+    let renderer = Renderer::new(route, flavor, st.response_id(route), st.created, &request.model);
+    let held = Held {
+        _load: load,
+        _ticket: ticket,
+    };
+    let usage = Usage {
+        prompt_tokens: request
+            .prompts
+            .iter()
+            .map(|p| u64::from(p.tokens) * u64::from(request.n))
+            .sum(),
+        completion_tokens: 0,
+    };
+    let choices = request.prompts.len() * request.n as usize;
+    if request.stream {
+        let cut_after = engine
+            .faults()
+            .cut_streams
+            .then(|| (expected_tokens / 2).max(1));
+        let state = StreamState {
+            renderer,
+            submission,
+            _held: held,
+            tokens: vec![0; choices],
+            open: choices,
+            usage,
+            include_usage: request.include_usage,
+            cut_after,
+            phase: StreamPhase::Starting,
+        };
+        stream(state)
+    } else {
+        complete(renderer, submission, held, choices, usage, flavor).await
+    }
+}
+
+/// A request inside the engine.
+struct Admitted {
+    request: GenerationRequest,
+    submission: Submission,
+    ticket: Option<GateTicket>,
+    /// Output tokens the engine will generate, over every choice.
+    expected_tokens: u64,
+}
+
+/// Everything between the request and the engine; an error is the answer.
+async fn admit(
+    route: Route,
+    st: &ApiState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Admitted, ApiError> {
+    let engine = &st.engine;
+    let cfg = engine.config();
+    authorize(cfg, headers)?;
+    let request = GenerationRequest::parse(route, body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    if request.model != cfg.model {
+        return Err(ApiError::ModelNotFound(request.model));
+    }
+    check_context(&request, cfg.max_model_len, cfg.flavor)?;
+    if st.inject_error() {
+        return Err(ApiError::Internal);
+    }
+    let mut ticket = match engine.gate() {
+        Some(gate) => Some(gate.try_enter().ok_or(ApiError::AtCapacity)?),
+        None => None,
+    };
+    if let Some(ticket) = ticket.as_mut() {
+        ticket.slot().await;
+    }
+    let choices = request.choices(cfg.seed, cfg.profile.output_median_tokens, cfg.max_model_len);
+    let submission = engine.submit(&choices).map_err(|e| match e {
+        SubmitError::QueueFull { .. } => ApiError::QueueFull,
+        SubmitError::ShutDown => ApiError::Internal,
+    })?;
+    Ok(Admitted {
+        request,
+        submission,
+        ticket,
+        expected_tokens: choices.iter().map(|c| u64::from(c.output_tokens)).sum(),
+    })
+}
+
+/// A prompt longer than the context, or a prompt plus `max_tokens` over it, is a 400.
+fn check_context(
+    request: &GenerationRequest,
+    max_model_len: u32,
+    flavor: crate::config::Flavor,
+) -> Result<(), ApiError> {
+    let prompt = request.longest_prompt();
+    let total = u64::from(prompt) + u64::from(request.max_tokens.unwrap_or(0));
+    if prompt < max_model_len && total <= u64::from(max_model_len) {
+        return Ok(());
+    }
+    let message = match (flavor, request.max_tokens) {
+        (crate::config::Flavor::Sglang, _) => format!(
+            "The input ({prompt} tokens) is longer than the model's context length ({max_model_len} tokens)."
+        ),
+        (_, Some(max_tokens)) if prompt < max_model_len => format!(
+            "This model's maximum context length is {max_model_len} tokens. However, you requested \
+             {total} tokens ({prompt} in the messages, {max_tokens} in the completion). Please \
+             reduce the length of the messages or completion."
+        ),
+        _ => format!(
+            "This model's maximum context length is {max_model_len} tokens. However, your request \
+             has {prompt} input tokens. Please reduce the length of the input messages."
+        ),
+    };
+    Err(ApiError::ContextTooLong(message))
+}
+
+async fn complete(
+    renderer: Renderer,
+    mut submission: Submission,
+    held: Held,
+    choices: usize,
+    mut usage: Usage,
+    flavor: crate::config::Flavor,
+) -> Response {
+    let mut results = vec![(0u32, FinishReason::Stop); choices];
+    let mut open = choices;
+    while open > 0 {
+        let Some(event) = submission.events.recv().await else {
+            return ApiError::Internal.respond(flavor);
+        };
+        let slot = &mut results[event.choice as usize];
+        match event.kind {
+            EventKind::Token => slot.0 += 1,
+            EventKind::Finished(reason) => {
+                slot.1 = reason;
+                open -= 1;
+            }
+        }
+    }
+    drop(held);
+    usage.completion_tokens = results.iter().map(|r| u64::from(r.0)).sum();
+    axum::Json(renderer.complete(&results, usage)).into_response()
+}
+
+struct StreamState {
+    renderer: Renderer,
+    submission: Submission,
+    _held: Held,
+    tokens: Vec<u32>,
+    open: usize,
+    usage: Usage,
+    include_usage: bool,
+    /// With the `cut-streams` fault: end the stream abruptly after this many tokens.
+    cut_after: Option<u64>,
+    phase: StreamPhase,
+}
+
+#[derive(PartialEq)]
+enum StreamPhase {
+    Starting,
+    Streaming,
+    Cut,
+    Done,
+}
+
+fn stream(state: StreamState) -> Response {
+    let body = futures_util::stream::unfold(state, next_chunk);
+    let mut response = Body::from_stream(body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    response
+}
+
+/// The next piece of the stream: every event the engine has ready, as SSE.
+async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, StreamState)> {
+    match s.phase {
+        StreamPhase::Done => return None,
+        StreamPhase::Cut => {
+            s.phase = StreamPhase::Done;
+            let cut = io::Error::new(io::ErrorKind::ConnectionAborted, "stream cut by fault");
+            return Some((Err(cut), s));
+        }
+        StreamPhase::Starting | StreamPhase::Streaming => {}
+    }
+    let Some(first) = s.submission.events.recv().await else {
+        // The engine went away mid-request (a crash): the connection ends without [DONE].
+        s.phase = StreamPhase::Done;
+        let gone = io::Error::new(io::ErrorKind::ConnectionReset, "engine stopped");
+        return Some((Err(gone), s));
+    };
+    let mut out = String::new();
+    if s.phase == StreamPhase::Starting {
+        s.phase = StreamPhase::Streaming;
+        for choice in 0..s.tokens.len() as u32 {
+            s.renderer.role(&mut out, choice);
+        }
+    }
+    let mut event = Some(first);
+    while let Some(e) = event {
+        match e.kind {
+            EventKind::Token => {
+                let index = &mut s.tokens[e.choice as usize];
+                s.renderer.token(&mut out, e.choice, *index);
+                *index += 1;
+                s.usage.completion_tokens += 1;
+            }
+            EventKind::Finished(reason) => {
+                s.renderer.finish(&mut out, e.choice, reason);
+                s.open -= 1;
+            }
+        }
+        if s.cut_after.is_some_and(|cut| s.usage.completion_tokens >= cut) {
+            s.phase = StreamPhase::Cut;
+            return Some((Ok(Bytes::from(out)), s));
+        }
+        event = s.submission.events.try_recv().ok();
+    }
+    if s.open == 0 {
+        if s.include_usage {
+            s.renderer.usage(&mut out, s.usage);
+        }
+        Renderer::done(&mut out);
+        s.phase = StreamPhase::Done;
+    }
+    Some((Ok(Bytes::from(out)), s))
+}

@@ -1,0 +1,126 @@
+//! The engine's HTTP API, as vLLM or SGLang serves it.
+//!
+//! | route | vLLM | SGLang |
+//! | --- | --- | --- |
+//! | `POST /v1/chat/completions`, `POST /v1/completions` | yes | yes |
+//! | `GET /v1/models` | `owned_by: vllm` | `owned_by: sglang` |
+//! | `GET /health` | 200 while alive (also `/ping`) | fails after 20 s without output (also `/health_generate`) |
+//! | `GET /metrics` | `vllm:*` | `sglang:*` |
+//! | load | `/load` | `/v1/loads`, `/get_load` |
+//! | info | `/version` | `/server_info`, `/get_server_info` |
+//!
+//! The `hang` fault is applied here to every route: the request is accepted and never answered.
+
+mod errors;
+mod generate;
+mod load;
+mod sse;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use rand::{Rng, SeedableRng};
+
+pub use errors::{ApiError, STATUS_OVERLOADED};
+
+use crate::config::{EngineConfig, Flavor};
+use crate::engine::Engine;
+use crate::request::Route;
+
+/// What every handler of one engine incarnation shares.
+pub struct ApiState {
+    pub engine: Arc<Engine>,
+    /// Unix time the engine started, for `created` fields.
+    pub created: u64,
+    responses: AtomicU64,
+    /// Decides which requests the `error-rate` fault fails, reproducibly from the seed.
+    error_rng: parking_lot::Mutex<rand::rngs::StdRng>,
+}
+
+impl ApiState {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        let created = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let seed = engine.config().seed;
+        Self {
+            engine,
+            created,
+            responses: AtomicU64::new(0),
+            error_rng: parking_lot::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+        }
+    }
+
+    fn response_id(&self, route: Route) -> String {
+        let n = self.responses.fetch_add(1, Ordering::Relaxed);
+        let prefix = match route {
+            Route::Chat => "chatcmpl",
+            Route::Completions => "cmpl",
+        };
+        format!("{prefix}-{:08x}{n:08x}", self.created as u32)
+    }
+
+    fn inject_error(&self) -> bool {
+        let rate = self.engine.faults().error_rate;
+        rate > 0.0 && self.error_rng.lock().random_bool(rate.min(1.0))
+    }
+}
+
+/// `Authorization: Bearer <api key>` on the OpenAI routes, when the engine has a key.
+fn authorize(cfg: &EngineConfig, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &cfg.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+async fn hang_if_faulted(State(st): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
+    if st.engine.faults().hang {
+        return std::future::pending().await;
+    }
+    next.run(request).await
+}
+
+/// The engine's routes for its flavor.
+pub fn router(state: Arc<ApiState>) -> Router {
+    let common = Router::new()
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/models", get(load::models))
+        .route("/metrics", get(load::metrics));
+    let flavored = match state.engine.config().flavor {
+        Flavor::Vllm => common
+            .route("/health", get(load::vllm_health))
+            .route("/ping", get(load::vllm_health))
+            .route("/load", get(load::vllm_load))
+            .route("/version", get(load::vllm_version)),
+        Flavor::Sglang => common
+            .route("/health", get(load::sglang_health))
+            .route("/health_generate", get(load::sglang_health))
+            .route("/v1/loads", get(load::sglang_loads))
+            .route("/get_load", get(load::sglang_get_load))
+            .route("/server_info", get(load::sglang_server_info))
+            .route("/get_server_info", get(load::sglang_server_info)),
+    };
+    flavored
+        .fallback(|| async { errors::not_found() })
+        .method_not_allowed_fallback(|| async { errors::method_not_allowed() })
+        .layer(middleware::from_fn_with_state(state.clone(), hang_if_faulted))
+        .with_state(state)
+}

@@ -1,0 +1,164 @@
+//! Rendering a generation as the engine's OpenAI responses: SSE chunks or one JSON body.
+//!
+//! Chunks are formatted from prefixes computed once per request, since a streaming engine writes
+//! one event per token and the simulator must never be what limits a gateway benchmark.
+
+use std::fmt::Write;
+
+use serde_json::json;
+
+use crate::config::Flavor;
+use crate::request::{token_text, Route};
+use crate::scheduler::FinishReason;
+
+/// Formats one request's chunks.
+pub struct Renderer {
+    route: Route,
+    flavor: Flavor,
+    id: String,
+    created: u64,
+    model: String,
+    /// `data: {"id":...,"model":...,"choices":[{"index":`
+    prefix: String,
+}
+
+/// Token counts for the usage object.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Renderer {
+    pub fn new(route: Route, flavor: Flavor, id: String, created: u64, model: &str) -> Self {
+        let object = match route {
+            Route::Chat => "chat.completion.chunk",
+            Route::Completions => "text_completion",
+        };
+        let model = serde_json::Value::from(model).to_string();
+        let prefix = format!(
+            r#"data: {{"id":"{id}","object":"{object}","created":{created},"model":{model},"choices":[{{"index":"#
+        );
+        Self {
+            route,
+            flavor,
+            id,
+            created,
+            model,
+            prefix,
+        }
+    }
+
+    /// Chat streams open each choice with the assistant's role.
+    pub fn role(&self, out: &mut String, choice: u32) {
+        if self.route == Route::Chat {
+            let _ = write!(
+                out,
+                "{}{choice},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                self.prefix
+            );
+        }
+    }
+
+    pub fn token(&self, out: &mut String, choice: u32, index: u32) {
+        let text = token_text(choice, index);
+        match self.route {
+            Route::Chat => write!(
+                out,
+                "{}{choice},\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                self.prefix
+            ),
+            Route::Completions => write!(
+                out,
+                "{}{choice},\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                self.prefix
+            ),
+        }
+        .unwrap_or_default();
+    }
+
+    pub fn finish(&self, out: &mut String, choice: u32, reason: FinishReason) {
+        let reason = reason.as_str();
+        match self.route {
+            Route::Chat => write!(
+                out,
+                "{}{choice},\"delta\":{{}},\"logprobs\":null,\"finish_reason\":\"{reason}\",\"stop_reason\":null}}]}}\n\n",
+                self.prefix
+            ),
+            Route::Completions => write!(
+                out,
+                "{}{choice},\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"{reason}\",\"stop_reason\":null}}]}}\n\n",
+                self.prefix
+            ),
+        }
+        .unwrap_or_default();
+    }
+
+    pub fn usage(&self, out: &mut String, usage: Usage) {
+        let object = match self.route {
+            Route::Chat => "chat.completion.chunk",
+            Route::Completions => "text_completion",
+        };
+        let _ = write!(
+            out,
+            "data: {{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{},\"model\":{},\"choices\":[],\"usage\":{}}}\n\n",
+            self.id,
+            self.created,
+            self.model,
+            usage_json(usage)
+        );
+    }
+
+    pub fn done(out: &mut String) {
+        out.push_str("data: [DONE]\n\n");
+    }
+
+    /// The whole answer as one JSON body.
+    pub fn complete(&self, choices: &[(u32, FinishReason)], usage: Usage) -> serde_json::Value {
+        let choices: Vec<serde_json::Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(index, &(tokens, reason))| {
+                let text: String = (0..tokens).map(|i| token_text(index as u32, i)).collect();
+                let mut choice = match self.route {
+                    Route::Chat => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": text, "tool_calls": []},
+                        "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null,
+                    }),
+                    Route::Completions => json!({
+                        "index": index, "text": text, "logprobs": null,
+                        "finish_reason": reason.as_str(), "stop_reason": null,
+                    }),
+                };
+                if self.flavor == Flavor::Sglang {
+                    // SGLang names the stop it matched; for an end-of-sequence that is the EOS id.
+                    let matched = (reason == FinishReason::Stop).then_some(128_009);
+                    choice["matched_stop"] = json!(matched);
+                }
+                choice
+            })
+            .collect();
+        let object = match self.route {
+            Route::Chat => "chat.completion",
+            Route::Completions => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": serde_json::from_str::<serde_json::Value>(&self.model).unwrap_or_default(),
+            "choices": choices,
+            "usage": serde_json::from_str::<serde_json::Value>(&usage_json(usage)).unwrap_or_default(),
+        })
+    }
+}
+
+fn usage_json(usage: Usage) -> String {
+    format!(
+        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.prompt_tokens + usage.completion_tokens
+    )
+}

@@ -1,0 +1,134 @@
+//! The engine's command-line flags, shared by `sluice sim` and `sluice bench capacity`
+//! (behind the `cli` feature, so library users do not pull in clap).
+
+use clap::{Args, ValueEnum};
+
+use crate::config::{ConfigError, DEFAULT_REQUEST_QUEUE_LIMIT, DEFAULT_WATERMARK};
+use crate::profile::PROFILE_NAMES;
+use crate::{EngineConfig, Eviction, Flavor, Preemption, Profile};
+
+/// Flags that do not make an engine.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error("unknown profile {0:?}")]
+    UnknownProfile(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum FlavorArg {
+    Vllm,
+    Sglang,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum PreemptionArg {
+    Recompute,
+    Swap,
+    Truncate,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum EvictionArg {
+    Fcfs,
+    Las,
+    Srpt,
+}
+
+/// The engine's settings, shared by `sluice sim` and `sluice bench capacity`.
+#[derive(Args, Clone)]
+pub struct EngineArgs {
+    /// Which engine to imitate on the wire.
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub flavor: FlavorArg,
+    /// Served model name.
+    #[arg(long, default_value = "llama-3.1-8b")]
+    pub model: String,
+    /// Timing preset: step-time coefficients and KV capacity.
+    #[arg(long, default_value = "llama3-8b-h100", value_parser = clap::builder::PossibleValuesParser::new(PROFILE_NAMES))]
+    pub profile: String,
+    /// Divide every engine duration by this (10 runs ten seconds of engine time in one).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Seed for answer lengths, token text and injected errors.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Most requests in the running batch [default: the profile's].
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Most tokens in one step, the chunked-prefill budget [default: the profile's].
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// KV cache blocks per data-parallel rank [default: the profile's].
+    #[arg(long)]
+    pub num_gpu_blocks: Option<u32>,
+    /// Tokens per KV block [default: the profile's].
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// Data-parallel ranks inside the engine, each with its own scheduler and KV cache.
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: u32,
+    /// Longest prompt plus output [default: the profile's].
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// What happens to a request evicted from the KV cache.
+    #[arg(long, value_enum, default_value = "recompute")]
+    pub preemption: PreemptionArg,
+    /// Which running request is evicted when the KV cache is full.
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub eviction: EvictionArg,
+    /// Answer 503 once this many requests wait in the engine (off by default, as in vLLM).
+    #[arg(long)]
+    pub max_queued_requests: Option<u32>,
+    /// Worker-side cap: N requests in the engine; beyond N + --request-queue-limit, answer 529.
+    #[arg(long)]
+    pub engine_request_limit: Option<u32>,
+    /// Overflow queue behind --engine-request-limit (at least 2).
+    #[arg(long, default_value_t = DEFAULT_REQUEST_QUEUE_LIMIT)]
+    pub request_queue_limit: u32,
+    /// Fraction of KV blocks that must stay free after admitting a request (vLLM V1: 0; V0: 0.01).
+    #[arg(long, default_value_t = DEFAULT_WATERMARK)]
+    pub kv_watermark: f64,
+    /// Require `Authorization: Bearer <key>` on the OpenAI routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> Result<EngineConfig, ArgsError> {
+        let profile = Profile::named(&self.profile)
+            .ok_or_else(|| ArgsError::UnknownProfile(self.profile.clone()))?;
+        let flavor = match self.flavor {
+            FlavorArg::Vllm => Flavor::Vllm,
+            FlavorArg::Sglang => Flavor::Sglang,
+        };
+        let mut cfg = EngineConfig::new(flavor, self.model.clone(), profile);
+        cfg.time_scale = self.time_scale;
+        cfg.seed = self.seed;
+        cfg.max_num_seqs = self.max_num_seqs.unwrap_or(cfg.max_num_seqs);
+        cfg.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(cfg.max_num_batched_tokens);
+        cfg.num_gpu_blocks = self.num_gpu_blocks.unwrap_or(cfg.num_gpu_blocks);
+        cfg.block_size = self.block_size.unwrap_or(cfg.block_size);
+        cfg.max_model_len = self.max_model_len.unwrap_or(cfg.max_model_len);
+        cfg.dp_size = self.dp_size;
+        cfg.preemption = match self.preemption {
+            PreemptionArg::Recompute => Preemption::Recompute,
+            PreemptionArg::Swap => Preemption::Swap,
+            PreemptionArg::Truncate => Preemption::Truncate,
+        };
+        cfg.eviction = match self.eviction {
+            EvictionArg::Fcfs => Eviction::Fcfs,
+            EvictionArg::Las => Eviction::Las,
+            EvictionArg::Srpt => Eviction::Srpt,
+        };
+        cfg.max_queued_requests = self.max_queued_requests;
+        cfg.engine_request_limit = self.engine_request_limit;
+        cfg.request_queue_limit = self.request_queue_limit;
+        cfg.api_key = self.api_key.clone();
+        cfg.watermark = self.kv_watermark;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+

@@ -1,0 +1,309 @@
+//! Several engines in one process, each on its own port, each able to crash and come back.
+//!
+//! An `EngineSlot` is one engine's place in the fleet: its address, its standing faults and the
+//! ground-truth totals that survive its crashes. What runs in the slot (an `Engine` and its
+//! server) is an incarnation: `crash` ends it, `restart` starts a new one on the same address.
+//! Tests use this as a library (`SimFleet::start` on port 0); `sluice sim` is a thin shell over it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::api::{self, ApiState};
+use crate::config::{ConfigError, EngineConfig};
+use crate::engine::{Engine, RankView, Totals};
+use crate::faults::{Fault, FaultError, FaultSet};
+use crate::server;
+
+/// How to start a fleet.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Number of engines.
+    pub engines: usize,
+    pub host: IpAddr,
+    /// Port of the first engine; the others take the next ports. 0 gives each an ephemeral port.
+    pub port: u16,
+    pub engine: EngineConfig,
+    /// Faults applied at startup: to one engine (`Some(index)`) or to all.
+    pub faults: Vec<(Option<usize>, Fault)>,
+}
+
+impl FleetConfig {
+    /// `engines` engines on ephemeral loopback ports.
+    pub fn local(engines: usize, engine: EngineConfig) -> Self {
+        Self {
+            engines,
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            engine,
+            faults: Vec::new(),
+        }
+    }
+}
+
+/// Why the fleet or one of its engines could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("engine {index} does not exist (the fleet has {engines})")]
+    NoSuchEngine { index: usize, engines: usize },
+    #[error("engine {0} is already running")]
+    AlreadyRunning(usize),
+}
+
+struct Incarnation {
+    engine: Arc<Engine>,
+    kill: watch::Sender<bool>,
+    /// The accept loop; it owns the listener, so the port is free once it has ended.
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// One engine's place in the fleet.
+pub struct EngineSlot {
+    index: usize,
+    addr: SocketAddr,
+    cfg: Arc<EngineConfig>,
+    totals: Arc<Totals>,
+    faults: watch::Sender<FaultSet>,
+    running: parking_lot::Mutex<Option<Incarnation>>,
+}
+
+/// Ground truth about one engine, for benchmarks and tests (`GET /engines/{i}/state`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EngineState {
+    pub index: usize,
+    pub url: String,
+    pub up: bool,
+    pub requests_received: u64,
+    pub running: u64,
+    pub waiting: u64,
+    pub swapped: u64,
+    pub kv_blocks_used: u64,
+    pub kv_blocks_total: u64,
+    pub preemptions: u64,
+    pub aborted: u64,
+    pub finished: u64,
+    pub rejected: u64,
+    pub prompt_tokens_computed: u64,
+    pub tokens_generated: u64,
+    pub tokens_delivered: u64,
+    pub wasted_tokens: u64,
+    pub steps: u64,
+    pub late_steps: u64,
+    /// Requests inside the worker-side cap, when `--engine-request-limit` is set.
+    pub engine_requests: Option<u32>,
+    pub queued_requests: Option<u32>,
+    pub ranks: Vec<RankView>,
+    pub faults: FaultSet,
+}
+
+impl EngineSlot {
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://host:port`, what a gateway is given.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.running.lock().is_some()
+    }
+
+    /// The running engine, if the slot is not crashed.
+    pub fn engine(&self) -> Option<Arc<Engine>> {
+        self.running.lock().as_ref().map(|i| i.engine.clone())
+    }
+
+    /// Applies a fault: standing ones change the fault set, `crash` and `restart` act.
+    pub async fn fault(&self, fault: Fault) -> Result<(), FleetError> {
+        match fault {
+            Fault::Crash => {
+                self.crash().await;
+                Ok(())
+            }
+            Fault::Restart => {
+                self.crash().await;
+                self.faults.send_modify(|f| {
+                    let _ = f.apply(&Fault::Clear);
+                });
+                let listener = bind(self.addr).await?;
+                self.launch(listener)
+            }
+            standing => {
+                let mut result = Ok(());
+                self.faults.send_modify(|f| result = f.apply(&standing));
+                Ok(result?)
+            }
+        }
+    }
+
+    /// Closes the listener, resets every connection and drops all work in flight; returns once
+    /// the port is closed.
+    pub async fn crash(&self) {
+        if let Some(server) = self.stop() {
+            let _ = server.await;
+        }
+    }
+
+    /// Starts a crash without waiting for it to complete.
+    fn stop(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let incarnation = self.running.lock().take()?;
+        let _ = incarnation.kill.send(true);
+        incarnation.engine.shut_down();
+        Some(incarnation.server)
+    }
+
+    fn launch(&self, listener: TcpListener) -> Result<(), FleetError> {
+        let mut running = self.running.lock();
+        if running.is_some() {
+            return Err(FleetError::AlreadyRunning(self.index));
+        }
+        let engine = Arc::new(Engine::start(
+            self.cfg.clone(),
+            self.totals.clone(),
+            self.faults.subscribe(),
+        ));
+        let router = api::router(Arc::new(ApiState::new(engine.clone())));
+        let (kill, killed) = watch::channel(false);
+        let server = tokio::spawn(server::serve(listener, router, self.faults.subscribe(), killed));
+        *running = Some(Incarnation {
+            engine,
+            kill,
+            server,
+        });
+        Ok(())
+    }
+
+    pub fn state(&self) -> EngineState {
+        let engine = self.engine();
+        let ranks = engine.as_ref().map(|e| e.ranks()).unwrap_or_default();
+        let sum = |f: fn(&RankView) -> u64| ranks.iter().map(f).sum::<u64>();
+        let t = &self.totals;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let gate = engine.as_ref().and_then(|e| e.gate().map(|g| (g.in_engine(), g.queued())));
+        EngineState {
+            index: self.index,
+            url: self.url(),
+            up: engine.is_some(),
+            requests_received: load(&t.requests_received),
+            running: sum(|r| r.running),
+            waiting: sum(|r| r.waiting),
+            swapped: sum(|r| r.swapped),
+            kv_blocks_used: sum(|r| r.kv_blocks_used),
+            kv_blocks_total: u64::from(self.cfg.num_gpu_blocks) * u64::from(self.cfg.dp_size),
+            preemptions: load(&t.preemptions),
+            aborted: load(&t.aborted),
+            finished: load(&t.finished),
+            rejected: load(&t.rejected),
+            prompt_tokens_computed: load(&t.prompt_tokens_computed),
+            tokens_generated: load(&t.tokens_generated),
+            tokens_delivered: load(&t.tokens_delivered),
+            wasted_tokens: load(&t.wasted_tokens),
+            steps: load(&t.steps),
+            late_steps: load(&t.late_steps),
+            engine_requests: gate.map(|g| g.0),
+            queued_requests: gate.map(|g| g.1),
+            ranks,
+            faults: self.faults.borrow().clone(),
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, FleetError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| FleetError::Bind { addr, source })
+}
+
+/// A running fleet of simulated engines.
+pub struct SimFleet {
+    slots: Vec<Arc<EngineSlot>>,
+}
+
+impl SimFleet {
+    /// Validates the configuration, binds every engine and starts them.
+    pub async fn start(cfg: FleetConfig) -> Result<Self, FleetError> {
+        cfg.engine.validate()?;
+        let engine_cfg = Arc::new(cfg.engine.clone());
+        let mut slots = Vec::with_capacity(cfg.engines);
+        for index in 0..cfg.engines {
+            let port = if cfg.port == 0 {
+                0
+            } else {
+                cfg.port.saturating_add(index as u16)
+            };
+            let listener = bind(SocketAddr::new(cfg.host, port)).await?;
+            let addr = listener
+                .local_addr()
+                .map_err(|source| FleetError::Bind {
+                    addr: SocketAddr::new(cfg.host, port),
+                    source,
+                })?;
+            let (faults, _) = watch::channel(FaultSet::new(cfg.engine.dp_size));
+            let slot = Arc::new(EngineSlot {
+                index,
+                addr,
+                cfg: engine_cfg.clone(),
+                totals: Arc::new(Totals::default()),
+                faults,
+                running: parking_lot::Mutex::new(None),
+            });
+            slot.launch(listener)?;
+            slots.push(slot);
+        }
+        let fleet = Self { slots };
+        for (target, fault) in cfg.faults {
+            match target {
+                Some(index) => fleet.engine(index)?.fault(fault).await?,
+                None => {
+                    for slot in &fleet.slots {
+                        slot.fault(fault.clone()).await?;
+                    }
+                }
+            }
+        }
+        Ok(fleet)
+    }
+
+    pub fn engines(&self) -> &[Arc<EngineSlot>] {
+        &self.slots
+    }
+
+    pub fn engine(&self, index: usize) -> Result<&Arc<EngineSlot>, FleetError> {
+        self.slots.get(index).ok_or(FleetError::NoSuchEngine {
+            index,
+            engines: self.slots.len(),
+        })
+    }
+
+    /// Every engine's URL, in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.url()).collect()
+    }
+}
+
+impl Drop for SimFleet {
+    fn drop(&mut self) {
+        for slot in &self.slots {
+            slot.stop();
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The accept loop of one engine, built so that a crash can be real.
+//!
+//! axum's own `serve` cannot drop the connections it has accepted, so the engine runs its own
+//! loop on hyper-util: every connection task watches a kill signal, and when it fires (the
+//! `crash` fault) the task sets `SO_LINGER` to zero and drops the socket, so the peer sees a reset,
+//! not a clean close, as when a process dies. The listener goes with the loop.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use socket2::SockRef;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::faults::FaultSet;
+
+/// Resolves when the kill signal fires (or its sender is gone).
+async fn killed(mut kill: watch::Receiver<bool>) {
+    let _ = kill.wait_for(|k| *k).await;
+}
+
+/// Spawns `work` so that it stops when the kill signal fires.
+fn spawn_killable<F>(kill: &watch::Receiver<bool>, work: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let kill = kill.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = work => {}
+            () = killed(kill) => {}
+        }
+    });
+}
+
+/// Accepts connections until killed.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    faults: watch::Receiver<FaultSet>,
+    kill: watch::Receiver<bool>,
+) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = killed(kill.clone()) => return,
+        };
+        let Ok((stream, _peer)) = accepted else {
+            // Out of file descriptors or similar: back off briefly instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        if faults.borrow().hang {
+            spawn_killable(&kill, swallow(stream));
+            continue;
+        }
+        let Some((stream, shadow)) = with_shadow(stream) else {
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let builder = builder.clone();
+        let kill = kill.clone();
+        tokio::spawn(async move {
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                () = killed(kill) => {
+                    // Reset, not close: the peer must see the engine die.
+                    let _ = SockRef::from(&shadow).set_linger(Some(Duration::ZERO));
+                }
+            }
+        });
+    }
+}
+
+/// A second handle on the connection's socket, through which a crash can set `SO_LINGER`
+/// after hyper took the stream.
+fn with_shadow(stream: TcpStream) -> Option<(TcpStream, std::net::TcpStream)> {
+    let std_stream = stream.into_std().ok()?;
+    let shadow = std_stream.try_clone().ok()?;
+    let stream = TcpStream::from_std(std_stream).ok()?;
+    Some((stream, shadow))
+}
+
+/// A hung engine: reads whatever comes and never answers, until the peer closes.
+async fn swallow(mut stream: TcpStream) {
+    let mut sink = [0u8; 4096];
+    while let Ok(n) = stream.read(&mut sink).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
