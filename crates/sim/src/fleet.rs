@@ -78,6 +78,8 @@ pub struct EngineSlot {
     totals: Arc<Totals>,
     faults: watch::Sender<FaultSet>,
     running: parking_lot::Mutex<Option<Incarnation>>,
+    /// Woken whenever the engine publishes new state, faults change, or it crashes or restarts.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 /// Ground truth about one engine, for benchmarks and tests (`GET /engines/{i}/state`).
@@ -150,6 +152,7 @@ impl EngineSlot {
             standing => {
                 let mut result = Ok(());
                 self.faults.send_modify(|f| result = f.apply(&standing));
+                self.changed.notify_waiters();
                 Ok(result?)
             }
         }
@@ -168,6 +171,7 @@ impl EngineSlot {
         let incarnation = self.running.lock().take()?;
         let _ = incarnation.kill.send(true);
         incarnation.engine.shut_down();
+        self.changed.notify_waiters();
         Some(incarnation.server)
     }
 
@@ -176,10 +180,11 @@ impl EngineSlot {
         if running.is_some() {
             return Err(FleetError::AlreadyRunning(self.index));
         }
-        let engine = Arc::new(Engine::start(
+        let engine = Arc::new(Engine::start_with_notify(
             self.cfg.clone(),
             self.totals.clone(),
             self.faults.subscribe(),
+            self.changed.clone(),
         ));
         let router = api::router(Arc::new(ApiState::new(engine.clone())));
         let (kill, killed) = watch::channel(false);
@@ -190,6 +195,21 @@ impl EngineSlot {
             server,
         });
         Ok(())
+    }
+
+    /// Waits until the engine's state satisfies `done` (checked at every change), and returns it.
+    /// For tests and benchmarks that must await an event instead of sleeping.
+    pub async fn until(&self, mut done: impl FnMut(&EngineState) -> bool) -> EngineState {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let state = self.state();
+            if done(&state) {
+                return state;
+            }
+            changed.await;
+        }
     }
 
     pub fn state(&self) -> EngineState {
@@ -265,6 +285,7 @@ impl SimFleet {
                 totals: Arc::new(Totals::default()),
                 faults,
                 running: parking_lot::Mutex::new(None),
+                changed: Arc::new(tokio::sync::Notify::new()),
             });
             slot.launch(listener)?;
             slots.push(slot);

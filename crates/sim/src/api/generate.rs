@@ -127,7 +127,9 @@ async fn admit(
         None => None,
     };
     if let Some(ticket) = ticket.as_mut() {
+        engine.notify_changed();
         ticket.slot().await;
+        engine.notify_changed();
     }
     let choices = request.choices(cfg.seed, cfg.profile.output_median_tokens, cfg.max_model_len);
     let submission = engine.submit(&choices).map_err(|e| match e {

@@ -168,11 +168,11 @@ impl EngineMetrics {
                     })
                     .set(1.0);
                 }
-                reg.register("vllm:cache_config_info", "Information of the KV cache config.", info);
+                reg.register("vllm:cache_config_info", "Information of the KV cache config", info);
             }
             Flavor::Sglang => {
-                reg.register("sglang:num_used_tokens", "KV tokens in use.", m.used_tokens.clone());
-                reg.register("sglang:gen_throughput", "Generation throughput (tokens/s).", m.gen_throughput.clone());
+                reg.register("sglang:num_used_tokens", "KV tokens in use", m.used_tokens.clone());
+                reg.register("sglang:gen_throughput", "Generation throughput (tokens/s)", m.gen_throughput.clone());
             }
         }
         Self { registry, ..m }

@@ -72,14 +72,34 @@ pub struct Engine {
     /// Requests being served over HTTP, as vLLM's `/load` reports them.
     server_load: Arc<AtomicU64>,
     progress: Arc<parking_lot::Mutex<Instant>>,
+    published: Arc<tokio::sync::Notify>,
 }
 
 impl Engine {
+    /// Starts the ranks' loops, waking `published` whenever a rank publishes new state.
+    pub fn start_with_notify(
+        cfg: Arc<EngineConfig>,
+        totals: Arc<Totals>,
+        faults: watch::Receiver<FaultSet>,
+        published: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        Self::spawn(cfg, totals, faults, published)
+    }
+
     /// Starts the ranks' loops on the current tokio runtime. `cfg` must be validated.
     pub fn start(
         cfg: Arc<EngineConfig>,
         totals: Arc<Totals>,
         faults: watch::Receiver<FaultSet>,
+    ) -> Self {
+        Self::spawn(cfg, totals, faults, Arc::new(tokio::sync::Notify::new()))
+    }
+
+    fn spawn(
+        cfg: Arc<EngineConfig>,
+        totals: Arc<Totals>,
+        faults: watch::Receiver<FaultSet>,
+        published: Arc<tokio::sync::Notify>,
     ) -> Self {
         let metrics = Arc::new(EngineMetrics::new(&cfg));
         let progress = Arc::new(parking_lot::Mutex::new(Instant::now()));
@@ -95,6 +115,7 @@ impl Engine {
                     metrics: metrics.clone(),
                     faults: faults.clone(),
                     progress: progress.clone(),
+                    published: published.clone(),
                 };
                 tokio::spawn(rank::run(Scheduler::new(cfg.scheduler()), rx, ctx));
                 Rank {
@@ -116,6 +137,7 @@ impl Engine {
             gate,
             server_load: Arc::new(AtomicU64::new(0)),
             progress,
+            published,
         }
     }
 
@@ -142,6 +164,11 @@ impl Engine {
     /// Each rank's state as it last published it.
     pub fn ranks(&self) -> Vec<RankView> {
         self.ranks.iter().map(|r| r.gauges.view()).collect()
+    }
+
+    /// Wakes whoever awaits a change of the engine's state (see `EngineSlot::until`).
+    pub fn notify_changed(&self) {
+        self.published.notify_waiters();
     }
 
     /// Host time of the last step that produced a token.

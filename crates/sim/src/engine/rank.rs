@@ -45,6 +45,8 @@ pub(crate) struct RankContext {
     pub faults: watch::Receiver<FaultSet>,
     /// Host time of the engine's last step that produced a token (SGLang health reads it).
     pub progress: Arc<parking_lot::Mutex<Instant>>,
+    /// Woken on every publish, for whoever awaits a change of state.
+    pub published: Arc<tokio::sync::Notify>,
 }
 
 /// Keeps the modelled clock and the host clock together: steps are timed against absolute
@@ -263,6 +265,7 @@ fn publish(
         pending_prefill_tokens: scheduler.pending_prefill_tokens(),
         gen_throughput: throughput.rate,
     });
+    ctx.published.notify_waiters();
 }
 
 /// Aborts every sequence (their work is wasted, as in a real crash) and publishes the result.
