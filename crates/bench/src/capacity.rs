@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use sluice_sim::scheduler::{NewSeq, Scheduler, SeqEvent, SeqId};
 use sluice_sim::scheduler::FinishReason;
+use sluice_sim::scheduler::{NewSeq, Scheduler, SeqEvent, SeqId};
 use sluice_sim::EngineConfig;
 
 use crate::stats::percentile;
@@ -26,7 +26,9 @@ use crate::workload::{Shape, ShapeSource, Workload};
 /// The default levels: powers of two from 1 to 1024, with the steps between 128 and 1024
 /// filled in, since that is where an H100-class engine's knee lies.
 pub fn default_levels() -> Vec<u32> {
-    vec![1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024]
+    vec![
+        1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320, 384, 512, 768, 1024,
+    ]
 }
 
 /// The default workload: long generations (reasoning-style answers of ~2k tokens on short
@@ -210,7 +212,14 @@ mod tests {
             seed: 1,
         };
         let report = run_virtual(&engine, &plan);
-        let by = |c: u32| report.levels.iter().find(|l| l.concurrency == c).unwrap().clone();
+        let by = |c: u32| {
+            report
+                .levels
+                .iter()
+                .find(|l| l.concurrency == c)
+                .unwrap()
+                .clone()
+        };
         let peak = report
             .levels
             .iter()
@@ -218,14 +227,23 @@ mod tests {
             .unwrap()
             .clone();
         println!("{}", report.table());
-        assert!(by(64).output_tokens_per_s < peak.output_tokens_per_s, "throughput rises first");
+        assert!(
+            by(64).output_tokens_per_s < peak.output_tokens_per_s,
+            "throughput rises first"
+        );
         assert!(by(64).preemptions_per_s == 0.0);
         let last = by(1024);
         assert!(
             last.output_tokens_per_s <= 0.9 * peak.output_tokens_per_s,
             "throughput falls at least 10% past the knee"
         );
-        assert!(last.preemptions_per_s > 0.0, "the fall comes with preemption");
-        assert!(last.ttft_p50_s >= 2.0 * peak.ttft_p50_s, "TTFT p50 at least doubles");
+        assert!(
+            last.preemptions_per_s > 0.0,
+            "the fall comes with preemption"
+        );
+        assert!(
+            last.ttft_p50_s >= 2.0 * peak.ttft_p50_s,
+            "TTFT p50 at least doubles"
+        );
     }
 }

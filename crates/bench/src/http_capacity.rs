@@ -78,7 +78,10 @@ async fn http_level(
         start: now + plan.warmup.div_f64(scale),
         end: now + (plan.warmup + plan.window).div_f64(scale),
     });
-    let shapes = Arc::new(parking_lot::Mutex::new(ShapeSource::new(plan.workload, plan.seed)));
+    let shapes = Arc::new(parking_lot::Mutex::new(ShapeSource::new(
+        plan.workload,
+        plan.seed,
+    )));
     let tally = Arc::new(parking_lot::Mutex::new(LevelTally::default()));
     let model: Arc<str> = engine.model.clone().into();
     let max_prompt = engine.max_model_len.saturating_sub(1);
@@ -95,7 +98,11 @@ async fn http_level(
         clients.spawn(async move {
             while Instant::now() < window.end {
                 let shape = shapes.lock().next_shape();
-                let body = request_body(&model, shape.prompt_tokens.min(max_prompt), shape.output_tokens);
+                let body = request_body(
+                    &model,
+                    shape.prompt_tokens.min(max_prompt),
+                    shape.output_tokens,
+                );
                 one_request(&client, &url, body, &window, &tally, scale).await;
             }
         });
@@ -172,5 +179,8 @@ async fn one_request(
 }
 
 fn count(haystack: &[u8], needle: &[u8]) -> usize {
-    haystack.windows(needle.len()).filter(|w| *w == needle).count()
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count()
 }

@@ -33,7 +33,9 @@ pub struct ShapeSource {
 impl ShapeSource {
     pub fn new(workload: Workload, seed: u64) -> Self {
         let output = (workload.output_sigma > 0.0)
-            .then(|| LogNormal::new(workload.output_median.max(1.0).ln(), workload.output_sigma).ok())
+            .then(|| {
+                LogNormal::new(workload.output_median.max(1.0).ln(), workload.output_sigma).ok()
+            })
             .flatten();
         Self {
             workload,
@@ -44,7 +46,9 @@ impl ShapeSource {
 
     pub fn next_shape(&mut self) -> Shape {
         let w = self.workload;
-        let prompt_tokens = self.rng.random_range(w.prompt_min.max(1)..=w.prompt_max.max(w.prompt_min.max(1)));
+        let prompt_tokens = self
+            .rng
+            .random_range(w.prompt_min.max(1)..=w.prompt_max.max(w.prompt_min.max(1)));
         let output = match &self.output {
             Some(dist) => dist.sample(&mut self.rng).round() as u32,
             None => w.output_median.round() as u32,
@@ -80,6 +84,9 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.iter().all(|s| (100..=200).contains(&s.prompt_tokens)));
         assert!(a.iter().all(|s| (1..=120).contains(&s.output_tokens)));
-        assert!(a.iter().any(|s| s.output_tokens == 120), "the cap is reached");
+        assert!(
+            a.iter().any(|s| s.output_tokens == 120),
+            "the cap is reached"
+        );
     }
 }

@@ -5,7 +5,11 @@ mod sim;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "An LLM inference gateway that keeps fleets out of overload collapse")]
+#[command(
+    name = "sluice",
+    version,
+    about = "An LLM inference gateway that keeps fleets out of overload collapse"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,7 +21,7 @@ enum Command {
     Sim(Box<sim::SimArgs>),
     /// Benchmarks: engine capacity.
     #[command(subcommand)]
-    Bench(sluice_bench::cli::BenchCommand),
+    Bench(Box<sluice_bench::cli::BenchCommand>),
 }
 
 fn init_tracing() {
@@ -37,6 +41,6 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Sim(args) => runtime.block_on(sim::run(*args)),
-        Command::Bench(command) => Ok(runtime.block_on(sluice_bench::cli::run(command))?),
+        Command::Bench(command) => Ok(runtime.block_on(sluice_bench::cli::run(*command))?),
     }
 }

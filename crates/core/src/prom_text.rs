@@ -89,7 +89,8 @@ fn parse_descriptor(comment: &str, out: &mut Exposition) -> Result<(), &'static 
     match (words.next(), words.next(), words.next()) {
         (Some("HELP"), Some(name), text) => {
             check_name(name)?;
-            out.help.insert(name.to_string(), text.unwrap_or("").to_string());
+            out.help
+                .insert(name.to_string(), text.unwrap_or("").to_string());
         }
         (Some("TYPE"), Some(name), Some(kind)) => {
             check_name(name)?;
@@ -158,7 +159,10 @@ fn parse_sample(line: &str) -> Result<Sample, &'static str> {
 }
 
 /// Parses `name="value",...}` and returns what follows the closing brace.
-fn parse_labels<'a>(mut rest: &'a str, labels: &mut Vec<(String, String)>) -> Result<&'a str, &'static str> {
+fn parse_labels<'a>(
+    mut rest: &'a str,
+    labels: &mut Vec<(String, String)>,
+) -> Result<&'a str, &'static str> {
     loop {
         rest = rest.trim_start();
         if let Some(after) = rest.strip_prefix('}') {
@@ -166,13 +170,18 @@ fn parse_labels<'a>(mut rest: &'a str, labels: &mut Vec<(String, String)>) -> Re
         }
         let eq = rest.find('=').ok_or("a label needs a value")?;
         let name = rest[..eq].trim();
-        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
             return Err("invalid label name");
         }
         rest = rest[eq + 1..].trim_start();
-        rest = rest.strip_prefix('"').ok_or("a label value must be quoted")?;
+        rest = rest
+            .strip_prefix('"')
+            .ok_or("a label value must be quoted")?;
         let mut value = String::new();
         let mut chars = rest.char_indices();
         let end = loop {
@@ -229,20 +238,32 @@ weird{path="a\"b\\c\nd",} NaN 1700000000000
     #[test]
     fn parses_real_shaped_vllm_metrics() {
         let e = parse(VLLM).unwrap();
-        let running: Vec<f64> = e.named("vllm:num_requests_running").map(|s| s.value).collect();
+        let running: Vec<f64> = e
+            .named("vllm:num_requests_running")
+            .map(|s| s.value)
+            .collect();
         assert_eq!(running, vec![8.0, 3.0]);
         assert_eq!(e.types["vllm:kv_cache_usage_perc"], MetricType::Gauge);
         assert_eq!(e.types["vllm:num_preemptions_total"], MetricType::Counter);
         let config = e.named("vllm:cache_config_info").next().unwrap();
         assert_eq!(config.label("num_gpu_blocks"), Some("29205"));
         assert_eq!(config.label("engine"), Some("0"));
-        let inf = e.named("vllm:time_to_first_token_seconds_bucket").next().unwrap();
+        let inf = e
+            .named("vllm:time_to_first_token_seconds_bucket")
+            .next()
+            .unwrap();
         assert_eq!(inf.label("le"), Some("+Inf"));
         let weird = e.named("weird").next().unwrap();
         assert_eq!(weird.label("path"), Some("a\"b\\c\nd"));
         assert!(weird.value.is_nan());
         assert_eq!(weird.timestamp_ms, Some(1_700_000_000_000));
-        assert_eq!(e.named("vllm:num_preemptions_created").next().unwrap().value, 1.7e9);
+        assert_eq!(
+            e.named("vllm:num_preemptions_created")
+                .next()
+                .unwrap()
+                .value,
+            1.7e9
+        );
     }
 
     #[test]

@@ -107,7 +107,9 @@ impl EngineArgs {
         cfg.time_scale = self.time_scale;
         cfg.seed = self.seed;
         cfg.max_num_seqs = self.max_num_seqs.unwrap_or(cfg.max_num_seqs);
-        cfg.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(cfg.max_num_batched_tokens);
+        cfg.max_num_batched_tokens = self
+            .max_num_batched_tokens
+            .unwrap_or(cfg.max_num_batched_tokens);
         cfg.num_gpu_blocks = self.num_gpu_blocks.unwrap_or(cfg.num_gpu_blocks);
         cfg.block_size = self.block_size.unwrap_or(cfg.block_size);
         cfg.max_model_len = self.max_model_len.unwrap_or(cfg.max_model_len);
@@ -131,4 +133,3 @@ impl EngineArgs {
         Ok(cfg)
     }
 }
-

@@ -127,7 +127,11 @@ impl EngineConfig {
             }
         };
         at_least("max-num-seqs", 1, self.max_num_seqs.into())?;
-        at_least("max-num-batched-tokens", 1, self.max_num_batched_tokens.into())?;
+        at_least(
+            "max-num-batched-tokens",
+            1,
+            self.max_num_batched_tokens.into(),
+        )?;
         at_least("block-size", 1, self.block_size.into())?;
         at_least("dp-size", 1, self.dp_size.into())?;
         at_least("max-model-len", 1, self.max_model_len.into())?;

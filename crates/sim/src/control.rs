@@ -21,10 +21,8 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({"error": {"message": message}}))).into_response()
 }
 
-fn slot(fleet: &SimFleet, index: usize) -> Result<&Arc<EngineSlot>, Response> {
-    fleet
-        .engine(index)
-        .map_err(|e| error(StatusCode::NOT_FOUND, e.to_string()))
+fn no_such_engine(e: FleetError) -> Response {
+    error(StatusCode::NOT_FOUND, e.to_string())
 }
 
 async fn list(State(fleet): State<Fleet>) -> Response {
@@ -40,16 +38,20 @@ async fn list(State(fleet): State<Fleet>) -> Response {
 }
 
 async fn state(State(fleet): State<Fleet>, Path(index): Path<usize>) -> Response {
-    match slot(&fleet, index) {
+    match fleet.engine(index) {
         Ok(slot) => Json(slot.state()).into_response(),
-        Err(answer) => answer,
+        Err(e) => no_such_engine(e),
     }
 }
 
-async fn fault(State(fleet): State<Fleet>, Path(index): Path<usize>, body: axum::body::Bytes) -> Response {
-    let slot = match slot(&fleet, index) {
+async fn fault(
+    State(fleet): State<Fleet>,
+    Path(index): Path<usize>,
+    body: axum::body::Bytes,
+) -> Response {
+    let slot: &Arc<EngineSlot> = match fleet.engine(index) {
         Ok(slot) => slot,
-        Err(answer) => return answer,
+        Err(e) => return no_such_engine(e),
     };
     let fault: Fault = match serde_json::from_slice(&body) {
         Ok(fault) => fault,

@@ -167,7 +167,10 @@ mod tests {
     fn faults_parse_from_the_documented_json() {
         let parse = |s: &str| serde_json::from_str::<Fault>(s).unwrap();
         assert_eq!(parse(r#"{"kind":"freeze"}"#), Fault::Freeze);
-        assert_eq!(parse(r#"{"kind":"slow","factor":3}"#), Fault::Slow { factor: 3.0 });
+        assert_eq!(
+            parse(r#"{"kind":"slow","factor":3}"#),
+            Fault::Slow { factor: 3.0 }
+        );
         assert_eq!(
             parse(r#"{"kind":"error-rate","rate":0.5}"#),
             Fault::ErrorRate { rate: 0.5 }

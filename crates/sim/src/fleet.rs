@@ -188,7 +188,12 @@ impl EngineSlot {
         ));
         let router = api::router(Arc::new(ApiState::new(engine.clone())));
         let (kill, killed) = watch::channel(false);
-        let server = tokio::spawn(server::serve(listener, router, self.faults.subscribe(), killed));
+        let server = tokio::spawn(server::serve(
+            listener,
+            router,
+            self.faults.subscribe(),
+            killed,
+        ));
         *running = Some(Incarnation {
             engine,
             kill,
@@ -218,7 +223,9 @@ impl EngineSlot {
         let sum = |f: fn(&RankView) -> u64| ranks.iter().map(f).sum::<u64>();
         let t = &self.totals;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let gate = engine.as_ref().and_then(|e| e.gate().map(|g| (g.in_engine(), g.queued())));
+        let gate = engine
+            .as_ref()
+            .and_then(|e| e.gate().map(|g| (g.in_engine(), g.queued())));
         EngineState {
             index: self.index,
             url: self.url(),
@@ -271,12 +278,10 @@ impl SimFleet {
                 cfg.port.saturating_add(index as u16)
             };
             let listener = bind(SocketAddr::new(cfg.host, port)).await?;
-            let addr = listener
-                .local_addr()
-                .map_err(|source| FleetError::Bind {
-                    addr: SocketAddr::new(cfg.host, port),
-                    source,
-                })?;
+            let addr = listener.local_addr().map_err(|source| FleetError::Bind {
+                addr: SocketAddr::new(cfg.host, port),
+                source,
+            })?;
             let (faults, _) = watch::channel(FaultSet::new(cfg.engine.dp_size));
             let slot = Arc::new(EngineSlot {
                 index,

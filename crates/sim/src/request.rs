@@ -288,7 +288,13 @@ impl GenerationRequest {
 }
 
 /// The length the model would answer with if nothing stopped it.
-fn natural_length(engine_seed: u64, request_seed: Option<u64>, prompt: u64, choice: u32, median: f64) -> u32 {
+fn natural_length(
+    engine_seed: u64,
+    request_seed: Option<u64>,
+    prompt: u64,
+    choice: u32,
+    median: f64,
+) -> u32 {
     let seed = fingerprint(
         &[
             engine_seed.to_le_bytes(),
@@ -308,8 +314,22 @@ fn natural_length(engine_seed: u64, request_seed: Option<u64>, prompt: u64, choi
 
 /// Words the simulated model says, one per token.
 const WORDS: [&str; 16] = [
-    " the", " engine", " answers", " with", " simulated", " tokens", " while", " its",
-    " batch", " grows", " and", " the", " cache", " fills", " up", ".",
+    " the",
+    " engine",
+    " answers",
+    " with",
+    " simulated",
+    " tokens",
+    " while",
+    " its",
+    " batch",
+    " grows",
+    " and",
+    " the",
+    " cache",
+    " fills",
+    " up",
+    ".",
 ];
 
 /// The text of the `index`-th token of a choice.
@@ -332,7 +352,10 @@ mod tests {
         let text = parse(Route::Completions, r#"{"model":"m","prompt":"abcdefghi"}"#).unwrap();
         assert_eq!(text.prompts[0].tokens, 3);
         let batch = parse(Route::Completions, r#"{"model":"m","prompt":[[1,2],[3]]}"#).unwrap();
-        assert_eq!(batch.prompts.iter().map(|p| p.tokens).collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(
+            batch.prompts.iter().map(|p| p.tokens).collect::<Vec<_>>(),
+            vec![2, 1]
+        );
     }
 
     #[test]
@@ -351,31 +374,57 @@ mod tests {
 
     #[test]
     fn bad_bodies_say_what_is_wrong() {
-        assert!(matches!(parse(Route::Chat, "{"), Err(RequestError::Malformed(_))));
-        assert!(matches!(parse(Route::Chat, r#"{"messages":[]}"#), Err(RequestError::Malformed(_))));
+        assert!(matches!(
+            parse(Route::Chat, "{"),
+            Err(RequestError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse(Route::Chat, r#"{"messages":[]}"#),
+            Err(RequestError::Malformed(_))
+        ));
         assert_eq!(
             parse(Route::Chat, r#"{"model":"m","messages":[]}"#),
-            Err(RequestError::Invalid { field: "messages", rule: "a non-empty list" })
+            Err(RequestError::Invalid {
+                field: "messages",
+                rule: "a non-empty list"
+            })
         );
         assert_eq!(
             parse(Route::Completions, r#"{"model":"m"}"#),
-            Err(RequestError::Invalid { field: "prompt", rule: "present" })
+            Err(RequestError::Invalid {
+                field: "prompt",
+                rule: "present"
+            })
         );
     }
 
     #[test]
     fn answer_lengths_are_reproducible_and_capped_by_max_tokens() {
-        let req = parse(Route::Completions, r#"{"model":"m","prompt":"hello","n":3}"#).unwrap();
+        let req = parse(
+            Route::Completions,
+            r#"{"model":"m","prompt":"hello","n":3}"#,
+        )
+        .unwrap();
         let a = req.choices(7, 200.0, 8192);
         assert_eq!(a.len(), 3);
         let lengths = |v: &[SeqSpec]| v.iter().map(|s| s.output_tokens).collect::<Vec<_>>();
         assert_eq!(lengths(&a), lengths(&req.choices(7, 200.0, 8192)));
-        assert_ne!(lengths(&a), lengths(&req.choices(8, 200.0, 8192)), "the seed matters");
+        assert_ne!(
+            lengths(&a),
+            lengths(&req.choices(8, 200.0, 8192)),
+            "the seed matters"
+        );
 
-        let capped = parse(Route::Completions, r#"{"model":"m","prompt":"hello","max_tokens":1}"#)
-            .unwrap()
-            .choices(7, 200.0, 8192);
-        assert_eq!((capped[0].output_tokens, capped[0].finish), (1, FinishReason::Length));
+        let capped = parse(
+            Route::Completions,
+            r#"{"model":"m","prompt":"hello","max_tokens":1}"#,
+        )
+        .unwrap()
+        .choices(7, 200.0, 8192);
+        assert_eq!(
+            (capped[0].output_tokens, capped[0].finish),
+            (1, FinishReason::Length)
+        );
 
         let exact = parse(
             Route::Completions,

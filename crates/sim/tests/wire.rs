@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // test support: a failed step is the test failing
 //! The simulated engine on the wire: what vLLM and SGLang clients and gateways see.
 
 mod common;
@@ -16,22 +17,34 @@ async fn a_chat_stream_parses_as_sse_and_ends_with_done() {
     });
     let answer = post(&client(), &url, &body.to_string()).await;
     assert_eq!(answer.status, 200);
-    assert!(answer.headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(answer.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let events = answer.events();
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str(e).unwrap())
         .collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let content: Vec<&Value> = chunks
         .iter()
-        .filter(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()))
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
         .collect();
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(chunks.last().unwrap()["choices"], json!([]));
-    assert_eq!(usage["completion_tokens"].as_u64().unwrap(), content.len() as u64);
+    assert_eq!(
+        usage["completion_tokens"].as_u64().unwrap(),
+        content.len() as u64
+    );
     assert!(content.len() <= 12);
     let finish = &chunks[chunks.len() - 2]["choices"][0]["finish_reason"];
     assert!(finish == "stop" || finish == "length");
@@ -61,23 +74,32 @@ async fn completions_stream_one_chunk_per_token_and_honour_ignore_eos() {
 async fn a_non_streaming_answer_has_every_choice_and_its_usage() {
     let fleet = fleet(instant(Flavor::Vllm)).await;
     let url = format!("{}/v1/completions", fleet.urls()[0]);
-    let body = json!({"model": "test-model", "prompt": ["abcd", "abcdefgh"], "n": 2, "max_tokens": 5});
+    let body =
+        json!({"model": "test-model", "prompt": ["abcd", "abcdefgh"], "n": 2, "max_tokens": 5});
     let answer = post(&client(), &url, &body.to_string()).await.json();
     let choices = answer["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 4, "two prompts, two choices each");
-    let indexes: Vec<u64> = choices.iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    let indexes: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
     assert_eq!(indexes, vec![0, 1, 2, 3]);
     assert_eq!(answer["usage"]["prompt_tokens"], 2 * (1 + 2));
     assert!(answer["id"].as_str().unwrap().starts_with("cmpl-"));
     let same = post(&client(), &url, &body.to_string()).await.json();
-    assert_eq!(same["choices"], answer["choices"], "answers are reproducible");
+    assert_eq!(
+        same["choices"], answer["choices"],
+        "answers are reproducible"
+    );
 }
 
 #[tokio::test]
 async fn models_name_the_owner_each_gateway_detects() {
     for (flavor, owner) in [(Flavor::Vllm, "vllm"), (Flavor::Sglang, "sglang")] {
         let fleet = fleet(instant(flavor)).await;
-        let models = get(&client(), &format!("{}/v1/models", fleet.urls()[0])).await.json();
+        let models = get(&client(), &format!("{}/v1/models", fleet.urls()[0]))
+            .await
+            .json();
         assert_eq!(models["object"], "list");
         assert_eq!(models["data"][0]["id"], "test-model");
         assert_eq!(models["data"][0]["owned_by"], owner);
@@ -106,7 +128,12 @@ async fn vllm_metrics_parse_and_carry_one_series_per_rank() {
     let fleet = fleet(cfg).await;
     let base = &fleet.urls()[0];
     let c = client();
-    post(&c, &format!("{base}/v1/completions"), r#"{"model":"test-model","prompt":"hi","max_tokens":3,"ignore_eos":true}"#).await;
+    post(
+        &c,
+        &format!("{base}/v1/completions"),
+        r#"{"model":"test-model","prompt":"hi","max_tokens":3,"ignore_eos":true}"#,
+    )
+    .await;
     let text = get(&c, &format!("{base}/metrics")).await.text();
     let metrics = parse_metrics(&text);
     for name in [
@@ -116,7 +143,10 @@ async fn vllm_metrics_parse_and_carry_one_series_per_rank() {
         "vllm:cache_config_info",
     ] {
         for engine in ["0", "1"] {
-            assert!(value_of(&metrics, name, "engine", engine).is_some(), "{name} for engine {engine}");
+            assert!(
+                value_of(&metrics, name, "engine", engine).is_some(),
+                "{name} for engine {engine}"
+            );
         }
     }
     let generated: f64 = ["0", "1"]
@@ -124,20 +154,50 @@ async fn vllm_metrics_parse_and_carry_one_series_per_rank() {
         .filter_map(|e| value_of(&metrics, "vllm:generation_tokens_total", "engine", e))
         .sum();
     assert_eq!(generated, 3.0);
-    assert_eq!(value_of(&metrics, "vllm:cache_config_info", "block_size", "16"), Some(1.0));
-    assert_eq!(value_of(&metrics, "vllm:cache_config_info", "num_gpu_blocks", "4000000"), Some(1.0));
-    assert!(value_of(&metrics, "vllm:num_requests_running", "model_name", "test-model").is_some());
+    assert_eq!(
+        value_of(&metrics, "vllm:cache_config_info", "block_size", "16"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value_of(
+            &metrics,
+            "vllm:cache_config_info",
+            "num_gpu_blocks",
+            "4000000"
+        ),
+        Some(1.0)
+    );
+    assert!(value_of(
+        &metrics,
+        "vllm:num_requests_running",
+        "model_name",
+        "test-model"
+    )
+    .is_some());
     for histogram in [
         "vllm:time_to_first_token_seconds",
         "vllm:inter_token_latency_seconds",
         "vllm:e2e_request_latency_seconds",
     ] {
-        assert_eq!(metrics.types.get(histogram), Some(&prom_text::MetricType::Histogram));
+        assert_eq!(
+            metrics.types.get(histogram),
+            Some(&prom_text::MetricType::Histogram)
+        );
         let bucket = format!("{histogram}_bucket");
-        let inf = metrics.named(&bucket).find(|s| s.label("le") == Some("+Inf"));
+        let inf = metrics
+            .named(&bucket)
+            .find(|s| s.label("le") == Some("+Inf"));
         assert!(inf.is_some(), "{histogram} has its +Inf bucket");
     }
-    assert_eq!(value_of(&metrics, "vllm:request_success_total", "finished_reason", "length"), Some(1.0));
+    assert_eq!(
+        value_of(
+            &metrics,
+            "vllm:request_success_total",
+            "finished_reason",
+            "length"
+        ),
+        Some(1.0)
+    );
 }
 
 #[tokio::test]
@@ -147,12 +207,20 @@ async fn sglang_reports_load_per_rank_and_its_server_info() {
     let fleet = fleet(cfg).await;
     let base = &fleet.urls()[0];
     let c = client();
-    let loads = get(&c, &format!("{base}/v1/loads?include=core")).await.json();
+    let loads = get(&c, &format!("{base}/v1/loads?include=core"))
+        .await
+        .json();
     let ranks = loads["loads"].as_array().unwrap();
     assert_eq!(ranks.len(), 2);
     for (i, rank) in ranks.iter().enumerate() {
         assert_eq!(rank["dp_rank"], i);
-        for field in ["num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens", "token_usage"] {
+        for field in [
+            "num_running_reqs",
+            "num_waiting_reqs",
+            "num_used_tokens",
+            "max_total_num_tokens",
+            "token_usage",
+        ] {
             assert!(rank[field].is_number(), "{field}");
         }
     }
@@ -164,8 +232,14 @@ async fn sglang_reports_load_per_rank_and_its_server_info() {
     assert_eq!(info["dp_size"], 2);
     assert!(info["max_running_requests"].is_number());
     let metrics = parse_metrics(&get(&c, &format!("{base}/metrics")).await.text());
-    assert_eq!(value_of(&metrics, "sglang:num_queue_reqs", "engine", "1"), Some(0.0));
-    assert_eq!(metrics.types.get("sglang:token_usage"), Some(&prom_text::MetricType::Gauge));
+    assert_eq!(
+        value_of(&metrics, "sglang:num_queue_reqs", "engine", "1"),
+        Some(0.0)
+    );
+    assert_eq!(
+        metrics.types.get("sglang:token_usage"),
+        Some(&prom_text::MetricType::Gauge)
+    );
 }
 
 #[tokio::test]
@@ -173,7 +247,10 @@ async fn vllm_answers_load_version_and_health() {
     let fleet = fleet(instant(Flavor::Vllm)).await;
     let base = &fleet.urls()[0];
     let c = client();
-    assert_eq!(get(&c, &format!("{base}/load")).await.json(), json!({"server_load": 0}));
+    assert_eq!(
+        get(&c, &format!("{base}/load")).await.json(),
+        json!({"server_load": 0})
+    );
     assert!(get(&c, &format!("{base}/version")).await.json()["version"].is_string());
     let health = get(&c, &format!("{base}/health")).await;
     assert_eq!((health.status, health.body.len()), (200, 0));
@@ -201,7 +278,10 @@ async fn bad_input_gets_each_flavors_error_shape() {
         };
         let cases = [
             ("{not json", 400),
-            (r#"{"model":"other","messages":[{"role":"user","content":"x"}]}"#, 404),
+            (
+                r#"{"model":"other","messages":[{"role":"user","content":"x"}]}"#,
+                404,
+            ),
             (r#"{"model":"test-model"}"#, 400),
         ];
         for (body, status) in cases {
@@ -219,7 +299,10 @@ async fn bad_input_gets_each_flavors_error_shape() {
         assert!(message.contains("context length"), "{message}");
 
         let unknown = get(&c, &format!("{base}/v2/nothing")).await;
-        assert_eq!((unknown.status, unknown.json()), (404, json!({"detail": "Not Found"})));
+        assert_eq!(
+            (unknown.status, unknown.json()),
+            (404, json!({"detail": "Not Found"}))
+        );
         let wrong_method = get(&c, &chat).await;
         assert_eq!(wrong_method.status, 405);
     }
@@ -235,8 +318,18 @@ async fn an_api_key_guards_the_openai_routes_only() {
     let body = r#"{"model":"test-model","prompt":"hi","max_tokens":1}"#;
     let url = format!("{base}/v1/completions");
     let denied = post(&c, &url, body).await;
-    assert_eq!((denied.status, denied.json()), (401, json!({"error": "Unauthorized"})));
-    let allowed = send(&c, "POST", &url, Some(body), &[("authorization", "Bearer sekret")]).await;
+    assert_eq!(
+        (denied.status, denied.json()),
+        (401, json!({"error": "Unauthorized"}))
+    );
+    let allowed = send(
+        &c,
+        "POST",
+        &url,
+        Some(body),
+        &[("authorization", "Bearer sekret")],
+    )
+    .await;
     assert_eq!(allowed.status, 200);
     assert_eq!(get(&c, &format!("{base}/health")).await.status, 200);
     assert_eq!(get(&c, &format!("{base}/metrics")).await.status, 200);

@@ -80,7 +80,11 @@ impl ApiError {
 
 /// FastAPI's answer to an unknown route.
 pub fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))).into_response()
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"detail": "Not Found"})),
+    )
+        .into_response()
 }
 
 /// FastAPI's answer to a known route with the wrong method.
@@ -90,8 +94,9 @@ pub fn method_not_allowed() -> Response {
         axum::Json(json!({"detail": "Method Not Allowed"})),
     )
         .into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }

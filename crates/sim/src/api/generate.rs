@@ -17,11 +17,15 @@ use axum::response::{IntoResponse, Response};
 use super::errors::ApiError;
 use super::sse::{Renderer, Usage};
 use super::{authorize, ApiState};
-use crate::engine::{EventKind, GateTicket, LoadGuard, SubmitError, Submission};
+use crate::engine::{EventKind, GateTicket, LoadGuard, Submission, SubmitError};
 use crate::request::{GenerationRequest, Route};
 use crate::scheduler::FinishReason;
 
-pub(super) async fn chat(State(st): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn chat(
+    State(st): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     generate(Route::Chat, &st, &headers, &body).await
 }
 
@@ -43,7 +47,10 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
     let engine = &st.engine;
     let flavor = engine.config().flavor;
     let load = engine.track_request();
-    engine.totals().requests_received.fetch_add(1, Ordering::Relaxed);
+    engine
+        .totals()
+        .requests_received
+        .fetch_add(1, Ordering::Relaxed);
     let admitted = admit(route, st, headers, body).await;
     let Admitted {
         request,
@@ -53,13 +60,22 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
     } = match admitted {
         Ok(admitted) => admitted,
         Err(error) => {
-            if matches!(error, ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal) {
+            if matches!(
+                error,
+                ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal
+            ) {
                 engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
             }
             return error.respond(flavor);
         }
     };
-    let renderer = Renderer::new(route, flavor, st.response_id(route), st.created, &request.model);
+    let renderer = Renderer::new(
+        route,
+        flavor,
+        st.response_id(route),
+        st.created,
+        &request.model,
+    );
     let held = Held {
         _load: load,
         _ticket: ticket,
@@ -114,7 +130,8 @@ async fn admit(
     let engine = &st.engine;
     let cfg = engine.config();
     authorize(cfg, headers)?;
-    let request = GenerationRequest::parse(route, body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let request =
+        GenerationRequest::parse(route, body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if request.model != cfg.model {
         return Err(ApiError::ModelNotFound(request.model));
     }
@@ -131,7 +148,11 @@ async fn admit(
         ticket.slot().await;
         engine.notify_changed();
     }
-    let choices = request.choices(cfg.seed, cfg.profile.output_median_tokens, cfg.max_model_len);
+    let choices = request.choices(
+        cfg.seed,
+        cfg.profile.output_median_tokens,
+        cfg.max_model_len,
+    );
     let submission = engine.submit(&choices).map_err(|e| match e {
         SubmitError::QueueFull { .. } => ApiError::QueueFull,
         SubmitError::ShutDown => ApiError::Internal,
@@ -269,7 +290,9 @@ async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, Str
                 s.open -= 1;
             }
         }
-        if s.cut_after.is_some_and(|cut| s.usage.completion_tokens >= cut) {
+        if s.cut_after
+            .is_some_and(|cut| s.usage.completion_tokens >= cut)
+        {
             s.phase = StreamPhase::Cut;
             return Some((Ok(Bytes::from(out)), s));
         }

@@ -120,7 +120,12 @@ pub(super) async fn vllm_version() -> Response {
 }
 
 /// One rank's load in SGLang's `/v1/loads` shape.
-fn sglang_rank_load(st: &ApiState, rank: usize, view: &RankView, pin: &PinnedLoad) -> serde_json::Value {
+fn sglang_rank_load(
+    st: &ApiState,
+    rank: usize,
+    view: &RankView,
+    pin: &PinnedLoad,
+) -> serde_json::Value {
     let cfg = st.engine.config();
     let total_tokens = u64::from(cfg.num_gpu_blocks) * u64::from(cfg.block_size);
     let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
@@ -153,7 +158,10 @@ pub(super) async fn sglang_loads(State(st): State<Arc<ApiState>>) -> Response {
         .map(|(i, (view, pin))| sglang_rank_load(&st, i, view, pin))
         .collect();
     let sum = |field: &str| loads.iter().filter_map(|l| l[field].as_u64()).sum::<u64>();
-    let avg_usage = loads.iter().filter_map(|l| l["token_usage"].as_f64()).sum::<f64>()
+    let avg_usage = loads
+        .iter()
+        .filter_map(|l| l["token_usage"].as_f64())
+        .sum::<f64>()
         / loads.len().max(1) as f64;
     let aggregate = json!({
         "total_running_reqs": sum("num_running_reqs"),

@@ -90,7 +90,11 @@ fn authorize(cfg: &EngineConfig, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-async fn hang_if_faulted(State(st): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
+async fn hang_if_faulted(
+    State(st): State<Arc<ApiState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if st.engine.faults().hang {
         return std::future::pending().await;
     }
@@ -121,6 +125,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
     flavored
         .fallback(|| async { errors::not_found() })
         .method_not_allowed_fallback(|| async { errors::method_not_allowed() })
-        .layer(middleware::from_fn_with_state(state.clone(), hang_if_faulted))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            hang_if_faulted,
+        ))
         .with_state(state)
 }

@@ -57,7 +57,9 @@ impl AdmissionGate {
 
     /// Requests waiting for a slot.
     pub fn queued(&self) -> u32 {
-        self.inside.load(Ordering::Acquire).saturating_sub(self.in_engine())
+        self.inside
+            .load(Ordering::Acquire)
+            .saturating_sub(self.in_engine())
     }
 }
 

@@ -145,16 +145,52 @@ impl EngineMetrics {
             e2e: histograms(),
         };
         let reg = &mut registry;
-        reg.register(names.running, "Requests in the running batch.", m.running.clone());
-        reg.register(names.waiting, "Requests waiting to be scheduled.", m.waiting.clone());
-        reg.register(names.kv_usage, "Fraction of KV cache blocks in use (0..1).", m.kv_usage.clone());
-        reg.register(names.preemptions, "Preempted requests.", m.preemptions.clone());
-        reg.register(names.prompt_tokens, "Prefill tokens processed.", m.prompt_tokens.clone());
-        reg.register(names.generation_tokens, "Generation tokens produced.", m.generation_tokens.clone());
-        reg.register(names.success, "Finished requests by finish reason.", m.success.clone());
-        reg.register(names.ttft, "Time to first token in seconds.", m.ttft.clone());
+        reg.register(
+            names.running,
+            "Requests in the running batch.",
+            m.running.clone(),
+        );
+        reg.register(
+            names.waiting,
+            "Requests waiting to be scheduled.",
+            m.waiting.clone(),
+        );
+        reg.register(
+            names.kv_usage,
+            "Fraction of KV cache blocks in use (0..1).",
+            m.kv_usage.clone(),
+        );
+        reg.register(
+            names.preemptions,
+            "Preempted requests.",
+            m.preemptions.clone(),
+        );
+        reg.register(
+            names.prompt_tokens,
+            "Prefill tokens processed.",
+            m.prompt_tokens.clone(),
+        );
+        reg.register(
+            names.generation_tokens,
+            "Generation tokens produced.",
+            m.generation_tokens.clone(),
+        );
+        reg.register(
+            names.success,
+            "Finished requests by finish reason.",
+            m.success.clone(),
+        );
+        reg.register(
+            names.ttft,
+            "Time to first token in seconds.",
+            m.ttft.clone(),
+        );
         reg.register(names.itl, "Inter-token latency in seconds.", m.itl.clone());
-        reg.register(names.e2e, "End-to-end request latency in seconds.", m.e2e.clone());
+        reg.register(
+            names.e2e,
+            "End-to-end request latency in seconds.",
+            m.e2e.clone(),
+        );
         match cfg.flavor {
             Flavor::Vllm => {
                 let info = Family::<CacheConfigLabels, FloatGauge>::default();
@@ -168,11 +204,23 @@ impl EngineMetrics {
                     })
                     .set(1.0);
                 }
-                reg.register("vllm:cache_config_info", "Information of the KV cache config", info);
+                reg.register(
+                    "vllm:cache_config_info",
+                    "Information of the KV cache config",
+                    info,
+                );
             }
             Flavor::Sglang => {
-                reg.register("sglang:num_used_tokens", "KV tokens in use", m.used_tokens.clone());
-                reg.register("sglang:gen_throughput", "Generation throughput (tokens/s)", m.gen_throughput.clone());
+                reg.register(
+                    "sglang:num_used_tokens",
+                    "KV tokens in use",
+                    m.used_tokens.clone(),
+                );
+                reg.register(
+                    "sglang:gen_throughput",
+                    "Generation throughput (tokens/s)",
+                    m.gen_throughput.clone(),
+                );
             }
         }
         Self { registry, ..m }
@@ -205,9 +253,15 @@ impl EngineMetrics {
     /// Adds a step's work to the token and preemption counters.
     pub fn progress(&self, rank: usize, prompt: u64, generated: u64, preemptions: u64) {
         let labels = self.rank(rank);
-        self.prompt_tokens.get_or_create(labels).inc_by(prompt as f64);
-        self.generation_tokens.get_or_create(labels).inc_by(generated as f64);
-        self.preemptions.get_or_create(labels).inc_by(preemptions as f64);
+        self.prompt_tokens
+            .get_or_create(labels)
+            .inc_by(prompt as f64);
+        self.generation_tokens
+            .get_or_create(labels)
+            .inc_by(generated as f64);
+        self.preemptions
+            .get_or_create(labels)
+            .inc_by(preemptions as f64);
     }
 
     /// The Prometheus text for the ranks' current state, with any pinned report applied.
@@ -222,8 +276,12 @@ impl EngineMetrics {
             let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
             self.kv_usage.get_or_create(labels).set(usage);
             let used_tokens = view.kv_blocks_used * u64::from(self.block_size);
-            self.used_tokens.get_or_create(labels).set(used_tokens as f64);
-            self.gen_throughput.get_or_create(labels).set(view.gen_throughput);
+            self.used_tokens
+                .get_or_create(labels)
+                .set(used_tokens as f64);
+            self.gen_throughput
+                .get_or_create(labels)
+                .set(view.gen_throughput);
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -210,7 +210,9 @@ fn deliver(events: &[SeqEvent], subscribers: &mut HashMap<SeqId, Subscriber>, ct
                     None => ctx
                         .metrics
                         .observe_ttft(ctx.index, (now - sub.arrived).as_secs_f64()),
-                    Some(last) => ctx.metrics.observe_itl(ctx.index, (now - last).as_secs_f64()),
+                    Some(last) => ctx
+                        .metrics
+                        .observe_itl(ctx.index, (now - last).as_secs_f64()),
                 }
                 sub.last_token = Some(now);
                 let sent = sub.events.send(ChoiceEvent {
@@ -253,7 +255,10 @@ fn publish(
         now.tokens_generated - published.tokens_generated,
         now.preemptions - published.preemptions,
     );
-    throughput.add(now.tokens_generated - published.tokens_generated, Instant::now());
+    throughput.add(
+        now.tokens_generated - published.tokens_generated,
+        Instant::now(),
+    );
     *published = now;
     let pool = scheduler.pool();
     ctx.gauges.publish(RankView {

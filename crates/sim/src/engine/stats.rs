@@ -109,7 +109,11 @@ impl Totals {
             now.prompt_tokens_computed,
             before.prompt_tokens_computed,
         );
-        add(&self.tokens_generated, now.tokens_generated, before.tokens_generated);
+        add(
+            &self.tokens_generated,
+            now.tokens_generated,
+            before.tokens_generated,
+        );
         add(&self.wasted_tokens, now.wasted_tokens, before.wasted_tokens);
     }
 }

@@ -304,9 +304,7 @@ impl Scheduler {
         let newest = |s: &Seq| s.admitted_at;
         let victim = match self.cfg.eviction {
             Eviction::Fcfs => running.max_by_key(|s| newest(s)),
-            Eviction::Las => {
-                running.min_by_key(|s| (s.attained(), std::cmp::Reverse(newest(s))))
-            }
+            Eviction::Las => running.min_by_key(|s| (s.attained(), std::cmp::Reverse(newest(s)))),
             Eviction::Srpt => running.max_by_key(|s| (s.remaining(), newest(s))),
         };
         victim.map(|s| s.id)
@@ -367,8 +365,9 @@ impl Scheduler {
             };
             let extra = match work {
                 Work::Prefill(_) => 0,
-                Work::Decode => blocks_for(seq.computed + 1, self.cfg.block_size)
-                    .saturating_sub(seq.blocks),
+                Work::Decode => {
+                    blocks_for(seq.computed + 1, self.cfg.block_size).saturating_sub(seq.blocks)
+                }
             };
             let need = seq.blocks + extra;
             if self.pool.free() < need + self.cfg.watermark_blocks || !self.pool.try_take(need) {
@@ -469,7 +468,9 @@ impl Scheduler {
         let duration = forward_pass
             + cost.per_prefill_token * prefill_tokens
             + cost.per_decode_token * decode_tokens
-            + cost.per_kv_token_read.saturating_mul(u32::try_from(kv_read).unwrap_or(u32::MAX))
+            + cost
+                .per_kv_token_read
+                .saturating_mul(u32::try_from(kv_read).unwrap_or(u32::MAX))
             + cost.per_block_transfer * transferred_blocks;
         Step {
             duration,
@@ -483,6 +484,10 @@ impl Scheduler {
 impl Scheduler {
     /// Sequences waiting or swapped out, in queue order.
     pub fn queued_ids(&self) -> Vec<SeqId> {
-        self.waiting.iter().chain(self.swapped.iter()).copied().collect()
+        self.waiting
+            .iter()
+            .chain(self.swapped.iter())
+            .copied()
+            .collect()
     }
 }

@@ -76,7 +76,11 @@ fn one_step_prefills_every_waiting_prompt_that_fits_the_token_budget() {
     let step = s.step().unwrap();
     assert_eq!(step.prefill_tokens, 30);
     assert_eq!(step.decode_tokens, 0);
-    assert_eq!(tokens(&step), vec![0, 1, 2], "the prefill step samples each first token");
+    assert_eq!(
+        tokens(&step),
+        vec![0, 1, 2],
+        "the prefill step samples each first token"
+    );
     assert_eq!(
         step.duration,
         Duration::from_millis(1) + Duration::from_micros(10) * 30
@@ -141,7 +145,11 @@ fn admission_needs_the_whole_prompt_plus_the_watermark_in_free_blocks() {
     assert_eq!(tokens(&step), vec![0]);
     assert_eq!(s.waiting_len(), 1, "the second prompt waits for blocks");
     let step = s.step().unwrap();
-    assert_eq!(tokens(&step), vec![1], "admitted once the first one freed its blocks");
+    assert_eq!(
+        tokens(&step),
+        vec![1],
+        "admitted once the first one freed its blocks"
+    );
 }
 
 #[test]
@@ -156,7 +164,11 @@ fn nothing_is_preempted_until_the_blocks_run_out() {
 
     let step = s.step().unwrap();
     assert_eq!(tokens(&step), vec![0]);
-    assert_eq!(preempted(&step), vec![1], "FCFS evicts the newest admission");
+    assert_eq!(
+        preempted(&step),
+        vec![1],
+        "FCFS evicts the newest admission"
+    );
     assert_eq!(s.counters().preemptions, 1);
     assert_eq!(s.pool().used(), 2, "the victim's block is back in the pool");
 }
@@ -206,7 +218,11 @@ fn recompute_sends_the_victim_to_the_front_of_the_queue_and_wastes_its_work() {
     let victim = s.seq(SeqId(1)).unwrap();
     assert_eq!(victim.phase, Phase::Waiting);
     assert_eq!(victim.computed, 0);
-    assert_eq!(victim.prefill_target, 4 + 1, "prompt plus the token it generated");
+    assert_eq!(
+        victim.prefill_target,
+        4 + 1,
+        "prompt plus the token it generated"
+    );
     assert_eq!(
         s.waiting.iter().map(|id| id.0).collect::<Vec<_>>(),
         vec![1, 2],
@@ -242,7 +258,11 @@ fn swap_keeps_the_work_and_pays_the_transfer_both_ways() {
     let step = s.step().unwrap();
     assert_eq!(s.swapped_len(), 0);
     assert_eq!(tokens(&step), vec![1]);
-    assert_eq!(s.seq(SeqId(1)).unwrap().computed, 5, "nothing was recomputed");
+    assert_eq!(
+        s.seq(SeqId(1)).unwrap().computed,
+        5,
+        "nothing was recomputed"
+    );
     assert_eq!(step.duration, decode_only + Duration::from_micros(50));
 }
 
@@ -313,7 +333,10 @@ fn kv_reads_make_long_contexts_decode_slower() {
         s.step().unwrap();
         s.step().unwrap().duration
     };
-    assert_eq!(decode_time(1000) - decode_time(100), Duration::from_micros(900));
+    assert_eq!(
+        decode_time(1000) - decode_time(100),
+        Duration::from_micros(900)
+    );
 }
 
 #[derive(Debug, Clone)]
@@ -339,7 +362,11 @@ fn policy() -> impl Strategy<Value = (Preemption, Eviction)> {
         Just(Preemption::Swap),
         Just(Preemption::Truncate)
     ];
-    let eviction = prop_oneof![Just(Eviction::Fcfs), Just(Eviction::Las), Just(Eviction::Srpt)];
+    let eviction = prop_oneof![
+        Just(Eviction::Fcfs),
+        Just(Eviction::Las),
+        Just(Eviction::Srpt)
+    ];
     (preemption, eviction)
 }
 

@@ -6,7 +6,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use sluice_sim::{EngineConfig, FleetConfig, Flavor, Profile, SimFleet};
+use sluice_sim::{EngineConfig, Flavor, FleetConfig, Profile, SimFleet};
 
 pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
@@ -21,7 +21,11 @@ pub fn instant(flavor: Flavor) -> EngineConfig {
 
 /// An engine with real (8B/H100) step times, sped up `scale` times.
 pub fn timed(flavor: Flavor, scale: f64) -> EngineConfig {
-    let mut cfg = EngineConfig::new(flavor, "test-model", Profile::named("llama3-8b-h100").unwrap());
+    let mut cfg = EngineConfig::new(
+        flavor,
+        "test-model",
+        Profile::named("llama3-8b-h100").unwrap(),
+    );
     cfg.time_scale = scale;
     cfg
 }
@@ -38,9 +42,8 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     pub fn text(&self) -> String {
@@ -64,7 +67,13 @@ pub fn sse_events(text: &str) -> Vec<String> {
         .collect()
 }
 
-pub async fn send(client: &HttpClient, method: &str, url: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Answer {
+pub async fn send(
+    client: &HttpClient,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Answer {
     let mut request = http::Request::builder().method(method).uri(url);
     if body.is_some() {
         request = request.header("content-type", "application/json");
@@ -79,7 +88,11 @@ pub async fn send(client: &HttpClient, method: &str, url: &str, body: Option<&st
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    Answer { status, headers, body }
+    Answer {
+        status,
+        headers,
+        body,
+    }
 }
 
 pub async fn get(client: &HttpClient, url: &str) -> Answer {
