@@ -161,18 +161,20 @@ impl EngineSlot {
     /// Closes the listener, resets every connection and drops all work in flight; returns once
     /// the port is closed.
     pub async fn crash(&self) {
-        if let Some(server) = self.stop() {
-            let _ = server.await;
+        if let Some(incarnation) = self.stop() {
+            let _ = incarnation.server.await;
+            incarnation.engine.stopped().await;
+            self.changed.notify_waiters();
         }
     }
 
     /// Starts a crash without waiting for it to complete.
-    fn stop(&self) -> Option<tokio::task::JoinHandle<()>> {
+    fn stop(&self) -> Option<Incarnation> {
         let incarnation = self.running.lock().take()?;
         let _ = incarnation.kill.send(true);
         incarnation.engine.shut_down();
         self.changed.notify_waiters();
-        Some(incarnation.server)
+        Some(incarnation)
     }
 
     fn launch(&self, listener: TcpListener) -> Result<(), FleetError> {

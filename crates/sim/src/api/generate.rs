@@ -257,6 +257,8 @@ async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, Str
     match s.phase {
         StreamPhase::Done => return None,
         StreamPhase::Cut => {
+            // Let the server flush what was already sent before the connection breaks.
+            tokio::task::yield_now().await;
             s.phase = StreamPhase::Done;
             let cut = io::Error::new(io::ErrorKind::ConnectionAborted, "stream cut by fault");
             return Some((Err(cut), s));

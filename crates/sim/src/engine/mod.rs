@@ -58,6 +58,8 @@ pub enum SubmitError {
 struct Rank {
     commands: mpsc::UnboundedSender<RankCommand>,
     gauges: Arc<RankGauges>,
+    /// The rank's loop; taken when the engine shuts down, to wait for it.
+    task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// One incarnation of a simulated engine (a crash ends it; a restart makes a new one).
@@ -117,10 +119,11 @@ impl Engine {
                     progress: progress.clone(),
                     published: published.clone(),
                 };
-                tokio::spawn(rank::run(Scheduler::new(cfg.scheduler()), rx, ctx));
+                let task = tokio::spawn(rank::run(Scheduler::new(cfg.scheduler()), rx, ctx));
                 Rank {
                     commands: tx,
                     gauges,
+                    task: parking_lot::Mutex::new(Some(task)),
                 }
             })
             .collect();
@@ -230,10 +233,20 @@ impl Engine {
         })
     }
 
-    /// Stops every rank, aborting what they were doing (a crash).
+    /// Tells every rank to stop, aborting what it was doing (a crash).
     pub fn shut_down(&self) {
         for rank in &self.ranks {
             let _ = rank.commands.send(RankCommand::Shutdown);
+        }
+    }
+
+    /// Waits until every rank's loop has ended (after `shut_down`), so its work is accounted for.
+    pub async fn stopped(&self) {
+        for rank in &self.ranks {
+            let task = rank.task.lock().take();
+            if let Some(task) = task {
+                let _ = task.await;
+            }
         }
     }
 }
