@@ -280,14 +280,7 @@ fn shut_down(
     published: &mut Counters,
     throughput: &mut Throughput,
 ) {
-    let ids: Vec<SeqId> = scheduler
-        .running()
-        .map(|s| s.id)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .chain(scheduler.queued_ids())
-        .collect();
-    for id in ids {
+    for id in scheduler.live_ids() {
         scheduler.abort(id);
     }
     publish(&scheduler, ctx, published, throughput);

@@ -209,6 +209,16 @@ impl Scheduler {
         self.seqs.get(&id)
     }
 
+    /// Every live sequence: running, then waiting, then swapped out.
+    pub fn live_ids(&self) -> Vec<SeqId> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .chain(self.swapped.iter())
+            .copied()
+            .collect()
+    }
+
     /// Sequences in the running batch, in admission order.
     pub fn running(&self) -> impl Iterator<Item = &Seq> {
         self.running.iter().filter_map(|id| self.seqs.get(id))
