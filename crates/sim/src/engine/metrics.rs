@@ -95,6 +95,8 @@ const SGLANG: Names = Names {
 #[derive(Debug)]
 pub struct EngineMetrics {
     registry: Registry,
+    /// Names of the counter families, whose descriptors are rewritten for the 0.0.4 format.
+    counters: Vec<&'static str>,
     labels: Vec<RankLabels>,
     model: String,
     block_size: u32,
@@ -128,6 +130,12 @@ impl EngineMetrics {
         let histograms = || Histograms::new_with_constructor(latency_histogram as fn() -> _);
         let m = Self {
             registry: Registry::default(),
+            counters: vec![
+                names.preemptions,
+                names.prompt_tokens,
+                names.generation_tokens,
+                names.success,
+            ],
             labels,
             model: cfg.model.clone(),
             block_size: cfg.block_size,
@@ -283,13 +291,51 @@ impl EngineMetrics {
                 .get_or_create(labels)
                 .set(view.gen_throughput);
         }
-        let mut out = String::new();
+        let mut open_metrics = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        let _ = prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry);
+        to_prometheus_text(&open_metrics, &self.counters)
     }
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+}
+
+/// Turns prometheus-client's OpenMetrics text into the Prometheus 0.0.4 text vLLM and SGLang
+/// serve: a counter's HELP and TYPE lines name its `_total` samples, and there is no `# EOF`.
+fn to_prometheus_text(open_metrics: &str, counters: &[&str]) -> String {
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let descriptor = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|prefix| line.strip_prefix(prefix).map(|rest| (prefix, rest)));
+        if let Some((prefix, rest)) = descriptor {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            if counters.contains(&name) {
+                out.push_str(&format!("{prefix}{name}_total {tail}\n"));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_described_under_their_sample_names() {
+        let text = "# HELP a:c Things.\n# TYPE a:c counter\na:c_total{x=\"1\"} 2.0\n# TYPE a:g gauge\na:g 1.0\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(text, &["a:c"]),
+            "# HELP a:c_total Things.\n# TYPE a:c_total counter\na:c_total{x=\"1\"} 2.0\n# TYPE a:g gauge\na:g 1.0\n"
+        );
     }
 }
