@@ -182,7 +182,7 @@ impl EngineSlot {
         if running.is_some() {
             return Err(FleetError::AlreadyRunning(self.index));
         }
-        let engine = Arc::new(Engine::start_with_notify(
+        let engine = Arc::new(Engine::start(
             self.cfg.clone(),
             self.totals.clone(),
             self.faults.subscribe(),

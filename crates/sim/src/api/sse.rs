@@ -18,7 +18,8 @@ pub struct Renderer {
     id: String,
     created: u64,
     model: String,
-    /// `data: {"id":...,"model":...,"choices":[{"index":`
+    /// The model name as a JSON string literal, for hand-formatted chunks.
+    model_json: String,
     prefix: String,
 }
 
@@ -35,16 +36,17 @@ impl Renderer {
             Route::Chat => "chat.completion.chunk",
             Route::Completions => "text_completion",
         };
-        let model = serde_json::Value::from(model).to_string();
+        let model_json = serde_json::Value::from(model).to_string();
         let prefix = format!(
-            r#"data: {{"id":"{id}","object":"{object}","created":{created},"model":{model},"choices":[{{"index":"#
+            r#"data: {{"id":"{id}","object":"{object}","created":{created},"model":{model_json},"choices":[{{"index":"#
         );
         Self {
             route,
             flavor,
             id,
             created,
-            model,
+            model: model.to_string(),
+            model_json,
             prefix,
         }
     }
@@ -104,7 +106,7 @@ impl Renderer {
             "data: {{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{},\"model\":{},\"choices\":[],\"usage\":{}}}\n\n",
             self.id,
             self.created,
-            self.model,
+            self.model_json,
             usage_json(usage)
         );
     }
@@ -147,9 +149,13 @@ impl Renderer {
             "id": self.id,
             "object": object,
             "created": self.created,
-            "model": serde_json::from_str::<serde_json::Value>(&self.model).unwrap_or_default(),
+            "model": self.model,
             "choices": choices,
-            "usage": serde_json::from_str::<serde_json::Value>(&usage_json(usage)).unwrap_or_default(),
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            },
         })
     }
 }

@@ -98,7 +98,6 @@ pub struct EngineMetrics {
     /// Names of the counter families, whose descriptors are rewritten for the 0.0.4 format.
     counters: Vec<&'static str>,
     labels: Vec<RankLabels>,
-    model: String,
     block_size: u32,
     running: Family<RankLabels, FloatGauge>,
     waiting: Family<RankLabels, FloatGauge>,
@@ -137,7 +136,6 @@ impl EngineMetrics {
                 names.success,
             ],
             labels,
-            model: cfg.model.clone(),
             block_size: cfg.block_size,
             running: Family::default(),
             waiting: Family::default(),
@@ -295,10 +293,6 @@ impl EngineMetrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry);
         to_prometheus_text(&open_metrics, &self.counters)
-    }
-
-    pub fn model(&self) -> &str {
-        &self.model
     }
 }
 

@@ -78,26 +78,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the ranks' loops, waking `published` whenever a rank publishes new state.
-    pub fn start_with_notify(
-        cfg: Arc<EngineConfig>,
-        totals: Arc<Totals>,
-        faults: watch::Receiver<FaultSet>,
-        published: Arc<tokio::sync::Notify>,
-    ) -> Self {
-        Self::spawn(cfg, totals, faults, published)
-    }
-
-    /// Starts the ranks' loops on the current tokio runtime. `cfg` must be validated.
+    /// Starts the ranks' loops on the current tokio runtime; `published` is woken whenever a
+    /// rank publishes new state. `cfg` must be validated.
     pub fn start(
-        cfg: Arc<EngineConfig>,
-        totals: Arc<Totals>,
-        faults: watch::Receiver<FaultSet>,
-    ) -> Self {
-        Self::spawn(cfg, totals, faults, Arc::new(tokio::sync::Notify::new()))
-    }
-
-    fn spawn(
         cfg: Arc<EngineConfig>,
         totals: Arc<Totals>,
         faults: watch::Receiver<FaultSet>,
