@@ -1,11 +1,27 @@
 //! # sluice-core: the gateway's decisions, with no I/O
 //!
 //! Everything that decides lives here as plain code over plain data, so it can be tested
-//! exhaustively without a network or a runtime.
+//! exhaustively without a network or a runtime. Time is always a parameter (`tokio::time::Instant`
+//! values passed in, never read), so the gateway can drive a decision from a timer and tests can
+//! drive it on paused time.
 //!
 //! ## Layout
 //!
+//! - `ids` — `WorkerId`, `ModelName`.
+//! - `policy` — the load-balancing policies (round robin, random, least load, power of two,
+//!   cache aware, consistent hash) as one pure `choose` over a pool's candidates.
+//! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
+//!   the cache-aware policy.
+//! - `breaker` — the per-worker circuit breaker state machine.
+//! - `retry` — which failed attempts may be retried, and the backoff before each retry.
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
 //!   included), parsed strictly.
 
+pub mod breaker;
+pub mod ids;
+pub mod policy;
+pub mod prefix;
 pub mod prom_text;
+pub mod retry;
+
+pub use ids::{ModelName, WorkerId};
