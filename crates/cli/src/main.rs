@@ -1,8 +1,10 @@
-//! `sluice`: the one binary. `sluice sim` runs simulated engines; `sluice bench` measures them.
+//! `sluice`: the one binary. `sluice serve` runs the gateway; `sluice sim` runs simulated
+//! engines; `sluice bench` measures them.
 
+mod serve;
 mod sim;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -17,6 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the gateway in front of OpenAI-compatible workers (vLLM, SGLang, ...).
+    Serve(Box<serve::ServeArgs>),
     /// Run simulated vLLM / SGLang engines, each on its own port.
     Sim(Box<sim::SimArgs>),
     /// Benchmarks: engine capacity.
@@ -24,23 +28,44 @@ enum Command {
     Bench(Box<sluice_bench::cli::BenchCommand>),
 }
 
-fn init_tracing() {
+fn init_tracing(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    init_tracing();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
+        .build()
+}
+
+fn main() -> anyhow::Result<()> {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Sim(args) => runtime.block_on(sim::run(*args)),
-        Command::Bench(command) => Ok(runtime.block_on(sluice_bench::cli::run(*command))?),
+        Command::Serve(_) => {
+            let Some(serve_matches) = matches.subcommand_matches("serve") else {
+                anyhow::bail!("serve: no arguments");
+            };
+            let settings = serve::settings(serve_matches)?;
+            if settings.print_config {
+                print!("{}", settings.to_toml()?);
+                return Ok(());
+            }
+            init_tracing(&settings.log_level);
+            runtime()?.block_on(serve::run(settings))
+        }
+        Command::Sim(args) => {
+            init_tracing("info");
+            runtime()?.block_on(sim::run(*args))
+        }
+        Command::Bench(command) => {
+            init_tracing("info");
+            Ok(runtime()?.block_on(sluice_bench::cli::run(*command))?)
+        }
     }
 }

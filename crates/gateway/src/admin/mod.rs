@@ -1,0 +1,185 @@
+//! The admin API: workers listed, registered, replaced, patched and removed at runtime.
+//!
+//! | route | what | auth |
+//! | --- | --- | --- |
+//! | `GET /workers`, `GET /workers/{id}` | workers with status, circuit, models, load | open |
+//! | `POST /workers` | register (202 + `Location`; 409 if the URL is registered) | admin key |
+//! | `PUT /workers/{id}` | replace the whole spec, register again under the same id | admin key |
+//! | `PATCH /workers/{id}` | change `api_key` or `labels` in place | admin key |
+//! | `DELETE /workers/{id}` | drain (a serving worker), then remove | admin key |
+//!
+//! A spec is validated before anything is registered: an invalid one is a 400 naming its field.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use serde::Serialize;
+use sluice_core::ModelName;
+
+use crate::error::GatewayError;
+use crate::fleet::{Removal, Worker, WorkerPatch, WorkerSpec, WorkerStatus};
+use crate::front::{read_body, App};
+
+/// Largest worker spec accepted.
+const SPEC_MAX_BYTES: usize = 64 * 1024;
+
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/workers", get(list).post(create))
+        .route(
+            "/workers/{id}",
+            get(show).put(replace).patch(patch).delete(remove),
+        )
+}
+
+#[derive(Serialize)]
+struct CircuitView {
+    state: &'static str,
+    consecutive_failures: u32,
+}
+
+/// A worker as the admin API shows it.
+#[derive(Serialize)]
+pub struct WorkerView {
+    id: String,
+    url: String,
+    status: WorkerStatus,
+    /// A request could be sent to it now (Ready and circuit not open).
+    routable: bool,
+    flavor: Option<String>,
+    models: Vec<ModelName>,
+    in_flight: u64,
+    circuit: CircuitView,
+    spec: WorkerSpec,
+}
+
+impl WorkerView {
+    pub fn of(worker: &Worker) -> Self {
+        let spec = worker.live().spec.clone();
+        Self {
+            id: worker.id.to_string(),
+            url: spec.url.clone(),
+            status: worker.status(),
+            routable: worker.is_routable(),
+            flavor: worker.info().map(|i| i.flavor.clone()),
+            models: worker.models(),
+            in_flight: worker.in_flight(),
+            circuit: CircuitView {
+                state: worker.breaker.state().as_str(),
+                consecutive_failures: worker.breaker.consecutive_failures(),
+            },
+            spec,
+        }
+    }
+}
+
+async fn list(State(app): State<Arc<App>>) -> Response<Body> {
+    let snapshot = app.fleet.snapshot();
+    let workers: Vec<WorkerView> = snapshot.workers.iter().map(|w| WorkerView::of(w)).collect();
+    axum::Json(serde_json::json!({"total": workers.len(), "workers": workers})).into_response()
+}
+
+async fn show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response<Body> {
+    match app.fleet.snapshot().worker(&id) {
+        Some(worker) => axum::Json(WorkerView::of(worker)).into_response(),
+        None => GatewayError::WorkerNotFound { id }.into_response(),
+    }
+}
+
+/// Checks the admin key and reads the body.
+async fn authorized_body(app: &App, request: Request) -> Result<bytes::Bytes, GatewayError> {
+    let (parts, body) = request.into_parts();
+    app.keys.check_admin(&parts.headers)?;
+    read_body(body, &parts.headers, SPEC_MAX_BYTES).await
+}
+
+fn invalid(e: crate::fleet::SpecError) -> GatewayError {
+    GatewayError::InvalidWorkerSpec {
+        field: e.field,
+        message: e.message,
+    }
+}
+
+fn accepted(worker: &Worker) -> Response<Body> {
+    let mut response = (StatusCode::ACCEPTED, axum::Json(WorkerView::of(worker))).into_response();
+    if let Ok(location) = HeaderValue::try_from(format!("/workers/{}", worker.id)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+async fn create(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
+    let result = async {
+        let body = authorized_body(&app, request).await?;
+        let spec = WorkerSpec::parse(&body).map_err(invalid)?;
+        app.fleet.add(spec)
+    }
+    .await;
+    match result {
+        Ok(worker) => accepted(&worker),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn replace(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response<Body> {
+    let result = async {
+        let body = authorized_body(&app, request).await?;
+        let spec = WorkerSpec::parse(&body).map_err(invalid)?;
+        app.fleet.replace(&id, spec)
+    }
+    .await;
+    match result {
+        Ok(worker) => accepted(&worker),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn patch(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response<Body> {
+    let result = async {
+        let body = authorized_body(&app, request).await?;
+        let patch = WorkerPatch::parse(&body).map_err(invalid)?;
+        app.fleet.patch(&id, patch)
+    }
+    .await;
+    match result {
+        Ok(worker) => axum::Json(WorkerView::of(&worker)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn remove(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response<Body> {
+    if let Err(e) = app.keys.check_admin(request.headers()) {
+        return e.into_response();
+    }
+    match app.fleet.remove(&id) {
+        Ok(removal) => {
+            let status = match removal {
+                Removal::Draining => "draining",
+                Removal::Removed => "removed",
+            };
+            (
+                StatusCode::ACCEPTED,
+                axum::Json(serde_json::json!({"id": id, "status": status})),
+            )
+                .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,377 @@
+//! Settings in, a validated `Config` out.
+//!
+//! `Settings` is what people type (flags, or the same keys in `--config sluice.toml`). `load`
+//! merges the two: a flag given on the command line (or through its environment variable) wins,
+//! then the file, then the flag's default. `Settings::validate` is the one place values are
+//! checked; everything downstream takes `Config` and re-checks nothing.
+
+mod settings;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::http::HeaderName;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, FromArgMatches};
+use serde::Deserialize;
+use sluice_core::breaker::BreakerConfig;
+use sluice_core::policy::{CacheAware, Policy};
+use sluice_core::retry::Backoff;
+
+pub use settings::Settings;
+
+use crate::fleet::WorkerSpec;
+
+/// Why the settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--{setting}: {message}")]
+    Invalid {
+        setting: &'static str,
+        message: String,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    File {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error(transparent)]
+    Cli(#[from] clap::Error),
+    #[error("cannot render the settings as TOML: {0}")]
+    Render(#[from] toml::ser::Error),
+}
+
+fn invalid(setting: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting,
+        message: message.into(),
+    }
+}
+
+/// Builds the settings from parsed command-line arguments and, if `--config` names one, a file.
+pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
+    let cli = Settings::from_arg_matches(matches)?;
+    let Some(path) = cli.config.clone() else {
+        return Ok(cli);
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let file: toml::Table = toml::from_str(&text).map_err(|source| ConfigError::File {
+        path: path.clone(),
+        source,
+    })?;
+    let mut merged = toml::Table::try_from(&cli)?;
+    for (key, value) in file {
+        // Unknown keys are left to `deny_unknown_fields` below, which names them.
+        let known = matches!(matches.try_get_raw(&key), Ok(Some(_)));
+        let from_cli = known
+            && matches!(
+                matches.value_source(&key),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+        if !from_cli {
+            merged.insert(key, value);
+        }
+    }
+    let mut settings = Settings::deserialize(merged)
+        .map_err(|source| ConfigError::File { path, source })?;
+    settings.config = cli.config;
+    settings.print_config = cli.print_config;
+    Ok(settings)
+}
+
+impl Settings {
+    /// The settings as a TOML file `--config` would accept.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        Ok(toml::to_string(self)?)
+    }
+
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let host = parse_host("host", &self.host)?;
+        let workers = self
+            .worker_urls
+            .iter()
+            .map(|url| {
+                WorkerSpec::from_url(url, self.worker_api_key.clone())
+                    .map_err(|e| invalid("worker-urls", e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let retry = RetryConfig {
+            max_retries: if self.disable_retries {
+                0
+            } else {
+                self.retry_max_retries
+            },
+            backoff: Backoff {
+                initial: Duration::from_millis(self.retry_initial_backoff_ms),
+                multiplier: at_least("retry-backoff-multiplier", self.retry_backoff_multiplier, 1.0)?,
+                max: Duration::from_millis(self.retry_max_backoff_ms),
+                jitter: fraction("retry-jitter-factor", self.retry_jitter_factor)?,
+            },
+            budget_percent: at_least("retry-budget-percent", self.retry_budget_percent, 0.0)?,
+            budget_min_per_sec: self.retry_budget_min_per_sec,
+        };
+        let breaker = (!self.disable_circuit_breaker).then_some(BreakerConfig {
+            failure_threshold: positive_count("cb-failure-threshold", self.cb_failure_threshold)?,
+            success_threshold: positive_count("cb-success-threshold", self.cb_success_threshold)?,
+            open_timeout: seconds("cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
+            half_open_trials: self.cb_success_threshold,
+        });
+        Ok(Config {
+            listen: SocketAddr::new(host, self.port),
+            workers,
+            policy: self.policy()?,
+            prefix_capacity: self.max_tree_size.max(1),
+            routing_key_header: HeaderName::try_from(self.routing_key_header.as_str())
+                .map_err(|e| invalid("routing-key-header", e.to_string()))?,
+            api_keys: non_empty_keys("api-key", &self.api_keys)?,
+            admin_api_key: match &self.admin_api_key {
+                Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
+                None => None,
+            },
+            max_payload_size: self.max_payload_size,
+            header_read_timeout: positive_seconds("header-read-timeout-secs", self.header_read_timeout_secs)?,
+            connect_timeout: positive_seconds("connect-timeout-secs", self.connect_timeout_secs)?,
+            request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
+            upstream_http2: self.upstream_http2,
+            retry,
+            breaker,
+            startup_check_interval: positive_seconds(
+                "worker-startup-check-interval-secs",
+                self.worker_startup_check_interval_secs,
+            )?,
+            drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
+            shutdown_grace: seconds("shutdown-grace-period-secs", self.shutdown_grace_period_secs)?,
+            metrics_listen: match self.prometheus_port {
+                Some(port) => Some(SocketAddr::new(
+                    parse_host("prometheus-host", &self.prometheus_host)?,
+                    port,
+                )),
+                None => None,
+            },
+            access_log: self.access_log.clone(),
+        })
+    }
+
+    fn policy(&self) -> Result<Policy, ConfigError> {
+        Ok(match self.policy.as_str() {
+            "round_robin" => Policy::RoundRobin,
+            "random" => Policy::Random,
+            "least_load" => Policy::LeastLoad,
+            "power_of_two" => Policy::PowerOfTwo,
+            "consistent_hash" => Policy::ConsistentHash,
+            "cache_aware" => Policy::CacheAware(CacheAware {
+                cache_threshold: fraction("cache-threshold", self.cache_threshold)?,
+                balance_abs_threshold: self.balance_abs_threshold,
+                balance_rel_threshold: at_least(
+                    "balance-rel-threshold",
+                    self.balance_rel_threshold,
+                    1.0,
+                )?,
+            }),
+            other => {
+                return Err(invalid(
+                    "policy",
+                    format!(
+                        "unknown policy '{other}' (round_robin, random, least_load, power_of_two, \
+                         cache_aware, consistent_hash)"
+                    ),
+                ))
+            }
+        })
+    }
+}
+
+fn parse_host(setting: &'static str, host: &str) -> Result<IpAddr, ConfigError> {
+    if host == "localhost" {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    host.parse()
+        .map_err(|_| invalid(setting, format!("'{host}' is not an IP address")))
+}
+
+fn seconds(setting: &'static str, secs: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| invalid(setting, format!("{secs} is not a number of seconds >= 0")))
+}
+
+fn positive_seconds(setting: &'static str, secs: f64) -> Result<Duration, ConfigError> {
+    match seconds(setting, secs)? {
+        d if d.is_zero() => Err(invalid(setting, "must be greater than 0")),
+        d => Ok(d),
+    }
+}
+
+fn positive_count(setting: &'static str, n: u32) -> Result<u32, ConfigError> {
+    if n == 0 {
+        return Err(invalid(setting, "must be at least 1"));
+    }
+    Ok(n)
+}
+
+fn fraction(setting: &'static str, x: f64) -> Result<f64, ConfigError> {
+    if !(0.0..=1.0).contains(&x) {
+        return Err(invalid(setting, format!("{x} is not between 0 and 1")));
+    }
+    Ok(x)
+}
+
+fn at_least(setting: &'static str, x: f64, min: f64) -> Result<f64, ConfigError> {
+    if !x.is_finite() || x < min {
+        return Err(invalid(setting, format!("{x} must be at least {min}")));
+    }
+    Ok(x)
+}
+
+fn non_empty_keys(setting: &'static str, keys: &[String]) -> Result<Vec<String>, ConfigError> {
+    if keys.iter().any(|k| k.trim().is_empty()) {
+        return Err(invalid(setting, "a key cannot be empty"));
+    }
+    Ok(keys.to_vec())
+}
+
+/// Retry rules of the forward stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryConfig {
+    /// 0 disables retries.
+    pub max_retries: u32,
+    pub backoff: Backoff,
+    pub budget_percent: f64,
+    pub budget_min_per_sec: u32,
+}
+
+/// The validated configuration of one gateway.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Workers registered at startup.
+    pub workers: Vec<WorkerSpec>,
+    pub policy: Policy,
+    /// Prefix blocks remembered per model by the cache-aware policy.
+    pub prefix_capacity: usize,
+    pub routing_key_header: HeaderName,
+    pub api_keys: Vec<String>,
+    pub admin_api_key: Option<String>,
+    pub max_payload_size: usize,
+    pub header_read_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub upstream_http2: bool,
+    pub retry: RetryConfig,
+    /// `None` when circuit breaking is disabled.
+    pub breaker: Option<BreakerConfig>,
+    pub startup_check_interval: Duration,
+    pub drain_settle: Duration,
+    pub shutdown_grace: Duration,
+    pub metrics_listen: Option<SocketAddr>,
+    pub access_log: Option<PathBuf>,
+}
+
+impl Config {
+    /// The defaults, listening on an ephemeral loopback port: what tests start from.
+    pub fn local(worker_urls: &[String]) -> Self {
+        let mut settings = Settings::defaults();
+        settings.port = 0;
+        settings.worker_urls = worker_urls.to_vec();
+        #[allow(clippy::expect_used)]
+        settings.validate().expect("the defaults are valid")
+    }
+}
+
+impl Settings {
+    /// Every setting at its default.
+    pub fn defaults() -> Self {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        use clap::Parser;
+        #[allow(clippy::expect_used)]
+        Only::try_parse_from(["sluice"])
+            .expect("the defaults parse")
+            .settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
+        let matches = Cli::command().try_get_matches_from(args)?;
+        load(&matches)
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let c = Settings::defaults().validate().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:30000".parse().unwrap());
+        assert_eq!(c.policy.name(), "cache_aware");
+        assert_eq!(c.retry.max_retries, 3);
+        assert_eq!(c.breaker.unwrap().failure_threshold, 10);
+    }
+
+    #[test]
+    fn the_file_fills_in_and_the_command_line_wins() {
+        let dir = std::env::temp_dir().join(format!("sluice-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sluice.toml");
+        std::fs::write(
+            &path,
+            "port = 9000\npolicy = \"least_load\"\nworker_urls = [\"http://127.0.0.1:1\"]\n",
+        )
+        .unwrap();
+        let s = load_args(&["sluice", "--config", path.to_str().unwrap(), "--port", "9100"]).unwrap();
+        assert_eq!(s.port, 9100, "the flag wins");
+        assert_eq!(s.policy, "least_load", "the file fills in");
+        assert_eq!(s.worker_urls, vec!["http://127.0.0.1:1"]);
+        assert_eq!(s.cb_failure_threshold, 10, "defaults stay");
+
+        // What --print-config prints loads back to the same settings.
+        let printed = s.to_toml().unwrap();
+        std::fs::write(&path, printed).unwrap();
+        let again = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap();
+        assert_eq!(again.port, 9100);
+        assert_eq!(again.policy, "least_load");
+
+        std::fs::write(&path, "prot = 1\n").unwrap();
+        let err = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap_err();
+        assert!(err.to_string().contains("unknown field `prot`"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn invalid_values_name_their_setting() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--policy", "fastest"], "--policy"),
+            (&["--cache-threshold", "1.5"], "--cache-threshold"),
+            (&["--request-timeout-secs", "0"], "--request-timeout-secs"),
+            (&["--cb-failure-threshold", "0"], "--cb-failure-threshold"),
+            (&["--host", "not-an-ip"], "--host"),
+            (&["--worker-urls", "ftp://x"], "--worker-urls"),
+            (&["--api-key", ""], "--api-key"),
+        ];
+        for (args, setting) in cases {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            let err = load_args(&full).unwrap().validate().unwrap_err();
+            assert!(err.to_string().starts_with(setting), "{args:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Every setting of `sluice serve`, once: the same struct is the command line (clap) and the
+//! TOML file (serde), so a flag and its file key can never drift apart. A file key is the flag's
+//! name in snake_case (`--worker-urls` is `worker_urls`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+/// How to run the gateway.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Read settings from this TOML file; flags given on the command line win over it.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// Print the effective settings as TOML and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+
+    /// Workers to register at startup (OpenAI-compatible base URLs, e.g. http://10.0.0.5:8000).
+    #[arg(long, num_args = 1.., value_name = "URL")]
+    #[serde(default)]
+    pub worker_urls: Vec<String>,
+
+    /// API key sent to the `--worker-urls` workers as a bearer token.
+    #[arg(long, value_name = "KEY", env = "SLUICE_WORKER_API_KEY", hide_env_values = true)]
+    #[serde(default)]
+    pub worker_api_key: Option<String>,
+
+    /// Load-balancing policy: round_robin, random, least_load, power_of_two, cache_aware,
+    /// consistent_hash.
+    #[arg(long, default_value = "cache_aware")]
+    pub policy: String,
+
+    /// cache_aware: share of the prompt's prefix a worker must hold to be preferred.
+    #[arg(long, default_value_t = 0.3)]
+    pub cache_threshold: f64,
+
+    /// cache_aware: the pool counts as unbalanced when max - min load exceeds this...
+    #[arg(long, default_value_t = 64)]
+    pub balance_abs_threshold: u64,
+
+    /// cache_aware: ...and max load exceeds min load times this; then the least loaded wins.
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel_threshold: f64,
+
+    /// cache_aware: prefix blocks remembered per model (64 prompt bytes each) before the least
+    /// recently used are forgotten.
+    #[arg(long, default_value_t = 262_144)]
+    pub max_tree_size: usize,
+
+    /// consistent_hash: request header whose value is the routing key (the body's `user` field
+    /// is used when the header is absent).
+    #[arg(long, default_value = "x-session-id")]
+    pub routing_key_header: String,
+
+    /// Data-plane API keys clients must send as `Authorization: Bearer <key>` (repeatable). None:
+    /// the OpenAI routes are open.
+    #[arg(long = "api-key", value_name = "KEY", env = "SLUICE_API_KEYS", value_delimiter = ',', hide_env_values = true)]
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+
+    /// Key for the admin API's mutations (`POST/PUT/PATCH/DELETE /workers`). None: they are
+    /// refused with 403.
+    #[arg(long, value_name = "KEY", env = "SLUICE_ADMIN_API_KEY", hide_env_values = true)]
+    #[serde(default)]
+    pub admin_api_key: Option<String>,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub max_payload_size: usize,
+
+    /// Time a client has to send its request headers.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout_secs: f64,
+
+    /// Time to connect to a worker.
+    #[arg(long, default_value_t = 5.0)]
+    pub connect_timeout_secs: f64,
+
+    /// Longest a request may take end to end, streaming included.
+    #[arg(long, default_value_t = 1800.0)]
+    pub request_timeout_secs: f64,
+
+    /// Speak HTTP/2 (prior knowledge) to workers; a worker spec's `http2` overrides it.
+    #[arg(long)]
+    #[serde(default)]
+    pub upstream_http2: bool,
+
+    /// Retries of one request (connection failures and at-capacity answers, on another worker).
+    #[arg(long, default_value_t = 3)]
+    pub retry_max_retries: u32,
+
+    /// Wait before the first retry.
+    #[arg(long, default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+
+    /// Longest wait between retries.
+    #[arg(long, default_value_t = 5_000)]
+    pub retry_max_backoff_ms: u64,
+
+    /// Growth of the wait per retry.
+    #[arg(long, default_value_t = 2.0)]
+    pub retry_backoff_multiplier: f64,
+
+    /// Share of each wait drawn at random (0..=1), so retries from many requests spread out.
+    #[arg(long, default_value_t = 0.5)]
+    pub retry_jitter_factor: f64,
+
+    /// Retries may add at most this percentage of the requests of the last 10 seconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub retry_budget_percent: f64,
+
+    /// Retries always allowed per second, on top of the percentage (so a quiet gateway can retry).
+    #[arg(long, default_value_t = 10)]
+    pub retry_budget_min_per_sec: u32,
+
+    /// Never retry.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_retries: bool,
+
+    /// Consecutive failures (connection errors, 5xx) that open a worker's circuit.
+    #[arg(long, default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+
+    /// Consecutive successful trials that close a half-open circuit (also the number of trial
+    /// requests let through at once).
+    #[arg(long, default_value_t = 3)]
+    pub cb_success_threshold: u32,
+
+    /// How long an open circuit refuses requests before it lets trials through.
+    #[arg(long, default_value_t = 60.0)]
+    pub cb_timeout_duration_secs: f64,
+
+    /// Never open circuits.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_circuit_breaker: bool,
+
+    /// How often a worker that could not be reached at registration is tried again.
+    #[arg(long, default_value_t = 5.0)]
+    pub worker_startup_check_interval_secs: f64,
+
+    /// Seconds a worker being removed takes no new requests before it goes.
+    #[arg(long, default_value_t = 5.0)]
+    pub drain_settle_secs: f64,
+
+    /// Longest wait, on SIGTERM, for requests in flight to finish.
+    #[arg(long, default_value_t = 180.0)]
+    pub shutdown_grace_period_secs: f64,
+
+    /// Also serve /metrics on this port.
+    #[arg(long)]
+    #[serde(default)]
+    pub prometheus_port: Option<u16>,
+
+    /// Address of the --prometheus-port listener.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub prometheus_host: String,
+
+    /// Write one JSON line per request to this file (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    #[serde(default)]
+    pub access_log: Option<PathBuf>,
+
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `sluice_gateway=debug`.
+    #[arg(long, default_value = "info", env = "SLUICE_LOG")]
+    pub log_level: String,
+}

@@ -1,0 +1,286 @@
+//! Every answer the gateway makes on its own, in one place.
+//!
+//! Each error knows its HTTP status, its machine code (the `code` of the OpenAI error object and
+//! the `X-Sluice-Error-Code` header), its OpenAI `type`, the `param` it is about, whether a
+//! `Retry-After` makes sense, and where it came from (the client, a worker, or the gateway) — the
+//! facts a client, a dashboard and the retry logic need. Messages name workers by id, never by URL.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Serialize;
+use sluice_core::{ModelName, WorkerId};
+
+/// The header that marks an answer as this gateway's decision. Stripped from worker responses.
+pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static("x-sluice-error-code");
+
+/// How long a client should wait after `no_available_workers` before trying again: about one
+/// registration retry, after which an unreachable worker may have come up.
+const NO_WORKERS_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Who caused an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// The client sent something wrong.
+    Client,
+    /// A worker failed or could not be reached.
+    Upstream,
+    /// The gateway refused on its own account (no worker, shutting down).
+    Gateway,
+}
+
+/// A request the gateway answers itself.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum GatewayError {
+    #[error("We could not parse the JSON body of your request: {detail}")]
+    InvalidJson { detail: String },
+    #[error("'{param}' must be {expected}")]
+    InvalidType {
+        param: &'static str,
+        expected: &'static str,
+    },
+    #[error("The request body must be a JSON object")]
+    BodyNotObject,
+    #[error("'{param}' is a required property")]
+    MissingParameter { param: &'static str },
+    #[error("'model' is required: this gateway serves {served} models")]
+    ModelRequired { served: usize },
+    #[error("The model '{model}' does not exist")]
+    ModelNotFound { model: String },
+    #[error("The request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("Content-Type must be application/json")]
+    UnsupportedMediaType,
+    #[error("Could not read the request body")]
+    BodyUnreadable,
+    #[error("Unknown request URL: {method} {path}")]
+    UnknownRoute { method: String, path: String },
+    /// The router adds the `Allow` header.
+    #[error("Method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("Invalid API key. Send it as 'Authorization: Bearer <key>'")]
+    InvalidApiKey,
+    #[error("Worker management is disabled: start the gateway with --admin-api-key to enable it")]
+    AdminDisabled,
+    #[error("Invalid admin key. Send it as 'Authorization: Bearer <admin key>'")]
+    InvalidAdminKey,
+    #[error("No worker is available for model '{model}'{detail}")]
+    NoAvailableWorkers { model: ModelName, detail: String },
+    #[error("No worker for model '{model}' could be reached after {attempts} attempt(s)")]
+    UpstreamUnreachable { model: ModelName, attempts: u32 },
+    #[error("Worker {worker} failed before answering")]
+    UpstreamFailed { worker: WorkerId },
+    #[error("Worker {worker} did not answer within {timeout:?}")]
+    UpstreamTimeout { worker: WorkerId, timeout: Duration },
+    #[error("Worker {worker} failed in the middle of the response")]
+    StreamInterrupted { worker: WorkerId },
+    #[error("The gateway is shutting down")]
+    ShuttingDown,
+    #[error("Invalid worker spec: {message}")]
+    InvalidWorkerSpec { field: String, message: String },
+    #[error("A worker with URL {url} is already registered as {id}; change it with PUT /workers/{id}")]
+    WorkerExists { url: String, id: WorkerId },
+    #[error("No worker with id '{id}'")]
+    WorkerNotFound { id: String },
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            InvalidJson { .. }
+            | InvalidType { .. }
+            | BodyNotObject
+            | MissingParameter { .. }
+            | ModelRequired { .. }
+            | BodyUnreadable
+            | InvalidWorkerSpec { .. } => StatusCode::BAD_REQUEST,
+            InvalidApiKey | InvalidAdminKey => StatusCode::UNAUTHORIZED,
+            AdminDisabled => StatusCode::FORBIDDEN,
+            ModelNotFound { .. } | UnknownRoute { .. } | WorkerNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            WorkerExists { .. } => StatusCode::CONFLICT,
+            PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            NoAvailableWorkers { .. } | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamUnreachable { .. } | UpstreamFailed { .. } | StreamInterrupted { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The machine-readable code.
+    pub fn code(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            InvalidJson { .. } => "invalid_json",
+            InvalidType { .. } | BodyNotObject => "invalid_type",
+            MissingParameter { .. } | ModelRequired { .. } => "missing_required_parameter",
+            ModelNotFound { .. } => "model_not_found",
+            PayloadTooLarge { .. } => "request_body_too_large",
+            UnsupportedMediaType => "unsupported_media_type",
+            BodyUnreadable => "invalid_request_body",
+            UnknownRoute { .. } => "unknown_url",
+            MethodNotAllowed { .. } => "method_not_allowed",
+            InvalidApiKey => "invalid_api_key",
+            AdminDisabled => "admin_api_disabled",
+            InvalidAdminKey => "invalid_admin_key",
+            NoAvailableWorkers { .. } => "no_available_workers",
+            UpstreamUnreachable { .. } => "upstream_unreachable",
+            UpstreamFailed { .. } => "upstream_failed",
+            UpstreamTimeout { .. } => "upstream_timeout",
+            StreamInterrupted { .. } => "upstream_stream_interrupted",
+            ShuttingDown => "shutting_down",
+            InvalidWorkerSpec { .. } => "invalid_worker_spec",
+            WorkerExists { .. } => "worker_exists",
+            WorkerNotFound { .. } => "worker_not_found",
+        }
+    }
+
+    /// The OpenAI error `type`.
+    pub fn kind(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    pub fn param(&self) -> Option<&str> {
+        use GatewayError::*;
+        match self {
+            InvalidType { param, .. } | MissingParameter { param } => Some(param),
+            ModelRequired { .. } | ModelNotFound { .. } => Some("model"),
+            InvalidWorkerSpec { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    pub fn origin(&self) -> Origin {
+        use GatewayError::*;
+        match self {
+            NoAvailableWorkers { .. } | ShuttingDown => Origin::Gateway,
+            UpstreamUnreachable { .. }
+            | UpstreamFailed { .. }
+            | UpstreamTimeout { .. }
+            | StreamInterrupted { .. } => Origin::Upstream,
+            _ => Origin::Client,
+        }
+    }
+
+    /// How long a client should wait before trying again, where trying again can help.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            GatewayError::NoAvailableWorkers { .. } | GatewayError::UpstreamUnreachable { .. } => {
+                Some(NO_WORKERS_RETRY_AFTER)
+            }
+            _ => None,
+        }
+    }
+
+    /// The OpenAI error object.
+    pub fn body(&self) -> Bytes {
+        #[derive(Serialize)]
+        struct Inner<'a> {
+            message: String,
+            #[serde(rename = "type")]
+            kind: &'a str,
+            param: Option<&'a str>,
+            code: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Outer<'a> {
+            error: Inner<'a>,
+        }
+        let outer = Outer {
+            error: Inner {
+                message: self.to_string(),
+                kind: self.kind(),
+                param: self.param(),
+                code: self.code(),
+            },
+        };
+        Bytes::from(serde_json::to_vec(&outer).unwrap_or_default())
+    }
+
+    /// The same object as one SSE event, for an error after a stream has started.
+    pub fn sse_event(&self) -> Bytes {
+        let body = self.body();
+        let mut event = Vec::with_capacity(body.len() + 8);
+        event.extend_from_slice(b"data: ");
+        event.extend_from_slice(&body);
+        event.extend_from_slice(b"\n\n");
+        Bytes::from(event)
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), self.body()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(ERROR_CODE_HEADER, HeaderValue::from_static(self.code()));
+        if let Some(wait) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(wait.as_secs().max(1)));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_is_the_openai_error_object() {
+        let e = GatewayError::InvalidType {
+            param: "stream",
+            expected: "a boolean",
+        };
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {
+                "message": "'stream' must be a boolean",
+                "type": "invalid_request_error",
+                "param": "stream",
+                "code": "invalid_type",
+            }})
+        );
+    }
+
+    #[test]
+    fn answers_carry_the_code_header_and_retry_after_where_useful() {
+        let r = GatewayError::NoAvailableWorkers {
+            model: ModelName::new("m"),
+            detail: String::new(),
+        }
+        .into_response();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[&ERROR_CODE_HEADER], "no_available_workers");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "5");
+        let r = GatewayError::ModelNotFound { model: "x".into() }.into_response();
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn sse_events_are_one_data_line() {
+        let e = GatewayError::StreamInterrupted {
+            worker: WorkerId::new("w1"),
+        };
+        let event = e.sse_event();
+        assert!(event.starts_with(b"data: {\"error\":"));
+        assert!(event.ends_with(b"}\n\n"));
+    }
+}

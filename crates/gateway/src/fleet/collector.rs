@@ -1,0 +1,69 @@
+//! Per-worker gauges read from the fleet at scrape time, so they can never disagree with what
+//! routing sees: in-flight requests, circuit state, and which workers exist.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use super::Fleet;
+
+#[derive(Debug)]
+pub struct FleetCollector(pub Arc<Fleet>);
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet").finish_non_exhaustive()
+    }
+}
+
+impl Collector for FleetCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = self.0.snapshot();
+        let mut family = encoder.encode_descriptor(
+            "worker_in_flight",
+            "Requests in flight through this gateway, per worker",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in &snapshot.workers {
+            let labels = [("worker", w.id.as_str())];
+            ConstGauge::new(w.in_flight() as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "worker_circuit_state",
+            "Circuit breaker state per worker: 0 closed, 1 open, 2 half-open",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in &snapshot.workers {
+            let labels = [("worker", w.id.as_str())];
+            ConstGauge::new(w.breaker.state().gauge()).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "worker_info",
+            "Registered workers: id, URL, flavor and status (value 1)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in &snapshot.workers {
+            let url = w.live().spec.url.clone();
+            let flavor = w.info().map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
+            let status = match w.status() {
+                super::WorkerStatus::Pending => "pending",
+                super::WorkerStatus::Ready => "ready",
+                super::WorkerStatus::Draining => "draining",
+            };
+            let labels = [
+                ("worker", w.id.as_str()),
+                ("url", url.as_str()),
+                ("flavor", flavor.as_str()),
+                ("status", status),
+            ];
+            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! Learning what a worker serves: `GET /v1/models` at registration, the models and the flavor
+//! (`owned_by`: `vllm`, `sglang`, ...). A worker that cannot be reached stays registered and
+//! `Pending`, and is asked again every `--worker-startup-check-interval-secs` until it answers.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use axum::http::{header, Method, Request, Uri};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde::Deserialize;
+use sluice_core::ModelName;
+use tracing::{debug, warn};
+
+use super::{Fleet, ModelCard, Worker, WorkerInfo};
+use crate::forward::Upstream;
+
+/// How long one `/v1/models` call may take.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+/// A models list larger than this is not a models list.
+const MODELS_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why a worker's models could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error("cannot reach it: {0}")]
+    Unreachable(#[from] hyper_util::client::legacy::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("GET /v1/models answered {0}")]
+    Status(u16),
+    #[error("the /v1/models body could not be read")]
+    Body,
+    #[error("the /v1/models body is not a models list: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("GET /v1/models lists no model")]
+    NoModels,
+}
+
+#[derive(Deserialize)]
+struct ModelList {
+    data: Vec<serde_json::Value>,
+}
+
+/// Reads a worker's models until it answers, then tells the fleet.
+pub(super) async fn register(
+    fleet: Weak<Fleet>,
+    worker: Arc<Worker>,
+    upstream: Upstream,
+    interval: Duration,
+) {
+    let mut attempts = 0u32;
+    loop {
+        match fetch(&upstream, &worker).await {
+            Ok(info) => {
+                if let Some(fleet) = fleet.upgrade() {
+                    fleet.learned(&worker, info);
+                }
+                return;
+            }
+            Err(e) => {
+                attempts += 1;
+                if attempts == 1 {
+                    warn!(worker = %worker.id, error = %e, "worker not reachable yet; it stays pending and will be asked again");
+                } else {
+                    debug!(worker = %worker.id, error = %e, attempts, "worker still not reachable");
+                }
+            }
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// One `GET /v1/models`.
+pub async fn fetch(upstream: &Upstream, worker: &Worker) -> Result<WorkerInfo, DiscoverError> {
+    let uri = Uri::builder()
+        .scheme(worker.scheme.clone())
+        .authority(worker.authority.clone())
+        .path_and_query("/v1/models")
+        .build()
+        .map_err(|_| DiscoverError::Body)?;
+    let mut request = Request::builder().method(Method::GET).uri(uri);
+    if let Some(auth) = &worker.live().authorization {
+        request = request.header(header::AUTHORIZATION, auth.clone());
+    }
+    let request = request
+        .body(Full::new(Bytes::new()))
+        .map_err(|_| DiscoverError::Body)?;
+    let exchange = async {
+        let response = upstream.send(worker.http2, request).await?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MODELS_MAX_BYTES)
+            .collect()
+            .await
+            .map_err(|_| DiscoverError::Body)?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(DiscoverError::Status(status.as_u16()));
+        }
+        parse_models(&body)
+    };
+    tokio::time::timeout(MODELS_TIMEOUT, exchange)
+        .await
+        .map_err(|_| DiscoverError::Timeout(MODELS_TIMEOUT))?
+}
+
+/// The models and flavor in an OpenAI models list.
+pub fn parse_models(body: &[u8]) -> Result<WorkerInfo, DiscoverError> {
+    let list: ModelList = serde_json::from_slice(body)?;
+    let models: Vec<ModelCard> = list
+        .data
+        .into_iter()
+        .filter_map(|card| {
+            let id = card.get("id")?.as_str()?.to_string();
+            Some(ModelCard {
+                id: ModelName::new(id),
+                card,
+            })
+        })
+        .collect();
+    let flavor = models
+        .iter()
+        .find_map(|m| m.card.get("owned_by")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "unknown".to_string());
+    if models.is_empty() {
+        return Err(DiscoverError::NoModels);
+    }
+    Ok(WorkerInfo { flavor, models })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_and_sglang_model_lists() {
+        let vllm = br#"{"object":"list","data":[{"id":"meta-llama/Llama-3.1-8B-Instruct","object":"model","created":1,"owned_by":"vllm","root":"/models/x","parent":null,"max_model_len":8192}]}"#;
+        let info = parse_models(vllm).unwrap();
+        assert_eq!(info.flavor, "vllm");
+        assert_eq!(info.models[0].id.as_str(), "meta-llama/Llama-3.1-8B-Instruct");
+        assert_eq!(info.models[0].card["max_model_len"], 8192);
+        let sglang = br#"{"object":"list","data":[{"id":"a","owned_by":"sglang"},{"id":"b","owned_by":"sglang"}]}"#;
+        assert_eq!(parse_models(sglang).unwrap().models.len(), 2);
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_models_list() {
+        assert!(matches!(parse_models(b"{}"), Err(DiscoverError::Json(_))));
+        assert!(matches!(
+            parse_models(br#"{"data":[]}"#),
+            Err(DiscoverError::NoModels)
+        ));
+        assert_eq!(
+            parse_models(br#"{"data":[{"id":"m"}]}"#).unwrap().flavor,
+            "unknown"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! A worker spec: what an operator says about a worker when registering it.
+//!
+//! Validated completely when it arrives (`POST /workers`, `PUT`, `--worker-urls`), so a bad spec is
+//! a 400 that names its field, never an accepted registration that fails later. Fields are read
+//! one by one from the JSON object rather than through a derived `Deserialize`, so that every
+//! error can say which field it is about.
+
+use std::collections::BTreeMap;
+
+use axum::http::uri::{Authority, Scheme};
+use axum::http::Uri;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// What is wrong with a spec, and where.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+fn spec_error(field: &str, message: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// A worker as registered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerSpec {
+    /// Base URL, normalized to `http://host:port`.
+    pub url: String,
+    /// Sent to the worker as a bearer token; never shown back.
+    #[serde(skip)]
+    pub api_key: Option<String>,
+    /// The model the worker serves, when known before it answers; otherwise learned from its
+    /// `/v1/models`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
+    /// Speak HTTP/2 (prior knowledge) to this worker; unset follows `--upstream-http2`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http2: Option<bool>,
+    /// Free-form labels for operators.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The fields `PATCH /workers/{id}` may change; the rest need `PUT`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerPatch {
+    pub api_key: Option<Option<String>>,
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+const FIELDS: &[&str] = &["url", "api_key", "model_id", "http2", "labels"];
+const PATCHABLE: &[&str] = &["api_key", "labels"];
+
+impl WorkerSpec {
+    /// A spec with only a URL (and the gateway-wide worker key), as `--worker-urls` gives.
+    pub fn from_url(url: &str, api_key: Option<String>) -> Result<Self, SpecError> {
+        Ok(Self {
+            url: normalize_url(url)?,
+            api_key,
+            model_id: None,
+            http2: None,
+            labels: BTreeMap::new(),
+        })
+    }
+
+    /// Parses and validates a JSON spec.
+    pub fn parse(body: &[u8]) -> Result<Self, SpecError> {
+        let object = parse_object(body)?;
+        if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(spec_error(
+                unknown,
+                format!("unknown field (known: {})", FIELDS.join(", ")),
+            ));
+        }
+        let url = match object.get("url") {
+            Some(Value::String(url)) => normalize_url(url)?,
+            Some(_) => return Err(spec_error("url", "must be a string")),
+            None => return Err(spec_error("url", "is required")),
+        };
+        Ok(Self {
+            url,
+            api_key: optional_string(&object, "api_key")?,
+            model_id: optional_string(&object, "model_id")?,
+            http2: match object.get("http2") {
+                None | Some(Value::Null) => None,
+                Some(Value::Bool(b)) => Some(*b),
+                Some(_) => return Err(spec_error("http2", "must be a boolean")),
+            },
+            labels: labels(&object)?.unwrap_or_default(),
+        })
+    }
+
+    /// The scheme and authority requests to this worker are sent to.
+    pub fn endpoint(&self) -> (Scheme, Authority) {
+        #[allow(clippy::expect_used)]
+        let uri: Uri = self.url.parse().expect("normalized at validation");
+        #[allow(clippy::expect_used)]
+        let authority = uri.authority().cloned().expect("validated to have a host");
+        (Scheme::HTTP, authority)
+    }
+
+    pub fn apply(&mut self, patch: WorkerPatch) {
+        if let Some(key) = patch.api_key {
+            self.api_key = key;
+        }
+        if let Some(labels) = patch.labels {
+            self.labels = labels;
+        }
+    }
+}
+
+impl WorkerPatch {
+    pub fn parse(body: &[u8]) -> Result<Self, SpecError> {
+        let object = parse_object(body)?;
+        if let Some(field) = object.keys().find(|k| !PATCHABLE.contains(&k.as_str())) {
+            let message = if FIELDS.contains(&field.as_str()) {
+                "cannot be changed by PATCH; send the whole spec with PUT".to_string()
+            } else {
+                format!("unknown field (patchable: {})", PATCHABLE.join(", "))
+            };
+            return Err(spec_error(field, message));
+        }
+        Ok(Self {
+            api_key: match object.get("api_key") {
+                None => None,
+                Some(_) => Some(optional_string(&object, "api_key")?),
+            },
+            labels: labels(&object)?,
+        })
+    }
+}
+
+fn parse_object(body: &[u8]) -> Result<Map<String, Value>, SpecError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(spec_error("body", "must be a JSON object")),
+        Err(e) => Err(spec_error("body", format!("is not valid JSON: {e}"))),
+    }
+}
+
+fn optional_string(object: &Map<String, Value>, field: &str) -> Result<Option<String>, SpecError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(spec_error(field, "cannot be empty")),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(spec_error(field, "must be a string")),
+    }
+}
+
+fn labels(object: &Map<String, Value>) -> Result<Option<BTreeMap<String, String>>, SpecError> {
+    match object.get("labels") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                _ => Err(spec_error(
+                    &format!("labels.{k}"),
+                    "label values must be strings",
+                )),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some),
+        Some(_) => Err(spec_error("labels", "must be an object of strings")),
+    }
+}
+
+/// `http://host[:port][/]` -> `http://host:port`.
+fn normalize_url(url: &str) -> Result<String, SpecError> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| spec_error("url", format!("'{url}' is not a URL")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(spec_error(
+                "url",
+                "https workers are not supported: sluice speaks plain HTTP to workers",
+            ))
+        }
+        _ => return Err(spec_error("url", format!("'{url}' must start with http://"))),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(spec_error("url", format!("'{url}' has no host")));
+    };
+    if authority.as_str().contains('@') {
+        return Err(spec_error(
+            "url",
+            "credentials in the URL are not allowed; use api_key",
+        ));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(spec_error(
+            "url",
+            format!("'{url}' must be a base URL without a path"),
+        ));
+    }
+    let port = authority.port_u16().unwrap_or(80);
+    Ok(format!("http://{}:{port}", authority.host()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(body: &str) -> String {
+        WorkerSpec::parse(body.as_bytes()).unwrap_err().field
+    }
+
+    #[test]
+    fn a_full_spec_parses_and_normalizes() {
+        let s = WorkerSpec::parse(
+            br#"{"url":"http://10.0.0.5:8000/","api_key":"k","model_id":"m","http2":true,"labels":{"gpu":"h100"}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.url, "http://10.0.0.5:8000");
+        assert_eq!(s.api_key.as_deref(), Some("k"));
+        assert_eq!(s.http2, Some(true));
+        assert_eq!(s.labels["gpu"], "h100");
+        assert_eq!(
+            WorkerSpec::from_url("http://host", None).unwrap().url,
+            "http://host:80"
+        );
+    }
+
+    #[test]
+    fn every_invalid_field_is_named() {
+        assert_eq!(field_of(r#"{}"#), "url");
+        assert_eq!(field_of(r#"{"url":5}"#), "url");
+        assert_eq!(field_of(r#"{"url":"https://x:1"}"#), "url");
+        assert_eq!(field_of(r#"{"url":"http://x:1/v1"}"#), "url");
+        assert_eq!(field_of(r#"{"url":"http://u:p@x:1"}"#), "url");
+        assert_eq!(field_of(r#"{"url":"not a url"}"#), "url");
+        assert_eq!(field_of(r#"{"url":"http://x:1","http2":"yes"}"#), "http2");
+        assert_eq!(field_of(r#"{"url":"http://x:1","api_key":""}"#), "api_key");
+        assert_eq!(field_of(r#"{"url":"http://x:1","labels":{"a":1}}"#), "labels.a");
+        assert_eq!(field_of(r#"{"url":"http://x:1","helth":{}}"#), "helth");
+        assert_eq!(field_of(r#"[1]"#), "body");
+        assert_eq!(field_of(r#"{"url":"#), "body");
+    }
+
+    #[test]
+    fn the_api_key_is_never_serialized() {
+        let s = WorkerSpec::from_url("http://x:1", Some("secret".into())).unwrap();
+        let shown = serde_json::to_string(&s).unwrap();
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn patches_touch_only_patchable_fields() {
+        let p = WorkerPatch::parse(br#"{"labels":{"zone":"b"},"api_key":null}"#).unwrap();
+        assert_eq!(p.api_key, Some(None));
+        let mut s = WorkerSpec::from_url("http://x:1", Some("k".into())).unwrap();
+        s.apply(p);
+        assert_eq!(s.api_key, None);
+        assert_eq!(s.labels["zone"], "b");
+        let e = WorkerPatch::parse(br#"{"url":"http://y:1"}"#).unwrap_err();
+        assert_eq!(e.field, "url");
+        assert!(e.message.contains("PUT"));
+    }
+}

@@ -1,0 +1,214 @@
+//! One registered worker: its identity and spec (fixed), what it told us at registration
+//! (replaced whole when learned), and its live counters (atomics the request path moves).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use axum::http::uri::{Authority, Scheme};
+use axum::http::HeaderValue;
+use serde::Serialize;
+use sluice_core::breaker::{BreakerState, Outcome};
+use sluice_core::{ModelName, WorkerId};
+
+use super::breaker::{Permit, WorkerBreaker};
+use super::spec::WorkerSpec;
+use crate::metrics::WorkerMetrics;
+
+/// Where a worker is in its life. (The full health state machine replaces this with probes.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerStatus {
+    /// Registered, but it has not answered `/v1/models` yet: no requests.
+    Pending,
+    /// Serving.
+    Ready,
+    /// Being removed: no new requests.
+    Draining,
+}
+
+impl WorkerStatus {
+    fn encode(self) -> u8 {
+        self as u8
+    }
+
+    fn decode(v: u8) -> Self {
+        match v {
+            1 => WorkerStatus::Ready,
+            2 => WorkerStatus::Draining,
+            _ => WorkerStatus::Pending,
+        }
+    }
+}
+
+/// One model as a worker lists it in `/v1/models`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelCard {
+    pub id: ModelName,
+    /// The card as the worker served it, relayed by the gateway's `/v1/models`.
+    pub card: serde_json::Value,
+}
+
+/// What a worker said about itself when it was reached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerInfo {
+    /// `owned_by` of its models: `vllm`, `sglang`, or whatever it says.
+    pub flavor: String,
+    pub models: Vec<ModelCard>,
+}
+
+/// The spec and what is derived from it, replaced together by `PATCH`.
+#[derive(Debug)]
+pub struct LiveSpec {
+    pub spec: WorkerSpec,
+    /// `Bearer <api key>`, marked sensitive so it never reaches a log.
+    pub authorization: Option<HeaderValue>,
+}
+
+impl LiveSpec {
+    fn new(spec: WorkerSpec) -> Self {
+        let authorization = spec.api_key.as_ref().and_then(|k| {
+            let mut v = HeaderValue::try_from(format!("Bearer {k}")).ok()?;
+            v.set_sensitive(true);
+            Some(v)
+        });
+        Self {
+            spec,
+            authorization,
+        }
+    }
+}
+
+/// A registered worker.
+#[derive(Debug)]
+pub struct Worker {
+    pub id: WorkerId,
+    /// `policy::key_of(id)`, what policies hash.
+    pub key: u64,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    pub http2: bool,
+    /// The parts of the spec `PATCH` may change, swapped whole.
+    live: ArcSwap<LiveSpec>,
+    status: AtomicU8,
+    info: ArcSwapOption<WorkerInfo>,
+    /// Requests in flight through this gateway, moved only by `Lease`.
+    in_flight: AtomicU64,
+    pub breaker: Arc<WorkerBreaker>,
+    pub metrics: WorkerMetrics,
+}
+
+impl Worker {
+    pub fn new(
+        id: WorkerId,
+        spec: WorkerSpec,
+        http2_default: bool,
+        breaker: Arc<WorkerBreaker>,
+        metrics: WorkerMetrics,
+    ) -> Self {
+        let (scheme, authority) = spec.endpoint();
+        Self {
+            key: sluice_core::policy::key_of(id.as_str().as_bytes()),
+            id,
+            http2: spec.http2.unwrap_or(http2_default),
+            scheme,
+            authority,
+            live: ArcSwap::from_pointee(LiveSpec::new(spec)),
+            status: AtomicU8::new(WorkerStatus::Pending.encode()),
+            info: ArcSwapOption::empty(),
+            in_flight: AtomicU64::new(0),
+            breaker,
+            metrics,
+        }
+    }
+
+    /// The current spec (and the authorization header built from it).
+    pub fn live(&self) -> arc_swap::Guard<Arc<LiveSpec>> {
+        self.live.load()
+    }
+
+    pub(crate) fn set_spec(&self, spec: WorkerSpec) {
+        self.live.store(Arc::new(LiveSpec::new(spec)));
+    }
+
+    pub fn status(&self) -> WorkerStatus {
+        WorkerStatus::decode(self.status.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_status(&self, status: WorkerStatus) {
+        self.status.store(status.encode(), Ordering::Release);
+    }
+
+    pub fn info(&self) -> Option<Arc<WorkerInfo>> {
+        self.info.load_full()
+    }
+
+    pub(crate) fn set_info(&self, info: WorkerInfo) {
+        self.info.store(Some(Arc::new(info)));
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Ready, and its circuit lets requests through: a request could use it now.
+    pub fn is_routable(&self) -> bool {
+        self.status() == WorkerStatus::Ready && self.breaker.state() != BreakerState::Open
+    }
+
+    /// Whether it serves `model` (as declared in its spec, or as learned).
+    pub fn serves(&self, model: &str) -> bool {
+        match (&self.live().spec.model_id, self.info()) {
+            (Some(declared), _) => declared == model,
+            (None, Some(info)) => info.models.iter().any(|m| m.id.as_str() == model),
+            (None, None) => false,
+        }
+    }
+
+    /// The models it serves, once known.
+    pub fn models(&self) -> Vec<ModelName> {
+        match (&self.live().spec.model_id, self.info()) {
+            (Some(declared), _) => vec![ModelName::new(declared)],
+            (None, Some(info)) => info.models.iter().map(|m| m.id.clone()).collect(),
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+/// One request's hold on a worker: counts it in flight and holds its breaker permit until an
+/// outcome is settled. Dropped without an outcome (the client left), it hands the permit back.
+#[derive(Debug)]
+pub struct Lease {
+    worker: Arc<Worker>,
+    permit: Option<Permit>,
+}
+
+impl Lease {
+    pub fn new(worker: Arc<Worker>, permit: Permit) -> Self {
+        worker.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self {
+            worker,
+            permit: Some(permit),
+        }
+    }
+
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// Counts the request's outcome in the worker's breaker (once; later calls do nothing).
+    pub fn settle(&mut self, outcome: Outcome) {
+        if let Some(permit) = self.permit.take() {
+            self.worker.breaker.record(permit, outcome);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(permit) = self.permit.take() {
+            self.worker.breaker.release(permit);
+        }
+    }
+}

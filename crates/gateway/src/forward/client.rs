@@ -1,0 +1,56 @@
+//! The pooled HTTP client to workers: keep-alive connections per worker, HTTP/1.1 by default,
+//! HTTP/2 with prior knowledge for workers configured for it.
+
+use std::time::Duration;
+
+use axum::http::Request;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// How long an unused pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// TCP keep-alive on worker connections, so a vanished peer is noticed on idle connections.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+
+pub type UpstreamRequest = Request<Full<Bytes>>;
+pub type UpstreamResponse = axum::http::Response<Incoming>;
+
+/// Clients to workers, shared by every request.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    http1: Client<HttpConnector, Full<Bytes>>,
+    http2: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Upstream {
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_keepalive(Some(TCP_KEEPALIVE));
+        let http1 = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(connector.clone());
+        let http2 = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Self { http1, http2 }
+    }
+
+    /// Sends one request over the pool for its protocol.
+    pub fn send(&self, http2: bool, request: UpstreamRequest) -> ResponseFuture {
+        if http2 {
+            self.http2.request(request)
+        } else {
+            self.http1.request(request)
+        }
+    }
+}

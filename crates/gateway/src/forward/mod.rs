@@ -1,0 +1,294 @@
+//! The forward stage: send the request to the chosen worker, retry only what is safe, and hand
+//! the response to the stream-back stage.
+//!
+//! Retries (see `sluice_core::retry` for why so few): a connection that never carried the request,
+//! or a worker's explicit at-capacity answer (429, 529), is tried again on a *different* worker,
+//! after an exponential, jittered backoff, at most `--retry-max-retries` times, and only while
+//! the retry budget (tower's `TpsBudget`: retries stay under a share of recent requests) allows —
+//! so a fleet-wide outage does not multiply its own load. When no other worker is left, the last
+//! worker's answer is relayed as is (or, for connection failures, 502 `upstream_unreachable`).
+//! Nothing is retried once the response has started.
+
+mod client;
+mod headers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Request, Response, Uri, Version};
+use bytes::Bytes;
+use http_body_util::Full;
+use sluice_core::breaker::Outcome;
+use sluice_core::policy::Policy;
+use sluice_core::retry::{may_retry, AttemptFailure};
+use tokio::time::Instant;
+use tower::retry::budget::{Budget, TpsBudget};
+
+pub use client::{Upstream, UpstreamRequest, UpstreamResponse};
+pub use headers::{is_event_stream, REQUEST_ID};
+
+use crate::config::RetryConfig;
+use crate::error::GatewayError;
+use crate::fleet::{Lease, Pool};
+use crate::front::ApiRoute;
+use crate::metrics::{CancelLabels, Metrics, ReasonLabel, UpstreamErrorLabels};
+use crate::route::{self, RouteRequest};
+use crate::stream::{Ending, Relay};
+
+/// The window the retry budget looks back over.
+const BUDGET_WINDOW: Duration = Duration::from_secs(10);
+
+/// One request to forward.
+pub struct Job<'a> {
+    pub route: ApiRoute,
+    pub parts: &'a Parts,
+    pub body: &'a Bytes,
+    pub request_id: &'a HeaderValue,
+    pub pool: &'a Pool,
+    pub target: &'a RouteRequest,
+}
+
+/// The forward stage, shared by every request.
+pub struct Forwarder {
+    upstream: Upstream,
+    policy: Policy,
+    retry: RetryConfig,
+    budget: TpsBudget,
+    request_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Forwarder {
+    pub fn new(
+        upstream: Upstream,
+        policy: Policy,
+        retry: RetryConfig,
+        request_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let budget = TpsBudget::new(
+            BUDGET_WINDOW,
+            retry.budget_min_per_sec,
+            (retry.budget_percent / 100.0) as f32,
+        );
+        Self {
+            upstream,
+            policy,
+            retry,
+            budget,
+            request_timeout,
+            metrics,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Forwards `job` until a worker answers, a failure is final, or the client goes away (the
+    /// future is dropped: the upstream request goes with it).
+    pub async fn forward(
+        &self,
+        job: Job<'_>,
+        mut ending: Ending,
+    ) -> Result<Response<Body>, (GatewayError, Ending)> {
+        let deadline = ending.started + self.request_timeout;
+        let mut waiting = WaitingGuard {
+            metrics: &self.metrics,
+            route: ending.route,
+            armed: true,
+        };
+        self.budget.deposit();
+        let mut tried: Vec<u64> = Vec::new();
+        let mut attempts = 0u32;
+        loop {
+            let mut lease = match route::select(&self.policy, job.pool, job.target, &tried) {
+                Ok(lease) => lease,
+                Err(e) => {
+                    waiting.armed = false;
+                    return Err((e, ending));
+                }
+            };
+            attempts += 1;
+            let worker = lease.worker().clone();
+            ending.note_attempt(worker.id.as_str(), attempts);
+            let sent_at = Instant::now();
+            let request = build_request(&job, &lease);
+            let sent = tokio::time::timeout_at(deadline, self.upstream.send(worker.http2, request));
+            let failure = match sent.await {
+                Err(_) => {
+                    waiting.armed = false;
+                    return Err((self.timed_out(lease), ending));
+                }
+                Ok(Ok(response)) => {
+                    let status = response.status().as_u16();
+                    if !matches!(status, 429 | 529) || !self.may_retry(AttemptFailure::AtCapacity, &job, &tried, &lease, attempts) {
+                        waiting.armed = false;
+                        return Ok(relay(response, lease, sent_at, deadline, ending));
+                    }
+                    AttemptFailure::AtCapacity
+                }
+                Ok(Err(e)) => {
+                    let failure = if e.is_connect() {
+                        AttemptFailure::Connect
+                    } else {
+                        AttemptFailure::Other
+                    };
+                    lease.settle(Outcome::Failure);
+                    self.count_upstream_error(&lease, if e.is_connect() { "connect" } else { "reset" });
+                    if !self.may_retry(failure, &job, &tried, &lease, attempts) {
+                        waiting.armed = false;
+                        let error = match failure {
+                            AttemptFailure::Connect => GatewayError::UpstreamUnreachable {
+                                model: job.pool.model.clone(),
+                                attempts,
+                            },
+                            _ => GatewayError::UpstreamFailed {
+                                worker: worker.id.clone(),
+                            },
+                        };
+                        return Err((error, ending));
+                    }
+                    failure
+                }
+            };
+            // Retry on another worker, after a backoff.
+            tried.push(worker.key);
+            drop(lease);
+            self.metrics
+                .retries
+                .get_or_create(&ReasonLabel {
+                    reason: match failure {
+                        AttemptFailure::AtCapacity => "at_capacity",
+                        _ => "connect",
+                    },
+                })
+                .inc();
+            let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
+            tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
+        }
+    }
+
+    /// Whether this failure may be tried again now: a safe kind, retries left, another worker
+    /// to try, and budget to spend (withdrawn only when everything else allows it).
+    fn may_retry(
+        &self,
+        failure: AttemptFailure,
+        job: &Job<'_>,
+        tried: &[u64],
+        lease: &Lease,
+        attempts: u32,
+    ) -> bool {
+        if !may_retry(failure, attempts - 1, self.retry.max_retries) {
+            return false;
+        }
+        let current = lease.worker().key;
+        let another = job
+            .pool
+            .workers
+            .iter()
+            .any(|w| w.key != current && !tried.contains(&w.key) && w.is_routable());
+        if !another {
+            return false;
+        }
+        if !self.budget.withdraw() {
+            self.metrics.retry_budget_exhausted.inc();
+            return false;
+        }
+        true
+    }
+
+    fn timed_out(&self, mut lease: Lease) -> GatewayError {
+        lease.settle(Outcome::Failure);
+        self.count_upstream_error(&lease, "timeout");
+        GatewayError::UpstreamTimeout {
+            worker: lease.worker().id.clone(),
+            timeout: self.request_timeout,
+        }
+    }
+
+    fn count_upstream_error(&self, lease: &Lease, kind: &'static str) {
+        self.metrics
+            .upstream_errors
+            .get_or_create(&UpstreamErrorLabels {
+                worker: lease.worker().id.to_string(),
+                kind,
+            })
+            .inc();
+    }
+}
+
+/// Counts a client that left while its request was still waiting for a worker's answer.
+struct WaitingGuard<'a> {
+    metrics: &'a Metrics,
+    route: &'static str,
+    armed: bool,
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.metrics
+                .cancellations
+                .get_or_create(&CancelLabels {
+                    route: self.route,
+                    stage: "waiting",
+                })
+                .inc();
+        }
+    }
+}
+
+fn build_request(job: &Job<'_>, lease: &Lease) -> UpstreamRequest {
+    let worker = lease.worker();
+    let path = job
+        .parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
+    let uri = Uri::from_parts({
+        let mut p = axum::http::uri::Parts::default();
+        p.scheme = Some(worker.scheme.clone());
+        p.authority = Some(worker.authority.clone());
+        p.path_and_query = Some(path);
+        p
+    })
+    .unwrap_or_default();
+    let mut request = Request::new(Full::new(job.body.clone()));
+    *request.method_mut() = job.parts.method.clone();
+    *request.uri_mut() = uri;
+    if worker.http2 {
+        *request.version_mut() = Version::HTTP_2;
+    }
+    let headers = request.headers_mut();
+    headers::copy_request_headers(&job.parts.headers, headers);
+    headers.insert(REQUEST_ID, job.request_id.clone());
+    if let Some(auth) = &worker.live().authorization {
+        headers.insert(axum::http::header::AUTHORIZATION, auth.clone());
+    }
+    request
+}
+
+/// Hands a worker's response to the stream-back stage.
+fn relay(
+    response: UpstreamResponse,
+    lease: Lease,
+    sent_at: Instant,
+    deadline: Instant,
+    mut ending: Ending,
+) -> Response<Body> {
+    let (mut parts, body) = response.into_parts();
+    let status = parts.status.as_u16();
+    headers::clean_response_headers(&mut parts.headers);
+    parts.version = Version::HTTP_11;
+    let sse = is_event_stream(&parts.headers);
+    ending.note_response(status);
+    ending
+        .metrics
+        .count_request(ending.route, status, "none");
+    let relay = Relay::new(body, lease, status, sse, sent_at, deadline, ending);
+    Response::from_parts(parts, Body::new(relay))
+}

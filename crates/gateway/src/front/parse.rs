@@ -1,0 +1,226 @@
+//! Reading a request body for what routing needs — and nothing else.
+//!
+//! The body is forwarded to the worker byte for byte, so it is never re-serialized: the fields the
+//! gateway needs are read as raw JSON slices borrowed from the body (`RawValue`) and only those are
+//! decoded. Everything else (sampling parameters, tools, images) passes through unread.
+//! A field with the wrong type is rejected here, naming it, before a worker spends anything on it.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::GatewayError;
+
+/// The OpenAI routes the gateway serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiRoute {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl ApiRoute {
+    pub fn path(self) -> &'static str {
+        match self {
+            ApiRoute::Chat => "/v1/chat/completions",
+            ApiRoute::Completions => "/v1/completions",
+            ApiRoute::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    /// The field holding the prompt, which the route requires.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            ApiRoute::Chat => "messages",
+            ApiRoute::Completions => "prompt",
+            ApiRoute::Embeddings => "input",
+        }
+    }
+}
+
+/// What routing needs from a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestFacts<'a> {
+    pub model: Option<Cow<'a, str>>,
+    pub stream: bool,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub max_tokens: Option<u64>,
+    pub user: Option<Cow<'a, str>>,
+    /// The raw JSON of the prompt (`messages`, `prompt` or `input`): what prefix affinity hashes
+    /// and the size estimate counts.
+    pub prompt: &'a [u8],
+}
+
+impl RequestFacts<'_> {
+    /// A rough prompt size in tokens (about 4 bytes of JSON per token), without a tokenizer.
+    pub fn prompt_tokens_estimate(&self) -> u64 {
+        (self.prompt.len() as u64).div_ceil(4)
+    }
+}
+
+#[derive(Deserialize)]
+struct Fields<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    user: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+/// Reads the facts of a request body for `route`.
+pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayError> {
+    // A derived struct would also accept a JSON array (field by position): refuse it first.
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(GatewayError::BodyNotObject);
+    }
+    let fields: Fields<'_> =
+        serde_json::from_slice(body).map_err(|e| GatewayError::InvalidJson {
+            detail: e.to_string(),
+        })?;
+    let prompt = match route {
+        ApiRoute::Chat => fields.messages,
+        ApiRoute::Completions => fields.prompt,
+        ApiRoute::Embeddings => fields.input,
+    };
+    let param = route.prompt_field();
+    let prompt = prompt.ok_or(GatewayError::MissingParameter { param })?;
+    let first = prompt.get().as_bytes().first().copied();
+    let prompt_ok = match route {
+        ApiRoute::Chat => first == Some(b'['),
+        ApiRoute::Completions | ApiRoute::Embeddings => matches!(first, Some(b'[' | b'"')),
+    };
+    if !prompt_ok {
+        return Err(GatewayError::InvalidType {
+            param,
+            expected: if route == ApiRoute::Chat {
+                "an array of messages"
+            } else {
+                "a string or an array"
+            },
+        });
+    }
+    let max_tokens = match fields.max_completion_tokens {
+        Some(raw) => Some(count(raw, "max_completion_tokens")?),
+        None => fields.max_tokens.map(|raw| count(raw, "max_tokens")).transpose()?,
+    };
+    Ok(RequestFacts {
+        model: fields.model.map(|raw| string(raw, "model")).transpose()?,
+        stream: fields
+            .stream
+            .map(|raw| boolean(raw, "stream"))
+            .transpose()?
+            .unwrap_or(false),
+        max_tokens,
+        user: fields.user.map(|raw| string(raw, "user")).transpose()?,
+        prompt: prompt.get().as_bytes(),
+    })
+}
+
+fn string<'a>(raw: &'a RawValue, param: &'static str) -> Result<Cow<'a, str>, GatewayError> {
+    let wrong = GatewayError::InvalidType {
+        param,
+        expected: "a string",
+    };
+    if !raw.get().starts_with('"') {
+        return Err(wrong);
+    }
+    if let Ok(s) = serde_json::from_str::<&str>(raw.get()) {
+        return Ok(Cow::Borrowed(s));
+    }
+    // Escapes: decoding needs an owned string.
+    serde_json::from_str::<String>(raw.get())
+        .map(Cow::Owned)
+        .map_err(|_| wrong)
+}
+
+fn boolean(raw: &RawValue, param: &'static str) -> Result<bool, GatewayError> {
+    serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidType {
+        param,
+        expected: "a boolean",
+    })
+}
+
+fn count(raw: &RawValue, param: &'static str) -> Result<u64, GatewayError> {
+    serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidType {
+        param,
+        expected: "a non-negative integer",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_only_what_routing_needs() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,
+            "max_tokens":7,"user":"u-1","temperature":0.2,"tools":[{"x":1}]}"#;
+        let f = parse(ApiRoute::Chat, body).unwrap();
+        assert_eq!(f.model.as_deref(), Some("m"));
+        assert!(matches!(f.model, Some(Cow::Borrowed(_))), "no copy");
+        assert!(f.stream);
+        assert_eq!(f.max_tokens, Some(7));
+        assert_eq!(f.user.as_deref(), Some("u-1"));
+        assert_eq!(f.prompt, br#"[{"role":"user","content":"hi"}]"#);
+    }
+
+    #[test]
+    fn nulls_are_absent_and_escapes_decode() {
+        let f = parse(
+            ApiRoute::Completions,
+            br#"{"model":"a\"b","prompt":"x","stream":null,"max_tokens":null,"max_completion_tokens":3}"#,
+        )
+        .unwrap();
+        assert_eq!(f.model.as_deref(), Some("a\"b"));
+        assert!(!f.stream);
+        assert_eq!(f.max_tokens, Some(3));
+        let e = parse(ApiRoute::Embeddings, br#"{"input":["a","b"]}"#).unwrap();
+        assert_eq!(e.model, None);
+    }
+
+    #[test]
+    fn every_bad_input_has_its_code_and_param() {
+        let cases: &[(ApiRoute, &str, &str, Option<&str>)] = &[
+            (ApiRoute::Chat, "{", "invalid_json", None),
+            (ApiRoute::Chat, "", "invalid_json", None),
+            (ApiRoute::Chat, "[1,2]", "invalid_type", None),
+            (ApiRoute::Chat, "\"text\"", "invalid_type", None),
+            (ApiRoute::Chat, "[1,", "invalid_json", None),
+            (ApiRoute::Chat, r#"{"model":"m"}"#, "missing_required_parameter", Some("messages")),
+            (ApiRoute::Completions, r#"{"model":"m"}"#, "missing_required_parameter", Some("prompt")),
+            (ApiRoute::Embeddings, r#"{"model":"m"}"#, "missing_required_parameter", Some("input")),
+            (ApiRoute::Chat, r#"{"model":5,"messages":[]}"#, "invalid_type", Some("model")),
+            (ApiRoute::Chat, r#"{"messages":"hi"}"#, "invalid_type", Some("messages")),
+            (ApiRoute::Completions, r#"{"prompt":5}"#, "invalid_type", Some("prompt")),
+            (ApiRoute::Chat, r#"{"messages":[],"stream":"yes"}"#, "invalid_type", Some("stream")),
+            (ApiRoute::Chat, r#"{"messages":[],"max_tokens":-1}"#, "invalid_type", Some("max_tokens")),
+            (ApiRoute::Chat, r#"{"messages":[],"max_tokens":1.5}"#, "invalid_type", Some("max_tokens")),
+            (ApiRoute::Chat, r#"{"messages":[],"user":{}}"#, "invalid_type", Some("user")),
+        ];
+        for (route, body, code, param) in cases {
+            let e = parse(*route, body.as_bytes()).unwrap_err();
+            assert_eq!((e.code(), e.param()), (*code, *param), "{body}");
+        }
+    }
+
+    #[test]
+    fn the_prompt_estimate_counts_bytes() {
+        let f = parse(ApiRoute::Completions, br#"{"prompt":"abcdefgh"}"#).unwrap();
+        assert_eq!(f.prompt_tokens_estimate(), 3, "10 bytes of JSON");
+    }
+}

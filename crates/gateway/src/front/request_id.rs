@@ -1,0 +1,53 @@
+//! `x-request-id`: a client's own id is kept when it is sane, otherwise one is made. The id goes
+//! to the worker and back to the client, so one request can be followed through every log.
+
+use axum::http::{HeaderMap, HeaderValue};
+
+use crate::forward::REQUEST_ID;
+
+/// Longest client id kept.
+const MAX_LEN: usize = 128;
+
+fn acceptable(id: &[u8]) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_LEN
+        && id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(b))
+}
+
+/// The client's id if it is acceptable, else a fresh random one.
+pub fn accept_or_make(headers: &HeaderMap) -> HeaderValue {
+    match headers.get(REQUEST_ID) {
+        Some(id) if acceptable(id.as_bytes()) => id.clone(),
+        _ => make(),
+    }
+}
+
+fn make() -> HeaderValue {
+    let id = format!("{:032x}", rand::random::<u128>());
+    #[allow(clippy::expect_used)]
+    HeaderValue::try_from(id).expect("hex is a valid header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(id: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(REQUEST_ID, HeaderValue::from_str(id).unwrap());
+        h
+    }
+
+    #[test]
+    fn sane_ids_are_kept_others_replaced() {
+        assert_eq!(accept_or_make(&with("req-42_a.b:c")), "req-42_a.b:c");
+        for bad in ["", "has space", "quote\"", &"x".repeat(129)] {
+            let id = accept_or_make(&with(bad));
+            assert_ne!(id, bad);
+            assert_eq!(id.len(), 32);
+        }
+        assert_eq!(accept_or_make(&HeaderMap::new()).len(), 32);
+    }
+}

@@ -1,0 +1,221 @@
+//! The gateway's Prometheus metrics (`sluice_*`), passed around explicitly — no global registry.
+//!
+//! Counters and histograms the request path moves are families here; per-worker handles are
+//! resolved once at registration (`WorkerMetrics`) so the hot path never builds a label set with
+//! a worker name in it. Facts that already live in the fleet (in-flight counts, circuit states,
+//! which workers exist) are not copied into gauges: `FleetCollector` reads them at scrape time,
+//! so a gauge can never disagree with what routing sees.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Buckets for time to first byte and whole requests: 5 ms to 5 minutes.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0,
+];
+
+/// Buckets for gaps between chunks of a stream: 1 ms to 10 s.
+const GAP_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: &'static str,
+    pub status: u16,
+    /// The gateway's error code, or `none` when a worker's answer was relayed.
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SelectionLabels {
+    pub policy: &'static str,
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub worker: String,
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CancelLabels {
+    pub route: &'static str,
+    /// `waiting` (before the response started) or `streaming`.
+    pub stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamErrorLabels {
+    pub worker: String,
+    /// `connect`, `timeout`, `reset` (before headers), `stream` (mid-body), `status_5xx`.
+    pub kind: &'static str,
+}
+
+/// Every metric family of one gateway.
+#[derive(Debug)]
+pub struct Metrics {
+    pub requests: Family<RequestLabels, Counter>,
+    pub duration: Family<RouteLabel, Histogram>,
+    pub ttft: Family<WorkerLabel, Histogram>,
+    pub inter_chunk: Family<WorkerLabel, Histogram>,
+    pub selections: Family<SelectionLabels, Counter>,
+    pub retries: Family<ReasonLabel, Counter>,
+    pub retry_budget_exhausted: Counter,
+    pub breaker_transitions: Family<TransitionLabels, Counter>,
+    pub cancellations: Family<CancelLabels, Counter>,
+    pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    pub access_log_dropped: Counter,
+}
+
+fn latency() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+fn gaps() -> Histogram {
+    Histogram::new(GAP_BUCKETS)
+}
+
+impl Metrics {
+    /// The families, registered in `registry` under the `sluice_` prefix.
+    pub fn register(registry: &mut Registry) -> Arc<Self> {
+        let m = Self {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(latency),
+            ttft: Family::new_with_constructor(latency),
+            inter_chunk: Family::new_with_constructor(gaps),
+            selections: Family::default(),
+            retries: Family::default(),
+            retry_budget_exhausted: Counter::default(),
+            breaker_transitions: Family::default(),
+            cancellations: Family::default(),
+            upstream_errors: Family::default(),
+            access_log_dropped: Counter::default(),
+        };
+        let r = registry;
+        r.register(
+            "requests",
+            "Requests answered, by route, status and gateway error code",
+            m.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from request to the end of the response (streams included)",
+            m.duration.clone(),
+        );
+        r.register(
+            "worker_ttft_seconds",
+            "Time from sending a request to a worker to its first response byte, as the gateway saw it",
+            m.ttft.clone(),
+        );
+        r.register(
+            "worker_inter_chunk_seconds",
+            "Gaps between response chunks of a worker, as the gateway saw them",
+            m.inter_chunk.clone(),
+        );
+        r.register(
+            "worker_selections",
+            "Workers chosen by the load-balancing policy",
+            m.selections.clone(),
+        );
+        r.register(
+            "retries",
+            "Attempts sent again to another worker, by reason (connect, at_capacity)",
+            m.retries.clone(),
+        );
+        r.register(
+            "retry_budget_exhausted",
+            "Retries refused because the retry budget was spent",
+            m.retry_budget_exhausted.clone(),
+        );
+        r.register(
+            "worker_circuit_transitions",
+            "Circuit breaker state changes",
+            m.breaker_transitions.clone(),
+        );
+        r.register(
+            "client_cancellations",
+            "Requests whose client went away before the response ended; the upstream request was dropped",
+            m.cancellations.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Failures talking to workers, by kind",
+            m.upstream_errors.clone(),
+        );
+        r.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind",
+            m.access_log_dropped.clone(),
+        );
+        Arc::new(m)
+    }
+
+    /// The handles one worker's requests touch.
+    pub fn for_worker(&self, worker: &str, policy: &'static str) -> WorkerMetrics {
+        let label = WorkerLabel {
+            worker: worker.to_string(),
+        };
+        WorkerMetrics {
+            ttft: self.ttft.get_or_create_owned(&label),
+            inter_chunk: self.inter_chunk.get_or_create_owned(&label),
+            selections: self.selections.get_or_create_owned(&SelectionLabels {
+                policy,
+                worker: worker.to_string(),
+            }),
+        }
+    }
+
+    /// Drops a removed worker's series.
+    pub fn forget_worker(&self, worker: &str, policy: &'static str) {
+        let label = WorkerLabel {
+            worker: worker.to_string(),
+        };
+        self.ttft.remove(&label);
+        self.inter_chunk.remove(&label);
+        self.selections.remove(&SelectionLabels {
+            policy,
+            worker: worker.to_string(),
+        });
+    }
+
+    pub fn count_request(&self, route: &'static str, status: u16, code: &'static str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                status,
+                code,
+            })
+            .inc();
+    }
+}
+
+/// Per-worker handles, resolved once.
+#[derive(Debug, Clone)]
+pub struct WorkerMetrics {
+    pub ttft: Histogram,
+    pub inter_chunk: Histogram,
+    pub selections: Counter,
+}

@@ -1,0 +1,159 @@
+//! The route stage: from a model name to one worker.
+//!
+//! The pool is the model's workers in the current snapshot; candidates are those a request could
+//! use now (Ready, circuit not open) and that this request has not already tried. The policy
+//! (`sluice_core::policy::choose`) picks among them; the pick must then get a permit from its
+//! circuit breaker (a half-open circuit lets only a few trials through), and if it cannot, the
+//! next pick is made without it.
+
+use sluice_core::policy::{choose, Candidate, Draw, Policy, RouteInput};
+use sluice_core::prefix::block_hashes;
+use sluice_core::ModelName;
+
+use crate::error::GatewayError;
+use crate::fleet::{Lease, Pool, Snapshot, Worker, WorkerStatus};
+
+/// Bytes per prefix block: about 16 tokens, an engine's KV block.
+const PREFIX_BLOCK_BYTES: usize = 64;
+/// Prefix blocks hashed per request at most (32 KiB of prompt): enough to tell conversations
+/// apart without hashing whole documents.
+const PREFIX_MAX_BLOCKS: usize = 512;
+
+/// What the route stage knows about one request.
+#[derive(Debug, Clone, Default)]
+pub struct RouteRequest {
+    pub input: RouteInput,
+    /// Prefix block hashes, only when the policy uses them.
+    pub blocks: Vec<u64>,
+}
+
+impl RouteRequest {
+    pub fn new(policy: &Policy, routing_key: Option<&[u8]>, prompt: &[u8]) -> Self {
+        let blocks = if policy.wants_prefix() {
+            block_hashes(prompt, PREFIX_BLOCK_BYTES, PREFIX_MAX_BLOCKS)
+        } else {
+            Vec::new()
+        };
+        Self {
+            input: RouteInput {
+                routing_key: routing_key.map(sluice_core::policy::key_of),
+                prefix_blocks: blocks.len() as u32,
+            },
+            blocks,
+        }
+    }
+}
+
+/// The pool serving `model`, or the answer for why there is none.
+pub fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool, GatewayError> {
+    let Some(model) = model else {
+        let mut pools = snapshot.pools.values();
+        return match (pools.next(), pools.next()) {
+            (Some(only), None) if snapshot.unresolved == 0 => Ok(only),
+            _ => Err(GatewayError::ModelRequired {
+                served: snapshot.pools.len().max(1),
+            }),
+        };
+    };
+    if let Some(pool) = snapshot.pools.get(model) {
+        return Ok(pool);
+    }
+    if snapshot.unresolved > 0 {
+        // A worker that has not answered yet may serve it: not a 404.
+        return Err(GatewayError::NoAvailableWorkers {
+            model: ModelName::new(model),
+            detail: format!(
+                " ({} registered worker(s) have not answered yet)",
+                snapshot.unresolved
+            ),
+        });
+    }
+    Err(GatewayError::ModelNotFound {
+        model: model.to_string(),
+    })
+}
+
+/// Picks a worker of `pool` for a request, skipping the workers (by key) in `tried`.
+pub fn select(
+    policy: &Policy,
+    pool: &Pool,
+    request: &RouteRequest,
+    tried: &[u64],
+) -> Result<Lease, GatewayError> {
+    let mut workers: Vec<&std::sync::Arc<Worker>> = pool
+        .workers
+        .iter()
+        .filter(|w| w.is_routable() && !tried.contains(&w.key))
+        .collect();
+    let mut candidates: Vec<Candidate> = workers
+        .iter()
+        .map(|w| Candidate {
+            key: w.key,
+            load: w.in_flight(),
+            prefix_match: 0,
+        })
+        .collect();
+    if policy.wants_prefix() && !request.blocks.is_empty() {
+        pool.state
+            .prefix
+            .lock()
+            .annotate(&request.blocks, &mut candidates);
+    }
+    while !candidates.is_empty() {
+        let draw = Draw {
+            ticket: pool
+                .state
+                .ticket
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            random: rand::random(),
+        };
+        let Some(i) = choose(policy, &candidates, &request.input, draw) else {
+            break;
+        };
+        let worker = workers[i];
+        if let Some(permit) = worker.breaker.try_admit() {
+            if policy.wants_prefix() && !request.blocks.is_empty() {
+                pool.state.prefix.lock().insert(&request.blocks, worker.key);
+            }
+            worker.metrics.selections.inc();
+            return Ok(Lease::new(worker.clone(), permit));
+        }
+        // Its half-open trial is taken (or it just opened): choose among the others.
+        candidates.swap_remove(i);
+        workers.swap_remove(i);
+    }
+    Err(no_workers(pool, tried))
+}
+
+fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
+    let (mut pending, mut draining, mut open, mut failed) = (0, 0, 0, 0);
+    for w in &pool.workers {
+        if tried.contains(&w.key) {
+            failed += 1;
+        } else if w.status() == WorkerStatus::Pending {
+            pending += 1;
+        } else if w.status() == WorkerStatus::Draining {
+            draining += 1;
+        } else {
+            open += 1;
+        }
+    }
+    let reasons: Vec<String> = [
+        (pending, "not reached yet"),
+        (draining, "draining"),
+        (open, "circuit open"),
+        (failed, "already tried"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, why)| format!("{n} {why}"))
+    .collect();
+    GatewayError::NoAvailableWorkers {
+        model: pool.model.clone(),
+        detail: if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", reasons.join(", "))
+        },
+    }
+}
