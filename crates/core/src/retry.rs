@@ -1,10 +1,13 @@
 //! When a failed attempt may be tried again, and how long to wait first.
 //!
-//! Why so narrow? An LLM request is not idempotent in cost: a request the worker received may
+//! Why so narrow? An LLM request is not idempotent in cost: a request a live worker received may
 //! already be prefilling, and sending it again doubles the work on a fleet that is probably
-//! struggling. So only two failures are retried: the connection never carried the request (the
-//! worker cannot have started it), or the worker said explicitly that it is at capacity (429 or
-//! 529) and did nothing. Everything after the first byte reached the client is final.
+//! struggling. So only failures where no worker is doing the work are retried: the connection
+//! never carried the request; the connection died before any answer (the worker process went
+//! away, and its work with it — a retry costs a prefill, never a second answer); or the worker
+//! said explicitly that it is at capacity (429 or 529) and did nothing. A timeout is not retried
+//! (the worker may still be working), nor is any answer. Everything after the first byte reached
+//! the client is final.
 //!
 //! The budget that bounds retries across requests (so a fleet-wide outage does not become a
 //! retry storm) is tower's `TpsBudget`, used by the gateway; this module decides per attempt.
@@ -16,9 +19,11 @@ use std::time::Duration;
 pub enum AttemptFailure {
     /// The connection could not be made: the request never left the gateway.
     Connect,
+    /// The connection was lost before any response byte: the worker died with the request.
+    Dropped,
     /// The worker answered 429 or 529: it is full and did not start the request.
     AtCapacity,
-    /// Anything else (reset after sending, timeout, 5xx): the worker may have started the work.
+    /// Anything else (a timeout): the worker may still be doing the work.
     Other,
 }
 
@@ -108,6 +113,7 @@ mod tests {
     fn only_safe_failures_are_retried() {
         assert!(may_retry(AttemptFailure::Connect, 0, 2));
         assert!(may_retry(AttemptFailure::AtCapacity, 1, 2));
+        assert!(may_retry(AttemptFailure::Dropped, 0, 1));
         assert!(!may_retry(AttemptFailure::Connect, 2, 2));
         assert!(!may_retry(AttemptFailure::Other, 0, 2));
     }

@@ -86,7 +86,10 @@ impl AccessLog {
     }
 }
 
-async fn write_lines(mut rx: mpsc::Receiver<AccessRecord>, out: Box<dyn AsyncWrite + Send + Unpin>) {
+async fn write_lines(
+    mut rx: mpsc::Receiver<AccessRecord>,
+    out: Box<dyn AsyncWrite + Send + Unpin>,
+) {
     let mut out = BufWriter::new(out);
     let mut line = Vec::with_capacity(512);
     while let Some(record) = rx.recv().await {

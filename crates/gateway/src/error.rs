@@ -81,7 +81,9 @@ pub enum GatewayError {
     ShuttingDown,
     #[error("Invalid worker spec: {message}")]
     InvalidWorkerSpec { field: String, message: String },
-    #[error("A worker with URL {url} is already registered as {id}; change it with PUT /workers/{id}")]
+    #[error(
+        "A worker with URL {url} is already registered as {id}; change it with PUT /workers/{id}"
+    )]
     WorkerExists { url: String, id: WorkerId },
     #[error("No worker with id '{id}'")]
     WorkerNotFound { id: String },
@@ -232,7 +234,10 @@ impl IntoResponse for GatewayError {
         );
         headers.insert(ERROR_CODE_HEADER, HeaderValue::from_static(self.code()));
         if let Some(wait) = self.retry_after() {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(wait.as_secs().max(1)));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(wait.as_secs().max(1)),
+            );
         }
         response
     }

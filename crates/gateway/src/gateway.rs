@@ -188,7 +188,10 @@ impl Gateway {
     /// Turns readiness to `draining` and refuses new requests, without stopping.
     pub fn begin_shutdown(&self) {
         if !self.app.draining.swap(true, Ordering::SeqCst) {
-            info!(in_flight = self.in_flight.count(), "shutting down: draining requests in flight");
+            info!(
+                in_flight = self.in_flight.count(),
+                "shutting down: draining requests in flight"
+            );
         }
     }
 

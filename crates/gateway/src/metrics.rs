@@ -142,7 +142,7 @@ impl Metrics {
         );
         r.register(
             "retries",
-            "Attempts sent again to another worker, by reason (connect, at_capacity)",
+            "Attempts sent again to another worker, by reason (connect, dropped, at_capacity)",
             m.retries.clone(),
         );
         r.register(

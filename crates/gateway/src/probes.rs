@@ -47,7 +47,11 @@ async fn ready(State(app): State<Arc<App>>) -> Response<Body> {
         None
     };
     let body = Readiness {
-        status: if reason.is_some() { "not_ready" } else { "ready" },
+        status: if reason.is_some() {
+            "not_ready"
+        } else {
+            "ready"
+        },
         healthy_workers: healthy,
         total_workers: snapshot.workers.len(),
         reason,

@@ -19,6 +19,7 @@
 //! - `fleet` — several engines in one process, crash and restart, ground-truth state.
 //! - `control` — the control listener's routes over a fleet.
 //! - `profile`, `config` — timing presets and validated engine settings.
+//! - `testkit` — a small HTTP client and fleet helpers for black-box tests against the sim.
 
 pub mod api;
 #[cfg(feature = "cli")]
@@ -32,6 +33,7 @@ pub mod profile;
 pub mod request;
 pub mod scheduler;
 mod server;
+pub mod testkit;
 
 pub use config::{EngineConfig, Flavor};
 pub use faults::{Fault, LoadEndpointMode};

@@ -81,8 +81,8 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
             merged.insert(key, value);
         }
     }
-    let mut settings = Settings::deserialize(merged)
-        .map_err(|source| ConfigError::File { path, source })?;
+    let mut settings =
+        Settings::deserialize(merged).map_err(|source| ConfigError::File { path, source })?;
     settings.config = cli.config;
     settings.print_config = cli.print_config;
     Ok(settings)
@@ -112,7 +112,11 @@ impl Settings {
             },
             backoff: Backoff {
                 initial: Duration::from_millis(self.retry_initial_backoff_ms),
-                multiplier: at_least("retry-backoff-multiplier", self.retry_backoff_multiplier, 1.0)?,
+                multiplier: at_least(
+                    "retry-backoff-multiplier",
+                    self.retry_backoff_multiplier,
+                    1.0,
+                )?,
                 max: Duration::from_millis(self.retry_max_backoff_ms),
                 jitter: fraction("retry-jitter-factor", self.retry_jitter_factor)?,
             },
@@ -138,7 +142,10 @@ impl Settings {
                 None => None,
             },
             max_payload_size: self.max_payload_size,
-            header_read_timeout: positive_seconds("header-read-timeout-secs", self.header_read_timeout_secs)?,
+            header_read_timeout: positive_seconds(
+                "header-read-timeout-secs",
+                self.header_read_timeout_secs,
+            )?,
             connect_timeout: positive_seconds("connect-timeout-secs", self.connect_timeout_secs)?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
@@ -149,7 +156,10 @@ impl Settings {
                 self.worker_startup_check_interval_secs,
             )?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
-            shutdown_grace: seconds("shutdown-grace-period-secs", self.shutdown_grace_period_secs)?,
+            shutdown_grace: seconds(
+                "shutdown-grace-period-secs",
+                self.shutdown_grace_period_secs,
+            )?,
             metrics_listen: match self.prometheus_port {
                 Some(port) => Some(SocketAddr::new(
                     parse_host("prometheus-host", &self.prometheus_host)?,
@@ -337,7 +347,14 @@ mod tests {
             "port = 9000\npolicy = \"least_load\"\nworker_urls = [\"http://127.0.0.1:1\"]\n",
         )
         .unwrap();
-        let s = load_args(&["sluice", "--config", path.to_str().unwrap(), "--port", "9100"]).unwrap();
+        let s = load_args(&[
+            "sluice",
+            "--config",
+            path.to_str().unwrap(),
+            "--port",
+            "9100",
+        ])
+        .unwrap();
         assert_eq!(s.port, 9100, "the flag wins");
         assert_eq!(s.policy, "least_load", "the file fills in");
         assert_eq!(s.worker_urls, vec!["http://127.0.0.1:1"]);

@@ -35,7 +35,12 @@ pub struct Settings {
     pub worker_urls: Vec<String>,
 
     /// API key sent to the `--worker-urls` workers as a bearer token.
-    #[arg(long, value_name = "KEY", env = "SLUICE_WORKER_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "SLUICE_WORKER_API_KEY",
+        hide_env_values = true
+    )]
     #[serde(default)]
     pub worker_api_key: Option<String>,
 
@@ -68,13 +73,24 @@ pub struct Settings {
 
     /// Data-plane API keys clients must send as `Authorization: Bearer <key>` (repeatable). None:
     /// the OpenAI routes are open.
-    #[arg(long = "api-key", value_name = "KEY", env = "SLUICE_API_KEYS", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "SLUICE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     #[serde(default)]
     pub api_keys: Vec<String>,
 
     /// Key for the admin API's mutations (`POST/PUT/PATCH/DELETE /workers`). None: they are
     /// refused with 403.
-    #[arg(long, value_name = "KEY", env = "SLUICE_ADMIN_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "SLUICE_ADMIN_API_KEY",
+        hide_env_values = true
+    )]
     #[serde(default)]
     pub admin_api_key: Option<String>,
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use sluice_core::breaker::{Breaker, BreakerConfig, BreakerState, Outcome, Ticket, Transition};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -26,6 +26,8 @@ pub struct WorkerBreaker {
     /// Wakes the timer when the circuit opens.
     opened: Notify,
     metrics: Arc<Metrics>,
+    /// The fleet's change signal, bumped on every transition.
+    changed: Arc<watch::Sender<u64>>,
 }
 
 /// Permission to send one request to the worker; hand it back through `record` or `release`.
@@ -49,13 +51,19 @@ fn decode(state: u8) -> BreakerState {
 }
 
 impl WorkerBreaker {
-    pub fn new(worker: &str, cfg: Option<BreakerConfig>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        worker: &str,
+        cfg: Option<BreakerConfig>,
+        metrics: Arc<Metrics>,
+        changed: Arc<watch::Sender<u64>>,
+    ) -> Self {
         Self {
             worker: worker.to_string(),
             inner: cfg.map(|cfg| parking_lot::Mutex::new(Breaker::new(cfg))),
             state: AtomicU8::new(encode(BreakerState::Closed)),
             opened: Notify::new(),
             metrics,
+            changed,
         }
     }
 
@@ -104,6 +112,7 @@ impl WorkerBreaker {
             return;
         };
         self.state.store(encode(t.to), Ordering::Release);
+        self.changed.send_modify(|v| *v += 1);
         self.metrics
             .breaker_transitions
             .get_or_create(&TransitionLabels {
@@ -117,7 +126,9 @@ impl WorkerBreaker {
                 warn!(worker = %self.worker, from = t.from.as_str(), "circuit opened");
                 self.opened.notify_one();
             }
-            _ => info!(worker = %self.worker, from = t.from.as_str(), to = t.to.as_str(), "circuit changed"),
+            _ => {
+                info!(worker = %self.worker, from = t.from.as_str(), to = t.to.as_str(), "circuit changed")
+            }
         }
     }
 
@@ -162,7 +173,13 @@ mod tests {
             open_timeout: Duration::from_secs(30),
             half_open_trials: 1,
         };
-        let breaker = Arc::new(WorkerBreaker::new("w1", Some(cfg), metrics.clone()));
+        let changed = Arc::new(watch::channel(0).0);
+        let breaker = Arc::new(WorkerBreaker::new(
+            "w1",
+            Some(cfg),
+            metrics.clone(),
+            changed,
+        ));
         let timer = tokio::spawn(breaker.clone().run_timer());
         for _ in 0..2 {
             let p = breaker.try_admit().unwrap();
@@ -180,11 +197,13 @@ mod tests {
         let p = breaker.try_admit().unwrap();
         breaker.record(p, Outcome::Success);
         assert_eq!(breaker.state(), BreakerState::Closed);
-        let opened = metrics.breaker_transitions.get_or_create(&TransitionLabels {
-            worker: "w1".into(),
-            from: "closed",
-            to: "open",
-        });
+        let opened = metrics
+            .breaker_transitions
+            .get_or_create(&TransitionLabels {
+                worker: "w1".into(),
+                from: "closed",
+                to: "open",
+            });
         assert_eq!(opened.get(), 1);
         timer.abort();
     }
@@ -192,7 +211,7 @@ mod tests {
     #[tokio::test]
     async fn a_disabled_breaker_admits_everything() {
         let metrics = Metrics::register(&mut Registry::default());
-        let breaker = WorkerBreaker::new("w1", None, metrics);
+        let breaker = WorkerBreaker::new("w1", None, metrics, Arc::new(watch::channel(0).0));
         for _ in 0..100 {
             let p = breaker.try_admit().unwrap();
             breaker.record(p, Outcome::Failure);

@@ -50,7 +50,9 @@ impl Collector for FleetCollector {
         )?;
         for w in &snapshot.workers {
             let url = w.live().spec.url.clone();
-            let flavor = w.info().map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
+            let flavor = w
+                .info()
+                .map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
             let status = match w.status() {
                 super::WorkerStatus::Pending => "pending",
                 super::WorkerStatus::Ready => "ready",

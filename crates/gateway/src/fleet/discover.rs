@@ -137,7 +137,10 @@ mod tests {
         let vllm = br#"{"object":"list","data":[{"id":"meta-llama/Llama-3.1-8B-Instruct","object":"model","created":1,"owned_by":"vllm","root":"/models/x","parent":null,"max_model_len":8192}]}"#;
         let info = parse_models(vllm).unwrap();
         assert_eq!(info.flavor, "vllm");
-        assert_eq!(info.models[0].id.as_str(), "meta-llama/Llama-3.1-8B-Instruct");
+        assert_eq!(
+            info.models[0].id.as_str(),
+            "meta-llama/Llama-3.1-8B-Instruct"
+        );
         assert_eq!(info.models[0].card["max_model_len"], 8192);
         let sglang = br#"{"object":"list","data":[{"id":"a","owned_by":"sglang"},{"id":"b","owned_by":"sglang"}]}"#;
         assert_eq!(parse_models(sglang).unwrap().models.len(), 2);

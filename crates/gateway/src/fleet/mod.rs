@@ -21,6 +21,7 @@ use serde::Serialize;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::info;
 
@@ -111,6 +112,8 @@ pub enum Removal {
 /// The fleet and its snapshot.
 pub struct Fleet {
     snapshot: ArcSwap<Snapshot>,
+    /// Bumped on every change a reader could notice (snapshot, circuit), for `until`.
+    changed: Arc<watch::Sender<u64>>,
     registry: parking_lot::Mutex<Registry>,
     settings: FleetSettings,
     upstream: Upstream,
@@ -121,6 +124,7 @@ impl Fleet {
     pub fn new(settings: FleetSettings, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            changed: Arc::new(watch::channel(0).0),
             registry: parking_lot::Mutex::new(Registry::default()),
             settings,
             upstream,
@@ -133,10 +137,29 @@ impl Fleet {
         self.snapshot.load_full()
     }
 
+    /// Waits until the fleet satisfies `done` (checked now and after every change), and returns
+    /// the snapshot that did.
+    pub async fn until(&self, mut done: impl FnMut(&Snapshot) -> bool) -> Arc<Snapshot> {
+        let mut changes = self.changed.subscribe();
+        loop {
+            let snapshot = self.snapshot();
+            if done(&snapshot) {
+                return snapshot;
+            }
+            if changes.changed().await.is_err() {
+                return snapshot;
+            }
+        }
+    }
+
     /// Registers a worker; it is `Pending` until it answers `/v1/models`.
     pub fn add(self: &Arc<Self>, spec: WorkerSpec) -> Result<Arc<Worker>, GatewayError> {
         let mut registry = self.registry.lock();
-        if let Some(existing) = registry.entries.iter().find(|e| e.worker.live().spec.url == spec.url) {
+        if let Some(existing) = registry
+            .entries
+            .iter()
+            .find(|e| e.worker.live().spec.url == spec.url)
+        {
             return Err(GatewayError::WorkerExists {
                 url: spec.url,
                 id: existing.worker.id.clone(),
@@ -152,7 +175,11 @@ impl Fleet {
     }
 
     /// Replaces a worker's whole spec and registers it again under the same id.
-    pub fn replace(self: &Arc<Self>, id: &str, spec: WorkerSpec) -> Result<Arc<Worker>, GatewayError> {
+    pub fn replace(
+        self: &Arc<Self>,
+        id: &str,
+        spec: WorkerSpec,
+    ) -> Result<Arc<Worker>, GatewayError> {
         let mut registry = self.registry.lock();
         if let Some(other) = registry
             .entries
@@ -164,7 +191,11 @@ impl Fleet {
                 id: other.worker.id.clone(),
             });
         }
-        let Some(at) = registry.entries.iter().position(|e| e.worker.id.as_str() == id) else {
+        let Some(at) = registry
+            .entries
+            .iter()
+            .position(|e| e.worker.id.as_str() == id)
+        else {
             return Err(not_found(id));
         };
         let id = registry.entries[at].worker.id.clone();
@@ -237,7 +268,11 @@ impl Fleet {
     /// A worker answered `/v1/models`: it serves these models and is ready.
     fn learned(&self, worker: &Arc<Worker>, info: WorkerInfo) {
         let mut registry = self.registry.lock();
-        if !registry.entries.iter().any(|e| Arc::ptr_eq(&e.worker, worker)) {
+        if !registry
+            .entries
+            .iter()
+            .any(|e| Arc::ptr_eq(&e.worker, worker))
+        {
             return;
         }
         let models: Vec<_> = info.models.iter().map(|m| m.id.to_string()).collect();
@@ -254,6 +289,7 @@ impl Fleet {
             id.as_str(),
             self.settings.breaker,
             self.metrics.clone(),
+            self.changed.clone(),
         ));
         let worker = Arc::new(Worker::new(
             id.clone(),
@@ -319,6 +355,7 @@ impl Fleet {
             pools,
             unresolved,
         }));
+        self.changed.send_modify(|v| *v += 1);
     }
 }
 
@@ -328,7 +365,10 @@ fn not_found(id: &str) -> GatewayError {
 
 /// `w` and 8 hex digits of the URL's hash: stable across restarts, and says nothing of the URL.
 fn unique_id(registry: &Registry, url: &str) -> WorkerId {
-    let base = format!("w{:08x}", sluice_core::policy::key_of(url.as_bytes()) as u32);
+    let base = format!(
+        "w{:08x}",
+        sluice_core::policy::key_of(url.as_bytes()) as u32
+    );
     let taken = |id: &str| registry.entries.iter().any(|e| e.worker.id.as_str() == id);
     let mut id = base.clone();
     let mut n = 2;

@@ -184,7 +184,12 @@ fn normalize_url(url: &str) -> Result<String, SpecError> {
                 "https workers are not supported: sluice speaks plain HTTP to workers",
             ))
         }
-        _ => return Err(spec_error("url", format!("'{url}' must start with http://"))),
+        _ => {
+            return Err(spec_error(
+                "url",
+                format!("'{url}' must start with http://"),
+            ))
+        }
     }
     let Some(authority) = uri.authority() else {
         return Err(spec_error("url", format!("'{url}' has no host")));
@@ -239,7 +244,10 @@ mod tests {
         assert_eq!(field_of(r#"{"url":"not a url"}"#), "url");
         assert_eq!(field_of(r#"{"url":"http://x:1","http2":"yes"}"#), "http2");
         assert_eq!(field_of(r#"{"url":"http://x:1","api_key":""}"#), "api_key");
-        assert_eq!(field_of(r#"{"url":"http://x:1","labels":{"a":1}}"#), "labels.a");
+        assert_eq!(
+            field_of(r#"{"url":"http://x:1","labels":{"a":1}}"#),
+            "labels.a"
+        );
         assert_eq!(field_of(r#"{"url":"http://x:1","helth":{}}"#), "helth");
         assert_eq!(field_of(r#"[1]"#), "body");
         assert_eq!(field_of(r#"{"url":"#), "body");

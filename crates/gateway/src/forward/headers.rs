@@ -23,9 +23,11 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-/// Headers that carry the client's credentials or are the client's business alone.
-const CLIENT_ONLY: [HeaderName; 7] = [
+/// Headers that carry the client's credentials or are the client's business alone. The length is
+/// set again from the body actually sent.
+const CLIENT_ONLY: [HeaderName; 8] = [
     header::HOST,
+    header::CONTENT_LENGTH,
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
     header::COOKIE,
@@ -112,12 +114,16 @@ mod tests {
             ("x-session-id", "s1"),
             ("x-request-id", "client-id"),
             ("openai-organization", "org"),
+            ("content-length", "12"),
         ]);
         let mut to = HeaderMap::new();
         copy_request_headers(&from, &mut to);
         let mut kept: Vec<_> = to.keys().map(|k| k.as_str().to_string()).collect();
         kept.sort();
-        assert_eq!(kept, vec!["content-type", "openai-organization", "x-session-id"]);
+        assert_eq!(
+            kept,
+            vec!["content-type", "openai-organization", "x-session-id"]
+        );
     }
 
     #[test]

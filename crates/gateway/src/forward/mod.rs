@@ -2,7 +2,8 @@
 //! the response to the stream-back stage.
 //!
 //! Retries (see `sluice_core::retry` for why so few): a connection that never carried the request,
-//! or a worker's explicit at-capacity answer (429, 529), is tried again on a *different* worker,
+//! a connection lost before any answer (the worker died), or a worker's explicit at-capacity
+//! answer (429, 529), is tried again on a *different* worker,
 //! after an exponential, jittered backoff, at most `--retry-max-retries` times, and only while
 //! the retry budget (tower's `TpsBudget`: retries stay under a share of recent requests) allows —
 //! so a fleet-wide outage does not multiply its own load. When no other worker is left, the last
@@ -124,7 +125,15 @@ impl Forwarder {
                 }
                 Ok(Ok(response)) => {
                     let status = response.status().as_u16();
-                    if !matches!(status, 429 | 529) || !self.may_retry(AttemptFailure::AtCapacity, &job, &tried, &lease, attempts) {
+                    if !matches!(status, 429 | 529)
+                        || !self.may_retry(
+                            AttemptFailure::AtCapacity,
+                            &job,
+                            &tried,
+                            &lease,
+                            attempts,
+                        )
+                    {
                         waiting.armed = false;
                         return Ok(relay(response, lease, sent_at, deadline, ending));
                     }
@@ -134,20 +143,24 @@ impl Forwarder {
                     let failure = if e.is_connect() {
                         AttemptFailure::Connect
                     } else {
-                        AttemptFailure::Other
+                        AttemptFailure::Dropped
                     };
                     lease.settle(Outcome::Failure);
-                    self.count_upstream_error(&lease, if e.is_connect() { "connect" } else { "reset" });
+                    self.count_upstream_error(
+                        &lease,
+                        if e.is_connect() { "connect" } else { "reset" },
+                    );
                     if !self.may_retry(failure, &job, &tried, &lease, attempts) {
                         waiting.armed = false;
-                        let error = match failure {
-                            AttemptFailure::Connect => GatewayError::UpstreamUnreachable {
+                        let error = if attempts > 1 || failure == AttemptFailure::Connect {
+                            GatewayError::UpstreamUnreachable {
                                 model: job.pool.model.clone(),
                                 attempts,
-                            },
-                            _ => GatewayError::UpstreamFailed {
+                            }
+                        } else {
+                            GatewayError::UpstreamFailed {
                                 worker: worker.id.clone(),
-                            },
+                            }
                         };
                         return Err((error, ending));
                     }
@@ -162,6 +175,7 @@ impl Forwarder {
                 .get_or_create(&ReasonLabel {
                     reason: match failure {
                         AttemptFailure::AtCapacity => "at_capacity",
+                        AttemptFailure::Dropped => "dropped",
                         _ => "connect",
                     },
                 })
@@ -286,9 +300,7 @@ fn relay(
     parts.version = Version::HTTP_11;
     let sse = is_event_stream(&parts.headers);
     ending.note_response(status);
-    ending
-        .metrics
-        .count_request(ending.route, status, "none");
+    ending.metrics.count_request(ending.route, status, "none");
     let relay = Relay::new(body, lease, status, sse, sent_at, deadline, ending);
     Response::from_parts(parts, Body::new(relay))
 }

@@ -75,20 +75,33 @@ mod tests {
         assert!(keys.check_client(&auth("Bearer k2")).is_ok());
         assert!(keys.check_client(&auth("bearer k1")).is_ok());
         for bad in ["Bearer k3", "Bearer ", "k1", "Basic k1", "Bearer k1 "] {
-            assert_eq!(keys.check_client(&auth(bad)), Err(GatewayError::InvalidApiKey), "{bad}");
+            assert_eq!(
+                keys.check_client(&auth(bad)),
+                Err(GatewayError::InvalidApiKey),
+                "{bad}"
+            );
         }
-        assert_eq!(keys.check_client(&HeaderMap::new()), Err(GatewayError::InvalidApiKey));
+        assert_eq!(
+            keys.check_client(&HeaderMap::new()),
+            Err(GatewayError::InvalidApiKey)
+        );
     }
 
     #[test]
     fn admin_key() {
         let none = Keys::default();
-        assert_eq!(none.check_admin(&auth("Bearer x")), Err(GatewayError::AdminDisabled));
+        assert_eq!(
+            none.check_admin(&auth("Bearer x")),
+            Err(GatewayError::AdminDisabled)
+        );
         let keys = Keys {
             client: vec![],
             admin: Some("root".into()),
         };
         assert!(keys.check_admin(&auth("Bearer root")).is_ok());
-        assert_eq!(keys.check_admin(&auth("Bearer roo")), Err(GatewayError::InvalidAdminKey));
+        assert_eq!(
+            keys.check_admin(&auth("Bearer roo")),
+            Err(GatewayError::InvalidAdminKey)
+        );
     }
 }

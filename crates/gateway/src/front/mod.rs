@@ -124,7 +124,8 @@ async fn openai(app: &App, route: ApiRoute, request: Request) -> Response<Body> 
         Err((error, mut ending)) => {
             let status = error.status().as_u16();
             ending.note_error(status, error.code());
-            app.metrics.count_request(route.path(), status, error.code());
+            app.metrics
+                .count_request(route.path(), status, error.code());
             ending.finish(0, false, false);
             error.into_response()
         }
@@ -162,6 +163,13 @@ async fn serve(
     }
     let snapshot = app.fleet.snapshot();
     let pool = check!(route::pool(&snapshot, facts.model.as_deref()));
+    // The only model served was chosen for a request without one: say so to the worker too,
+    // by splicing the field in (the rest of the body stays byte for byte).
+    let body = if facts.model.is_none() {
+        with_model(&body, pool.model.as_str())
+    } else {
+        body.clone()
+    };
     let routing_key = parts
         .headers
         .get(&app.routing_key_header)
@@ -177,6 +185,21 @@ async fn serve(
         target: &target,
     };
     app.forwarder.forward(job, ending).await
+}
+
+/// `body` (a JSON object) with `"model":<model>` as its first field.
+fn with_model(body: &Bytes, model: &str) -> Bytes {
+    let Some(open) = body.iter().position(|b| *b == b'{') else {
+        return body.clone();
+    };
+    let field = serde_json::to_string(model).unwrap_or_default();
+    let mut out = Vec::with_capacity(body.len() + field.len() + 10);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(b"\"model\":");
+    out.extend_from_slice(field.as_bytes());
+    out.push(b',');
+    out.extend_from_slice(&body[open + 1..]);
+    Bytes::from(out)
 }
 
 /// A body that says it is something other than JSON is refused; no content type is accepted.
@@ -200,7 +223,11 @@ fn require_json(headers: &HeaderMap) -> Result<(), GatewayError> {
 
 /// Reads the whole body, refusing one over `limit` bytes whether it declares its length or is
 /// chunked.
-pub async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError> {
+pub async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, GatewayError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -258,10 +285,27 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response<Bod
                     .find(|m| &m.id == name)
                     .map(|m| m.card.clone())
             });
-            Some(card.unwrap_or_else(|| {
-                serde_json::json!({"id": name, "object": "model", "owned_by": "sluice"})
-            }))
+            Some(card.unwrap_or_else(
+                || serde_json::json!({"id": name, "object": "model", "owned_by": "sluice"}),
+            ))
         })
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_is_spliced_in_without_touching_the_rest() {
+        let body = Bytes::from_static(b" {\"messages\":[], \"x\": 1.50}");
+        let out = with_model(&body, "m\"1");
+        assert_eq!(
+            &out[..],
+            b" {\"model\":\"m\\\"1\",\"messages\":[], \"x\": 1.50}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["model"], "m\"1");
+    }
 }

@@ -116,7 +116,10 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
     }
     let max_tokens = match fields.max_completion_tokens {
         Some(raw) => Some(count(raw, "max_completion_tokens")?),
-        None => fields.max_tokens.map(|raw| count(raw, "max_tokens")).transpose()?,
+        None => fields
+            .max_tokens
+            .map(|raw| count(raw, "max_tokens"))
+            .transpose()?,
     };
     Ok(RequestFacts {
         model: fields.model.map(|raw| string(raw, "model")).transpose()?,
@@ -201,16 +204,66 @@ mod tests {
             (ApiRoute::Chat, "[1,2]", "invalid_type", None),
             (ApiRoute::Chat, "\"text\"", "invalid_type", None),
             (ApiRoute::Chat, "[1,", "invalid_json", None),
-            (ApiRoute::Chat, r#"{"model":"m"}"#, "missing_required_parameter", Some("messages")),
-            (ApiRoute::Completions, r#"{"model":"m"}"#, "missing_required_parameter", Some("prompt")),
-            (ApiRoute::Embeddings, r#"{"model":"m"}"#, "missing_required_parameter", Some("input")),
-            (ApiRoute::Chat, r#"{"model":5,"messages":[]}"#, "invalid_type", Some("model")),
-            (ApiRoute::Chat, r#"{"messages":"hi"}"#, "invalid_type", Some("messages")),
-            (ApiRoute::Completions, r#"{"prompt":5}"#, "invalid_type", Some("prompt")),
-            (ApiRoute::Chat, r#"{"messages":[],"stream":"yes"}"#, "invalid_type", Some("stream")),
-            (ApiRoute::Chat, r#"{"messages":[],"max_tokens":-1}"#, "invalid_type", Some("max_tokens")),
-            (ApiRoute::Chat, r#"{"messages":[],"max_tokens":1.5}"#, "invalid_type", Some("max_tokens")),
-            (ApiRoute::Chat, r#"{"messages":[],"user":{}}"#, "invalid_type", Some("user")),
+            (
+                ApiRoute::Chat,
+                r#"{"model":"m"}"#,
+                "missing_required_parameter",
+                Some("messages"),
+            ),
+            (
+                ApiRoute::Completions,
+                r#"{"model":"m"}"#,
+                "missing_required_parameter",
+                Some("prompt"),
+            ),
+            (
+                ApiRoute::Embeddings,
+                r#"{"model":"m"}"#,
+                "missing_required_parameter",
+                Some("input"),
+            ),
+            (
+                ApiRoute::Chat,
+                r#"{"model":5,"messages":[]}"#,
+                "invalid_type",
+                Some("model"),
+            ),
+            (
+                ApiRoute::Chat,
+                r#"{"messages":"hi"}"#,
+                "invalid_type",
+                Some("messages"),
+            ),
+            (
+                ApiRoute::Completions,
+                r#"{"prompt":5}"#,
+                "invalid_type",
+                Some("prompt"),
+            ),
+            (
+                ApiRoute::Chat,
+                r#"{"messages":[],"stream":"yes"}"#,
+                "invalid_type",
+                Some("stream"),
+            ),
+            (
+                ApiRoute::Chat,
+                r#"{"messages":[],"max_tokens":-1}"#,
+                "invalid_type",
+                Some("max_tokens"),
+            ),
+            (
+                ApiRoute::Chat,
+                r#"{"messages":[],"max_tokens":1.5}"#,
+                "invalid_type",
+                Some("max_tokens"),
+            ),
+            (
+                ApiRoute::Chat,
+                r#"{"messages":[],"user":{}}"#,
+                "invalid_type",
+                Some("user"),
+            ),
         ];
         for (route, body, code, param) in cases {
             let e = parse(*route, body.as_bytes()).unwrap_err();

@@ -134,7 +134,9 @@ impl Tail {
     }
 
     fn ends_with_done(&self) -> bool {
-        self.buf[..self.len].trim_ascii_end().ends_with(b"data: [DONE]")
+        self.buf[..self.len]
+            .trim_ascii_end()
+            .ends_with(b"data: [DONE]")
     }
 }
 

@@ -3,6 +3,7 @@
 //! | route | vLLM | SGLang |
 //! | --- | --- | --- |
 //! | `POST /v1/chat/completions`, `POST /v1/completions` | yes | yes |
+//! | `POST /v1/embeddings` (hash vectors, no scheduling) | yes | yes |
 //! | `GET /v1/models` | `owned_by: vllm` | `owned_by: sglang` |
 //! | `GET /health` | 200 while alive (also `/ping`) | fails after 20 s without output (also `/health_generate`) |
 //! | `GET /metrics` | `vllm:*` | `sglang:*` |
@@ -11,6 +12,7 @@
 //!
 //! The `hang` fault is applied here to every route: the request is accepted and never answered.
 
+mod embed;
 mod errors;
 mod generate;
 mod load;
@@ -106,6 +108,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let common = Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
+        .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(load::models))
         .route("/metrics", get(load::metrics));
     let flavored = match state.engine.config().flavor {

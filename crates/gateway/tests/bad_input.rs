@@ -1,0 +1,214 @@
+//! Every row of the bad-input table, against the real gateway: each answer is the OpenAI error
+//! object with the right status, code and param, and nothing reaches a worker.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn setup() -> Setup {
+    start(1, instant(Flavor::Vllm), |c| {
+        c.max_payload_size = 4096;
+        c.header_read_timeout = Duration::from_millis(300);
+    })
+    .await
+}
+
+fn assert_error(a: &Answer, status: u16, code_: &str, param: Option<&str>) {
+    assert_eq!(a.status, status, "{}", a.text());
+    assert_eq!(code(a).as_deref(), Some(code_));
+    let e = &a.json()["error"];
+    assert_eq!(e["code"], code_);
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(e["type"].is_string());
+    assert_eq!(e["param"].as_str(), param);
+}
+
+#[tokio::test]
+async fn malformed_and_mistyped_bodies() {
+    let s = setup().await;
+    let url = s.url("/v1/chat/completions");
+    let cases: &[(&str, &str, Option<&str>)] = &[
+        (
+            r#"{"model":"test-model","messages":["#,
+            "invalid_json",
+            None,
+        ),
+        (r#"["not", "an", "object"]"#, "invalid_type", None),
+        (
+            r#"{"model":7,"messages":[]}"#,
+            "invalid_type",
+            Some("model"),
+        ),
+        (
+            r#"{"model":"test-model","messages":"hi"}"#,
+            "invalid_type",
+            Some("messages"),
+        ),
+        (
+            r#"{"model":"test-model","messages":[],"stream":"yes"}"#,
+            "invalid_type",
+            Some("stream"),
+        ),
+        (
+            r#"{"model":"test-model","messages":[],"max_tokens":"9"}"#,
+            "invalid_type",
+            Some("max_tokens"),
+        ),
+        (
+            r#"{"model":"test-model"}"#,
+            "missing_required_parameter",
+            Some("messages"),
+        ),
+    ];
+    for (body, code_, param) in cases {
+        let a = post(&s.client, &url, body).await;
+        assert_error(&a, 400, code_, *param);
+    }
+    let a = post(
+        &s.client,
+        &s.url("/v1/completions"),
+        r#"{"model":"test-model"}"#,
+    )
+    .await;
+    assert_error(&a, 400, "missing_required_parameter", Some("prompt"));
+    assert_eq!(s.received(), vec![0], "nothing reached the worker");
+}
+
+#[tokio::test]
+async fn models_unknown_missing_and_defaulted() {
+    let s = setup().await;
+    let a = s.chat(&chat_body("no-such-model", "hi", 4, false)).await;
+    assert_error(&a, 404, "model_not_found", Some("model"));
+    // One model served: a request without `model` goes to it.
+    let a = s
+        .chat(r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#)
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert!(code(&a).is_none());
+
+    // Two models served: `model` is required.
+    let other = SimFleet::start(FleetConfig::local(
+        1,
+        EngineConfig::new(
+            Flavor::Sglang,
+            "other-model",
+            sluice_sim::Profile::named("instant").unwrap(),
+        ),
+    ))
+    .await
+    .unwrap();
+    let mut urls = s.sims.urls();
+    urls.extend(other.urls());
+    let gateway = Gateway::start(Config::local(&urls)).await.unwrap();
+    bounded("ready", gateway.fleet().until(all_ready)).await;
+    let a = post(
+        &s.client,
+        &format!("{}/v1/chat/completions", gateway.url()),
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_error(&a, 400, "missing_required_parameter", Some("model"));
+}
+
+#[tokio::test]
+async fn oversized_bodies_plain_and_chunked() {
+    let s = setup().await;
+    let big = chat_body("test-model", &"x".repeat(5000), 4, false);
+    let a = s.chat(&big).await;
+    assert_error(&a, 413, "request_body_too_large", None);
+
+    // Chunked, no length declared: cut off at the limit all the same.
+    let mut tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          transfer-encoding: chunked\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    for _ in 0..6 {
+        let chunk = format!("400\r\n{}\r\n", "y".repeat(1024));
+        if tcp.write_all(chunk.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let mut answer = vec![0u8; 4096];
+    let n = bounded("413", tcp.read(&mut answer)).await.unwrap();
+    let head = String::from_utf8_lossy(&answer[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(
+        head.contains("x-sluice-error-code: request_body_too_large"),
+        "{head}"
+    );
+    assert_eq!(s.received(), vec![0]);
+}
+
+#[tokio::test]
+async fn routes_methods_and_content_types() {
+    let s = setup().await;
+    let a = get(&s.client, &s.url("/v1/nothing")).await;
+    assert_error(&a, 404, "unknown_url", None);
+    let a = get(&s.client, &s.url("/v1/chat/completions")).await;
+    assert_error(&a, 405, "method_not_allowed", None);
+    assert_eq!(a.headers["allow"], "POST");
+    let a = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        None,
+        &[("content-type", "application/x-www-form-urlencoded")],
+    )
+    .await;
+    assert_error(&a, 415, "unsupported_media_type", None);
+}
+
+#[tokio::test]
+async fn a_client_that_sends_headers_too_slowly_is_cut_off() {
+    let s = setup().await;
+    let mut tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    // The header-read timeout is 300 ms: the gateway closes the connection (408 or a bare close).
+    let mut rest = Vec::new();
+    let read = bounded("the cut", tcp.read_to_end(&mut rest)).await;
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        read.is_err() || rest.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn data_plane_keys_are_enforced() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.api_keys = vec!["k-1".into(), "k-2".into()]
+    })
+    .await;
+    let body = chat_body("test-model", "hi", 2, false);
+    let url = s.url("/v1/chat/completions");
+    let a = post(&s.client, &url, &body).await;
+    assert_error(&a, 401, "invalid_api_key", None);
+    let a = send(
+        &s.client,
+        "POST",
+        &url,
+        Some(&body),
+        &[("authorization", "Bearer k-3")],
+    )
+    .await;
+    assert_error(&a, 401, "invalid_api_key", None);
+    let a = send(
+        &s.client,
+        "POST",
+        &url,
+        Some(&body),
+        &[("authorization", "Bearer k-2")],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+}
