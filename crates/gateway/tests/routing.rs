@@ -1,0 +1,193 @@
+//! Which worker each policy picks, seen from the engines' own request counts.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use sluice_core::policy::{CacheAware, Policy};
+
+async fn with_policy(engines: usize, engine: EngineConfig, policy: Policy) -> Setup {
+    start(engines, engine, |c| c.policy = policy).await
+}
+
+#[tokio::test]
+async fn round_robin_spreads_evenly() {
+    let s = with_policy(3, instant(Flavor::Vllm), Policy::RoundRobin).await;
+    for i in 0..30 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("q{i}"), 2, false))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(s.received(), vec![10, 10, 10]);
+}
+
+#[tokio::test]
+async fn random_reaches_every_worker() {
+    let s = with_policy(3, instant(Flavor::Vllm), Policy::Random).await;
+    for i in 0..60 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("q{i}"), 2, false))
+                .await
+                .status,
+            200
+        );
+    }
+    let got = s.received();
+    assert_eq!(got.iter().sum::<u64>(), 60);
+    assert!(got.iter().all(|&n| n >= 5), "{got:?}");
+}
+
+/// Opens `n` long streams and returns them once each has its first chunk (they hold the load).
+async fn hold_streams(s: &Setup, n: usize) -> Vec<hyper::Response<hyper::body::Incoming>> {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let request = http::Request::post(s.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
+                "test-model",
+                &format!("long {i}"),
+                4000,
+                true,
+            ))))
+            .unwrap();
+        let mut response = s.client.request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        use http_body_util::BodyExt;
+        bounded("first chunk", response.body_mut().frame())
+            .await
+            .unwrap()
+            .unwrap();
+        held.push(response);
+    }
+    held
+}
+
+fn busy_engines(s: &Setup) -> Vec<usize> {
+    s.sims
+        .engines()
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.state().running > 0)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[tokio::test]
+async fn least_load_avoids_busy_workers() {
+    let s = with_policy(3, timed(Flavor::Vllm, 1.0), Policy::LeastLoad).await;
+    let held = hold_streams(&s, 2).await;
+    let busy = busy_engines(&s);
+    assert_eq!(busy.len(), 2, "the two streams went to different workers");
+    let before = s.received();
+    for i in 0..6 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("s{i}"), 1, false))
+                .await
+                .status,
+            200
+        );
+    }
+    let after = s.received();
+    for b in busy {
+        assert_eq!(
+            after[b], before[b],
+            "a busy worker got a request: {after:?}"
+        );
+    }
+    drop(held);
+}
+
+#[tokio::test]
+async fn power_of_two_never_picks_the_one_busy_worker() {
+    let s = with_policy(3, timed(Flavor::Vllm, 1.0), Policy::PowerOfTwo).await;
+    let held = hold_streams(&s, 1).await;
+    let busy = busy_engines(&s)[0];
+    let before = s.received()[busy];
+    for i in 0..12 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("s{i}"), 1, false))
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(s.received()[busy], before);
+    drop(held);
+}
+
+#[tokio::test]
+async fn consistent_hash_sticks_to_the_session_header_or_the_user() {
+    let s = with_policy(4, instant(Flavor::Vllm), Policy::ConsistentHash).await;
+    let url = s.url("/v1/chat/completions");
+    let mut homes = std::collections::HashSet::new();
+    for session in 0..8 {
+        let before = s.received();
+        for _ in 0..5 {
+            let a = send(
+                &s.client,
+                "POST",
+                &url,
+                Some(&chat_body("test-model", "hi", 1, false)),
+                &[("x-session-id", &format!("session-{session}"))],
+            )
+            .await;
+            assert_eq!(a.status, 200);
+        }
+        let after = s.received();
+        let moved: Vec<usize> = (0..4).filter(|&i| after[i] != before[i]).collect();
+        assert_eq!(
+            moved.len(),
+            1,
+            "one session, one worker: {before:?} -> {after:?}"
+        );
+        assert_eq!(after[moved[0]] - before[moved[0]], 5);
+        homes.insert(moved[0]);
+    }
+    assert!(homes.len() >= 2, "sessions spread over workers");
+
+    let before = s.received();
+    for _ in 0..4 {
+        let body = r#"{"model":"test-model","user":"alice","messages":[{"role":"user","content":"x"}],"max_tokens":1}"#;
+        assert_eq!(s.chat(body).await.status, 200);
+    }
+    let after = s.received();
+    assert_eq!((0..4).filter(|&i| after[i] != before[i]).count(), 1);
+}
+
+#[tokio::test]
+async fn cache_aware_keeps_a_conversation_on_one_worker() {
+    let s = with_policy(
+        3,
+        instant(Flavor::Vllm),
+        Policy::CacheAware(CacheAware::default()),
+    )
+    .await;
+    let system = "You are a careful assistant. ".repeat(40);
+    let mut homes = Vec::new();
+    for conversation in 0..3 {
+        let before = s.received();
+        for turn in 0..4 {
+            let body = serde_json::json!({
+                "model": "test-model",
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "system", "content": format!("conversation {conversation}. {system}")},
+                    {"role": "user", "content": format!("turn {turn}")},
+                ],
+            });
+            assert_eq!(s.chat(&body.to_string()).await.status, 200);
+        }
+        let after = s.received();
+        let moved: Vec<usize> = (0..3).filter(|&i| after[i] != before[i]).collect();
+        assert_eq!(
+            moved.len(),
+            1,
+            "a shared prefix stays on one worker: {before:?} -> {after:?}"
+        );
+        homes.push(moved[0]);
+    }
+    homes.sort();
+    homes.dedup();
+    assert!(homes.len() >= 2, "different prefixes spread: {homes:?}");
+}
