@@ -1,0 +1,259 @@
+//! What crosses the gateway, byte for byte: streams relayed untouched, headers filtered, request
+//! ids echoed, a worker's death mid-stream reported without `[DONE]`, and a client's departure
+//! reaching the engine as an abort.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::routing;
+use axum::Router;
+use bytes::Bytes;
+use common::*;
+use futures_util::stream;
+use http_body_util::BodyExt;
+
+/// The SSE chunks the fake engine sends, exactly.
+const CHUNKS: [&str; 4] = [
+    "data: {\"id\":\"c1\",\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+    "data: {\"id\":\"c1\",\"choices\":[{\"delta\":{\"content\":\"lo \\u00e9\"}}]}\n\n",
+    ": a comment line engines may send\n\ndata: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"total_tokens\":3}}\n\n",
+    "data: [DONE]\n\n",
+];
+
+fn chunked(chunks: Vec<Result<Bytes, std::io::Error>>) -> Body {
+    Body::from_stream(stream::unfold(chunks.into_iter(), |mut rest| async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        rest.next().map(|c| (c, rest))
+    }))
+}
+
+fn sse(body: Body) -> axum::response::Response {
+    axum::response::Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("x-sluice-error-code", "forged-by-worker")
+        .header("x-engine", "fake")
+        .body(body)
+        .unwrap()
+}
+
+/// A fake engine: a known stream, a header echo, and a stream that dies.
+async fn fake_engine() -> String {
+    let app = Router::new()
+        .route(
+            "/v1/models",
+            routing::get(|| async {
+                axum::Json(serde_json::json!({"data":[{"id":"fake","owned_by":"vllm"}]}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            routing::post(|| async {
+                sse(chunked(
+                    CHUNKS.iter().map(|c| Ok(Bytes::from(*c))).collect(),
+                ))
+            }),
+        )
+        .route(
+            "/v1/completions",
+            routing::post(|headers: HeaderMap, body: Bytes| async move {
+                let seen: serde_json::Map<String, serde_json::Value> = headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_str().unwrap().into()))
+                    .collect();
+                axum::Json(
+                    serde_json::json!({"headers": seen, "body": String::from_utf8_lossy(&body)}),
+                )
+            }),
+        )
+        .route(
+            "/v1/embeddings",
+            routing::post(|| async {
+                sse(chunked(vec![
+                    Ok(Bytes::from(CHUNKS[0])),
+                    Err(std::io::Error::other("engine died")),
+                ]))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+async fn gateway_over(url: String, tune: impl FnOnce(&mut Config)) -> Gateway {
+    let mut config = Config::local(&[url]);
+    config.workers[0].api_key = Some("worker-secret".into());
+    tune(&mut config);
+    let gateway = Gateway::start(config).await.unwrap();
+    bounded("ready", gateway.fleet().until(all_ready)).await;
+    gateway
+}
+
+#[tokio::test]
+async fn a_stream_arrives_byte_for_byte() {
+    let gateway = gateway_over(fake_engine().await, |_| {}).await;
+    let c = client();
+    let a = post(
+        &c,
+        &format!("{}/v1/chat/completions", gateway.url()),
+        r#"{"model":"fake","messages":[],"stream":true}"#,
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.body, Bytes::from(CHUNKS.concat()));
+    assert_eq!(a.headers["x-engine"], "fake");
+    assert!(
+        a.headers.get("x-sluice-error-code").is_none(),
+        "a worker cannot forge the gateway's code"
+    );
+    assert_eq!(
+        a.headers["x-request-id"].len(),
+        32,
+        "an id is made when the client sends none"
+    );
+}
+
+#[tokio::test]
+async fn headers_cross_filtered_and_the_request_id_round_trips() {
+    let gateway = gateway_over(fake_engine().await, |c| {
+        c.api_keys = vec!["client-key".into()]
+    })
+    .await;
+    let c = client();
+    let body = r#"{"model":"fake","prompt":"p",  "temperature": 0.70}"#;
+    let a = send(
+        &c,
+        "POST",
+        &format!("{}/v1/completions", gateway.url()),
+        Some(body),
+        &[
+            ("authorization", "Bearer client-key"),
+            ("cookie", "session=1"),
+            ("x-request-id", "trace-abc-123"),
+            ("x-session-id", "s-9"),
+            ("connection", "keep-alive"),
+        ],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.headers["x-request-id"], "trace-abc-123");
+    let seen = a.json();
+    let h = &seen["headers"];
+    assert_eq!(
+        h["authorization"], "Bearer worker-secret",
+        "the worker's key, not the client's"
+    );
+    assert_eq!(h["x-request-id"], "trace-abc-123");
+    assert_eq!(h["x-session-id"], "s-9");
+    assert!(h.get("cookie").is_none());
+    assert_eq!(
+        seen["body"], body,
+        "the body is forwarded unchanged, spacing and all"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_dying_mid_stream_gets_an_error_event_and_no_done() {
+    let gateway = gateway_over(fake_engine().await, |_| {}).await;
+    let c = client();
+    let a = post(
+        &c,
+        &format!("{}/v1/embeddings", gateway.url()),
+        r#"{"model":"fake","input":"x"}"#,
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let events = a.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let error: serde_json::Value = serde_json::from_str(&events[1]).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_stream_interrupted");
+    assert_eq!(error["error"]["type"], "server_error");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        !message.contains("127.0.0.1"),
+        "no worker URL in what a client sees: {message}"
+    );
+    assert!(!a.text().contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn a_stream_cut_short_without_done_is_reported() {
+    let s = start(1, instant(Flavor::Vllm), |_| {}).await;
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(Fault::CutStreams)
+        .await
+        .unwrap();
+    let a = s.chat(&chat_body("test-model", "hi", 40, true)).await;
+    let events = a.events();
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_stream_interrupted");
+    assert!(!a.text().contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn sim_streams_end_with_usage_and_done() {
+    let s = start(2, instant(Flavor::Sglang), |_| {}).await;
+    let body = r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":12,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let a = s.chat(body).await;
+    let events = a.events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let usage: serde_json::Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+}
+
+#[tokio::test]
+async fn a_client_leaving_a_stream_aborts_it_in_the_engine() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |_| {}).await;
+    let request = http::Request::post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(chat_body(
+            "test-model",
+            "hi",
+            4000,
+            true,
+        ))))
+        .unwrap();
+    let mut response = s.client.request(request).await.unwrap();
+    bounded("a chunk", response.body_mut().frame())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(response);
+    let engine = s.sims.engine(0).unwrap();
+    let state = bounded("the abort", engine.until(|st| st.aborted == 1)).await;
+    assert_eq!(state.running, 0);
+    assert_eq!(state.kv_blocks_used, 0, "its KV cache is free");
+}
+
+#[tokio::test]
+async fn a_client_leaving_before_the_answer_aborts_it_too() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |_| {}).await;
+    let client = s.client.clone();
+    let url = s.url("/v1/chat/completions");
+    let waiting = tokio::spawn(async move {
+        post(&client, &url, &chat_body("test-model", "hi", 4000, false)).await
+    });
+    let engine = s.sims.engine(0).unwrap();
+    bounded("running", engine.until(|st| st.running == 1)).await;
+    waiting.abort();
+    bounded("the abort", engine.until(|st| st.aborted == 1)).await;
+    bounded("no longer in flight", async {
+        while s.gateway.in_flight() > 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(
+            r#"sluice_client_cancellations_total{route="/v1/chat/completions",stage="waiting"} 1"#
+        ),
+        "{metrics}"
+    );
+}
