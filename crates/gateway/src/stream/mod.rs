@@ -201,6 +201,13 @@ impl Relay {
         }
     }
 
+    /// The worker finished the response.
+    fn complete(&mut self) {
+        self.lease.settle(outcome_of(self.status));
+        self.finish(false, false);
+        self.state = State::Done;
+    }
+
     /// The worker failed mid-body: settle, count, and decide what the client gets.
     fn fail(&mut self, kind: &'static str) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
         self.lease.settle(Outcome::Failure);
@@ -245,6 +252,11 @@ impl Body for Relay {
                 if let Some(data) = frame.data_ref() {
                     this.observe(data);
                 }
+                // A body of known length is over with its last byte; the server will not poll
+                // again to see the end, so the end is taken now.
+                if this.inner.is_end_stream() && !this.sse {
+                    this.complete();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(_))) => this.fail("stream"),
@@ -252,9 +264,7 @@ impl Body for Relay {
                 if this.sse && this.status == 200 && !this.tail.ends_with_done() {
                     return this.fail("stream");
                 }
-                this.lease.settle(outcome_of(this.status));
-                this.finish(false, false);
-                this.state = State::Done;
+                this.complete();
                 Poll::Ready(None)
             }
             Poll::Pending => match this.deadline.as_mut().poll(cx) {

@@ -1,0 +1,252 @@
+//! Workers failing under the gateway: a crash under load, a circuit that opens and recovers on
+//! time, a worker that cannot be reached at startup.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sluice_core::breaker::{BreakerConfig, BreakerState};
+use sluice_core::policy::Policy;
+
+#[tokio::test]
+async fn a_crash_under_steady_load_loses_no_request() {
+    let s = start(3, timed(Flavor::Vllm, 20.0), |c| {
+        c.policy = Policy::RoundRobin
+    })
+    .await;
+    let mut clients = Vec::new();
+    for worker in 0..8 {
+        let client = s.client.clone();
+        let url = s.url("/v1/chat/completions");
+        clients.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..12 {
+                let body = chat_body("test-model", &format!("c{worker} r{i}"), 30, false);
+                let a = post(&client, &url, &body).await;
+                statuses.push((a.status, a.text()));
+            }
+            statuses
+        }));
+    }
+    let victim = s.sims.engine(0).unwrap();
+    bounded("load on the victim", victim.until(|st| st.running >= 2)).await;
+    victim.crash().await;
+    for c in clients {
+        for (status, text) in bounded("clients", c).await.unwrap() {
+            assert_eq!(status, 200, "{text}");
+        }
+    }
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains("sluice_retries_total"),
+        "the lost attempts were retried"
+    );
+}
+
+#[tokio::test]
+async fn the_breaker_opens_and_recovers_on_time() {
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        c.policy = Policy::RoundRobin;
+        c.breaker = Some(BreakerConfig {
+            failure_threshold: 3,
+            success_threshold: 1,
+            open_timeout: Duration::from_millis(400),
+            half_open_trials: 1,
+        });
+    })
+    .await;
+    let sick = s.sims.engine(0).unwrap();
+    sick.fault(Fault::ErrorRate { rate: 1.0 }).await.unwrap();
+    let sick_id = s.gateway.fleet().snapshot().workers[0].id.clone();
+    let open = |snap: &Snapshot| {
+        snap.workers
+            .iter()
+            .any(|w| w.id == sick_id && w.breaker.state() == BreakerState::Open)
+    };
+    let mut errors = 0;
+    for i in 0..12 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("q{i}"), 1, false))
+            .await;
+        if a.status == 500 {
+            errors += 1;
+        }
+        if open(&s.gateway.fleet().snapshot()) {
+            break;
+        }
+    }
+    assert_eq!(errors, 3, "the circuit opened at the third failure");
+    let view = get(&s.client, &s.url(&format!("/workers/{sick_id}")))
+        .await
+        .json();
+    assert_eq!(view["circuit"]["state"], "open");
+    assert_eq!(view["routable"], false);
+
+    // While open, every request goes to the healthy worker.
+    for i in 0..6 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("o{i}"), 1, false))
+                .await
+                .status,
+            200
+        );
+    }
+    sick.fault(Fault::Clear).await.unwrap();
+    // Half-open on time, without a request to notice it.
+    bounded(
+        "half-open",
+        s.gateway.fleet().until(|snap| {
+            snap.workers
+                .iter()
+                .any(|w| w.id == sick_id && w.breaker.state() == BreakerState::HalfOpen)
+        }),
+    )
+    .await;
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(&format!(
+            "sluice_worker_circuit_state{{worker=\"{sick_id}\"}} 2"
+        )),
+        "{metrics}"
+    );
+    // One successful trial closes it.
+    for i in 0..4 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("t{i}"), 1, false))
+                .await
+                .status,
+            200
+        );
+    }
+    bounded(
+        "closed",
+        s.gateway.fleet().until(|snap| {
+            snap.workers
+                .iter()
+                .all(|w| w.breaker.state() == BreakerState::Closed)
+        }),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_worker_stays_visible_and_its_model_is_unavailable_not_unknown() {
+    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    let engine = sims.engine(0).unwrap();
+    engine.crash().await;
+    let mut config = Config::local(&sims.urls());
+    config.startup_check_interval = Duration::from_millis(50);
+    let gateway = Gateway::start(config).await.unwrap();
+    let c = client();
+    let workers = get(&c, &format!("{}/workers", gateway.url())).await.json();
+    assert_eq!(workers["total"], 1);
+    assert_eq!(workers["workers"][0]["status"], "pending");
+    assert_eq!(workers["workers"][0]["routable"], false);
+
+    let a = post(
+        &c,
+        &format!("{}/v1/chat/completions", gateway.url()),
+        &chat_body("test-model", "hi", 1, false),
+    )
+    .await;
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert_eq!(code(&a).as_deref(), Some("no_available_workers"));
+    assert!(a.headers.get("retry-after").is_some());
+    let ready = get(&c, &format!("{}/readiness", gateway.url())).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["reason"], "insufficient healthy workers");
+
+    engine.fault(Fault::Restart).await.unwrap();
+    bounded("registration", gateway.fleet().until(all_ready)).await;
+    let a = post(
+        &c,
+        &format!("{}/v1/chat/completions", gateway.url()),
+        &chat_body("test-model", "hi", 1, false),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        get(&c, &format!("{}/readiness", gateway.url()))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn connection_failures_on_every_worker_end_in_502_without_urls() {
+    let s = start(2, instant(Flavor::Vllm), |c| c.policy = Policy::RoundRobin).await;
+    for e in s.sims.engines() {
+        e.crash().await;
+    }
+    let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
+    assert_eq!(a.status, 502, "{}", a.text());
+    assert_eq!(code(&a).as_deref(), Some("upstream_unreachable"));
+    assert!(!a.text().contains("127.0.0.1"), "{}", a.text());
+}
+
+#[tokio::test]
+async fn at_capacity_answers_are_retried_on_another_worker() {
+    // A worker with a hard cap of 1 + 2 requests, filled directly; and a roomy one.
+    let mut tight = timed(Flavor::Vllm, 1.0);
+    tight.engine_request_limit = Some(1);
+    tight.request_queue_limit = 2;
+    let full = SimFleet::start(FleetConfig::local(1, tight)).await.unwrap();
+    let roomy = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    let c = client();
+    let direct = format!("{}/v1/chat/completions", full.urls()[0]);
+    let mut fillers = Vec::new();
+    for i in 0..3 {
+        let (c, url) = (c.clone(), direct.clone());
+        fillers.push(tokio::spawn(async move {
+            post(
+                &c,
+                &url,
+                &chat_body("test-model", &format!("fill {i}"), 4000, false),
+            )
+            .await
+        }));
+    }
+    let full_engine = full.engine(0).unwrap();
+    bounded(
+        "the cap is reached",
+        full_engine
+            .until(|st| st.engine_requests.unwrap_or(0) + st.queued_requests.unwrap_or(0) == 3),
+    )
+    .await;
+    assert_eq!(
+        post(&c, &direct, &chat_body("test-model", "x", 1, false))
+            .await
+            .status,
+        529
+    );
+
+    let mut config = Config::local(&[full.urls()[0].clone(), roomy.urls()[0].clone()]);
+    config.policy = Policy::RoundRobin;
+    let gateway = Gateway::start(config).await.unwrap();
+    bounded("ready", gateway.fleet().until(all_ready)).await;
+    let refused_before = full_engine.state().rejected;
+    for i in 0..6 {
+        let a = post(
+            &c,
+            &format!("{}/v1/chat/completions", gateway.url()),
+            &chat_body("test-model", &format!("s{i}"), 1, false),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let metrics = get(&c, &format!("{}/metrics", gateway.url())).await.text();
+    let refused = full_engine.state().rejected - refused_before;
+    assert!(refused >= 1, "the full worker was tried");
+    let line = format!(r#"sluice_retries_total{{reason="at_capacity"}} {refused}"#);
+    assert!(metrics.contains(&line), "every 529 was retried: {metrics}");
+    for f in fillers {
+        f.abort();
+    }
+}
