@@ -1,0 +1,194 @@
+//! The admin API: who may change workers, and what each change does.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const KEY: &str = "admin-secret";
+
+async fn admin(
+    s: &Setup,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> Answer {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    send(&s.client, method, &s.url(path), body, &headers).await
+}
+
+#[tokio::test]
+async fn without_an_admin_key_mutations_are_refused_with_a_hint() {
+    let s = start(1, instant(Flavor::Vllm), |_| {}).await;
+    let a = admin(
+        &s,
+        "POST",
+        "/workers",
+        Some(r#"{"url":"http://127.0.0.1:1"}"#),
+        Some("guess"),
+    )
+    .await;
+    assert_eq!(a.status, 403);
+    assert_eq!(code(&a).as_deref(), Some("admin_api_disabled"));
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--admin-api-key"));
+    let id = s.gateway.fleet().snapshot().workers[0].id.to_string();
+    assert_eq!(
+        admin(&s, "DELETE", &format!("/workers/{id}"), None, None)
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        admin(&s, "GET", "/workers", None, None).await.status,
+        200,
+        "reading is open"
+    );
+}
+
+#[tokio::test]
+async fn workers_are_registered_changed_and_removed() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.admin_api_key = Some(KEY.into());
+        c.drain_settle = Duration::from_millis(100);
+    })
+    .await;
+    let extra = SimFleet::start(FleetConfig::local(1, instant(Flavor::Sglang)))
+        .await
+        .unwrap();
+    let url = extra.urls()[0].clone();
+    let spec = format!(r#"{{"url":"{url}","labels":{{"zone":"a"}}}}"#);
+
+    assert_eq!(
+        admin(&s, "POST", "/workers", Some(&spec), None)
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        admin(&s, "POST", "/workers", Some(&spec), Some("wrong"))
+            .await
+            .status,
+        401
+    );
+    let bad = admin(
+        &s,
+        "POST",
+        "/workers",
+        Some(r#"{"url":"https://x:1"}"#),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "url");
+    let bad = admin(
+        &s,
+        "POST",
+        "/workers",
+        Some(&format!(r#"{{"url":"{url}","helth":{{}}}}"#)),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(bad.json()["error"]["param"], "helth");
+    assert_eq!(
+        s.gateway.fleet().snapshot().workers.len(),
+        1,
+        "nothing invalid was registered"
+    );
+
+    let created = admin(&s, "POST", "/workers", Some(&spec), Some(KEY)).await;
+    assert_eq!(created.status, 202, "{}", created.text());
+    let id = created.json()["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        created.headers["location"],
+        format!("/workers/{id}").as_str()
+    );
+    let dup = admin(&s, "POST", "/workers", Some(&spec), Some(KEY)).await;
+    assert_eq!(dup.status, 409);
+    assert!(dup.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("PUT"));
+
+    bounded(
+        "the new worker ready",
+        s.gateway
+            .fleet()
+            .until(|snap| all_ready(snap) && snap.workers.len() == 2),
+    )
+    .await;
+    let shown = admin(&s, "GET", &format!("/workers/{id}"), None, None)
+        .await
+        .json();
+    assert_eq!(shown["status"], "ready");
+    assert_eq!(shown["flavor"], "sglang");
+    assert_eq!(shown["spec"]["labels"]["zone"], "a");
+    assert_eq!(shown["circuit"]["state"], "closed");
+
+    let patched = admin(
+        &s,
+        "PATCH",
+        &format!("/workers/{id}"),
+        Some(r#"{"labels":{"zone":"b"}}"#),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(patched.status, 200);
+    assert_eq!(patched.json()["spec"]["labels"]["zone"], "b");
+    let refused = admin(
+        &s,
+        "PATCH",
+        &format!("/workers/{id}"),
+        Some(r#"{"url":"http://127.0.0.1:2"}"#),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(refused.status, 400);
+
+    let replaced = admin(
+        &s,
+        "PUT",
+        &format!("/workers/{id}"),
+        Some(&format!(r#"{{"url":"{url}"}}"#)),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(replaced.status, 202);
+    assert_eq!(replaced.json()["id"], id.as_str(), "same id");
+
+    bounded("ready again", s.gateway.fleet().until(all_ready)).await;
+    let gone = admin(&s, "DELETE", &format!("/workers/{id}"), None, Some(KEY)).await;
+    assert_eq!(gone.status, 202);
+    assert_eq!(gone.json()["status"], "draining");
+    let drained = s.gateway.fleet().snapshot();
+    assert!(
+        drained
+            .pools
+            .values()
+            .all(|p| p.workers.iter().all(|w| w.id.as_str() != id)),
+        "no new requests"
+    );
+    bounded(
+        "removed",
+        s.gateway.fleet().until(|snap| snap.workers.len() == 1),
+    )
+    .await;
+    assert_eq!(
+        admin(&s, "GET", &format!("/workers/{id}"), None, None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        admin(&s, "DELETE", "/workers/nope", None, Some(KEY))
+            .await
+            .status,
+        404
+    );
+}

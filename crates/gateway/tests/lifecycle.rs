@@ -1,0 +1,145 @@
+//! The gateway as a service: its models list, probes, metrics, HTTP/2 to workers, and a
+//! shutdown that waits for exactly the requests in flight.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+use sluice_gateway::Stopped;
+
+#[tokio::test]
+async fn models_are_the_union_of_routable_workers() {
+    let a = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    let b = SimFleet::start(FleetConfig::local(
+        1,
+        EngineConfig::new(
+            Flavor::Sglang,
+            "second-model",
+            sluice_sim::Profile::named("instant").unwrap(),
+        ),
+    ))
+    .await
+    .unwrap();
+    let gateway = Gateway::start(Config::local(&[a.urls()[0].clone(), b.urls()[0].clone()]))
+        .await
+        .unwrap();
+    bounded("ready", gateway.fleet().until(all_ready)).await;
+    let c = client();
+    let models = get(&c, &format!("{}/v1/models", gateway.url()))
+        .await
+        .json();
+    assert_eq!(models["object"], "list");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["second-model", "test-model"]);
+    assert_eq!(
+        models["data"][1]["owned_by"], "vllm",
+        "the worker's own card"
+    );
+    let ready = get(&c, &format!("{}/readiness", gateway.url()))
+        .await
+        .json();
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["healthy_workers"], 2);
+    assert_eq!(ready["total_workers"], 2);
+}
+
+#[tokio::test]
+async fn metrics_describe_requests_workers_and_circuits() {
+    let s = start(2, instant(Flavor::Vllm), |_| {}).await;
+    for _ in 0..3 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", "hi", 3, true)).await.status,
+            200
+        );
+    }
+    assert_eq!(s.chat(&chat_body("nope", "hi", 3, true)).await.status, 404);
+    let text = get(&s.client, &s.url("/metrics")).await.text();
+    for expected in [
+        r#"sluice_requests_total{route="/v1/chat/completions",status="200",code="none"} 3"#,
+        r#"sluice_requests_total{route="/v1/chat/completions",status="404",code="model_not_found"} 1"#,
+        "sluice_worker_ttft_seconds_bucket",
+        "sluice_worker_inter_chunk_seconds_count",
+        "sluice_worker_selections_total{policy=\"cache_aware\"",
+        "sluice_worker_circuit_state{worker=",
+        "sluice_worker_in_flight{worker=",
+        "sluice_worker_info{worker=",
+        "sluice_request_duration_seconds_count{route=\"/v1/chat/completions\"} 4",
+    ] {
+        assert!(text.contains(expected), "missing {expected}:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn http2_to_workers_with_prior_knowledge() {
+    let s = start(1, instant(Flavor::Vllm), |c| c.upstream_http2 = true).await;
+    assert!(s.gateway.fleet().snapshot().workers[0].http2);
+    let a = s.chat(&chat_body("test-model", "hi", 5, true)).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.events().last().unwrap(), "[DONE]");
+}
+
+#[tokio::test]
+async fn embeddings_are_routed() {
+    let s = start(1, instant(Flavor::Vllm), |_| {}).await;
+    let a = post(
+        &s.client,
+        &s.url("/v1/embeddings"),
+        r#"{"model":"test-model","input":["a","b"]}"#,
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["data"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_requests_and_stops_when_none_are_left() {
+    let s = start(1, timed(Flavor::Vllm, 4.0), |_| {}).await;
+    let request = http::Request::post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(chat_body(
+            "test-model",
+            "hi",
+            60,
+            true,
+        ))))
+        .unwrap();
+    let mut response = s.client.request(request).await.unwrap();
+    bounded("a chunk", response.body_mut().frame())
+        .await
+        .unwrap()
+        .unwrap();
+
+    s.gateway.begin_shutdown();
+    let ready = get(&s.client, &s.url("/readiness")).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.json()["reason"], "draining");
+    let refused = s.chat(&chat_body("test-model", "late", 1, false)).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(code(&refused).as_deref(), Some("shutting_down"));
+    assert_eq!(get(&s.client, &s.url("/liveness")).await.status, 200);
+
+    let Setup { gateway, sims, .. } = s;
+    let stopping = tokio::spawn(gateway.shutdown());
+    let rest = bounded("the stream's end", response.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(
+        String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
+        "the stream finished normally"
+    );
+    assert_eq!(
+        bounded("the stop", stopping).await.unwrap(),
+        Stopped::Drained
+    );
+    drop(sims);
+}
