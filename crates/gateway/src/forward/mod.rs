@@ -104,85 +104,95 @@ impl Forwarder {
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         let mut attempts = 0u32;
-        loop {
-            let mut lease = match route::select(&self.policy, job.pool, job.target, &tried) {
+        let outcome = loop {
+            let lease = match route::select(&self.policy, job.pool, job.target, &tried) {
                 Ok(lease) => lease,
-                Err(e) => {
-                    waiting.armed = false;
-                    return Err((e, ending));
-                }
+                Err(e) => break Err(e),
             };
             attempts += 1;
-            let worker = lease.worker().clone();
-            ending.note_attempt(worker.id.as_str(), attempts);
-            let sent_at = Instant::now();
-            let request = build_request(&job, &lease);
-            let sent = tokio::time::timeout_at(deadline, self.upstream.send(worker.http2, request));
-            let failure = match sent.await {
-                Err(_) => {
-                    waiting.armed = false;
-                    return Err((self.timed_out(lease), ending));
+            ending.note_attempt(lease.worker().id.as_str(), attempts);
+            match self.attempt(&job, lease, attempts, &tried, deadline).await {
+                Attempt::Answered(answer) => break Ok(answer),
+                Attempt::Final(error) => break Err(error),
+                Attempt::Retry(worker, failure) => {
+                    tried.push(worker);
+                    self.count_retry(failure);
+                    let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
+                    tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
                 }
-                Ok(Ok(response)) => {
-                    let status = response.status().as_u16();
-                    if !matches!(status, 429 | 529)
-                        || !self.may_retry(
-                            AttemptFailure::AtCapacity,
-                            &job,
-                            &tried,
-                            &lease,
-                            attempts,
-                        )
-                    {
-                        waiting.armed = false;
-                        return Ok(relay(response, lease, sent_at, deadline, ending));
-                    }
-                    AttemptFailure::AtCapacity
-                }
-                Ok(Err(e)) => {
-                    let failure = if e.is_connect() {
-                        AttemptFailure::Connect
-                    } else {
-                        AttemptFailure::Dropped
-                    };
-                    lease.settle(Outcome::Failure);
-                    self.count_upstream_error(
-                        &lease,
-                        if e.is_connect() { "connect" } else { "reset" },
-                    );
-                    if !self.may_retry(failure, &job, &tried, &lease, attempts) {
-                        waiting.armed = false;
-                        let error = if attempts > 1 || failure == AttemptFailure::Connect {
-                            GatewayError::UpstreamUnreachable {
-                                model: job.pool.model.clone(),
-                                attempts,
-                            }
-                        } else {
-                            GatewayError::UpstreamFailed {
-                                worker: worker.id.clone(),
-                            }
-                        };
-                        return Err((error, ending));
-                    }
-                    failure
-                }
-            };
-            // Retry on another worker, after a backoff.
-            tried.push(worker.key);
-            drop(lease);
-            self.metrics
-                .retries
-                .get_or_create(&ReasonLabel {
-                    reason: match failure {
-                        AttemptFailure::AtCapacity => "at_capacity",
-                        AttemptFailure::Dropped => "dropped",
-                        _ => "connect",
-                    },
-                })
-                .inc();
-            let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
-            tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
+            }
+        };
+        waiting.armed = false;
+        match outcome {
+            Ok(answer) => Ok(relay(answer, deadline, ending)),
+            Err(error) => Err((error, ending)),
         }
+    }
+
+    /// One attempt on the leased worker.
+    async fn attempt(
+        &self,
+        job: &Job<'_>,
+        mut lease: Lease,
+        attempts: u32,
+        tried: &[u64],
+        deadline: Instant,
+    ) -> Attempt {
+        let worker = lease.worker().clone();
+        let sent_at = Instant::now();
+        let request = build_request(job, &lease);
+        let sent = tokio::time::timeout_at(deadline, self.upstream.send(worker.http2, request));
+        match sent.await {
+            Err(_) => Attempt::Final(self.timed_out(lease)),
+            Ok(Ok(response)) => {
+                let at_capacity = matches!(response.status().as_u16(), 429 | 529);
+                if at_capacity
+                    && self.may_retry(AttemptFailure::AtCapacity, job, tried, &lease, attempts)
+                {
+                    // Not a failure of the worker: its permit is handed back unrecorded.
+                    return Attempt::Retry(worker.key, AttemptFailure::AtCapacity);
+                }
+                Attempt::Answered(Answered {
+                    response,
+                    lease,
+                    sent_at,
+                })
+            }
+            Ok(Err(e)) => {
+                let (failure, kind) = if e.is_connect() {
+                    (AttemptFailure::Connect, "connect")
+                } else {
+                    (AttemptFailure::Dropped, "reset")
+                };
+                lease.settle(Outcome::Failure);
+                self.count_upstream_error(&lease, kind);
+                if self.may_retry(failure, job, tried, &lease, attempts) {
+                    return Attempt::Retry(worker.key, failure);
+                }
+                Attempt::Final(if attempts > 1 || failure == AttemptFailure::Connect {
+                    GatewayError::UpstreamUnreachable {
+                        model: job.pool.model.clone(),
+                        attempts,
+                    }
+                } else {
+                    GatewayError::UpstreamFailed {
+                        worker: worker.id.clone(),
+                    }
+                })
+            }
+        }
+    }
+
+    fn count_retry(&self, failure: AttemptFailure) {
+        let reason = match failure {
+            AttemptFailure::AtCapacity => "at_capacity",
+            AttemptFailure::Dropped => "dropped",
+            _ => "connect",
+        };
+        self.metrics
+            .retries
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     /// Whether this failure may be tried again now: a safe kind, retries left, another worker
@@ -232,6 +242,22 @@ impl Forwarder {
             })
             .inc();
     }
+}
+
+/// A worker's answer, with what its relay needs.
+struct Answered {
+    response: UpstreamResponse,
+    lease: Lease,
+    sent_at: Instant,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Answered(Answered),
+    /// Tell the client this.
+    Final(GatewayError),
+    /// Try another worker (this one's key, and why).
+    Retry(u64, AttemptFailure),
 }
 
 /// Counts a client that left while its request was still waiting for a worker's answer.
@@ -287,13 +313,12 @@ fn build_request(job: &Job<'_>, lease: &Lease) -> UpstreamRequest {
 }
 
 /// Hands a worker's response to the stream-back stage.
-fn relay(
-    response: UpstreamResponse,
-    lease: Lease,
-    sent_at: Instant,
-    deadline: Instant,
-    mut ending: Ending,
-) -> Response<Body> {
+fn relay(answer: Answered, deadline: Instant, mut ending: Ending) -> Response<Body> {
+    let Answered {
+        response,
+        lease,
+        sent_at,
+    } = answer;
     let (mut parts, body) = response.into_parts();
     let status = parts.status.as_u16();
     headers::clean_response_headers(&mut parts.headers);
