@@ -4,7 +4,6 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
 use http_body_util::BodyExt;
 use sluice_gateway::Stopped;
@@ -103,20 +102,7 @@ async fn embeddings_are_routed() {
 #[tokio::test]
 async fn shutdown_drains_in_flight_requests_and_stops_when_none_are_left() {
     let s = start(1, timed(Flavor::Vllm, 4.0), |_| {}).await;
-    let request = http::Request::post(s.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(Bytes::from(chat_body(
-            "test-model",
-            "hi",
-            60,
-            true,
-        ))))
-        .unwrap();
-    let mut response = s.client.request(request).await.unwrap();
-    bounded("a chunk", response.body_mut().frame())
-        .await
-        .unwrap()
-        .unwrap();
+    let response = open_stream(&s, "hi", 60).await;
 
     s.gateway.begin_shutdown();
     let ready = get(&s.client, &s.url("/readiness")).await;

@@ -42,23 +42,7 @@ async fn random_reaches_every_worker() {
 async fn hold_streams(s: &Setup, n: usize) -> Vec<hyper::Response<hyper::body::Incoming>> {
     let mut held = Vec::new();
     for i in 0..n {
-        let request = http::Request::post(s.url("/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
-                "test-model",
-                &format!("long {i}"),
-                4000,
-                true,
-            ))))
-            .unwrap();
-        let mut response = s.client.request(request).await.unwrap();
-        assert_eq!(response.status(), 200);
-        use http_body_util::BodyExt;
-        bounded("first chunk", response.body_mut().frame())
-            .await
-            .unwrap()
-            .unwrap();
-        held.push(response);
+        held.push(open_stream(s, &format!("long {i}"), 4000).await);
     }
     held
 }

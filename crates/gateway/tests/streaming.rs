@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::routing;
@@ -14,7 +12,6 @@ use axum::Router;
 use bytes::Bytes;
 use common::*;
 use futures_util::stream;
-use http_body_util::BodyExt;
 
 /// The SSE chunks the fake engine sends, exactly.
 const CHUNKS: [&str; 4] = [
@@ -24,9 +21,10 @@ const CHUNKS: [&str; 4] = [
     "data: [DONE]\n\n",
 ];
 
+/// A body that yields between chunks, so each goes out as its own frame.
 fn chunked(chunks: Vec<Result<Bytes, std::io::Error>>) -> Body {
     Body::from_stream(stream::unfold(chunks.into_iter(), |mut rest| async move {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::task::yield_now().await;
         rest.next().map(|c| (c, rest))
     }))
 }
@@ -210,20 +208,7 @@ async fn sim_streams_end_with_usage_and_done() {
 #[tokio::test]
 async fn a_client_leaving_a_stream_aborts_it_in_the_engine() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |_| {}).await;
-    let request = http::Request::post(s.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(Bytes::from(chat_body(
-            "test-model",
-            "hi",
-            4000,
-            true,
-        ))))
-        .unwrap();
-    let mut response = s.client.request(request).await.unwrap();
-    bounded("a chunk", response.body_mut().frame())
-        .await
-        .unwrap()
-        .unwrap();
+    let response = open_stream(&s, "hi", 4000).await;
     drop(response);
     let engine = s.sims.engine(0).unwrap();
     let state = bounded("the abort", engine.until(|st| st.aborted == 1)).await;

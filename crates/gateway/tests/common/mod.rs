@@ -79,3 +79,29 @@ pub fn code(answer: &Answer) -> Option<String> {
         .get("x-sluice-error-code")
         .map(|v| v.to_str().unwrap().to_string())
 }
+
+/// Sends a streaming chat request through the gateway and returns the response once its first
+/// chunk has arrived (the request is then running in an engine).
+pub async fn open_stream(
+    s: &Setup,
+    content: &str,
+    max_tokens: u32,
+) -> hyper::Response<hyper::body::Incoming> {
+    use http_body_util::BodyExt;
+    let request = http::Request::post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
+            "test-model",
+            content,
+            max_tokens,
+            true,
+        ))))
+        .unwrap();
+    let mut response = s.client.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    bounded("a first chunk", response.body_mut().frame())
+        .await
+        .unwrap()
+        .unwrap();
+    response
+}
