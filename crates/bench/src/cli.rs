@@ -7,6 +7,7 @@ use sluice_sim::args::EngineArgs;
 
 use crate::capacity::{default_levels, default_workload, run_virtual, CapacityPlan};
 use crate::http_capacity::run_http;
+use crate::overhead::{resolve, OverheadPlan, Template};
 use crate::workload::Workload;
 
 #[derive(Subcommand)]
@@ -14,6 +15,53 @@ pub enum BenchCommand {
     /// Closed-loop concurrency sweep of one simulated engine: throughput, TTFT and preemptions
     /// per level, showing where the engine's knee is.
     Capacity(CapacityArgs),
+    /// What a gateway costs: requests/s, CPU per request, added latency against going direct,
+    /// memory and SSE relay rate, with instant simulated engines and the gateway pinned to one
+    /// core. Measures sluice, SMG when `smg` is on the PATH, and any --gateway template.
+    Overhead(OverheadArgs),
+}
+
+#[derive(Args)]
+pub struct OverheadArgs {
+    /// Targets to measure, comma-separated: direct, sluice (round_robin), sluice-cache-aware
+    /// (its default policy), smg, or a name defined by --gateway [default: all that can run here].
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Vec<String>,
+    /// Another gateway to measure, `NAME=COMMAND`, where COMMAND contains `{port}` (where it must
+    /// listen) and a `{workers}` argument (replaced by the engine URLs). Repeatable.
+    #[arg(long = "gateway", value_name = "NAME=COMMAND")]
+    pub gateways: Vec<String>,
+    /// Connection counts for small non-streaming requests, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 64])]
+    pub connections: Vec<usize>,
+    /// Connections for the streaming window.
+    #[arg(long, default_value_t = 64)]
+    pub stream_connections: usize,
+    /// Tokens per streamed answer (one SSE event each).
+    #[arg(long, default_value_t = 1000)]
+    pub stream_tokens: u32,
+    /// Seconds of load before each measured window.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup_secs: f64,
+    /// Seconds measured per window.
+    #[arg(long, default_value_t = 10.0)]
+    pub window_secs: f64,
+    /// The core the gateway is pinned to.
+    #[arg(long, default_value_t = 0)]
+    pub gateway_core: usize,
+    /// The core the load generator and the engines are pinned to.
+    #[arg(long, default_value_t = 1)]
+    pub load_core: usize,
+    /// Simulated engines behind the gateway.
+    #[arg(long, default_value_t = 2)]
+    pub engines: usize,
+    /// Skip the one-connection window with the gateway on the load's core (which shows the
+    /// gateway's own added latency, without cross-core wake-ups).
+    #[arg(long)]
+    pub no_shared_core: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -62,6 +110,16 @@ pub enum BenchError {
     Http(#[from] crate::http_capacity::HttpBenchError),
     #[error("--{0} must be a positive number of seconds")]
     Duration(&'static str),
+    #[error(transparent)]
+    Target(#[from] crate::overhead::TemplateError),
+    #[error(transparent)]
+    Overhead(#[from] crate::overhead::OverheadError),
+    #[error("cannot find the sluice binary: {0}")]
+    Exe(std::io::Error),
+    #[error("the benchmark thread failed: {0}")]
+    Thread(std::io::Error),
+    #[error("the benchmark thread ended without an answer")]
+    Lost,
 }
 
 fn seconds(flag: &'static str, secs: f64) -> Result<Duration, BenchError> {
@@ -74,7 +132,54 @@ fn seconds(flag: &'static str, secs: f64) -> Result<Duration, BenchError> {
 pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
     match command {
         BenchCommand::Capacity(args) => capacity(args).await,
+        BenchCommand::Overhead(args) => overhead(args).await,
     }
+}
+
+async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
+    let exe = std::env::current_exe().map_err(BenchError::Exe)?;
+    let custom = args
+        .gateways
+        .iter()
+        .map(|g| Template::parse(g))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = OverheadPlan {
+        targets: resolve(&args.targets, &custom, &exe)?,
+        connections: args.connections.clone(),
+        stream_connections: args.stream_connections,
+        stream_tokens: args.stream_tokens,
+        warmup: seconds("warmup-secs", args.warmup_secs)?,
+        window: seconds("window-secs", args.window_secs)?,
+        gateway_core: args.gateway_core,
+        load_core: args.load_core,
+        engines: args.engines,
+        shared_core: !args.no_shared_core,
+        sluice_exe: exe,
+    };
+    // The load generator gets a single-threaded runtime of its own: it shares one core with
+    // the engines, and work stealing there would only add cost.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("overhead-load".into())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(BenchError::Thread)
+                .and_then(|rt| Ok(rt.block_on(crate::overhead::run(&plan))?));
+            let _ = tx.send(result);
+        })
+        .map_err(BenchError::Thread)?;
+    let report = rx.await.map_err(|_| BenchError::Lost)??;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.tables());
+    }
+    Ok(())
 }
 
 async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {

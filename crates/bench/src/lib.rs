@@ -4,6 +4,8 @@
 //!
 //! - `capacity` — closed-loop concurrency sweep of one engine (`sluice bench capacity`), in
 //!   virtual time on the scheduler or over HTTP against a time-scaled simulated engine.
+//! - `overhead` — what a gateway costs per request, against going direct
+//!   (`sluice bench overhead`).
 //! - `workload` — seeded request shapes.
 //! - `stats` — percentiles.
 //! - `cli` — the `sluice bench` subcommands.
@@ -11,5 +13,6 @@
 pub mod capacity;
 pub mod cli;
 pub mod http_capacity;
+pub mod overhead;
 pub mod stats;
 pub mod workload;

@@ -23,7 +23,7 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Run simulated vLLM / SGLang engines, each on its own port.
     Sim(Box<sim::SimArgs>),
-    /// Benchmarks: engine capacity.
+    /// Benchmarks: engine capacity, gateway overhead.
     #[command(subcommand)]
     Bench(Box<sluice_bench::cli::BenchCommand>),
 }

@@ -1,0 +1,351 @@
+//! `sluice bench overhead`: what a gateway costs on the request path.
+//!
+//! Simulated engines with the `instant` profile answer at once, so everything measured beyond
+//! going direct is the gateway's. The gateway is pinned to one core and the load generator and
+//! engines to the other, so the gateway's core saturates first and its own CPU time (from `/proc`)
+//! divided by the requests it served is its cost per request. Both cores' busy shares are
+//! reported, so a reader can check which side set each figure.
+
+mod load;
+mod procs;
+mod report;
+mod targets;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+pub use report::{Layout, Load, OverheadReport, Row};
+pub use targets::{resolve, Target, Template, TemplateError};
+
+use load::{closed_loop, LoadError, Shot};
+use procs::{CoreTimes, Launch, Proc, ProcError};
+
+/// The model the simulated engines serve.
+const MODEL: &str = "llama-3.1-8b";
+/// How long a target may take to answer its first request.
+const STARTUP_LIMIT: Duration = Duration::from_secs(60);
+/// How long a target may take to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What to measure and how long.
+#[derive(Clone, Debug)]
+pub struct OverheadPlan {
+    pub targets: Vec<Target>,
+    /// Connection counts for small non-streaming requests.
+    pub connections: Vec<usize>,
+    pub stream_connections: usize,
+    /// Tokens (SSE events) per streamed answer.
+    pub stream_tokens: u32,
+    pub warmup: Duration,
+    pub window: Duration,
+    pub gateway_core: usize,
+    pub load_core: usize,
+    pub engines: usize,
+    /// Also measure one connection with the gateway on the load's core: no request then waits
+    /// for an idle core to wake, so the added latency is the gateway's own path.
+    pub shared_core: bool,
+    /// The `sluice` binary, which also runs the simulated engines.
+    pub sluice_exe: PathBuf,
+}
+
+/// Why the benchmark could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum OverheadError {
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("no free loopback port: {0}")]
+    Port(std::io::Error),
+    #[error("could not create {path}: {source}")]
+    LogDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{name} exited before answering; its output is in {log}")]
+    Exited { name: String, log: PathBuf },
+    #[error("{name} did not answer within {secs} s; its output is in {log}")]
+    NotReady {
+        name: String,
+        secs: u64,
+        log: PathBuf,
+    },
+}
+
+/// Runs every target in turn against one set of engines and returns the figures.
+pub async fn run(plan: &OverheadPlan) -> Result<OverheadReport, OverheadError> {
+    let log_dir =
+        std::env::temp_dir().join(format!("sluice-bench-overhead-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).map_err(|source| OverheadError::LogDir {
+        path: log_dir.clone(),
+        source,
+    })?;
+    let pinned = procs::pin_self(plan.load_core);
+    let (engines, engine_addrs) = start_engines(plan, &log_dir).await?;
+    let mut report = OverheadReport::new(plan, pinned, log_dir.clone());
+    for target in &plan.targets {
+        let measured = measure(plan, target, &engine_addrs, &log_dir).await;
+        match measured {
+            Ok(measured) => report.add(measured),
+            Err(e) => {
+                engines.stop(STOP_GRACE).await;
+                return Err(e);
+            }
+        }
+    }
+    engines.stop(STOP_GRACE).await;
+    report.compare_with_direct();
+    Ok(report)
+}
+
+fn small_shot() -> Shot {
+    let body = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Say hello."}}],"max_tokens":1}}"#
+    );
+    Shot {
+        path: "/v1/chat/completions",
+        body: Bytes::from(body),
+    }
+}
+
+fn stream_shot(tokens: u32) -> Shot {
+    let body = format!(
+        r#"{{"model":"{MODEL}","prompt":"hello","max_tokens":{tokens},"ignore_eos":true,"stream":true}}"#
+    );
+    Shot {
+        path: "/v1/completions",
+        body: Bytes::from(body),
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// A port nothing listens on now (and, for `span` > 1, the ports after it too).
+fn free_ports(span: u16) -> Result<u16, OverheadError> {
+    let mut last_error = std::io::Error::other("no free run of ports");
+    for _ in 0..64 {
+        let first = TcpListener::bind(loopback(0)).map_err(OverheadError::Port)?;
+        let base = first.local_addr().map_err(OverheadError::Port)?.port();
+        let rest: Result<Vec<_>, _> = (1..span)
+            .map(|i| TcpListener::bind(loopback(base.saturating_add(i))))
+            .collect();
+        match rest {
+            Ok(_) => return Ok(base),
+            Err(e) => last_error = e,
+        }
+    }
+    Err(OverheadError::Port(last_error))
+}
+
+async fn start_engines(
+    plan: &OverheadPlan,
+    log_dir: &Path,
+) -> Result<(Proc, Vec<SocketAddr>), OverheadError> {
+    let engines = plan.engines.max(1);
+    let base = free_ports(engines as u16)?;
+    let argv: Vec<String> = [
+        plan.sluice_exe.display().to_string(),
+        "sim".into(),
+        "--profile".into(),
+        "instant".into(),
+        "--model".into(),
+        MODEL.into(),
+        "--engines".into(),
+        engines.to_string(),
+        "--port".into(),
+        base.to_string(),
+    ]
+    .into();
+    let mut sim = Proc::spawn(Launch {
+        name: "engines",
+        argv: &argv,
+        core: Some(plan.load_core),
+        log_dir,
+    })?;
+    let addrs: Vec<SocketAddr> = (0..engines as u16).map(|i| loopback(base + i)).collect();
+    for addr in &addrs {
+        wait_until_answering(&mut sim, *addr).await?;
+    }
+    Ok((sim, addrs))
+}
+
+/// Sends the small request until it is answered 200, or the process exits, or time runs out.
+async fn wait_until_answering(proc: &mut Proc, addr: SocketAddr) -> Result<(), OverheadError> {
+    let shot = small_shot();
+    let give_up = Instant::now() + STARTUP_LIMIT;
+    loop {
+        if load::answers(addr, &shot).await {
+            return Ok(());
+        }
+        if proc.exited() {
+            return Err(OverheadError::Exited {
+                name: proc.name().into(),
+                log: proc.log().into(),
+            });
+        }
+        if Instant::now() >= give_up {
+            return Err(OverheadError::NotReady {
+                name: proc.name().into(),
+                secs: STARTUP_LIMIT.as_secs(),
+                log: proc.log().into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Everything measured on one target.
+pub struct Measured {
+    pub target: String,
+    pub rows: Vec<Row>,
+    pub rss_idle: Option<u64>,
+    pub rss_peak: Option<u64>,
+}
+
+/// A target that answers: the gateway process (none when direct) and where to send load.
+struct Started {
+    gateway: Option<Proc>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl Started {
+    async fn stop(self) {
+        if let Some(gateway) = self.gateway {
+            gateway.stop(STOP_GRACE).await;
+        }
+    }
+}
+
+async fn start(
+    target: &Target,
+    core: usize,
+    engines: &[SocketAddr],
+    log_dir: &Path,
+) -> Result<Started, OverheadError> {
+    let Target::Gateway(template) = target else {
+        return Ok(Started {
+            gateway: None,
+            addrs: engines.to_vec(),
+        });
+    };
+    let port = free_ports(1)?;
+    let workers: Vec<String> = engines.iter().map(|a| format!("http://{a}")).collect();
+    let argv = template.render(port, &workers);
+    let mut proc = Proc::spawn(Launch {
+        name: &template.name,
+        argv: &argv,
+        core: Some(core),
+        log_dir,
+    })?;
+    wait_until_answering(&mut proc, loopback(port)).await?;
+    Ok(Started {
+        gateway: Some(proc),
+        addrs: vec![loopback(port)],
+    })
+}
+
+/// The gateway on its own core (throughput, CPU, memory, streaming), then, when asked, on the
+/// load's core for the one-connection latency without cross-core wake-ups.
+async fn measure(
+    plan: &OverheadPlan,
+    target: &Target,
+    engines: &[SocketAddr],
+    log_dir: &Path,
+) -> Result<Measured, OverheadError> {
+    let own = start(target, plan.gateway_core, engines, log_dir).await?;
+    let layout = match own.gateway {
+        None => Layout::Direct,
+        Some(_) => Layout::OwnCore,
+    };
+    let rss_idle = own
+        .gateway
+        .as_ref()
+        .map(Proc::rss)
+        .transpose()?
+        .map(|r| r.0);
+    let window = Window {
+        plan,
+        target: target.name(),
+        layout,
+        started: &own,
+    };
+    let mut rows = Vec::new();
+    let small = small_shot();
+    for &connections in &plan.connections {
+        rows.push(window.run(Load::Small, connections, &small).await?);
+    }
+    let stream = stream_shot(plan.stream_tokens);
+    rows.push(
+        window
+            .run(Load::Stream, plan.stream_connections, &stream)
+            .await?,
+    );
+    let rss_peak = own
+        .gateway
+        .as_ref()
+        .map(Proc::rss)
+        .transpose()?
+        .map(|r| r.1);
+    own.stop().await;
+    if plan.shared_core && layout == Layout::OwnCore {
+        let shared = start(target, plan.load_core, engines, log_dir).await?;
+        let window = Window {
+            plan,
+            target: target.name(),
+            layout: Layout::SharedCore,
+            started: &shared,
+        };
+        rows.push(window.run(Load::Small, 1, &small).await?);
+        shared.stop().await;
+    }
+    Ok(Measured {
+        target: target.name().into(),
+        rows,
+        rss_idle,
+        rss_peak,
+    })
+}
+
+/// One measured window of one load on one target.
+struct Window<'a> {
+    plan: &'a OverheadPlan,
+    target: &'a str,
+    layout: Layout,
+    started: &'a Started,
+}
+
+impl Window<'_> {
+    async fn run(&self, load: Load, connections: usize, shot: &Shot) -> Result<Row, OverheadError> {
+        let gateway = self.started.gateway.as_ref();
+        let addrs = &self.started.addrs;
+        closed_loop(addrs, connections, shot, self.plan.warmup).await?;
+        let cpu_before = gateway.map(Proc::cpu).transpose()?;
+        let cores_before = CoreTimes::read();
+        let tally = closed_loop(addrs, connections, shot, self.plan.window).await?;
+        let cores_after = CoreTimes::read();
+        let cpu_after = gateway.map(Proc::cpu).transpose()?;
+        let gateway_core = match self.layout {
+            Layout::Direct => None,
+            Layout::OwnCore => Some(self.plan.gateway_core),
+            Layout::SharedCore => Some(self.plan.load_core),
+        };
+        Ok(Row::new(report::Sample {
+            target: self.target,
+            layout: self.layout,
+            load,
+            connections,
+            tally: &tally,
+            gateway_cpu: cpu_before
+                .zip(cpu_after)
+                .map(|(before, after)| after.saturating_sub(before)),
+            gateway_core_busy: gateway_core.and_then(|c| cores_after.busy_since(&cores_before, c)),
+            load_core_busy: cores_after.busy_since(&cores_before, self.plan.load_core),
+        }))
+    }
+}

@@ -1,0 +1,379 @@
+//! The overhead figures, as JSON rows and as Markdown tables.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::Tally;
+use super::{Measured, OverheadPlan};
+use crate::stats::percentile;
+
+/// A core busier than this during a window is what limited it.
+const SATURATED: f64 = 0.9;
+
+/// The request shape of a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Load {
+    /// Non-streaming chat completion, one token out.
+    Small,
+    /// Streaming completion, one SSE event per token.
+    Stream,
+}
+
+/// Where the gateway ran during a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// No gateway: load straight to the engines, all on the load core.
+    Direct,
+    /// The gateway alone on its core; every hop crosses cores.
+    OwnCore,
+    /// The gateway on the load and engines' core; no hop waits for another core to wake.
+    SharedCore,
+}
+
+impl Layout {
+    fn label(self) -> &'static str {
+        match self {
+            Layout::Direct => "–",
+            Layout::OwnCore => "own core",
+            Layout::SharedCore => "shared core",
+        }
+    }
+}
+
+/// The figures of one window.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub target: String,
+    pub layout: Layout,
+    pub load: Load,
+    pub connections: usize,
+    pub completed: u64,
+    pub failed: u64,
+    pub requests_per_sec: f64,
+    pub sse_events_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Against `direct` at the same load and connections; None without a direct row.
+    pub added_p50_us: Option<f64>,
+    pub added_p99_us: Option<f64>,
+    /// The gateway process tree's CPU time during the window.
+    pub gateway_cpu_secs: Option<f64>,
+    pub gateway_cpu_us_per_request: Option<f64>,
+    pub gateway_cpu_us_per_sse_event: Option<f64>,
+    /// Busy share of the gateway's core and of the load generator's core, 0..=1.
+    pub gateway_core_busy: Option<f64>,
+    pub load_core_busy: Option<f64>,
+}
+
+/// What one window produced, before it becomes a row.
+pub(super) struct Sample<'a> {
+    pub target: &'a str,
+    pub layout: Layout,
+    pub load: Load,
+    pub connections: usize,
+    pub tally: &'a Tally,
+    pub gateway_cpu: Option<Duration>,
+    pub gateway_core_busy: Option<f64>,
+    pub load_core_busy: Option<f64>,
+}
+
+impl Row {
+    pub(super) fn new(s: Sample<'_>) -> Self {
+        let secs = s.tally.elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
+        let latencies: Vec<f64> = s.tally.latencies_us.iter().map(|&l| f64::from(l)).collect();
+        let completed = s.tally.completed();
+        let cpu_us = s.gateway_cpu.map(|c| c.as_secs_f64() * 1e6);
+        let per = |count: u64| cpu_us.filter(|_| count > 0).map(|us| us / count as f64);
+        Self {
+            target: s.target.into(),
+            layout: s.layout,
+            load: s.load,
+            connections: s.connections,
+            completed,
+            failed: s.tally.failed,
+            requests_per_sec: completed as f64 / secs,
+            sse_events_per_sec: s.tally.events as f64 / secs,
+            p50_us: percentile(&latencies, 0.5),
+            p99_us: percentile(&latencies, 0.99),
+            added_p50_us: None,
+            added_p99_us: None,
+            gateway_cpu_secs: s.gateway_cpu.map(|c| c.as_secs_f64()),
+            gateway_cpu_us_per_request: per(completed),
+            gateway_cpu_us_per_sse_event: per(s.tally.events),
+            gateway_core_busy: s.gateway_core_busy,
+            load_core_busy: s.load_core_busy,
+        }
+    }
+
+    /// Which side of the machine set this window's pace.
+    pub fn limited_by(&self) -> &'static str {
+        if self.layout == Layout::SharedCore {
+            return "one core for all";
+        }
+        let busy = |b: Option<f64>| b.is_some_and(|b| b >= SATURATED);
+        match (busy(self.gateway_core_busy), busy(self.load_core_busy)) {
+            (true, false) => "gateway core",
+            (false, true) => "load + engines core",
+            (true, true) => "both cores",
+            (false, false) => "latency (neither core saturated)",
+        }
+    }
+}
+
+/// Resident memory of one gateway.
+#[derive(Clone, Debug, Serialize)]
+pub struct Memory {
+    pub target: String,
+    pub rss_idle_bytes: u64,
+    pub rss_peak_bytes: u64,
+}
+
+/// Every window of every target, plus how the run was set up.
+#[derive(Clone, Debug, Serialize)]
+pub struct OverheadReport {
+    pub rows: Vec<Row>,
+    pub memory: Vec<Memory>,
+    pub engines: usize,
+    pub stream_tokens: u32,
+    pub warmup_secs: f64,
+    pub window_secs: f64,
+    pub gateway_core: usize,
+    pub load_core: usize,
+    /// Whether pinning with `taskset` worked; without it the core figures mean little.
+    pub pinned: bool,
+    /// Where each process's output was written.
+    pub logs: PathBuf,
+}
+
+impl OverheadReport {
+    pub(super) fn new(plan: &OverheadPlan, pinned: bool, logs: PathBuf) -> Self {
+        Self {
+            rows: Vec::new(),
+            memory: Vec::new(),
+            engines: plan.engines,
+            stream_tokens: plan.stream_tokens,
+            warmup_secs: plan.warmup.as_secs_f64(),
+            window_secs: plan.window.as_secs_f64(),
+            gateway_core: plan.gateway_core,
+            load_core: plan.load_core,
+            pinned,
+            logs,
+        }
+    }
+
+    pub(super) fn add(&mut self, measured: Measured) {
+        if let (Some(idle), Some(peak)) = (measured.rss_idle, measured.rss_peak) {
+            self.memory.push(Memory {
+                target: measured.target.clone(),
+                rss_idle_bytes: idle,
+                rss_peak_bytes: peak,
+            });
+        }
+        self.rows.extend(measured.rows);
+    }
+
+    /// Fills the added latencies from the `direct` row of the same load and connections.
+    pub(super) fn compare_with_direct(&mut self) {
+        let direct: Vec<Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.layout == Layout::Direct)
+            .cloned()
+            .collect();
+        for row in self.rows.iter_mut().filter(|r| r.layout != Layout::Direct) {
+            let base = direct
+                .iter()
+                .find(|d| d.load == row.load && d.connections == row.connections);
+            if let Some(base) = base {
+                row.added_p50_us = Some(row.p50_us - base.p50_us);
+                row.added_p99_us = Some(row.p99_us - base.p99_us);
+            }
+        }
+    }
+
+    /// Markdown: small requests, streaming, memory.
+    pub fn tables(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} instant engines; gateway on core {}, load generator and engines on core {}{}; \
+             {} s warm-up, {} s measured per row\n",
+            self.engines,
+            self.gateway_core,
+            self.load_core,
+            if self.pinned {
+                ""
+            } else {
+                " (NOT pinned: taskset failed)"
+            },
+            self.warmup_secs,
+            self.window_secs,
+        );
+        out.push_str(&self.small_table());
+        out.push('\n');
+        out.push_str(&self.stream_table());
+        out.push('\n');
+        out.push_str(&self.memory_table());
+        out
+    }
+
+    fn small_table(&self) -> String {
+        let mut out = String::from(
+            "Small non-streaming chat completions (1 token):\n\n\
+             | target | gateway on | conns | requests/s | p50 µs | p99 µs | added p50 µs | added p99 µs | gateway CPU-µs/req | gateway core | load core | limited by | failed |\n\
+             | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n",
+        );
+        for r in self.rows.iter().filter(|r| r.load == Load::Small) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                r.target,
+                r.layout.label(),
+                r.connections,
+                r.requests_per_sec,
+                r.p50_us,
+                r.p99_us,
+                opt(r.added_p50_us, 0),
+                opt(r.added_p99_us, 0),
+                opt(r.gateway_cpu_us_per_request, 1),
+                share(r.gateway_core_busy),
+                share(r.load_core_busy),
+                r.limited_by(),
+                r.failed,
+            );
+        }
+        out
+    }
+
+    fn stream_table(&self) -> String {
+        let mut out = format!(
+            "Streaming completions ({} tokens each, one SSE event per token):\n\n\
+             | target | conns | streams/s | SSE events/s | gateway CPU-µs/event | gateway core | load core | limited by | failed |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n",
+            self.stream_tokens
+        );
+        for r in self.rows.iter().filter(|r| r.load == Load::Stream) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.1} | {:.0} | {} | {} | {} | {} | {} |",
+                r.target,
+                r.connections,
+                r.requests_per_sec,
+                r.sse_events_per_sec,
+                opt(r.gateway_cpu_us_per_sse_event, 2),
+                share(r.gateway_core_busy),
+                share(r.load_core_busy),
+                r.limited_by(),
+                r.failed,
+            );
+        }
+        out
+    }
+
+    fn memory_table(&self) -> String {
+        let mut out = String::from(
+            "Resident memory (process tree):\n\n\
+             | target | RSS idle (MB) | RSS peak under load (MB) |\n\
+             | --- | ---: | ---: |\n",
+        );
+        for m in &self.memory {
+            let _ = writeln!(
+                out,
+                "| {} | {:.1} | {:.1} |",
+                m.target,
+                m.rss_idle_bytes as f64 / 1e6,
+                m.rss_peak_bytes as f64 / 1e6
+            );
+        }
+        out
+    }
+}
+
+fn opt(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "–".into(), |v| format!("{v:.decimals$}"))
+}
+
+fn share(value: Option<f64>) -> String {
+    value.map_or_else(|| "–".into(), |v| format!("{:.0}%", v * 100.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(latencies: &[u32], events: u64) -> Tally {
+        Tally {
+            elapsed: Duration::from_secs(2),
+            latencies_us: latencies.to_vec(),
+            failed: 1,
+            events,
+            bytes: 0,
+        }
+    }
+
+    fn row(target: &str, latencies: &[u32], cpu: Option<Duration>) -> Row {
+        Row::new(Sample {
+            target,
+            layout: if cpu.is_some() {
+                Layout::OwnCore
+            } else {
+                Layout::Direct
+            },
+            load: Load::Small,
+            connections: 1,
+            tally: &tally(latencies, 0),
+            gateway_cpu: cpu,
+            gateway_core_busy: cpu.map(|_| 0.97),
+            load_core_busy: Some(0.5),
+        })
+    }
+
+    #[test]
+    fn rows_divide_gateway_cpu_by_the_requests_served() {
+        let r = row(
+            "sluice",
+            &[100, 200, 300, 400],
+            Some(Duration::from_micros(120)),
+        );
+        assert_eq!(r.completed, 4);
+        assert_eq!(r.requests_per_sec, 2.0);
+        assert_eq!(r.gateway_cpu_us_per_request, Some(30.0));
+        assert_eq!(r.gateway_cpu_us_per_sse_event, None);
+        assert_eq!(r.p50_us, 200.0);
+        assert_eq!(r.limited_by(), "gateway core");
+    }
+
+    #[test]
+    fn added_latency_is_against_direct_at_the_same_load() {
+        let mut report = OverheadReport {
+            rows: vec![
+                row("direct", &[100, 100, 100, 500], None),
+                row(
+                    "sluice",
+                    &[130, 130, 130, 700],
+                    Some(Duration::from_micros(100)),
+                ),
+            ],
+            memory: Vec::new(),
+            engines: 2,
+            stream_tokens: 10,
+            warmup_secs: 1.0,
+            window_secs: 2.0,
+            gateway_core: 0,
+            load_core: 1,
+            pinned: true,
+            logs: PathBuf::new(),
+        };
+        report.compare_with_direct();
+        assert_eq!(report.rows[0].added_p50_us, None);
+        assert_eq!(report.rows[1].added_p50_us, Some(30.0));
+        assert_eq!(report.rows[1].added_p99_us, Some(200.0));
+        let tables = report.tables();
+        assert!(tables.contains("| sluice | own core | 1 | 2 | 130 | 700 | 30 | 200 | 25.0 | 97% | 50% | gateway core | 1 |"));
+    }
+}

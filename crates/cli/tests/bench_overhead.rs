@@ -1,0 +1,77 @@
+//! `sluice bench overhead` end to end: it starts engines and a gateway, measures both, and
+//! stops them. Only that it works is checked here; its figures belong in docs/benchmarks.md.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn overhead_measures_direct_and_sluice_and_reports_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "overhead",
+            "--targets",
+            "direct,sluice",
+            "--connections",
+            "1,4",
+            "--stream-connections",
+            "2",
+            "--stream-tokens",
+            "20",
+            "--warmup-secs",
+            "0.1",
+            "--window-secs",
+            "0.3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let shape: Vec<(&str, &str, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["target"].as_str().unwrap(),
+                r["layout"].as_str().unwrap(),
+                r["load"].as_str().unwrap(),
+                r["connections"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("direct", "direct", "small", 1),
+            ("direct", "direct", "small", 4),
+            ("direct", "direct", "stream", 2),
+            ("sluice", "own_core", "small", 1),
+            ("sluice", "own_core", "small", 4),
+            ("sluice", "own_core", "stream", 2),
+            ("sluice", "shared_core", "small", 1),
+        ]
+    );
+    for row in rows {
+        assert!(row["completed"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(row["failed"], 0, "{row}");
+        let gateway = row["target"] == "sluice";
+        assert_eq!(row["gateway_cpu_secs"].is_number(), gateway, "{row}");
+        assert_eq!(row["added_p50_us"].is_number(), gateway, "{row}");
+        if row["load"] == "stream" {
+            // 20 token events and [DONE]: at least 20 per stream.
+            let streams = row["completed"].as_u64().unwrap();
+            let events = row["sse_events_per_sec"].as_f64().unwrap();
+            let per_stream = events / row["requests_per_sec"].as_f64().unwrap();
+            assert!(streams > 0 && per_stream >= 20.0, "{row}");
+        }
+    }
+    let memory = report["memory"].as_array().unwrap();
+    assert_eq!(memory.len(), 1);
+    assert!(memory[0]["rss_idle_bytes"].as_u64().unwrap() > 0);
+    assert!(memory[0]["rss_peak_bytes"].as_u64() >= memory[0]["rss_idle_bytes"].as_u64());
+}
