@@ -228,17 +228,22 @@ async fn start(
     engines: &[SocketAddr],
     log_dir: &Path,
 ) -> Result<Started, OverheadError> {
-    let Target::Gateway(template) = target else {
+    let port = free_ports(1)?;
+    let command =
+        target
+            .command(port, engines, log_dir)
+            .map_err(|source| OverheadError::LogDir {
+                path: log_dir.into(),
+                source,
+            })?;
+    let Some(argv) = command else {
         return Ok(Started {
             gateway: None,
             addrs: engines.to_vec(),
         });
     };
-    let port = free_ports(1)?;
-    let workers: Vec<String> = engines.iter().map(|a| format!("http://{a}")).collect();
-    let argv = template.render(port, &workers);
     let mut proc = Proc::spawn(Launch {
-        name: &template.name,
+        name: target.name(),
         argv: &argv,
         core: Some(core),
         log_dir,

@@ -54,6 +54,7 @@ pub struct Row {
     pub connections: usize,
     pub completed: u64,
     pub failed: u64,
+    pub reconnects: u64,
     pub requests_per_sec: f64,
     pub sse_events_per_sec: f64,
     pub p50_us: f64,
@@ -96,6 +97,7 @@ impl Row {
             connections: s.connections,
             completed,
             failed: s.tally.failed,
+            reconnects: s.tally.reconnects,
             requests_per_sec: completed as f64 / secs,
             sse_events_per_sec: s.tally.events as f64 / secs,
             p50_us: percentile(&latencies, 0.5),
@@ -311,6 +313,7 @@ mod tests {
             elapsed: Duration::from_secs(2),
             latencies_us: latencies.to_vec(),
             failed: 1,
+            reconnects: 0,
             events,
             bytes: 0,
         }

@@ -1,6 +1,8 @@
-//! What a benchmark measures: going direct to the engines, or a gateway started from a named
-//! command template, so any gateway (sluice, SMG, one of the user's) is measured the same way.
+//! What a benchmark measures: going direct to the engines, nginx as the plain-proxy floor, or a
+//! gateway started from a named command template, so any gateway (sluice, SMG, one of the
+//! user's) is measured the same way.
 
+use std::net::SocketAddr;
 use std::path::Path;
 
 /// Where the load goes.
@@ -8,6 +10,8 @@ use std::path::Path;
 pub enum Target {
     /// Straight to the engines: the baseline every added latency is measured against.
     Direct,
+    /// nginx as a plain keep-alive reverse proxy, unbuffered: what proxying alone costs here.
+    Nginx,
     /// A gateway process started from a template.
     Gateway(Template),
 }
@@ -16,9 +20,73 @@ impl Target {
     pub fn name(&self) -> &str {
         match self {
             Target::Direct => "direct",
+            Target::Nginx => "nginx",
             Target::Gateway(t) => &t.name,
         }
     }
+
+    /// The command that starts it on `port` in front of `engines` (None when direct), writing
+    /// any file it needs into `dir`.
+    pub fn command(
+        &self,
+        port: u16,
+        engines: &[SocketAddr],
+        dir: &Path,
+    ) -> std::io::Result<Option<Vec<String>>> {
+        match self {
+            Target::Direct => Ok(None),
+            Target::Gateway(template) => {
+                let workers: Vec<String> = engines.iter().map(|a| format!("http://{a}")).collect();
+                Ok(Some(template.render(port, &workers)))
+            }
+            Target::Nginx => {
+                let config = dir.join("nginx.conf");
+                std::fs::write(&config, nginx_config(port, engines, dir))?;
+                let argv = [
+                    "nginx",
+                    "-p",
+                    &dir.display().to_string(),
+                    "-e",
+                    "nginx-error.log",
+                    "-c",
+                ];
+                let mut argv: Vec<String> = argv.map(String::from).into();
+                argv.push(config.display().to_string());
+                Ok(Some(argv))
+            }
+        }
+    }
+}
+
+/// One worker process, keep-alive to the engines, no buffering (SSE passes as it comes), no
+/// access log: the cheapest honest proxy configuration.
+fn nginx_config(port: u16, engines: &[SocketAddr], dir: &Path) -> String {
+    let servers: String = engines
+        .iter()
+        .map(|a| format!("    server {a};\n"))
+        .collect();
+    format!(
+        "worker_processes 1;\n\
+         daemon off;\n\
+         pid {dir}/nginx.pid;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20 access_log off;\n\
+         \x20 keepalive_requests 1000000;\n\
+         \x20 client_body_temp_path {dir};\n\
+         \x20 upstream engines {{\n{servers}    keepalive 256;\n    keepalive_requests 1000000;\n  }}\n\
+         \x20 server {{\n\
+         \x20   listen 127.0.0.1:{port};\n\
+         \x20   location / {{\n\
+         \x20     proxy_pass http://engines;\n\
+         \x20     proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n\
+         \x20     proxy_buffering off;\n\
+         \x20   }}\n\
+         \x20 }}\n\
+         }}\n",
+        dir = dir.display()
+    )
 }
 
 /// A named command line in which `{port}` is replaced by the gateway's listening port and an
@@ -36,10 +104,10 @@ pub enum TemplateError {
     Shape(String),
     #[error("--gateway {0:?}: the command must contain {{port}} and {{workers}}")]
     Placeholders(String),
-    #[error("unknown target {0:?}: built in are direct, sluice, sluice-cache-aware and smg, or define it with --gateway NAME=COMMAND")]
+    #[error("unknown target {0:?}: built in are direct, nginx, sluice, sluice-cache-aware and smg, or define it with --gateway NAME=COMMAND")]
     Unknown(String),
-    #[error("target smg needs `smg` on the PATH (pip install smg==1.13.0)")]
-    SmgMissing,
+    #[error("target {0} needs `{0}` on the PATH ({1})")]
+    Missing(&'static str, &'static str),
 }
 
 impl Template {
@@ -119,12 +187,16 @@ pub fn resolve(
     exe: &Path,
 ) -> Result<Vec<Target>, TemplateError> {
     let smg_here = on_path("smg");
+    let nginx_here = on_path("nginx");
     if names.is_empty() {
-        let mut all = vec![
-            Target::Direct,
+        let mut all = vec![Target::Direct];
+        if nginx_here {
+            all.push(Target::Nginx);
+        }
+        all.extend([
             Target::Gateway(sluice("sluice", exe, Some("round_robin"))),
             Target::Gateway(sluice("sluice-cache-aware", exe, None)),
-        ];
+        ]);
         if smg_here {
             all.push(Target::Gateway(smg()));
         }
@@ -144,7 +216,12 @@ pub fn resolve(
                     Ok(Target::Gateway(sluice("sluice-cache-aware", exe, None)))
                 }
                 "smg" if smg_here => Ok(Target::Gateway(smg())),
-                "smg" => Err(TemplateError::SmgMissing),
+                "smg" => Err(TemplateError::Missing("smg", "pip install smg==1.13.0")),
+                "nginx" if nginx_here => Ok(Target::Nginx),
+                "nginx" => Err(TemplateError::Missing(
+                    "nginx",
+                    "apt-get install nginx-light",
+                )),
                 _ => Err(TemplateError::Unknown(name.clone())),
             }
         })
@@ -192,6 +269,26 @@ mod tests {
     }
 
     #[test]
+    fn nginx_proxies_to_every_engine_unbuffered() {
+        let engines: [SocketAddr; 2] = [
+            "127.0.0.1:8001".parse().unwrap(),
+            "127.0.0.1:8002".parse().unwrap(),
+        ];
+        let config = nginx_config(9000, &engines, Path::new("/tmp/run"));
+        for line in [
+            "listen 127.0.0.1:9000;",
+            "server 127.0.0.1:8001;",
+            "server 127.0.0.1:8002;",
+            "proxy_buffering off;",
+            "proxy_set_header Connection \"\";",
+            "pid /tmp/run/nginx.pid;",
+        ] {
+            assert!(config.contains(line), "{line} missing from:\n{config}");
+        }
+        assert_eq!(config.matches('{').count(), config.matches('}').count());
+    }
+
+    #[test]
     fn names_resolve_to_built_ins_and_definitions() {
         let exe = Path::new("/bin/sluice");
         let custom = [Template::parse("mine=gw {port} {workers}").unwrap()];
@@ -200,7 +297,7 @@ mod tests {
         let got: Vec<&str> = targets.iter().map(Target::name).collect();
         assert_eq!(got, ["direct", "mine", "sluice"]);
         assert!(matches!(
-            resolve(&["nginx".into()], &custom, exe),
+            resolve(&["haproxy".into()], &custom, exe),
             Err(TemplateError::Unknown(_))
         ));
         let Target::Gateway(rr) = &targets[2] else {
