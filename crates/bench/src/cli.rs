@@ -17,14 +17,15 @@ pub enum BenchCommand {
     Capacity(CapacityArgs),
     /// What a gateway costs: requests/s, CPU per request, added latency against going direct,
     /// memory and SSE relay rate, with instant simulated engines and the gateway pinned to one
-    /// core. Measures sluice, SMG when `smg` is on the PATH, and any --gateway template.
+    /// core. Measures sluice, nginx and SMG when they are on the PATH, and any --gateway template.
     Overhead(OverheadArgs),
 }
 
 #[derive(Args)]
 pub struct OverheadArgs {
-    /// Targets to measure, comma-separated: direct, sluice (round_robin), sluice-cache-aware
-    /// (its default policy), smg, or a name defined by --gateway [default: all that can run here].
+    /// Targets to measure, comma-separated: direct, nginx (plain keep-alive proxy), sluice
+    /// (round_robin), sluice-cache-aware (its default policy), smg, or a name defined by
+    /// --gateway [default: all that can run here].
     #[arg(long, value_delimiter = ',')]
     pub targets: Vec<String>,
     /// Another gateway to measure, `NAME=COMMAND`, where COMMAND contains `{port}` (where it must
@@ -114,6 +115,8 @@ pub enum BenchError {
     Target(#[from] crate::overhead::TemplateError),
     #[error(transparent)]
     Overhead(#[from] crate::overhead::OverheadError),
+    #[error("--{0} must be at least 1")]
+    Zero(&'static str),
     #[error("cannot find the sluice binary: {0}")]
     Exe(std::io::Error),
     #[error("the benchmark thread failed: {0}")]
@@ -137,6 +140,15 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
 }
 
 async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
+    for (flag, counts) in [
+        ("connections", args.connections.as_slice()),
+        ("stream-connections", &[args.stream_connections]),
+        ("engines", &[args.engines]),
+    ] {
+        if counts.is_empty() || counts.contains(&0) {
+            return Err(BenchError::Zero(flag));
+        }
+    }
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     let custom = args
         .gateways
@@ -155,6 +167,7 @@ async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
         engines: args.engines,
         shared_core: !args.no_shared_core,
         sluice_exe: exe,
+        pinned: true,
     };
     // The load generator gets a single-threaded runtime of its own: it shares one core with
     // the engines, and work stealing there would only add cost.

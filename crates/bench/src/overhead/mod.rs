@@ -50,6 +50,14 @@ pub struct OverheadPlan {
     pub shared_core: bool,
     /// The `sluice` binary, which also runs the simulated engines.
     pub sluice_exe: PathBuf,
+    /// Whether processes are pinned to their cores (set by `run` once it has checked).
+    pub pinned: bool,
+}
+
+impl OverheadPlan {
+    fn pin(&self, core: usize) -> Option<usize> {
+        self.pinned.then_some(core)
+    }
 }
 
 /// Why the benchmark could not finish.
@@ -84,9 +92,14 @@ pub async fn run(plan: &OverheadPlan) -> Result<OverheadReport, OverheadError> {
         path: log_dir.clone(),
         source,
     })?;
-    let pinned = procs::pin_self(plan.load_core);
+    // Without the cores to pin to (or without taskset), run unpinned and say so in the report.
+    let pinned = procs::can_pin(plan.gateway_core) && procs::pin_self(plan.load_core);
+    let plan = &OverheadPlan {
+        pinned,
+        ..plan.clone()
+    };
     let (engines, engine_addrs) = start_engines(plan, &log_dir).await?;
-    let mut report = OverheadReport::new(plan, pinned, log_dir.clone());
+    let mut report = OverheadReport::new(plan, log_dir.clone());
     for target in &plan.targets {
         let measured = measure(plan, target, &engine_addrs, &log_dir).await;
         match measured {
@@ -165,7 +178,7 @@ async fn start_engines(
     let mut sim = Proc::spawn(Launch {
         name: "engines",
         argv: &argv,
-        core: Some(plan.load_core),
+        core: plan.pin(plan.load_core),
         log_dir,
     })?;
     let addrs: Vec<SocketAddr> = (0..engines as u16).map(|i| loopback(base + i)).collect();
@@ -224,7 +237,7 @@ impl Started {
 
 async fn start(
     target: &Target,
-    core: usize,
+    core: Option<usize>,
     engines: &[SocketAddr],
     log_dir: &Path,
 ) -> Result<Started, OverheadError> {
@@ -245,7 +258,7 @@ async fn start(
     let mut proc = Proc::spawn(Launch {
         name: target.name(),
         argv: &argv,
-        core: Some(core),
+        core,
         log_dir,
     })?;
     wait_until_answering(&mut proc, loopback(port)).await?;
@@ -263,7 +276,7 @@ async fn measure(
     engines: &[SocketAddr],
     log_dir: &Path,
 ) -> Result<Measured, OverheadError> {
-    let own = start(target, plan.gateway_core, engines, log_dir).await?;
+    let own = start(target, plan.pin(plan.gateway_core), engines, log_dir).await?;
     let layout = match own.gateway {
         None => Layout::Direct,
         Some(_) => Layout::OwnCore,
@@ -299,7 +312,7 @@ async fn measure(
         .map(|r| r.1);
     own.stop().await;
     if plan.shared_core && layout == Layout::OwnCore {
-        let shared = start(target, plan.load_core, engines, log_dir).await?;
+        let shared = start(target, plan.pin(plan.load_core), engines, log_dir).await?;
         let window = Window {
             plan,
             target: target.name(),

@@ -263,6 +263,16 @@ fn parse_core_times(stat: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Whether `taskset` can pin a process to `core` on this machine.
+pub fn can_pin(core: usize) -> bool {
+    Command::new("taskset")
+        .args(["-c", &core.to_string(), "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Pins the calling process (all its threads) to `core`, so the load generator stays off the
 /// gateway's core.
 pub fn pin_self(core: usize) -> bool {

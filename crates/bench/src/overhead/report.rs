@@ -153,7 +153,7 @@ pub struct OverheadReport {
 }
 
 impl OverheadReport {
-    pub(super) fn new(plan: &OverheadPlan, pinned: bool, logs: PathBuf) -> Self {
+    pub(super) fn new(plan: &OverheadPlan, logs: PathBuf) -> Self {
         Self {
             rows: Vec::new(),
             memory: Vec::new(),
@@ -163,7 +163,7 @@ impl OverheadReport {
             window_secs: plan.window.as_secs_f64(),
             gateway_core: plan.gateway_core,
             load_core: plan.load_core,
-            pinned,
+            pinned: plan.pinned,
             logs,
         }
     }
@@ -211,7 +211,7 @@ impl OverheadReport {
             if self.pinned {
                 ""
             } else {
-                " (NOT pinned: taskset failed)"
+                " (NOT pinned: taskset or a core is missing, so the core figures mean little)"
             },
             self.warmup_secs,
             self.window_secs,
