@@ -13,11 +13,14 @@
 //! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
 //!   the cache-aware policy.
 //! - `breaker` — the per-worker circuit breaker state machine.
+//! - `health` — the worker health state machine (Pending / Ready / NotReady / Failed /
+//!   Draining) that probes drive.
 //! - `retry` — which failed attempts may be retried, and the backoff before each retry.
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
 //!   included), parsed strictly.
 
 pub mod breaker;
+pub mod health;
 pub mod ids;
 pub mod policy;
 pub mod prefix;

@@ -83,6 +83,7 @@ impl Gateway {
                 drain_settle: config.drain_settle,
                 startup_check_interval: config.startup_check_interval,
                 policy: config.policy.name(),
+                health: config.health.clone(),
             },
             upstream.clone(),
             metrics.clone(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -68,6 +69,12 @@ pub struct CancelLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success` or `failure`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
     pub worker: String,
     /// `connect`, `timeout`, `reset` (before headers), `stream` (mid-body), `status_5xx`.
@@ -88,6 +95,9 @@ pub struct Metrics {
     pub cancellations: Family<CancelLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub access_log_dropped: Counter,
+    /// 1 Ready, 0 any other state, -1 once removed (kept, so dashboards see the removal).
+    pub worker_health: Family<WorkerLabel, Gauge>,
+    pub health_checks: Family<ResultLabel, Counter>,
 }
 
 fn latency() -> Histogram {
@@ -113,6 +123,8 @@ impl Metrics {
             cancellations: Family::default(),
             upstream_errors: Family::default(),
             access_log_dropped: Counter::default(),
+            worker_health: Family::default(),
+            health_checks: Family::default(),
         };
         let r = registry;
         r.register(
@@ -166,6 +178,16 @@ impl Metrics {
             m.upstream_errors.clone(),
         );
         r.register(
+            "worker_health",
+            "Worker health: 1 Ready, 0 any other state (pending, not ready, failed, draining), -1 removed",
+            m.worker_health.clone(),
+        );
+        r.register(
+            "worker_health_checks",
+            "Health probes of workers, by result (success, failure)",
+            m.health_checks.clone(),
+        );
+        r.register(
             "access_log_dropped",
             "Access log lines dropped because the writer fell behind",
             m.access_log_dropped.clone(),
@@ -185,10 +207,18 @@ impl Metrics {
                 policy,
                 worker: worker.to_string(),
             }),
+            health: self.worker_health.get_or_create_owned(&label),
         }
     }
 
-    /// Drops a removed worker's series.
+    pub fn count_health_check(&self, passed: bool) {
+        let result = if passed { "success" } else { "failure" };
+        self.health_checks
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Drops a removed worker's series (its health gauge stays, at -1).
     pub fn forget_worker(&self, worker: &str, policy: &'static str) {
         let label = WorkerLabel {
             worker: worker.to_string(),
@@ -218,4 +248,5 @@ pub struct WorkerMetrics {
     pub ttft: Histogram,
     pub inter_chunk: Histogram,
     pub selections: Counter,
+    pub health: Gauge,
 }

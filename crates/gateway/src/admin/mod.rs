@@ -2,10 +2,10 @@
 //!
 //! | route | what | auth |
 //! | --- | --- | --- |
-//! | `GET /workers`, `GET /workers/{id}` | workers with status, circuit, models, load | open |
+//! | `GET /workers`, `GET /workers/{id}` | workers with health, circuit, models, load | open |
 //! | `POST /workers` | register (202 + `Location`; 409 if the URL is registered) | admin key |
 //! | `PUT /workers/{id}` | replace the whole spec, register again under the same id | admin key |
-//! | `PATCH /workers/{id}` | change `api_key` or `labels` in place | admin key |
+//! | `PATCH /workers/{id}` | change `api_key`, `labels` or the `health` block in place | admin key |
 //! | `DELETE /workers/{id}` | drain (a serving worker), then remove | admin key |
 //!
 //! A spec is validated before anything is registered: an invalid one is a 400 naming its field.
@@ -22,7 +22,10 @@ use serde::Serialize;
 use sluice_core::ModelName;
 
 use crate::error::GatewayError;
-use crate::fleet::{Removal, Worker, WorkerPatch, WorkerSpec, WorkerStatus};
+use sluice_core::health::HealthState;
+use tokio::time::Instant;
+
+use crate::fleet::{Fleet, Removal, Worker, WorkerPatch, WorkerSpec};
 use crate::front::{read_body, App};
 
 /// Largest worker spec accepted.
@@ -43,23 +46,75 @@ struct CircuitView {
     consecutive_failures: u32,
 }
 
+#[derive(Serialize)]
+struct ProbeView {
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    seconds_ago: f64,
+}
+
+/// The health state machine and the settings in force for this worker.
+#[derive(Serialize)]
+struct HealthView {
+    state: HealthState,
+    /// Seconds in this state.
+    for_secs: f64,
+    consecutive_failures: u32,
+    consecutive_passes: u32,
+    checks_enabled: bool,
+    check_interval_secs: f64,
+    timeout_secs: f64,
+    failure_threshold: u32,
+    success_threshold: u32,
+    drain_settle_secs: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_probe: Option<ProbeView>,
+}
+
+impl HealthView {
+    fn of(fleet: &Fleet, worker: &Worker) -> Self {
+        let now = Instant::now();
+        let health = worker.health();
+        let effective = fleet.health_of(worker);
+        Self {
+            state: health.state(),
+            for_secs: (now - health.since()).as_secs_f64(),
+            consecutive_failures: health.consecutive_failures(),
+            consecutive_passes: health.consecutive_passes(),
+            checks_enabled: !effective.disabled,
+            check_interval_secs: effective.interval.as_secs_f64(),
+            timeout_secs: effective.timeout.as_secs_f64(),
+            failure_threshold: effective.thresholds.failure,
+            success_threshold: effective.thresholds.success,
+            drain_settle_secs: effective.drain_settle.as_secs_f64(),
+            last_probe: worker.last_probe().map(|p| ProbeView {
+                ok: p.error.is_none(),
+                error: p.error.clone(),
+                seconds_ago: (now - p.at).as_secs_f64(),
+            }),
+        }
+    }
+}
+
 /// A worker as the admin API shows it.
 #[derive(Serialize)]
 pub struct WorkerView {
     id: String,
     url: String,
-    status: WorkerStatus,
+    status: HealthState,
     /// A request could be sent to it now (Ready and circuit not open).
     routable: bool,
     flavor: Option<String>,
     models: Vec<ModelName>,
     in_flight: u64,
+    health: HealthView,
     circuit: CircuitView,
     spec: WorkerSpec,
 }
 
 impl WorkerView {
-    pub fn of(worker: &Worker) -> Self {
+    pub fn of(fleet: &Fleet, worker: &Worker) -> Self {
         let spec = worker.live().spec.clone();
         Self {
             id: worker.id.to_string(),
@@ -69,6 +124,7 @@ impl WorkerView {
             flavor: worker.info().map(|i| i.flavor.clone()),
             models: worker.models(),
             in_flight: worker.in_flight(),
+            health: HealthView::of(fleet, worker),
             circuit: CircuitView {
                 state: worker.breaker.state().as_str(),
                 consecutive_failures: worker.breaker.consecutive_failures(),
@@ -80,13 +136,17 @@ impl WorkerView {
 
 async fn list(State(app): State<Arc<App>>) -> Response<Body> {
     let snapshot = app.fleet.snapshot();
-    let workers: Vec<WorkerView> = snapshot.workers.iter().map(|w| WorkerView::of(w)).collect();
+    let workers: Vec<WorkerView> = snapshot
+        .workers
+        .iter()
+        .map(|w| WorkerView::of(&app.fleet, w))
+        .collect();
     axum::Json(serde_json::json!({"total": workers.len(), "workers": workers})).into_response()
 }
 
 async fn show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response<Body> {
     match app.fleet.snapshot().worker(&id) {
-        Some(worker) => axum::Json(WorkerView::of(worker)).into_response(),
+        Some(worker) => axum::Json(WorkerView::of(&app.fleet, worker)).into_response(),
         None => GatewayError::WorkerNotFound { id }.into_response(),
     }
 }
@@ -105,8 +165,9 @@ fn invalid(e: crate::fleet::SpecError) -> GatewayError {
     }
 }
 
-fn accepted(worker: &Worker) -> Response<Body> {
-    let mut response = (StatusCode::ACCEPTED, axum::Json(WorkerView::of(worker))).into_response();
+fn accepted(fleet: &Fleet, worker: &Worker) -> Response<Body> {
+    let view = WorkerView::of(fleet, worker);
+    let mut response = (StatusCode::ACCEPTED, axum::Json(view)).into_response();
     if let Ok(location) = HeaderValue::try_from(format!("/workers/{}", worker.id)) {
         response.headers_mut().insert(header::LOCATION, location);
     }
@@ -121,7 +182,7 @@ async fn create(State(app): State<Arc<App>>, request: Request) -> Response<Body>
     }
     .await;
     match result {
-        Ok(worker) => accepted(&worker),
+        Ok(worker) => accepted(&app.fleet, &worker),
         Err(e) => e.into_response(),
     }
 }
@@ -138,7 +199,7 @@ async fn replace(
     }
     .await;
     match result {
-        Ok(worker) => accepted(&worker),
+        Ok(worker) => accepted(&app.fleet, &worker),
         Err(e) => e.into_response(),
     }
 }
@@ -155,7 +216,7 @@ async fn patch(
     }
     .await;
     match result {
-        Ok(worker) => axum::Json(WorkerView::of(&worker)).into_response(),
+        Ok(worker) => axum::Json(WorkerView::of(&app.fleet, &worker)).into_response(),
         Err(e) => e.into_response(),
     }
 }

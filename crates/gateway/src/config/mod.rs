@@ -21,7 +21,8 @@ use sluice_core::retry::Backoff;
 
 pub use settings::Settings;
 
-use crate::fleet::WorkerSpec;
+use crate::fleet::{HealthConfig, WorkerSpec};
+use sluice_core::health::Thresholds;
 
 /// Why the settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +57,11 @@ fn invalid(setting: &'static str, message: impl Into<String>) -> ConfigError {
 
 /// Builds the settings from parsed command-line arguments and, if `--config` names one, a file.
 pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
-    let cli = Settings::from_arg_matches(matches)?;
+    let mut cli = Settings::from_arg_matches(matches)?;
+    if cli.no_remove_unhealthy_workers {
+        // One field carries the choice, so --print-config shows it.
+        cli.remove_unhealthy_workers = Some(false);
+    }
     let Some(path) = cli.config.clone() else {
         return Ok(cli);
     };
@@ -85,6 +90,9 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         Settings::deserialize(merged).map_err(|source| ConfigError::File { path, source })?;
     settings.config = cli.config;
     settings.print_config = cli.print_config;
+    if cli.no_remove_unhealthy_workers {
+        settings.remove_unhealthy_workers = Some(false);
+    }
     Ok(settings)
 }
 
@@ -156,6 +164,10 @@ impl Settings {
                 self.worker_startup_check_interval_secs,
             )?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
+            health: self.health()?,
+            health_listen: self
+                .health_check_port
+                .map(|port| SocketAddr::new(host, port)),
             shutdown_grace: seconds(
                 "shutdown-grace-period-secs",
                 self.shutdown_grace_period_secs,
@@ -168,6 +180,33 @@ impl Settings {
                 None => None,
             },
             access_log: self.access_log.clone(),
+        })
+    }
+
+    fn health(&self) -> Result<HealthConfig, ConfigError> {
+        let endpoint = &self.health_check_endpoint;
+        if !endpoint.starts_with('/') || endpoint.parse::<axum::http::uri::PathAndQuery>().is_err()
+        {
+            return Err(invalid(
+                "health-check-endpoint",
+                format!("'{endpoint}' is not a path such as /health"),
+            ));
+        }
+        Ok(HealthConfig {
+            interval: positive_seconds(
+                "health-check-interval-secs",
+                self.health_check_interval_secs,
+            )?,
+            timeout: positive_seconds("health-check-timeout-secs", self.health_check_timeout_secs)?,
+            thresholds: Thresholds {
+                failure: positive_count("health-failure-threshold", self.health_failure_threshold)?,
+                success: positive_count("health-success-threshold", self.health_success_threshold)?,
+            },
+            endpoint: endpoint.clone(),
+            disabled: self.disable_health_check,
+            // With no service discovery to register a removed worker again, removal would
+            // shrink a static fleet for good: off unless asked for.
+            remove_unhealthy: self.remove_unhealthy_workers.unwrap_or(false),
         })
     }
 
@@ -280,6 +319,9 @@ pub struct Config {
     pub breaker: Option<BreakerConfig>,
     pub startup_check_interval: Duration,
     pub drain_settle: Duration,
+    pub health: HealthConfig,
+    /// The dedicated probe listener (`--health-check-port`).
+    pub health_listen: Option<SocketAddr>,
     pub shutdown_grace: Duration,
     pub metrics_listen: Option<SocketAddr>,
     pub access_log: Option<PathBuf>,
@@ -374,6 +416,50 @@ mod tests {
     }
 
     #[test]
+    fn health_defaults_follow_the_seed() {
+        let h = Settings::defaults().validate().unwrap().health;
+        assert_eq!(h, HealthConfig::default());
+        assert_eq!(h.interval, Duration::from_secs(60));
+        assert_eq!(h.timeout, Duration::from_secs(5));
+        assert_eq!((h.thresholds.failure, h.thresholds.success), (3, 2));
+        assert_eq!(h.endpoint, "/health");
+        assert!(!h.disabled && !h.remove_unhealthy);
+    }
+
+    #[test]
+    fn auto_recovery_takes_every_spelling() {
+        let remove = |args: &[&str]| {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            load_args(&full)
+                .unwrap()
+                .validate()
+                .unwrap()
+                .health
+                .remove_unhealthy
+        };
+        assert!(!remove(&[]), "no service discovery: off by default");
+        assert!(remove(&["--remove-unhealthy-workers"]));
+        assert!(remove(&["--remove-unhealthy-workers=true"]));
+        assert!(!remove(&["--remove-unhealthy-workers=false"]));
+        assert!(remove(&["--worker-auto-recovery"]));
+        assert!(!remove(&["--no-worker-auto-recovery"]));
+        assert!(!remove(&[
+            "--remove-unhealthy-workers",
+            "--no-remove-unhealthy-workers"
+        ]));
+        assert!(remove(&[
+            "--no-remove-unhealthy-workers",
+            "--remove-unhealthy-workers"
+        ]));
+        let s = load_args(&["sluice", "--no-remove-unhealthy-workers"]).unwrap();
+        assert!(s
+            .to_toml()
+            .unwrap()
+            .contains("remove_unhealthy_workers = false"));
+    }
+
+    #[test]
     fn invalid_values_name_their_setting() {
         let cases: &[(&[&str], &str)] = &[
             (&["--policy", "fastest"], "--policy"),
@@ -383,6 +469,26 @@ mod tests {
             (&["--host", "not-an-ip"], "--host"),
             (&["--worker-urls", "ftp://x"], "--worker-urls"),
             (&["--api-key", ""], "--api-key"),
+            (
+                &["--health-check-interval-secs", "0"],
+                "--health-check-interval-secs",
+            ),
+            (
+                &["--health-check-timeout-secs", "nan"],
+                "--health-check-timeout-secs",
+            ),
+            (
+                &["--health-failure-threshold", "0"],
+                "--health-failure-threshold",
+            ),
+            (
+                &["--health-success-threshold", "0"],
+                "--health-success-threshold",
+            ),
+            (
+                &["--health-check-endpoint", "health"],
+                "--health-check-endpoint",
+            ),
         ];
         for (args, setting) in cases {
             let mut full = vec!["sluice"];

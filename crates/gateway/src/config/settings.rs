@@ -170,9 +170,66 @@ pub struct Settings {
     #[arg(long, default_value_t = 5.0)]
     pub worker_startup_check_interval_secs: f64,
 
-    /// Seconds a worker being removed takes no new requests before it goes.
+    /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]
     pub drain_settle_secs: f64,
+
+    /// Seconds between two health probes of a worker (each worker on its own schedule).
+    #[arg(long, default_value_t = 60.0)]
+    pub health_check_interval_secs: f64,
+
+    /// A probe that has no 2xx answer within this many seconds failed.
+    #[arg(long, default_value_t = 5.0)]
+    pub health_check_timeout_secs: f64,
+
+    /// Consecutive failed probes that take a Ready worker out of rotation (NotReady); 3x more
+    /// make it Failed, and 10x probes without becoming Ready fail a Pending worker.
+    #[arg(long, default_value_t = 3)]
+    pub health_failure_threshold: u32,
+
+    /// Consecutive passed probes that bring a worker (back) to Ready.
+    #[arg(long, default_value_t = 2)]
+    pub health_success_threshold: u32,
+
+    /// Path probed on each worker (GET, 2xx is healthy).
+    #[arg(long, default_value = "/health")]
+    pub health_check_endpoint: String,
+
+    /// Do not probe workers (a worker's `health.disable_health_check` overrides it).
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_health_check: bool,
+
+    /// Remove workers that reach Failed instead of keeping them and probing on, so they rejoin
+    /// in place. `--remove-unhealthy-workers` alone means true; `=false` or
+    /// `--no-remove-unhealthy-workers` turn it off [default: off, as there is no service
+    /// discovery to register a removed worker again].
+    #[arg(
+        long,
+        alias = "worker-auto-recovery",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        overrides_with = "no_remove_unhealthy_workers"
+    )]
+    #[serde(default)]
+    pub remove_unhealthy_workers: Option<bool>,
+
+    /// Keep failed workers registered and probed (the default).
+    #[arg(
+        long,
+        alias = "no-worker-auto-recovery",
+        overrides_with = "remove_unhealthy_workers"
+    )]
+    #[serde(skip)]
+    pub no_remove_unhealthy_workers: bool,
+
+    /// Also serve /liveness, /readiness and /health on this port, from a thread and runtime of
+    /// their own, so a saturated gateway still answers its probes.
+    #[arg(long)]
+    #[serde(default)]
+    pub health_check_port: Option<u16>,
 
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]

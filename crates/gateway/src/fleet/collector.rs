@@ -53,11 +53,7 @@ impl Collector for FleetCollector {
             let flavor = w
                 .info()
                 .map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
-            let status = match w.status() {
-                super::WorkerStatus::Pending => "pending",
-                super::WorkerStatus::Ready => "ready",
-                super::WorkerStatus::Draining => "draining",
-            };
+            let status = w.status().as_str();
             let labels = [
                 ("worker", w.id.as_str()),
                 ("url", url.as_str()),

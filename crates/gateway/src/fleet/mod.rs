@@ -8,6 +8,7 @@
 mod breaker;
 mod collector;
 mod discover;
+mod health;
 mod spec;
 mod worker;
 
@@ -19,16 +20,19 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use sluice_core::breaker::BreakerConfig;
+use sluice_core::health::{HealthState, HealthTransition, Probe, Thresholds};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::AbortHandle;
-use tracing::info;
+use tokio::time::Instant;
+use tracing::{info, warn};
 
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
-pub use spec::{SpecError, WorkerPatch, WorkerSpec};
-pub use worker::{Lease, LiveSpec, ModelCard, Worker, WorkerInfo, WorkerStatus};
+pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
+pub use spec::{HealthOverrides, SpecError, WorkerPatch, WorkerSpec};
+pub use worker::{Lease, LiveSpec, ModelCard, ProbeRecord, Worker, WorkerInfo};
 
 use crate::error::GatewayError;
 use crate::forward::Upstream;
@@ -45,6 +49,7 @@ pub struct FleetSettings {
     pub startup_check_interval: Duration,
     /// The policy's name, a label of per-worker selection counts.
     pub policy: &'static str,
+    pub health: HealthConfig,
 }
 
 /// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
@@ -81,7 +86,7 @@ impl Snapshot {
 
 struct Entry {
     worker: Arc<Worker>,
-    /// The worker's background tasks (breaker timer, registration), ended on removal.
+    /// The worker's background tasks (breaker timer, registration, prober), ended on removal.
     tasks: Vec<AbortHandle>,
 }
 
@@ -118,6 +123,8 @@ pub struct Fleet {
     settings: FleetSettings,
     upstream: Upstream,
     metrics: Arc<Metrics>,
+    /// Caps the probes out at once, fleet-wide.
+    probe_permits: Arc<Semaphore>,
 }
 
 impl Fleet {
@@ -129,7 +136,13 @@ impl Fleet {
             settings,
             upstream,
             metrics,
+            probe_permits: Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT)),
         })
+    }
+
+    /// Resolves when the fleet may have changed (snapshot, a circuit, a worker's health).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// The current snapshot.
@@ -230,25 +243,75 @@ impl Fleet {
             .find(|e| e.worker.id.as_str() == id)
             .map(|e| e.worker.clone())
             .ok_or_else(|| not_found(id))?;
-        match worker.status() {
-            WorkerStatus::Ready if !self.settings.drain_settle.is_zero() => {
-                worker.set_status(WorkerStatus::Draining);
-                self.publish(&mut registry);
-                info!(worker = %worker.id, settle = ?self.settings.drain_settle, "worker draining");
-                let fleet = Arc::clone(self);
-                let settle = self.settings.drain_settle;
-                tokio::spawn(async move {
-                    tokio::time::sleep(settle).await;
-                    fleet.remove_now(&worker);
-                });
-                Ok(Removal::Draining)
+        let settle = self.health_of(&worker).drain_settle;
+        if worker.status() == HealthState::Draining {
+            return Ok(Removal::Draining);
+        }
+        let draining = if settle.is_zero() {
+            None
+        } else {
+            worker.change_health(|h| h.drain(Instant::now()))
+        };
+        let Some(transition) = draining else {
+            drop(registry);
+            self.remove_now(&worker);
+            return Ok(Removal::Removed);
+        };
+        self.publish(&mut registry);
+        drop(registry);
+        self.health_changed(&worker, transition);
+        let fleet = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(settle).await;
+            fleet.remove_now(&worker);
+        });
+        Ok(Removal::Draining)
+    }
+
+    /// The health settings in force for `worker`.
+    pub fn health_of(&self, worker: &Worker) -> Effective {
+        self.settings
+            .health
+            .for_worker(&worker.live().spec.health, self.settings.drain_settle)
+    }
+
+    /// A probe of `worker` ended.
+    fn probed(self: &Arc<Self>, worker: &Arc<Worker>, probe: Probe, thresholds: Thresholds) {
+        self.metrics.count_health_check(probe == Probe::Pass);
+        if let Some(t) = worker.change_health(|h| h.probe(probe, thresholds, Instant::now())) {
+            self.health_changed(worker, t);
+        }
+    }
+
+    /// Probing is off for `worker`: nothing but probes could bring a NotReady or Failed worker
+    /// back, so it is Ready again.
+    fn health_checks_disabled(self: &Arc<Self>, worker: &Arc<Worker>) {
+        if let Some(t) = worker.change_health(|h| h.checks_disabled(Instant::now())) {
+            self.health_changed(worker, t);
+        }
+    }
+
+    /// Acts on a health transition: log, gauge, breaker readmission on promotion, removal of a
+    /// failed worker under auto-recovery, and a change signal for readiness and waiters.
+    fn health_changed(self: &Arc<Self>, worker: &Arc<Worker>, t: HealthTransition) {
+        let (from, to) = (t.from.as_str(), t.to.as_str());
+        match t.to {
+            HealthState::Ready => {
+                info!(worker = %worker.id, from, to, cause = %t.cause, "worker health changed")
             }
-            WorkerStatus::Draining => Ok(Removal::Draining),
-            _ => {
-                drop(registry);
-                self.remove_now(&worker);
-                Ok(Removal::Removed)
-            }
+            _ => warn!(worker = %worker.id, from, to, cause = %t.cause, "worker health changed"),
+        }
+        worker
+            .metrics
+            .health
+            .set(i64::from(t.to == HealthState::Ready));
+        if t.is_promotion() {
+            worker.breaker.readmit();
+        }
+        self.changed.send_modify(|v| *v += 1);
+        if t.to == HealthState::Failed && self.settings.health.remove_unhealthy {
+            info!(worker = %worker.id, "removing the failed worker (--remove-unhealthy-workers)");
+            self.remove_now(worker);
         }
     }
 
@@ -260,13 +323,14 @@ impl Fleet {
         if registry.entries.len() < before {
             self.metrics
                 .forget_worker(worker.id.as_str(), self.settings.policy);
+            worker.metrics.health.set(-1);
             self.publish(&mut registry);
             info!(worker = %worker.id, "worker removed");
         }
     }
 
-    /// A worker answered `/v1/models`: it serves these models and is ready.
-    fn learned(&self, worker: &Arc<Worker>, info: WorkerInfo) {
+    /// A worker answered `/v1/models`: it serves these models, and a pending one is ready.
+    fn learned(self: &Arc<Self>, worker: &Arc<Worker>, info: WorkerInfo) {
         let mut registry = self.registry.lock();
         if !registry
             .entries
@@ -277,11 +341,12 @@ impl Fleet {
         }
         let models: Vec<_> = info.models.iter().map(|m| m.id.to_string()).collect();
         worker.set_info(info);
-        if worker.status() == WorkerStatus::Pending {
-            worker.set_status(WorkerStatus::Ready);
-        }
         self.publish(&mut registry);
-        info!(worker = %worker.id, ?models, "worker ready");
+        drop(registry);
+        info!(worker = %worker.id, ?models, "worker models learned");
+        if let Some(t) = worker.change_health(|h| h.registered(Instant::now())) {
+            self.health_changed(worker, t);
+        }
     }
 
     fn start_worker(self: &Arc<Self>, id: WorkerId, spec: WorkerSpec) -> Entry {
@@ -298,7 +363,15 @@ impl Fleet {
             breaker.clone(),
             self.metrics.for_worker(id.as_str(), self.settings.policy),
         ));
+        worker.metrics.health.set(0);
         let timer = tokio::spawn(breaker.run_timer()).abort_handle();
+        let prober = tokio::spawn(health::run_prober(
+            Arc::downgrade(self),
+            worker.clone(),
+            self.upstream.clone(),
+            self.probe_permits.clone(),
+        ))
+        .abort_handle();
         let registration = tokio::spawn(discover::register(
             Arc::downgrade(self),
             worker.clone(),
@@ -308,7 +381,7 @@ impl Fleet {
         .abort_handle();
         Entry {
             worker,
-            tasks: vec![timer, registration],
+            tasks: vec![timer, registration, prober],
         }
     }
 
@@ -318,7 +391,7 @@ impl Fleet {
         let mut unresolved = 0;
         for entry in &registry.entries {
             let worker = &entry.worker;
-            if worker.status() == WorkerStatus::Draining {
+            if worker.status() == HealthState::Draining {
                 continue;
             }
             let models = worker.models();

@@ -45,6 +45,33 @@ pub struct WorkerSpec {
     /// Free-form labels for operators.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Health-check settings of this worker; unset fields follow the gateway's flags.
+    #[serde(skip_serializing_if = "HealthOverrides::is_empty")]
+    pub health: HealthOverrides,
+}
+
+/// A worker's own health-check settings (the spec's `health` block). Each unset field keeps the
+/// gateway-wide value of the flag it overrides.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HealthOverrides {
+    /// `--health-check-interval-secs`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check_interval_secs: Option<f64>,
+    /// `--health-check-timeout-secs`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<f64>,
+    /// `--health-failure-threshold`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+    /// `--health-success-threshold`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success_threshold: Option<u32>,
+    /// `--disable-health-check`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disable_health_check: Option<bool>,
+    /// `--drain-settle-secs`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_settle_secs: Option<f64>,
 }
 
 /// The fields `PATCH /workers/{id}` may change; the rest need `PUT`.
@@ -52,10 +79,32 @@ pub struct WorkerSpec {
 pub struct WorkerPatch {
     pub api_key: Option<Option<String>>,
     pub labels: Option<BTreeMap<String, String>>,
+    /// Merged field by field: a field given sets it, `null` returns it to the gateway value,
+    /// a field left out stays as it was.
+    pub health: Option<HealthPatch>,
 }
 
-const FIELDS: &[&str] = &["url", "api_key", "model_id", "http2", "labels"];
-const PATCHABLE: &[&str] = &["api_key", "labels"];
+/// A `health` block in a PATCH: `None` leaves a field alone, `Some(None)` clears it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HealthPatch {
+    pub check_interval_secs: Option<Option<f64>>,
+    pub timeout_secs: Option<Option<f64>>,
+    pub failure_threshold: Option<Option<u32>>,
+    pub success_threshold: Option<Option<u32>>,
+    pub disable_health_check: Option<Option<bool>>,
+    pub drain_settle_secs: Option<Option<f64>>,
+}
+
+const FIELDS: &[&str] = &["url", "api_key", "model_id", "http2", "labels", "health"];
+const PATCHABLE: &[&str] = &["api_key", "labels", "health"];
+const HEALTH_FIELDS: &[&str] = &[
+    "check_interval_secs",
+    "timeout_secs",
+    "failure_threshold",
+    "success_threshold",
+    "disable_health_check",
+    "drain_settle_secs",
+];
 
 impl WorkerSpec {
     /// A spec with only a URL (and the gateway-wide worker key), as `--worker-urls` gives.
@@ -66,6 +115,7 @@ impl WorkerSpec {
             model_id: None,
             http2: None,
             labels: BTreeMap::new(),
+            health: HealthOverrides::default(),
         })
     }
 
@@ -93,6 +143,10 @@ impl WorkerSpec {
                 Some(_) => return Err(spec_error("http2", "must be a boolean")),
             },
             labels: labels(&object)?.unwrap_or_default(),
+            health: match health_patch(&object)? {
+                Some(patch) => HealthOverrides::default().patched(patch),
+                None => HealthOverrides::default(),
+            },
         })
     }
 
@@ -111,6 +165,26 @@ impl WorkerSpec {
         }
         if let Some(labels) = patch.labels {
             self.labels = labels;
+        }
+        if let Some(health) = patch.health {
+            self.health = self.health.clone().patched(health);
+        }
+    }
+}
+
+impl HealthOverrides {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    fn patched(self, p: HealthPatch) -> Self {
+        Self {
+            check_interval_secs: p.check_interval_secs.unwrap_or(self.check_interval_secs),
+            timeout_secs: p.timeout_secs.unwrap_or(self.timeout_secs),
+            failure_threshold: p.failure_threshold.unwrap_or(self.failure_threshold),
+            success_threshold: p.success_threshold.unwrap_or(self.success_threshold),
+            disable_health_check: p.disable_health_check.unwrap_or(self.disable_health_check),
+            drain_settle_secs: p.drain_settle_secs.unwrap_or(self.drain_settle_secs),
         }
     }
 }
@@ -132,8 +206,75 @@ impl WorkerPatch {
                 Some(_) => Some(optional_string(&object, "api_key")?),
             },
             labels: labels(&object)?,
+            health: health_patch(&object)?,
         })
     }
+}
+
+/// The `health` block, each field validated and named (`health.timeout_secs`) when wrong.
+fn health_patch(object: &Map<String, Value>) -> Result<Option<HealthPatch>, SpecError> {
+    let block = match object.get("health") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(block)) => block,
+        Some(_) => return Err(spec_error("health", "must be an object")),
+    };
+    if let Some(unknown) = block.keys().find(|k| !HEALTH_FIELDS.contains(&k.as_str())) {
+        return Err(spec_error(
+            &format!("health.{unknown}"),
+            format!("unknown field (known: {})", HEALTH_FIELDS.join(", ")),
+        ));
+    }
+    let seconds = |name: &str, zero_ok: bool| -> Result<Option<Option<f64>>, SpecError> {
+        let field = format!("health.{name}");
+        match block.get(name) {
+            None => Ok(None),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && (x > 0.0 || (zero_ok && x == 0.0)) && x <= 86_400.0 => {
+                    Ok(Some(Some(x)))
+                }
+                _ => Err(spec_error(
+                    &field,
+                    if zero_ok {
+                        "must be a number of seconds from 0 to 86400"
+                    } else {
+                        "must be a number of seconds greater than 0, at most 86400"
+                    },
+                )),
+            },
+        }
+    };
+    let count = |name: &str| -> Result<Option<Option<u32>>, SpecError> {
+        match block.get(name) {
+            None => Ok(None),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) if n >= 1 => Ok(Some(Some(n))),
+                _ => Err(spec_error(
+                    &format!("health.{name}"),
+                    "must be a whole number of at least 1",
+                )),
+            },
+        }
+    };
+    Ok(Some(HealthPatch {
+        check_interval_secs: seconds("check_interval_secs", false)?,
+        timeout_secs: seconds("timeout_secs", false)?,
+        failure_threshold: count("failure_threshold")?,
+        success_threshold: count("success_threshold")?,
+        disable_health_check: match block.get("disable_health_check") {
+            None => None,
+            Some(Value::Null) => Some(None),
+            Some(Value::Bool(b)) => Some(Some(*b)),
+            Some(_) => {
+                return Err(spec_error(
+                    "health.disable_health_check",
+                    "must be a boolean",
+                ))
+            }
+        },
+        drain_settle_secs: seconds("drain_settle_secs", true)?,
+    }))
 }
 
 fn parse_object(body: &[u8]) -> Result<Map<String, Value>, SpecError> {
@@ -251,6 +392,60 @@ mod tests {
         assert_eq!(field_of(r#"{"url":"http://x:1","helth":{}}"#), "helth");
         assert_eq!(field_of(r#"[1]"#), "body");
         assert_eq!(field_of(r#"{"url":"#), "body");
+    }
+
+    #[test]
+    fn the_health_block_is_validated_field_by_field() {
+        let s = WorkerSpec::parse(
+            br#"{"url":"http://x:1","health":{"check_interval_secs":15,"timeout_secs":2.5,"failure_threshold":5,"success_threshold":1,"disable_health_check":false,"drain_settle_secs":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.health.check_interval_secs, Some(15.0));
+        assert_eq!(s.health.timeout_secs, Some(2.5));
+        assert_eq!(s.health.failure_threshold, Some(5));
+        assert_eq!(s.health.success_threshold, Some(1));
+        assert_eq!(s.health.disable_health_check, Some(false));
+        assert_eq!(s.health.drain_settle_secs, Some(0.0));
+        let bad = [
+            (r#"{"check_interval_secs":0}"#, "health.check_interval_secs"),
+            (r#"{"timeout_secs":-1}"#, "health.timeout_secs"),
+            (r#"{"timeout_secs":"5"}"#, "health.timeout_secs"),
+            (r#"{"failure_threshold":0}"#, "health.failure_threshold"),
+            (r#"{"success_threshold":1.5}"#, "health.success_threshold"),
+            (
+                r#"{"disable_health_check":"no"}"#,
+                "health.disable_health_check",
+            ),
+            (r#"{"drain_settle_secs":-0.5}"#, "health.drain_settle_secs"),
+            (r#"{"interval":5}"#, "health.interval"),
+        ];
+        for (block, field) in bad {
+            let body = format!(r#"{{"url":"http://x:1","health":{block}}}"#);
+            assert_eq!(field_of(&body), field, "{block}");
+        }
+        assert_eq!(field_of(r#"{"url":"http://x:1","health":5}"#), "health");
+    }
+
+    #[test]
+    fn a_health_patch_merges_field_by_field() {
+        let mut s = WorkerSpec::parse(
+            br#"{"url":"http://x:1","health":{"check_interval_secs":15,"failure_threshold":5}}"#,
+        )
+        .unwrap();
+        let p = WorkerPatch::parse(br#"{"health":{"timeout_secs":3,"failure_threshold":null}}"#)
+            .unwrap();
+        s.apply(p);
+        assert_eq!(s.health.check_interval_secs, Some(15.0), "left out: kept");
+        assert_eq!(s.health.timeout_secs, Some(3.0), "given: set");
+        assert_eq!(
+            s.health.failure_threshold, None,
+            "null: back to the gateway value"
+        );
+        let shown = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            shown["health"],
+            serde_json::json!({"check_interval_secs":15.0,"timeout_secs":3.0})
+        );
     }
 
     #[test]

@@ -7,38 +7,41 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use axum::http::uri::{Authority, Scheme};
 use axum::http::HeaderValue;
-use serde::Serialize;
 use sluice_core::breaker::{BreakerState, Outcome};
+use sluice_core::health::{Health, HealthState, HealthTransition};
 use sluice_core::{ModelName, WorkerId};
+use tokio::time::Instant;
 
 use super::breaker::{Permit, WorkerBreaker};
 use super::spec::WorkerSpec;
 use crate::metrics::WorkerMetrics;
 
-/// Where a worker is in its life. (The full health state machine replaces this with probes.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkerStatus {
-    /// Registered, but it has not answered `/v1/models` yet: no requests.
-    Pending,
-    /// Serving.
-    Ready,
-    /// Being removed: no new requests.
-    Draining,
+fn encode(state: HealthState) -> u8 {
+    match state {
+        HealthState::Pending => 0,
+        HealthState::Ready => 1,
+        HealthState::NotReady => 2,
+        HealthState::Failed => 3,
+        HealthState::Draining => 4,
+    }
 }
 
-impl WorkerStatus {
-    fn encode(self) -> u8 {
-        self as u8
+fn decode(v: u8) -> HealthState {
+    match v {
+        1 => HealthState::Ready,
+        2 => HealthState::NotReady,
+        3 => HealthState::Failed,
+        4 => HealthState::Draining,
+        _ => HealthState::Pending,
     }
+}
 
-    fn decode(v: u8) -> Self {
-        match v {
-            1 => WorkerStatus::Ready,
-            2 => WorkerStatus::Draining,
-            _ => WorkerStatus::Pending,
-        }
-    }
+/// The last probe of a worker, for `GET /workers`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeRecord {
+    /// Why it failed (`timeout after 5s`, `connect`, `status 503`); `None` when it passed.
+    pub error: Option<String>,
+    pub at: Instant,
 }
 
 /// One model as a worker lists it in `/v1/models`.
@@ -90,7 +93,12 @@ pub struct Worker {
     pub http2: bool,
     /// The parts of the spec `PATCH` may change, swapped whole.
     live: ArcSwap<LiveSpec>,
+    /// The health state machine; changed only through the fleet's health methods, under this
+    /// short lock (never held across an `.await`).
+    health: parking_lot::Mutex<Health>,
+    /// Its state, for the request path's lock-free reads.
     status: AtomicU8,
+    last_probe: ArcSwapOption<ProbeRecord>,
     info: ArcSwapOption<WorkerInfo>,
     /// Requests in flight through this gateway, moved only by `Lease`.
     in_flight: AtomicU64,
@@ -114,7 +122,9 @@ impl Worker {
             scheme,
             authority,
             live: ArcSwap::from_pointee(LiveSpec::new(spec)),
-            status: AtomicU8::new(WorkerStatus::Pending.encode()),
+            health: parking_lot::Mutex::new(Health::new(Instant::now())),
+            status: AtomicU8::new(encode(HealthState::Pending)),
+            last_probe: ArcSwapOption::empty(),
             info: ArcSwapOption::empty(),
             in_flight: AtomicU64::new(0),
             breaker,
@@ -131,12 +141,32 @@ impl Worker {
         self.live.store(Arc::new(LiveSpec::new(spec)));
     }
 
-    pub fn status(&self) -> WorkerStatus {
-        WorkerStatus::decode(self.status.load(Ordering::Acquire))
+    pub fn status(&self) -> HealthState {
+        decode(self.status.load(Ordering::Acquire))
     }
 
-    pub(crate) fn set_status(&self, status: WorkerStatus) {
-        self.status.store(status.encode(), Ordering::Release);
+    /// Runs one health event under the lock and publishes the resulting state.
+    pub(crate) fn change_health(
+        &self,
+        event: impl FnOnce(&mut Health) -> Option<HealthTransition>,
+    ) -> Option<HealthTransition> {
+        let mut health = self.health.lock();
+        let transition = event(&mut health);
+        self.status.store(encode(health.state()), Ordering::Release);
+        transition
+    }
+
+    /// A copy of the health state machine (counts and since when), for views.
+    pub fn health(&self) -> Health {
+        self.health.lock().clone()
+    }
+
+    pub fn last_probe(&self) -> Option<Arc<ProbeRecord>> {
+        self.last_probe.load_full()
+    }
+
+    pub(crate) fn set_last_probe(&self, record: ProbeRecord) {
+        self.last_probe.store(Some(Arc::new(record)));
     }
 
     pub fn info(&self) -> Option<Arc<WorkerInfo>> {
@@ -153,7 +183,7 @@ impl Worker {
 
     /// Ready, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
-        self.status() == WorkerStatus::Ready && self.breaker.state() != BreakerState::Open
+        self.status() == HealthState::Ready && self.breaker.state() != BreakerState::Open
     }
 
     /// Whether it serves `model` (as declared in its spec, or as learned).

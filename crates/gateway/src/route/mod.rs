@@ -11,7 +11,9 @@ use sluice_core::prefix::block_hashes;
 use sluice_core::ModelName;
 
 use crate::error::GatewayError;
-use crate::fleet::{Lease, Pool, Snapshot, Worker, WorkerStatus};
+use sluice_core::health::HealthState;
+
+use crate::fleet::{Lease, Pool, Snapshot, Worker};
 
 /// Bytes per prefix block: about 16 tokens, an engine's KV block.
 const PREFIX_BLOCK_BYTES: usize = 64;
@@ -126,20 +128,22 @@ pub fn select(
 }
 
 fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
-    let (mut pending, mut draining, mut open, mut failed) = (0, 0, 0, 0);
+    let (mut pending, mut unhealthy, mut draining, mut open, mut failed) = (0, 0, 0, 0, 0);
     for w in &pool.workers {
         if tried.contains(&w.key) {
             failed += 1;
-        } else if w.status() == WorkerStatus::Pending {
-            pending += 1;
-        } else if w.status() == WorkerStatus::Draining {
-            draining += 1;
-        } else {
-            open += 1;
+            continue;
+        }
+        match w.status() {
+            HealthState::Pending => pending += 1,
+            HealthState::NotReady | HealthState::Failed => unhealthy += 1,
+            HealthState::Draining => draining += 1,
+            HealthState::Ready => open += 1,
         }
     }
     let reasons: Vec<String> = [
         (pending, "not reached yet"),
+        (unhealthy, "failing health checks"),
         (draining, "draining"),
         (open, "circuit open"),
         (failed, "already tried"),

@@ -4,7 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-pub use sluice_gateway::fleet::{Snapshot, WorkerStatus};
+pub use sluice_core::health::HealthState;
+pub use sluice_gateway::fleet::Snapshot;
 pub use sluice_gateway::{Config, Gateway};
 pub use sluice_sim::testkit::*;
 pub use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, SimFleet};
@@ -23,7 +24,7 @@ pub struct Setup {
 }
 
 pub fn all_ready(s: &Snapshot) -> bool {
-    s.workers.iter().all(|w| w.status() == WorkerStatus::Ready)
+    s.workers.iter().all(|w| w.status() == HealthState::Ready)
 }
 
 /// `engines` simulated engines and a gateway over them, configured by `tune`, all workers ready.

@@ -1,0 +1,190 @@
+//! Background health checks: each worker probed on its own schedule, the results fed to the
+//! health state machine (`sluice_core::health`), and what a state change implies acted on —
+//! breaker readmission on promotion, removal of failed workers when auto-recovery is on, the
+//! `sluice_worker_health` gauge and one log line with the cause.
+//!
+//! A probe is `GET <worker url><--health-check-endpoint>` with the worker's API key as a bearer
+//! token; it passes on a 2xx within the timeout. Every worker has its own task, so a slow one
+//! delays nobody else, and a semaphore keeps at most `MAX_PROBES_IN_FLIGHT` probes out at once.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use axum::http::{header, Method, Request, Uri};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use sluice_core::health::{HealthState, Probe, Thresholds};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use super::spec::HealthOverrides;
+use super::{Fleet, ProbeRecord, Worker};
+use crate::forward::Upstream;
+
+/// At most this many probes are out at once, fleet-wide.
+pub const MAX_PROBES_IN_FLIGHT: usize = 128;
+
+/// The gateway-wide health-check settings (the flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub thresholds: Thresholds,
+    /// Path probed on each worker, e.g. `/health`.
+    pub endpoint: String,
+    pub disabled: bool,
+    /// Remove a worker that reaches Failed (auto-recovery); otherwise it stays and is probed.
+    pub remove_unhealthy: bool,
+}
+
+impl Default for HealthConfig {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(5),
+            thresholds: Thresholds {
+                failure: 3,
+                success: 2,
+            },
+            endpoint: "/health".into(),
+            disabled: false,
+            remove_unhealthy: false,
+        }
+    }
+}
+
+/// What applies to one worker: the gateway's values with the worker's `health` block on top.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Effective {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub thresholds: Thresholds,
+    pub disabled: bool,
+    pub drain_settle: Duration,
+}
+
+/// Seconds already validated (finite, in range) when the spec was parsed.
+fn secs(value: Option<f64>, default: Duration) -> Duration {
+    value
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(default)
+}
+
+impl HealthConfig {
+    pub fn for_worker(&self, o: &HealthOverrides, drain_settle: Duration) -> Effective {
+        Effective {
+            interval: secs(o.check_interval_secs, self.interval),
+            timeout: secs(o.timeout_secs, self.timeout),
+            thresholds: Thresholds {
+                failure: o.failure_threshold.unwrap_or(self.thresholds.failure),
+                success: o.success_threshold.unwrap_or(self.thresholds.success),
+            },
+            disabled: o.disable_health_check.unwrap_or(self.disabled),
+            drain_settle: secs(o.drain_settle_secs, drain_settle),
+        }
+    }
+}
+
+/// Why a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("timeout after {0:?}")]
+    Timeout(Duration),
+    #[error("cannot reach it: {0}")]
+    Unreachable(#[from] hyper_util::client::legacy::Error),
+    #[error("answered {0}")]
+    Status(u16),
+    #[error("the answer broke off")]
+    Body,
+    #[error("invalid probe URL")]
+    Uri,
+}
+
+/// One probe: `GET` the endpoint, 2xx within `timeout` (body read to the end, so the
+/// connection can be reused).
+pub async fn probe(
+    upstream: &Upstream,
+    worker: &Worker,
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
+    let uri = Uri::builder()
+        .scheme(worker.scheme.clone())
+        .authority(worker.authority.clone())
+        .path_and_query(endpoint)
+        .build()
+        .map_err(|_| ProbeError::Uri)?;
+    let mut request = Request::builder().method(Method::GET).uri(uri);
+    if let Some(auth) = &worker.live().authorization {
+        request = request.header(header::AUTHORIZATION, auth.clone());
+    }
+    let request = request
+        .body(Full::new(Bytes::new()))
+        .map_err(|_| ProbeError::Uri)?;
+    let exchange = async {
+        let response = upstream.send(worker.http2, request).await?;
+        let status = response.status();
+        // Drained, not kept: a health body says nothing a status does not.
+        let mut body = response.into_body();
+        while let Some(frame) = body.frame().await {
+            frame.map_err(|_| ProbeError::Body)?;
+        }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(ProbeError::Status(status.as_u16()))
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ProbeError::Timeout(timeout))?
+}
+
+/// Probes one worker for as long as it is registered: at once, then every interval (its own,
+/// re-read each round, so a PATCH applies from the next probe).
+pub(super) async fn run_prober(
+    fleet: Weak<Fleet>,
+    worker: Arc<Worker>,
+    upstream: Upstream,
+    permits: Arc<Semaphore>,
+) {
+    loop {
+        let Some(effective) = fleet.upgrade().map(|f| f.health_of(&worker)) else {
+            return;
+        };
+        if worker.status() == HealthState::Draining {
+            return;
+        }
+        let round = Instant::now();
+        if effective.disabled {
+            if let Some(fleet) = fleet.upgrade() {
+                fleet.health_checks_disabled(&worker);
+            }
+        } else {
+            let endpoint = match fleet.upgrade() {
+                Some(f) => f.settings.health.endpoint.clone(),
+                None => return,
+            };
+            let result = {
+                let Ok(_permit) = permits.acquire().await else {
+                    return;
+                };
+                probe(&upstream, &worker, &endpoint, effective.timeout).await
+            };
+            let Some(fleet) = fleet.upgrade() else {
+                return;
+            };
+            worker.set_last_probe(ProbeRecord {
+                error: result.as_ref().err().map(ToString::to_string),
+                at: Instant::now(),
+            });
+            let probe = match result {
+                Ok(()) => Probe::Pass,
+                Err(_) => Probe::Fail,
+            };
+            fleet.probed(&worker, probe, effective.thresholds);
+        }
+        tokio::time::sleep_until(round + effective.interval).await;
+    }
+}
