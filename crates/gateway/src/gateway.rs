@@ -26,6 +26,7 @@ use crate::forward::{Forwarder, Upstream};
 use crate::front::{self, App, Keys};
 use crate::inflight::InFlight;
 use crate::metrics::Metrics;
+use crate::probes::{ProbeListener, Probes};
 use crate::{probes, server};
 
 /// Why a gateway could not start.
@@ -55,6 +56,7 @@ pub enum Stopped {
 pub struct Gateway {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    probe_listener: Option<ProbeListener>,
     app: Arc<App>,
     in_flight: Arc<InFlight>,
     stop: watch::Sender<bool>,
@@ -94,6 +96,8 @@ impl Gateway {
             None => None,
         };
         let in_flight = Arc::new(InFlight::default());
+        let draining = Arc::new(AtomicBool::new(false));
+        let probes = Probes::new(fleet.clone(), draining.clone());
         let app = Arc::new(App {
             fleet: fleet.clone(),
             forwarder: Forwarder::new(
@@ -112,7 +116,8 @@ impl Gateway {
             max_payload: config.max_payload_size,
             routing_key_header: config.routing_key_header.clone(),
             access_log,
-            draining: AtomicBool::new(false),
+            draining,
+            probes: probes.clone(),
             in_flight: in_flight.clone(),
         });
         for spec in config.workers.iter().cloned() {
@@ -151,10 +156,18 @@ impl Gateway {
             }
             None => None,
         };
+        let probe_listener = match config.health_listen {
+            Some(at) => Some(
+                ProbeListener::start(at, probes, config.header_read_timeout, stop.subscribe())
+                    .map_err(|source| StartError::Bind { addr: at, source })?,
+            ),
+            None => None,
+        };
         info!(%addr, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
         Ok(Self {
             addr,
             metrics_addr,
+            probe_listener,
             app,
             in_flight,
             stop,
@@ -175,6 +188,11 @@ impl Gateway {
     /// The `--prometheus-port` listener's address, when there is one.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The `--health-check-port` listener's address, when there is one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.probe_listener.as_ref().map(|p| p.addr)
     }
 
     pub fn fleet(&self) -> &Arc<Fleet> {
@@ -209,6 +227,9 @@ impl Gateway {
         };
         let _ = self.stop.send(true);
         while self.listeners.join_next().await.is_some() {}
+        if let Some(probe_listener) = self.probe_listener.take() {
+            probe_listener.join().await;
+        }
         info!("stopped");
         outcome
     }

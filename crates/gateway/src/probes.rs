@@ -1,8 +1,18 @@
-//! The gateway's own probes and metrics: `/liveness` and `/health` (200 while the process runs,
-//! shutdown included), `/readiness` (whether a request could be served now), `/metrics`.
+//! The gateway's own probes: `/liveness` and `/health` (200 while the process runs, shutdown
+//! included) and `/readiness` (whether a request could be served now), plus `/metrics`.
+//!
+//! Readiness is served from memory: it is recomputed only when the fleet signals a change (a
+//! worker's health, a circuit, the snapshot), so a probe costs the same whatever the fleet's
+//! size. With `--health-check-port`, the probes are also served from a listener with its own
+//! thread and runtime, so a saturated gateway still answers its orchestrator.
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, Response, StatusCode};
@@ -10,19 +20,25 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use serde::Serialize;
+use tokio::sync::watch;
 
+use crate::fleet::Fleet;
 use crate::front::App;
+use crate::server;
 
-pub fn routes() -> Router<Arc<App>> {
-    Router::new()
-        .route("/liveness", get(live))
-        .route("/health", get(live))
-        .route("/readiness", get(ready))
-        .route("/metrics", get(metrics))
+/// What readiness depends on: the fleet, and whether shutdown has begun.
+pub struct Probes {
+    fleet: Arc<Fleet>,
+    draining: Arc<AtomicBool>,
+    cached: ArcSwap<Counted>,
 }
 
-async fn live() -> StatusCode {
-    StatusCode::OK
+/// Routable and registered workers, as of one fleet version.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    version: u64,
+    healthy: usize,
+    total: usize,
 }
 
 #[derive(Serialize)]
@@ -34,33 +50,76 @@ struct Readiness {
     reason: Option<&'static str>,
 }
 
-/// Ready when not shutting down and at least one worker could take a request now: Ready *and*
-/// its circuit not open, so readiness never claims a fleet whose every circuit is open.
-async fn ready(State(app): State<Arc<App>>) -> Response<Body> {
-    let snapshot = app.fleet.snapshot();
-    let healthy = snapshot.workers.iter().filter(|w| w.is_routable()).count();
-    let reason = if app.is_draining() {
-        Some("draining")
-    } else if healthy == 0 {
-        Some("insufficient healthy workers")
-    } else {
-        None
-    };
-    let body = Readiness {
-        status: if reason.is_some() {
-            "not_ready"
+impl Probes {
+    pub fn new(fleet: Arc<Fleet>, draining: Arc<AtomicBool>) -> Arc<Self> {
+        Arc::new(Self {
+            fleet,
+            draining,
+            cached: ArcSwap::from_pointee(Counted {
+                version: u64::MAX,
+                healthy: 0,
+                total: 0,
+            }),
+        })
+    }
+
+    /// Workers a request could use now — Ready *and* circuit not open, so readiness never
+    /// claims a fleet whose every circuit is open — and all registered workers.
+    fn counted(&self) -> Counted {
+        let version = self.fleet.version();
+        let cached = **self.cached.load();
+        if cached.version == version {
+            return cached;
+        }
+        let snapshot = self.fleet.snapshot();
+        let fresh = Counted {
+            version,
+            healthy: snapshot.workers.iter().filter(|w| w.is_routable()).count(),
+            total: snapshot.workers.len(),
+        };
+        self.cached.store(Arc::new(fresh));
+        fresh
+    }
+
+    fn readiness(&self) -> (StatusCode, Readiness) {
+        let counted = self.counted();
+        let reason = if self.draining.load(Ordering::Acquire) {
+            Some("draining")
+        } else if counted.healthy == 0 {
+            Some("insufficient healthy workers")
         } else {
-            "ready"
-        },
-        healthy_workers: healthy,
-        total_workers: snapshot.workers.len(),
-        reason,
-    };
-    let status = if reason.is_some() {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    };
+            None
+        };
+        let status = if reason.is_some() {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::OK
+        };
+        let body = Readiness {
+            status: if reason.is_some() { "not_ready" } else { "ready" },
+            healthy_workers: counted.healthy,
+            total_workers: counted.total,
+            reason,
+        };
+        (status, body)
+    }
+}
+
+/// `/liveness`, `/health` and `/readiness`, for any router.
+pub fn routes<S: Clone + Send + Sync + 'static>(probes: Arc<Probes>) -> Router<S> {
+    Router::new()
+        .route("/liveness", get(live))
+        .route("/health", get(live))
+        .route("/readiness", get(ready))
+        .with_state(probes)
+}
+
+async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn ready(State(probes): State<Arc<Probes>>) -> Response<Body> {
+    let (status, body) = probes.readiness();
     (status, axum::Json(body)).into_response()
 }
 
@@ -76,4 +135,46 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response<Body> {
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     response
+}
+
+/// The `--health-check-port` listener, on a thread with a runtime of its own.
+pub struct ProbeListener {
+    pub addr: SocketAddr,
+    thread: JoinHandle<()>,
+}
+
+impl ProbeListener {
+    /// Binds `addr` now (so a taken port fails startup) and serves the probes until `stop`.
+    pub fn start(
+        addr: SocketAddr,
+        probes: Arc<Probes>,
+        header_read_timeout: Duration,
+        stop: watch::Receiver<bool>,
+    ) -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("sluice-probes".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            server::serve(listener, routes(probes), header_read_timeout, stop)
+                                .await;
+                        }
+                        Err(e) => tracing::error!(error = %e, "probe listener failed"),
+                    }
+                });
+            })?;
+        Ok(Self { addr, thread })
+    }
+
+    /// Waits for the thread to end (after `stop` was set).
+    pub async fn join(self) {
+        let _ = tokio::task::spawn_blocking(move || self.thread.join()).await;
+    }
 }

@@ -140,6 +140,11 @@ impl Fleet {
         })
     }
 
+    /// A number that changes whenever the fleet may have (snapshot, circuit, health).
+    pub fn version(&self) -> u64 {
+        *self.changed.borrow()
+    }
+
     /// Resolves when the fleet may have changed (snapshot, a circuit, a worker's health).
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()

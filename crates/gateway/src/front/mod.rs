@@ -48,7 +48,8 @@ pub struct App {
     pub routing_key_header: HeaderName,
     pub access_log: Option<AccessLog>,
     /// Set when shutdown begins: readiness turns 503 `draining`, new requests are refused.
-    pub draining: AtomicBool,
+    pub draining: Arc<AtomicBool>,
+    pub probes: Arc<probes::Probes>,
     /// OpenAI requests in flight, which shutdown waits for.
     pub in_flight: Arc<InFlight>,
 }
@@ -67,7 +68,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .merge(admin::routes())
-        .merge(probes::routes())
+        .merge(probes::routes(app.probes.clone()))
+        .route("/metrics", get(probes::metrics))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app)
