@@ -96,7 +96,11 @@ impl Probes {
             StatusCode::OK
         };
         let body = Readiness {
-            status: if reason.is_some() { "not_ready" } else { "ready" },
+            status: if reason.is_some() {
+                "not_ready"
+            } else {
+                "ready"
+            },
             healthy_workers: counted.healthy,
             total_workers: counted.total,
             reason,
