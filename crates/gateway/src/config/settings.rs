@@ -200,13 +200,12 @@ pub struct Settings {
     #[serde(default)]
     pub disable_health_check: bool,
 
-    /// Remove workers that reach Failed instead of keeping them and probing on, so they rejoin
-    /// in place. `--remove-unhealthy-workers` alone means true; `=false` or
-    /// `--no-remove-unhealthy-workers` turn it off [default: off, as there is no service
-    /// discovery to register a removed worker again].
+    /// Remove workers that reach Failed. Off, they stay registered and probed, and rejoin in
+    /// place once they answer again. Alone, the flag means true [default: off, as there is no
+    /// service discovery to register a removed worker again].
     #[arg(
         long,
-        alias = "worker-auto-recovery",
+        visible_alias = "worker-auto-recovery",
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
@@ -219,7 +218,7 @@ pub struct Settings {
     /// Keep failed workers registered and probed (the default).
     #[arg(
         long,
-        alias = "no-worker-auto-recovery",
+        visible_alias = "no-worker-auto-recovery",
         overrides_with = "remove_unhealthy_workers"
     )]
     #[serde(skip)]
