@@ -188,3 +188,50 @@ pub(super) async fn run_prober(
         tokio::time::sleep_until(round + effective.interval).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workers_block_overrides_field_by_field() {
+        let gateway = HealthConfig {
+            disabled: true,
+            ..HealthConfig::default()
+        };
+        let settle = Duration::from_secs(5);
+        let plain = gateway.for_worker(&HealthOverrides::default(), settle);
+        assert_eq!(plain.interval, Duration::from_secs(60));
+        assert_eq!(
+            plain.thresholds,
+            Thresholds {
+                failure: 3,
+                success: 2
+            }
+        );
+        assert!(plain.disabled);
+        assert_eq!(plain.drain_settle, settle);
+        let own = HealthOverrides {
+            check_interval_secs: Some(0.5),
+            failure_threshold: Some(7),
+            disable_health_check: Some(false),
+            drain_settle_secs: Some(0.0),
+            ..HealthOverrides::default()
+        };
+        let e = gateway.for_worker(&own, settle);
+        assert_eq!(e.interval, Duration::from_millis(500));
+        assert_eq!(e.timeout, Duration::from_secs(5), "unset: the flag's value");
+        assert_eq!(
+            e.thresholds,
+            Thresholds {
+                failure: 7,
+                success: 2
+            }
+        );
+        assert!(
+            !e.disabled,
+            "a worker may turn probes on under --disable-health-check"
+        );
+        assert!(e.drain_settle.is_zero());
+    }
+}
