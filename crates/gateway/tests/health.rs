@@ -320,6 +320,47 @@ async fn the_health_block_is_validated_and_patched_in_place() {
 }
 
 #[tokio::test]
+async fn probes_use_the_endpoint_and_send_the_workers_key() {
+    let mut engine = instant(Flavor::Vllm);
+    engine.api_key = Some("worker-key".into());
+    let s = start(1, engine, |c| {
+        fast_health(c);
+        // The engine guards /v1/* with its key (as vLLM does), so this probe needs it.
+        c.health.endpoint = "/v1/models".into();
+        c.workers[0].api_key = Some("worker-key".into());
+    })
+    .await;
+    let id = first_worker(&s);
+    let fleet = s.gateway.fleet().clone();
+    let passed = |snap: &Snapshot| {
+        snap.worker(&id)
+            .and_then(|w| w.last_probe())
+            .is_some_and(|p| p.error.is_none())
+    };
+    bounded("a passing probe", fleet.until(passed)).await;
+
+    let auth = format!("Bearer {ADMIN_KEY}");
+    let url = s.url(&format!("/workers/{id}"));
+    let wrong = r#"{"api_key":"not-the-key"}"#;
+    let a = send(
+        &s.client,
+        "PATCH",
+        &url,
+        Some(wrong),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    bounded(
+        "not ready",
+        fleet.until(state_of(&id, HealthState::NotReady)),
+    )
+    .await;
+    let view = worker_view(&s, &id).await;
+    assert_eq!(view["health"]["last_probe"]["error"], "answered 401");
+}
+
+#[tokio::test]
 async fn a_worker_drain_settle_override_is_used_on_removal() {
     let s = start(1, instant(Flavor::Vllm), fast_health).await;
     let other = fleet(instant(Flavor::Vllm)).await;
