@@ -10,6 +10,8 @@
 //! - `ids` — `WorkerId`, `ModelName`.
 //! - `load` — engine load reports (vLLM `/metrics`, SGLang `/v1/loads` and `/get_load`) in one
 //!   per-rank shape.
+//! - `overload` — overload ceilings, busy ranks, and the one rule for a pool whose every
+//!   candidate is vetoed (steer to the least loaded, or shed).
 //! - `policy` — the load-balancing policies (round robin, random, least load, power of two,
 //!   cache aware, consistent hash) as one pure `choose` over a pool's candidates.
 //! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
@@ -25,6 +27,7 @@ pub mod breaker;
 pub mod health;
 pub mod ids;
 pub mod load;
+pub mod overload;
 pub mod policy;
 pub mod prefix;
 pub mod prom_text;
