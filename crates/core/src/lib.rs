@@ -8,6 +8,7 @@
 //! ## Layout
 //!
 //! - `ids` — `WorkerId`, `ModelName`.
+//! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
 //! - `load` — engine load reports (vLLM `/metrics`, SGLang `/v1/loads` and `/get_load`) in one
 //!   per-rank shape.
 //! - `overload` — overload ceilings, busy ranks, and the one rule for a pool whose every
@@ -26,6 +27,7 @@
 pub mod breaker;
 pub mod health;
 pub mod ids;
+pub mod liveness;
 pub mod load;
 pub mod overload;
 pub mod policy;
