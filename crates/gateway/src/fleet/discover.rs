@@ -5,13 +5,11 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use axum::http::{header, Method, Request, Uri};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use serde::Deserialize;
 use sluice_core::ModelName;
 use tracing::{debug, warn};
 
+use super::get::{get, GetError};
 use super::{Fleet, ModelCard, Worker, WorkerInfo};
 use crate::forward::Upstream;
 
@@ -23,14 +21,10 @@ const MODELS_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Why a worker's models could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoverError {
-    #[error("cannot reach it: {0}")]
-    Unreachable(#[from] hyper_util::client::legacy::Error),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
+    #[error(transparent)]
+    Get(#[from] GetError),
     #[error("GET /v1/models answered {0}")]
     Status(u16),
-    #[error("the /v1/models body could not be read")]
-    Body,
     #[error("the /v1/models body is not a models list: {0}")]
     Json(#[from] serde_json::Error),
     #[error("GET /v1/models lists no model")]
@@ -73,35 +67,18 @@ pub(super) async fn register(
 
 /// One `GET /v1/models`.
 pub async fn fetch(upstream: &Upstream, worker: &Worker) -> Result<WorkerInfo, DiscoverError> {
-    let uri = Uri::builder()
-        .scheme(worker.scheme.clone())
-        .authority(worker.authority.clone())
-        .path_and_query("/v1/models")
-        .build()
-        .map_err(|_| DiscoverError::Body)?;
-    let mut request = Request::builder().method(Method::GET).uri(uri);
-    if let Some(auth) = &worker.live().authorization {
-        request = request.header(header::AUTHORIZATION, auth.clone());
+    let (status, body) = get(
+        upstream,
+        worker,
+        "/v1/models",
+        MODELS_MAX_BYTES,
+        MODELS_TIMEOUT,
+    )
+    .await?;
+    if !status.is_success() {
+        return Err(DiscoverError::Status(status.as_u16()));
     }
-    let request = request
-        .body(Full::new(Bytes::new()))
-        .map_err(|_| DiscoverError::Body)?;
-    let exchange = async {
-        let response = upstream.send(worker.http2, request).await?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MODELS_MAX_BYTES)
-            .collect()
-            .await
-            .map_err(|_| DiscoverError::Body)?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(DiscoverError::Status(status.as_u16()));
-        }
-        parse_models(&body)
-    };
-    tokio::time::timeout(MODELS_TIMEOUT, exchange)
-        .await
-        .map_err(|_| DiscoverError::Timeout(MODELS_TIMEOUT))?
+    parse_models(&body)
 }
 
 /// The models and flavor in an OpenAI models list.

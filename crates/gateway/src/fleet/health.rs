@@ -10,13 +10,11 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use axum::http::{header, Method, Request, Uri};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use sluice_core::health::{HealthState, Probe, Thresholds};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::get::{get, GetError};
 use super::spec::HealthOverrides;
 use super::{Fleet, ProbeRecord, Worker};
 use crate::forward::Upstream;
@@ -89,56 +87,36 @@ impl HealthConfig {
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("timeout after {0:?}")]
-    Timeout(Duration),
-    #[error("cannot reach it: {0}")]
-    Unreachable(#[from] hyper_util::client::legacy::Error),
+    #[error(transparent)]
+    Get(#[from] GetError),
     #[error("answered {0}")]
     Status(u16),
-    #[error("the answer broke off")]
-    Body,
-    #[error("invalid probe URL")]
-    Uri,
 }
 
-/// One probe: `GET` the endpoint, 2xx within `timeout` (body read to the end, so the
-/// connection can be reused).
+impl ProbeError {
+    /// A connection-level failure (a liveness signal), as opposed to a timeout or a bad status.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, ProbeError::Get(e) if e.is_transport())
+    }
+}
+
+/// A health body says nothing a status does not; this much of it is read and dropped, so the
+/// connection can be reused.
+const PROBE_MAX_BYTES: usize = 64 * 1024;
+
+/// One probe: `GET` the endpoint, 2xx within `timeout`.
 pub async fn probe(
     upstream: &Upstream,
     worker: &Worker,
     endpoint: &str,
     timeout: Duration,
 ) -> Result<(), ProbeError> {
-    let uri = Uri::builder()
-        .scheme(worker.scheme.clone())
-        .authority(worker.authority.clone())
-        .path_and_query(endpoint)
-        .build()
-        .map_err(|_| ProbeError::Uri)?;
-    let mut request = Request::builder().method(Method::GET).uri(uri);
-    if let Some(auth) = &worker.live().authorization {
-        request = request.header(header::AUTHORIZATION, auth.clone());
+    let (status, _) = get(upstream, worker, endpoint, PROBE_MAX_BYTES, timeout).await?;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(ProbeError::Status(status.as_u16()))
     }
-    let request = request
-        .body(Full::new(Bytes::new()))
-        .map_err(|_| ProbeError::Uri)?;
-    let exchange = async {
-        let response = upstream.send(worker.http2, request).await?;
-        let status = response.status();
-        // Drained, not kept: a health body says nothing a status does not.
-        let mut body = response.into_body();
-        while let Some(frame) = body.frame().await {
-            frame.map_err(|_| ProbeError::Body)?;
-        }
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(ProbeError::Status(status.as_u16()))
-        }
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| ProbeError::Timeout(timeout))?
 }
 
 /// Probes one worker for as long as it is registered: at once, then every interval (its own,

@@ -8,6 +8,7 @@
 mod breaker;
 mod collector;
 mod discover;
+mod get;
 mod health;
 mod spec;
 mod worker;

@@ -48,6 +48,30 @@ pub struct WorkerSpec {
     /// Health-check settings of this worker; unset fields follow the gateway's flags.
     #[serde(skip_serializing_if = "HealthOverrides::is_empty")]
     pub health: HealthOverrides,
+    /// Overload ceilings of this worker; unset fields follow the gateway's flags. Applies even
+    /// under `--disable-worker-overload-protection`. Changed only by PUT.
+    #[serde(skip_serializing_if = "OverloadOverrides::is_empty")]
+    pub overload: OverloadOverrides,
+    /// How often its load is polled; its pool polls at the smallest of its workers' values.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_monitor_interval_secs: Option<f64>,
+}
+
+/// A worker's own overload ceilings (the spec's `overload` block).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct OverloadOverrides {
+    /// `--worker-overload-waiting-requests`: at least 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_requests: Option<u64>,
+    /// `--worker-overload-token-usage`: in (0, 1].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_usage: Option<f64>,
+}
+
+impl OverloadOverrides {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// A worker's own health-check settings (the spec's `health` block). Each unset field keeps the
@@ -95,7 +119,16 @@ pub struct HealthPatch {
     pub drain_settle_secs: Option<Option<f64>>,
 }
 
-const FIELDS: &[&str] = &["url", "api_key", "model_id", "http2", "labels", "health"];
+const FIELDS: &[&str] = &[
+    "url",
+    "api_key",
+    "model_id",
+    "http2",
+    "labels",
+    "health",
+    "overload",
+    "load_monitor_interval_secs",
+];
 const PATCHABLE: &[&str] = &["api_key", "labels", "health"];
 const HEALTH_FIELDS: &[&str] = &[
     "check_interval_secs",
@@ -116,6 +149,8 @@ impl WorkerSpec {
             http2: None,
             labels: BTreeMap::new(),
             health: HealthOverrides::default(),
+            overload: OverloadOverrides::default(),
+            load_monitor_interval_secs: None,
         })
     }
 
@@ -146,6 +181,20 @@ impl WorkerSpec {
             health: match health_patch(&object)? {
                 Some(patch) => HealthOverrides::default().patched(patch),
                 None => HealthOverrides::default(),
+            },
+            overload: overload_block(&object)?,
+            load_monitor_interval_secs: match object.get("load_monitor_interval_secs") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_f64()
+                        .filter(|x| x.is_finite() && *x > 0.0 && *x <= 86_400.0)
+                        .ok_or_else(|| {
+                            spec_error(
+                                "load_monitor_interval_secs",
+                                "must be a number of seconds greater than 0, at most 86400",
+                            )
+                        })?,
+                ),
             },
         })
     }
@@ -209,6 +258,48 @@ impl WorkerPatch {
             health: health_patch(&object)?,
         })
     }
+}
+
+/// The `overload` block: `waiting_requests` >= 1, `token_usage` in (0, 1].
+fn overload_block(object: &Map<String, Value>) -> Result<OverloadOverrides, SpecError> {
+    let block = match object.get("overload") {
+        None | Some(Value::Null) => return Ok(OverloadOverrides::default()),
+        Some(Value::Object(block)) => block,
+        Some(_) => return Err(spec_error("overload", "must be an object")),
+    };
+    const KNOWN: &[&str] = &["waiting_requests", "token_usage"];
+    if let Some(unknown) = block.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(spec_error(
+            &format!("overload.{unknown}"),
+            format!("unknown field (known: {})", KNOWN.join(", ")),
+        ));
+    }
+    let waiting_requests = match block.get("waiting_requests") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+            spec_error(
+                "overload.waiting_requests",
+                "must be a whole number of at least 1 (the comparison is inclusive: 0 would veto always)",
+            )
+        })?),
+    };
+    let token_usage = match block.get("token_usage") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|x| *x > 0.0 && *x <= 1.0)
+                .ok_or_else(|| {
+                    spec_error(
+                        "overload.token_usage",
+                        "must be a fraction of the KV cache in (0, 1]",
+                    )
+                })?,
+        ),
+    };
+    Ok(OverloadOverrides {
+        waiting_requests,
+        token_usage,
+    })
 }
 
 /// The `health` block, each field validated and named (`health.timeout_secs`) when wrong.
@@ -424,6 +515,44 @@ mod tests {
             assert_eq!(field_of(&body), field, "{block}");
         }
         assert_eq!(field_of(r#"{"url":"http://x:1","health":5}"#), "health");
+    }
+
+    #[test]
+    fn the_overload_block_and_poll_interval_are_validated() {
+        let s = WorkerSpec::parse(
+            br#"{"url":"http://x:1","overload":{"waiting_requests":4,"token_usage":0.7},"load_monitor_interval_secs":2}"#,
+        )
+        .unwrap();
+        assert_eq!(s.overload.waiting_requests, Some(4));
+        assert_eq!(s.overload.token_usage, Some(0.7));
+        assert_eq!(s.load_monitor_interval_secs, Some(2.0));
+        for (body, field) in [
+            (
+                r#"{"overload":{"waiting_requests":0}}"#,
+                "overload.waiting_requests",
+            ),
+            (
+                r#"{"overload":{"waiting_requests":2.5}}"#,
+                "overload.waiting_requests",
+            ),
+            (r#"{"overload":{"token_usage":0}}"#, "overload.token_usage"),
+            (
+                r#"{"overload":{"token_usage":1.2}}"#,
+                "overload.token_usage",
+            ),
+            (r#"{"overload":{"queue":3}}"#, "overload.queue"),
+            (r#"{"overload":[]}"#, "overload"),
+            (
+                r#"{"load_monitor_interval_secs":0}"#,
+                "load_monitor_interval_secs",
+            ),
+        ] {
+            let full = format!(r#"{{"url":"http://x:1",{}"#, &body[1..]);
+            assert_eq!(field_of(&full), field, "{body}");
+        }
+        let e = WorkerPatch::parse(br#"{"overload":{"waiting_requests":3}}"#).unwrap_err();
+        assert_eq!(e.field, "overload");
+        assert!(e.message.contains("PUT"), "{}", e.message);
     }
 
     #[test]

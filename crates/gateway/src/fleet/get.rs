@@ -1,0 +1,76 @@
+//! One `GET` to a worker on the gateway's own account (its models, a health probe, a load poll),
+//! with the worker's key, a size limit and a deadline.
+
+use std::time::Duration;
+
+use axum::http::{header, Method, Request, StatusCode, Uri};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+
+use super::Worker;
+use crate::forward::Upstream;
+
+/// Why a GET got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("timeout after {0:?}")]
+    Timeout(Duration),
+    /// Refused, reset, unreachable: the transport failed (a liveness signal).
+    #[error("cannot reach it: {0}")]
+    Connect(hyper_util::client::legacy::Error),
+    #[error("the exchange failed: {0}")]
+    Failed(hyper_util::client::legacy::Error),
+    #[error("the answer broke off or was larger than {0} bytes")]
+    Body(usize),
+    #[error("invalid URL")]
+    Uri,
+}
+
+impl GetError {
+    /// A connection-level failure, as opposed to slowness or a bad answer.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, GetError::Connect(_))
+    }
+}
+
+/// `GET <worker><path>`: the status and at most `limit` bytes of body, within `timeout`.
+pub async fn get(
+    upstream: &Upstream,
+    worker: &Worker,
+    path: &str,
+    limit: usize,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), GetError> {
+    let uri = Uri::builder()
+        .scheme(worker.scheme.clone())
+        .authority(worker.authority.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|_| GetError::Uri)?;
+    let mut request = Request::builder().method(Method::GET).uri(uri);
+    if let Some(auth) = &worker.live().authorization {
+        request = request.header(header::AUTHORIZATION, auth.clone());
+    }
+    let request = request
+        .body(Full::new(Bytes::new()))
+        .map_err(|_| GetError::Uri)?;
+    let exchange = async {
+        let response = upstream.send(worker.http2, request).await.map_err(|e| {
+            if e.is_connect() {
+                GetError::Connect(e)
+            } else {
+                GetError::Failed(e)
+            }
+        })?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|_| GetError::Body(limit))?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| GetError::Timeout(timeout))?
+}
