@@ -69,6 +69,21 @@ pub enum GatewayError {
     InvalidAdminKey,
     #[error("No worker is available for model '{model}'{detail}")]
     NoAvailableWorkers { model: ModelName, detail: String },
+    /// `--worker-overload-shed`: every worker the request could use is overloaded.
+    #[error("All workers for model '{model}' are overloaded")]
+    WorkerOverloadShed {
+        model: ModelName,
+        status: u16,
+        retry_after: Duration,
+    },
+    /// `--worker-overload-shed`: the chosen worker was flagged between selection and dispatch.
+    #[error("Worker {worker} for model '{model}' became overloaded before dispatch")]
+    OverloadedBeforeDispatch {
+        worker: WorkerId,
+        model: ModelName,
+        status: u16,
+        retry_after: Duration,
+    },
     #[error("No worker for model '{model}' could be reached after {attempts} attempt(s)")]
     UpstreamUnreachable { model: ModelName, attempts: u32 },
     #[error("Worker {worker} failed before answering")]
@@ -114,6 +129,9 @@ impl GatewayError {
                 StatusCode::BAD_GATEWAY
             }
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            WorkerOverloadShed { status, .. } | OverloadedBeforeDispatch { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+            }
         }
     }
 
@@ -134,6 +152,7 @@ impl GatewayError {
             AdminDisabled => "admin_api_disabled",
             InvalidAdminKey => "invalid_admin_key",
             NoAvailableWorkers { .. } => "no_available_workers",
+            WorkerOverloadShed { .. } | OverloadedBeforeDispatch { .. } => "worker_overload_shed",
             UpstreamUnreachable { .. } => "upstream_unreachable",
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
@@ -151,6 +170,7 @@ impl GatewayError {
             401 => "authentication_error",
             403 => "permission_error",
             404 => "not_found_error",
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         }
@@ -169,7 +189,10 @@ impl GatewayError {
     pub fn origin(&self) -> Origin {
         use GatewayError::*;
         match self {
-            NoAvailableWorkers { .. } | ShuttingDown => Origin::Gateway,
+            NoAvailableWorkers { .. }
+            | ShuttingDown
+            | WorkerOverloadShed { .. }
+            | OverloadedBeforeDispatch { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
             | UpstreamTimeout { .. }
@@ -184,6 +207,8 @@ impl GatewayError {
             GatewayError::NoAvailableWorkers { .. } | GatewayError::UpstreamUnreachable { .. } => {
                 Some(NO_WORKERS_RETRY_AFTER)
             }
+            GatewayError::WorkerOverloadShed { retry_after, .. }
+            | GatewayError::OverloadedBeforeDispatch { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -86,6 +86,7 @@ impl Gateway {
                 startup_check_interval: config.startup_check_interval,
                 policy: config.policy.name(),
                 health: config.health.clone(),
+                load: config.load.clone(),
             },
             upstream.clone(),
             metrics.clone(),
@@ -103,6 +104,7 @@ impl Gateway {
             forwarder: Forwarder::new(
                 upstream,
                 config.policy,
+                config.shedding,
                 config.retry.clone(),
                 config.request_timeout,
                 metrics.clone(),

@@ -6,6 +6,7 @@
 //! which workers exist) are not copied into gauges: `FleetCollector` reads them at scrape time,
 //! so a gauge can never disagree with what routing sees.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -69,6 +70,12 @@ pub struct CancelLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    /// `select` (every candidate full) or `dispatch` (the chosen one became full).
+    pub stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     /// `success` or `failure`.
     pub result: &'static str,
@@ -98,6 +105,13 @@ pub struct Metrics {
     /// 1 Ready, 0 any other state, -1 once removed (kept, so dashboards see the removal).
     pub worker_health: Family<WorkerLabel, Gauge>,
     pub health_checks: Family<ResultLabel, Counter>,
+    /// From each worker's last load report; -1 once removed.
+    pub engine_waiting: Family<WorkerLabel, Gauge>,
+    pub engine_running: Family<WorkerLabel, Gauge>,
+    pub engine_token_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
+    pub overload_fallbacks: Counter,
+    pub liveness_fallbacks: Counter,
+    pub overload_sheds: Family<StageLabel, Counter>,
 }
 
 fn latency() -> Histogram {
@@ -125,6 +139,12 @@ impl Metrics {
             access_log_dropped: Counter::default(),
             worker_health: Family::default(),
             health_checks: Family::default(),
+            engine_waiting: Family::default(),
+            engine_running: Family::default(),
+            engine_token_usage: Family::default(),
+            overload_fallbacks: Counter::default(),
+            liveness_fallbacks: Counter::default(),
+            overload_sheds: Family::default(),
         };
         let r = registry;
         r.register(
@@ -188,6 +208,36 @@ impl Metrics {
             m.health_checks.clone(),
         );
         r.register(
+            "engine_waiting_requests",
+            "Requests waiting in the engine's queue (summed over ranks), from its last load report; -1 removed",
+            m.engine_waiting.clone(),
+        );
+        r.register(
+            "engine_running_requests",
+            "Requests in the engine's running batch (summed over ranks), from its last load report; -1 removed",
+            m.engine_running.clone(),
+        );
+        r.register(
+            "engine_token_usage",
+            "KV cache usage of the engine (mean over ranks, 0..1), from its last load report; -1 removed",
+            m.engine_token_usage.clone(),
+        );
+        r.register(
+            "worker_overload_fallback",
+            "Requests steered to the least loaded worker because every candidate was over its ceilings",
+            m.overload_fallbacks.clone(),
+        );
+        r.register(
+            "worker_liveness_fallback",
+            "Requests steered to a worker the liveness checks doubt because no other was routable",
+            m.liveness_fallbacks.clone(),
+        );
+        r.register(
+            "worker_overload_shed",
+            "Requests refused because every candidate was overloaded (--worker-overload-shed), by stage",
+            m.overload_sheds.clone(),
+        );
+        r.register(
             "access_log_dropped",
             "Access log lines dropped because the writer fell behind",
             m.access_log_dropped.clone(),
@@ -208,6 +258,9 @@ impl Metrics {
                 worker: worker.to_string(),
             }),
             health: self.worker_health.get_or_create_owned(&label),
+            engine_waiting: self.engine_waiting.get_or_create_owned(&label),
+            engine_running: self.engine_running.get_or_create_owned(&label),
+            engine_token_usage: self.engine_token_usage.get_or_create_owned(&label),
         }
     }
 
@@ -249,4 +302,17 @@ pub struct WorkerMetrics {
     pub inter_chunk: Histogram,
     pub selections: Counter,
     pub health: Gauge,
+    pub engine_waiting: Gauge,
+    pub engine_running: Gauge,
+    pub engine_token_usage: Gauge<f64, AtomicU64>,
+}
+
+impl WorkerMetrics {
+    /// The worker is gone: its gauges read -1 (series cannot be deleted from dashboards).
+    pub fn removed(&self) {
+        self.health.set(-1);
+        self.engine_waiting.set(-1);
+        self.engine_running.set(-1);
+        self.engine_token_usage.set(-1.0);
+    }
 }

@@ -21,8 +21,10 @@ use sluice_core::retry::Backoff;
 
 pub use settings::Settings;
 
-use crate::fleet::{HealthConfig, WorkerSpec};
+use crate::fleet::{HealthConfig, LoadConfig, WorkerSpec};
+use crate::route::Shedding;
 use sluice_core::health::Thresholds;
+use sluice_core::overload::{BusyThresholds, Ceilings};
 
 /// Why the settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +167,8 @@ impl Settings {
             )?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
             health: self.health()?,
+            load: self.load()?,
+            shedding: self.shedding()?,
             health_listen: self
                 .health_check_port
                 .map(|port| SocketAddr::new(host, port)),
@@ -180,6 +184,59 @@ impl Settings {
                 None => None,
             },
             access_log: self.access_log.clone(),
+        })
+    }
+
+    fn load(&self) -> Result<LoadConfig, ConfigError> {
+        let interval = positive_seconds("load-monitor-interval", self.load_monitor_interval)?;
+        if self.worker_overload_waiting_requests == 0 {
+            return Err(invalid(
+                "worker-overload-waiting-requests",
+                "must be at least 1 (the comparison is inclusive: 0 would veto every worker)",
+            ));
+        }
+        let usage = self.worker_overload_token_usage;
+        if !(usage > 0.0 && usage <= 1.0) {
+            return Err(invalid(
+                "worker-overload-token-usage",
+                format!("{usage} is not a fraction of the KV cache in (0, 1]"),
+            ));
+        }
+        let ceilings = if self.disable_worker_overload_protection {
+            Ceilings::default()
+        } else {
+            Ceilings {
+                waiting_requests: Some(self.worker_overload_waiting_requests),
+                token_usage: Some(usage),
+            }
+        };
+        Ok(LoadConfig {
+            interval,
+            ceilings,
+            busy: busy_thresholds(
+                self.active_decode_blocks_threshold,
+                self.active_prefill_tokens_threshold,
+                self.active_prefill_tokens_threshold_frac,
+            )
+            .map_err(|(setting, message)| invalid(setting, message))?,
+        })
+    }
+
+    fn shedding(&self) -> Result<Shedding, ConfigError> {
+        if !(400..=599).contains(&self.overload_status_code) {
+            return Err(invalid(
+                "overload-status-code",
+                format!(
+                    "{} is not an error status (503, or 529 for Dynamo-style clients)",
+                    self.overload_status_code
+                ),
+            ));
+        }
+        Ok(Shedding {
+            enabled: self.worker_overload_shed,
+            status: self.overload_status_code,
+            // A vetoed worker's load is not looked at again before the next poll.
+            retry_after: Duration::from_secs(self.load_monitor_interval.ceil().max(1.0) as u64),
         })
     }
 
@@ -280,6 +337,31 @@ fn at_least(setting: &'static str, x: f64, min: f64) -> Result<f64, ConfigError>
     Ok(x)
 }
 
+/// The busy checks, validated; an error names the setting (flag and `/busy_threshold` field).
+pub fn busy_thresholds(
+    decode: Option<f64>,
+    prefill: Option<u64>,
+    frac: Option<f64>,
+) -> Result<BusyThresholds, (&'static str, String)> {
+    if let Some(x) = decode.filter(|x| !(*x > 0.0 && *x <= 1.0)) {
+        return Err((
+            "active-decode-blocks-threshold",
+            format!("{x} is not a fraction of the KV blocks in (0, 1]"),
+        ));
+    }
+    if let Some(x) = frac.filter(|x| !(x.is_finite() && *x > 0.0)) {
+        return Err((
+            "active-prefill-tokens-threshold-frac",
+            format!("{x} must be greater than 0"),
+        ));
+    }
+    Ok(BusyThresholds {
+        active_decode_blocks_threshold: decode,
+        active_prefill_tokens_threshold: prefill,
+        active_prefill_tokens_threshold_frac: frac,
+    })
+}
+
 fn non_empty_keys(setting: &'static str, keys: &[String]) -> Result<Vec<String>, ConfigError> {
     if keys.iter().any(|k| k.trim().is_empty()) {
         return Err(invalid(setting, "a key cannot be empty"));
@@ -320,6 +402,8 @@ pub struct Config {
     pub startup_check_interval: Duration,
     pub drain_settle: Duration,
     pub health: HealthConfig,
+    pub load: LoadConfig,
+    pub shedding: Shedding,
     /// The dedicated probe listener (`--health-check-port`).
     pub health_listen: Option<SocketAddr>,
     pub shutdown_grace: Duration,
@@ -424,6 +508,26 @@ mod tests {
         assert_eq!((h.thresholds.failure, h.thresholds.success), (3, 2));
         assert_eq!(h.endpoint, "/health");
         assert!(!h.disabled && !h.remove_unhealthy);
+    }
+
+    #[test]
+    fn overload_defaults_follow_the_seeds() {
+        let c = Settings::defaults().validate().unwrap();
+        assert_eq!(c.load, LoadConfig::default());
+        assert_eq!(c.load.ceilings.waiting_requests, Some(8));
+        assert_eq!(c.load.ceilings.token_usage, Some(0.8));
+        assert!(!c.load.busy.any(), "busy checks are off unless set");
+        assert!(!c.shedding.enabled);
+        assert_eq!(c.shedding.status, 503);
+        assert_eq!(c.shedding.retry_after, Duration::from_secs(10));
+        let off = load_args(&["sluice", "--disable-worker-overload-protection", "--worker-overload-shed", "--overload-status-code", "529", "--load-monitor-interval", "2.5"])
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(off.load.ceilings, Ceilings::default());
+        assert!(off.shedding.enabled);
+        assert_eq!(off.shedding.status, 529);
+        assert_eq!(off.shedding.retry_after, Duration::from_secs(3), "whole seconds, rounded up");
     }
 
     #[test]

@@ -230,6 +230,56 @@ pub struct Settings {
     #[serde(default)]
     pub health_check_port: Option<u16>,
 
+    /// Seconds between two load polls of a pool's workers (vLLM /metrics, SGLang /v1/loads);
+    /// a worker spec's `load_monitor_interval_secs` may ask for less (never under 1 s).
+    #[arg(long, default_value_t = 10.0)]
+    pub load_monitor_interval: f64,
+
+    /// Waiting requests (summed over a worker's ranks) at or above which it is overloaded: left
+    /// out of routing while another worker is under its ceilings. At least 1.
+    #[arg(long, default_value_t = 8)]
+    pub worker_overload_waiting_requests: u64,
+
+    /// KV cache usage (mean over a worker's ranks, 0..1) at or above which it is overloaded.
+    #[arg(long, default_value_t = 0.8)]
+    pub worker_overload_token_usage: f64,
+
+    /// Accepted for SMG command lines: overload protection is on by default.
+    #[arg(long)]
+    #[serde(default)]
+    pub worker_overload_protection: bool,
+
+    /// Turn both overload ceilings off (a worker spec's `overload` block still applies).
+    #[arg(long, conflicts_with = "worker_overload_protection")]
+    #[serde(default)]
+    pub disable_worker_overload_protection: bool,
+
+    /// When every worker a request could use is overloaded, refuse it at once (with
+    /// --overload-status-code and Retry-After) instead of steering it to the least loaded.
+    #[arg(long)]
+    #[serde(default)]
+    pub worker_overload_shed: bool,
+
+    /// Status of a shed request: 503, or 529 for Dynamo-style clients.
+    #[arg(long, default_value_t = 503)]
+    pub overload_status_code: u16,
+
+    /// Busy rank check: KV blocks in use above this fraction of the rank's blocks. Off unless set.
+    #[arg(long)]
+    #[serde(default)]
+    pub active_decode_blocks_threshold: Option<f64>,
+
+    /// Busy rank check: more prompt tokens than this waiting for prefill. Off unless set.
+    #[arg(long)]
+    #[serde(default)]
+    pub active_prefill_tokens_threshold: Option<u64>,
+
+    /// Busy rank check: prompt tokens waiting for prefill above this multiple of the rank's
+    /// max_num_batched_tokens. Off unless set.
+    #[arg(long)]
+    #[serde(default)]
+    pub active_prefill_tokens_threshold_frac: Option<f64>,
+
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]
     pub shutdown_grace_period_secs: f64,

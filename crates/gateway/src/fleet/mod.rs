@@ -10,7 +10,9 @@ mod collector;
 mod discover;
 mod get;
 mod health;
+mod monitor;
 mod spec;
+mod veto;
 mod worker;
 
 use std::collections::HashMap;
@@ -22,6 +24,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::health::{HealthState, HealthTransition, Probe, Thresholds};
+use sluice_core::overload::{overload_verdict, worker_busy, BusyThresholds};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
 use tokio::sync::{watch, Semaphore};
@@ -32,7 +35,9 @@ use tracing::{info, warn};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
 pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
-pub use spec::{HealthOverrides, SpecError, WorkerPatch, WorkerSpec};
+pub use monitor::{LoadConfig, PollError};
+pub use spec::{HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec};
+pub use veto::{EngineLoad, Vetoes};
 pub use worker::{Lease, LiveSpec, ModelCard, ProbeRecord, Worker, WorkerInfo};
 
 use crate::error::GatewayError;
@@ -51,6 +56,7 @@ pub struct FleetSettings {
     /// The policy's name, a label of per-worker selection counts.
     pub policy: &'static str,
     pub health: HealthConfig,
+    pub load: LoadConfig,
 }
 
 /// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
@@ -126,10 +132,13 @@ pub struct Fleet {
     metrics: Arc<Metrics>,
     /// Caps the probes out at once, fleet-wide.
     probe_permits: Arc<Semaphore>,
+    /// The busy thresholds in force (`POST /busy_threshold` swaps them).
+    busy: ArcSwap<BusyThresholds>,
 }
 
 impl Fleet {
     pub fn new(settings: FleetSettings, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Self> {
+        let settings_busy = settings.load.busy;
         Arc::new(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             changed: Arc::new(watch::channel(0).0),
@@ -138,7 +147,23 @@ impl Fleet {
             upstream,
             metrics,
             probe_permits: Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT)),
+            busy: ArcSwap::from_pointee(settings_busy),
         })
+    }
+
+    pub fn busy_thresholds(&self) -> BusyThresholds {
+        **self.busy.load()
+    }
+
+    /// New busy thresholds; each worker's verdict follows at its next report.
+    pub fn set_busy_thresholds(&self, thresholds: BusyThresholds) {
+        self.busy.store(Arc::new(thresholds));
+        info!(?thresholds, "busy thresholds changed");
+    }
+
+    /// The load settings in force.
+    pub fn load_config(&self) -> &LoadConfig {
+        &self.settings.load
     }
 
     /// A number that changes whenever the fleet may have (snapshot, circuit, health).
@@ -237,6 +262,8 @@ impl Fleet {
         let mut spec = entry.worker.live().spec.clone();
         spec.apply(patch);
         entry.worker.set_spec(spec);
+        // A changed worker is judged afresh from its next report.
+        self.load_cleared(&entry.worker, "its spec changed");
         Ok(entry.worker.clone())
     }
 
@@ -297,6 +324,84 @@ impl Fleet {
         }
     }
 
+    /// How often `worker` is polled: the smallest interval asked by any worker of its pools (its
+    /// own spec's, else the flag), never under a second.
+    fn poll_interval_of(&self, worker: &Worker) -> Duration {
+        let own = |w: &Worker| {
+            w.live()
+                .spec
+                .load_monitor_interval_secs
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(self.settings.load.interval)
+        };
+        let snapshot = self.snapshot();
+        let peers = worker
+            .models()
+            .into_iter()
+            .filter_map(|m| snapshot.pools.get(&m))
+            .flat_map(|p| p.workers.iter())
+            .map(|w| own(w));
+        peers
+            .chain(std::iter::once(own(worker)))
+            .min()
+            .unwrap_or(self.settings.load.interval)
+            .max(monitor::MIN_INTERVAL)
+    }
+
+    /// A poll of `worker` ended: its verdicts follow the report, or clear without one.
+    fn load_polled(
+        &self,
+        worker: &Worker,
+        result: Result<(sluice_core::load::LoadReport, &'static str), PollError>,
+    ) {
+        let (report, source) = match result {
+            Ok(answered) => answered,
+            Err(e) => {
+                tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
+                self.load_cleared(worker, "a poll gave no report");
+                return;
+            }
+        };
+        let ceilings = self
+            .settings
+            .load
+            .ceilings_for(&worker.live().spec.overload);
+        let overload = overload_verdict(&report, &ceilings);
+        let activity = monitor::activity(&report, worker.pending_prefill_tokens());
+        let busy = worker_busy(&activity, &self.busy_thresholds());
+        let m = &worker.metrics;
+        m.engine_waiting.set(report.waiting() as i64);
+        m.engine_running.set(report.running() as i64);
+        m.engine_token_usage.set(report.mean_kv_usage());
+        let (was_overloaded, was_busy) = worker.vetoes.report(EngineLoad {
+            report,
+            source,
+            at: Instant::now(),
+            overload,
+            busy,
+        });
+        match (was_overloaded, overload) {
+            (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),
+            (true, None) => info!(worker = %worker.id, "overload veto cleared: a report under every ceiling"),
+            _ => {}
+        }
+        match (was_busy, busy) {
+            (false, true) => warn!(worker = %worker.id, "worker vetoed: every rank busy"),
+            (true, false) => info!(worker = %worker.id, "busy veto cleared"),
+            _ => {}
+        }
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// No opinion on `worker`'s load any more.
+    fn load_cleared(&self, worker: &Worker, why: &'static str) {
+        let (was_overloaded, was_busy) = worker.vetoes.clear_load();
+        if was_overloaded || was_busy {
+            info!(worker = %worker.id, why, "overload veto cleared");
+            self.changed.send_modify(|v| *v += 1);
+        }
+    }
+
     /// Acts on a health transition: log, gauge, breaker readmission on promotion, removal of a
     /// failed worker under auto-recovery, and a change signal for readiness and waiters.
     fn health_changed(self: &Arc<Self>, worker: &Arc<Worker>, t: HealthTransition) {
@@ -314,6 +419,9 @@ impl Fleet {
         if t.is_promotion() {
             worker.breaker.readmit();
         }
+        if t.from == HealthState::Ready {
+            self.load_cleared(worker, "it left Ready");
+        }
         self.changed.send_modify(|v| *v += 1);
         if t.to == HealthState::Failed && self.settings.health.remove_unhealthy {
             info!(worker = %worker.id, "removing the failed worker (--remove-unhealthy-workers)");
@@ -329,7 +437,7 @@ impl Fleet {
         if registry.entries.len() < before {
             self.metrics
                 .forget_worker(worker.id.as_str(), self.settings.policy);
-            worker.metrics.health.set(-1);
+            worker.metrics.removed();
             self.publish(&mut registry);
             info!(worker = %worker.id, "worker removed");
         }
@@ -378,6 +486,12 @@ impl Fleet {
             self.probe_permits.clone(),
         ))
         .abort_handle();
+        let monitor = tokio::spawn(monitor::run_monitor(
+            Arc::downgrade(self),
+            worker.clone(),
+            self.upstream.clone(),
+        ))
+        .abort_handle();
         let registration = tokio::spawn(discover::register(
             Arc::downgrade(self),
             worker.clone(),
@@ -387,7 +501,7 @@ impl Fleet {
         .abort_handle();
         Entry {
             worker,
-            tasks: vec![timer, registration, prober],
+            tasks: vec![timer, registration, prober, monitor],
         }
     }
 

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::breaker::{Permit, WorkerBreaker};
 use super::spec::WorkerSpec;
+use super::veto::Vetoes;
 use crate::metrics::WorkerMetrics;
 
 fn encode(state: HealthState) -> u8 {
@@ -102,6 +103,11 @@ pub struct Worker {
     info: ArcSwapOption<WorkerInfo>,
     /// Requests in flight through this gateway, moved only by `Lease`.
     in_flight: AtomicU64,
+    /// Estimated prompt tokens of this gateway's requests on it that have no first byte yet
+    /// (waiting or in prefill), moved only by `Lease`.
+    pending_prefill: AtomicU64,
+    /// Why it should get no new request now, health and circuit aside.
+    pub vetoes: Vetoes,
     pub breaker: Arc<WorkerBreaker>,
     pub metrics: WorkerMetrics,
 }
@@ -127,6 +133,8 @@ impl Worker {
             last_probe: ArcSwapOption::empty(),
             info: ArcSwapOption::empty(),
             in_flight: AtomicU64::new(0),
+            pending_prefill: AtomicU64::new(0),
+            vetoes: Vetoes::default(),
             breaker,
             metrics,
         }
@@ -181,6 +189,10 @@ impl Worker {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.pending_prefill.load(Ordering::Relaxed)
+    }
+
     /// Ready, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
         self.status() == HealthState::Ready && self.breaker.state() != BreakerState::Open
@@ -211,6 +223,8 @@ impl Worker {
 pub struct Lease {
     worker: Arc<Worker>,
     permit: Option<Permit>,
+    /// Prompt tokens counted in the worker's pending prefill until the first byte.
+    prefill: u64,
 }
 
 impl Lease {
@@ -219,6 +233,26 @@ impl Lease {
         Self {
             worker,
             permit: Some(permit),
+            prefill: 0,
+        }
+    }
+
+    /// Counts the request's prompt as waiting for prefill on the worker, until `first_byte`.
+    pub fn prefilling(&mut self, prompt_tokens: u64) {
+        self.first_byte();
+        self.prefill = prompt_tokens;
+        self.worker
+            .pending_prefill
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+    }
+
+    /// The worker answered: the prompt is no longer waiting for prefill.
+    pub fn first_byte(&mut self) {
+        let tokens = std::mem::take(&mut self.prefill);
+        if tokens > 0 {
+            self.worker
+                .pending_prefill
+                .fetch_sub(tokens, Ordering::Relaxed);
         }
     }
 
@@ -236,6 +270,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        self.first_byte();
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);

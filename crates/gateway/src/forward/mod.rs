@@ -34,9 +34,14 @@ use crate::config::RetryConfig;
 use crate::error::GatewayError;
 use crate::fleet::{Lease, Pool};
 use crate::front::ApiRoute;
-use crate::metrics::{CancelLabels, Metrics, ReasonLabel, UpstreamErrorLabels};
-use crate::route::{self, RouteRequest};
+use crate::metrics::{CancelLabels, Metrics, ReasonLabel, StageLabel, UpstreamErrorLabels};
+use crate::route::{self, RouteRequest, Shedding};
+use sluice_core::overload::VetoClass;
 use crate::stream::{Ending, Relay};
+
+/// How long a worker's own at-capacity answer (429, 529) keeps new requests off it: about the
+/// time one of its running requests takes to free a slot.
+const AT_CAPACITY_VETO: Duration = Duration::from_secs(1);
 
 /// The window the retry budget looks back over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);
@@ -55,6 +60,7 @@ pub struct Job<'a> {
 pub struct Forwarder {
     upstream: Upstream,
     policy: Policy,
+    shedding: Shedding,
     retry: RetryConfig,
     budget: TpsBudget,
     request_timeout: Duration,
@@ -65,6 +71,7 @@ impl Forwarder {
     pub fn new(
         upstream: Upstream,
         policy: Policy,
+        shedding: Shedding,
         retry: RetryConfig,
         request_timeout: Duration,
         metrics: Arc<Metrics>,
@@ -77,6 +84,7 @@ impl Forwarder {
         Self {
             upstream,
             policy,
+            shedding,
             retry,
             budget,
             request_timeout,
@@ -105,10 +113,26 @@ impl Forwarder {
         let mut tried: Vec<u64> = Vec::new();
         let mut attempts = 0u32;
         let outcome = loop {
-            let lease = match route::select(&self.policy, job.pool, job.target, &tried) {
-                Ok(lease) => lease,
-                Err(e) => break Err(e),
-            };
+            let selected =
+                match route::select(&self.policy, &self.shedding, job.pool, job.target, &tried) {
+                    Ok(selected) => selected,
+                    Err(e) => {
+                        if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
+                            self.count_shed("select");
+                        }
+                        break Err(e);
+                    }
+                };
+            match selected.fallback {
+                Some(VetoClass::Overload) => {
+                    self.metrics.overload_fallbacks.inc();
+                }
+                Some(VetoClass::Liveness) => {
+                    self.metrics.liveness_fallbacks.inc();
+                }
+                None => {}
+            }
+            let lease = selected.lease;
             attempts += 1;
             ending.note_attempt(lease.worker().id.as_str(), attempts);
             match self.attempt(&job, lease, attempts, &tried, deadline).await {
@@ -139,6 +163,17 @@ impl Forwarder {
         deadline: Instant,
     ) -> Attempt {
         let worker = lease.worker().clone();
+        if self.shedding.enabled && worker.vetoes.class() == Some(VetoClass::Overload) {
+            // Flagged between selection and dispatch: shed rather than pick again.
+            self.count_shed("dispatch");
+            return Attempt::Final(GatewayError::OverloadedBeforeDispatch {
+                worker: worker.id.clone(),
+                model: job.pool.model.clone(),
+                status: self.shedding.status,
+                retry_after: self.shedding.retry_after,
+            });
+        }
+        lease.prefilling(job.target.prompt_tokens);
         let sent_at = Instant::now();
         let request = build_request(job, &lease);
         let sent = tokio::time::timeout_at(deadline, self.upstream.send(worker.http2, request));
@@ -146,6 +181,10 @@ impl Forwarder {
             Err(_) => Attempt::Final(self.timed_out(lease)),
             Ok(Ok(response)) => {
                 let at_capacity = matches!(response.status().as_u16(), 429 | 529);
+                if at_capacity {
+                    // The worker says it is full: keep new requests off it for a moment.
+                    worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
+                }
                 if at_capacity
                     && self.may_retry(AttemptFailure::AtCapacity, job, tried, &lease, attempts)
                 {
@@ -181,6 +220,13 @@ impl Forwarder {
                 })
             }
         }
+    }
+
+    fn count_shed(&self, stage: &'static str) {
+        self.metrics
+            .overload_sheds
+            .get_or_create(&StageLabel { stage })
+            .inc();
     }
 
     fn count_retry(&self, failure: AttemptFailure) {

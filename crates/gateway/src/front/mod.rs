@@ -177,7 +177,12 @@ async fn serve(
         .get(&app.routing_key_header)
         .map(HeaderValue::as_bytes)
         .or(facts.user.as_deref().map(str::as_bytes));
-    let target = RouteRequest::new(app.forwarder.policy(), routing_key, facts.prompt);
+    let target = RouteRequest::new(
+        app.forwarder.policy(),
+        routing_key,
+        facts.prompt,
+        facts.prompt_tokens_estimate(),
+    );
     let job = Job {
         route,
         parts,

@@ -5,7 +5,15 @@
 //! (`sluice_core::policy::choose`) picks among them; the pick must then get a permit from its
 //! circuit breaker (a half-open circuit lets only a few trials through), and if it cannot, the
 //! next pick is made without it.
+//!
+//! Vetoed workers (overloaded, busy, at capacity, unreachable, wedged: see `fleet::Vetoes`) are
+//! not candidates while any unvetoed one remains — for every policy, hash-based ones included.
+//! When none remains, `sluice_core::overload::when_all_vetoed` decides: steer to the least loaded
+//! vetoed worker (the default), shed (`--worker-overload-shed`), or 503 no_available_workers.
 
+use std::sync::Arc;
+
+use sluice_core::overload::{when_all_vetoed, AllVetoed, VetoClass, Vetoed};
 use sluice_core::policy::{choose, Candidate, Draw, Policy, RouteInput};
 use sluice_core::prefix::block_hashes;
 use sluice_core::ModelName;
@@ -14,6 +22,17 @@ use crate::error::GatewayError;
 use sluice_core::health::HealthState;
 
 use crate::fleet::{Lease, Pool, Snapshot, Worker};
+
+/// What a request gets when every worker it could use is overloaded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shedding {
+    /// `--worker-overload-shed`: refuse it; otherwise steer it to the least loaded.
+    pub enabled: bool,
+    /// `--overload-status-code`.
+    pub status: u16,
+    /// The load-monitor interval, in whole seconds: a vetoed worker is not re-judged sooner.
+    pub retry_after: std::time::Duration,
+}
 
 /// Bytes per prefix block: about 16 tokens, an engine's KV block.
 const PREFIX_BLOCK_BYTES: usize = 64;
@@ -27,10 +46,17 @@ pub struct RouteRequest {
     pub input: RouteInput,
     /// Prefix block hashes, only when the policy uses them.
     pub blocks: Vec<u64>,
+    /// The prompt's estimated size, counted as waiting for prefill on the chosen worker.
+    pub prompt_tokens: u64,
 }
 
 impl RouteRequest {
-    pub fn new(policy: &Policy, routing_key: Option<&[u8]>, prompt: &[u8]) -> Self {
+    pub fn new(
+        policy: &Policy,
+        routing_key: Option<&[u8]>,
+        prompt: &[u8],
+        prompt_tokens: u64,
+    ) -> Self {
         let blocks = if policy.wants_prefix() {
             block_hashes(prompt, PREFIX_BLOCK_BYTES, PREFIX_MAX_BLOCKS)
         } else {
@@ -42,6 +68,7 @@ impl RouteRequest {
                 prefix_blocks: blocks.len() as u32,
             },
             blocks,
+            prompt_tokens,
         }
     }
 }
@@ -75,18 +102,48 @@ pub fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool,
     })
 }
 
-/// Picks a worker of `pool` for a request, skipping the workers (by key) in `tried`.
+/// The worker chosen for one attempt.
+#[derive(Debug)]
+pub struct Selected {
+    pub lease: Lease,
+    /// Set when every candidate was vetoed and this one was steered to anyway.
+    pub fallback: Option<VetoClass>,
+}
+
+/// Picks a worker of `pool` for a request, skipping the workers (by key) in `tried`: the policy
+/// chooses among candidates without a veto; when there is none, the all-vetoed rule decides.
 pub fn select(
     policy: &Policy,
+    shedding: &Shedding,
     pool: &Pool,
     request: &RouteRequest,
     tried: &[u64],
-) -> Result<Lease, GatewayError> {
-    let mut workers: Vec<&std::sync::Arc<Worker>> = pool
+) -> Result<Selected, GatewayError> {
+    let (free, vetoed): (Vec<&Arc<Worker>>, Vec<&Arc<Worker>>) = pool
         .workers
         .iter()
         .filter(|w| w.is_routable() && !tried.contains(&w.key))
-        .collect();
+        .partition(|w| w.vetoes.class().is_none());
+    if let Some(lease) = pick(policy, pool, request, free) {
+        return Ok(Selected {
+            lease,
+            fallback: None,
+        });
+    }
+    let others_out = pool
+        .workers
+        .iter()
+        .any(|w| !w.is_routable() && !tried.contains(&w.key));
+    fall_back(shedding, pool, tried, vetoed, others_out)
+}
+
+/// The policy's pick among `workers`, which must then get a permit from its circuit.
+fn pick(
+    policy: &Policy,
+    pool: &Pool,
+    request: &RouteRequest,
+    mut workers: Vec<&Arc<Worker>>,
+) -> Option<Lease> {
     let mut candidates: Vec<Candidate> = workers
         .iter()
         .map(|w| Candidate {
@@ -109,29 +166,80 @@ pub fn select(
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             random: rand::random(),
         };
-        let Some(i) = choose(policy, &candidates, &request.input, draw) else {
-            break;
-        };
+        let i = choose(policy, &candidates, &request.input, draw)?;
         let worker = workers[i];
         if let Some(permit) = worker.breaker.try_admit() {
             if policy.wants_prefix() && !request.blocks.is_empty() {
                 pool.state.prefix.lock().insert(&request.blocks, worker.key);
             }
             worker.metrics.selections.inc();
-            return Ok(Lease::new(worker.clone(), permit));
+            return Some(Lease::new(worker.clone(), permit));
         }
         // Its half-open trial is taken (or it just opened): choose among the others.
         candidates.swap_remove(i);
         workers.swap_remove(i);
     }
-    Err(no_workers(pool, tried))
+    None
+}
+
+/// No candidate without a veto: steer to the least loaded vetoed one, shed, or give up.
+fn fall_back(
+    shedding: &Shedding,
+    pool: &Pool,
+    tried: &[u64],
+    mut vetoed: Vec<&Arc<Worker>>,
+    others_out: bool,
+) -> Result<Selected, GatewayError> {
+    loop {
+        let candidates: Vec<Vetoed> = vetoed
+            .iter()
+            .map(|w| {
+                let load = w.vetoes.load();
+                Vetoed {
+                    class: w.vetoes.class().unwrap_or(VetoClass::Overload),
+                    waiting: load.as_ref().map_or(0, |l| l.report.waiting()),
+                    kv_usage: load.as_ref().map_or(0.0, |l| l.report.mean_kv_usage()),
+                    in_flight: w.in_flight(),
+                }
+            })
+            .collect();
+        match when_all_vetoed(&candidates, shedding.enabled, others_out) {
+            AllVetoed::Steer(i, class) => {
+                let worker = vetoed[i];
+                if let Some(permit) = worker.breaker.try_admit() {
+                    worker.metrics.selections.inc();
+                    return Ok(Selected {
+                        lease: Lease::new(worker.clone(), permit),
+                        fallback: Some(class),
+                    });
+                }
+                vetoed.swap_remove(i);
+            }
+            AllVetoed::Shed => {
+                return Err(GatewayError::WorkerOverloadShed {
+                    model: pool.model.clone(),
+                    status: shedding.status,
+                    retry_after: shedding.retry_after,
+                })
+            }
+            AllVetoed::Unavailable => return Err(no_workers(pool, tried)),
+        }
+    }
 }
 
 fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
     let (mut pending, mut unhealthy, mut draining, mut open, mut failed) = (0, 0, 0, 0, 0);
+    let (mut full, mut doubted) = (0, 0);
     for w in &pool.workers {
         if tried.contains(&w.key) {
             failed += 1;
+            continue;
+        }
+        if w.is_routable() {
+            match w.vetoes.class() {
+                Some(VetoClass::Liveness) => doubted += 1,
+                _ => full += 1,
+            }
             continue;
         }
         match w.status() {
@@ -146,6 +254,8 @@ fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
         (unhealthy, "failing health checks"),
         (draining, "draining"),
         (open, "circuit open"),
+        (full, "overloaded"),
+        (doubted, "unreachable or wedged"),
         (failed, "already tried"),
     ]
     .iter()

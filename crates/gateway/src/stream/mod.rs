@@ -185,7 +185,10 @@ impl Relay {
         let now = Instant::now();
         let metrics = &self.lease.worker().metrics;
         match self.last_chunk {
-            None => metrics.ttft.observe((now - self.sent_at).as_secs_f64()),
+            None => {
+                metrics.ttft.observe((now - self.sent_at).as_secs_f64());
+                self.lease.first_byte();
+            }
             Some(last) => metrics.inter_chunk.observe((now - last).as_secs_f64()),
         }
         self.last_chunk = Some(now);
