@@ -9,8 +9,8 @@
 //!   veto lands once the silence reaches `stall`. Any contact clears it. Request deadlines and
 //!   engine errors are not transport failures and never arm it.
 //! - **Unreachable** (stale): nothing at all arrives — polls and probes time out rather than
-//!   fail, requests in flight get no byte — for `stale` while the gateway holds requests on it.
-//!   Any contact clears it.
+//!   fail (at least one has, since the last contact), requests in flight get no byte — for
+//!   `stale` while the gateway holds requests on it. Any contact clears it.
 //! - **Wedged**: streams in flight on the worker, evidence it should be producing (a waiting
 //!   queue in its report, or a pile of the gateway's streams that grew since the last progress or
 //!   stands 4 deep), and no token for the wedge bound (`wedge`, stretched to the time in-flight
@@ -99,6 +99,8 @@ pub struct Observed {
     pub last_contact: Instant,
     /// The last connection-level failure (refused, reset) on any of its channels.
     pub last_failure: Option<Instant>,
+    /// The last poll or probe that timed out.
+    pub last_timeout: Option<Instant>,
     /// The last token or completion, or when the current pile of streams started.
     pub last_progress: Instant,
     /// Streams in flight on it through this gateway.
@@ -128,8 +130,9 @@ pub fn judge(
     if failed_since_contact && silence >= cfg.stall {
         return Some(LivenessVeto::Unreachable);
     }
-    let held = o.in_flight > 0 || prev == Some(LivenessVeto::Stale);
-    if !cfg.stale.is_zero() && held && silence >= cfg.stale {
+    let timed_out_since_contact = o.last_timeout.is_some_and(|t| t >= o.last_contact);
+    let stale = (o.in_flight > 0 && timed_out_since_contact) || prev == Some(LivenessVeto::Stale);
+    if !cfg.stale.is_zero() && stale && silence >= cfg.stale {
         return Some(LivenessVeto::Stale);
     }
     if cfg.wedge.is_zero() {
@@ -168,6 +171,7 @@ mod tests {
         Observed {
             last_contact: now,
             last_failure: None,
+            last_timeout: None,
             last_progress: now,
             pile: 0,
             pile_at_progress: 0,
@@ -246,8 +250,18 @@ mod tests {
         let t0 = Instant::now();
         let held = Observed {
             in_flight: 2,
+            last_timeout: Some(t0 + secs(10)),
             ..quiet(t0)
         };
+        let no_timeout = Observed {
+            last_timeout: None,
+            ..held
+        };
+        assert_eq!(
+            judge(None, &no_timeout, &CFG, t0 + secs(60)),
+            None,
+            "a long answer with nothing asked of the worker meanwhile is not silence"
+        );
         assert_eq!(judge(None, &held, &CFG, t0 + secs(14)), None);
         assert_eq!(
             judge(None, &held, &CFG, t0 + secs(15)),

@@ -87,6 +87,7 @@ impl Gateway {
                 policy: config.policy.name(),
                 health: config.health.clone(),
                 load: config.load.clone(),
+                liveness: config.liveness,
             },
             upstream.clone(),
             metrics.clone(),

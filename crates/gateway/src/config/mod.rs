@@ -24,6 +24,7 @@ pub use settings::Settings;
 use crate::fleet::{HealthConfig, LoadConfig, WorkerSpec};
 use crate::route::Shedding;
 use sluice_core::health::Thresholds;
+use sluice_core::liveness::LivenessConfig;
 use sluice_core::overload::{BusyThresholds, Ceilings};
 
 /// Why the settings cannot be used.
@@ -169,6 +170,11 @@ impl Settings {
             health: self.health()?,
             load: self.load()?,
             shedding: self.shedding()?,
+            liveness: LivenessConfig {
+                stall: seconds("worker-stall-secs", self.worker_stall_secs)?,
+                wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
+                stale: seconds("worker-stale-secs", self.worker_stale_secs)?,
+            },
             health_listen: self
                 .health_check_port
                 .map(|port| SocketAddr::new(host, port)),
@@ -404,6 +410,7 @@ pub struct Config {
     pub health: HealthConfig,
     pub load: LoadConfig,
     pub shedding: Shedding,
+    pub liveness: LivenessConfig,
     /// The dedicated probe listener (`--health-check-port`).
     pub health_listen: Option<SocketAddr>,
     pub shutdown_grace: Duration,
@@ -517,17 +524,33 @@ mod tests {
         assert_eq!(c.load.ceilings.waiting_requests, Some(8));
         assert_eq!(c.load.ceilings.token_usage, Some(0.8));
         assert!(!c.load.busy.any(), "busy checks are off unless set");
+        assert_eq!(c.liveness, LivenessConfig::default());
+        assert_eq!(c.liveness.stall, Duration::from_secs(2));
+        assert_eq!(c.liveness.wedge, Duration::from_secs(3));
+        assert_eq!(c.liveness.stale, Duration::from_secs(15));
         assert!(!c.shedding.enabled);
         assert_eq!(c.shedding.status, 503);
         assert_eq!(c.shedding.retry_after, Duration::from_secs(10));
-        let off = load_args(&["sluice", "--disable-worker-overload-protection", "--worker-overload-shed", "--overload-status-code", "529", "--load-monitor-interval", "2.5"])
-            .unwrap()
-            .validate()
-            .unwrap();
+        let off = load_args(&[
+            "sluice",
+            "--disable-worker-overload-protection",
+            "--worker-overload-shed",
+            "--overload-status-code",
+            "529",
+            "--load-monitor-interval",
+            "2.5",
+        ])
+        .unwrap()
+        .validate()
+        .unwrap();
         assert_eq!(off.load.ceilings, Ceilings::default());
         assert!(off.shedding.enabled);
         assert_eq!(off.shedding.status, 529);
-        assert_eq!(off.shedding.retry_after, Duration::from_secs(3), "whole seconds, rounded up");
+        assert_eq!(
+            off.shedding.retry_after,
+            Duration::from_secs(3),
+            "whole seconds, rounded up"
+        );
     }
 
     #[test]

@@ -280,6 +280,24 @@ pub struct Settings {
     #[serde(default)]
     pub active_prefill_tokens_threshold_frac: Option<f64>,
 
+    /// Seconds without any contact after which a connection failure on a worker's channels
+    /// excludes it from routing as unreachable (0: the first failure does); any contact
+    /// re-admits it.
+    #[arg(long, default_value_t = 2.0)]
+    pub worker_stall_secs: f64,
+
+    /// Seconds without a token from a worker with streams in flight and evidence it should be
+    /// producing (a waiting queue, a growing or 4-deep pile) after which it is excluded from
+    /// routing as wedged until it makes progress (0 disables).
+    #[arg(long, default_value_t = 3.0)]
+    pub worker_wedge_secs: f64,
+
+    /// Seconds without anything at all from a worker this gateway holds requests on after
+    /// which it is excluded from routing as unreachable until heard from (0 disables). Keep it
+    /// above --load-monitor-interval.
+    #[arg(long, default_value_t = 15.0)]
+    pub worker_stale_secs: f64,
+
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]
     pub shutdown_grace_period_secs: f64,

@@ -31,6 +31,10 @@ impl GetError {
     pub fn is_transport(&self) -> bool {
         matches!(self, GetError::Connect(_))
     }
+
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, GetError::Timeout(_))
+    }
 }
 
 /// `GET <worker><path>`: the status and at most `limit` bytes of body, within `timeout`.

@@ -157,6 +157,12 @@ pub(super) async fn run_prober(
                 error: result.as_ref().err().map(ToString::to_string),
                 at: Instant::now(),
             });
+            match &result {
+                Err(e) if e.is_transport() => worker.signals.transport_failure(Instant::now()),
+                Err(ProbeError::Get(e)) if e.is_timeout() => worker.signals.timeout(Instant::now()),
+                Err(ProbeError::Status(_)) => worker.signals.contact(Instant::now()),
+                _ => {}
+            }
             let probe = match result {
                 Ok(()) => Probe::Pass,
                 Err(_) => Probe::Fail,

@@ -10,6 +10,7 @@ mod collector;
 mod discover;
 mod get;
 mod health;
+mod liveness;
 mod monitor;
 mod spec;
 mod veto;
@@ -35,6 +36,7 @@ use tracing::{info, warn};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
 pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
+pub use liveness::Signals;
 pub use monitor::{LoadConfig, PollError};
 pub use spec::{HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec};
 pub use veto::{EngineLoad, Vetoes};
@@ -57,6 +59,7 @@ pub struct FleetSettings {
     pub policy: &'static str,
     pub health: HealthConfig,
     pub load: LoadConfig,
+    pub liveness: sluice_core::liveness::LivenessConfig,
 }
 
 /// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
@@ -139,7 +142,8 @@ pub struct Fleet {
 impl Fleet {
     pub fn new(settings: FleetSettings, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Self> {
         let settings_busy = settings.load.busy;
-        Arc::new(Self {
+        let liveness = settings.liveness;
+        let fleet = Arc::new(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             changed: Arc::new(watch::channel(0).0),
             registry: parking_lot::Mutex::new(Registry::default()),
@@ -148,7 +152,9 @@ impl Fleet {
             metrics,
             probe_permits: Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT)),
             busy: ArcSwap::from_pointee(settings_busy),
-        })
+        });
+        tokio::spawn(liveness::run_checker(Arc::downgrade(&fleet), liveness));
+        fleet
     }
 
     pub fn busy_thresholds(&self) -> BusyThresholds {
@@ -310,6 +316,9 @@ impl Fleet {
 
     /// A probe of `worker` ended.
     fn probed(self: &Arc<Self>, worker: &Arc<Worker>, probe: Probe, thresholds: Thresholds) {
+        if probe == Probe::Pass {
+            worker.signals.contact(Instant::now());
+        }
         self.metrics.count_health_check(probe == Probe::Pass);
         if let Some(t) = worker.change_health(|h| h.probe(probe, thresholds, Instant::now())) {
             self.health_changed(worker, t);
@@ -354,14 +363,25 @@ impl Fleet {
         worker: &Worker,
         result: Result<(sluice_core::load::LoadReport, &'static str), PollError>,
     ) {
+        let now = Instant::now();
         let (report, source) = match result {
             Ok(answered) => answered,
             Err(e) => {
+                if e.is_transport() {
+                    worker.signals.transport_failure(now);
+                } else if e.is_timeout() {
+                    worker.signals.timeout(now);
+                } else if e.answered() {
+                    worker.signals.contact(now);
+                }
                 tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
+                worker.signals.set_engine_silent(false);
                 self.load_cleared(worker, "a poll gave no report");
                 return;
             }
         };
+        worker.signals.contact(now);
+        let silent_since = self.engine_silent_since(worker, &report, now);
         let ceilings = self
             .settings
             .load
@@ -376,13 +396,16 @@ impl Fleet {
         let (was_overloaded, was_busy) = worker.vetoes.report(EngineLoad {
             report,
             source,
-            at: Instant::now(),
+            at: now,
             overload,
             busy,
+            silent_since,
         });
         match (was_overloaded, overload) {
             (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),
-            (true, None) => info!(worker = %worker.id, "overload veto cleared: a report under every ceiling"),
+            (true, None) => {
+                info!(worker = %worker.id, "overload veto cleared: a report under every ceiling")
+            }
             _ => {}
         }
         match (was_busy, busy) {
@@ -391,6 +414,32 @@ impl Fleet {
             _ => {}
         }
         self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Since when the engine's generated-token counter has stood still while it reported running
+    /// requests (two reports at least); sets the engine-silence signal once that spans the
+    /// wedge bound.
+    fn engine_silent_since(
+        &self,
+        worker: &Worker,
+        report: &sluice_core::load::LoadReport,
+        now: Instant,
+    ) -> Option<Instant> {
+        let previous = worker.vetoes.load();
+        let stalled = match (&previous, report.generation_tokens()) {
+            (Some(prev), Some(tokens)) => {
+                report.running() > 0 && prev.report.generation_tokens() == Some(tokens)
+            }
+            _ => false,
+        };
+        let since = stalled
+            .then(|| previous.as_ref().map(|p| p.silent_since.unwrap_or(p.at)))
+            .flatten();
+        let wedge = self.settings.liveness.wedge;
+        worker.signals.set_engine_silent(
+            !wedge.is_zero() && since.is_some_and(|s| now.saturating_duration_since(s) >= wedge),
+        );
+        since
     }
 
     /// No opinion on `worker`'s load any more.

@@ -80,9 +80,7 @@ impl Source {
 
     fn parse(self, body: &[u8]) -> Result<LoadReport, load::LoadError> {
         match self {
-            Source::VllmMetrics => {
-                load::parse_vllm_metrics(&String::from_utf8_lossy(body))
-            }
+            Source::VllmMetrics => load::parse_vllm_metrics(&String::from_utf8_lossy(body)),
             Source::SglangLoads => load::parse_sglang_loads(body),
             Source::SglangGetLoad => load::parse_sglang_get_load(body),
         }
@@ -108,6 +106,15 @@ pub enum PollError {
 impl PollError {
     pub fn is_transport(&self) -> bool {
         matches!(self, PollError::Get(e) if e.is_transport())
+    }
+
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, PollError::Get(e) if e.is_timeout())
+    }
+
+    /// The worker answered, if not with a report: it is there.
+    pub fn answered(&self) -> bool {
+        matches!(self, PollError::Status { .. } | PollError::Report { .. })
     }
 }
 

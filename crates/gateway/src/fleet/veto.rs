@@ -27,6 +27,9 @@ pub struct EngineLoad {
     pub overload: Option<OverloadCause>,
     /// Every rank busy by the busy thresholds.
     pub busy: bool,
+    /// Since when its token counter has stood still with requests running.
+    #[serde(skip)]
+    pub silent_since: Option<Instant>,
 }
 
 fn encode(veto: Option<LivenessVeto>) -> u8 {
@@ -113,7 +116,9 @@ impl Vetoes {
 
     /// A report arrived (the load monitor); returns the previous verdicts (overloaded, busy).
     pub(crate) fn report(&self, load: EngineLoad) -> (bool, bool) {
-        let overloaded = self.overloaded.swap(load.overload.is_some(), Ordering::AcqRel);
+        let overloaded = self
+            .overloaded
+            .swap(load.overload.is_some(), Ordering::AcqRel);
         let busy = self.busy.swap(load.busy, Ordering::AcqRel);
         self.load.store(Some(Arc::new(load)));
         (overloaded, busy)
@@ -155,6 +160,7 @@ mod tests {
             at: Instant::now(),
             overload,
             busy,
+            silent_since: None,
         }
     }
 

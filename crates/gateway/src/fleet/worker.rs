@@ -13,6 +13,7 @@ use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
 use super::breaker::{Permit, WorkerBreaker};
+use super::liveness::Signals;
 use super::spec::WorkerSpec;
 use super::veto::Vetoes;
 use crate::metrics::WorkerMetrics;
@@ -108,6 +109,8 @@ pub struct Worker {
     pending_prefill: AtomicU64,
     /// Why it should get no new request now, health and circuit aside.
     pub vetoes: Vetoes,
+    /// What the gateway hears from it, for the liveness checker.
+    pub signals: Signals,
     pub breaker: Arc<WorkerBreaker>,
     pub metrics: WorkerMetrics,
 }
@@ -135,6 +138,7 @@ impl Worker {
             in_flight: AtomicU64::new(0),
             pending_prefill: AtomicU64::new(0),
             vetoes: Vetoes::default(),
+            signals: Signals::default(),
             breaker,
             metrics,
         }
@@ -225,6 +229,8 @@ pub struct Lease {
     permit: Option<Permit>,
     /// Prompt tokens counted in the worker's pending prefill until the first byte.
     prefill: u64,
+    /// Counted in the worker's pile of streams.
+    streaming: bool,
 }
 
 impl Lease {
@@ -234,6 +240,15 @@ impl Lease {
             worker,
             permit: Some(permit),
             prefill: 0,
+            streaming: false,
+        }
+    }
+
+    /// Counts the request in the worker's pile of streams until the lease ends.
+    pub fn streaming(&mut self) {
+        if !self.streaming {
+            self.streaming = true;
+            self.worker.signals.stream_started(Instant::now());
         }
     }
 
@@ -271,6 +286,9 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.first_byte();
+        if self.streaming {
+            self.worker.signals.stream_ended();
+        }
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);

@@ -36,8 +36,8 @@ use crate::fleet::{Lease, Pool};
 use crate::front::ApiRoute;
 use crate::metrics::{CancelLabels, Metrics, ReasonLabel, StageLabel, UpstreamErrorLabels};
 use crate::route::{self, RouteRequest, Shedding};
-use sluice_core::overload::VetoClass;
 use crate::stream::{Ending, Relay};
+use sluice_core::overload::VetoClass;
 
 /// How long a worker's own at-capacity answer (429, 529) keeps new requests off it: about the
 /// time one of its running requests takes to free a slot.
@@ -174,12 +174,16 @@ impl Forwarder {
             });
         }
         lease.prefilling(job.target.prompt_tokens);
+        if job.target.stream {
+            lease.streaming();
+        }
         let sent_at = Instant::now();
         let request = build_request(job, &lease);
         let sent = tokio::time::timeout_at(deadline, self.upstream.send(worker.http2, request));
         match sent.await {
             Err(_) => Attempt::Final(self.timed_out(lease)),
             Ok(Ok(response)) => {
+                worker.signals.contact(Instant::now());
                 let at_capacity = matches!(response.status().as_u16(), 429 | 529);
                 if at_capacity {
                     // The worker says it is full: keep new requests off it for a moment.
@@ -198,6 +202,8 @@ impl Forwarder {
                 })
             }
             Ok(Err(e)) => {
+                // Refused or reset: the transport failed, a liveness signal.
+                worker.signals.transport_failure(Instant::now());
                 let (failure, kind) = if e.is_connect() {
                     (AttemptFailure::Connect, "connect")
                 } else {

@@ -182,6 +182,7 @@ async fn serve(
         routing_key,
         facts.prompt,
         facts.prompt_tokens_estimate(),
+        facts.stream,
     );
     let job = Job {
         route,

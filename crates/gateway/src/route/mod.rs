@@ -48,6 +48,8 @@ pub struct RouteRequest {
     pub blocks: Vec<u64>,
     /// The prompt's estimated size, counted as waiting for prefill on the chosen worker.
     pub prompt_tokens: u64,
+    /// A streaming request, counted in the chosen worker's pile of streams.
+    pub stream: bool,
 }
 
 impl RouteRequest {
@@ -56,6 +58,7 @@ impl RouteRequest {
         routing_key: Option<&[u8]>,
         prompt: &[u8],
         prompt_tokens: u64,
+        stream: bool,
     ) -> Self {
         let blocks = if policy.wants_prefix() {
             block_hashes(prompt, PREFIX_BLOCK_BYTES, PREFIX_MAX_BLOCKS)
@@ -69,6 +72,7 @@ impl RouteRequest {
             },
             blocks,
             prompt_tokens,
+            stream,
         }
     }
 }

@@ -183,6 +183,7 @@ impl Relay {
 
     fn observe(&mut self, data: &Bytes) {
         let now = Instant::now();
+        self.lease.worker().signals.progress(now);
         let metrics = &self.lease.worker().metrics;
         match self.last_chunk {
             None => {
