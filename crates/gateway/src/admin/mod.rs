@@ -6,6 +6,8 @@
 //! | `POST /workers` | register (202 + `Location`; 409 if the URL is registered) | admin key |
 //! | `PUT /workers/{id}` | replace the whole spec, register again under the same id | admin key |
 //! | `PATCH /workers/{id}` | change `api_key`, `labels` or the `health` block in place | admin key |
+//! | `GET /loads` | every worker's last load report and vetoes, and an aggregate | open |
+//! | `GET /busy_threshold`, `POST /busy_threshold` | the busy-rank thresholds; POST changes them | POST: admin key |
 //! | `DELETE /workers/{id}` | drain (a serving worker), then remove | admin key |
 //!
 //! A spec is validated before anything is registered: an invalid one is a 400 naming its field.
@@ -31,8 +33,12 @@ use crate::front::{read_body, App};
 /// Largest worker spec accepted.
 const SPEC_MAX_BYTES: usize = 64 * 1024;
 
+mod load;
+
 pub fn routes() -> Router<Arc<App>> {
     Router::new()
+        .route("/loads", get(load::loads))
+        .route("/busy_threshold", get(load::busy_get).post(load::busy_post))
         .route("/workers", get(list).post(create))
         .route(
             "/workers/{id}",
@@ -110,6 +116,10 @@ pub struct WorkerView {
     in_flight: u64,
     health: HealthView,
     circuit: CircuitView,
+    /// Why it gets no new request now, health and circuit aside.
+    vetoes: load::VetoView,
+    /// Its last load report, when the last poll gave one.
+    engine_load: Option<load::LoadView>,
     spec: WorkerSpec,
 }
 
@@ -125,6 +135,8 @@ impl WorkerView {
             models: worker.models(),
             in_flight: worker.in_flight(),
             health: HealthView::of(fleet, worker),
+            vetoes: load::VetoView::of(worker),
+            engine_load: load::LoadView::of(worker),
             circuit: CircuitView {
                 state: worker.breaker.state().as_str(),
                 consecutive_failures: worker.breaker.consecutive_failures(),

@@ -225,6 +225,7 @@ impl Settings {
                 self.active_prefill_tokens_threshold_frac,
             )
             .map_err(|(setting, message)| invalid(setting, message))?,
+            ..LoadConfig::default()
         })
     }
 

@@ -8,6 +8,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+use sluice_core::overload::VetoClass;
+
 use super::Fleet;
 
 #[derive(Debug)]
@@ -41,6 +43,35 @@ impl Collector for FleetCollector {
         for w in &snapshot.workers {
             let labels = [("worker", w.id.as_str())];
             ConstGauge::new(w.breaker.state().gauge()).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "workers_overloaded",
+            "Workers of each model kept out of routing as full (over a ceiling, busy, or at capacity)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (model, pool) in &snapshot.pools {
+            let full = pool
+                .workers
+                .iter()
+                .filter(|w| w.vetoes.class() == Some(VetoClass::Overload))
+                .count();
+            let labels = [("model", model.as_str())];
+            ConstGauge::new(full as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "worker_stalled",
+            "1 while a worker is vetoed by liveness, by reason (unreachable, wedged)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in &snapshot.workers {
+            let vetoed = w.vetoes.liveness().map(|v| v.reason());
+            for reason in ["unreachable", "wedged"] {
+                let labels = [("worker", w.id.as_str()), ("reason", reason)];
+                let value = i64::from(vetoed == Some(reason));
+                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+            }
         }
         let mut family = encoder.encode_descriptor(
             "worker_info",

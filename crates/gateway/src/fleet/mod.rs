@@ -354,7 +354,7 @@ impl Fleet {
             .chain(std::iter::once(own(worker)))
             .min()
             .unwrap_or(self.settings.load.interval)
-            .max(monitor::MIN_INTERVAL)
+            .max(self.settings.load.min_interval)
     }
 
     /// A poll of `worker` ended: its verdicts follow the report, or clear without one.

@@ -19,10 +19,6 @@ use super::Fleet;
 use super::Worker;
 use crate::forward::Upstream;
 
-/// How long one load request may take.
-pub const POLL_TIMEOUT: Duration = Duration::from_secs(5);
-/// The shortest poll interval, whatever a spec asks.
-pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// A `/metrics` page larger than this is not an engine's.
 const LOAD_MAX_BYTES: usize = 16 * 1024 * 1024;
 
@@ -35,6 +31,10 @@ pub struct LoadConfig {
     pub ceilings: Ceilings,
     /// The busy thresholds at startup (`/busy_threshold` changes them at runtime).
     pub busy: BusyThresholds,
+    /// How long one load request may take (5 s).
+    pub poll_timeout: Duration,
+    /// The shortest poll interval, whatever a spec asks (1 s).
+    pub min_interval: Duration,
 }
 
 impl Default for LoadConfig {
@@ -47,6 +47,8 @@ impl Default for LoadConfig {
                 token_usage: Some(0.8),
             },
             busy: BusyThresholds::default(),
+            poll_timeout: Duration::from_secs(5),
+            min_interval: Duration::from_secs(1),
         }
     }
 }
@@ -123,6 +125,7 @@ async fn poll(
     upstream: &Upstream,
     worker: &Worker,
     source: &mut Option<Source>,
+    timeout: Duration,
 ) -> Result<(LoadReport, &'static str), PollError> {
     let chosen = match *source {
         Some(s) => s,
@@ -132,12 +135,12 @@ async fn poll(
             other => return Err(PollError::Unsupported(other.unwrap_or("unknown").into())),
         },
     };
-    match poll_one(upstream, worker, chosen).await {
+    match poll_one(upstream, worker, chosen, timeout).await {
         Err(PollError::Status { status: 404, .. } | PollError::Report { .. })
             if chosen == Source::SglangLoads =>
         {
             // An older SGLang: /get_load from now on.
-            let report = poll_one(upstream, worker, Source::SglangGetLoad).await?;
+            let report = poll_one(upstream, worker, Source::SglangGetLoad, timeout).await?;
             *source = Some(Source::SglangGetLoad);
             Ok(report)
         }
@@ -154,9 +157,10 @@ async fn poll_one(
     upstream: &Upstream,
     worker: &Worker,
     source: Source,
+    timeout: Duration,
 ) -> Result<(LoadReport, &'static str), PollError> {
     let path = source.path();
-    let (status, body) = get(upstream, worker, path, LOAD_MAX_BYTES, POLL_TIMEOUT).await?;
+    let (status, body) = get(upstream, worker, path, LOAD_MAX_BYTES, timeout).await?;
     if !status.is_success() {
         return Err(PollError::Status {
             path,
@@ -184,24 +188,35 @@ pub fn activity(report: &LoadReport, pending_prefill_tokens: u64) -> Vec<RankAct
         .collect()
 }
 
-/// Polls one worker while it is registered: every interval of its pool, only while Ready.
+/// Polls one worker while it is registered: every interval of its pool, only while Ready (the
+/// first poll as soon as it is).
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, upstream: Upstream) {
     let mut source = None;
     loop {
-        let Some(interval) = fleet.upgrade().map(|f| f.poll_interval_of(&worker)) else {
+        let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
+            (
+                f.poll_interval_of(&worker),
+                f.load_config().poll_timeout,
+                f.changes(),
+            )
+        }) else {
             return;
         };
         match worker.status() {
             HealthState::Draining => return,
             HealthState::Ready => {
-                let result = poll(&upstream, &worker, &mut source).await;
+                let result = poll(&upstream, &worker, &mut source, timeout).await;
                 let Some(fleet) = fleet.upgrade() else {
                     return;
                 };
                 fleet.load_polled(&worker, result);
+                drop(fleet);
+                tokio::time::sleep(interval).await;
             }
-            _ => {}
+            _ => {
+                // Not polled; look again when the fleet changes (it may become Ready).
+                let _ = tokio::time::timeout(interval, changes.changed()).await;
+            }
         }
-        tokio::time::sleep(interval).await;
     }
 }

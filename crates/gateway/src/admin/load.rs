@@ -1,0 +1,229 @@
+//! Load and veto views: `GET /loads` (every worker's last report and vetoes, plus an aggregate),
+//! the `engine_load` and `vetoes` of `GET /workers`, and `GET/POST /busy_threshold`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::Response;
+use axum::response::IntoResponse;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use sluice_core::liveness::LivenessVeto;
+use sluice_core::load::RankLoad;
+use sluice_core::overload::{BusyThresholds, OverloadCause};
+use tokio::time::Instant;
+
+use super::authorized_body;
+use crate::config::busy_thresholds;
+use crate::error::GatewayError;
+use crate::fleet::Worker;
+use crate::front::App;
+
+/// A worker's last load report as shown.
+#[derive(Serialize)]
+pub struct LoadView {
+    source: &'static str,
+    age_secs: f64,
+    waiting: u64,
+    running: u64,
+    token_usage: f64,
+    overload: Option<OverloadCause>,
+    busy: bool,
+    ranks: Vec<RankLoad>,
+}
+
+impl LoadView {
+    pub fn of(worker: &Worker) -> Option<Self> {
+        let load = worker.vetoes.load()?;
+        Some(Self {
+            source: load.source,
+            age_secs: Instant::now()
+                .saturating_duration_since(load.at)
+                .as_secs_f64(),
+            waiting: load.report.waiting(),
+            running: load.report.running(),
+            token_usage: load.report.mean_kv_usage(),
+            overload: load.overload,
+            busy: load.busy,
+            ranks: load.report.ranks.clone(),
+        })
+    }
+}
+
+/// Every veto in force on a worker.
+#[derive(Serialize)]
+pub struct VetoView {
+    overloaded: bool,
+    busy: bool,
+    at_capacity: bool,
+    liveness: Option<LivenessVeto>,
+}
+
+impl VetoView {
+    pub fn of(worker: &Worker) -> Self {
+        let v = &worker.vetoes;
+        Self {
+            overloaded: v.overloaded(),
+            busy: v.busy(),
+            at_capacity: v.at_capacity(),
+            liveness: v.liveness(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct WorkerLoad {
+    id: String,
+    status: &'static str,
+    vetoes: VetoView,
+    load: Option<LoadView>,
+}
+
+#[derive(Serialize, Default)]
+struct Aggregate {
+    workers: usize,
+    reporting: usize,
+    vetoed: usize,
+    waiting: u64,
+    running: u64,
+    mean_token_usage: f64,
+}
+
+pub async fn loads(State(app): State<Arc<App>>) -> Response<Body> {
+    let snapshot = app.fleet.snapshot();
+    let mut aggregate = Aggregate {
+        workers: snapshot.workers.len(),
+        ..Aggregate::default()
+    };
+    let mut usage_sum = 0.0;
+    let workers: Vec<WorkerLoad> = snapshot
+        .workers
+        .iter()
+        .map(|w| {
+            let load = LoadView::of(w);
+            if let Some(l) = &load {
+                aggregate.reporting += 1;
+                aggregate.waiting += l.waiting;
+                aggregate.running += l.running;
+                usage_sum += l.token_usage;
+            }
+            if w.vetoes.class().is_some() {
+                aggregate.vetoed += 1;
+            }
+            WorkerLoad {
+                id: w.id.to_string(),
+                status: w.status().as_str(),
+                vetoes: VetoView::of(w),
+                load,
+            }
+        })
+        .collect();
+    if aggregate.reporting > 0 {
+        aggregate.mean_token_usage = usage_sum / aggregate.reporting as f64;
+    }
+    axum::Json(serde_json::json!({"workers": workers, "aggregate": aggregate})).into_response()
+}
+
+pub async fn busy_get(State(app): State<Arc<App>>) -> Response<Body> {
+    axum::Json(app.fleet.busy_thresholds()).into_response()
+}
+
+/// Changes the busy thresholds: a field given sets it, `null` turns that check off, a field left
+/// out stays. Each worker's verdict follows at its next load report.
+pub async fn busy_post(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
+    let result = async {
+        let body = authorized_body(&app, request).await?;
+        let current = app.fleet.busy_thresholds();
+        let next = merge(current, &body)?;
+        app.fleet.set_busy_thresholds(next);
+        Ok::<_, GatewayError>(next)
+    }
+    .await;
+    match result {
+        Ok(next) => axum::Json(next).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> GatewayError {
+    GatewayError::InvalidWorkerSpec {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+fn merge(current: BusyThresholds, body: &[u8]) -> Result<BusyThresholds, GatewayError> {
+    const FIELDS: [&str; 3] = [
+        "active_decode_blocks_threshold",
+        "active_prefill_tokens_threshold",
+        "active_prefill_tokens_threshold_frac",
+    ];
+    let object: Map<String, Value> = match serde_json::from_slice(body) {
+        Ok(Value::Object(o)) => o,
+        _ => return Err(invalid("body", "must be a JSON object")),
+    };
+    if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(invalid(
+            unknown,
+            format!("unknown field (known: {})", FIELDS.join(", ")),
+        ));
+    }
+    let number = |name: &str, keep: Option<f64>| match object.get(name) {
+        None => Ok(keep),
+        Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| invalid(name, "must be a number or null")),
+    };
+    let decode = number(FIELDS[0], current.active_decode_blocks_threshold)?;
+    let prefill = match object.get(FIELDS[1]) {
+        None => current.active_prefill_tokens_threshold,
+        Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| invalid(FIELDS[1], "must be a whole number or null"))?,
+        ),
+    };
+    let frac = number(FIELDS[2], current.active_prefill_tokens_threshold_frac)?;
+    busy_thresholds(decode, prefill, frac)
+        .map_err(|(flag, message)| invalid(&flag.replace('-', "_"), message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_thresholds_merge_field_by_field() {
+        let current = BusyThresholds {
+            active_decode_blocks_threshold: Some(0.9),
+            active_prefill_tokens_threshold: Some(1000),
+            active_prefill_tokens_threshold_frac: None,
+        };
+        let next = merge(
+            current,
+            br#"{"active_prefill_tokens_threshold":null,"active_prefill_tokens_threshold_frac":1.5}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            next.active_decode_blocks_threshold,
+            Some(0.9),
+            "left out: kept"
+        );
+        assert_eq!(next.active_prefill_tokens_threshold, None, "null: off");
+        assert_eq!(next.active_prefill_tokens_threshold_frac, Some(1.5));
+        let param = |body: &[u8]| merge(current, body).unwrap_err().param().map(String::from);
+        assert_eq!(
+            param(br#"{"active_decode_blocks_threshold":1.5}"#).as_deref(),
+            Some("active_decode_blocks_threshold")
+        );
+        assert_eq!(
+            param(br#"{"active_prefill_tokens_threshold":-1}"#).as_deref(),
+            Some("active_prefill_tokens_threshold")
+        );
+        assert_eq!(param(br#"{"decode":0.5}"#).as_deref(), Some("decode"));
+        assert_eq!(param(b"[]").as_deref(), Some("body"));
+    }
+}
