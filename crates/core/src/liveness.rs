@@ -16,7 +16,7 @@
 //!   stands 4 deep), and no token for the wedge bound (`wedge`, stretched to the time in-flight
 //!   prompts may still need in prefill, at most 120 s). Or, by itself, the engine's own silence:
 //!   its generated-token counter did not move between two reports while it reported running
-//!   requests. Progress, an empty pile, or the evidence going away clears it.
+//!   requests (or waiting ones). Progress, an empty pile, or the evidence going away clears it.
 //!
 //! Unreachable wins over wedged: a wedged worker whose link then fails is judged gone.
 

@@ -28,9 +28,14 @@ pub struct RankLoad {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_running: Option<u64>,
     /// Tokens generated since the engine started (vLLM `generation_tokens_total`): two reports
-    /// with running requests and the same count mean the engine made no progress.
+    /// with requests in hand and the same count (prompt tokens included) mean the engine made no
+    /// progress.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation_tokens: Option<f64>,
+    /// Prompt tokens processed since the engine started (vLLM `prompt_tokens_total`), so a long
+    /// prefill, which generates nothing, still counts as progress.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<f64>,
     /// Tokens per second, when the engine reports it (SGLang `gen_throughput`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gen_throughput: Option<f64>,
@@ -64,6 +69,13 @@ impl LoadReport {
     /// Generated tokens summed over ranks, when every rank reports the counter.
     pub fn generation_tokens(&self) -> Option<f64> {
         self.ranks.iter().map(|r| r.generation_tokens).sum()
+    }
+
+    /// Tokens processed (generated, plus prompt tokens where reported), when every rank
+    /// reports generation: the engine's own progress counter.
+    pub fn progress_tokens(&self) -> Option<f64> {
+        let prompt: f64 = self.ranks.iter().filter_map(|r| r.prompt_tokens).sum();
+        self.generation_tokens().map(|g| g + prompt)
     }
 }
 
@@ -102,6 +114,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<LoadReport, LoadError> {
                 | "gpu_cache_usage_perc"
                 | "cache_config_info"
                 | "generation_tokens_total"
+                | "prompt_tokens_total"
         );
         if !known {
             continue;
@@ -126,6 +139,9 @@ pub fn parse_vllm_metrics(text: &str) -> Result<LoadReport, LoadError> {
             }
             "generation_tokens_total" => {
                 *r.generation_tokens.get_or_insert(0.0) += value;
+            }
+            "prompt_tokens_total" => {
+                *r.prompt_tokens.get_or_insert(0.0) += value;
             }
             _ => {}
         }
@@ -172,6 +188,7 @@ pub fn parse_sglang_loads(body: &[u8]) -> Result<LoadReport, LoadError> {
             kv_capacity: l.max_total_num_tokens.map(count),
             max_running: l.max_running_requests.map(count),
             generation_tokens: None,
+            prompt_tokens: None,
             gen_throughput: l.gen_throughput.filter(|t| t.is_finite()),
         })
         .collect();
@@ -273,6 +290,9 @@ vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 123456.0
 vllm:generation_tokens_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 654.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 5000.0
 # HELP vllm:generation_tokens_created Number of generation tokens processed.
 # TYPE vllm:generation_tokens_created gauge
 vllm:generation_tokens_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7e9
@@ -304,6 +324,7 @@ python_gc_objects_collected_total{generation="0"} 1234.0
         assert_eq!(r.running(), 14);
         assert!((r.mean_kv_usage() - 0.66).abs() < 1e-9);
         assert_eq!(r.generation_tokens(), Some(124110.0));
+        assert_eq!(r.progress_tokens(), Some(124110.0 + 5000.0));
     }
 
     #[test]

@@ -416,9 +416,9 @@ impl Fleet {
         self.changed.send_modify(|v| *v += 1);
     }
 
-    /// Since when the engine's generated-token counter has stood still while it reported running
-    /// requests (two reports at least); sets the engine-silence signal once that spans the
-    /// wedge bound.
+    /// Since when the engine's token counters (generated and prompt) have stood still while it
+    /// reported requests in hand (two reports at least); sets the engine-silence signal once that
+    /// spans the wedge bound.
     fn engine_silent_since(
         &self,
         worker: &Worker,
@@ -426,10 +426,9 @@ impl Fleet {
         now: Instant,
     ) -> Option<Instant> {
         let previous = worker.vetoes.load();
-        let stalled = match (&previous, report.generation_tokens()) {
-            (Some(prev), Some(tokens)) => {
-                report.running() > 0 && prev.report.generation_tokens() == Some(tokens)
-            }
+        let in_hand = report.running() + report.waiting() > 0;
+        let stalled = match (&previous, report.progress_tokens()) {
+            (Some(prev), Some(tokens)) => in_hand && prev.report.progress_tokens() == Some(tokens),
             _ => false,
         };
         let since = stalled

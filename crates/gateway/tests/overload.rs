@@ -1,0 +1,360 @@
+//! Overload protection against simulated engines whose reported load is pinned: a worker over a
+//! ceiling is skipped by every policy and returns after a report under it, a failed poll clears
+//! the veto, a fleet all over is steered to its least loaded worker (or shed), and busy ranks
+//! veto only when every rank is busy.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sluice_core::health::Thresholds;
+use sluice_core::policy::Policy;
+use sluice_gateway::fleet::HealthConfig;
+
+const ADMIN_KEY: &str = "admin-secret";
+
+/// Polls every 50 ms.
+fn fast_load(c: &mut Config) {
+    c.load.interval = Duration::from_millis(50);
+    c.load.min_interval = Duration::from_millis(10);
+    c.load.poll_timeout = Duration::from_millis(500);
+    c.shedding.retry_after = Duration::from_secs(10);
+    c.admin_api_key = Some(ADMIN_KEY.into());
+}
+
+fn pin_waiting(waiting: u64) -> Fault {
+    Fault::Report {
+        rank: None,
+        waiting: Some(waiting),
+        running: None,
+        kv_usage: None,
+    }
+}
+
+fn worker_id(s: &Setup, i: usize) -> String {
+    s.gateway.fleet().snapshot().workers[i].id.to_string()
+}
+
+fn overloaded(id: &str, yes: bool) -> impl FnMut(&Snapshot) -> bool + '_ {
+    move |s: &Snapshot| s.worker(id).is_some_and(|w| w.vetoes.overloaded() == yes)
+}
+
+async fn chat_with_key(s: &Setup, key: &str) -> Answer {
+    let body = chat_body("test-model", &format!("about {key}"), 1, false);
+    send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some(&body),
+        &[("x-session-id", key)],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn every_policy_skips_a_worker_over_its_ceiling() {
+    let cache_aware = Config::local(&[]).policy;
+    let policies = [
+        Policy::RoundRobin,
+        Policy::Random,
+        Policy::LeastLoad,
+        Policy::PowerOfTwo,
+        cache_aware,
+        Policy::ConsistentHash,
+    ];
+    for policy in policies {
+        let name = policy.name();
+        let s = start(2, instant(Flavor::Vllm), |c| {
+            fast_load(c);
+            c.policy = policy;
+        })
+        .await;
+        let id = worker_id(&s, 0);
+        s.sims
+            .engine(0)
+            .unwrap()
+            .fault(pin_waiting(8))
+            .await
+            .unwrap();
+        bounded("vetoed", s.gateway.fleet().until(overloaded(&id, true))).await;
+        let before = s.received();
+        for i in 0..12 {
+            let a = chat_with_key(&s, &format!("session-{i}")).await;
+            assert_eq!(a.status, 200, "{name}: {}", a.text());
+        }
+        let after = s.received();
+        assert_eq!(
+            after[0], before[0],
+            "{name}: nothing for the overloaded worker"
+        );
+        assert_eq!(after[1], before[1] + 12, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.policy = Policy::RoundRobin;
+    })
+    .await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let engine = s.sims.engine(0).unwrap();
+    engine.fault(pin_waiting(20)).await.unwrap();
+    bounded("vetoed", fleet.until(overloaded(&id, true))).await;
+    let view = get(&s.client, &s.url(&format!("/workers/{id}")))
+        .await
+        .json();
+    assert_eq!(view["vetoes"]["overloaded"], true);
+    assert_eq!(view["engine_load"]["waiting"], 20);
+    assert_eq!(view["engine_load"]["overload"]["signal"], "waiting");
+    let loads = get(&s.client, &s.url("/loads")).await.json();
+    assert_eq!(loads["aggregate"]["vetoed"], 1);
+    assert_eq!(loads["aggregate"]["workers"], 2);
+
+    engine.fault(pin_waiting(7)).await.unwrap();
+    bounded("re-admitted", fleet.until(overloaded(&id, false))).await;
+    let before = s.received()[0];
+    for i in 0..4 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("q{i}"), 1, false))
+                .await
+                .status,
+            200
+        );
+    }
+    assert!(s.received()[0] > before, "back in rotation");
+
+    engine.fault(pin_waiting(20)).await.unwrap();
+    bounded("vetoed again", fleet.until(overloaded(&id, true))).await;
+    engine
+        .fault(Fault::LoadEndpoint {
+            mode: sluice_sim::LoadEndpointMode::Error,
+        })
+        .await
+        .unwrap();
+    bounded("fails open", fleet.until(overloaded(&id, false))).await;
+    let view = get(&s.client, &s.url(&format!("/workers/{id}")))
+        .await
+        .json();
+    assert!(view["engine_load"].is_null(), "no report, no opinion");
+}
+
+#[tokio::test]
+async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
+    let s = start(3, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.policy = Policy::RoundRobin;
+    })
+    .await;
+    let fleet = s.gateway.fleet().clone();
+    for (i, waiting) in [(0, 12), (1, 9), (2, 10)] {
+        s.sims
+            .engine(i)
+            .unwrap()
+            .fault(pin_waiting(waiting))
+            .await
+            .unwrap();
+    }
+    let all = |snap: &Snapshot| snap.workers.iter().all(|w| w.vetoes.overloaded());
+    bounded("all vetoed", fleet.until(all)).await;
+    let before = s.received();
+    for i in 0..5 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("q{i}"), 1, false))
+            .await;
+        assert_eq!(a.status, 200, "steered, not refused");
+    }
+    let after = s.received();
+    assert_eq!(
+        [
+            after[0] - before[0],
+            after[1] - before[1],
+            after[2] - before[2]
+        ],
+        [0, 5, 0],
+        "the one with the shortest queue"
+    );
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains("sluice_worker_overload_fallback_total 5"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_workers_overloaded{model=\"test-model\"} 3"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn with_shedding_a_full_fleet_refuses_at_once() {
+    let s = start(3, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.policy = Policy::RoundRobin;
+        c.shedding.enabled = true;
+        c.health = HealthConfig {
+            interval: Duration::from_millis(30),
+            timeout: Duration::from_millis(200),
+            thresholds: Thresholds {
+                failure: 1,
+                success: 1,
+            },
+            ..HealthConfig::default()
+        };
+    })
+    .await;
+    let fleet = s.gateway.fleet().clone();
+    for i in 0..3 {
+        s.sims
+            .engine(i)
+            .unwrap()
+            .fault(pin_waiting(30))
+            .await
+            .unwrap();
+    }
+    let all = |snap: &Snapshot| snap.workers.iter().all(|w| w.vetoes.overloaded());
+    bounded("all vetoed", fleet.until(all)).await;
+    let before = s.received();
+    let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
+    assert_eq!(a.status, 503);
+    assert_eq!(a.headers["retry-after"], "10");
+    assert_eq!(code(&a).as_deref(), Some("worker_overload_shed"));
+    assert_eq!(
+        a.json(),
+        serde_json::json!({"error": {
+            "message": "All workers for model 'test-model' are overloaded",
+            "type": "server_error",
+            "param": null,
+            "code": "worker_overload_shed"
+        }})
+    );
+    assert_eq!(s.received(), before, "not sent anywhere, not retried");
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains("sluice_worker_overload_shed_total{stage=\"select\"} 1"),
+        "{metrics}"
+    );
+
+    // Mixed causes: one worker out for its health, the rest full — plain unavailability.
+    let sick = worker_id(&s, 2);
+    s.sims.engine(2).unwrap().crash().await;
+    let out = |snap: &Snapshot| snap.worker(&sick).is_some_and(|w| !w.is_routable());
+    bounded("one unhealthy", fleet.until(out)).await;
+    let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
+    assert_eq!(a.status, 503);
+    assert_eq!(
+        code(&a).as_deref(),
+        Some("no_available_workers"),
+        "{}",
+        a.text()
+    );
+}
+
+#[tokio::test]
+async fn the_shed_status_can_be_529_for_dynamo_style_clients() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.shedding.enabled = true;
+        c.shedding.status = 529;
+    })
+    .await;
+    let id = worker_id(&s, 0);
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(pin_waiting(8))
+        .await
+        .unwrap();
+    bounded("vetoed", s.gateway.fleet().until(overloaded(&id, true))).await;
+    let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
+    assert_eq!(a.status, 529);
+    assert_eq!(code(&a).as_deref(), Some("worker_overload_shed"));
+}
+
+fn pin_rank_kv(rank: u32, kv_usage: f64) -> Fault {
+    Fault::Report {
+        rank: Some(rank),
+        waiting: None,
+        running: None,
+        kv_usage: Some(kv_usage),
+    }
+}
+
+#[tokio::test]
+async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
+    let mut engine = instant(Flavor::Vllm);
+    engine.dp_size = 2;
+    let s = start(2, engine, |c| {
+        fast_load(c);
+        c.policy = Policy::RoundRobin;
+        c.load.ceilings = Default::default(); // the busy check alone
+        c.load.busy.active_decode_blocks_threshold = Some(0.8);
+    })
+    .await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let engine0 = s.sims.engine(0).unwrap();
+    engine0.fault(pin_rank_kv(0, 0.95)).await.unwrap();
+    let reported = |id: &str, kv: f64| {
+        let id = id.to_string();
+        move |snap: &Snapshot| {
+            snap.worker(&id)
+                .and_then(|w| w.vetoes.load())
+                .is_some_and(|l| l.report.ranks.iter().any(|r| r.kv_usage == kv))
+        }
+    };
+    bounded("rank 0 reported", fleet.until(reported(&id, 0.95))).await;
+    assert!(
+        !fleet.snapshot().worker(&id).unwrap().vetoes.busy(),
+        "rank 1 can still admit"
+    );
+
+    engine0.fault(pin_rank_kv(1, 0.9)).await.unwrap();
+    let busy = |id: &str, yes: bool| {
+        let id = id.to_string();
+        move |snap: &Snapshot| snap.worker(&id).is_some_and(|w| w.vetoes.busy() == yes)
+    };
+    bounded("both ranks busy", fleet.until(busy(&id, true))).await;
+    let before = s.received()[0];
+    for i in 0..4 {
+        assert_eq!(
+            s.chat(&chat_body("test-model", &format!("q{i}"), 1, false))
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(s.received()[0], before, "skipped while busy");
+
+    // Raised at runtime: the next report judges the worker by the new value.
+    let auth = format!("Bearer {ADMIN_KEY}");
+    let url = s.url("/busy_threshold");
+    let raised = r#"{"active_decode_blocks_threshold":0.97}"#;
+    let a = send(
+        &s.client,
+        "POST",
+        &url,
+        Some(raised),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["active_decode_blocks_threshold"], 0.97);
+    assert_eq!(
+        get(&s.client, &url).await.json()["active_decode_blocks_threshold"],
+        0.97
+    );
+    bounded(
+        "not busy under the new threshold",
+        fleet.until(busy(&id, false)),
+    )
+    .await;
+    let refused = send(&s.client, "POST", &url, Some(raised), &[]).await;
+    assert_eq!(
+        refused.status, 401,
+        "changing thresholds needs the admin key"
+    );
+}
