@@ -1,0 +1,200 @@
+//! Liveness vetoes against simulated engine faults: a frozen engine (health and metrics still
+//! fine) stops getting requests within the wedge bound — through the pile of streams, or with
+//! only non-streaming traffic through its own token counter — and gets them again when it
+//! resumes; a hung engine is vetoed within the stale bound; a crashed one as unreachable before
+//! the health checker would demote it.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sluice_core::liveness::LivenessVeto;
+use sluice_core::policy::Policy;
+use tokio::time::Instant;
+
+const WEDGE: Duration = Duration::from_millis(300);
+
+fn fast(c: &mut Config) {
+    c.policy = Policy::RoundRobin;
+    c.load.interval = Duration::from_millis(50);
+    c.load.min_interval = Duration::from_millis(10);
+    c.load.poll_timeout = Duration::from_millis(200);
+    c.liveness.wedge = WEDGE;
+    c.liveness.stall = Duration::from_millis(300);
+    c.liveness.stale = Duration::from_secs(1);
+}
+
+fn vetoed<'a>(id: &'a str, reason: Option<&'static str>) -> impl FnMut(&Snapshot) -> bool + 'a {
+    move |s: &Snapshot| {
+        s.worker(id)
+            .is_some_and(|w| w.vetoes.liveness().map(|v| v.reason()) == reason)
+    }
+}
+
+fn worker_id(s: &Setup, i: usize) -> String {
+    s.gateway.fleet().snapshot().workers[i].id.to_string()
+}
+
+/// Sends `n` short requests and returns how many each engine received meanwhile.
+async fn spread(s: &Setup, n: usize) -> Vec<u64> {
+    let before = s.received();
+    for i in 0..n {
+        let a = s
+            .chat(&chat_body("test-model", &format!("q{i}"), 1, false))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    s.received()
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a - b)
+        .collect()
+}
+
+fn spawn_requests(
+    s: &Setup,
+    n: usize,
+    max_tokens: u32,
+    stream: bool,
+) -> Vec<tokio::task::JoinHandle<Answer>> {
+    (0..n)
+        .map(|i| {
+            let client = s.client.clone();
+            let url = s.url("/v1/chat/completions");
+            let body = chat_body("test-model", &format!("long {i}"), max_tokens, stream);
+            tokio::spawn(async move { post(&client, &url, &body).await })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_frozen_engine_with_streams_is_wedged_and_returns_when_it_resumes() {
+    let s = start(2, instant(Flavor::Vllm), fast).await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let frozen = s.sims.engine(0).unwrap();
+    frozen.fault(Fault::Freeze).await.unwrap();
+    let froze = Instant::now();
+    let streams = spawn_requests(&s, 4, 8, true); // two land on the frozen engine
+    bounded("wedged", fleet.until(vetoed(&id, Some("wedged")))).await;
+    assert!(froze.elapsed() >= WEDGE, "not before the wedge bound");
+    assert_eq!(
+        spread(&s, 6).await,
+        [0, 6],
+        "no new request for the frozen engine"
+    );
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    let series = format!("sluice_worker_stalled{{worker=\"{id}\",reason=\"wedged\"}} 1");
+    assert!(metrics.contains(&series), "{metrics}");
+
+    frozen.fault(Fault::Clear).await.unwrap();
+    bounded("re-admitted", fleet.until(vetoed(&id, None))).await;
+    for stream in streams {
+        let answer = bounded("the held streams", stream).await.unwrap();
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.events().last().map(String::as_str), Some("[DONE]"));
+    }
+    let got = spread(&s, 4).await;
+    assert!(got[0] > 0, "back in rotation: {got:?}");
+}
+
+#[tokio::test]
+async fn a_frozen_engine_with_only_non_streaming_traffic_is_caught_by_its_token_counter() {
+    let s = start(2, timed(Flavor::Vllm, 20.0), fast).await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let frozen = s.sims.engine(0).unwrap();
+    let held = spawn_requests(&s, 4, 2000, false);
+    bounded("running", frozen.until(|st| st.running >= 2)).await;
+    frozen.fault(Fault::Freeze).await.unwrap();
+    bounded(
+        "silent",
+        fleet.until(|snap: &Snapshot| {
+            snap.worker(&id)
+                .is_some_and(|w| w.vetoes.liveness() == Some(LivenessVeto::EngineSilent))
+        }),
+    )
+    .await;
+    assert_eq!(
+        fleet.snapshot().worker(&id).unwrap().signals.pile(),
+        0,
+        "no stream to judge by"
+    );
+    assert_eq!(spread(&s, 4).await, [0, 4]);
+
+    frozen.fault(Fault::Clear).await.unwrap();
+    bounded("re-admitted", fleet.until(vetoed(&id, None))).await;
+    for request in held {
+        assert_eq!(bounded("held requests", request).await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_hung_engine_is_vetoed_within_the_stale_bound() {
+    let s = start(2, instant(Flavor::Vllm), fast).await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let hung = s.sims.engine(0).unwrap();
+    hung.fault(Fault::Hang).await.unwrap();
+    let held = spawn_requests(&s, 2, 1, false); // one is held by the hung engine
+    bounded(
+        "stale",
+        fleet.until(|snap: &Snapshot| {
+            snap.worker(&id)
+                .is_some_and(|w| w.vetoes.liveness() == Some(LivenessVeto::Stale))
+        }),
+    )
+    .await;
+    let worker = fleet.snapshot().worker(&id).unwrap().clone();
+    assert_eq!(
+        worker.status(),
+        HealthState::Ready,
+        "long before its probes would tell"
+    );
+    assert_eq!(spread(&s, 4).await, [0, 4]);
+
+    hung.fault(Fault::Clear).await.unwrap();
+    bounded("heard from again", fleet.until(vetoed(&id, None))).await;
+    for request in held {
+        request.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_crashed_engine_is_unreachable_before_its_health_checks_demote_it() {
+    let s = start(2, instant(Flavor::Vllm), fast).await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let crashed = s.sims.engine(0).unwrap();
+    crashed.crash().await;
+    // Its load polls now fail to connect: a transport failure, then silence.
+    bounded("unreachable", fleet.until(vetoed(&id, Some("unreachable")))).await;
+    let worker = fleet.snapshot().worker(&id).unwrap().clone();
+    assert_eq!(
+        worker.status(),
+        HealthState::Ready,
+        "the health checker has not demoted it"
+    );
+    assert_eq!(worker.vetoes.liveness(), Some(LivenessVeto::Unreachable));
+    let retries = get(&s.client, &s.url("/metrics")).await.text();
+    let connect_retries = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("sluice_retries_total{reason=\"connect\"}"))
+            .map(str::to_string)
+    };
+    let before = connect_retries(&retries);
+    assert_eq!(spread(&s, 4).await[1], 4);
+    let after = get(&s.client, &s.url("/metrics")).await.text();
+    assert_eq!(
+        connect_retries(&after),
+        before,
+        "nothing was even tried on it"
+    );
+
+    crashed.fault(Fault::Restart).await.unwrap();
+    bounded("re-admitted on contact", fleet.until(vetoed(&id, None))).await;
+    let got = spread(&s, 4).await;
+    assert!(got[0] > 0, "{got:?}");
+}
