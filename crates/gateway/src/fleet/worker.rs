@@ -261,6 +261,13 @@ impl Lease {
             .fetch_add(prompt_tokens, Ordering::Relaxed);
     }
 
+    /// The first byte came `ttft` after the request was sent: a prefill-rate sample, and the
+    /// prompt is no longer waiting.
+    pub fn first_byte_after(&mut self, ttft: std::time::Duration) {
+        self.worker.signals.prefill_sample(self.prefill, ttft);
+        self.first_byte();
+    }
+
     /// The worker answered: the prompt is no longer waiting for prefill.
     pub fn first_byte(&mut self) {
         let tokens = std::mem::take(&mut self.prefill);

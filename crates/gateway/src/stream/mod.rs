@@ -187,8 +187,9 @@ impl Relay {
         let metrics = &self.lease.worker().metrics;
         match self.last_chunk {
             None => {
-                metrics.ttft.observe((now - self.sent_at).as_secs_f64());
-                self.lease.first_byte();
+                let ttft = now - self.sent_at;
+                metrics.ttft.observe(ttft.as_secs_f64());
+                self.lease.first_byte_after(ttft);
             }
             Some(last) => metrics.inter_chunk.observe((now - last).as_secs_f64()),
         }
