@@ -362,6 +362,7 @@ impl Fleet {
         &self,
         worker: &Worker,
         result: Result<(sluice_core::load::LoadReport, &'static str), PollError>,
+        engine_batch: Option<u64>,
     ) {
         let now = Instant::now();
         let (report, source) = match result {
@@ -387,7 +388,8 @@ impl Fleet {
             .load
             .ceilings_for(&worker.live().spec.overload);
         let overload = overload_verdict(&report, &ceilings);
-        let activity = monitor::activity(&report, worker.pending_prefill_tokens());
+        let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
+        let activity = monitor::activity(&report, worker.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
         let m = &worker.metrics;
         m.engine_waiting.set(report.waiting() as i64);

@@ -175,7 +175,13 @@ async fn poll_one(
 
 /// What the busy checks read from a report, with the gateway's own estimate of the prompt
 /// tokens waiting for prefill on the worker spread over its ranks (engines do not report it).
-pub fn activity(report: &LoadReport, pending_prefill_tokens: u64) -> Vec<RankActivity> {
+/// `max_num_batched_tokens` is the worker spec's, else what the engine said (SGLang's
+/// `chunked_prefill_size`); without it the fractional prefill check cannot hold.
+pub fn activity(
+    report: &LoadReport,
+    pending_prefill_tokens: u64,
+    max_num_batched_tokens: Option<u64>,
+) -> Vec<RankActivity> {
     let ranks = report.ranks.len().max(1) as u64;
     report
         .ranks
@@ -183,15 +189,31 @@ pub fn activity(report: &LoadReport, pending_prefill_tokens: u64) -> Vec<RankAct
         .map(|r| RankActivity {
             decode_blocks: r.kv_usage,
             prefill_tokens: pending_prefill_tokens / ranks,
-            max_num_batched_tokens: None,
+            max_num_batched_tokens,
         })
         .collect()
+}
+
+/// SGLang's prefill chunk (`/server_info` `chunked_prefill_size`), its tokens per batch.
+async fn sglang_batch_size(upstream: &Upstream, worker: &Worker, timeout: Duration) -> Option<u64> {
+    let (status, body) = get(upstream, worker, "/server_info", 1024 * 1024, timeout)
+        .await
+        .ok()?;
+    if !status.is_success() {
+        return None;
+    }
+    let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    info.get("chunked_prefill_size")?
+        .as_u64()
+        .filter(|n| *n > 0)
 }
 
 /// Polls one worker while it is registered: every interval of its pool, only while Ready (the
 /// first poll as soon as it is).
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, upstream: Upstream) {
     let mut source = None;
+    // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
+    let mut engine_batch: Option<Option<u64>> = None;
     loop {
         let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
             (
@@ -206,10 +228,14 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, upstrea
             HealthState::Draining => return,
             HealthState::Ready => {
                 let result = poll(&upstream, &worker, &mut source, timeout).await;
+                let sglang = matches!(source, Some(Source::SglangLoads | Source::SglangGetLoad));
+                if result.is_ok() && sglang && engine_batch.is_none() {
+                    engine_batch = Some(sglang_batch_size(&upstream, &worker, timeout).await);
+                }
                 let Some(fleet) = fleet.upgrade() else {
                     return;
                 };
-                fleet.load_polled(&worker, result);
+                fleet.load_polled(&worker, result, engine_batch.flatten());
                 drop(fleet);
                 tokio::time::sleep(interval).await;
             }

@@ -55,6 +55,10 @@ pub struct WorkerSpec {
     /// How often its load is polled; its pool polls at the smallest of its workers' values.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_monitor_interval_secs: Option<f64>,
+    /// Its engine's tokens per batch (vLLM `--max-num-batched-tokens`), for the fractional
+    /// prefill busy check; SGLang workers report theirs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_num_batched_tokens: Option<u64>,
 }
 
 /// A worker's own overload ceilings (the spec's `overload` block).
@@ -128,6 +132,7 @@ const FIELDS: &[&str] = &[
     "health",
     "overload",
     "load_monitor_interval_secs",
+    "max_num_batched_tokens",
 ];
 const PATCHABLE: &[&str] = &["api_key", "labels", "health"];
 const HEALTH_FIELDS: &[&str] = &[
@@ -151,6 +156,7 @@ impl WorkerSpec {
             health: HealthOverrides::default(),
             overload: OverloadOverrides::default(),
             load_monitor_interval_secs: None,
+            max_num_batched_tokens: None,
         })
     }
 
@@ -183,6 +189,15 @@ impl WorkerSpec {
                 None => HealthOverrides::default(),
             },
             overload: overload_block(&object)?,
+            max_num_batched_tokens: match object.get("max_num_batched_tokens") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                    spec_error(
+                        "max_num_batched_tokens",
+                        "must be a whole number of at least 1",
+                    )
+                })?),
+            },
             load_monitor_interval_secs: match object.get("load_monitor_interval_secs") {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(
