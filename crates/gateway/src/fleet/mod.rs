@@ -13,6 +13,7 @@ mod health;
 mod liveness;
 mod monitor;
 mod spec;
+mod verdicts;
 mod veto;
 mod worker;
 
@@ -24,14 +25,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use sluice_core::breaker::BreakerConfig;
-use sluice_core::health::{HealthState, HealthTransition, Probe, Thresholds};
-use sluice_core::overload::{overload_verdict, worker_busy, BusyThresholds};
+use sluice_core::health::HealthState;
+use sluice_core::overload::BusyThresholds;
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
@@ -305,178 +306,6 @@ impl Fleet {
             fleet.remove_now(&worker);
         });
         Ok(Removal::Draining)
-    }
-
-    /// The health settings in force for `worker`.
-    pub fn health_of(&self, worker: &Worker) -> Effective {
-        self.settings
-            .health
-            .for_worker(&worker.live().spec.health, self.settings.drain_settle)
-    }
-
-    /// A probe of `worker` ended.
-    fn probed(self: &Arc<Self>, worker: &Arc<Worker>, probe: Probe, thresholds: Thresholds) {
-        if probe == Probe::Pass {
-            worker.signals.contact(Instant::now());
-        }
-        self.metrics.count_health_check(probe == Probe::Pass);
-        if let Some(t) = worker.change_health(|h| h.probe(probe, thresholds, Instant::now())) {
-            self.health_changed(worker, t);
-        }
-    }
-
-    /// Probing is off for `worker`: nothing but probes could bring a NotReady or Failed worker
-    /// back, so it is Ready again.
-    fn health_checks_disabled(self: &Arc<Self>, worker: &Arc<Worker>) {
-        if let Some(t) = worker.change_health(|h| h.checks_disabled(Instant::now())) {
-            self.health_changed(worker, t);
-        }
-    }
-
-    /// How often `worker` is polled: the smallest interval asked by any worker of its pools (its
-    /// own spec's, else the flag), never under a second.
-    fn poll_interval_of(&self, worker: &Worker) -> Duration {
-        let own = |w: &Worker| {
-            w.live()
-                .spec
-                .load_monitor_interval_secs
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .unwrap_or(self.settings.load.interval)
-        };
-        let snapshot = self.snapshot();
-        let peers = worker
-            .models()
-            .into_iter()
-            .filter_map(|m| snapshot.pools.get(&m))
-            .flat_map(|p| p.workers.iter())
-            .map(|w| own(w));
-        peers
-            .chain(std::iter::once(own(worker)))
-            .min()
-            .unwrap_or(self.settings.load.interval)
-            .max(self.settings.load.min_interval)
-    }
-
-    /// A poll of `worker` ended: its verdicts follow the report, or clear without one.
-    fn load_polled(
-        &self,
-        worker: &Worker,
-        result: Result<(sluice_core::load::LoadReport, &'static str), PollError>,
-        engine_batch: Option<u64>,
-    ) {
-        let now = Instant::now();
-        let (report, source) = match result {
-            Ok(answered) => answered,
-            Err(e) => {
-                if e.is_transport() {
-                    worker.signals.transport_failure(now);
-                } else if e.is_timeout() {
-                    worker.signals.timeout(now);
-                } else if e.answered() {
-                    worker.signals.contact(now);
-                }
-                tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
-                worker.signals.set_engine_silent(false);
-                self.load_cleared(worker, "a poll gave no report");
-                return;
-            }
-        };
-        worker.signals.contact(now);
-        let silent_since = self.engine_silent_since(worker, &report, now);
-        let ceilings = self
-            .settings
-            .load
-            .ceilings_for(&worker.live().spec.overload);
-        let overload = overload_verdict(&report, &ceilings);
-        let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
-        let activity = monitor::activity(&report, worker.pending_prefill_tokens(), batch);
-        let busy = worker_busy(&activity, &self.busy_thresholds());
-        let m = &worker.metrics;
-        m.engine_waiting.set(report.waiting() as i64);
-        m.engine_running.set(report.running() as i64);
-        m.engine_token_usage.set(report.mean_kv_usage());
-        let (was_overloaded, was_busy) = worker.vetoes.report(EngineLoad {
-            report,
-            source,
-            at: now,
-            overload,
-            busy,
-            silent_since,
-        });
-        match (was_overloaded, overload) {
-            (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),
-            (true, None) => {
-                info!(worker = %worker.id, "overload veto cleared: a report under every ceiling")
-            }
-            _ => {}
-        }
-        match (was_busy, busy) {
-            (false, true) => warn!(worker = %worker.id, "worker vetoed: every rank busy"),
-            (true, false) => info!(worker = %worker.id, "busy veto cleared"),
-            _ => {}
-        }
-        self.changed.send_modify(|v| *v += 1);
-    }
-
-    /// Since when the engine's token counters (generated and prompt) have stood still while it
-    /// reported requests in hand (two reports at least); sets the engine-silence signal once that
-    /// spans the wedge bound.
-    fn engine_silent_since(
-        &self,
-        worker: &Worker,
-        report: &sluice_core::load::LoadReport,
-        now: Instant,
-    ) -> Option<Instant> {
-        let previous = worker.vetoes.load();
-        let in_hand = report.running() + report.waiting() > 0;
-        let stalled = match (&previous, report.progress_tokens()) {
-            (Some(prev), Some(tokens)) => in_hand && prev.report.progress_tokens() == Some(tokens),
-            _ => false,
-        };
-        let since = stalled
-            .then(|| previous.as_ref().map(|p| p.silent_since.unwrap_or(p.at)))
-            .flatten();
-        let wedge = self.settings.liveness.wedge;
-        worker.signals.set_engine_silent(
-            !wedge.is_zero() && since.is_some_and(|s| now.saturating_duration_since(s) >= wedge),
-        );
-        since
-    }
-
-    /// No opinion on `worker`'s load any more.
-    fn load_cleared(&self, worker: &Worker, why: &'static str) {
-        let (was_overloaded, was_busy) = worker.vetoes.clear_load();
-        if was_overloaded || was_busy {
-            info!(worker = %worker.id, why, "overload veto cleared");
-            self.changed.send_modify(|v| *v += 1);
-        }
-    }
-
-    /// Acts on a health transition: log, gauge, breaker readmission on promotion, removal of a
-    /// failed worker under auto-recovery, and a change signal for readiness and waiters.
-    fn health_changed(self: &Arc<Self>, worker: &Arc<Worker>, t: HealthTransition) {
-        let (from, to) = (t.from.as_str(), t.to.as_str());
-        match t.to {
-            HealthState::Ready => {
-                info!(worker = %worker.id, from, to, cause = %t.cause, "worker health changed")
-            }
-            _ => warn!(worker = %worker.id, from, to, cause = %t.cause, "worker health changed"),
-        }
-        worker
-            .metrics
-            .health
-            .set(i64::from(t.to == HealthState::Ready));
-        if t.is_promotion() {
-            worker.breaker.readmit();
-        }
-        if t.from == HealthState::Ready {
-            self.load_cleared(worker, "it left Ready");
-        }
-        self.changed.send_modify(|v| *v += 1);
-        if t.to == HealthState::Failed && self.settings.health.remove_unhealthy {
-            info!(worker = %worker.id, "removing the failed worker (--remove-unhealthy-workers)");
-            self.remove_now(worker);
-        }
     }
 
     /// Takes this registration out (not a later one that replaced it under the same id).
