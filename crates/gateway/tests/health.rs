@@ -217,6 +217,12 @@ async fn failed_workers_are_removed_under_auto_recovery() {
         metric(&s, &format!("sluice_worker_health{{worker=\"{id}\"}}")).await,
         Some(-1.0)
     );
+    let engine_series = format!("sluice_engine_waiting_requests{{worker=\"{id}\"}}");
+    assert_eq!(
+        metric(&s, &engine_series).await,
+        Some(-1.0),
+        "engine gauges too"
+    );
     chats_all_ok(&s, 3).await;
 }
 
