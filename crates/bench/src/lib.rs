@@ -2,6 +2,8 @@
 //!
 //! ## Layout
 //!
+//! - `arrivals` — open-loop arrival times: Poisson or gamma gaps over a rate schedule with
+//!   steps and ramps.
 //! - `capacity` — closed-loop concurrency sweep of one engine (`sluice bench capacity`), in
 //!   virtual time on the scheduler or over HTTP against a time-scaled simulated engine.
 //! - `overhead` — what a gateway costs per request, against going direct
@@ -10,6 +12,7 @@
 //! - `stats` — percentiles.
 //! - `cli` — the `sluice bench` subcommands.
 
+pub mod arrivals;
 pub mod capacity;
 pub mod cli;
 pub mod http_capacity;
