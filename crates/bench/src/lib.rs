@@ -8,6 +8,8 @@
 //!   virtual time on the scheduler or over HTTP against a time-scaled simulated engine.
 //! - `overhead` — what a gateway costs per request, against going direct
 //!   (`sluice bench overhead`).
+//! - `goodput` — per-request outcomes summed into goodput (requests per second within every
+//!   objective of their tier), attainment, latencies, rejections and retry amplification.
 //! - `workload` — seeded request shapes.
 //! - `stats` — percentiles.
 //! - `cli` — the `sluice bench` subcommands.
@@ -15,6 +17,7 @@
 pub mod arrivals;
 pub mod capacity;
 pub mod cli;
+pub mod goodput;
 pub mod http_capacity;
 pub mod overhead;
 pub mod stats;
