@@ -5,9 +5,11 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use sluice_sim::args::EngineArgs;
 
+use crate::arrivals::{Process, Schedule, Segment};
 use crate::capacity::{default_levels, default_workload, run_virtual, CapacityPlan};
 use crate::http_capacity::run_http;
 use crate::overhead::{resolve, OverheadPlan, Template};
+use crate::run::RunPlan;
 use crate::workload::Workload;
 
 #[derive(Subcommand)]
@@ -19,6 +21,55 @@ pub enum BenchCommand {
     /// memory and SSE relay rate, with instant simulated engines and the gateway pinned to one
     /// core. Measures sluice, nginx and SMG when they are on the PATH, and any --gateway template.
     Overhead(OverheadArgs),
+    /// One open-loop run against any OpenAI-compatible endpoint: arrivals on a schedule (Poisson
+    /// or bursty, with spikes and ramps), a named mix of request lengths, priority tiers and
+    /// tenants, a client that retries like the OpenAI SDK or not; reports goodput.
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Base URL of the gateway or engine, e.g. http://127.0.0.1:30000.
+    #[arg(long)]
+    pub url: String,
+    /// Model to ask for.
+    #[arg(long, default_value = "llama-3.1-8b")]
+    pub model: String,
+    /// Offered requests per second (the base of the schedule).
+    #[arg(long)]
+    pub rate: f64,
+    /// Seconds of arrivals.
+    #[arg(long, default_value_t = 60.0)]
+    pub duration_secs: f64,
+    /// Stop after this many requests.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_requests: usize,
+    /// Gamma-distributed gaps with this shape (1: Poisson; below 1: burstier).
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// A step change of the rate, `START:END:FACTOR` in seconds (e.g. 60:120:3). Repeatable.
+    #[arg(long = "spike", value_name = "START:END:FACTOR")]
+    pub spikes: Vec<String>,
+    /// A linear change of the rate, `START:END:FROM:TO` (factors of the base). Repeatable.
+    #[arg(long = "ramp", value_name = "START:END:FROM:TO")]
+    pub ramps: Vec<String>,
+    /// Request lengths.
+    #[arg(long, value_enum, default_value = "chat")]
+    pub mix: crate::run::Mix,
+    /// How the client reacts to refusals.
+    #[arg(long, value_enum, default_value = "none")]
+    pub client: crate::client::ClientKind,
+    /// Tenants the requests are spread over (the body's `user`).
+    #[arg(long, default_value_t = 4)]
+    pub tenants: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Longest a request may take before it counts as a client timeout.
+    #[arg(long, default_value_t = 300.0)]
+    pub request_timeout_secs: f64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -123,6 +174,12 @@ pub enum BenchError {
     Thread(std::io::Error),
     #[error("the benchmark thread ended without an answer")]
     Lost,
+    #[error("--spike takes START:END:FACTOR and --ramp START:END:FROM:TO, in seconds and factors: {0:?}")]
+    Segment(String),
+    #[error("--rate must be a positive number of requests per second")]
+    Rate,
+    #[error(transparent)]
+    Arrivals(#[from] crate::arrivals::ArrivalError),
 }
 
 fn seconds(flag: &'static str, secs: f64) -> Result<Duration, BenchError> {
@@ -136,7 +193,78 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
     match command {
         BenchCommand::Capacity(args) => capacity(args).await,
         BenchCommand::Overhead(args) => overhead(args).await,
+        BenchCommand::Run(args) => open_loop(args).await,
     }
+}
+
+fn segment(spec: &str, ramp: bool) -> Result<Segment, BenchError> {
+    let parts: Vec<f64> = spec
+        .split(':')
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| BenchError::Segment(spec.to_string()))?;
+    let at =
+        |x: f64| Duration::try_from_secs_f64(x).map_err(|_| BenchError::Segment(spec.to_string()));
+    match (ramp, parts.as_slice()) {
+        (false, [start, end, factor]) => Ok(Segment::Step {
+            start: at(*start)?,
+            end: at(*end)?,
+            factor: *factor,
+        }),
+        (true, [start, end, from, to]) => Ok(Segment::Ramp {
+            start: at(*start)?,
+            end: at(*end)?,
+            from: *from,
+            to: *to,
+        }),
+        _ => Err(BenchError::Segment(spec.to_string())),
+    }
+}
+
+async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
+    if !(args.rate > 0.0 && args.rate.is_finite()) {
+        return Err(BenchError::Rate);
+    }
+    let mut segments = Vec::new();
+    for spec in &args.spikes {
+        segments.push(segment(spec, false)?);
+    }
+    for spec in &args.ramps {
+        segments.push(segment(spec, true)?);
+    }
+    let plan = RunPlan {
+        url: format!("{}/v1/completions", args.url.trim_end_matches('/')),
+        model: args.model.clone(),
+        schedule: Schedule {
+            base: args.rate,
+            segments,
+        },
+        process: if args.burstiness == 1.0 {
+            Process::Poisson
+        } else {
+            Process::Gamma {
+                burstiness: args.burstiness,
+            }
+        },
+        seed: args.seed,
+        max_requests: args.max_requests,
+        duration: seconds("duration-secs", args.duration_secs)?,
+        mix: args.mix,
+        tiers: crate::run::default_tiers(),
+        tenants: args.tenants,
+        client: args.client,
+        request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
+    };
+    let (_, report) = crate::run::execute(&plan).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
 }
 
 async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {

@@ -180,6 +180,49 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
     }
 }
 
+impl Report {
+    /// Markdown: the headline figures, then one row per tier and per rejection code.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "| offered req/s | goodput req/s | throughput req/s | TTFT p50/p99 (s) | TPOT p50/p99 (ms) | rejected | time to reject p99 (ms) | retry amplification |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n\
+             | {:.2} | {:.2} | {:.2} | {:.3} / {:.3} | {:.1} / {:.1} | {:.1}% | {:.1} | {:.2} |",
+            self.offered_rps,
+            self.goodput_rps,
+            self.throughput_rps,
+            self.ttft_p50,
+            self.ttft_p99,
+            self.tpot_p50 * 1e3,
+            self.tpot_p99 * 1e3,
+            self.rejection_rate * 100.0,
+            self.time_to_reject_p99 * 1e3,
+            self.retry_amplification,
+        );
+        let _ = writeln!(out, "\n| tier | requests | completed | within SLO | attainment |\n| --- | ---: | ---: | ---: | ---: |");
+        for t in &self.tiers {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.1}% |",
+                t.name,
+                t.requests,
+                t.completed,
+                t.met_slo,
+                t.attainment * 100.0
+            );
+        }
+        if !self.rejections.is_empty() {
+            let _ = writeln!(out, "\n| rejected with | requests |\n| --- | ---: |");
+            for (code, n) in &self.rejections {
+                let _ = writeln!(out, "| {code} | {n} |");
+            }
+        }
+        out
+    }
+}
+
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
         0.0

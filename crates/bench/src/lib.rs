@@ -8,17 +8,21 @@
 //!   virtual time on the scheduler or over HTTP against a time-scaled simulated engine.
 //! - `overhead` — what a gateway costs per request, against going direct
 //!   (`sluice bench overhead`).
+//! - `run` — one open-loop run (`sluice bench run`): jobs from a seed, sent when due.
 //! - `goodput` — per-request outcomes summed into goodput (requests per second within every
 //!   objective of their tier), attainment, latencies, rejections and retry amplification.
 //! - `workload` — seeded request shapes.
 //! - `stats` — percentiles.
+//! - `client` — one open-loop request as a client sends it: no retries, or the OpenAI SDK's.
 //! - `cli` — the `sluice bench` subcommands.
 
 pub mod arrivals;
 pub mod capacity;
 pub mod cli;
+pub mod client;
 pub mod goodput;
 pub mod http_capacity;
 pub mod overhead;
+pub mod run;
 pub mod stats;
 pub mod workload;

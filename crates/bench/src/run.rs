@@ -1,0 +1,246 @@
+//! `sluice bench run`: one open-loop run against any OpenAI-compatible endpoint — arrivals on a
+//! schedule, request shapes from a named mix, a priority tier and a tenant per request, a client
+//! that retries or not — summed up into goodput (see `goodput`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::arrivals::{arrivals, ArrivalError, Process, Schedule};
+use crate::client::{self, ClientKind, HttpClient, Job};
+use crate::goodput::{summarize, Outcome, Report, Slo, Tier};
+use crate::workload::{ShapeSource, Workload};
+
+/// Named request-length mixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mix {
+    /// Prompts around 256 tokens, answers around 256.
+    Chat,
+    /// Prompts around 4096 tokens, answers around 512.
+    Summarize,
+    /// Half chat, half summarize.
+    Mixed,
+}
+
+fn chat() -> Workload {
+    Workload {
+        prompt_min: 128,
+        prompt_max: 384,
+        output_median: 256.0,
+        output_sigma: 0.5,
+        output_max: 512,
+    }
+}
+
+fn summarize_mix() -> Workload {
+    Workload {
+        prompt_min: 3072,
+        prompt_max: 5120,
+        output_median: 512.0,
+        output_sigma: 0.5,
+        output_max: 1024,
+    }
+}
+
+/// The default tiers: interactive work with latency objectives and batch work with a deadline.
+pub fn default_tiers() -> Vec<Tier> {
+    vec![
+        Tier {
+            name: "interactive".into(),
+            share: 0.7,
+            slo: Slo {
+                ttft: Some(Duration::from_secs(2)),
+                tpot: Some(Duration::from_millis(100)),
+                deadline: None,
+            },
+        },
+        Tier {
+            name: "batch".into(),
+            share: 0.3,
+            slo: Slo {
+                deadline: Some(Duration::from_secs(120)),
+                ..Slo::default()
+            },
+        },
+    ]
+}
+
+/// A run.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The completions URL, e.g. `http://127.0.0.1:30000/v1/completions`.
+    pub url: String,
+    pub model: String,
+    pub schedule: Schedule,
+    pub process: Process,
+    pub seed: u64,
+    pub max_requests: usize,
+    /// Arrivals stop after this; requests still running are waited for (up to the timeout).
+    pub duration: Duration,
+    pub mix: Mix,
+    pub tiers: Vec<Tier>,
+    pub tenants: u32,
+    pub client: ClientKind,
+    /// A request with no answer by then counts as `client_timeout`.
+    pub request_timeout: Duration,
+}
+
+/// The jobs of a run, drawn from its seed: when each is due, its tier, shape and tenant.
+pub fn jobs(plan: &RunPlan) -> Result<Vec<Job>, ArrivalError> {
+    let due = arrivals(
+        &plan.schedule,
+        plan.process,
+        plan.seed,
+        plan.max_requests,
+        plan.duration,
+    )?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed ^ 0x5eed);
+    let mut chat_shapes = ShapeSource::new(chat(), plan.seed.wrapping_add(1));
+    let mut long_shapes = ShapeSource::new(summarize_mix(), plan.seed.wrapping_add(2));
+    let total: f64 = plan.tiers.iter().map(|t| t.share.max(0.0)).sum();
+    Ok(due
+        .into_iter()
+        .map(|due| {
+            let long = match plan.mix {
+                Mix::Chat => false,
+                Mix::Summarize => true,
+                Mix::Mixed => rng.random_bool(0.5),
+            };
+            let shape = if long {
+                long_shapes.next_shape()
+            } else {
+                chat_shapes.next_shape()
+            };
+            let mut pick = rng.random::<f64>() * total;
+            let tier = plan
+                .tiers
+                .iter()
+                .position(|t| {
+                    pick -= t.share.max(0.0);
+                    pick < 0.0
+                })
+                .unwrap_or(0);
+            Job {
+                due,
+                tier,
+                prompt_tokens: shape.prompt_tokens,
+                output_tokens: shape.output_tokens,
+                tenant: rng.random_range(0..plan.tenants.max(1)),
+                priority: tier as i64,
+            }
+        })
+        .collect())
+}
+
+/// Runs the plan and sums it up.
+pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalError> {
+    let jobs = jobs(plan)?;
+    let http: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(usize::MAX)
+        .build_http();
+    let url: Arc<str> = plan.url.clone().into();
+    let model: Arc<str> = plan.model.clone().into();
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut running = JoinSet::new();
+    for (index, job) in jobs.into_iter().enumerate() {
+        let (http, url, model) = (http.clone(), url.clone(), model.clone());
+        let (kind, timeout) = (plan.client, plan.request_timeout);
+        running.spawn(async move {
+            let due = start + job.due;
+            let sent = client::run(&http, &url, &model, index, &job, kind, start);
+            match tokio::time::timeout_at(due + timeout, sent).await {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome {
+                    tier: job.tier,
+                    status: 0,
+                    code: Some("client_timeout".into()),
+                    completed: false,
+                    ttft: None,
+                    e2e: timeout,
+                    output_tokens: 0,
+                    attempts: 1,
+                    rejected_after: None,
+                },
+            }
+        });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(done) = running.join_next().await {
+        if let Ok(outcome) = done {
+            outcomes.push(outcome);
+        }
+    }
+    let report = summarize(&outcomes, &plan.tiers, plan.duration);
+    Ok((outcomes, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_sim::testkit;
+    use sluice_sim::Flavor;
+
+    fn plan(url: String) -> RunPlan {
+        RunPlan {
+            url,
+            model: "test-model".into(),
+            schedule: Schedule::constant(100.0),
+            process: Process::Poisson,
+            seed: 5,
+            max_requests: 40,
+            duration: Duration::from_secs(2),
+            mix: Mix::Chat,
+            tiers: default_tiers(),
+            tenants: 3,
+            client: ClientKind::None,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn jobs_follow_the_mix_and_the_tier_shares() {
+        let mut p = plan(String::new());
+        p.max_requests = 2000;
+        p.schedule = Schedule::constant(1000.0);
+        p.duration = Duration::from_secs(10);
+        p.mix = Mixed;
+        let jobs = jobs(&p).unwrap();
+        assert_eq!(jobs.len(), 2000);
+        let batch = jobs.iter().filter(|j| j.tier == 1).count() as f64 / 2000.0;
+        assert!((batch - 0.3).abs() < 0.05, "{batch}");
+        let long = jobs.iter().filter(|j| j.prompt_tokens >= 3072).count() as f64 / 2000.0;
+        assert!((long - 0.5).abs() < 0.05, "{long}");
+        assert!(jobs.iter().all(|j| j.tenant < 3));
+        assert_eq!(jobs, super::jobs(&p).unwrap(), "reproducible");
+    }
+
+    use Mix::Mixed;
+
+    #[tokio::test]
+    async fn a_run_against_instant_engines_is_all_goodput() {
+        let sims = testkit::fleet(testkit::instant(Flavor::Vllm)).await;
+        let url = format!("{}/v1/completions", sims.urls()[0]);
+        let (outcomes, report) = execute(&plan(url)).await.unwrap();
+        assert_eq!(outcomes.len(), 40);
+        assert!(
+            outcomes.iter().all(|o| o.status == 200 && o.completed),
+            "{outcomes:?}"
+        );
+        assert!(outcomes
+            .iter()
+            .all(|o| o.output_tokens >= 1 && o.ttft.is_some()));
+        assert_eq!(
+            report.goodput_rps, 20.0,
+            "40 within their objectives over 2 s"
+        );
+        assert_eq!(report.rejection_rate, 0.0);
+        assert_eq!(report.retry_amplification, 1.0);
+    }
+}
