@@ -8,9 +8,13 @@
 //!   virtual time on the scheduler or over HTTP against a time-scaled simulated engine.
 //! - `overhead` — what a gateway costs per request, against going direct
 //!   (`sluice bench overhead`).
+//! - `scenario` — whole experiments (`sluice bench scenario`): a simulated fleet, each gateway
+//!   configuration in turn, the load, and the teardown.
 //! - `run` — one open-loop run (`sluice bench run`): jobs from a seed, sent when due.
 //! - `goodput` — per-request outcomes summed into goodput (requests per second within every
 //!   objective of their tier), attainment, latencies, rejections and retry amplification.
+//! - `procs` — the processes a benchmark starts (own process groups, stopped by PID) and their
+//!   CPU and memory from `/proc`.
 //! - `workload` — seeded request shapes.
 //! - `stats` — percentiles.
 //! - `client` — one open-loop request as a client sends it: no retries, or the OpenAI SDK's.
@@ -23,6 +27,8 @@ pub mod client;
 pub mod goodput;
 pub mod http_capacity;
 pub mod overhead;
+pub mod procs;
 pub mod run;
+pub mod scenario;
 pub mod stats;
 pub mod workload;

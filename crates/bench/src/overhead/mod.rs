@@ -7,7 +7,6 @@
 //! reported, so a reader can check which side set each figure.
 
 mod load;
-mod procs;
 mod report;
 mod targets;
 
@@ -19,10 +18,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 pub use report::{Layout, Load, OverheadReport, Row};
-pub use targets::{resolve, Target, Template, TemplateError};
+pub use targets::{on_path, resolve, smg as smg_template, Target, Template, TemplateError};
 
+use crate::procs::{self, CoreTimes, Launch, Proc, ProcError};
 use load::{closed_loop, LoadError, Shot};
-use procs::{CoreTimes, Launch, Proc, ProcError};
 
 /// The model the simulated engines serve.
 const MODEL: &str = "llama-3.1-8b";
@@ -135,12 +134,12 @@ fn stream_shot(tokens: u32) -> Shot {
     }
 }
 
-fn loopback(port: u16) -> SocketAddr {
+pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 /// A port nothing listens on now (and, for `span` > 1, the ports after it too).
-fn free_ports(span: u16) -> Result<u16, OverheadError> {
+pub(crate) fn free_ports(span: u16) -> Result<u16, OverheadError> {
     let mut last_error = std::io::Error::other("no free run of ports");
     for _ in 0..64 {
         let first = TcpListener::bind(loopback(0)).map_err(OverheadError::Port)?;
@@ -189,7 +188,10 @@ async fn start_engines(
 }
 
 /// Sends the small request until it is answered 200, or the process exits, or time runs out.
-async fn wait_until_answering(proc: &mut Proc, addr: SocketAddr) -> Result<(), OverheadError> {
+pub(crate) async fn wait_until_answering(
+    proc: &mut Proc,
+    addr: SocketAddr,
+) -> Result<(), OverheadError> {
     let shot = small_shot();
     let give_up = Instant::now() + STARTUP_LIMIT;
     loop {

@@ -1,0 +1,340 @@
+//! `sluice bench scenario <name>`: one command starts a simulated fleet, each gateway
+//! configuration under test and the load, and tears everything down (processes stopped by PID).
+//!
+//! Configurations are named command templates (see `overhead::Template`), so any gateway can be
+//! measured: `direct` (sluice in round robin with every protection off: the naive fleet),
+//! `sluice` (its defaults), `sluice-shed` (defaults plus `--worker-overload-shed`), and `smg`
+//! when it is on the PATH.
+//!
+//! The engines run a real-GPU profile with `--time-scale`: their clock runs that many times
+//! faster than the wall clock, so a sweep finishes in minutes. Objectives and rates are stated in
+//! engine time and converted for the run; the gateways' own timers (polls, probes) are not scaled,
+//! which the report says.
+
+mod sweep;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+
+pub use sweep::{overload_sweep, SweepReport};
+
+use crate::arrivals::{ArrivalError, Process, Schedule};
+use crate::client::{ClientKind, HttpClient};
+use crate::goodput::{Report, Slo, Tier};
+use crate::overhead::{
+    free_ports, loopback, on_path, wait_until_answering, OverheadError, Template,
+};
+use crate::procs::{Launch, Proc, ProcError};
+use crate::run::{default_tiers, execute, Mix, RunPlan};
+
+/// The model the simulated engines serve.
+pub const MODEL: &str = "llama-3.1-8b";
+
+/// Why a scenario could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error(transparent)]
+    Harness(#[from] OverheadError),
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    #[error(transparent)]
+    Arrivals(#[from] ArrivalError),
+    #[error("the simulated engines did not drain within {0:?}")]
+    Drain(Duration),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot draw the plot: {0}")]
+    Plot(String),
+}
+
+/// How a scenario runs.
+#[derive(Debug, Clone)]
+pub struct ScenarioPlan {
+    pub configs: Vec<Template>,
+    /// Engine clock speed-up.
+    pub time_scale: f64,
+    /// Engine seconds measured per point.
+    pub window: Duration,
+    pub engines: usize,
+    pub seed: u64,
+    pub client: ClientKind,
+    pub mix: Mix,
+    pub quick: bool,
+    pub sluice_exe: PathBuf,
+    /// Where plots and logs go.
+    pub out_dir: PathBuf,
+    /// Extra `sluice sim` flags (engine size).
+    pub engine_args: Vec<String>,
+}
+
+/// The configurations: sluice three ways, and SMG when it is installed.
+pub fn default_configs(exe: &Path) -> Vec<Template> {
+    let sluice = |name: &str, extra: &[&str]| {
+        let mut argv: Vec<String> = [
+            exe.display().to_string(),
+            "serve".into(),
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            "{port}".into(),
+            "--log-level".into(),
+            "warn".into(),
+        ]
+        .into();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        argv.extend(["--worker-urls".into(), "{workers}".into()]);
+        Template {
+            name: name.into(),
+            argv,
+        }
+    };
+    let mut configs = vec![
+        sluice(
+            "direct",
+            &[
+                "--policy",
+                "round_robin",
+                "--disable-worker-overload-protection",
+                "--disable-health-check",
+                "--disable-circuit-breaker",
+                "--disable-retries",
+                "--worker-wedge-secs",
+                "0",
+                "--worker-stale-secs",
+                "0",
+            ],
+        ),
+        sluice("sluice", &[]),
+        sluice("sluice-shed", &["--worker-overload-shed"]),
+    ];
+    if on_path("smg") {
+        configs.push(crate::overhead::smg_template());
+    }
+    configs
+}
+
+/// The simulated fleet: a `sluice sim` process with a control listener.
+pub struct SimFleet {
+    proc: Proc,
+    pub workers: Vec<String>,
+    control: SocketAddr,
+    http: HttpClient,
+}
+
+/// Engine totals that show wasted work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EngineTotals {
+    pub preemptions: u64,
+    pub wasted_tokens: u64,
+    pub aborted: u64,
+}
+
+impl EngineTotals {
+    fn since(self, before: EngineTotals) -> EngineTotals {
+        EngineTotals {
+            preemptions: self.preemptions.saturating_sub(before.preemptions),
+            wasted_tokens: self.wasted_tokens.saturating_sub(before.wasted_tokens),
+            aborted: self.aborted.saturating_sub(before.aborted),
+        }
+    }
+}
+
+impl SimFleet {
+    pub async fn start(plan: &ScenarioPlan) -> Result<Self, ScenarioError> {
+        let base = free_ports(plan.engines as u16)?;
+        let control = free_ports(1)?;
+        let argv: Vec<String> = [
+            plan.sluice_exe.display().to_string(),
+            "sim".to_string(),
+            "--profile".into(),
+            "llama3-8b-h100".into(),
+            "--model".into(),
+            MODEL.into(),
+            "--engines".into(),
+            plan.engines.to_string(),
+            "--port".into(),
+            base.to_string(),
+            "--control-port".into(),
+            control.to_string(),
+            "--time-scale".into(),
+            plan.time_scale.to_string(),
+            "--seed".into(),
+            plan.seed.to_string(),
+        ]
+        .into_iter()
+        .chain(plan.engine_args.iter().cloned())
+        .collect();
+        let mut proc = Proc::spawn(Launch {
+            name: "engines",
+            argv: &argv,
+            core: None,
+            log_dir: &plan.out_dir,
+        })?;
+        let addrs: Vec<SocketAddr> = (0..plan.engines as u16)
+            .map(|i| loopback(base + i))
+            .collect();
+        for addr in &addrs {
+            wait_until_answering(&mut proc, *addr).await?;
+        }
+        Ok(Self {
+            proc,
+            workers: addrs.iter().map(|a| format!("http://{a}")).collect(),
+            control: loopback(control),
+            http: Client::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    async fn state(&self, engine: usize) -> Option<serde_json::Value> {
+        let url = format!("http://{}/engines/{engine}/state", self.control);
+        let request = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
+        let response = self.http.request(request).await.ok()?;
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        serde_json::from_slice(&body).ok()
+    }
+
+    /// Preemptions, wasted tokens and aborts summed over the engines.
+    pub async fn totals(&self) -> EngineTotals {
+        let mut t = EngineTotals::default();
+        for i in 0..self.workers.len() {
+            if let Some(s) = self.state(i).await {
+                t.preemptions += s["preemptions"].as_u64().unwrap_or(0);
+                t.wasted_tokens += s["wasted_tokens"].as_u64().unwrap_or(0);
+                t.aborted += s["aborted"].as_u64().unwrap_or(0);
+            }
+        }
+        t
+    }
+
+    /// Waits until no engine holds work, so one point's queue does not leak into the next.
+    pub async fn drain(&self, limit: Duration) -> Result<(), ScenarioError> {
+        let give_up = tokio::time::Instant::now() + limit;
+        loop {
+            let mut busy = false;
+            for i in 0..self.workers.len() {
+                if let Some(s) = self.state(i).await {
+                    busy |=
+                        s["running"].as_u64().unwrap_or(0) + s["waiting"].as_u64().unwrap_or(0) > 0;
+                }
+            }
+            if !busy {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(ScenarioError::Drain(limit));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn stop(self) {
+        self.proc.stop(Duration::from_secs(10)).await;
+    }
+}
+
+/// A gateway configuration, running.
+pub struct Gateway {
+    proc: Proc,
+    pub url: String,
+}
+
+impl Gateway {
+    pub async fn start(
+        template: &Template,
+        fleet: &SimFleet,
+        out_dir: &Path,
+    ) -> Result<Self, ScenarioError> {
+        let port = free_ports(1)?;
+        let argv = template.render(port, &fleet.workers);
+        let mut proc = Proc::spawn(Launch {
+            name: &template.name,
+            argv: &argv,
+            core: None,
+            log_dir: out_dir,
+        })?;
+        wait_until_answering(&mut proc, loopback(port)).await?;
+        Ok(Self {
+            proc,
+            url: format!("http://{}", loopback(port)),
+        })
+    }
+
+    pub async fn stop(self) {
+        self.proc.stop(Duration::from_secs(10)).await;
+    }
+}
+
+/// One measured point: a configuration at an offered rate, in engine time.
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub config: String,
+    /// Offered requests per engine-second.
+    pub offered: f64,
+    /// Completed within every objective, per engine-second.
+    pub goodput: f64,
+    pub report: Report,
+    pub engines: EngineTotals,
+}
+
+/// The tiers with objectives converted to wall time under `scale`.
+fn wall_tiers(scale: f64) -> Vec<Tier> {
+    let wall = |d: Option<Duration>| d.map(|d| d.div_f64(scale));
+    default_tiers()
+        .into_iter()
+        .map(|t| Tier {
+            slo: Slo {
+                ttft: wall(t.slo.ttft),
+                tpot: wall(t.slo.tpot),
+                deadline: wall(t.slo.deadline),
+            },
+            ..t
+        })
+        .collect()
+}
+
+/// Offers `rate` requests per engine-second to `gateway` for the plan's window and measures it.
+pub async fn measure(
+    plan: &ScenarioPlan,
+    fleet: &SimFleet,
+    config: &str,
+    url: &str,
+    rate: f64,
+) -> Result<Point, ScenarioError> {
+    let scale = plan.time_scale;
+    let before = fleet.totals().await;
+    let run = RunPlan {
+        url: format!("{url}/v1/completions"),
+        model: MODEL.into(),
+        schedule: Schedule::constant(rate * scale),
+        process: Process::Poisson,
+        seed: plan.seed,
+        max_requests: usize::MAX,
+        duration: plan.window.div_f64(scale),
+        mix: plan.mix,
+        tiers: wall_tiers(scale),
+        tenants: 4,
+        client: plan.client,
+        request_timeout: Duration::from_secs(300)
+            .div_f64(scale)
+            .max(Duration::from_secs(10)),
+    };
+    let (_, report) = execute(&run).await?;
+    fleet.drain(Duration::from_secs(120)).await?;
+    let engines = fleet.totals().await.since(before);
+    Ok(Point {
+        config: config.into(),
+        offered: report.offered_rps / scale,
+        goodput: report.goodput_rps / scale,
+        report,
+        engines,
+    })
+}

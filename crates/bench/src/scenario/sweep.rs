@@ -1,0 +1,260 @@
+//! `overload-sweep`: the fleet's capacity C first (the highest rate at which `direct` keeps at
+//! least 90% of requests within their objectives), then every configuration at 0.25x .. 4x C —
+//! one goodput-versus-offered-load curve each, as a table and an SVG.
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::{measure, Gateway, Point, ScenarioError, ScenarioPlan, SimFleet};
+
+/// Share of requests within their objectives that counts as "serving".
+const CAPACITY_ATTAINMENT: f64 = 0.9;
+
+/// The sweep's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepReport {
+    /// C, requests per engine-second.
+    pub capacity: f64,
+    pub levels: Vec<f64>,
+    pub time_scale: f64,
+    pub window_engine_secs: f64,
+    pub points: Vec<Point>,
+    pub svg: Option<PathBuf>,
+}
+
+fn attainment(p: &Point) -> f64 {
+    let r = &p.report;
+    if r.requests == 0 {
+        0.0
+    } else {
+        r.goodput_rps * r.window_secs / r.requests as f64
+    }
+}
+
+/// Doubles the rate until `direct` misses, then bisects between the last rate it served and the
+/// first it did not.
+async fn capacity(
+    plan: &ScenarioPlan,
+    fleet: &SimFleet,
+    direct: &Gateway,
+) -> Result<f64, ScenarioError> {
+    let mut served = 0.0;
+    let mut missed = None;
+    let mut rate = 1.0;
+    for _ in 0..12 {
+        let p = measure(plan, fleet, "direct", &direct.url, rate).await?;
+        tracing::info!(rate, attainment = attainment(&p), "capacity probe");
+        if attainment(&p) >= CAPACITY_ATTAINMENT {
+            served = rate;
+            rate *= 2.0;
+        } else {
+            missed = Some(rate);
+            break;
+        }
+    }
+    let Some(mut high) = missed else {
+        return Ok(served);
+    };
+    let mut low = served;
+    for _ in 0..if plan.quick { 2 } else { 4 } {
+        let mid = (low + high) / 2.0;
+        let p = measure(plan, fleet, "direct", &direct.url, mid).await?;
+        tracing::info!(rate = mid, attainment = attainment(&p), "capacity probe");
+        if attainment(&p) >= CAPACITY_ATTAINMENT {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    Ok(low.max(f64::MIN_POSITIVE))
+}
+
+pub async fn overload_sweep(plan: &ScenarioPlan) -> Result<SweepReport, ScenarioError> {
+    let levels: Vec<f64> = if plan.quick {
+        vec![0.5, 1.0, 2.0, 3.0]
+    } else {
+        vec![0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
+    };
+    let fleet = SimFleet::start(plan).await?;
+    let result = sweep(plan, &fleet, &levels).await;
+    fleet.stop().await;
+    let (capacity, points) = result?;
+    let svg = plan.out_dir.join("overload-sweep.svg");
+    draw(&svg, capacity, &points)?;
+    Ok(SweepReport {
+        capacity,
+        levels,
+        time_scale: plan.time_scale,
+        window_engine_secs: plan.window.as_secs_f64(),
+        points,
+        svg: Some(svg),
+    })
+}
+
+async fn sweep(
+    plan: &ScenarioPlan,
+    fleet: &SimFleet,
+    levels: &[f64],
+) -> Result<(f64, Vec<Point>), ScenarioError> {
+    let mut capacity_c = None;
+    let mut points = Vec::new();
+    for config in &plan.configs {
+        let gateway = Gateway::start(config, fleet, &plan.out_dir).await?;
+        let measured = async {
+            let c = match capacity_c {
+                Some(c) => c,
+                None => capacity(plan, fleet, &gateway).await?,
+            };
+            capacity_c = Some(c);
+            let mut mine = Vec::new();
+            for level in levels {
+                let mut p = measure(plan, fleet, &config.name, &gateway.url, level * c).await?;
+                p.offered = level * c;
+                mine.push(p);
+            }
+            Ok::<_, ScenarioError>(mine)
+        }
+        .await;
+        gateway.stop().await;
+        points.extend(measured?);
+    }
+    Ok((capacity_c.unwrap_or(0.0), points))
+}
+
+/// Goodput against offered load (as multiples of C), one line per configuration.
+fn draw(path: &Path, capacity: f64, points: &[Point]) -> Result<(), ScenarioError> {
+    let plot = |e: &dyn std::fmt::Display| ScenarioError::Plot(e.to_string());
+    let max_x = points
+        .iter()
+        .map(|p| p.offered / capacity)
+        .fold(1.0, f64::max);
+    let max_y = points.iter().map(|p| p.goodput).fold(capacity, f64::max) * 1.1;
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Goodput under overload", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y)
+        .map_err(|e| plot(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("offered load (x capacity C)")
+        .y_desc("goodput (requests per engine-second within SLO)")
+        .draw()
+        .map_err(|e| plot(&e))?;
+    let mut configs: Vec<&str> = Vec::new();
+    for p in points {
+        if !configs.contains(&p.config.as_str()) {
+            configs.push(&p.config);
+        }
+    }
+    for (i, config) in configs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let series: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.config == *config)
+            .map(|p| (p.offered / capacity, p.goodput))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
+            .map_err(|e| plot(&e))?
+            .label(*config)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                series
+                    .iter()
+                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+            )
+            .map_err(|e| plot(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| plot(&e))?;
+    root.present().map_err(|e| plot(&e))?;
+    Ok(())
+}
+
+impl SweepReport {
+    /// Markdown: one row per configuration and load.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "capacity C = {:.2} requests per engine-second (direct keeps >= 90% within SLO); \
+             time scale {}, {} engine-s per point\n\n\
+             | config | load | offered (req/s) | goodput (req/s) | goodput / C | within SLO | TTFT p99 (s) | rejected | reject p99 (ms) | retries | preemptions | wasted tokens |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            self.capacity, self.time_scale, self.window_engine_secs
+        );
+        for p in &self.points {
+            let r = &p.report;
+            let _ = writeln!(
+                out,
+                "| {} | {:.2}x | {:.2} | {:.2} | {:.0}% | {:.0}% | {:.2} | {:.0}% | {:.1} | {:.2} | {} | {} |",
+                p.config,
+                p.offered / self.capacity,
+                p.offered,
+                p.goodput,
+                100.0 * p.goodput / self.capacity,
+                100.0 * attainment(p),
+                r.ttft_p99 * self.time_scale,
+                100.0 * r.rejection_rate,
+                r.time_to_reject_p99 * 1e3,
+                r.retry_amplification,
+                p.engines.preemptions,
+                p.engines.wasted_tokens,
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goodput::{summarize, Tier};
+    use crate::scenario::EngineTotals;
+    use std::time::Duration;
+
+    fn point(config: &str, offered: f64, goodput: f64) -> Point {
+        let tiers: Vec<Tier> = Vec::new();
+        let mut report = summarize(&[], &tiers, Duration::from_secs(10));
+        report.goodput_rps = goodput;
+        Point {
+            config: config.into(),
+            offered,
+            goodput,
+            report,
+            engines: EngineTotals::default(),
+        }
+    }
+
+    #[test]
+    fn the_plot_is_an_svg_with_one_line_per_configuration() {
+        let dir = std::env::temp_dir().join(format!("sluice-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sweep.svg");
+        let points = vec![
+            point("direct", 5.0, 5.0),
+            point("direct", 10.0, 9.5),
+            point("direct", 20.0, 2.0),
+            point("sluice-shed", 5.0, 5.0),
+            point("sluice-shed", 10.0, 9.6),
+            point("sluice-shed", 20.0, 9.4),
+        ];
+        draw(&path, 10.0, &points).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..80.min(svg.len())]);
+        assert!(svg.contains("direct") && svg.contains("sluice-shed"));
+        assert_eq!(svg.matches("<circle").count(), 6, "one marker per point");
+        assert!(svg.contains("Goodput under overload"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
