@@ -256,7 +256,7 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
 
 async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
-    let mut configs = crate::scenario::default_configs(&exe);
+    let mut configs = crate::scenario::default_configs(&exe, args.time_scale);
     for g in &args.gateways {
         configs.push(Template::parse(g)?);
     }

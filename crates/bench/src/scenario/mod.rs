@@ -77,8 +77,11 @@ pub struct ScenarioPlan {
     pub engine_args: Vec<String>,
 }
 
-/// The configurations: sluice three ways, and SMG when it is installed.
-pub fn default_configs(exe: &Path) -> Vec<Template> {
+/// The configurations: sluice three ways, and SMG when it is installed. sluice's load poll is
+/// scaled with the engines' clock (10 engine-seconds), so its overload signal is as fresh, in
+/// engine time, as it would be at full speed; SMG runs with its defaults.
+pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
+    let poll = format!("{}", 10.0 / time_scale.max(1.0));
     let sluice = |name: &str, extra: &[&str]| {
         let mut argv: Vec<String> = [
             exe.display().to_string(),
@@ -114,8 +117,11 @@ pub fn default_configs(exe: &Path) -> Vec<Template> {
                 "0",
             ],
         ),
-        sluice("sluice", &[]),
-        sluice("sluice-shed", &["--worker-overload-shed"]),
+        sluice("sluice", &["--load-monitor-interval", &poll]),
+        sluice(
+            "sluice-shed",
+            &["--load-monitor-interval", &poll, "--worker-overload-shed"],
+        ),
     ];
     if on_path("smg") {
         configs.push(crate::overhead::smg_template());

@@ -43,7 +43,8 @@ async fn capacity(
 ) -> Result<f64, ScenarioError> {
     let mut served = 0.0;
     let mut missed = None;
-    let mut rate = 1.0;
+    // A small engine serves a few requests per engine-second; start near there.
+    let mut rate = 4.0;
     for _ in 0..12 {
         let p = measure(plan, fleet, "direct", &direct.url, rate).await?;
         tracing::info!(rate, attainment = attainment(&p), "capacity probe");
@@ -59,7 +60,7 @@ async fn capacity(
         return Ok(served);
     };
     let mut low = served;
-    for _ in 0..if plan.quick { 2 } else { 4 } {
+    for _ in 0..if plan.quick { 1 } else { 3 } {
         let mid = (low + high) / 2.0;
         let p = measure(plan, fleet, "direct", &direct.url, mid).await?;
         tracing::info!(rate = mid, attainment = attainment(&p), "capacity probe");
