@@ -5,9 +5,11 @@
 //! then the file, then the flag's default. `Settings::validate` is the one place values are
 //! checked; everything downstream takes `Config` and re-checks nothing.
 
+mod checks;
+mod sections;
 mod settings;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,16 +18,20 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use serde::Deserialize;
 use sluice_core::breaker::BreakerConfig;
-use sluice_core::policy::{CacheAware, Policy};
+use sluice_core::policy::Policy;
 use sluice_core::retry::Backoff;
 
+pub use sections::busy_thresholds;
 pub use settings::Settings;
+
+use checks::{
+    at_least, fraction, invalid, non_empty_keys, parse_host, positive_count, positive_seconds,
+    seconds,
+};
 
 use crate::fleet::{HealthConfig, LoadConfig, WorkerSpec};
 use crate::route::Shedding;
-use sluice_core::health::Thresholds;
 use sluice_core::liveness::LivenessConfig;
-use sluice_core::overload::{BusyThresholds, Ceilings};
 
 /// Why the settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +55,6 @@ pub enum ConfigError {
     Cli(#[from] clap::Error),
     #[error("cannot render the settings as TOML: {0}")]
     Render(#[from] toml::ser::Error),
-}
-
-fn invalid(setting: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        setting,
-        message: message.into(),
-    }
 }
 
 /// Builds the settings from parsed command-line arguments and, if `--config` names one, a file.
@@ -170,11 +169,7 @@ impl Settings {
             health: self.health()?,
             load: self.load()?,
             shedding: self.shedding()?,
-            liveness: LivenessConfig {
-                stall: seconds("worker-stall-secs", self.worker_stall_secs)?,
-                wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
-                stale: seconds("worker-stale-secs", self.worker_stale_secs)?,
-            },
+            liveness: self.liveness()?,
             health_listen: self
                 .health_check_port
                 .map(|port| SocketAddr::new(host, port)),
@@ -192,188 +187,6 @@ impl Settings {
             access_log: self.access_log.clone(),
         })
     }
-
-    fn load(&self) -> Result<LoadConfig, ConfigError> {
-        let interval = positive_seconds("load-monitor-interval", self.load_monitor_interval)?;
-        if self.worker_overload_waiting_requests == 0 {
-            return Err(invalid(
-                "worker-overload-waiting-requests",
-                "must be at least 1 (the comparison is inclusive: 0 would veto every worker)",
-            ));
-        }
-        let usage = self.worker_overload_token_usage;
-        if !(usage > 0.0 && usage <= 1.0) {
-            return Err(invalid(
-                "worker-overload-token-usage",
-                format!("{usage} is not a fraction of the KV cache in (0, 1]"),
-            ));
-        }
-        let ceilings = if self.disable_worker_overload_protection {
-            Ceilings::default()
-        } else {
-            Ceilings {
-                waiting_requests: Some(self.worker_overload_waiting_requests),
-                token_usage: Some(usage),
-            }
-        };
-        Ok(LoadConfig {
-            interval,
-            ceilings,
-            busy: busy_thresholds(
-                self.active_decode_blocks_threshold,
-                self.active_prefill_tokens_threshold,
-                self.active_prefill_tokens_threshold_frac,
-            )
-            .map_err(|(setting, message)| invalid(setting, message))?,
-            ..LoadConfig::default()
-        })
-    }
-
-    fn shedding(&self) -> Result<Shedding, ConfigError> {
-        if !(400..=599).contains(&self.overload_status_code) {
-            return Err(invalid(
-                "overload-status-code",
-                format!(
-                    "{} is not an error status (503, or 529 for Dynamo-style clients)",
-                    self.overload_status_code
-                ),
-            ));
-        }
-        Ok(Shedding {
-            enabled: self.worker_overload_shed,
-            status: self.overload_status_code,
-            // A vetoed worker's load is not looked at again before the next poll.
-            retry_after: Duration::from_secs(self.load_monitor_interval.ceil().max(1.0) as u64),
-        })
-    }
-
-    fn health(&self) -> Result<HealthConfig, ConfigError> {
-        let endpoint = &self.health_check_endpoint;
-        if !endpoint.starts_with('/') || endpoint.parse::<axum::http::uri::PathAndQuery>().is_err()
-        {
-            return Err(invalid(
-                "health-check-endpoint",
-                format!("'{endpoint}' is not a path such as /health"),
-            ));
-        }
-        Ok(HealthConfig {
-            interval: positive_seconds(
-                "health-check-interval-secs",
-                self.health_check_interval_secs,
-            )?,
-            timeout: positive_seconds("health-check-timeout-secs", self.health_check_timeout_secs)?,
-            thresholds: Thresholds {
-                failure: positive_count("health-failure-threshold", self.health_failure_threshold)?,
-                success: positive_count("health-success-threshold", self.health_success_threshold)?,
-            },
-            endpoint: endpoint.clone(),
-            disabled: self.disable_health_check,
-            // With no service discovery to register a removed worker again, removal would
-            // shrink a static fleet for good: off unless asked for.
-            remove_unhealthy: self.remove_unhealthy_workers.unwrap_or(false),
-        })
-    }
-
-    fn policy(&self) -> Result<Policy, ConfigError> {
-        Ok(match self.policy.as_str() {
-            "round_robin" => Policy::RoundRobin,
-            "random" => Policy::Random,
-            "least_load" => Policy::LeastLoad,
-            "power_of_two" => Policy::PowerOfTwo,
-            "consistent_hash" => Policy::ConsistentHash,
-            "cache_aware" => Policy::CacheAware(CacheAware {
-                cache_threshold: fraction("cache-threshold", self.cache_threshold)?,
-                balance_abs_threshold: self.balance_abs_threshold,
-                balance_rel_threshold: at_least(
-                    "balance-rel-threshold",
-                    self.balance_rel_threshold,
-                    1.0,
-                )?,
-            }),
-            other => {
-                return Err(invalid(
-                    "policy",
-                    format!(
-                        "unknown policy '{other}' (round_robin, random, least_load, power_of_two, \
-                         cache_aware, consistent_hash)"
-                    ),
-                ))
-            }
-        })
-    }
-}
-
-fn parse_host(setting: &'static str, host: &str) -> Result<IpAddr, ConfigError> {
-    if host == "localhost" {
-        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    }
-    host.parse()
-        .map_err(|_| invalid(setting, format!("'{host}' is not an IP address")))
-}
-
-fn seconds(setting: &'static str, secs: f64) -> Result<Duration, ConfigError> {
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| invalid(setting, format!("{secs} is not a number of seconds >= 0")))
-}
-
-fn positive_seconds(setting: &'static str, secs: f64) -> Result<Duration, ConfigError> {
-    match seconds(setting, secs)? {
-        d if d.is_zero() => Err(invalid(setting, "must be greater than 0")),
-        d => Ok(d),
-    }
-}
-
-fn positive_count(setting: &'static str, n: u32) -> Result<u32, ConfigError> {
-    if n == 0 {
-        return Err(invalid(setting, "must be at least 1"));
-    }
-    Ok(n)
-}
-
-fn fraction(setting: &'static str, x: f64) -> Result<f64, ConfigError> {
-    if !(0.0..=1.0).contains(&x) {
-        return Err(invalid(setting, format!("{x} is not between 0 and 1")));
-    }
-    Ok(x)
-}
-
-fn at_least(setting: &'static str, x: f64, min: f64) -> Result<f64, ConfigError> {
-    if !x.is_finite() || x < min {
-        return Err(invalid(setting, format!("{x} must be at least {min}")));
-    }
-    Ok(x)
-}
-
-/// The busy checks, validated; an error names the setting (flag and `/busy_threshold` field).
-pub fn busy_thresholds(
-    decode: Option<f64>,
-    prefill: Option<u64>,
-    frac: Option<f64>,
-) -> Result<BusyThresholds, (&'static str, String)> {
-    if let Some(x) = decode.filter(|x| !(*x > 0.0 && *x <= 1.0)) {
-        return Err((
-            "active-decode-blocks-threshold",
-            format!("{x} is not a fraction of the KV blocks in (0, 1]"),
-        ));
-    }
-    if let Some(x) = frac.filter(|x| !(x.is_finite() && *x > 0.0)) {
-        return Err((
-            "active-prefill-tokens-threshold-frac",
-            format!("{x} must be greater than 0"),
-        ));
-    }
-    Ok(BusyThresholds {
-        active_decode_blocks_threshold: decode,
-        active_prefill_tokens_threshold: prefill,
-        active_prefill_tokens_threshold_frac: frac,
-    })
-}
-
-fn non_empty_keys(setting: &'static str, keys: &[String]) -> Result<Vec<String>, ConfigError> {
-    if keys.iter().any(|k| k.trim().is_empty()) {
-        return Err(invalid(setting, "a key cannot be empty"));
-    }
-    Ok(keys.to_vec())
 }
 
 /// Retry rules of the forward stage.
@@ -450,6 +263,7 @@ impl Settings {
 mod tests {
     use super::*;
     use clap::{CommandFactory, Parser};
+    use sluice_core::overload::Ceilings;
 
     #[derive(Parser)]
     struct Cli {
