@@ -187,16 +187,7 @@ fn accepted(fleet: &Fleet, worker: &Worker) -> Response<Body> {
 }
 
 async fn create(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
-    let result = async {
-        let body = authorized_body(&app, request).await?;
-        let spec = WorkerSpec::parse(&body).map_err(invalid)?;
-        app.fleet.add(spec)
-    }
-    .await;
-    match result {
-        Ok(worker) => accepted(&app.fleet, &worker),
-        Err(e) => e.into_response(),
-    }
+    register(&app, request, |fleet, spec| fleet.add(spec)).await
 }
 
 async fn replace(
@@ -204,10 +195,19 @@ async fn replace(
     Path(id): Path<String>,
     request: Request,
 ) -> Response<Body> {
+    register(&app, request, |fleet, spec| fleet.replace(&id, spec)).await
+}
+
+/// POST and PUT: a validated spec, registered by `how`, answered 202 with its `Location`.
+async fn register(
+    app: &App,
+    request: Request,
+    how: impl FnOnce(&Arc<Fleet>, WorkerSpec) -> Result<Arc<Worker>, GatewayError>,
+) -> Response<Body> {
     let result = async {
-        let body = authorized_body(&app, request).await?;
+        let body = authorized_body(app, request).await?;
         let spec = WorkerSpec::parse(&body).map_err(invalid)?;
-        app.fleet.replace(&id, spec)
+        how(&app.fleet, spec)
     }
     .await;
     match result {
