@@ -298,17 +298,12 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     match args.name {
         ScenarioName::OverloadSweep => {
             let report = crate::scenario::overload_sweep(&plan).await?;
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                );
-            } else {
-                print!("{}", report.table());
-                if let Some(svg) = &report.svg {
-                    println!("\nplot: {}", svg.display());
-                }
-            }
+            let plot = report
+                .svg
+                .as_ref()
+                .map(|svg| format!("\nplot: {}\n", svg.display()))
+                .unwrap_or_default();
+            print_report(args.json, &report, || report.table() + &plot);
         }
     }
     Ok(())
@@ -373,14 +368,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
     };
     let (_, report) = crate::run::execute(&plan).await?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
-    } else {
-        print!("{}", report.table());
-    }
+    print_report(args.json, &report, || report.table());
     Ok(())
 }
 
@@ -429,15 +417,20 @@ async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
         })
         .map_err(BenchError::Thread)?;
     let report = rx.await.map_err(|_| BenchError::Lost)??;
-    if args.json {
+    print_report(args.json, &report, || report.tables());
+    Ok(())
+}
+
+/// JSON for machines (`--json`), else the Markdown tables.
+fn print_report(json: bool, report: &impl serde::Serialize, tables: impl FnOnce() -> String) {
+    if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
+            serde_json::to_string_pretty(report).unwrap_or_default()
         );
     } else {
-        print!("{}", report.tables());
+        print!("{}", tables());
     }
-    Ok(())
 }
 
 async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {
