@@ -92,6 +92,62 @@ impl fmt::Display for LivenessVeto {
     }
 }
 
+/// An earlier load report's reading of the engine's own progress counter (generated plus prompt
+/// tokens), for `stalled_since`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub tokens: Option<f64>,
+    pub at: Instant,
+    /// What `stalled_since` said for that report.
+    pub stalled_since: Option<Instant>,
+}
+
+/// Since when the engine's counter has stood still while it held requests: from the earlier of
+/// the equal readings. `None` when it moved, is not reported, or the engine holds nothing.
+pub fn stalled_since(
+    prev: Option<&Reading>,
+    tokens: Option<f64>,
+    in_hand: bool,
+) -> Option<Instant> {
+    let prev = prev?;
+    let still = in_hand && tokens.is_some() && prev.tokens == tokens;
+    still.then(|| prev.stalled_since.unwrap_or(prev.at))
+}
+
+/// The engine's own silence is evidence of a wedge once it spans the wedge bound (never with the
+/// wedge rule off).
+pub fn engine_silent(stalled_since: Option<Instant>, now: Instant, wedge: Duration) -> bool {
+    !wedge.is_zero() && stalled_since.is_some_and(|s| now.saturating_duration_since(s) >= wedge)
+}
+
+/// Weight of the newest sample in the prefill-rate average.
+const RATE_WEIGHT: f64 = 0.2;
+
+/// The prefill rate (prompt tokens per second) after one request's first byte came `ttft`
+/// after it was sent with `prompt_tokens`: an exponential average, the first sample taken as is.
+/// It underestimates (queueing counts too), which only makes the wedge bound more lenient.
+/// `None` for a sample that says nothing.
+pub fn prefill_rate(old: f64, prompt_tokens: u64, ttft: Duration) -> Option<f64> {
+    if prompt_tokens == 0 || ttft.is_zero() {
+        return None;
+    }
+    let sample = prompt_tokens as f64 / ttft.as_secs_f64();
+    Some(if old > 0.0 {
+        old + RATE_WEIGHT * (sample - old)
+    } else {
+        sample
+    })
+}
+
+/// How long prompts waiting for prefill may still take: twice their tokens at the measured rate
+/// (twice, as the rate is an estimate); zero until a rate is measured.
+pub fn prefill_allowance(pending_tokens: u64, rate: f64) -> Duration {
+    if rate <= 0.0 || pending_tokens == 0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(2.0 * pending_tokens as f64 / rate).unwrap_or(Duration::MAX)
+}
+
 /// What the gateway has observed of one worker.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observed {
@@ -436,6 +492,75 @@ mod tests {
         assert_eq!(judge(None, &o, &off, t0), None);
         assert_eq!(LivenessVeto::EngineSilent.reason(), "wedged");
         assert_eq!(LivenessVeto::Stale.reason(), "unreachable");
+    }
+
+    #[test]
+    fn the_counter_stalls_only_while_it_stands_still_with_work_in_hand() {
+        let t0 = Instant::now();
+        let first = Reading {
+            tokens: Some(100.0),
+            at: t0,
+            stalled_since: None,
+        };
+        assert_eq!(
+            stalled_since(None, Some(100.0), true),
+            None,
+            "one reading is not a stall"
+        );
+        assert_eq!(stalled_since(Some(&first), Some(100.0), true), Some(t0));
+        assert_eq!(
+            stalled_since(Some(&first), Some(101.0), true),
+            None,
+            "it moved"
+        );
+        assert_eq!(
+            stalled_since(Some(&first), Some(100.0), false),
+            None,
+            "idle engines are still"
+        );
+        assert_eq!(
+            stalled_since(Some(&first), None, true),
+            None,
+            "no counter, no opinion"
+        );
+        let second = Reading {
+            tokens: Some(100.0),
+            at: t0 + secs(10),
+            stalled_since: Some(t0),
+        };
+        assert_eq!(
+            stalled_since(Some(&second), Some(100.0), true),
+            Some(t0),
+            "since the first"
+        );
+        assert!(!engine_silent(
+            Some(t0),
+            t0 + Duration::from_millis(2999),
+            CFG.wedge
+        ));
+        assert!(engine_silent(Some(t0), t0 + secs(3), CFG.wedge));
+        assert!(
+            !engine_silent(Some(t0), t0 + secs(300), Duration::ZERO),
+            "wedge rule off"
+        );
+        assert!(!engine_silent(None, t0 + secs(300), CFG.wedge));
+    }
+
+    #[test]
+    fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate() {
+        assert_eq!(
+            prefill_allowance(10_000, 0.0),
+            Duration::ZERO,
+            "no rate measured yet"
+        );
+        let rate = prefill_rate(0.0, 5_000, Duration::from_millis(500)).unwrap();
+        assert_eq!(rate, 10_000.0, "the first sample as is");
+        assert_eq!(prefill_allowance(10_000, rate), secs(2));
+        let rate = prefill_rate(rate, 1_000, Duration::from_millis(500)).unwrap();
+        assert!((rate - 8_400.0).abs() < 1e-6, "{rate}");
+        assert_eq!(prefill_allowance(0, rate), Duration::ZERO);
+        assert_eq!(prefill_rate(rate, 0, secs(1)), None);
+        assert_eq!(prefill_rate(rate, 10, Duration::ZERO), None);
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use sluice_core::liveness::{judge, LivenessConfig, LivenessVeto, Observed};
+use sluice_core::liveness::{
+    judge, prefill_allowance, prefill_rate, LivenessConfig, LivenessVeto, Observed,
+};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -49,9 +51,6 @@ impl Default for Signals {
         }
     }
 }
-
-/// Weight of the newest sample in the prefill-rate average.
-const RATE_WEIGHT: f64 = 0.2;
 
 impl Signals {
     fn nanos(&self, t: Instant) -> u64 {
@@ -106,43 +105,17 @@ impl Signals {
     }
 
     /// A request's first byte came `ttft` after it was sent with `prompt_tokens` of prompt: one
-    /// sample of the worker's prefill rate (an underestimate, as queueing counts too, which
-    /// only makes the wedge bound more lenient).
+    /// sample of the worker's prefill rate.
     pub(crate) fn prefill_sample(&self, prompt_tokens: u64, ttft: Duration) {
-        if prompt_tokens == 0 || ttft.is_zero() {
-            return;
-        }
-        let sample = prompt_tokens as f64 / ttft.as_secs_f64();
         let _ = self
             .prefill_rate
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                let old = f64::from_bits(bits);
-                let new = if old > 0.0 {
-                    old + RATE_WEIGHT * (sample - old)
-                } else {
-                    sample
-                };
-                Some(new.to_bits())
+                prefill_rate(f64::from_bits(bits), prompt_tokens, ttft).map(f64::to_bits)
             });
-    }
-
-    /// How long the prompts waiting for prefill may still take: twice their tokens at the
-    /// measured rate (the rate is an estimate); zero until a rate is measured.
-    fn prefill_allowance(&self, pending_tokens: u64) -> Duration {
-        let rate = f64::from_bits(self.prefill_rate.load(Ordering::Relaxed));
-        if rate <= 0.0 || pending_tokens == 0 {
-            return Duration::ZERO;
-        }
-        Duration::try_from_secs_f64(2.0 * pending_tokens as f64 / rate).unwrap_or(Duration::MAX)
     }
 
     pub(crate) fn set_engine_silent(&self, silent: bool) {
         self.engine_silent.store(silent, Ordering::Relaxed);
-    }
-
-    /// Seconds since anything was heard from it.
-    pub fn silence(&self, now: Instant) -> Duration {
-        now.saturating_duration_since(self.instant(self.last_contact.load(Ordering::Relaxed)))
     }
 
     fn observe(&self, worker: &Worker, pile_at_progress: u32) -> Observed {
@@ -158,7 +131,10 @@ impl Signals {
             in_flight: worker.in_flight(),
             queue: worker.vetoes.load().map(|l| l.report.waiting()),
             engine_silent: self.engine_silent.load(Ordering::Relaxed),
-            prefill_allowance: self.prefill_allowance(worker.pending_prefill_tokens()),
+            prefill_allowance: prefill_allowance(
+                worker.pending_prefill_tokens(),
+                f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
+            ),
         }
     }
 }
@@ -239,33 +215,5 @@ impl Fleet {
             worker.breaker.readmit();
         }
         self.changed.send_modify(|v| *v += 1);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate() {
-        let s = Signals::default();
-        assert_eq!(
-            s.prefill_allowance(10_000),
-            Duration::ZERO,
-            "no rate measured yet"
-        );
-        s.prefill_sample(5_000, Duration::from_millis(500)); // 10k tokens/s
-        assert_eq!(s.prefill_allowance(10_000), Duration::from_secs(2));
-        s.prefill_sample(1_000, Duration::from_millis(500)); // 2k tokens/s pulls the average down
-        let rate = f64::from_bits(s.prefill_rate.load(Ordering::Relaxed));
-        assert!((rate - 8_400.0).abs() < 1e-6, "{rate}");
-        assert_eq!(s.prefill_allowance(0), Duration::ZERO);
-        s.prefill_sample(0, Duration::from_secs(1));
-        s.prefill_sample(10, Duration::ZERO);
-        assert_eq!(
-            f64::from_bits(s.prefill_rate.load(Ordering::Relaxed)),
-            rate,
-            "empty samples are ignored"
-        );
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::health::{HealthState, HealthTransition, Probe, Thresholds};
+use sluice_core::liveness::{engine_silent, stalled_since, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{overload_verdict, worker_busy};
 use tokio::time::Instant;
@@ -139,19 +140,16 @@ impl Fleet {
         report: &LoadReport,
         now: Instant,
     ) -> Option<Instant> {
-        let previous = worker.vetoes.load();
+        let previous = worker.vetoes.load().map(|p| Reading {
+            tokens: p.report.progress_tokens(),
+            at: p.at,
+            stalled_since: p.silent_since,
+        });
         let in_hand = report.running() + report.waiting() > 0;
-        let stalled = match (&previous, report.progress_tokens()) {
-            (Some(prev), Some(tokens)) => in_hand && prev.report.progress_tokens() == Some(tokens),
-            _ => false,
-        };
-        let since = stalled
-            .then(|| previous.as_ref().map(|p| p.silent_since.unwrap_or(p.at)))
-            .flatten();
-        let wedge = self.settings.liveness.wedge;
-        worker.signals.set_engine_silent(
-            !wedge.is_zero() && since.is_some_and(|s| now.saturating_duration_since(s) >= wedge),
-        );
+        let since = stalled_since(previous.as_ref(), report.progress_tokens(), in_hand);
+        worker
+            .signals
+            .set_engine_silent(engine_silent(since, now, self.settings.liveness.wedge));
         since
     }
 
