@@ -41,6 +41,19 @@ fn overloaded(id: &str, yes: bool) -> impl FnMut(&Snapshot) -> bool + '_ {
     move |s: &Snapshot| s.worker(id).is_some_and(|w| w.vetoes.overloaded() == yes)
 }
 
+/// Pins the first engine's queue at the default ceiling (8) and waits for its veto.
+async fn overload_first_worker(s: &Setup) -> String {
+    let id = worker_id(s, 0);
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(pin_waiting(8))
+        .await
+        .unwrap();
+    bounded("vetoed", s.gateway.fleet().until(overloaded(&id, true))).await;
+    id
+}
+
 async fn chat_with_key(s: &Setup, key: &str) -> Answer {
     let body = chat_body("test-model", &format!("about {key}"), 1, false);
     send(
@@ -71,14 +84,7 @@ async fn every_policy_skips_a_worker_over_its_ceiling() {
             c.policy = policy;
         })
         .await;
-        let id = worker_id(&s, 0);
-        s.sims
-            .engine(0)
-            .unwrap()
-            .fault(pin_waiting(8))
-            .await
-            .unwrap();
-        bounded("vetoed", s.gateway.fleet().until(overloaded(&id, true))).await;
+        let id = overload_first_worker(&s).await;
         let before = s.received();
         for i in 0..12 {
             let a = chat_with_key(&s, &format!("session-{i}")).await;
@@ -261,14 +267,7 @@ async fn the_shed_status_can_be_529_for_dynamo_style_clients() {
         c.shedding.status = 529;
     })
     .await;
-    let id = worker_id(&s, 0);
-    s.sims
-        .engine(0)
-        .unwrap()
-        .fault(pin_waiting(8))
-        .await
-        .unwrap();
-    bounded("vetoed", s.gateway.fleet().until(overloaded(&id, true))).await;
+    let id = overload_first_worker(&s).await;
     let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
     assert_eq!(a.status, 529);
     assert_eq!(code(&a).as_deref(), Some("worker_overload_shed"));
