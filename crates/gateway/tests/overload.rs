@@ -84,7 +84,7 @@ async fn every_policy_skips_a_worker_over_its_ceiling() {
             c.policy = policy;
         })
         .await;
-        let id = overload_first_worker(&s).await;
+        overload_first_worker(&s).await;
         let before = s.received();
         for i in 0..12 {
             let a = chat_with_key(&s, &format!("session-{i}")).await;
@@ -267,7 +267,7 @@ async fn the_shed_status_can_be_529_for_dynamo_style_clients() {
         c.shedding.status = 529;
     })
     .await;
-    let id = overload_first_worker(&s).await;
+    overload_first_worker(&s).await;
     let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
     assert_eq!(a.status, 529);
     assert_eq!(code(&a).as_deref(), Some("worker_overload_shed"));
