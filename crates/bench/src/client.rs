@@ -116,6 +116,7 @@ pub async fn run(
                 completed,
             } => {
                 return Outcome {
+                    due: job.due,
                     tier: job.tier,
                     status: 200,
                     code: None,
@@ -142,6 +143,7 @@ pub async fn run(
                 };
                 let Some(wait) = wait else {
                     return Outcome {
+                        due: job.due,
                         tier: job.tier,
                         status,
                         code,

@@ -34,6 +34,8 @@ pub struct Tier {
 /// What happened to one request, as the client saw it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
+    /// When it was due, from the start of the run.
+    pub due: Duration,
     pub tier: usize,
     /// The final status (after any client retries); 0 when no answer came at all.
     pub status: u16,
@@ -263,6 +265,7 @@ mod tests {
 
     fn served(tier: usize, ttft: u64, e2e: u64, tokens: u32) -> Outcome {
         Outcome {
+            due: Duration::ZERO,
             tier,
             status: 200,
             code: None,
@@ -277,6 +280,7 @@ mod tests {
 
     fn refused(code: Option<&str>, status: u16, after: u64) -> Outcome {
         Outcome {
+            due: Duration::ZERO,
             tier: 0,
             status,
             code: code.map(String::from),

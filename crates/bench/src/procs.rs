@@ -139,6 +139,12 @@ impl Proc {
         let _ = tokio::time::timeout(grace, self.child.wait()).await;
     }
 
+    /// SIGKILL to the group, as a crash would, and waits for the exit.
+    pub async fn kill(mut self) {
+        self.signal("KILL");
+        let _ = self.child.wait().await;
+    }
+
     fn signal(&self, signal: &str) {
         // A negative PID names the group; the child is its group's leader.
         let _ = Command::new("kill")

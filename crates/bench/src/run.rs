@@ -18,7 +18,7 @@ use crate::goodput::{summarize, Outcome, Report, Slo, Tier};
 use crate::workload::{ShapeSource, Workload};
 
 /// Named request-length mixes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Mix {
     /// Prompts around 256 tokens, answers around 256.
@@ -158,6 +158,7 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
             match tokio::time::timeout_at(due + timeout, sent).await {
                 Ok(outcome) => outcome,
                 Err(_) => Outcome {
+                    due: job.due,
                     tier: job.tier,
                     status: 0,
                     code: Some("client_timeout".into()),

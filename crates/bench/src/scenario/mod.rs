@@ -11,22 +11,22 @@
 //! engine time and converted for the run; the gateways' own timers (polls, probes) are not scaled,
 //! which the report says.
 
+mod fleet;
+mod plot;
 mod sweep;
+mod timeline;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
-pub use sweep::{overload_sweep, SweepReport};
+pub use fleet::{EngineTotals, SimFleet};
+pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
+pub use timeline::{timeline, Incident, TimelineReport};
 
 use crate::arrivals::{ArrivalError, Process, Schedule};
-use crate::client::{ClientKind, HttpClient};
+use crate::client::ClientKind;
 use crate::goodput::{Report, Slo, Tier};
 use crate::overhead::{
     free_ports, loopback, on_path, wait_until_answering, OverheadError, Template,
@@ -53,6 +53,17 @@ pub enum ScenarioError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("the sim control listener did not answer: {0}")]
+    Control(#[source] hyper_util::client::legacy::Error),
+    #[error("the sim refused the fault {fault:?}: status {status}")]
+    Fault {
+        fault: sluice_sim::Fault,
+        status: u16,
+    },
+    #[error("the capacity search needs the `direct` configuration")]
+    NoDirect,
+    #[error("the load task failed: {0}")]
+    Join(#[source] tokio::task::JoinError),
     #[error("cannot draw the plot: {0}")]
     Plot(String),
 }
@@ -127,124 +138,6 @@ pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         configs.push(crate::overhead::smg_template());
     }
     configs
-}
-
-/// The simulated fleet: a `sluice sim` process with a control listener.
-pub struct SimFleet {
-    proc: Proc,
-    pub workers: Vec<String>,
-    control: SocketAddr,
-    http: HttpClient,
-}
-
-/// Engine totals that show wasted work.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct EngineTotals {
-    pub preemptions: u64,
-    pub wasted_tokens: u64,
-    pub aborted: u64,
-}
-
-impl EngineTotals {
-    fn since(self, before: EngineTotals) -> EngineTotals {
-        EngineTotals {
-            preemptions: self.preemptions.saturating_sub(before.preemptions),
-            wasted_tokens: self.wasted_tokens.saturating_sub(before.wasted_tokens),
-            aborted: self.aborted.saturating_sub(before.aborted),
-        }
-    }
-}
-
-impl SimFleet {
-    pub async fn start(plan: &ScenarioPlan) -> Result<Self, ScenarioError> {
-        let base = free_ports(plan.engines as u16)?;
-        let control = free_ports(1)?;
-        let argv: Vec<String> = [
-            plan.sluice_exe.display().to_string(),
-            "sim".to_string(),
-            "--profile".into(),
-            "llama3-8b-h100".into(),
-            "--model".into(),
-            MODEL.into(),
-            "--engines".into(),
-            plan.engines.to_string(),
-            "--port".into(),
-            base.to_string(),
-            "--control-port".into(),
-            control.to_string(),
-            "--time-scale".into(),
-            plan.time_scale.to_string(),
-            "--seed".into(),
-            plan.seed.to_string(),
-        ]
-        .into_iter()
-        .chain(plan.engine_args.iter().cloned())
-        .collect();
-        let mut proc = Proc::spawn(Launch {
-            name: "engines",
-            argv: &argv,
-            core: None,
-            log_dir: &plan.out_dir,
-        })?;
-        let addrs: Vec<SocketAddr> = (0..plan.engines as u16)
-            .map(|i| loopback(base + i))
-            .collect();
-        for addr in &addrs {
-            wait_until_answering(&mut proc, *addr).await?;
-        }
-        Ok(Self {
-            proc,
-            workers: addrs.iter().map(|a| format!("http://{a}")).collect(),
-            control: loopback(control),
-            http: Client::builder(TokioExecutor::new()).build_http(),
-        })
-    }
-
-    async fn state(&self, engine: usize) -> Option<serde_json::Value> {
-        let url = format!("http://{}/engines/{engine}/state", self.control);
-        let request = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
-        let response = self.http.request(request).await.ok()?;
-        let body = response.into_body().collect().await.ok()?.to_bytes();
-        serde_json::from_slice(&body).ok()
-    }
-
-    /// Preemptions, wasted tokens and aborts summed over the engines.
-    pub async fn totals(&self) -> EngineTotals {
-        let mut t = EngineTotals::default();
-        for i in 0..self.workers.len() {
-            if let Some(s) = self.state(i).await {
-                t.preemptions += s["preemptions"].as_u64().unwrap_or(0);
-                t.wasted_tokens += s["wasted_tokens"].as_u64().unwrap_or(0);
-                t.aborted += s["aborted"].as_u64().unwrap_or(0);
-            }
-        }
-        t
-    }
-
-    /// Waits until no engine holds work, so one point's queue does not leak into the next.
-    pub async fn drain(&self, limit: Duration) -> Result<(), ScenarioError> {
-        let give_up = tokio::time::Instant::now() + limit;
-        loop {
-            let mut busy = false;
-            for i in 0..self.workers.len() {
-                if let Some(s) = self.state(i).await {
-                    busy |=
-                        s["running"].as_u64().unwrap_or(0) + s["waiting"].as_u64().unwrap_or(0) > 0;
-                }
-            }
-            if !busy {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= give_up {
-                return Err(ScenarioError::Drain(limit));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    pub async fn stop(self) {
-        self.proc.stop(Duration::from_secs(10)).await;
-    }
 }
 
 /// A gateway configuration, running.

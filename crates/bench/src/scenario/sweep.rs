@@ -5,10 +5,9 @@
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::{measure, Gateway, Point, ScenarioError, ScenarioPlan, SimFleet};
+use super::{measure, plot, Gateway, Point, ScenarioError, ScenarioPlan, SimFleet};
 
 /// Share of requests within their objectives that counts as "serving".
 const CAPACITY_ATTAINMENT: f64 = 0.9;
@@ -73,6 +72,77 @@ async fn capacity(
     Ok(low.max(f64::MIN_POSITIVE))
 }
 
+/// C per engine, remembered in the output directory with what it depends on, so that an incident
+/// scenario run after a sweep (or after another incident) need not search again.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct Memo {
+    engine_args: Vec<String>,
+    mix: crate::run::Mix,
+    time_scale: f64,
+    seed: u64,
+    per_engine: f64,
+}
+
+impl Memo {
+    fn new(plan: &ScenarioPlan, capacity: f64) -> Self {
+        Self {
+            engine_args: plan.engine_args.clone(),
+            mix: plan.mix,
+            time_scale: plan.time_scale,
+            seed: plan.seed,
+            per_engine: capacity / plan.engines.max(1) as f64,
+        }
+    }
+
+    fn path(plan: &ScenarioPlan) -> PathBuf {
+        plan.out_dir.join("capacity.json")
+    }
+
+    /// The remembered C of `plan`'s fleet, if it was measured for the same engines and load.
+    fn recall(plan: &ScenarioPlan) -> Option<f64> {
+        let text = std::fs::read(Self::path(plan)).ok()?;
+        let memo: Memo = serde_json::from_slice(&text).ok()?;
+        (Memo {
+            per_engine: memo.per_engine,
+            ..Memo::new(plan, 0.0)
+        } == memo)
+            .then_some(memo.per_engine * plan.engines as f64)
+    }
+
+    fn keep(plan: &ScenarioPlan, capacity: f64) -> Result<(), ScenarioError> {
+        let path = Self::path(plan);
+        let json =
+            serde_json::to_vec_pretty(&Memo::new(plan, capacity)).expect("a memo serializes");
+        std::fs::write(&path, json).map_err(|source| ScenarioError::Write { path, source })
+    }
+}
+
+/// C of `plan`'s fleet: remembered from an earlier run on the same engines and load, else
+/// measured on `direct` and remembered.
+pub async fn fleet_capacity(plan: &ScenarioPlan) -> Result<f64, ScenarioError> {
+    if let Some(c) = Memo::recall(plan) {
+        tracing::info!(capacity = c, "capacity from an earlier run");
+        return Ok(c);
+    }
+    let direct = plan
+        .configs
+        .iter()
+        .find(|t| t.name == "direct")
+        .ok_or(ScenarioError::NoDirect)?;
+    let fleet = SimFleet::start(plan).await?;
+    let measured = async {
+        let gateway = Gateway::start(direct, &fleet, &plan.out_dir).await?;
+        let c = capacity(plan, &fleet, &gateway).await;
+        gateway.stop().await;
+        c
+    }
+    .await;
+    fleet.stop().await;
+    let c = measured?;
+    Memo::keep(plan, c)?;
+    Ok(c)
+}
+
 pub async fn overload_sweep(plan: &ScenarioPlan) -> Result<SweepReport, ScenarioError> {
     let levels: Vec<f64> = if plan.quick {
         vec![0.5, 1.0, 2.0, 3.0]
@@ -83,6 +153,7 @@ pub async fn overload_sweep(plan: &ScenarioPlan) -> Result<SweepReport, Scenario
     let result = sweep(plan, &fleet, &levels).await;
     fleet.stop().await;
     let (capacity, points) = result?;
+    Memo::keep(plan, capacity)?;
     let svg = plan.out_dir.join("overload-sweep.svg");
     draw(&svg, capacity, &points)?;
     Ok(SweepReport {
@@ -127,61 +198,25 @@ async fn sweep(
 
 /// Goodput against offered load (as multiples of C), one line per configuration.
 fn draw(path: &Path, capacity: f64, points: &[Point]) -> Result<(), ScenarioError> {
-    let plot = |e: &dyn std::fmt::Display| ScenarioError::Plot(e.to_string());
-    let max_x = points
-        .iter()
-        .map(|p| p.offered / capacity)
-        .fold(1.0, f64::max);
-    let max_y = points.iter().map(|p| p.goodput).fold(capacity, f64::max) * 1.1;
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Goodput under overload", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y)
-        .map_err(|e| plot(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("offered load (x capacity C)")
-        .y_desc("goodput (requests per engine-second within SLO)")
-        .draw()
-        .map_err(|e| plot(&e))?;
-    let mut configs: Vec<&str> = Vec::new();
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for p in points {
-        if !configs.contains(&p.config.as_str()) {
-            configs.push(&p.config);
+        let at = (p.offered / capacity, p.goodput);
+        match lines.iter_mut().find(|(name, _)| *name == p.config) {
+            Some((_, line)) => line.push(at),
+            None => lines.push((p.config.clone(), vec![at])),
         }
     }
-    for (i, config) in configs.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let series: Vec<(f64, f64)> = points
-            .iter()
-            .filter(|p| p.config == *config)
-            .map(|p| (p.offered / capacity, p.goodput))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
-            .map_err(|e| plot(&e))?
-            .label(*config)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(
-                series
-                    .iter()
-                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
-            )
-            .map_err(|e| plot(&e))?;
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .draw()
-        .map_err(|e| plot(&e))?;
-    root.present().map_err(|e| plot(&e))?;
-    Ok(())
+    plot::draw(
+        path,
+        &plot::Chart {
+            caption: "Goodput under overload",
+            x_desc: "offered load (x capacity C)",
+            y_desc: "goodput (requests per engine-second within SLO)",
+            lines: &lines,
+            band: None,
+            y_floor: capacity,
+        },
+    )
 }
 
 impl SweepReport {

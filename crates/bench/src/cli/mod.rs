@@ -13,6 +13,11 @@ use crate::overhead::{resolve, OverheadPlan, Template};
 use crate::run::RunPlan;
 use crate::workload::Workload;
 
+mod scenario;
+
+use scenario::scenario;
+pub use scenario::{ScenarioArgs, ScenarioName};
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Closed-loop concurrency sweep of one simulated engine: throughput, TTFT and preemptions
@@ -29,54 +34,6 @@ pub enum BenchCommand {
     /// A whole experiment: starts simulated engines, each gateway configuration in turn and the
     /// load, reports, and stops everything it started.
     Scenario(ScenarioArgs),
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum ScenarioName {
-    /// Capacity C from `direct`, then every configuration at 0.25x .. 4x C: goodput curves.
-    OverloadSweep,
-}
-
-#[derive(Args)]
-pub struct ScenarioArgs {
-    #[arg(value_enum)]
-    pub name: ScenarioName,
-    /// A reduced run (fewer load levels, shorter windows).
-    #[arg(long)]
-    pub quick: bool,
-    /// Engine clock speed-up of the simulated engines.
-    #[arg(long, default_value_t = 4.0)]
-    pub time_scale: f64,
-    /// Engine seconds measured per point [default: 120, or 40 with --quick].
-    #[arg(long)]
-    pub window_secs: Option<f64>,
-    /// Configurations to measure: direct, sluice, sluice-shed, smg, or names from --gateway
-    /// [default: all that can run here; direct always runs first, it sets C].
-    #[arg(long, value_delimiter = ',')]
-    pub configs: Vec<String>,
-    /// Another gateway, `NAME=COMMAND` with `{port}` and `{workers}`. Repeatable.
-    #[arg(long = "gateway", value_name = "NAME=COMMAND")]
-    pub gateways: Vec<String>,
-    #[arg(long, value_enum, default_value = "none")]
-    pub client: crate::client::ClientKind,
-    #[arg(long, value_enum, default_value = "chat")]
-    pub mix: crate::run::Mix,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Extra flags for every simulated engine, e.g. `--max-num-seqs 64 --num-gpu-blocks 2048`
-    /// for a smaller GPU (fewer tokens per second for this machine to relay).
-    #[arg(
-        long,
-        allow_hyphen_values = true,
-        default_value = "--max-num-seqs 64 --num-gpu-blocks 2048"
-    )]
-    pub engine_args: String,
-    /// Where the plot and the processes' logs go.
-    #[arg(long, default_value = "sluice-bench-out")]
-    pub out: PathBuf,
-    /// Print JSON instead of tables.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Args)]
@@ -218,6 +175,8 @@ pub enum BenchError {
     Target(#[from] crate::overhead::TemplateError),
     #[error(transparent)]
     Overhead(#[from] crate::overhead::OverheadError),
+    #[error("--{0} must be a positive number")]
+    Positive(&'static str),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
     #[error("cannot find the sluice binary: {0}")]
@@ -238,7 +197,7 @@ pub enum BenchError {
     OutDir(PathBuf, std::io::Error),
 }
 
-fn seconds(flag: &'static str, secs: f64) -> Result<Duration, BenchError> {
+pub(crate) fn seconds(flag: &'static str, secs: f64) -> Result<Duration, BenchError> {
     Duration::try_from_secs_f64(secs)
         .ok()
         .filter(|d| !d.is_zero())
@@ -252,61 +211,6 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Run(args) => open_loop(args).await,
         BenchCommand::Scenario(args) => scenario(args).await,
     }
-}
-
-async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
-    let exe = std::env::current_exe().map_err(BenchError::Exe)?;
-    let mut configs = crate::scenario::default_configs(&exe, args.time_scale);
-    for g in &args.gateways {
-        configs.push(Template::parse(g)?);
-    }
-    if !args.configs.is_empty() {
-        let wanted = |name: &str| name == "direct" || args.configs.iter().any(|c| c == name);
-        if let Some(unknown) = args
-            .configs
-            .iter()
-            .find(|c| !configs.iter().any(|t| &t.name == *c))
-        {
-            return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
-        }
-        configs.retain(|t| wanted(&t.name));
-    }
-    if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
-        return Err(BenchError::Duration("time-scale"));
-    }
-    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
-    let window = args
-        .window_secs
-        .unwrap_or(if args.quick { 40.0 } else { 120.0 });
-    let plan = crate::scenario::ScenarioPlan {
-        configs,
-        time_scale: args.time_scale,
-        window: seconds("window-secs", window)?,
-        engines: 2,
-        seed: args.seed,
-        client: args.client,
-        mix: args.mix,
-        quick: args.quick,
-        sluice_exe: exe,
-        out_dir: args.out.clone(),
-        engine_args: args
-            .engine_args
-            .split_whitespace()
-            .map(String::from)
-            .collect(),
-    };
-    match args.name {
-        ScenarioName::OverloadSweep => {
-            let report = crate::scenario::overload_sweep(&plan).await?;
-            let plot = report
-                .svg
-                .as_ref()
-                .map(|svg| format!("\nplot: {}\n", svg.display()))
-                .unwrap_or_default();
-            print_report(args.json, &report, || report.table() + &plot);
-        }
-    }
-    Ok(())
 }
 
 fn segment(spec: &str, ramp: bool) -> Result<Segment, BenchError> {
@@ -372,7 +276,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
+pub(crate) async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
     for (flag, counts) in [
         ("connections", args.connections.as_slice()),
         ("stream-connections", &[args.stream_connections]),
@@ -422,7 +326,11 @@ async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
 }
 
 /// JSON for machines (`--json`), else the Markdown tables.
-fn print_report(json: bool, report: &impl serde::Serialize, tables: impl FnOnce() -> String) {
+pub(crate) fn print_report(
+    json: bool,
+    report: &impl serde::Serialize,
+    tables: impl FnOnce() -> String,
+) {
     if json {
         println!(
             "{}",

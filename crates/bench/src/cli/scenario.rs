@@ -1,0 +1,179 @@
+//! `sluice bench scenario <name>`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::{overhead, print_report, seconds, BenchError, OverheadArgs};
+use crate::overhead::Template;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ScenarioName {
+    /// Capacity C from `direct`, then every configuration at 0.25x .. 4x C: goodput curves.
+    OverloadSweep,
+    /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
+    Spike,
+    /// 0.5x C on 3 engines; one is killed with SIGKILL and started again later.
+    WorkerCrash,
+    /// 0.5x C on 3 engines; one engine's scheduler freezes while its HTTP side answers.
+    FrozenEngine,
+    /// 0.5x C on 3 engines; one engine's steps take 4x longer for a while.
+    SlowWorker,
+    /// `sluice bench overhead` (instant engines, the gateway pinned to one core); --configs
+    /// names its targets (direct, nginx, sluice, sluice-cache-aware, smg).
+    Overhead,
+}
+
+impl ScenarioName {
+    fn incident(self) -> Option<crate::scenario::Incident> {
+        use crate::scenario::Incident;
+        match self {
+            ScenarioName::Spike => Some(Incident::Spike),
+            ScenarioName::WorkerCrash => Some(Incident::WorkerCrash),
+            ScenarioName::FrozenEngine => Some(Incident::FrozenEngine),
+            ScenarioName::SlowWorker => Some(Incident::SlowWorker),
+            ScenarioName::OverloadSweep | ScenarioName::Overhead => None,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct ScenarioArgs {
+    #[arg(value_enum)]
+    pub name: ScenarioName,
+    /// A reduced run (fewer load levels, shorter windows).
+    #[arg(long)]
+    pub quick: bool,
+    /// Engine clock speed-up of the simulated engines.
+    #[arg(long, default_value_t = 4.0)]
+    pub time_scale: f64,
+    /// Engine seconds measured per point [default: 120, or 40 with --quick].
+    #[arg(long)]
+    pub window_secs: Option<f64>,
+    /// Configurations to measure: direct, sluice, sluice-shed, smg, or names from --gateway
+    /// [default: all that can run here; direct always runs first, it sets C].
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Vec<String>,
+    /// Another gateway, `NAME=COMMAND` with `{port}` and `{workers}`. Repeatable.
+    #[arg(long = "gateway", value_name = "NAME=COMMAND")]
+    pub gateways: Vec<String>,
+    /// Simulated engines [default: 2 for overload-sweep, 3 for the incident scenarios].
+    #[arg(long)]
+    pub engines: Option<usize>,
+    /// Requests per engine-second one engine serves within objectives, instead of measuring it
+    /// (an incident scenario otherwise reuses the figure of an earlier run with the same
+    /// engines, mix, scale and seed, kept in --out, or searches for it).
+    #[arg(long)]
+    pub capacity: Option<f64>,
+    #[arg(long, value_enum, default_value = "none")]
+    pub client: crate::client::ClientKind,
+    #[arg(long, value_enum, default_value = "chat")]
+    pub mix: crate::run::Mix,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Extra flags for every simulated engine, e.g. `--max-num-seqs 64 --num-gpu-blocks 2048`
+    /// for a smaller GPU (fewer tokens per second for this machine to relay).
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        default_value = "--max-num-seqs 64 --num-gpu-blocks 2048"
+    )]
+    pub engine_args: String,
+    /// Where the plot and the processes' logs go.
+    #[arg(long, default_value = "sluice-bench-out")]
+    pub out: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
+    if let ScenarioName::Overhead = args.name {
+        return overhead(OverheadArgs {
+            targets: args.configs,
+            gateways: args.gateways,
+            connections: vec![1, 64],
+            stream_connections: 64,
+            stream_tokens: 1000,
+            warmup_secs: if args.quick { 1.0 } else { 2.0 },
+            window_secs: if args.quick { 3.0 } else { 10.0 },
+            gateway_core: 0,
+            load_core: 1,
+            engines: 2,
+            no_shared_core: false,
+            json: args.json,
+        })
+        .await;
+    }
+    let plan = plan(&args)?;
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+    let plot = |svg: &Option<PathBuf>| {
+        svg.as_ref()
+            .map(|svg| format!("\nplot: {}\n", svg.display()))
+            .unwrap_or_default()
+    };
+    if let Some(incident) = args.name.incident() {
+        let capacity = match args.capacity {
+            Some(per_engine) => per_engine * plan.engines as f64,
+            None => crate::scenario::fleet_capacity(&plan).await?,
+        };
+        let report = crate::scenario::timeline(&plan, incident, capacity).await?;
+        print_report(args.json, &report, || report.table() + &plot(&report.svg));
+    } else {
+        let report = crate::scenario::overload_sweep(&plan).await?;
+        print_report(args.json, &report, || report.table() + &plot(&report.svg));
+    }
+    Ok(())
+}
+
+fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError> {
+    let exe = std::env::current_exe().map_err(BenchError::Exe)?;
+    let mut configs = crate::scenario::default_configs(&exe, args.time_scale);
+    for g in &args.gateways {
+        configs.push(Template::parse(g)?);
+    }
+    if !args.configs.is_empty() {
+        let wanted = |name: &str| name == "direct" || args.configs.iter().any(|c| c == name);
+        if let Some(unknown) = args
+            .configs
+            .iter()
+            .find(|c| !configs.iter().any(|t| &t.name == *c))
+        {
+            return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
+        }
+        configs.retain(|t| wanted(&t.name));
+    }
+    if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
+        return Err(BenchError::Positive("time-scale"));
+    }
+    if args.capacity.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+        return Err(BenchError::Positive("capacity"));
+    }
+    let engines = args.engines.unwrap_or(match args.name {
+        ScenarioName::OverloadSweep => 2,
+        _ => 3,
+    });
+    if engines == 0 {
+        return Err(BenchError::Zero("engines"));
+    }
+    let window = args
+        .window_secs
+        .unwrap_or(if args.quick { 40.0 } else { 120.0 });
+    Ok(crate::scenario::ScenarioPlan {
+        configs,
+        time_scale: args.time_scale,
+        window: seconds("window-secs", window)?,
+        engines,
+        seed: args.seed,
+        client: args.client,
+        mix: args.mix,
+        quick: args.quick,
+        sluice_exe: exe,
+        out_dir: args.out.clone(),
+        engine_args: args
+            .engine_args
+            .split_whitespace()
+            .map(String::from)
+            .collect(),
+    })
+}

@@ -1,0 +1,215 @@
+//! The simulated fleet of a scenario: one `sluice sim` process per engine, each with its own
+//! control listener, so that one engine can be killed with SIGKILL and started again on its port
+//! while the others run on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use sluice_sim::Fault;
+
+use super::{ScenarioError, ScenarioPlan, MODEL};
+use crate::client::HttpClient;
+use crate::overhead::{free_ports, loopback, wait_until_answering};
+use crate::procs::{Launch, Proc};
+
+/// Engine totals that show wasted work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EngineTotals {
+    pub preemptions: u64,
+    pub wasted_tokens: u64,
+    pub aborted: u64,
+}
+
+impl EngineTotals {
+    pub fn since(self, before: EngineTotals) -> EngineTotals {
+        EngineTotals {
+            preemptions: self.preemptions.saturating_sub(before.preemptions),
+            wasted_tokens: self.wasted_tokens.saturating_sub(before.wasted_tokens),
+            aborted: self.aborted.saturating_sub(before.aborted),
+        }
+    }
+
+    fn add(&mut self, state: &serde_json::Value) {
+        self.preemptions += state["preemptions"].as_u64().unwrap_or(0);
+        self.wasted_tokens += state["wasted_tokens"].as_u64().unwrap_or(0);
+        self.aborted += state["aborted"].as_u64().unwrap_or(0);
+    }
+}
+
+/// One engine process. `proc` is `None` while it is killed.
+struct Engine {
+    proc: Option<Proc>,
+    port: u16,
+    control: SocketAddr,
+    /// Totals of its earlier lives, so a kill does not erase the work it had done.
+    before_kill: EngineTotals,
+}
+
+pub struct SimFleet {
+    engines: Vec<Engine>,
+    pub workers: Vec<String>,
+    http: HttpClient,
+    exe: PathBuf,
+    log_dir: PathBuf,
+    time_scale: f64,
+    seed: u64,
+    engine_args: Vec<String>,
+}
+
+impl SimFleet {
+    pub async fn start(plan: &ScenarioPlan) -> Result<Self, ScenarioError> {
+        let ports = free_ports(2 * plan.engines as u16)?;
+        let mut fleet = Self {
+            engines: Vec::new(),
+            workers: Vec::new(),
+            http: Client::builder(TokioExecutor::new()).build_http(),
+            exe: plan.sluice_exe.clone(),
+            log_dir: plan.out_dir.clone(),
+            time_scale: plan.time_scale,
+            seed: plan.seed,
+            engine_args: plan.engine_args.clone(),
+        };
+        for i in 0..plan.engines {
+            let port = ports + 2 * i as u16;
+            fleet.engines.push(Engine {
+                proc: None,
+                port,
+                control: loopback(port + 1),
+                before_kill: EngineTotals::default(),
+            });
+            fleet.workers.push(format!("http://{}", loopback(port)));
+            fleet.launch(i).await?;
+        }
+        Ok(fleet)
+    }
+
+    async fn launch(&mut self, i: usize) -> Result<(), ScenarioError> {
+        let engine = &self.engines[i];
+        let argv: Vec<String> = [
+            self.exe.display().to_string(),
+            "sim".to_string(),
+            "--profile".into(),
+            "llama3-8b-h100".into(),
+            "--model".into(),
+            MODEL.into(),
+            "--port".into(),
+            engine.port.to_string(),
+            "--control-port".into(),
+            engine.control.port().to_string(),
+            "--time-scale".into(),
+            self.time_scale.to_string(),
+            "--seed".into(),
+            self.seed.wrapping_add(i as u64).to_string(),
+        ]
+        .into_iter()
+        .chain(self.engine_args.iter().cloned())
+        .collect();
+        let mut proc = Proc::spawn(Launch {
+            name: &format!("engine-{i}"),
+            argv: &argv,
+            core: None,
+            log_dir: &self.log_dir,
+        })?;
+        wait_until_answering(&mut proc, loopback(engine.port)).await?;
+        self.engines[i].proc = Some(proc);
+        Ok(())
+    }
+
+    /// SIGKILL to engine `i`: its connections reset and its port refuses.
+    pub async fn kill(&mut self, i: usize) {
+        let state = self.state(i).await;
+        let engine = &mut self.engines[i];
+        if let Some(state) = state {
+            engine.before_kill.add(&state);
+        }
+        if let Some(proc) = engine.proc.take() {
+            proc.kill().await;
+        }
+    }
+
+    /// Starts a killed engine again, empty, on its port.
+    pub async fn restart(&mut self, i: usize) -> Result<(), ScenarioError> {
+        self.launch(i).await
+    }
+
+    /// Injects a sim fault into engine `i`.
+    pub async fn fault(&self, i: usize, fault: &Fault) -> Result<(), ScenarioError> {
+        let body = serde_json::to_vec(fault).expect("a fault serializes");
+        let url = format!("http://{}/engines/0/fault", self.engines[i].control);
+        let request = http::Request::post(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("a control URL built from a socket address is valid");
+        match self.http.request(request).await {
+            Ok(response) if response.status().is_success() => Ok(()),
+            Ok(response) => Err(ScenarioError::Fault {
+                fault: fault.clone(),
+                status: response.status().as_u16(),
+            }),
+            Err(source) => Err(ScenarioError::Control(source)),
+        }
+    }
+
+    async fn state(&self, i: usize) -> Option<serde_json::Value> {
+        self.engines[i].proc.as_ref()?;
+        let url = format!("http://{}/engines/0/state", self.engines[i].control);
+        let request = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
+        let response = self.http.request(request).await.ok()?;
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        serde_json::from_slice(&body).ok()
+    }
+
+    /// Requests engine `i` has received in its current life (`None` while it is down).
+    pub async fn received(&self, i: usize) -> Option<u64> {
+        self.state(i).await?["requests_received"].as_u64()
+    }
+
+    /// Preemptions, wasted tokens and aborts summed over the engines and their earlier lives.
+    pub async fn totals(&self) -> EngineTotals {
+        let mut t = EngineTotals::default();
+        for (i, engine) in self.engines.iter().enumerate() {
+            t.preemptions += engine.before_kill.preemptions;
+            t.wasted_tokens += engine.before_kill.wasted_tokens;
+            t.aborted += engine.before_kill.aborted;
+            if let Some(s) = self.state(i).await {
+                t.add(&s);
+            }
+        }
+        t
+    }
+
+    /// Waits until no engine holds work, so one point's queue does not leak into the next.
+    pub async fn drain(&self, limit: Duration) -> Result<(), ScenarioError> {
+        let give_up = tokio::time::Instant::now() + limit;
+        loop {
+            let mut busy = false;
+            for i in 0..self.engines.len() {
+                if let Some(s) = self.state(i).await {
+                    busy |=
+                        s["running"].as_u64().unwrap_or(0) + s["waiting"].as_u64().unwrap_or(0) > 0;
+                }
+            }
+            if !busy {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(ScenarioError::Drain(limit));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn stop(self) {
+        for engine in self.engines {
+            if let Some(proc) = engine.proc {
+                proc.stop(Duration::from_secs(10)).await;
+            }
+        }
+    }
+}
