@@ -4,7 +4,8 @@
 //! (`when_all_vetoed`) decides what a request gets when no candidate is left without one.
 //!
 //! - Ceilings (`overload_verdict`): the engine's waiting queue (summed over ranks) or its mean KV
-//!   usage at or above the worker's ceiling. Computed once per load report; no hysteresis.
+//!   usage at or above the worker's ceiling. KV usage is judged once per load report; the queue
+//!   is projected to each request between reports (`QueueGate`). No hysteresis.
 //! - Busy ranks (`worker_busy`): a rank is busy when any configured check holds (decode blocks,
 //!   absolute or fractional prefill tokens); a worker is busy only when all its ranks are.
 //! - At capacity: the worker itself answered 529/429 "at capacity"; vetoed briefly.
@@ -59,6 +60,60 @@ pub fn overload_verdict(report: &LoadReport, c: &Ceilings) -> Option<OverloadCau
         Some(ceiling) if usage >= ceiling => Some(OverloadCause::TokenUsage { usage, ceiling }),
         _ => None,
     }
+}
+
+/// The waiting-queue ceiling as the route stage applies it to each request between two load
+/// reports.
+///
+/// A report is a snapshot up to one poll interval old. Judged only when it arrives, the ceiling
+/// lets a whole interval of arrivals in before the veto, then keeps everything out until the next
+/// report, however fast the queue drains: the protection oscillates with the poll period. But
+/// each request this gateway sent the worker that has no first byte yet is either waiting or in
+/// prefill, so the queue now is the reported queue plus the change in that count since the
+/// report: it grows with each request sent and shrinks with each that starts. Judged on that,
+/// the ceiling holds the queue at itself, request by request.
+///
+/// The projection runs only while the report showed a queue: an engine with room starts what it
+/// gets at once, so a burst into an idle engine is not a queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueGate {
+    /// Waiting requests the report showed (summed over ranks).
+    pub waiting: u64,
+    /// This gateway's requests on the worker with no first byte, when the report arrived.
+    pub pending_at_report: u64,
+    /// `None`: the waiting ceiling is off.
+    pub ceiling: Option<u64>,
+}
+
+impl QueueGate {
+    pub fn new(report: &LoadReport, ceilings: &Ceilings, pending_at_report: u64) -> Self {
+        Self {
+            waiting: report.waiting(),
+            pending_at_report,
+            ceiling: ceilings.waiting_requests,
+        }
+    }
+
+    /// The waiting queue now, given how many of this gateway's requests have no first byte.
+    pub fn projected(&self, pending_now: u64) -> u64 {
+        if self.waiting == 0 {
+            return 0;
+        }
+        (self.waiting + pending_now).saturating_sub(self.pending_at_report)
+    }
+
+    /// The projected queue is at the ceiling.
+    pub fn full(&self, pending_now: u64) -> bool {
+        self.ceiling
+            .is_some_and(|c| self.projected(pending_now) >= c)
+    }
+}
+
+/// The KV-usage ceiling alone (judged per report; usage moves with decoding, which the gateway
+/// does not see).
+pub fn token_usage_full(report: &LoadReport, c: &Ceilings) -> bool {
+    c.token_usage
+        .is_some_and(|ceiling| report.mean_kv_usage() >= ceiling)
 }
 
 /// The per-rank busy checks (all off by default); a check is on when set.
@@ -233,6 +288,50 @@ mod tests {
             overload_verdict(&report(&[(0, 0.8)]), &DEFAULTS),
             Some(OverloadCause::TokenUsage { .. })
         ));
+    }
+
+    #[test]
+    fn the_projected_queue_moves_with_requests_sent_and_started() {
+        let ceilings = Ceilings {
+            waiting_requests: Some(8),
+            token_usage: None,
+        };
+        // The report: 8 waiting, while 10 of ours had no first byte.
+        let gate = QueueGate::new(&report(&[(8, 0.5)]), &ceilings, 10);
+        assert!(gate.full(10), "at the ceiling as reported");
+        assert_eq!(gate.projected(9), 7, "one started since");
+        assert!(!gate.full(9), "so one more may go");
+        assert!(gate.full(9 + 1), "and then it is full again");
+        assert_eq!(gate.projected(0), 0, "the queue cannot go below empty");
+        assert_eq!(
+            gate.projected(25),
+            23,
+            "sent since the report and not started"
+        );
+    }
+
+    #[test]
+    fn no_reported_queue_means_no_projection() {
+        let ceilings = Ceilings {
+            waiting_requests: Some(8),
+            token_usage: Some(0.9),
+        };
+        let idle = QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 0);
+        assert!(!idle.full(50), "a burst into an idle engine is not a queue");
+        let off = QueueGate::new(
+            &report(&[(30, 0.2)]),
+            &Ceilings {
+                waiting_requests: None,
+                token_usage: Some(0.9),
+            },
+            0,
+        );
+        assert!(!off.full(30), "the ceiling is off");
+        assert!(!token_usage_full(&report(&[(0, 0.89)]), &ceilings));
+        assert!(
+            token_usage_full(&report(&[(0, 0.9)]), &ceilings),
+            "inclusive"
+        );
     }
 
     #[test]

@@ -108,7 +108,7 @@ pub async fn loads(State(app): State<Arc<App>>) -> Response<Body> {
                 aggregate.running += l.running;
                 usage_sum += l.token_usage;
             }
-            if w.vetoes.class().is_some() {
+            if w.veto_class().is_some() {
                 aggregate.vetoed += 1;
             }
             WorkerLoad {

@@ -54,7 +54,7 @@ impl Collector for FleetCollector {
             let full = pool
                 .workers
                 .iter()
-                .filter(|w| w.vetoes.class() == Some(VetoClass::Overload))
+                .filter(|w| w.veto_class() == Some(VetoClass::Overload))
                 .count();
             let labels = [("model", model.as_str())];
             ConstGauge::new(full as i64).encode(family.encode_family(&labels)?)?;

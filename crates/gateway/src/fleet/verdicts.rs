@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice_core::health::{HealthState, HealthTransition, Probe, Thresholds};
 use sluice_core::liveness::{engine_silent, stalled_since, Reading};
 use sluice_core::load::LoadReport;
-use sluice_core::overload::{overload_verdict, worker_busy};
+use sluice_core::overload::{overload_verdict, token_usage_full, worker_busy, QueueGate};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -101,6 +101,8 @@ impl Fleet {
             .load
             .ceilings_for(&worker.live().spec.overload);
         let overload = overload_verdict(&report, &ceilings);
+        let gate = QueueGate::new(&report, &ceilings, worker.pending_requests());
+        let kv_full = token_usage_full(&report, &ceilings);
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = monitor::activity(&report, worker.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
@@ -108,14 +110,18 @@ impl Fleet {
         m.engine_waiting.set(report.waiting() as i64);
         m.engine_running.set(report.running() as i64);
         m.engine_token_usage.set(report.mean_kv_usage());
-        let (was_overloaded, was_busy) = worker.vetoes.report(EngineLoad {
-            report,
-            source,
-            at: now,
-            overload,
-            busy,
-            silent_since,
-        });
+        let (was_overloaded, was_busy) = worker.vetoes.report(
+            EngineLoad {
+                report,
+                source,
+                at: now,
+                overload,
+                busy,
+                silent_since,
+            },
+            gate,
+            kv_full,
+        );
         match (was_overloaded, overload) {
             (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),
             (true, None) => {

@@ -11,7 +11,7 @@ use arc_swap::ArcSwapOption;
 use serde::Serialize;
 use sluice_core::liveness::LivenessVeto;
 use sluice_core::load::LoadReport;
-use sluice_core::overload::{OverloadCause, VetoClass};
+use sluice_core::overload::{OverloadCause, QueueGate, VetoClass};
 use tokio::time::Instant;
 
 /// The last load report of a worker and what was concluded from it.
@@ -59,7 +59,15 @@ fn decode(v: u8) -> Option<LivenessVeto> {
 pub struct Vetoes {
     /// Instants are stored as nanoseconds after this.
     base: Instant,
+    /// The last report reached a ceiling (what logs, `/loads` and the gauge show).
     overloaded: AtomicBool,
+    /// The last report's KV usage reached its ceiling.
+    kv_full: AtomicBool,
+    /// The last report's queue gate: waiting in the high half, this gateway's requests without
+    /// a first byte at the report in the low half (one word, so no reader sees half of a report).
+    queue: AtomicU64,
+    /// The gate's ceiling; 0: off.
+    queue_ceiling: AtomicU64,
     busy: AtomicBool,
     /// Until when its own at-capacity answer keeps it out; 0: not at all.
     at_capacity_until: AtomicU64,
@@ -72,6 +80,9 @@ impl Default for Vetoes {
         Self {
             base: Instant::now(),
             overloaded: AtomicBool::new(false),
+            kv_full: AtomicBool::new(false),
+            queue: AtomicU64::new(0),
+            queue_ceiling: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             at_capacity_until: AtomicU64::new(0),
             liveness: AtomicU8::new(0),
@@ -81,16 +92,39 @@ impl Default for Vetoes {
 }
 
 impl Vetoes {
-    /// The veto in force, if any: doubt (liveness) outranks fullness, so the all-vetoed rule
-    /// takes a merely full worker first.
-    pub fn class(&self) -> Option<VetoClass> {
+    /// The veto in force, if any, given how many of this gateway's requests on the worker have
+    /// no first byte (`Worker::veto_class` passes it): doubt (liveness) outranks fullness, so the
+    /// all-vetoed rule takes a merely full worker first.
+    pub fn class(&self, pending_now: u64) -> Option<VetoClass> {
         if self.liveness.load(Ordering::Acquire) != 0 {
             return Some(VetoClass::Liveness);
         }
-        let full = self.overloaded.load(Ordering::Acquire)
+        let full = self.kv_full.load(Ordering::Acquire)
+            || self.queue_gate().full(pending_now)
             || self.busy.load(Ordering::Acquire)
             || self.at_capacity();
         full.then_some(VetoClass::Overload)
+    }
+
+    /// The last report's waiting-queue ceiling, as projected to each request.
+    pub fn queue_gate(&self) -> QueueGate {
+        let packed = self.queue.load(Ordering::Acquire);
+        let ceiling = self.queue_ceiling.load(Ordering::Acquire);
+        QueueGate {
+            waiting: packed >> 32,
+            pending_at_report: packed & u64::from(u32::MAX),
+            ceiling: (ceiling != 0).then_some(ceiling),
+        }
+    }
+
+    fn set_queue_gate(&self, gate: QueueGate) {
+        let half = |x: u64| x.min(u64::from(u32::MAX));
+        self.queue_ceiling
+            .store(gate.ceiling.unwrap_or(0), Ordering::Release);
+        self.queue.store(
+            half(gate.waiting) << 32 | half(gate.pending_at_report),
+            Ordering::Release,
+        );
     }
 
     pub fn overloaded(&self) -> bool {
@@ -114,8 +148,11 @@ impl Vetoes {
         self.load.load_full()
     }
 
-    /// A report arrived (the load monitor); returns the previous verdicts (overloaded, busy).
-    pub(crate) fn report(&self, load: EngineLoad) -> (bool, bool) {
+    /// A report arrived (the load monitor), with its queue gate and KV verdict; returns the
+    /// previous verdicts (overloaded, busy).
+    pub(crate) fn report(&self, load: EngineLoad, gate: QueueGate, kv_full: bool) -> (bool, bool) {
+        self.set_queue_gate(gate);
+        self.kv_full.store(kv_full, Ordering::Release);
         let overloaded = self
             .overloaded
             .swap(load.overload.is_some(), Ordering::AcqRel);
@@ -128,6 +165,8 @@ impl Vetoes {
     /// previous verdicts (overloaded, busy).
     pub(crate) fn clear_load(&self) -> (bool, bool) {
         self.load.store(None);
+        self.set_queue_gate(QueueGate::default());
+        self.kv_full.store(false, Ordering::Release);
         (
             self.overloaded.swap(false, Ordering::AcqRel),
             self.busy.swap(false, Ordering::AcqRel),
@@ -164,43 +203,80 @@ mod tests {
         }
     }
 
+    fn gate(waiting: u64, pending_at_report: u64) -> QueueGate {
+        QueueGate {
+            waiting,
+            pending_at_report,
+            ceiling: Some(8),
+        }
+    }
+
     #[test]
     fn verdicts_come_and_go_with_reports() {
         let v = Vetoes::default();
-        assert_eq!(v.class(), None);
+        assert_eq!(v.class(0), None);
         let cause = OverloadCause::Waiting {
             waiting: 9,
             ceiling: 8,
         };
-        assert_eq!(v.report(load(Some(cause), false)), (false, false));
-        assert_eq!(v.class(), Some(VetoClass::Overload));
-        assert_eq!(v.report(load(None, true)), (true, false));
-        assert_eq!(v.class(), Some(VetoClass::Overload), "busy is full too");
-        assert_eq!(v.clear_load(), (false, true));
-        assert_eq!(v.class(), None);
+        assert_eq!(
+            v.report(load(Some(cause), false), gate(9, 0), false),
+            (false, false)
+        );
+        assert_eq!(v.class(0), Some(VetoClass::Overload));
+        assert!(v.overloaded());
+        assert_eq!(v.report(load(None, true), gate(0, 0), false), (true, false));
+        assert_eq!(v.class(0), Some(VetoClass::Overload), "busy is full too");
+        assert_eq!(v.report(load(None, false), gate(0, 0), true), (false, true));
+        assert_eq!(
+            v.class(0),
+            Some(VetoClass::Overload),
+            "KV usage at its ceiling"
+        );
+        assert_eq!(v.clear_load(), (false, false));
+        assert_eq!(v.class(0), None);
+        assert_eq!(v.queue_gate(), QueueGate::default());
         assert!(v.load().is_none());
+    }
+
+    #[test]
+    fn the_queue_veto_lifts_as_requests_start_and_returns_as_they_are_sent() {
+        let v = Vetoes::default();
+        let cause = OverloadCause::Waiting {
+            waiting: 8,
+            ceiling: 8,
+        };
+        v.report(load(Some(cause), false), gate(8, 12), false);
+        assert_eq!(v.queue_gate(), gate(8, 12), "packed and unpacked whole");
+        assert_eq!(v.class(12), Some(VetoClass::Overload));
+        assert_eq!(v.class(11), None, "one of ours started: room for one");
+        assert_eq!(v.class(14), Some(VetoClass::Overload));
+        assert!(
+            v.overloaded(),
+            "the report's own verdict stands for logs and /loads"
+        );
     }
 
     #[test]
     fn liveness_outranks_fullness() {
         let v = Vetoes::default();
-        v.report(load(None, true));
+        v.report(load(None, true), gate(0, 0), false);
         v.set_liveness(Some(LivenessVeto::WedgedPile));
-        assert_eq!(v.class(), Some(VetoClass::Liveness));
+        assert_eq!(v.class(0), Some(VetoClass::Liveness));
         assert_eq!(v.liveness(), Some(LivenessVeto::WedgedPile));
         v.set_liveness(None);
-        assert_eq!(v.class(), Some(VetoClass::Overload));
+        assert_eq!(v.class(0), Some(VetoClass::Overload));
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_at_capacity_answer_keeps_the_worker_out_briefly() {
         let v = Vetoes::default();
         v.at_capacity_for(Duration::from_secs(1));
-        assert_eq!(v.class(), Some(VetoClass::Overload));
+        assert_eq!(v.class(0), Some(VetoClass::Overload));
         tokio::time::advance(Duration::from_millis(999)).await;
         assert!(v.at_capacity());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(!v.at_capacity());
-        assert_eq!(v.class(), None);
+        assert_eq!(v.class(0), None);
     }
 }

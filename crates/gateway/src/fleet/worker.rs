@@ -9,6 +9,7 @@ use axum::http::uri::{Authority, Scheme};
 use axum::http::HeaderValue;
 use sluice_core::breaker::{BreakerState, Outcome};
 use sluice_core::health::{Health, HealthState, HealthTransition};
+use sluice_core::overload::VetoClass;
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
@@ -107,6 +108,9 @@ pub struct Worker {
     /// Estimated prompt tokens of this gateway's requests on it that have no first byte yet
     /// (waiting or in prefill), moved only by `Lease`.
     pending_prefill: AtomicU64,
+    /// This gateway's requests on it that have no first byte yet, moved only by `Lease`: the
+    /// overload veto projects the engine's queue with it between load reports.
+    pending_requests: AtomicU64,
     /// Why it should get no new request now, health and circuit aside.
     pub vetoes: Vetoes,
     /// What the gateway hears from it, for the liveness checker.
@@ -137,6 +141,7 @@ impl Worker {
             info: ArcSwapOption::empty(),
             in_flight: AtomicU64::new(0),
             pending_prefill: AtomicU64::new(0),
+            pending_requests: AtomicU64::new(0),
             vetoes: Vetoes::default(),
             signals: Signals::default(),
             breaker,
@@ -197,6 +202,15 @@ impl Worker {
         self.pending_prefill.load(Ordering::Relaxed)
     }
 
+    pub fn pending_requests(&self) -> u64 {
+        self.pending_requests.load(Ordering::Relaxed)
+    }
+
+    /// The veto in force on it now, if any.
+    pub fn veto_class(&self) -> Option<VetoClass> {
+        self.vetoes.class(self.pending_requests())
+    }
+
     /// Ready, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
         self.status() == HealthState::Ready && self.breaker.state() != BreakerState::Open
@@ -229,6 +243,8 @@ pub struct Lease {
     permit: Option<Permit>,
     /// Prompt tokens counted in the worker's pending prefill until the first byte.
     prefill: u64,
+    /// Counted in the worker's pending requests until the first byte.
+    pending: bool,
     /// Counted in the worker's pile of streams.
     streaming: bool,
 }
@@ -240,6 +256,7 @@ impl Lease {
             worker,
             permit: Some(permit),
             prefill: 0,
+            pending: false,
             streaming: false,
         }
     }
@@ -252,9 +269,12 @@ impl Lease {
         }
     }
 
-    /// Counts the request's prompt as waiting for prefill on the worker, until `first_byte`.
+    /// Counts the request, and its prompt, as waiting for prefill on the worker until
+    /// `first_byte`.
     pub fn prefilling(&mut self, prompt_tokens: u64) {
         self.first_byte();
+        self.pending = true;
+        self.worker.pending_requests.fetch_add(1, Ordering::Relaxed);
         self.prefill = prompt_tokens;
         self.worker
             .pending_prefill
@@ -270,6 +290,9 @@ impl Lease {
 
     /// The worker answered: the prompt is no longer waiting for prefill.
     pub fn first_byte(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            self.worker.pending_requests.fetch_sub(1, Ordering::Relaxed);
+        }
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {
             self.worker
@@ -300,5 +323,83 @@ impl Drop for Lease {
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use prometheus_client::registry::Registry;
+    use sluice_core::load::LoadReport;
+    use sluice_core::overload::QueueGate;
+
+    use super::super::veto::EngineLoad;
+
+    fn worker() -> Arc<Worker> {
+        let metrics = Metrics::register(&mut Registry::default());
+        let changed = Arc::new(tokio::sync::watch::channel(0).0);
+        let breaker = Arc::new(WorkerBreaker::new("w", None, metrics.clone(), changed));
+        let spec = WorkerSpec::from_url("http://127.0.0.1:1", None).unwrap();
+        let metrics = metrics.for_worker("w", "round_robin");
+        Arc::new(Worker::new(
+            WorkerId::new("w"),
+            spec,
+            false,
+            breaker,
+            metrics,
+        ))
+    }
+
+    fn lease(w: &Arc<Worker>) -> Lease {
+        let mut lease = Lease::new(w.clone(), w.breaker.try_admit().unwrap());
+        lease.prefilling(100);
+        lease
+    }
+
+    #[test]
+    fn leases_count_requests_without_a_first_byte_and_the_queue_veto_follows_them() {
+        let w = worker();
+        let mut started = lease(&w);
+        let mut held: Vec<Lease> = (0..2).map(|_| lease(&w)).collect();
+        assert_eq!(w.pending_requests(), 3);
+        assert_eq!(w.pending_prefill_tokens(), 300);
+        // A report: 4 waiting (the ceiling) while 3 of ours had no first byte.
+        let report = EngineLoad {
+            report: LoadReport::default(),
+            source: "/metrics",
+            at: Instant::now(),
+            overload: None,
+            busy: false,
+            silent_since: None,
+        };
+        let gate = QueueGate {
+            waiting: 4,
+            pending_at_report: w.pending_requests(),
+            ceiling: Some(4),
+        };
+        w.vetoes.report(report, gate, false);
+        assert_eq!(w.veto_class(), Some(VetoClass::Overload));
+        started.first_byte();
+        started.first_byte();
+        assert_eq!(w.pending_requests(), 2, "counted once");
+        assert_eq!(
+            w.veto_class(),
+            None,
+            "one started: the queue is under its ceiling"
+        );
+        let next = lease(&w);
+        assert_eq!(w.veto_class(), Some(VetoClass::Overload), "and full again");
+        drop(next);
+        held.pop();
+        assert_eq!(
+            w.pending_requests(),
+            1,
+            "a lease dropped before its first byte"
+        );
+        drop((started, held));
+        assert_eq!(w.pending_requests(), 0);
+        assert_eq!(w.pending_prefill_tokens(), 0);
+        assert_eq!(w.in_flight(), 0);
     }
 }

@@ -163,7 +163,7 @@ impl Forwarder {
         deadline: Instant,
     ) -> Attempt {
         let worker = lease.worker().clone();
-        if self.shedding.enabled && worker.vetoes.class() == Some(VetoClass::Overload) {
+        if self.shedding.enabled && worker.veto_class() == Some(VetoClass::Overload) {
             // Flagged between selection and dispatch: shed rather than pick again.
             self.count_shed("dispatch");
             return Attempt::Final(GatewayError::OverloadedBeforeDispatch {

@@ -127,7 +127,7 @@ pub fn select(
         .workers
         .iter()
         .filter(|w| w.is_routable() && !tried.contains(&w.key))
-        .partition(|w| w.vetoes.class().is_none());
+        .partition(|w| w.veto_class().is_none());
     if let Some(lease) = pick(policy, pool, request, free) {
         return Ok(Selected {
             lease,
@@ -200,7 +200,7 @@ fn fall_back(
             .map(|w| {
                 let load = w.vetoes.load();
                 Vetoed {
-                    class: w.vetoes.class().unwrap_or(VetoClass::Overload),
+                    class: w.veto_class().unwrap_or(VetoClass::Overload),
                     waiting: load.as_ref().map_or(0, |l| l.report.waiting()),
                     kv_usage: load.as_ref().map_or(0.0, |l| l.report.mean_kv_usage()),
                     in_flight: w.in_flight(),
@@ -240,7 +240,7 @@ fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
             continue;
         }
         if w.is_routable() {
-            match w.vetoes.class() {
+            match w.veto_class() {
                 Some(VetoClass::Liveness) => doubted += 1,
                 _ => full += 1,
             }
