@@ -62,19 +62,24 @@ pub fn overload_verdict(report: &LoadReport, c: &Ceilings) -> Option<OverloadCau
     }
 }
 
-/// The waiting-queue ceiling as the route stage applies it to each request between two load
+/// The overload ceilings as the route stage applies them to each request between two load
 /// reports.
 ///
-/// A report is a snapshot up to one poll interval old. Judged only when it arrives, the ceiling
+/// A report is a snapshot up to one poll interval old. Judged only when it arrives, a ceiling
 /// lets a whole interval of arrivals in before the veto, then keeps everything out until the next
-/// report, however fast the queue drains: the protection oscillates with the poll period. But
-/// each request this gateway sent the worker that has no first byte yet is either waiting or in
-/// prefill, so the queue now is the reported queue plus the change in that count since the
-/// report: it grows with each request sent and shrinks with each that starts. Judged on that,
-/// the ceiling holds the queue at itself, request by request.
+/// report however fast the engine drains: the protection oscillates with the poll period (the
+/// goodput study in docs/benchmarks.md measured it). But each request this gateway sent the
+/// worker that has no first byte yet is either waiting or in prefill, so the queue now is the
+/// reported queue plus the change in that count since the report: it grows with each request
+/// sent and shrinks with each that starts. Judged on that, the waiting ceiling holds the queue at
+/// itself, request by request.
 ///
-/// The projection runs only while the report showed a queue: an engine with room starts what it
-/// gets at once, so a burst into an idle engine is not a queue.
+/// The projection runs only while the engine is saturated — the report showed a queue, or KV
+/// usage at its ceiling — since an engine with room starts what it gets at once: a burst into an
+/// idle engine is not a queue. KV usage at its ceiling therefore marks the engine saturated and
+/// lets the waiting ceiling bound what joins its queue; it vetoes on its own only when the
+/// waiting ceiling is off. (Judged alone, per report, a full batch that sits at the KV ceiling
+/// shuts the worker until the next report while it drains to idle.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueGate {
     /// Waiting requests the report showed (summed over ranks).
@@ -83,6 +88,8 @@ pub struct QueueGate {
     pub pending_at_report: u64,
     /// `None`: the waiting ceiling is off.
     pub ceiling: Option<u64>,
+    /// The report's mean KV usage was at or above its ceiling.
+    pub kv_full: bool,
 }
 
 impl QueueGate {
@@ -91,29 +98,32 @@ impl QueueGate {
             waiting: report.waiting(),
             pending_at_report,
             ceiling: ceilings.waiting_requests,
+            kv_full: ceilings
+                .token_usage
+                .is_some_and(|ceiling| report.mean_kv_usage() >= ceiling),
         }
+    }
+
+    /// The engine had no room at the report.
+    pub fn saturated(&self) -> bool {
+        self.waiting > 0 || self.kv_full
     }
 
     /// The waiting queue now, given how many of this gateway's requests have no first byte.
     pub fn projected(&self, pending_now: u64) -> u64 {
-        if self.waiting == 0 {
+        if !self.saturated() {
             return 0;
         }
         (self.waiting + pending_now).saturating_sub(self.pending_at_report)
     }
 
-    /// The projected queue is at the ceiling.
+    /// The worker should get no new request now.
     pub fn full(&self, pending_now: u64) -> bool {
-        self.ceiling
-            .is_some_and(|c| self.projected(pending_now) >= c)
+        match self.ceiling {
+            Some(c) => self.projected(pending_now) >= c,
+            None => self.kv_full,
+        }
     }
-}
-
-/// The KV-usage ceiling alone (judged per report; usage moves with decoding, which the gateway
-/// does not see).
-pub fn token_usage_full(report: &LoadReport, c: &Ceilings) -> bool {
-    c.token_usage
-        .is_some_and(|ceiling| report.mean_kv_usage() >= ceiling)
 }
 
 /// The per-rank busy checks (all off by default); a check is on when set.
@@ -311,27 +321,42 @@ mod tests {
     }
 
     #[test]
-    fn no_reported_queue_means_no_projection() {
+    fn an_engine_with_room_has_no_queue_to_project() {
         let ceilings = Ceilings {
             waiting_requests: Some(8),
             token_usage: Some(0.9),
         };
         let idle = QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 0);
+        assert!(!idle.saturated());
         assert!(!idle.full(50), "a burst into an idle engine is not a queue");
+    }
+
+    #[test]
+    fn kv_at_its_ceiling_saturates_the_engine_and_the_waiting_ceiling_bounds_its_queue() {
+        let both = Ceilings {
+            waiting_requests: Some(8),
+            token_usage: Some(0.9),
+        };
+        let full_batch = QueueGate::new(&report(&[(0, 0.9)]), &both, 2);
+        assert!(full_batch.kv_full && full_batch.saturated(), "inclusive");
+        assert!(!full_batch.full(2), "no queue yet");
+        assert_eq!(full_batch.projected(2 + 8), 8, "what we send now waits");
+        assert!(full_batch.full(2 + 8));
+        let kv_only = Ceilings {
+            waiting_requests: None,
+            token_usage: Some(0.9),
+        };
+        assert!(QueueGate::new(&report(&[(0, 0.95)]), &kv_only, 0).full(0));
+        assert!(!QueueGate::new(&report(&[(0, 0.89)]), &kv_only, 0).full(0));
         let off = QueueGate::new(
-            &report(&[(30, 0.2)]),
+            &report(&[(30, 0.99)]),
             &Ceilings {
                 waiting_requests: None,
-                token_usage: Some(0.9),
+                token_usage: None,
             },
             0,
         );
-        assert!(!off.full(30), "the ceiling is off");
-        assert!(!token_usage_full(&report(&[(0, 0.89)]), &ceilings));
-        assert!(
-            token_usage_full(&report(&[(0, 0.9)]), &ceilings),
-            "inclusive"
-        );
+        assert!(!off.full(30), "both ceilings off");
     }
 
     #[test]

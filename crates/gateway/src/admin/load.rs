@@ -55,6 +55,11 @@ impl LoadView {
 #[derive(Serialize)]
 pub struct VetoView {
     overloaded: bool,
+    /// The waiting queue as projected now from the last report and this gateway's requests
+    /// sent and started since (what the ceiling is judged on, request by request).
+    projected_waiting: u64,
+    /// This gateway's requests on the worker with no first byte yet.
+    pending_requests: u64,
     busy: bool,
     at_capacity: bool,
     liveness: Option<LivenessVeto>,
@@ -65,6 +70,8 @@ impl VetoView {
         let v = &worker.vetoes;
         Self {
             overloaded: v.overloaded(),
+            projected_waiting: v.queue_gate().projected(worker.pending_requests()),
+            pending_requests: worker.pending_requests(),
             busy: v.busy(),
             at_capacity: v.at_capacity(),
             liveness: v.liveness(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice_core::health::{HealthState, HealthTransition, Probe, Thresholds};
 use sluice_core::liveness::{engine_silent, stalled_since, Reading};
 use sluice_core::load::LoadReport;
-use sluice_core::overload::{overload_verdict, token_usage_full, worker_busy, QueueGate};
+use sluice_core::overload::{overload_verdict, worker_busy, QueueGate};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -102,7 +102,6 @@ impl Fleet {
             .ceilings_for(&worker.live().spec.overload);
         let overload = overload_verdict(&report, &ceilings);
         let gate = QueueGate::new(&report, &ceilings, worker.pending_requests());
-        let kv_full = token_usage_full(&report, &ceilings);
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = monitor::activity(&report, worker.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
@@ -120,7 +119,6 @@ impl Fleet {
                 silent_since,
             },
             gate,
-            kv_full,
         );
         match (was_overloaded, overload) {
             (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),

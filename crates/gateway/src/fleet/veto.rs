@@ -54,6 +54,9 @@ fn decode(v: u8) -> Option<LivenessVeto> {
     }
 }
 
+const KV_FULL: u64 = 1 << 63;
+const WAITING_MAX: u64 = (1 << 31) - 1;
+
 /// One worker's vetoes.
 #[derive(Debug)]
 pub struct Vetoes {
@@ -61,10 +64,9 @@ pub struct Vetoes {
     base: Instant,
     /// The last report reached a ceiling (what logs, `/loads` and the gauge show).
     overloaded: AtomicBool,
-    /// The last report's KV usage reached its ceiling.
-    kv_full: AtomicBool,
-    /// The last report's queue gate: waiting in the high half, this gateway's requests without
-    /// a first byte at the report in the low half (one word, so no reader sees half of a report).
+    /// The last report's queue gate in one word, so no reader sees half of a report: KV full in
+    /// the top bit, waiting in the rest of the high half, this gateway's requests without a first
+    /// byte at the report in the low half.
     queue: AtomicU64,
     /// The gate's ceiling; 0: off.
     queue_ceiling: AtomicU64,
@@ -80,7 +82,6 @@ impl Default for Vetoes {
         Self {
             base: Instant::now(),
             overloaded: AtomicBool::new(false),
-            kv_full: AtomicBool::new(false),
             queue: AtomicU64::new(0),
             queue_ceiling: AtomicU64::new(0),
             busy: AtomicBool::new(false),
@@ -99,8 +100,7 @@ impl Vetoes {
         if self.liveness.load(Ordering::Acquire) != 0 {
             return Some(VetoClass::Liveness);
         }
-        let full = self.kv_full.load(Ordering::Acquire)
-            || self.queue_gate().full(pending_now)
+        let full = self.queue_gate().full(pending_now)
             || self.busy.load(Ordering::Acquire)
             || self.at_capacity();
         full.then_some(VetoClass::Overload)
@@ -111,20 +111,20 @@ impl Vetoes {
         let packed = self.queue.load(Ordering::Acquire);
         let ceiling = self.queue_ceiling.load(Ordering::Acquire);
         QueueGate {
-            waiting: packed >> 32,
+            waiting: (packed >> 32) & WAITING_MAX,
             pending_at_report: packed & u64::from(u32::MAX),
             ceiling: (ceiling != 0).then_some(ceiling),
+            kv_full: packed & KV_FULL != 0,
         }
     }
 
     fn set_queue_gate(&self, gate: QueueGate) {
-        let half = |x: u64| x.min(u64::from(u32::MAX));
         self.queue_ceiling
             .store(gate.ceiling.unwrap_or(0), Ordering::Release);
-        self.queue.store(
-            half(gate.waiting) << 32 | half(gate.pending_at_report),
-            Ordering::Release,
-        );
+        let packed = gate.waiting.min(WAITING_MAX) << 32
+            | gate.pending_at_report.min(u64::from(u32::MAX))
+            | if gate.kv_full { KV_FULL } else { 0 };
+        self.queue.store(packed, Ordering::Release);
     }
 
     pub fn overloaded(&self) -> bool {
@@ -148,11 +148,10 @@ impl Vetoes {
         self.load.load_full()
     }
 
-    /// A report arrived (the load monitor), with its queue gate and KV verdict; returns the
-    /// previous verdicts (overloaded, busy).
-    pub(crate) fn report(&self, load: EngineLoad, gate: QueueGate, kv_full: bool) -> (bool, bool) {
+    /// A report arrived (the load monitor), with its queue gate; returns the previous verdicts
+    /// (overloaded, busy).
+    pub(crate) fn report(&self, load: EngineLoad, gate: QueueGate) -> (bool, bool) {
         self.set_queue_gate(gate);
-        self.kv_full.store(kv_full, Ordering::Release);
         let overloaded = self
             .overloaded
             .swap(load.overload.is_some(), Ordering::AcqRel);
@@ -166,7 +165,6 @@ impl Vetoes {
     pub(crate) fn clear_load(&self) -> (bool, bool) {
         self.load.store(None);
         self.set_queue_gate(QueueGate::default());
-        self.kv_full.store(false, Ordering::Release);
         (
             self.overloaded.swap(false, Ordering::AcqRel),
             self.busy.swap(false, Ordering::AcqRel),
@@ -208,6 +206,7 @@ mod tests {
             waiting,
             pending_at_report,
             ceiling: Some(8),
+            kv_full: false,
         }
     }
 
@@ -220,18 +219,28 @@ mod tests {
             ceiling: 8,
         };
         assert_eq!(
-            v.report(load(Some(cause), false), gate(9, 0), false),
+            v.report(load(Some(cause), false), gate(9, 0)),
             (false, false)
         );
         assert_eq!(v.class(0), Some(VetoClass::Overload));
         assert!(v.overloaded());
-        assert_eq!(v.report(load(None, true), gate(0, 0), false), (true, false));
+        assert_eq!(v.report(load(None, true), gate(0, 0)), (true, false));
         assert_eq!(v.class(0), Some(VetoClass::Overload), "busy is full too");
-        assert_eq!(v.report(load(None, false), gate(0, 0), true), (false, true));
+        let saturated = QueueGate {
+            kv_full: true,
+            ..gate(0, 3)
+        };
+        assert_eq!(v.report(load(None, false), saturated), (false, true));
+        assert_eq!(v.queue_gate(), saturated, "packed and unpacked whole");
         assert_eq!(
-            v.class(0),
+            v.class(3 + 7),
+            None,
+            "KV at its ceiling: what we send waits"
+        );
+        assert_eq!(
+            v.class(3 + 8),
             Some(VetoClass::Overload),
-            "KV usage at its ceiling"
+            "up to the waiting ceiling"
         );
         assert_eq!(v.clear_load(), (false, false));
         assert_eq!(v.class(0), None);
@@ -246,7 +255,7 @@ mod tests {
             waiting: 8,
             ceiling: 8,
         };
-        v.report(load(Some(cause), false), gate(8, 12), false);
+        v.report(load(Some(cause), false), gate(8, 12));
         assert_eq!(v.queue_gate(), gate(8, 12), "packed and unpacked whole");
         assert_eq!(v.class(12), Some(VetoClass::Overload));
         assert_eq!(v.class(11), None, "one of ours started: room for one");
@@ -260,7 +269,7 @@ mod tests {
     #[test]
     fn liveness_outranks_fullness() {
         let v = Vetoes::default();
-        v.report(load(None, true), gate(0, 0), false);
+        v.report(load(None, true), gate(0, 0));
         v.set_liveness(Some(LivenessVeto::WedgedPile));
         assert_eq!(v.class(0), Some(VetoClass::Liveness));
         assert_eq!(v.liveness(), Some(LivenessVeto::WedgedPile));

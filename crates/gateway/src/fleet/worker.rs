@@ -377,8 +377,9 @@ mod tests {
             waiting: 4,
             pending_at_report: w.pending_requests(),
             ceiling: Some(4),
+            kv_full: false,
         };
-        w.vetoes.report(report, gate, false);
+        w.vetoes.report(report, gate);
         assert_eq!(w.veto_class(), Some(VetoClass::Overload));
         started.first_byte();
         started.first_byte();
