@@ -117,6 +117,16 @@ impl QueueGate {
         (self.waiting + pending_now).saturating_sub(self.pending_at_report)
     }
 
+    /// How many of this gateway's requests without a first byte call for a fresh report before
+    /// the next poll is due: a ceiling's worth more than at the report, sent to an engine that
+    /// had room. An engine that had no room is already judged per request, so it needs none.
+    pub fn early_poll_at(&self) -> Option<u64> {
+        match self.ceiling {
+            Some(c) if !self.saturated() => Some(self.pending_at_report.saturating_add(c)),
+            _ => None,
+        }
+    }
+
     /// The worker should get no new request now.
     pub fn full(&self, pending_now: u64) -> bool {
         match self.ceiling {
@@ -329,6 +339,31 @@ mod tests {
         let idle = QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 0);
         assert!(!idle.saturated());
         assert!(!idle.full(50), "a burst into an idle engine is not a queue");
+    }
+
+    #[test]
+    fn a_ceilings_worth_of_requests_sent_to_an_engine_with_room_asks_for_a_fresh_report() {
+        let ceilings = Ceilings {
+            waiting_requests: Some(8),
+            token_usage: Some(0.9),
+        };
+        assert_eq!(
+            QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 3).early_poll_at(),
+            Some(11)
+        );
+        assert_eq!(
+            QueueGate::new(&report(&[(2, 0.2)]), &ceilings, 3).early_poll_at(),
+            None,
+            "a queue: already judged per request"
+        );
+        let kv_only = Ceilings {
+            waiting_requests: None,
+            token_usage: Some(0.9),
+        };
+        assert_eq!(
+            QueueGate::new(&report(&[(0, 0.2)]), &kv_only, 3).early_poll_at(),
+            None
+        );
     }
 
     #[test]

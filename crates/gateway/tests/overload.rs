@@ -357,3 +357,74 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
         "changing thresholds needs the admin key"
     );
 }
+
+/// Requests piling up on an engine that had room at its last report ask for an early report,
+/// and from then on its queue is judged request by request: with the next poll an hour away, the
+/// queue is still held at its ceiling, and freed as the requests in it start.
+#[tokio::test]
+async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.load.interval = Duration::from_secs(3600);
+        c.load.ceilings.waiting_requests = Some(2);
+        c.shedding.enabled = true;
+        c.liveness.wedge = Duration::from_secs(60);
+    })
+    .await;
+    let fleet = s.gateway.fleet().clone();
+    let id = worker_id(&s, 0);
+    let reported = |snap: &Snapshot| snap.worker(&id).is_some_and(|w| w.vetoes.load().is_some());
+    bounded("the first report", fleet.until(reported)).await;
+    let engine = s.sims.engine(0).unwrap();
+    engine.fault(Fault::Freeze).await.unwrap();
+    let send = || {
+        let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+        let body = chat_body("test-model", "held", 4, true);
+        tokio::spawn(async move { post(&client, &url, &body).await })
+    };
+    let mut held = vec![send()];
+    bounded("one waiting", engine.until(|st| st.waiting == 1)).await;
+    held.push(send()); // a ceiling's worth since the report: an early poll
+    let saturated = |snap: &Snapshot| {
+        snap.worker(&id)
+            .is_some_and(|w| w.vetoes.queue_gate().saturated())
+    };
+    bounded("an early report", fleet.until(saturated)).await;
+    bounded("two waiting", engine.until(|st| st.waiting == 2)).await;
+    let report_at = fleet
+        .snapshot()
+        .worker(&id)
+        .unwrap()
+        .vetoes
+        .load()
+        .unwrap()
+        .at;
+    // The early report saw one or both of the two; either way at most one more gets in.
+    let mut shed = None;
+    for _ in 0..2 {
+        let a = s.chat(&chat_body("test-model", "one more", 4, false)).await;
+        if a.status == 503 {
+            shed = Some(a);
+            break;
+        }
+    }
+    let shed = shed.expect("shed at the queue's ceiling, an hour before the next poll");
+    assert_eq!(code(&shed).as_deref(), Some("worker_overload_shed"));
+    assert!(s.received()[0] <= 3, "{:?}", s.received());
+
+    engine.fault(Fault::Clear).await.unwrap();
+    for request in held {
+        assert_eq!(bounded("held requests", request).await.unwrap().status, 200);
+    }
+    let a = s.chat(&chat_body("test-model", "after", 4, false)).await;
+    assert_eq!(a.status, 200, "the queue started: room again");
+    let now = fleet
+        .snapshot()
+        .worker(&id)
+        .unwrap()
+        .vetoes
+        .load()
+        .unwrap()
+        .at;
+    assert_eq!(now, report_at, "without another report");
+}

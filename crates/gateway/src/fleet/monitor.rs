@@ -12,6 +12,7 @@ use std::time::Duration;
 use sluice_core::health::HealthState;
 use sluice_core::load::{self, LoadReport};
 use sluice_core::overload::{BusyThresholds, Ceilings, RankActivity};
+use tokio::time::Instant;
 
 use super::get::{get, GetError};
 use super::spec::OverloadOverrides;
@@ -210,6 +211,11 @@ async fn sglang_batch_size(upstream: &Upstream, worker: &Worker, timeout: Durati
 
 /// Polls one worker while it is registered: every interval of its pool, only while Ready (the
 /// first poll as soon as it is).
+/// The least time between a poll and an early one (requests piling up on an engine that had
+/// room, see `QueueGate::early_poll_at`), so a steady stream into a roomy engine cannot turn the
+/// monitor into a busy loop.
+const EARLY_POLL_SPACING: Duration = Duration::from_millis(250);
+
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, upstream: Upstream) {
     let mut source = None;
     // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
@@ -235,9 +241,17 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, upstrea
                 let Some(fleet) = fleet.upgrade() else {
                     return;
                 };
+                let polled = Instant::now();
                 fleet.load_polled(&worker, result, engine_batch.flatten());
                 drop(fleet);
-                tokio::time::sleep(interval).await;
+                let early = async {
+                    worker.vetoes.early_poll_wanted().await;
+                    tokio::time::sleep_until(polled + EARLY_POLL_SPACING.min(interval)).await;
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = early => {}
+                }
             }
             _ => {
                 // Not polled; look again when the fleet changes (it may become Ready).

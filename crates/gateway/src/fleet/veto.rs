@@ -70,6 +70,9 @@ pub struct Vetoes {
     queue: AtomicU64,
     /// The gate's ceiling; 0: off.
     queue_ceiling: AtomicU64,
+    /// Pending requests at which the load monitor is asked for an early poll; `u64::MAX`: none.
+    early_poll_at: AtomicU64,
+    early_poll: tokio::sync::Notify,
     busy: AtomicBool,
     /// Until when its own at-capacity answer keeps it out; 0: not at all.
     at_capacity_until: AtomicU64,
@@ -84,6 +87,8 @@ impl Default for Vetoes {
             overloaded: AtomicBool::new(false),
             queue: AtomicU64::new(0),
             queue_ceiling: AtomicU64::new(0),
+            early_poll_at: AtomicU64::new(u64::MAX),
+            early_poll: tokio::sync::Notify::new(),
             busy: AtomicBool::new(false),
             at_capacity_until: AtomicU64::new(0),
             liveness: AtomicU8::new(0),
@@ -125,6 +130,22 @@ impl Vetoes {
             | gate.pending_at_report.min(u64::from(u32::MAX))
             | if gate.kv_full { KV_FULL } else { 0 };
         self.queue.store(packed, Ordering::Release);
+        self.early_poll_at
+            .store(gate.early_poll_at().unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// One more of this gateway's requests is waiting for its first byte on the worker, making
+    /// `pending` of them: asks the load monitor for an early poll when that crosses the gate's
+    /// mark (`QueueGate::early_poll_at`).
+    pub(crate) fn pending_rose_to(&self, pending: u64) {
+        if pending == self.early_poll_at.load(Ordering::Relaxed) {
+            self.early_poll.notify_one();
+        }
+    }
+
+    /// Resolves when a request asked for an early poll (`pending_rose_to`).
+    pub(crate) async fn early_poll_wanted(&self) {
+        self.early_poll.notified().await;
     }
 
     pub fn overloaded(&self) -> bool {
@@ -275,6 +296,28 @@ mod tests {
         assert_eq!(v.liveness(), Some(LivenessVeto::WedgedPile));
         v.set_liveness(None);
         assert_eq!(v.class(0), Some(VetoClass::Overload));
+    }
+
+    #[test]
+    fn a_ceilings_worth_more_pending_on_an_engine_with_room_wants_an_early_poll() {
+        use futures_util::FutureExt;
+        let v = Vetoes::default();
+        v.report(load(None, false), gate(0, 2));
+        for pending in 3..10 {
+            v.pending_rose_to(pending);
+        }
+        assert!(
+            v.early_poll_wanted().now_or_never().is_none(),
+            "not before 2 + 8"
+        );
+        v.pending_rose_to(10);
+        assert!(v.early_poll_wanted().now_or_never().is_some());
+        v.report(load(None, false), gate(3, 2));
+        v.pending_rose_to(10);
+        assert!(
+            v.early_poll_wanted().now_or_never().is_none(),
+            "a queue is judged per request: no early poll"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -274,7 +274,8 @@ impl Lease {
     pub fn prefilling(&mut self, prompt_tokens: u64) {
         self.first_byte();
         self.pending = true;
-        self.worker.pending_requests.fetch_add(1, Ordering::Relaxed);
+        let pending = self.worker.pending_requests.fetch_add(1, Ordering::Relaxed) + 1;
+        self.worker.vetoes.pending_rose_to(pending);
         self.prefill = prompt_tokens;
         self.worker
             .pending_prefill
