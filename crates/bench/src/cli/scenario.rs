@@ -41,13 +41,14 @@ impl ScenarioName {
 pub struct ScenarioArgs {
     #[arg(value_enum)]
     pub name: ScenarioName,
-    /// A reduced run (fewer load levels, shorter windows).
+    /// A reduced run, under 2 minutes here: fewer load levels (1x, 2x, 3x C), shorter windows
+    /// and phases, and C reused from an earlier run in --out.
     #[arg(long)]
     pub quick: bool,
     /// Engine clock speed-up of the simulated engines.
     #[arg(long, default_value_t = 4.0)]
     pub time_scale: f64,
-    /// Engine seconds measured per point [default: 120, or 40 with --quick].
+    /// Engine seconds measured per point [default: 120, or 20 with --quick].
     #[arg(long)]
     pub window_secs: Option<f64>,
     /// Configurations to measure: direct, sluice, sluice-shed, smg, or names from --gateway
@@ -158,7 +159,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
     }
     let window = args
         .window_secs
-        .unwrap_or(if args.quick { 40.0 } else { 120.0 });
+        .unwrap_or(if args.quick { 20.0 } else { 120.0 });
     Ok(crate::scenario::ScenarioPlan {
         configs,
         time_scale: args.time_scale,

@@ -200,6 +200,17 @@ fn wall_tiers(scale: f64) -> Vec<Tier> {
         .collect()
 }
 
+/// How long the client waits for an answer: the batch tier's deadline (120 engine-seconds),
+/// after which no request can meet any objective, so waiting longer would only lengthen the run.
+fn give_up_after(scale: f64) -> Duration {
+    let longest = default_tiers()
+        .iter()
+        .filter_map(|t| t.slo.deadline)
+        .max()
+        .unwrap_or(Duration::from_secs(120));
+    longest.div_f64(scale).max(Duration::from_secs(1))
+}
+
 /// Offers `rate` requests per engine-second to `gateway` for the plan's window and measures it.
 pub async fn measure(
     plan: &ScenarioPlan,
@@ -222,9 +233,7 @@ pub async fn measure(
         tiers: wall_tiers(scale),
         tenants: 4,
         client: plan.client,
-        request_timeout: Duration::from_secs(300)
-            .div_f64(scale)
-            .max(Duration::from_secs(10)),
+        request_timeout: give_up_after(scale),
     };
     let (_, report) = execute(&run).await?;
     fleet.drain(Duration::from_secs(120)).await?;

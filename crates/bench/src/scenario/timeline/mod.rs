@@ -20,7 +20,8 @@ use tokio::time::Instant;
 pub use account::{Bucket, Phases};
 
 use super::{
-    plot, wall_tiers, EngineTotals, Gateway, ScenarioError, ScenarioPlan, SimFleet, MODEL,
+    give_up_after, plot, wall_tiers, EngineTotals, Gateway, ScenarioError, ScenarioPlan, SimFleet,
+    MODEL,
 };
 use crate::arrivals::{Process, Schedule, Segment};
 use crate::goodput::{Outcome, Tier};
@@ -240,9 +241,7 @@ fn start_load(
         tiers: wall_tiers(plan.time_scale),
         tenants: 4,
         client: plan.client,
-        request_timeout: Duration::from_secs(300)
-            .div_f64(plan.time_scale)
-            .max(Duration::from_secs(10)),
+        request_timeout: give_up_after(plan.time_scale),
     };
     tokio::spawn(async move { execute(&run).await.map(|(o, _)| o) })
 }
