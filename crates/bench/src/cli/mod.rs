@@ -187,6 +187,8 @@ pub enum BenchError {
     Lost,
     #[error("--spike takes START:END:FACTOR and --ramp START:END:FROM:TO, in seconds and factors: {0:?}")]
     Segment(String),
+    #[error("--phases takes BEFORE:DURING:AFTER in seconds, DURING above 0: {0:?}")]
+    Phases(String),
     #[error("--rate must be a positive number of requests per second")]
     Rate,
     #[error(transparent)]

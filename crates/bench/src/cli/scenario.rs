@@ -62,10 +62,14 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub engines: Option<usize>,
     /// Requests per engine-second one engine serves within objectives, instead of measuring it
-    /// (an incident scenario otherwise reuses the figure of an earlier run with the same
-    /// engines, mix, scale and seed, kept in --out, or searches for it).
+    /// (an incident scenario, or a quick sweep, otherwise reuses the figure of an earlier run
+    /// with the same engines, mix, scale and seed, kept in --out, or searches for it).
     #[arg(long)]
     pub capacity: Option<f64>,
+    /// Incident scenarios: wall seconds before, during and after the incident [default:
+    /// 10:20:20, or 4:10:10 with --quick].
+    #[arg(long, value_name = "BEFORE:DURING:AFTER")]
+    pub phases: Option<String>,
     #[arg(long, value_enum, default_value = "none")]
     pub client: crate::client::ClientKind,
     #[arg(long, value_enum, default_value = "chat")]
@@ -114,11 +118,12 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
             .unwrap_or_default()
     };
     if let Some(incident) = args.name.incident() {
-        let capacity = match args.capacity {
-            Some(per_engine) => per_engine * plan.engines as f64,
-            None => crate::scenario::fleet_capacity(&plan).await?,
+        let timing = match &args.phases {
+            Some(spec) => phases(spec)?,
+            None => crate::scenario::Timing::new(args.quick),
         };
-        let report = crate::scenario::timeline(&plan, incident, capacity).await?;
+        let capacity = crate::scenario::fleet_capacity(&plan).await?;
+        let report = crate::scenario::timeline(&plan, incident, capacity, timing).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
     } else {
         let report = crate::scenario::overload_sweep(&plan).await?;
@@ -169,6 +174,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         client: args.client,
         mix: args.mix,
         quick: args.quick,
+        capacity: args.capacity.map(|per_engine| per_engine * engines as f64),
         sluice_exe: exe,
         out_dir: args.out.clone(),
         engine_args: args
@@ -177,4 +183,19 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             .map(String::from)
             .collect(),
     })
+}
+
+fn phases(spec: &str) -> Result<crate::scenario::Timing, BenchError> {
+    let bad = || BenchError::Phases(spec.to_string());
+    let parts: Vec<f64> = spec
+        .split(':')
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    match parts.as_slice() {
+        [before, during, after] => {
+            crate::scenario::Timing::phases_of(*before, *during, *after).ok_or_else(bad)
+        }
+        _ => Err(bad()),
+    }
 }

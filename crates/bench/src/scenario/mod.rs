@@ -23,7 +23,7 @@ use serde::Serialize;
 
 pub use fleet::{EngineTotals, SimFleet};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
-pub use timeline::{timeline, Incident, TimelineReport};
+pub use timeline::{timeline, Incident, TimelineReport, Timing};
 
 use crate::arrivals::{ArrivalError, Process, Schedule};
 use crate::client::ClientKind;
@@ -81,6 +81,8 @@ pub struct ScenarioPlan {
     pub client: ClientKind,
     pub mix: Mix,
     pub quick: bool,
+    /// The fleet's C when given (`--capacity`), instead of measuring it.
+    pub capacity: Option<f64>,
     pub sluice_exe: PathBuf,
     /// Where plots and logs go.
     pub out_dir: PathBuf,

@@ -118,9 +118,12 @@ impl Memo {
     }
 }
 
-/// C of `plan`'s fleet: remembered from an earlier run on the same engines and load, else
-/// measured on `direct` and remembered.
+/// C of `plan`'s fleet: as given, or remembered from an earlier run on the same engines and
+/// load, else measured on `direct` and remembered.
 pub async fn fleet_capacity(plan: &ScenarioPlan) -> Result<f64, ScenarioError> {
+    if let Some(c) = plan.capacity {
+        return Ok(c);
+    }
     if let Some(c) = Memo::recall(plan) {
         tracing::info!(capacity = c, "capacity from an earlier run");
         return Ok(c);
@@ -172,8 +175,10 @@ async fn sweep(
     fleet: &SimFleet,
     levels: &[f64],
 ) -> Result<(f64, Vec<Point>), ScenarioError> {
-    // A quick run reuses C from an earlier run on the same engines and load.
-    let mut capacity_c = if plan.quick { Memo::recall(plan) } else { None };
+    // C as given; a quick run reuses it from an earlier run on the same engines and load.
+    let mut capacity_c = plan
+        .capacity
+        .or_else(|| plan.quick.then(|| Memo::recall(plan)).flatten());
     let mut points = Vec::new();
     for config in &plan.configs {
         let gateway = Gateway::start(config, fleet, &plan.out_dir).await?;

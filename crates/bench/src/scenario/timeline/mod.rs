@@ -82,6 +82,17 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// The phases, in wall seconds, with 2 s slices.
+    pub fn phases_of(before: f64, during: f64, after: f64) -> Option<Self> {
+        let secs = |x: f64| Duration::try_from_secs_f64(x).ok();
+        Some(Self {
+            before: secs(before)?,
+            during: secs(during).filter(|d| !d.is_zero())?,
+            after: secs(after)?,
+            bucket: Duration::from_secs(2).min(secs(during)?),
+        })
+    }
+
     pub fn new(quick: bool) -> Self {
         let secs = Duration::from_secs;
         if quick {
@@ -155,8 +166,8 @@ pub async fn timeline(
     plan: &ScenarioPlan,
     incident: Incident,
     capacity: f64,
+    timing: Timing,
 ) -> Result<TimelineReport, ScenarioError> {
-    let timing = Timing::new(plan.quick);
     let base_rate = incident.base_load() * capacity;
     let mut rows = Vec::new();
     for config in &plan.configs {

@@ -1,0 +1,90 @@
+//! `sluice bench scenario` end to end, on short runs: each starts its engines and gateway,
+//! reports, and stops them. Only the shape is checked; the figures belong in docs/benchmarks.md.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn scenario(out: &std::path::Path, args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "scenario"])
+        .args(args)
+        .args([
+            "--configs",
+            "direct",
+            "--time-scale",
+            "8",
+            "--json",
+            "--out",
+        ])
+        .arg(out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scenario failed: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn out_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_worker_crash_fails_requests_on_the_naive_fleet_and_the_engine_rejoins() {
+    let dir = out_dir("crash");
+    let report = scenario(
+        &dir,
+        &["worker-crash", "--capacity", "4", "--phases", "1:1.5:1"],
+    );
+    assert_eq!(report["incident"], "worker-crash");
+    assert_eq!(report["engines"], 3);
+    let row = &report["rows"][0];
+    assert_eq!(row["config"], "direct");
+    let requests = row["requests"].as_u64().unwrap();
+    assert!(requests > 20, "{row}");
+    assert!(
+        row["failed"].as_u64().unwrap() > 0,
+        "round robin without retries sends the dead engine its share: {row}"
+    );
+    assert!(row["rejoined_after"].is_number(), "{row}");
+    let offered: u64 = row["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["offered"].as_u64().unwrap())
+        .sum();
+    assert_eq!(offered, requests, "every request lands in a slice");
+    assert!(dir.join("worker-crash.svg").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_overload_sweep_with_a_given_capacity_measures_each_level() {
+    let dir = out_dir("sweep");
+    let report = scenario(
+        &dir,
+        &[
+            "overload-sweep",
+            "--quick",
+            "--capacity",
+            "4",
+            "--window-secs",
+            "2",
+        ],
+    );
+    assert_eq!(report["capacity"], 8.0, "4 per engine, 2 engines");
+    let offered: Vec<f64> = report["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offered"].as_f64().unwrap())
+        .collect();
+    assert_eq!(offered, [8.0, 16.0, 24.0]);
+    assert!(dir.join("overload-sweep.svg").exists());
+    assert!(dir.join("capacity.json").exists(), "C kept for later runs");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
