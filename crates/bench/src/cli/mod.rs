@@ -71,6 +71,7 @@ pub struct RunArgs {
     /// Tenants the requests are spread over (the body's `user`).
     #[arg(long, default_value_t = 4)]
     pub tenants: u32,
+    /// Seed of the arrivals and the request shapes (a run's load is reproducible from it).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Longest a request may take before it counts as a client timeout.

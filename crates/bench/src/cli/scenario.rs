@@ -70,10 +70,14 @@ pub struct ScenarioArgs {
     /// 10:20:20, or 4:10:10 with --quick].
     #[arg(long, value_name = "BEFORE:DURING:AFTER")]
     pub phases: Option<String>,
+    /// How the client reacts to refusals.
     #[arg(long, value_enum, default_value = "none")]
     pub client: crate::client::ClientKind,
+    /// Request lengths.
     #[arg(long, value_enum, default_value = "chat")]
     pub mix: crate::run::Mix,
+    /// Seed of the arrivals, the request shapes and the engines (a run's load is reproducible
+    /// from it).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Extra flags for every simulated engine, e.g. `--max-num-seqs 64 --num-gpu-blocks 2048`
