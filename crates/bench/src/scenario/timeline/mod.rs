@@ -82,14 +82,18 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The phases, in wall seconds, with 2 s slices.
+    /// The phases, in wall seconds, sliced every 2 s (or the shortest phase).
     pub fn phases_of(before: f64, during: f64, after: f64) -> Option<Self> {
         let secs = |x: f64| Duration::try_from_secs_f64(x).ok();
         Some(Self {
             before: secs(before)?,
             during: secs(during).filter(|d| !d.is_zero())?,
             after: secs(after)?,
-            bucket: Duration::from_secs(2).min(secs(during)?),
+            // No longer than a phase, so each phase has slices of its own.
+            bucket: [secs(before)?, secs(during)?, secs(after)?]
+                .into_iter()
+                .filter(|d| !d.is_zero())
+                .fold(Duration::from_secs(2), Duration::min),
         })
     }
 
@@ -203,18 +207,14 @@ async fn one_config(
         let run = drive(&mut fleet, incident, timing, load).await;
         gateway.stop().await;
         let (outcomes, readings) = run?;
-        let tiers = wall_tiers(plan.time_scale);
-        let engines = fleet.totals().await;
-        Ok(row(
-            &config.name,
+        let run = Run {
+            config: &config.name,
             incident,
-            plan.time_scale,
+            scale: plan.time_scale,
             timing,
-            &tiers,
-            &outcomes,
-            &readings,
-            engines,
-        ))
+            tiers: &wall_tiers(plan.time_scale),
+        };
+        Ok(run.row(&outcomes, &readings, fleet.totals().await))
     }
     .await;
     fleet.stop().await;
@@ -312,66 +312,74 @@ async fn end(fleet: &mut SimFleet, incident: Incident) -> Result<(), ScenarioErr
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn row(
-    config: &str,
+/// What one configuration's run was, for summing it up.
+struct Run<'a> {
+    config: &'a str,
     incident: Incident,
     scale: f64,
-    timing: &Timing,
-    tiers: &[Tier],
-    outcomes: &[Outcome],
-    readings: &[Reading],
-    engines: EngineTotals,
-) -> Row {
-    use account::*;
-    let phases = timing.phases();
-    let buckets = buckets(outcomes, tiers, timing.bucket, phases.end);
-    let during: Vec<Outcome> = outcomes
-        .iter()
-        .filter(|o| o.due >= phases.fault && o.due < phases.restore)
-        .cloned()
-        .collect();
-    let count =
-        |set: &[Outcome], f: Fate| set.iter().filter(|o| fate(o, tiers) == f).count() as u64;
-    let share = |set: &[Outcome]| {
-        if set.is_empty() {
-            0.0
+    timing: &'a Timing,
+    tiers: &'a [Tier],
+}
+
+impl Run<'_> {
+    fn row(&self, outcomes: &[Outcome], readings: &[Reading], engines: EngineTotals) -> Row {
+        use account::*;
+        let Run {
+            config,
+            incident,
+            scale,
+            timing,
+            tiers,
+        } = *self;
+        let phases = timing.phases();
+        let buckets = buckets(outcomes, tiers, timing.bucket, phases.end);
+        let during: Vec<Outcome> = outcomes
+            .iter()
+            .filter(|o| o.due >= phases.fault && o.due < phases.restore)
+            .cloned()
+            .collect();
+        let count =
+            |set: &[Outcome], f: Fate| set.iter().filter(|o| fate(o, tiers) == f).count() as u64;
+        let share = |set: &[Outcome]| {
+            if set.is_empty() {
+                0.0
+            } else {
+                count(set, Fate::Good) as f64 / set.len() as f64
+            }
+        };
+        let ttfts: Vec<f64> = during
+            .iter()
+            .filter(|o| o.status == 200 && o.completed)
+            .filter_map(|o| o.ttft.map(|t| t.as_secs_f64() * scale))
+            .collect();
+        let arrived = arrivals(readings);
+        let (excluded, share_of_target) = if incident.counter_readable() {
+            (
+                excluded_after(&arrived, &phases),
+                target_share(readings, outcomes, &phases),
+            )
+        } else if incident == Incident::WorkerCrash {
+            (Some(last_failure_after(outcomes, tiers, &phases)), None)
         } else {
-            count(set, Fate::Good) as f64 / set.len() as f64
+            (None, target_share(readings, outcomes, &phases))
+        };
+        Row {
+            config: config.into(),
+            requests: outcomes.len() as u64,
+            attainment: share(outcomes),
+            attainment_during: share(&during),
+            failed: count(outcomes, Fate::Failed),
+            refused: count(outcomes, Fate::Refused),
+            ttft_p99_during: crate::stats::percentile(&ttfts, 0.99),
+            excluded_after: excluded,
+            rejoined_after: (incident != Incident::Spike)
+                .then(|| rejoined_after(&arrived, &phases))
+                .flatten(),
+            target_share: share_of_target,
+            recovered_after: recovered_after(&buckets, phases.restore),
+            engines,
+            buckets,
         }
-    };
-    let ttfts: Vec<f64> = during
-        .iter()
-        .filter(|o| o.status == 200 && o.completed)
-        .filter_map(|o| o.ttft.map(|t| t.as_secs_f64() * scale))
-        .collect();
-    let arrived = arrivals(readings);
-    let (excluded, share_of_target) = if incident.counter_readable() {
-        (
-            excluded_after(&arrived, &phases),
-            target_share(readings, outcomes, &phases),
-        )
-    } else if incident == Incident::WorkerCrash {
-        (Some(last_failure_after(outcomes, tiers, &phases)), None)
-    } else {
-        (None, target_share(readings, outcomes, &phases))
-    };
-    Row {
-        config: config.into(),
-        requests: outcomes.len() as u64,
-        attainment: share(outcomes),
-        attainment_during: share(&during),
-        failed: count(outcomes, Fate::Failed),
-        refused: count(outcomes, Fate::Refused),
-        ttft_p99_during: crate::stats::percentile(&ttfts, 0.99),
-        excluded_after: excluded,
-        rejoined_after: (incident != Incident::Spike)
-            .then(|| rejoined_after(&arrived, &phases))
-            .flatten(),
-        target_share: share_of_target,
-        recovered_after: recovered_after(&buckets, phases.restore),
-        engines,
-        buckets,
     }
 }
 

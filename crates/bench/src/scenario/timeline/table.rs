@@ -14,6 +14,11 @@ fn percent(x: Option<f64>) -> String {
 
 impl TimelineReport {
     pub fn table(&self) -> String {
+        self.heading() + &self.summary() + &self.over_time()
+    }
+
+    /// What happened when, and at what load.
+    fn heading(&self) -> String {
         let t = &self.timing;
         let what = match self.incident {
             Incident::Spike => "the offered load triples",
@@ -31,7 +36,7 @@ impl TimelineReport {
             (t.before + t.during).as_secs_f64(),
             (t.before + t.during + t.after).as_secs_f64(),
         );
-        let mut out = format!(
+        format!(
             "{}: {} engines, capacity C = {:.1} requests per engine-second, {:.1} offered ({:.0}% \
              of C). At t = {fault:.0} s {what}; at t = {restore:.0} s {back}; arrivals end at \
              t = {end:.0} s. Times are wall seconds, by due time; the engines run at time scale \
@@ -42,7 +47,12 @@ impl TimelineReport {
             self.base_rate,
             100.0 * self.base_rate / self.capacity,
             self.time_scale,
-        );
+        )
+    }
+
+    /// One row per configuration.
+    fn summary(&self) -> String {
+        let mut out = String::new();
         let target = self.incident != Incident::Spike;
         let excluded = match self.incident {
             Incident::WorkerCrash => "last failure after kill (s)",
@@ -88,7 +98,7 @@ impl TimelineReport {
                 r.engines.wasted_tokens,
             );
         }
-        out + &self.over_time()
+        out
     }
 
     /// Share within objectives per slice, one column per configuration.
