@@ -18,27 +18,55 @@ use crate::client::HttpClient;
 use crate::overhead::{free_ports, loopback, wait_until_answering};
 use crate::procs::{Launch, Proc};
 
-/// Engine totals that show wasted work.
+/// Engine totals that show wasted work, and whether the engines kept their clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct EngineTotals {
     pub preemptions: u64,
     pub wasted_tokens: u64,
     pub aborted: u64,
+    pub steps: u64,
+    /// Steps that ended after their simulated time: this machine, not the engine model, set the
+    /// pace then.
+    pub late_steps: u64,
 }
 
 impl EngineTotals {
-    pub fn since(self, before: EngineTotals) -> EngineTotals {
-        EngineTotals {
-            preemptions: self.preemptions.saturating_sub(before.preemptions),
-            wasted_tokens: self.wasted_tokens.saturating_sub(before.wasted_tokens),
-            aborted: self.aborted.saturating_sub(before.aborted),
+    fn of(state: &serde_json::Value) -> Self {
+        let read = |field: &str| state[field].as_u64().unwrap_or(0);
+        Self {
+            preemptions: read("preemptions"),
+            wasted_tokens: read("wasted_tokens"),
+            aborted: read("aborted"),
+            steps: read("steps"),
+            late_steps: read("late_steps"),
         }
     }
 
-    fn add(&mut self, state: &serde_json::Value) {
-        self.preemptions += state["preemptions"].as_u64().unwrap_or(0);
-        self.wasted_tokens += state["wasted_tokens"].as_u64().unwrap_or(0);
-        self.aborted += state["aborted"].as_u64().unwrap_or(0);
+    fn zip(self, other: Self, f: impl Fn(u64, u64) -> u64) -> Self {
+        Self {
+            preemptions: f(self.preemptions, other.preemptions),
+            wasted_tokens: f(self.wasted_tokens, other.wasted_tokens),
+            aborted: f(self.aborted, other.aborted),
+            steps: f(self.steps, other.steps),
+            late_steps: f(self.late_steps, other.late_steps),
+        }
+    }
+
+    pub fn plus(self, other: Self) -> Self {
+        self.zip(other, u64::saturating_add)
+    }
+
+    pub fn since(self, before: Self) -> Self {
+        self.zip(before, u64::saturating_sub)
+    }
+
+    /// Share of the engines' steps that ran late (0 without steps).
+    pub fn late_share(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.late_steps as f64 / self.steps as f64
+        }
     }
 }
 
@@ -126,7 +154,7 @@ impl SimFleet {
         let state = self.state(i).await;
         let engine = &mut self.engines[i];
         if let Some(state) = state {
-            engine.before_kill.add(&state);
+            engine.before_kill = engine.before_kill.plus(EngineTotals::of(&state));
         }
         if let Some(proc) = engine.proc.take() {
             proc.kill().await;
@@ -170,15 +198,13 @@ impl SimFleet {
         self.state(i).await?["requests_received"].as_u64()
     }
 
-    /// Preemptions, wasted tokens and aborts summed over the engines and their earlier lives.
+    /// The totals summed over the engines and their earlier lives.
     pub async fn totals(&self) -> EngineTotals {
         let mut t = EngineTotals::default();
         for (i, engine) in self.engines.iter().enumerate() {
-            t.preemptions += engine.before_kill.preemptions;
-            t.wasted_tokens += engine.before_kill.wasted_tokens;
-            t.aborted += engine.before_kill.aborted;
+            t = t.plus(engine.before_kill);
             if let Some(s) = self.state(i).await {
-                t.add(&s);
+                t = t.plus(EngineTotals::of(&s));
             }
         }
         t
@@ -211,5 +237,23 @@ impl SimFleet {
                 proc.stop(Duration::from_secs(10)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_add_across_lives_and_subtract_across_points() {
+        let state = serde_json::json!({"preemptions": 2, "wasted_tokens": 40, "aborted": 1,
+            "steps": 1000, "late_steps": 15, "running": 3});
+        let one = EngineTotals::of(&state);
+        assert_eq!(one.late_share(), 0.015);
+        let two = one.plus(one);
+        assert_eq!((two.preemptions, two.steps, two.late_steps), (4, 2000, 30));
+        assert_eq!(two.since(one), one);
+        assert_eq!(one.since(two), EngineTotals::default(), "never below zero");
+        assert_eq!(EngineTotals::default().late_share(), 0.0);
     }
 }

@@ -232,15 +232,15 @@ impl SweepReport {
         let mut out = format!(
             "capacity C = {:.2} requests per engine-second (direct keeps >= 90% within SLO); \
              time scale {}, {} engine-s per point\n\n\
-             | config | load | offered (req/s) | goodput (req/s) | goodput / C | within SLO | TTFT p99 (s) | rejected | reject p99 (ms) | retries | preemptions | wasted tokens |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+             | config | load | offered (req/s) | goodput (req/s) | goodput / C | within SLO | TTFT p99 (s) | rejected | reject p99 (ms) | retries | preemptions | wasted tokens | late engine steps |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
             self.capacity, self.time_scale, self.window_engine_secs
         );
         for p in &self.points {
             let r = &p.report;
             let _ = writeln!(
                 out,
-                "| {} | {:.2}x | {:.2} | {:.2} | {:.0}% | {:.0}% | {:.2} | {:.0}% | {:.1} | {:.2} | {} | {} |",
+                "| {} | {:.2}x | {:.2} | {:.2} | {:.0}% | {:.0}% | {:.2} | {:.0}% | {:.1} | {:.2} | {} | {} | {:.1}% |",
                 p.config,
                 p.offered / self.capacity,
                 p.offered,
@@ -253,6 +253,7 @@ impl SweepReport {
                 r.retry_amplification,
                 p.engines.preemptions,
                 p.engines.wasted_tokens,
+                100.0 * p.engines.late_share(),
             );
         }
         out

@@ -60,7 +60,7 @@ impl TimelineReport {
         };
         let _ = writeln!(
             out,
-            "| config | requests | within SLO | within SLO during | failed | refused | TTFT p99 during (engine s) |{} recovered after (s) | preemptions | wasted tokens |",
+            "| config | requests | within SLO | within SLO during | failed | refused | TTFT p99 during (engine s) |{} recovered after (s) | preemptions | wasted tokens | late engine steps |",
             if target {
                 format!(" {excluded} | rejoined after (s) | target's share during |")
             } else {
@@ -69,13 +69,13 @@ impl TimelineReport {
         );
         let _ = writeln!(
             out,
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |{} ---: | ---: | ---: |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |{} ---: | ---: | ---: | ---: |",
             if target { " ---: | ---: | ---: |" } else { "" }
         );
         for r in &self.rows {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0}% | {:.0}% | {} | {} | {:.2} |{} {} | {} | {} |",
+                "| {} | {} | {:.0}% | {:.0}% | {} | {} | {:.2} |{} {} | {} | {} | {:.1}% |",
                 r.config,
                 r.requests,
                 100.0 * r.attainment,
@@ -96,6 +96,7 @@ impl TimelineReport {
                 secs(r.recovered_after, "never"),
                 r.engines.preemptions,
                 r.engines.wasted_tokens,
+                100.0 * r.engines.late_share(),
             );
         }
         out
