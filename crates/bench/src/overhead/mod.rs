@@ -18,7 +18,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 pub use report::{Layout, Load, OverheadReport, Row};
-pub use targets::{on_path, resolve, smg as smg_template, Target, Template, TemplateError};
+pub use targets::{
+    on_path, resolve, sluice as sluice_template, smg as smg_template, Target, Template,
+    TemplateError,
+};
 
 use crate::procs::{self, CoreTimes, Launch, Proc, ProcError};
 use load::{closed_loop, LoadError, Shot};

@@ -143,8 +143,8 @@ impl Template {
     }
 }
 
-/// sluice with the given policy (none: its default), logging as it would in production.
-pub fn sluice(name: &str, exe: &Path, policy: Option<&str>) -> Template {
+/// `sluice serve` on loopback with `extra` flags (none: its defaults).
+pub fn sluice(name: &str, exe: &Path, extra: &[&str]) -> Template {
     let mut argv: Vec<String> = vec![
         exe.display().to_string(),
         "serve".into(),
@@ -153,9 +153,7 @@ pub fn sluice(name: &str, exe: &Path, policy: Option<&str>) -> Template {
         "--port".into(),
         "{port}".into(),
     ];
-    if let Some(policy) = policy {
-        argv.extend(["--policy".into(), policy.into()]);
-    }
+    argv.extend(extra.iter().map(|s| s.to_string()));
     argv.extend(["--worker-urls".into(), "{workers}".into()]);
     Template {
         name: name.into(),
@@ -194,8 +192,8 @@ pub fn resolve(
             all.push(Target::Nginx);
         }
         all.extend([
-            Target::Gateway(sluice("sluice", exe, Some("round_robin"))),
-            Target::Gateway(sluice("sluice-cache-aware", exe, None)),
+            Target::Gateway(sluice("sluice", exe, &["--policy", "round_robin"])),
+            Target::Gateway(sluice("sluice-cache-aware", exe, &[])),
         ]);
         if smg_here {
             all.push(Target::Gateway(smg()));
@@ -211,10 +209,12 @@ pub fn resolve(
             }
             match name.as_str() {
                 "direct" => Ok(Target::Direct),
-                "sluice" => Ok(Target::Gateway(sluice("sluice", exe, Some("round_robin")))),
-                "sluice-cache-aware" => {
-                    Ok(Target::Gateway(sluice("sluice-cache-aware", exe, None)))
-                }
+                "sluice" => Ok(Target::Gateway(sluice(
+                    "sluice",
+                    exe,
+                    &["--policy", "round_robin"],
+                ))),
+                "sluice-cache-aware" => Ok(Target::Gateway(sluice("sluice-cache-aware", exe, &[]))),
                 "smg" if smg_here => Ok(Target::Gateway(smg())),
                 "smg" => Err(TemplateError::Missing("smg", "pip install smg==1.13.0")),
                 "nginx" if nginx_here => Ok(Target::Nginx),

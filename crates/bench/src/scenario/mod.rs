@@ -95,24 +95,14 @@ pub struct ScenarioPlan {
 /// engine time, as it would be at full speed; SMG runs with its defaults.
 pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     let poll = format!("{}", 10.0 / time_scale.max(1.0));
+    // Only warnings: a log line per veto is kept, one per request is not.
     let sluice = |name: &str, extra: &[&str]| {
-        let mut argv: Vec<String> = [
-            exe.display().to_string(),
-            "serve".into(),
-            "--host".into(),
-            "127.0.0.1".into(),
-            "--port".into(),
-            "{port}".into(),
-            "--log-level".into(),
-            "warn".into(),
-        ]
-        .into();
-        argv.extend(extra.iter().map(|s| s.to_string()));
-        argv.extend(["--worker-urls".into(), "{workers}".into()]);
-        Template {
-            name: name.into(),
-            argv,
-        }
+        let argv: Vec<&str> = ["--log-level", "warn"]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        crate::overhead::sluice_template(name, exe, &argv)
     };
     let mut configs = vec![
         sluice(
@@ -213,6 +203,25 @@ fn give_up_after(scale: f64) -> Duration {
     longest.div_f64(scale).max(Duration::from_secs(1))
 }
 
+/// The scenario's load against `url`: arrivals on `schedule` (wall requests per second) for
+/// `duration` of wall time, with the plan's mix, client and seed and the tiers in wall time.
+fn load_plan(plan: &ScenarioPlan, url: &str, schedule: Schedule, duration: Duration) -> RunPlan {
+    RunPlan {
+        url: format!("{url}/v1/completions"),
+        model: MODEL.into(),
+        schedule,
+        process: Process::Poisson,
+        seed: plan.seed,
+        max_requests: usize::MAX,
+        duration,
+        mix: plan.mix,
+        tiers: wall_tiers(plan.time_scale),
+        tenants: 4,
+        client: plan.client,
+        request_timeout: give_up_after(plan.time_scale),
+    }
+}
+
 /// Offers `rate` requests per engine-second to `gateway` for the plan's window and measures it.
 pub async fn measure(
     plan: &ScenarioPlan,
@@ -223,20 +232,12 @@ pub async fn measure(
 ) -> Result<Point, ScenarioError> {
     let scale = plan.time_scale;
     let before = fleet.totals().await;
-    let run = RunPlan {
-        url: format!("{url}/v1/completions"),
-        model: MODEL.into(),
-        schedule: Schedule::constant(rate * scale),
-        process: Process::Poisson,
-        seed: plan.seed,
-        max_requests: usize::MAX,
-        duration: plan.window.div_f64(scale),
-        mix: plan.mix,
-        tiers: wall_tiers(scale),
-        tenants: 4,
-        client: plan.client,
-        request_timeout: give_up_after(scale),
-    };
+    let run = load_plan(
+        plan,
+        url,
+        Schedule::constant(rate * scale),
+        plan.window.div_f64(scale),
+    );
     let (_, report) = execute(&run).await?;
     fleet.drain(Duration::from_secs(120)).await?;
     let engines = fleet.totals().await.since(before);

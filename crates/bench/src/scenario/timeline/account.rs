@@ -51,6 +51,13 @@ pub struct Phases {
     pub end: Duration,
 }
 
+impl Phases {
+    /// `t` falls in the incident: from the fault up to, not including, the restore.
+    pub fn during(&self, t: Duration) -> bool {
+        t >= self.fault && t < self.restore
+    }
+}
+
 /// Requests due in one slice of the run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Bucket {
@@ -178,7 +185,7 @@ pub fn rejoined_after(arrivals: &[Duration], phases: &Phases) -> Option<f64> {
 pub fn last_failure_after(outcomes: &[Outcome], tiers: &[Tier], phases: &Phases) -> f64 {
     outcomes
         .iter()
-        .filter(|o| o.due >= phases.fault && o.due < phases.restore)
+        .filter(|o| phases.during(o.due))
         .filter(|o| fate(o, tiers) == Fate::Failed)
         .map(|o| (o.due - phases.fault).as_secs_f64())
         .fold(0.0, f64::max)
@@ -193,10 +200,7 @@ pub fn target_share(readings: &[Reading], outcomes: &[Outcome], phases: &Phases)
         .map(|r| r.received)
         .collect::<Option<_>>()?;
     let got = counts.last()?.checked_sub(*counts.first()?)?;
-    let offered = outcomes
-        .iter()
-        .filter(|o| o.due >= phases.fault && o.due < phases.restore)
-        .count();
+    let offered = outcomes.iter().filter(|o| phases.during(o.due)).count();
     (offered > 0).then(|| got as f64 / offered as f64)
 }
 

@@ -20,13 +20,12 @@ use tokio::time::Instant;
 pub use account::{Bucket, Phases};
 
 use super::{
-    give_up_after, plot, wall_tiers, EngineTotals, Gateway, ScenarioError, ScenarioPlan, SimFleet,
-    MODEL,
+    load_plan, plot, wall_tiers, EngineTotals, Gateway, ScenarioError, ScenarioPlan, SimFleet,
 };
-use crate::arrivals::{Process, Schedule, Segment};
+use crate::arrivals::{Schedule, Segment};
 use crate::goodput::{Outcome, Tier};
 use crate::overhead::Template;
-use crate::run::{execute, RunPlan};
+use crate::run::execute;
 use account::Reading;
 
 /// The engine the incident happens to.
@@ -240,20 +239,7 @@ fn start_load(
             factor: SPIKE,
         });
     }
-    let run = RunPlan {
-        url: format!("{url}/v1/completions"),
-        model: MODEL.into(),
-        schedule,
-        process: Process::Poisson,
-        seed: plan.seed,
-        max_requests: usize::MAX,
-        duration: phases.end,
-        mix: plan.mix,
-        tiers: wall_tiers(plan.time_scale),
-        tenants: 4,
-        client: plan.client,
-        request_timeout: give_up_after(plan.time_scale),
-    };
+    let run = load_plan(plan, url, schedule, phases.end);
     tokio::spawn(async move { execute(&run).await.map(|(o, _)| o) })
 }
 
@@ -335,7 +321,7 @@ impl Run<'_> {
         let buckets = buckets(outcomes, tiers, timing.bucket, phases.end);
         let during: Vec<Outcome> = outcomes
             .iter()
-            .filter(|o| o.due >= phases.fault && o.due < phases.restore)
+            .filter(|o| phases.during(o.due))
             .cloned()
             .collect();
         let count =
