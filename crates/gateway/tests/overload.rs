@@ -391,14 +391,17 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     };
     bounded("an early report", fleet.until(saturated)).await;
     bounded("two waiting", engine.until(|st| st.waiting == 2)).await;
-    let report_at = fleet
-        .snapshot()
-        .worker(&id)
-        .unwrap()
-        .vetoes
-        .load()
-        .unwrap()
-        .at;
+    let last_report = || {
+        fleet
+            .snapshot()
+            .worker(&id)
+            .unwrap()
+            .vetoes
+            .load()
+            .unwrap()
+            .at
+    };
+    let report_at = last_report();
     // The early report saw one or both of the two; either way at most one more gets in.
     let mut shed = None;
     for _ in 0..2 {
@@ -418,13 +421,5 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     }
     let a = s.chat(&chat_body("test-model", "after", 4, false)).await;
     assert_eq!(a.status, 200, "the queue started: room again");
-    let now = fleet
-        .snapshot()
-        .worker(&id)
-        .unwrap()
-        .vetoes
-        .load()
-        .unwrap()
-        .at;
-    assert_eq!(now, report_at, "without another report");
+    assert_eq!(last_report(), report_at, "without another report");
 }
