@@ -1,0 +1,216 @@
+//! The crate's folders import each other in one direction only: no cycle between the top-level
+//! modules of `src/`, read from their `crate::` paths (`use` lines and paths written in place).
+//!
+//! Why a test: a cycle starts as one convenient `use` and is invisible in review; once two
+//! folders need each other, neither can be understood, tested or moved alone. Run it alone with
+//! `cargo test -p sluice-gateway --test layout`; a failure prints every cycle with the lines
+//! that make it.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// One edge of the graph: a file of folder `from` names `crate::<to>` on `line`.
+#[derive(Debug, Clone)]
+struct Import {
+    from: String,
+    to: String,
+    file: PathBuf,
+    line: usize,
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`front/parse.rs` -> `front`), `None` for `lib.rs`.
+fn folder_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
+    if first == "lib.rs" {
+        return None;
+    }
+    Some(first.trim_end_matches(".rs").to_string())
+}
+
+/// Every `crate::name` in the code of `text` (comments are skipped), with its line.
+fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + "crate::".len()..];
+            rest = after;
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.push((n + 1, name));
+            } else if after.starts_with('{') {
+                // `use crate::{a, b::c}`: the first segment of each item.
+                let inner = after[1..].split('}').next().unwrap_or("");
+                for item in inner.split(',') {
+                    let name: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        found.push((n + 1, name));
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+fn imports(src: &Path) -> Vec<Import> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let folders: BTreeSet<String> = files.iter().filter_map(|f| folder_of(src, f)).collect();
+    let mut edges = Vec::new();
+    for file in &files {
+        let Some(from) = folder_of(src, file) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        for (line, to) in crate_paths(&text) {
+            if to != from && folders.contains(&to) {
+                edges.push(Import {
+                    from: from.clone(),
+                    to,
+                    file: file.strip_prefix(src).unwrap().to_path_buf(),
+                    line,
+                });
+            }
+        }
+    }
+    edges
+}
+
+/// The strongly connected components with more than one folder (Tarjan's algorithm).
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        on_stack: BTreeSet<&'g str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'g> Walk<'g> {
+        fn visit(&mut self, v: &'g str) {
+            let i = self.index.len();
+            self.index.insert(v, i);
+            self.low.insert(v, i);
+            self.stack.push(v);
+            self.on_stack.insert(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                let w = w.as_str();
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.on_stack.contains(w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack.remove(w);
+                    component.push(w.to_string());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !walk.index.contains_key(v.as_str()) {
+            walk.visit(v);
+        }
+    }
+    walk.found
+}
+
+fn graph_of(edges: &[Import]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in edges {
+        graph.entry(e.from.clone()).or_default().insert(e.to.clone());
+        graph.entry(e.to.clone()).or_default();
+    }
+    graph
+}
+
+#[test]
+fn the_checker_finds_a_cycle_and_reads_grouped_imports() {
+    let paths = crate_paths(
+        "use crate::{a::X, b};\n// crate::c in a comment\npub(crate) fn f() { crate::d::g() }\n",
+    );
+    let names: Vec<&str> = paths.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["a", "b", "d"]);
+    let edge = |from: &str, to: &str| Import {
+        from: from.into(),
+        to: to.into(),
+        file: PathBuf::new(),
+        line: 0,
+    };
+    let acyclic = [edge("a", "b"), edge("b", "c"), edge("a", "c")];
+    assert!(cycles(&graph_of(&acyclic)).is_empty());
+    let cyclic = [edge("a", "b"), edge("b", "c"), edge("c", "a"), edge("c", "d")];
+    assert_eq!(cycles(&graph_of(&cyclic)), vec![vec!["a", "b", "c"]]);
+}
+
+#[test]
+fn no_folder_of_the_gateway_imports_one_that_imports_it_back() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = imports(&src);
+    assert!(edges.len() > 10, "the scan found the imports: {edges:?}");
+    let found = cycles(&graph_of(&edges));
+    let mut report = String::new();
+    for component in &found {
+        report.push_str(&format!("\ncycle among {component:?}:\n"));
+        for e in edges
+            .iter()
+            .filter(|e| component.contains(&e.from) && component.contains(&e.to))
+        {
+            report.push_str(&format!(
+                "  {} -> {}   ({}:{})\n",
+                e.from,
+                e.to,
+                e.file.display(),
+                e.line
+            ));
+        }
+    }
+    assert!(found.is_empty(), "{report}");
+}
