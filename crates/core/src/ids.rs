@@ -49,3 +49,11 @@ name_type!(
     /// A served model name, as clients put it in `model`.
     ModelName
 );
+name_type!(
+    /// A tenant of the gateway: who is asking, for quotas and fairness.
+    TenantId
+);
+name_type!(
+    /// A priority tier (`interactive`, `batch`, ...), as configured.
+    TierName
+);

@@ -7,7 +7,7 @@
 //!
 //! ## Layout
 //!
-//! - `ids` — `WorkerId`, `ModelName`.
+//! - `ids` — `WorkerId`, `ModelName`, `TenantId`, `TierName`.
 //! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
 //! - `load` — engine load reports (vLLM `/metrics`, SGLang `/v1/loads` and `/get_load`) in one
 //!   per-rank shape.
@@ -35,4 +35,4 @@ pub mod prefix;
 pub mod prom_text;
 pub mod retry;
 
-pub use ids::{ModelName, WorkerId};
+pub use ids::{ModelName, TenantId, TierName, WorkerId};

@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -19,15 +17,21 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::access_log::{AccessLog, AccessLogError};
+use crate::admin::Admin;
+use crate::admit::Admit;
+use crate::app::App;
 use crate::config::Config;
+use crate::context::{Accounts, InFlight};
+use crate::control::{Control, ControlSettings};
 use crate::error::GatewayError;
 use crate::fleet::{Fleet, FleetCollector, FleetSettings};
-use crate::forward::{Forwarder, Upstream};
-use crate::front::{self, App, Keys};
-use crate::inflight::InFlight;
+use crate::forward::Forwarder;
+use crate::front::Front;
+use crate::http::{self, Keys};
 use crate::metrics::Metrics;
 use crate::probes::{ProbeListener, Probes};
-use crate::{probes, server};
+use crate::route::RouteStage;
+use crate::upstream::Upstream;
 
 /// Why a gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +61,9 @@ pub struct Gateway {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     probe_listener: Option<ProbeListener>,
-    app: Arc<App>,
+    fleet: Arc<Fleet>,
+    /// Set when shutdown begins.
+    draining: Arc<AtomicBool>,
     in_flight: Arc<InFlight>,
     stop: watch::Sender<bool>,
     listeners: JoinSet<()>,
@@ -77,21 +83,27 @@ impl Gateway {
         let mut registry = Registry::with_prefix("sluice");
         let metrics = Metrics::register(&mut registry);
         let upstream = Upstream::new(config.connect_timeout);
+        let control = Control::new(
+            ControlSettings {
+                health: config.health.clone(),
+                load: config.load.clone(),
+                liveness: config.liveness,
+                startup_check_interval: config.startup_check_interval,
+            },
+            upstream.clone(),
+        );
         let fleet = Fleet::new(
             FleetSettings {
                 breaker: config.breaker,
                 http2_default: config.upstream_http2,
                 prefix_capacity: config.prefix_capacity,
                 drain_settle: config.drain_settle,
-                startup_check_interval: config.startup_check_interval,
                 policy: config.policy.name(),
-                health: config.health.clone(),
-                load: config.load.clone(),
-                liveness: config.liveness,
             },
-            upstream.clone(),
             metrics.clone(),
+            control.clone(),
         );
+        control.watch(&fleet);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));
         let access_log = match &config.access_log {
             Some(path) => Some(AccessLog::open(path, metrics.clone()).await?),
@@ -99,30 +111,35 @@ impl Gateway {
         };
         let in_flight = Arc::new(InFlight::default());
         let draining = Arc::new(AtomicBool::new(false));
+        let keys = Keys {
+            client: config.api_keys.clone(),
+            admin: config.admin_api_key.clone(),
+        };
         let probes = Probes::new(fleet.clone(), draining.clone());
-        let app = Arc::new(App {
-            fleet: fleet.clone(),
-            forwarder: Forwarder::new(
-                upstream,
-                config.policy,
-                config.shedding,
-                config.retry.clone(),
-                config.request_timeout,
-                metrics.clone(),
-            ),
-            metrics,
-            registry,
-            keys: Keys {
-                client: config.api_keys.clone(),
-                admin: config.admin_api_key.clone(),
-            },
-            max_payload: config.max_payload_size,
-            routing_key_header: config.routing_key_header.clone(),
-            access_log,
-            draining,
+        let app = App {
+            front: Arc::new(Front {
+                fleet: fleet.clone(),
+                admit: Admit::new(config.request_timeout),
+                route: RouteStage::new(config.policy, config.shedding, metrics.clone()),
+                forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
+                accounts: Accounts {
+                    metrics,
+                    access_log,
+                    in_flight: in_flight.clone(),
+                },
+                keys: keys.clone(),
+                max_payload: config.max_payload_size,
+                routing_key_header: config.routing_key_header.clone(),
+                draining: draining.clone(),
+            }),
+            admin: Arc::new(Admin {
+                fleet: fleet.clone(),
+                control,
+                keys,
+            }),
             probes: probes.clone(),
-            in_flight: in_flight.clone(),
-        });
+            registry: Arc::new(registry),
+        };
         for spec in config.workers.iter().cloned() {
             fleet.add(spec).map_err(StartError::Worker)?;
         }
@@ -134,9 +151,9 @@ impl Gateway {
             addr: config.listen,
             source,
         })?;
-        listeners.spawn(server::serve(
+        listeners.spawn(http::serve(
             listener,
-            front::router(app.clone()),
+            app.router(),
             config.header_read_timeout,
             stop_rx.clone(),
         ));
@@ -146,12 +163,9 @@ impl Gateway {
                 let local = listener
                     .local_addr()
                     .map_err(|source| StartError::Bind { addr: at, source })?;
-                let router = Router::new()
-                    .route("/metrics", get(probes::metrics))
-                    .with_state(app.clone());
-                listeners.spawn(server::serve(
+                listeners.spawn(http::serve(
                     listener,
-                    router,
+                    app.metrics_router(),
                     config.header_read_timeout,
                     stop_rx,
                 ));
@@ -171,7 +185,8 @@ impl Gateway {
             addr,
             metrics_addr,
             probe_listener,
-            app,
+            fleet,
+            draining,
             in_flight,
             stop,
             listeners,
@@ -198,8 +213,16 @@ impl Gateway {
         self.probe_listener.as_ref().map(|p| p.addr)
     }
 
+    /// The fleet, for what no HTTP surface shows (tests say why when they use it).
     pub fn fleet(&self) -> &Arc<Fleet> {
-        &self.app.fleet
+        &self.fleet
+    }
+
+    /// Changes whenever the fleet may have changed (a worker's health, a circuit, a veto, a load
+    /// report, the set of workers): something to await before reading `/workers` or `/loads`
+    /// again, instead of polling them.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.fleet.changes()
     }
 
     /// OpenAI requests in flight.
@@ -209,7 +232,7 @@ impl Gateway {
 
     /// Turns readiness to `draining` and refuses new requests, without stopping.
     pub fn begin_shutdown(&self) {
-        if !self.app.draining.swap(true, Ordering::SeqCst) {
+        if !self.draining.swap(true, Ordering::SeqCst) {
             info!(
                 in_flight = self.in_flight.count(),
                 "shutting down: draining requests in flight"

@@ -1,46 +1,71 @@
 //! # sluice-gateway: the server
 //!
-//! A request travels one way through the modules named after its stages:
+//! A request travels one way through the folders named after its stages, each taking the
+//! request's context and returning a typed error:
 //!
 //! ```text
-//! client -> front -> route -> forward -> stream -> client
+//! client -> front -> admit -> route -> forward -> stream -> client
 //! ```
 //!
 //! ## Layout
 //!
-//! - `front` — the HTTP surface: API keys, content type, body limit, the JSON facts routing needs
-//!   (`parse`), the request id; bad input ends here. Also `/v1/models`.
+//! The request path (`front` calls the stages in order; a later stage never imports an earlier
+//! one, except `forward`, which asks the `route` it was handed for a worker on each attempt):
+//!
+//! - `front` — the OpenAI routes: draining, the API key, the content type, the body limit, the
+//!   JSON facts routing needs (`parse`); bad input ends here. It makes the request's context and
+//!   runs the stages. Also `/v1/models`.
+//! - `admit` — whether a request goes on now; today it admits all and sets the deadline. Edge
+//!   admission (tenants, tiers, buckets, the queue) lands here.
 //! - `route` — the model's pool, the candidates a request could use, the policy's pick and its
-//!   breaker permit.
-//! - `forward` — the pooled upstream client, safe retries with backoff and a budget, headers
-//!   that may cross.
+//!   breaker permit, the all-vetoed rule (steer or shed).
+//! - `forward` — safe retries with backoff and a budget, through the routed pool.
 //! - `stream` — the response relayed frame by frame, timed, with the mid-stream failure and
 //!   client-disconnect endings.
-//! - `fleet` — the workers: specs, registration (`/v1/models`), circuit breakers and their
-//!   timers, the registry that is the one writer of the snapshot every request reads.
-//! - `admin` — `/workers`: list, register, replace, patch, drain and remove.
-//! - `probes` — `/liveness`, `/health`, `/readiness`, `/metrics`.
-//! - `error` — every answer the gateway makes itself: status, code, OpenAI error body.
-//! - `metrics`, `access_log`, `config`, `server` — what their names say.
+//! - `context` — the one owned request context the stages share; its `Drop` accounts for the
+//!   request however it ends. Also the in-flight count shutdown waits on.
 //!
-//! The decisions (policies, breaker, retry rules) are pure code in `sluice-core`; this crate
-//! feeds them events and acts on their answers.
+//! The workers and the loops that watch them:
+//!
+//! - `fleet` — the registry and its snapshot; each worker's facts grouped by their one writer
+//!   (health, traffic, vetoes, signals, circuit), in typed atomic cells.
+//! - `control` — the loops that own facts about workers: registration, the health prober, the load
+//!   monitor, the liveness checker.
+//! - `upstream` — the HTTP client to workers, at the bottom: used by `forward` and `control`,
+//!   importing nothing above it.
+//!
+//! Around them:
+//!
+//! - `admin` — `/workers`, `/loads`, `/busy_threshold`.
+//! - `probes` — `/liveness`, `/health`, `/readiness`, `/metrics`.
+//! - `http` — what every HTTP surface shares: the accept loop, keys, the request id, bodies,
+//!   headers that may cross.
+//! - `app` — the one place the routers are assembled; `gateway` starts and stops it all.
+//! - `error` — every answer the gateway makes itself: status, code, OpenAI error body.
+//! - `metrics`, `access_log`, `config` — what their names say.
+//!
+//! No folder imports one that imports it back (`tests/layout.rs` checks the `use` lines). The
+//! decisions (policies, breaker, health, liveness, retry rules) are pure code in `sluice-core`;
+//! this crate feeds them events and acts on their answers.
 
 pub mod access_log;
 pub mod admin;
+pub mod admit;
+mod app;
 pub mod config;
+pub mod context;
+pub mod control;
 pub mod error;
 pub mod fleet;
 pub mod forward;
 pub mod front;
+mod gateway;
+pub mod http;
 pub mod metrics;
 pub mod probes;
 pub mod route;
-mod server;
 pub mod stream;
-
-mod gateway;
-pub mod inflight;
+pub mod upstream;
 
 pub use config::{Config, ConfigError, Settings};
 pub use error::GatewayError;

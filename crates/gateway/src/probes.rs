@@ -19,12 +19,12 @@ use axum::http::{header, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::fleet::Fleet;
-use crate::front::App;
-use crate::server;
+use crate::http;
 
 /// What readiness depends on: the fleet, and whether shutdown has begun.
 pub struct Probes {
@@ -127,10 +127,17 @@ async fn ready(State(probes): State<Arc<Probes>>) -> Response<Body> {
     (status, axum::Json(body)).into_response()
 }
 
+/// `/metrics`, for any router.
+pub fn metrics_routes<S: Clone + Send + Sync + 'static>(registry: Arc<Registry>) -> Router<S> {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(registry)
+}
+
 /// Prometheus text (OpenMetrics).
-pub async fn metrics(State(app): State<Arc<App>>) -> Response<Body> {
+async fn metrics(State(registry): State<Arc<Registry>>) -> Response<Body> {
     let mut text = String::with_capacity(16 * 1024);
-    if prometheus_client::encoding::text::encode(&mut text, &app.registry).is_err() {
+    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     let mut response = text.into_response();
@@ -167,7 +174,7 @@ impl ProbeListener {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            server::serve(listener, routes(probes), header_read_timeout, stop)
+                            http::serve(listener, routes(probes), header_read_timeout, stop)
                                 .await;
                         }
                         Err(e) => tracing::error!(error = %e, "probe listener failed"),

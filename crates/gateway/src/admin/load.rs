@@ -14,11 +14,10 @@ use sluice_core::load::RankLoad;
 use sluice_core::overload::{BusyThresholds, OverloadCause};
 use tokio::time::Instant;
 
-use super::authorized_body;
-use crate::config::busy_thresholds;
+use super::{authorized_body, Admin};
+use crate::control::busy_thresholds;
 use crate::error::GatewayError;
 use crate::fleet::Worker;
-use crate::front::App;
 
 /// A worker's last load report as shown.
 #[derive(Serialize)]
@@ -70,8 +69,8 @@ impl VetoView {
         let v = &worker.vetoes;
         Self {
             overloaded: v.overloaded(),
-            projected_waiting: v.queue_gate().projected(worker.pending_requests()),
-            pending_requests: worker.pending_requests(),
+            projected_waiting: v.queue_gate().projected(worker.traffic.pending_requests()),
+            pending_requests: worker.traffic.pending_requests(),
             busy: v.busy(),
             at_capacity: v.at_capacity(),
             liveness: v.liveness(),
@@ -97,8 +96,8 @@ struct Aggregate {
     mean_token_usage: f64,
 }
 
-pub async fn loads(State(app): State<Arc<App>>) -> Response<Body> {
-    let snapshot = app.fleet.snapshot();
+pub async fn loads(State(admin): State<Arc<Admin>>) -> Response<Body> {
+    let snapshot = admin.fleet.snapshot();
     let mut aggregate = Aggregate {
         workers: snapshot.workers.len(),
         ..Aggregate::default()
@@ -132,18 +131,18 @@ pub async fn loads(State(app): State<Arc<App>>) -> Response<Body> {
     axum::Json(serde_json::json!({"workers": workers, "aggregate": aggregate})).into_response()
 }
 
-pub async fn busy_get(State(app): State<Arc<App>>) -> Response<Body> {
-    axum::Json(app.fleet.busy_thresholds()).into_response()
+pub async fn busy_get(State(admin): State<Arc<Admin>>) -> Response<Body> {
+    axum::Json(admin.control.busy_thresholds()).into_response()
 }
 
 /// Changes the busy thresholds: a field given sets it, `null` turns that check off, a field left
 /// out stays. Each worker's verdict follows at its next load report.
-pub async fn busy_post(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
+pub async fn busy_post(State(admin): State<Arc<Admin>>, request: Request) -> Response<Body> {
     let result = async {
-        let body = authorized_body(&app, request).await?;
-        let current = app.fleet.busy_thresholds();
+        let body = authorized_body(&admin, request).await?;
+        let current = admin.control.busy_thresholds();
         let next = merge(current, &body)?;
-        app.fleet.set_busy_thresholds(next);
+        admin.control.set_busy_thresholds(next);
         Ok::<_, GatewayError>(next)
     }
     .await;

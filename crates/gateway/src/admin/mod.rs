@@ -23,19 +23,29 @@ use axum::Router;
 use serde::Serialize;
 use sluice_core::ModelName;
 
-use crate::error::GatewayError;
 use sluice_core::health::HealthState;
 use tokio::time::Instant;
 
-use crate::fleet::{Fleet, Removal, Worker, WorkerPatch, WorkerSpec};
-use crate::front::{read_body, App};
+use crate::control::Control;
+use crate::error::GatewayError;
+use crate::fleet::{Fleet, Removal, SpecError, Worker, WorkerPatch, WorkerSpec};
+use crate::http::{read_body, Keys};
 
 /// Largest worker spec accepted.
 const SPEC_MAX_BYTES: usize = 64 * 1024;
 
 mod load;
 
-pub fn routes() -> Router<Arc<App>> {
+/// What the admin API acts on.
+pub struct Admin {
+    pub fleet: Arc<Fleet>,
+    /// The health settings in force per worker, and the busy thresholds.
+    pub control: Arc<Control>,
+    pub keys: Keys,
+}
+
+/// `/workers`, `/loads` and `/busy_threshold`.
+pub fn routes(admin: Arc<Admin>) -> Router {
     Router::new()
         .route("/loads", get(load::loads))
         .route("/busy_threshold", get(load::busy_get).post(load::busy_post))
@@ -44,6 +54,7 @@ pub fn routes() -> Router<Arc<App>> {
             "/workers/{id}",
             get(show).put(replace).patch(patch).delete(remove),
         )
+        .with_state(admin)
 }
 
 #[derive(Serialize)]
@@ -79,10 +90,10 @@ struct HealthView {
 }
 
 impl HealthView {
-    fn of(fleet: &Fleet, worker: &Worker) -> Self {
+    fn of(admin: &Admin, worker: &Worker) -> Self {
         let now = Instant::now();
-        let health = worker.health();
-        let effective = fleet.health_of(worker);
+        let health = worker.health.machine();
+        let effective = admin.control.health_of(&admin.fleet, worker);
         Self {
             state: health.state(),
             for_secs: (now - health.since()).as_secs_f64(),
@@ -94,7 +105,7 @@ impl HealthView {
             failure_threshold: effective.thresholds.failure,
             success_threshold: effective.thresholds.success,
             drain_settle_secs: effective.drain_settle.as_secs_f64(),
-            last_probe: worker.last_probe().map(|p| ProbeView {
+            last_probe: worker.health.last_probe().map(|p| ProbeView {
                 ok: p.error.is_none(),
                 error: p.error.clone(),
                 seconds_ago: (now - p.at).as_secs_f64(),
@@ -124,7 +135,7 @@ pub struct WorkerView {
 }
 
 impl WorkerView {
-    pub fn of(fleet: &Fleet, worker: &Worker) -> Self {
+    pub fn of(admin: &Admin, worker: &Worker) -> Self {
         let spec = worker.live().spec.clone();
         Self {
             id: worker.id.to_string(),
@@ -134,7 +145,7 @@ impl WorkerView {
             flavor: worker.info().map(|i| i.flavor.clone()),
             models: worker.models(),
             in_flight: worker.in_flight(),
-            health: HealthView::of(fleet, worker),
+            health: HealthView::of(admin, worker),
             vetoes: load::VetoView::of(worker),
             engine_load: load::LoadView::of(worker),
             circuit: CircuitView {
@@ -146,39 +157,39 @@ impl WorkerView {
     }
 }
 
-async fn list(State(app): State<Arc<App>>) -> Response<Body> {
-    let snapshot = app.fleet.snapshot();
+async fn list(State(admin): State<Arc<Admin>>) -> Response<Body> {
+    let snapshot = admin.fleet.snapshot();
     let workers: Vec<WorkerView> = snapshot
         .workers
         .iter()
-        .map(|w| WorkerView::of(&app.fleet, w))
+        .map(|w| WorkerView::of(&admin, w))
         .collect();
     axum::Json(serde_json::json!({"total": workers.len(), "workers": workers})).into_response()
 }
 
-async fn show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response<Body> {
-    match app.fleet.snapshot().worker(&id) {
-        Some(worker) => axum::Json(WorkerView::of(&app.fleet, worker)).into_response(),
+async fn show(State(admin): State<Arc<Admin>>, Path(id): Path<String>) -> Response<Body> {
+    match admin.fleet.snapshot().worker(&id) {
+        Some(worker) => axum::Json(WorkerView::of(&admin, worker)).into_response(),
         None => GatewayError::WorkerNotFound { id }.into_response(),
     }
 }
 
 /// Checks the admin key and reads the body.
-async fn authorized_body(app: &App, request: Request) -> Result<bytes::Bytes, GatewayError> {
+async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, GatewayError> {
     let (parts, body) = request.into_parts();
-    app.keys.check_admin(&parts.headers)?;
+    admin.keys.check_admin(&parts.headers)?;
     read_body(body, &parts.headers, SPEC_MAX_BYTES).await
 }
 
-fn invalid(e: crate::fleet::SpecError) -> GatewayError {
+fn invalid(e: SpecError) -> GatewayError {
     GatewayError::InvalidWorkerSpec {
         field: e.field,
         message: e.message,
     }
 }
 
-fn accepted(fleet: &Fleet, worker: &Worker) -> Response<Body> {
-    let view = WorkerView::of(fleet, worker);
+fn accepted(admin: &Admin, worker: &Worker) -> Response<Body> {
+    let view = WorkerView::of(admin, worker);
     let mut response = (StatusCode::ACCEPTED, axum::Json(view)).into_response();
     if let Ok(location) = HeaderValue::try_from(format!("/workers/{}", worker.id)) {
         response.headers_mut().insert(header::LOCATION, location);
@@ -186,62 +197,62 @@ fn accepted(fleet: &Fleet, worker: &Worker) -> Response<Body> {
     response
 }
 
-async fn create(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
-    register(&app, request, |fleet, spec| fleet.add(spec)).await
+async fn create(State(admin): State<Arc<Admin>>, request: Request) -> Response<Body> {
+    register(&admin, request, |fleet, spec| fleet.add(spec)).await
 }
 
 async fn replace(
-    State(app): State<Arc<App>>,
+    State(admin): State<Arc<Admin>>,
     Path(id): Path<String>,
     request: Request,
 ) -> Response<Body> {
-    register(&app, request, |fleet, spec| fleet.replace(&id, spec)).await
+    register(&admin, request, |fleet, spec| fleet.replace(&id, spec)).await
 }
 
 /// POST and PUT: a validated spec, registered by `how`, answered 202 with its `Location`.
 async fn register(
-    app: &App,
+    admin: &Admin,
     request: Request,
     how: impl FnOnce(&Arc<Fleet>, WorkerSpec) -> Result<Arc<Worker>, GatewayError>,
 ) -> Response<Body> {
     let result = async {
-        let body = authorized_body(app, request).await?;
+        let body = authorized_body(admin, request).await?;
         let spec = WorkerSpec::parse(&body).map_err(invalid)?;
-        how(&app.fleet, spec)
+        how(&admin.fleet, spec)
     }
     .await;
     match result {
-        Ok(worker) => accepted(&app.fleet, &worker),
+        Ok(worker) => accepted(admin, &worker),
         Err(e) => e.into_response(),
     }
 }
 
 async fn patch(
-    State(app): State<Arc<App>>,
+    State(admin): State<Arc<Admin>>,
     Path(id): Path<String>,
     request: Request,
 ) -> Response<Body> {
     let result = async {
-        let body = authorized_body(&app, request).await?;
+        let body = authorized_body(&admin, request).await?;
         let patch = WorkerPatch::parse(&body).map_err(invalid)?;
-        app.fleet.patch(&id, patch)
+        admin.fleet.patch(&id, patch)
     }
     .await;
     match result {
-        Ok(worker) => axum::Json(WorkerView::of(&app.fleet, &worker)).into_response(),
+        Ok(worker) => axum::Json(WorkerView::of(&admin, &worker)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 async fn remove(
-    State(app): State<Arc<App>>,
+    State(admin): State<Arc<Admin>>,
     Path(id): Path<String>,
     request: Request,
 ) -> Response<Body> {
-    if let Err(e) = app.keys.check_admin(request.headers()) {
+    if let Err(e) = admin.keys.check_admin(request.headers()) {
         return e.into_response();
     }
-    match app.fleet.remove(&id) {
+    match admin.fleet.remove(&id) {
         Ok(removal) => {
             let status = match removal {
                 Removal::Draining => "draining",

@@ -21,7 +21,6 @@ use sluice_core::breaker::BreakerConfig;
 use sluice_core::policy::Policy;
 use sluice_core::retry::Backoff;
 
-pub use sections::busy_thresholds;
 pub use settings::Settings;
 
 use checks::{
@@ -29,7 +28,9 @@ use checks::{
     seconds,
 };
 
-use crate::fleet::{HealthConfig, LoadConfig, WorkerSpec};
+use crate::control::{HealthConfig, LoadConfig};
+use crate::fleet::WorkerSpec;
+pub use crate::forward::RetryConfig;
 use crate::route::Shedding;
 use sluice_core::liveness::LivenessConfig;
 
@@ -187,16 +188,6 @@ impl Settings {
             access_log: self.access_log.clone(),
         })
     }
-}
-
-/// Retry rules of the forward stage.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetryConfig {
-    /// 0 disables retries.
-    pub max_retries: u32,
-    pub backoff: Backoff,
-    pub budget_percent: f64,
-    pub budget_min_per_sec: u32,
 }
 
 /// The validated configuration of one gateway.

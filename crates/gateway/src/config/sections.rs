@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use sluice_core::health::Thresholds;
 use sluice_core::liveness::LivenessConfig;
-use sluice_core::overload::{BusyThresholds, Ceilings};
+use sluice_core::overload::Ceilings;
 use sluice_core::policy::{CacheAware, Policy};
 
 use super::checks::{at_least, fraction, invalid, positive_count, positive_seconds, seconds};
 use super::{ConfigError, Settings};
-use crate::fleet::{HealthConfig, LoadConfig};
+use crate::control::{busy_thresholds, HealthConfig, LoadConfig};
 use crate::route::Shedding;
 
 impl Settings {
@@ -130,29 +130,4 @@ impl Settings {
             stale: seconds("worker-stale-secs", self.worker_stale_secs)?,
         })
     }
-}
-
-/// The busy checks, validated; an error names the setting (flag and `/busy_threshold` field).
-pub fn busy_thresholds(
-    decode: Option<f64>,
-    prefill: Option<u64>,
-    frac: Option<f64>,
-) -> Result<BusyThresholds, (&'static str, String)> {
-    if let Some(x) = decode.filter(|x| !(*x > 0.0 && *x <= 1.0)) {
-        return Err((
-            "active-decode-blocks-threshold",
-            format!("{x} is not a fraction of the KV blocks in (0, 1]"),
-        ));
-    }
-    if let Some(x) = frac.filter(|x| !(x.is_finite() && *x > 0.0)) {
-        return Err((
-            "active-prefill-tokens-threshold-frac",
-            format!("{x} must be greater than 0"),
-        ));
-    }
-    Ok(BusyThresholds {
-        active_decode_blocks_threshold: decode,
-        active_prefill_tokens_threshold: prefill,
-        active_prefill_tokens_threshold_frac: frac,
-    })
 }

@@ -6,7 +6,6 @@
 //! exactly when its timeout passes — so metrics, `/workers` and readiness never show a circuit
 //! as open after it has stopped refusing.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use sluice_core::breaker::{Breaker, BreakerConfig, BreakerState, Outcome, Ticket, Transition};
@@ -14,6 +13,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::atomic::AtomicEnum;
 use crate::metrics::{Metrics, TransitionLabels};
 
 /// One worker's breaker. `None` config: circuit breaking is off and every request is admitted.
@@ -22,7 +22,7 @@ pub struct WorkerBreaker {
     worker: String,
     inner: Option<parking_lot::Mutex<Breaker>>,
     /// The state, for readers that must not lock.
-    state: AtomicU8,
+    state: AtomicEnum<BreakerState>,
     /// Wakes the timer when the circuit opens.
     opened: Notify,
     metrics: Arc<Metrics>,
@@ -34,22 +34,6 @@ pub struct WorkerBreaker {
 #[derive(Debug, Clone, Copy)]
 pub struct Permit(Option<Ticket>);
 
-fn encode(state: BreakerState) -> u8 {
-    match state {
-        BreakerState::Closed => 0,
-        BreakerState::Open => 1,
-        BreakerState::HalfOpen => 2,
-    }
-}
-
-fn decode(state: u8) -> BreakerState {
-    match state {
-        1 => BreakerState::Open,
-        2 => BreakerState::HalfOpen,
-        _ => BreakerState::Closed,
-    }
-}
-
 impl WorkerBreaker {
     pub fn new(
         worker: &str,
@@ -60,7 +44,7 @@ impl WorkerBreaker {
         Self {
             worker: worker.to_string(),
             inner: cfg.map(|cfg| parking_lot::Mutex::new(Breaker::new(cfg))),
-            state: AtomicU8::new(encode(BreakerState::Closed)),
+            state: AtomicEnum::new(BreakerState::Closed),
             opened: Notify::new(),
             metrics,
             changed,
@@ -68,7 +52,7 @@ impl WorkerBreaker {
     }
 
     pub fn state(&self) -> BreakerState {
-        decode(self.state.load(Ordering::Acquire))
+        self.state.load()
     }
 
     /// Consecutive failures counted while closed.
@@ -111,7 +95,7 @@ impl WorkerBreaker {
         let Some(t) = transition else {
             return;
         };
-        self.state.store(encode(t.to), Ordering::Release);
+        self.state.store(t.to);
         self.changed.send_modify(|v| *v += 1);
         self.metrics
             .breaker_transitions

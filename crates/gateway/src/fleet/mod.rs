@@ -4,16 +4,26 @@
 //! through `Fleet`'s methods, which edit the registry under a short lock (never across an
 //! `.await`) and publish a fresh immutable `Snapshot`. The request path only ever loads the
 //! snapshot (`ArcSwap`) and reads per-worker atomics; it takes no lock a control task holds.
+//!
+//! The fleet knows no HTTP: the control loops that probe, poll and register a worker are started
+//! for each registration by a `Supervise` the gateway hands in (`control::Control`), and the
+//! fleet aborts them when the registration ends.
+//!
+//! ## Layout
+//!
+//! - `worker` — one registered worker, its fields grouped by their one writer, and `Lease`, a
+//!   request's hold on it.
+//! - `veto`, `signals`, `breaker` — per-worker facts: why it gets no new request, what the
+//!   gateway hears from it, its circuit.
+//! - `atomic` — the typed cells those facts live in (an enum, an instant).
+//! - `spec` — the worker spec of `--worker-urls` and the admin API.
+//! - `collector` — per-worker gauges read at scrape time.
 
+mod atomic;
 mod breaker;
 mod collector;
-mod discover;
-mod get;
-mod health;
-mod liveness;
-mod monitor;
+mod signals;
 mod spec;
-mod verdicts;
 mod veto;
 mod worker;
 
@@ -25,26 +35,25 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use sluice_core::breaker::BreakerConfig;
-use sluice_core::health::HealthState;
-use sluice_core::overload::BusyThresholds;
+use sluice_core::health::{HealthState, HealthTransition};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
+pub use atomic::{AtomicEnum, AtomicInstant, Packed};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
-pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
-pub use liveness::Signals;
-pub use monitor::{LoadConfig, PollError};
+pub use signals::{Heard, Signals};
 pub use spec::{HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec};
 pub use veto::{EngineLoad, Vetoes};
-pub use worker::{Lease, LiveSpec, ModelCard, ProbeRecord, Worker, WorkerInfo};
+pub use worker::{
+    HealthCell, Lease, LiveSpec, ModelCard, ProbeRecord, Traffic, Worker, WorkerInfo,
+};
 
 use crate::error::GatewayError;
-use crate::forward::Upstream;
 use crate::metrics::Metrics;
 
 /// What the fleet needs to create workers.
@@ -53,14 +62,16 @@ pub struct FleetSettings {
     pub breaker: Option<BreakerConfig>,
     pub http2_default: bool,
     pub prefix_capacity: usize,
+    /// `--drain-settle-secs`: how long a removed worker that was serving drains.
     pub drain_settle: Duration,
-    /// How often a worker that has not answered `/v1/models` is asked again.
-    pub startup_check_interval: Duration,
     /// The policy's name, a label of per-worker selection counts.
     pub policy: &'static str,
-    pub health: HealthConfig,
-    pub load: LoadConfig,
-    pub liveness: sluice_core::liveness::LivenessConfig,
+}
+
+/// Starts the control loops of a newly registered worker (registration, probes, load polls) and
+/// hands back their handles; the fleet aborts them when the registration ends.
+pub trait Supervise: Send + Sync {
+    fn supervise(self: Arc<Self>, fleet: &Arc<Fleet>, worker: &Arc<Worker>) -> Vec<AbortHandle>;
 }
 
 /// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
@@ -97,7 +108,7 @@ impl Snapshot {
 
 struct Entry {
     worker: Arc<Worker>,
-    /// The worker's background tasks (breaker timer, registration, prober), ended on removal.
+    /// The worker's background tasks (breaker timer, and the control loops), ended on removal.
     tasks: Vec<AbortHandle>,
 }
 
@@ -132,45 +143,46 @@ pub struct Fleet {
     changed: Arc<watch::Sender<u64>>,
     registry: parking_lot::Mutex<Registry>,
     settings: FleetSettings,
-    upstream: Upstream,
     metrics: Arc<Metrics>,
-    /// Caps the probes out at once, fleet-wide.
-    probe_permits: Arc<Semaphore>,
-    /// The busy thresholds in force (`POST /busy_threshold` swaps them).
-    busy: ArcSwap<BusyThresholds>,
+    supervisor: Arc<dyn Supervise>,
 }
 
 impl Fleet {
-    pub fn new(settings: FleetSettings, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Self> {
-        let settings_busy = settings.load.busy;
-        let liveness = settings.liveness;
-        let fleet = Arc::new(Self {
+    pub fn new(
+        settings: FleetSettings,
+        metrics: Arc<Metrics>,
+        supervisor: Arc<dyn Supervise>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             changed: Arc::new(watch::channel(0).0),
             registry: parking_lot::Mutex::new(Registry::default()),
             settings,
-            upstream,
             metrics,
-            probe_permits: Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT)),
-            busy: ArcSwap::from_pointee(settings_busy),
-        });
-        tokio::spawn(liveness::run_checker(Arc::downgrade(&fleet), liveness));
-        fleet
+            supervisor,
+        })
     }
 
-    pub fn busy_thresholds(&self) -> BusyThresholds {
-        **self.busy.load()
+    /// The gateway's metrics, which the control loops count into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
-    /// New busy thresholds; each worker's verdict follows at its next report.
-    pub fn set_busy_thresholds(&self, thresholds: BusyThresholds) {
-        self.busy.store(Arc::new(thresholds));
-        info!(?thresholds, "busy thresholds changed");
+    /// Tells readiness and waiters that something about the fleet may have changed (a veto, a
+    /// report, a health state).
+    pub fn announce(&self) {
+        self.changed.send_modify(|v| *v += 1);
     }
 
-    /// The load settings in force.
-    pub fn load_config(&self) -> &LoadConfig {
-        &self.settings.load
+    /// How long `worker` drains when removed while serving: its spec's, else the flag's.
+    pub fn drain_settle_of(&self, worker: &Worker) -> Duration {
+        worker
+            .live()
+            .spec
+            .health
+            .drain_settle_secs
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .unwrap_or(self.settings.drain_settle)
     }
 
     /// A number that changes whenever the fleet may have (snapshot, circuit, health).
@@ -283,14 +295,14 @@ impl Fleet {
             .find(|e| e.worker.id.as_str() == id)
             .map(|e| e.worker.clone())
             .ok_or_else(|| not_found(id))?;
-        let settle = self.health_of(&worker).drain_settle;
+        let settle = self.drain_settle_of(&worker);
         if worker.status() == HealthState::Draining {
             return Ok(Removal::Draining);
         }
         let draining = if settle.is_zero() {
             None
         } else {
-            worker.change_health(|h| h.drain(Instant::now()))
+            worker.health.change(|h| h.drain(Instant::now()))
         };
         let Some(transition) = draining else {
             drop(registry);
@@ -309,7 +321,7 @@ impl Fleet {
     }
 
     /// Takes this registration out (not a later one that replaced it under the same id).
-    fn remove_now(&self, worker: &Arc<Worker>) {
+    pub fn remove_now(&self, worker: &Arc<Worker>) {
         let mut registry = self.registry.lock();
         let before = registry.entries.len();
         registry.entries.retain(|e| !Arc::ptr_eq(&e.worker, worker));
@@ -323,7 +335,7 @@ impl Fleet {
     }
 
     /// A worker answered `/v1/models`: it serves these models, and a pending one is ready.
-    fn learned(self: &Arc<Self>, worker: &Arc<Worker>, info: WorkerInfo) {
+    pub fn learned(self: &Arc<Self>, worker: &Arc<Worker>, info: WorkerInfo) {
         let mut registry = self.registry.lock();
         if !registry
             .entries
@@ -337,8 +349,40 @@ impl Fleet {
         self.publish(&mut registry);
         drop(registry);
         info!(worker = %worker.id, ?models, "worker models learned");
-        if let Some(t) = worker.change_health(|h| h.registered(Instant::now())) {
+        if let Some(t) = worker.health.change(|h| h.registered(Instant::now())) {
             self.health_changed(worker, t);
+        }
+    }
+
+    /// Acts on a health transition: log, gauge, breaker readmission on promotion, no load opinion
+    /// once it leaves Ready, and a change signal for readiness and waiters.
+    pub fn health_changed(&self, worker: &Worker, t: HealthTransition) {
+        let (from, to) = (t.from.as_str(), t.to.as_str());
+        match t.to {
+            HealthState::Ready => {
+                info!(worker = %worker.id, from, to, cause = %t.cause, "worker health changed")
+            }
+            _ => warn!(worker = %worker.id, from, to, cause = %t.cause, "worker health changed"),
+        }
+        worker
+            .metrics
+            .health
+            .set(i64::from(t.to == HealthState::Ready));
+        if t.is_promotion() {
+            worker.breaker.readmit();
+        }
+        if t.from == HealthState::Ready {
+            self.load_cleared(worker, "it left Ready");
+        }
+        self.announce();
+    }
+
+    /// No opinion on `worker`'s load any more.
+    pub fn load_cleared(&self, worker: &Worker, why: &'static str) {
+        let (was_overloaded, was_busy) = worker.vetoes.clear_load();
+        if was_overloaded || was_busy {
+            info!(worker = %worker.id, why, "overload veto cleared");
+            self.announce();
         }
     }
 
@@ -357,31 +401,9 @@ impl Fleet {
             self.metrics.for_worker(id.as_str(), self.settings.policy),
         ));
         worker.metrics.health.set(0);
-        let timer = tokio::spawn(breaker.run_timer()).abort_handle();
-        let prober = tokio::spawn(health::run_prober(
-            Arc::downgrade(self),
-            worker.clone(),
-            self.upstream.clone(),
-            self.probe_permits.clone(),
-        ))
-        .abort_handle();
-        let monitor = tokio::spawn(monitor::run_monitor(
-            Arc::downgrade(self),
-            worker.clone(),
-            self.upstream.clone(),
-        ))
-        .abort_handle();
-        let registration = tokio::spawn(discover::register(
-            Arc::downgrade(self),
-            worker.clone(),
-            self.upstream.clone(),
-            self.settings.startup_check_interval,
-        ))
-        .abort_handle();
-        Entry {
-            worker,
-            tasks: vec![timer, registration, prober, monitor],
-        }
+        let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];
+        tasks.extend(self.supervisor.clone().supervise(self, &worker));
+        Entry { worker, tasks }
     }
 
     /// Rebuilds the snapshot from the registry.
@@ -427,7 +449,7 @@ impl Fleet {
             pools,
             unresolved,
         }));
-        self.changed.send_modify(|v| *v += 1);
+        self.announce();
     }
 }
 

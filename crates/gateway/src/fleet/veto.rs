@@ -3,7 +3,7 @@
 //! the forward stage for at-capacity answers, the liveness checker for liveness); the route stage
 //! reads them all lock-free on every selection.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +13,8 @@ use sluice_core::liveness::LivenessVeto;
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{OverloadCause, QueueGate, VetoClass};
 use tokio::time::Instant;
+
+use super::atomic::{AtomicEnum, AtomicInstant};
 
 /// The last load report of a worker and what was concluded from it.
 #[derive(Debug, Clone, Serialize)]
@@ -32,36 +34,12 @@ pub struct EngineLoad {
     pub silent_since: Option<Instant>,
 }
 
-fn encode(veto: Option<LivenessVeto>) -> u8 {
-    match veto {
-        None => 0,
-        Some(LivenessVeto::Unreachable) => 1,
-        Some(LivenessVeto::Stale) => 2,
-        Some(LivenessVeto::WedgedQueue) => 3,
-        Some(LivenessVeto::WedgedPile) => 4,
-        Some(LivenessVeto::EngineSilent) => 5,
-    }
-}
-
-fn decode(v: u8) -> Option<LivenessVeto> {
-    match v {
-        1 => Some(LivenessVeto::Unreachable),
-        2 => Some(LivenessVeto::Stale),
-        3 => Some(LivenessVeto::WedgedQueue),
-        4 => Some(LivenessVeto::WedgedPile),
-        5 => Some(LivenessVeto::EngineSilent),
-        _ => None,
-    }
-}
-
 const KV_FULL: u64 = 1 << 63;
 const WAITING_MAX: u64 = (1 << 31) - 1;
 
 /// One worker's vetoes.
 #[derive(Debug)]
 pub struct Vetoes {
-    /// Instants are stored as nanoseconds after this.
-    base: Instant,
     /// The last report reached a ceiling (what logs, `/loads` and the gauge show).
     overloaded: AtomicBool,
     /// The last report's queue gate in one word, so no reader sees half of a report: KV full in
@@ -74,24 +52,24 @@ pub struct Vetoes {
     early_poll_at: AtomicU64,
     early_poll: tokio::sync::Notify,
     busy: AtomicBool,
-    /// Until when its own at-capacity answer keeps it out; 0: not at all.
-    at_capacity_until: AtomicU64,
-    liveness: AtomicU8,
+    /// Until when its own at-capacity answer keeps it out (the forward stage).
+    at_capacity_until: AtomicInstant,
+    /// The liveness checker's verdict.
+    liveness: AtomicEnum<Option<LivenessVeto>>,
     load: ArcSwapOption<EngineLoad>,
 }
 
 impl Default for Vetoes {
     fn default() -> Self {
         Self {
-            base: Instant::now(),
             overloaded: AtomicBool::new(false),
             queue: AtomicU64::new(0),
             queue_ceiling: AtomicU64::new(0),
             early_poll_at: AtomicU64::new(u64::MAX),
             early_poll: tokio::sync::Notify::new(),
             busy: AtomicBool::new(false),
-            at_capacity_until: AtomicU64::new(0),
-            liveness: AtomicU8::new(0),
+            at_capacity_until: AtomicInstant::none(),
+            liveness: AtomicEnum::default(),
             load: ArcSwapOption::empty(),
         }
     }
@@ -102,7 +80,7 @@ impl Vetoes {
     /// no first byte (`Worker::veto_class` passes it): doubt (liveness) outranks fullness, so the
     /// all-vetoed rule takes a merely full worker first.
     pub fn class(&self, pending_now: u64) -> Option<VetoClass> {
-        if self.liveness.load(Ordering::Acquire) != 0 {
+        if self.liveness.load().is_some() {
             return Some(VetoClass::Liveness);
         }
         let full = self.queue_gate().full(pending_now)
@@ -157,12 +135,13 @@ impl Vetoes {
     }
 
     pub fn at_capacity(&self) -> bool {
-        let until = self.at_capacity_until.load(Ordering::Acquire);
-        until != 0 && self.nanos(Instant::now()) < until
+        self.at_capacity_until
+            .load()
+            .is_some_and(|until| Instant::now() < until)
     }
 
     pub fn liveness(&self) -> Option<LivenessVeto> {
-        decode(self.liveness.load(Ordering::Acquire))
+        self.liveness.load()
     }
 
     pub fn load(&self) -> Option<Arc<EngineLoad>> {
@@ -194,16 +173,11 @@ impl Vetoes {
 
     /// The worker answered "at capacity": keep it out for `period`.
     pub(crate) fn at_capacity_for(&self, period: Duration) {
-        let until = self.nanos(Instant::now() + period).max(1);
-        self.at_capacity_until.store(until, Ordering::Release);
+        self.at_capacity_until.store(Instant::now() + period);
     }
 
     pub(crate) fn set_liveness(&self, veto: Option<LivenessVeto>) {
-        self.liveness.store(encode(veto), Ordering::Release);
-    }
-
-    fn nanos(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+        self.liveness.store(veto);
     }
 }
 

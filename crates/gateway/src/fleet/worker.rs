@@ -1,11 +1,10 @@
 //! One registered worker: its identity and spec (fixed), what it told us at registration
 //! (replaced whole when learned), and its live counters (atomics the request path moves).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use axum::http::uri::{Authority, Scheme};
 use axum::http::HeaderValue;
 use sluice_core::breaker::{BreakerState, Outcome};
 use sluice_core::health::{Health, HealthState, HealthTransition};
@@ -13,31 +12,13 @@ use sluice_core::overload::VetoClass;
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
+use super::atomic::AtomicEnum;
 use super::breaker::{Permit, WorkerBreaker};
-use super::liveness::Signals;
+use super::signals::Signals;
 use super::spec::WorkerSpec;
 use super::veto::Vetoes;
 use crate::metrics::WorkerMetrics;
-
-fn encode(state: HealthState) -> u8 {
-    match state {
-        HealthState::Pending => 0,
-        HealthState::Ready => 1,
-        HealthState::NotReady => 2,
-        HealthState::Failed => 3,
-        HealthState::Draining => 4,
-    }
-}
-
-fn decode(v: u8) -> HealthState {
-    match v {
-        1 => HealthState::Ready,
-        2 => HealthState::NotReady,
-        3 => HealthState::Failed,
-        4 => HealthState::Draining,
-        _ => HealthState::Pending,
-    }
-}
+use crate::upstream::Endpoint;
 
 /// The last probe of a worker, for `GET /workers`.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,36 +66,103 @@ impl LiveSpec {
     }
 }
 
-/// A registered worker.
+/// A worker's health, written only through the fleet and the health checker: the state machine
+/// under a short lock (never held across an `.await`), its state mirrored in an atomic for the
+/// request path, and the last probe for views.
+#[derive(Debug)]
+pub struct HealthCell {
+    machine: parking_lot::Mutex<Health>,
+    state: AtomicEnum<HealthState>,
+    last_probe: ArcSwapOption<ProbeRecord>,
+}
+
+impl HealthCell {
+    fn new() -> Self {
+        Self {
+            machine: parking_lot::Mutex::new(Health::new(Instant::now())),
+            state: AtomicEnum::new(HealthState::Pending),
+            last_probe: ArcSwapOption::empty(),
+        }
+    }
+
+    pub fn state(&self) -> HealthState {
+        self.state.load()
+    }
+
+    /// Runs one health event under the lock and publishes the resulting state.
+    pub fn change(
+        &self,
+        event: impl FnOnce(&mut Health) -> Option<HealthTransition>,
+    ) -> Option<HealthTransition> {
+        let mut health = self.machine.lock();
+        let transition = event(&mut health);
+        self.state.store(health.state());
+        transition
+    }
+
+    /// A copy of the state machine (counts and since when), for views.
+    pub fn machine(&self) -> Health {
+        self.machine.lock().clone()
+    }
+
+    pub fn last_probe(&self) -> Option<Arc<ProbeRecord>> {
+        self.last_probe.load_full()
+    }
+
+    pub fn set_last_probe(&self, record: ProbeRecord) {
+        self.last_probe.store(Some(Arc::new(record)));
+    }
+}
+
+/// This gateway's requests on a worker, moved only by `Lease` (the request path).
+#[derive(Debug, Default)]
+pub struct Traffic {
+    /// Requests in flight.
+    in_flight: AtomicU64,
+    /// Estimated prompt tokens of requests that have no first byte yet (waiting or in prefill).
+    pending_prefill: AtomicU64,
+    /// Requests that have no first byte yet: the overload veto projects the engine's queue with
+    /// it between load reports.
+    pending_requests: AtomicU64,
+}
+
+impl Traffic {
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.pending_prefill.load(Ordering::Relaxed)
+    }
+
+    pub fn pending_requests(&self) -> u64 {
+        self.pending_requests.load(Ordering::Relaxed)
+    }
+}
+
+/// A registered worker. Its fields are grouped by the one writer of each group.
 #[derive(Debug)]
 pub struct Worker {
+    /// Fixed for the registration.
     pub id: WorkerId,
     /// `policy::key_of(id)`, what policies hash.
     pub key: u64,
-    pub scheme: Scheme,
-    pub authority: Authority,
-    pub http2: bool,
-    /// The parts of the spec `PATCH` may change, swapped whole.
+    /// Where it is reached (fixed: a new URL is a new registration).
+    pub endpoint: Endpoint,
+    /// The parts of the spec `PATCH` may change, swapped whole (the admin API).
     live: ArcSwap<LiveSpec>,
-    /// The health state machine; changed only through the fleet's health methods, under this
-    /// short lock (never held across an `.await`).
-    health: parking_lot::Mutex<Health>,
-    /// Its state, for the request path's lock-free reads.
-    status: AtomicU8,
-    last_probe: ArcSwapOption<ProbeRecord>,
+    /// What it said about itself at registration (discovery).
     info: ArcSwapOption<WorkerInfo>,
-    /// Requests in flight through this gateway, moved only by `Lease`.
-    in_flight: AtomicU64,
-    /// Estimated prompt tokens of this gateway's requests on it that have no first byte yet
-    /// (waiting or in prefill), moved only by `Lease`.
-    pending_prefill: AtomicU64,
-    /// This gateway's requests on it that have no first byte yet, moved only by `Lease`: the
-    /// overload veto projects the engine's queue with it between load reports.
-    pending_requests: AtomicU64,
-    /// Why it should get no new request now, health and circuit aside.
+    /// Its health (the health checker, and the fleet for registration and drain).
+    pub health: HealthCell,
+    /// This gateway's requests on it (the request path, through `Lease`).
+    pub traffic: Traffic,
+    /// Why it should get no new request now, health and circuit aside (see `Vetoes` for the
+    /// writer of each).
     pub vetoes: Vetoes,
-    /// What the gateway hears from it, for the liveness checker.
+    /// What the gateway hears from it (many writers, each moving a signal only forward).
     pub signals: Signals,
+    /// Its circuit (the request path records outcomes, its timer reopens trials).
     pub breaker: Arc<WorkerBreaker>,
     pub metrics: WorkerMetrics,
 }
@@ -131,17 +179,15 @@ impl Worker {
         Self {
             key: sluice_core::policy::key_of(id.as_str().as_bytes()),
             id,
-            http2: spec.http2.unwrap_or(http2_default),
-            scheme,
-            authority,
+            endpoint: Endpoint {
+                scheme,
+                authority,
+                http2: spec.http2.unwrap_or(http2_default),
+            },
             live: ArcSwap::from_pointee(LiveSpec::new(spec)),
-            health: parking_lot::Mutex::new(Health::new(Instant::now())),
-            status: AtomicU8::new(encode(HealthState::Pending)),
-            last_probe: ArcSwapOption::empty(),
             info: ArcSwapOption::empty(),
-            in_flight: AtomicU64::new(0),
-            pending_prefill: AtomicU64::new(0),
-            pending_requests: AtomicU64::new(0),
+            health: HealthCell::new(),
+            traffic: Traffic::default(),
             vetoes: Vetoes::default(),
             signals: Signals::default(),
             breaker,
@@ -159,31 +205,7 @@ impl Worker {
     }
 
     pub fn status(&self) -> HealthState {
-        decode(self.status.load(Ordering::Acquire))
-    }
-
-    /// Runs one health event under the lock and publishes the resulting state.
-    pub(crate) fn change_health(
-        &self,
-        event: impl FnOnce(&mut Health) -> Option<HealthTransition>,
-    ) -> Option<HealthTransition> {
-        let mut health = self.health.lock();
-        let transition = event(&mut health);
-        self.status.store(encode(health.state()), Ordering::Release);
-        transition
-    }
-
-    /// A copy of the health state machine (counts and since when), for views.
-    pub fn health(&self) -> Health {
-        self.health.lock().clone()
-    }
-
-    pub fn last_probe(&self) -> Option<Arc<ProbeRecord>> {
-        self.last_probe.load_full()
-    }
-
-    pub(crate) fn set_last_probe(&self, record: ProbeRecord) {
-        self.last_probe.store(Some(Arc::new(record)));
+        self.health.state()
     }
 
     pub fn info(&self) -> Option<Arc<WorkerInfo>> {
@@ -195,20 +217,12 @@ impl Worker {
     }
 
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    pub fn pending_prefill_tokens(&self) -> u64 {
-        self.pending_prefill.load(Ordering::Relaxed)
-    }
-
-    pub fn pending_requests(&self) -> u64 {
-        self.pending_requests.load(Ordering::Relaxed)
+        self.traffic.in_flight()
     }
 
     /// The veto in force on it now, if any.
     pub fn veto_class(&self) -> Option<VetoClass> {
-        self.vetoes.class(self.pending_requests())
+        self.vetoes.class(self.traffic.pending_requests())
     }
 
     /// Ready, and its circuit lets requests through: a request could use it now.
@@ -251,7 +265,7 @@ pub struct Lease {
 
 impl Lease {
     pub fn new(worker: Arc<Worker>, permit: Permit) -> Self {
-        worker.in_flight.fetch_add(1, Ordering::Relaxed);
+        worker.traffic.in_flight.fetch_add(1, Ordering::Relaxed);
         Self {
             worker,
             permit: Some(permit),
@@ -274,10 +288,11 @@ impl Lease {
     pub fn prefilling(&mut self, prompt_tokens: u64) {
         self.first_byte();
         self.pending = true;
-        let pending = self.worker.pending_requests.fetch_add(1, Ordering::Relaxed) + 1;
+        let pending = self.worker.traffic.pending_requests.fetch_add(1, Ordering::Relaxed) + 1;
         self.worker.vetoes.pending_rose_to(pending);
         self.prefill = prompt_tokens;
         self.worker
+            .traffic
             .pending_prefill
             .fetch_add(prompt_tokens, Ordering::Relaxed);
     }
@@ -292,11 +307,12 @@ impl Lease {
     /// The worker answered: the prompt is no longer waiting for prefill.
     pub fn first_byte(&mut self) {
         if std::mem::take(&mut self.pending) {
-            self.worker.pending_requests.fetch_sub(1, Ordering::Relaxed);
+            self.worker.traffic.pending_requests.fetch_sub(1, Ordering::Relaxed);
         }
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {
             self.worker
+                .traffic
                 .pending_prefill
                 .fetch_sub(tokens, Ordering::Relaxed);
         }
@@ -320,7 +336,7 @@ impl Drop for Lease {
         if self.streaming {
             self.worker.signals.stream_ended();
         }
-        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.traffic.in_flight.fetch_sub(1, Ordering::Relaxed);
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);
         }
@@ -363,8 +379,8 @@ mod tests {
         let w = worker();
         let mut started = lease(&w);
         let mut held: Vec<Lease> = (0..2).map(|_| lease(&w)).collect();
-        assert_eq!(w.pending_requests(), 3);
-        assert_eq!(w.pending_prefill_tokens(), 300);
+        assert_eq!(w.traffic.pending_requests(), 3);
+        assert_eq!(w.traffic.pending_prefill_tokens(), 300);
         // A report: 4 waiting (the ceiling) while 3 of ours had no first byte.
         let report = EngineLoad {
             report: LoadReport::default(),
@@ -376,7 +392,7 @@ mod tests {
         };
         let gate = QueueGate {
             waiting: 4,
-            pending_at_report: w.pending_requests(),
+            pending_at_report: w.traffic.pending_requests(),
             ceiling: Some(4),
             kv_full: false,
         };
@@ -384,7 +400,7 @@ mod tests {
         assert_eq!(w.veto_class(), Some(VetoClass::Overload));
         started.first_byte();
         started.first_byte();
-        assert_eq!(w.pending_requests(), 2, "counted once");
+        assert_eq!(w.traffic.pending_requests(), 2, "counted once");
         assert_eq!(
             w.veto_class(),
             None,
@@ -395,13 +411,13 @@ mod tests {
         drop(next);
         held.pop();
         assert_eq!(
-            w.pending_requests(),
+            w.traffic.pending_requests(),
             1,
             "a lease dropped before its first byte"
         );
         drop((started, held));
-        assert_eq!(w.pending_requests(), 0);
-        assert_eq!(w.pending_prefill_tokens(), 0);
+        assert_eq!(w.traffic.pending_requests(), 0);
+        assert_eq!(w.traffic.pending_prefill_tokens(), 0);
         assert_eq!(w.in_flight(), 0);
     }
 }

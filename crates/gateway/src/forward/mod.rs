@@ -10,34 +10,26 @@
 //! worker's answer is relayed as is (or, for connection failures, 502 `upstream_unreachable`).
 //! Nothing is retried once the response has started.
 
-mod client;
-mod headers;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Request, Response, Uri, Version};
+use axum::http::{Request, Version};
 use bytes::Bytes;
 use http_body_util::Full;
 use sluice_core::breaker::Outcome;
-use sluice_core::policy::Policy;
-use sluice_core::retry::{may_retry, AttemptFailure};
+use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 
-pub use client::{Upstream, UpstreamRequest, UpstreamResponse};
-pub use headers::{is_event_stream, REQUEST_ID};
-
-use crate::config::RetryConfig;
+use crate::context::RequestContext;
 use crate::error::GatewayError;
-use crate::fleet::{Lease, Pool};
-use crate::front::ApiRoute;
-use crate::metrics::{CancelLabels, Metrics, ReasonLabel, StageLabel, UpstreamErrorLabels};
-use crate::route::{self, RouteRequest, Shedding};
-use crate::stream::{Ending, Relay};
-use sluice_core::overload::VetoClass;
+use crate::fleet::Lease;
+use crate::http::{copy_request_headers, REQUEST_ID};
+use crate::metrics::{Metrics, ReasonLabel, UpstreamErrorLabels};
+use crate::route::Routed;
+use crate::stream::Answer;
+use crate::upstream::{Upstream, UpstreamRequest};
 
 /// How long a worker's own at-capacity answer (429, 529) keeps new requests off it: about the
 /// time one of its running requests takes to free a slot.
@@ -46,36 +38,41 @@ const AT_CAPACITY_VETO: Duration = Duration::from_secs(1);
 /// The window the retry budget looks back over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
-/// One request to forward.
+/// Retry rules of the forward stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryConfig {
+    /// 0 disables retries.
+    pub max_retries: u32,
+    pub backoff: Backoff,
+    pub budget_percent: f64,
+    pub budget_min_per_sec: u32,
+}
+
+/// One request to forward: the client's head and body, and where the route stage says it may go.
 pub struct Job<'a> {
-    pub route: ApiRoute,
     pub parts: &'a Parts,
     pub body: &'a Bytes,
-    pub request_id: &'a HeaderValue,
-    pub pool: &'a Pool,
-    pub target: &'a RouteRequest,
+    pub routed: &'a Routed<'a>,
 }
 
 /// The forward stage, shared by every request.
 pub struct Forwarder {
     upstream: Upstream,
-    policy: Policy,
-    shedding: Shedding,
     retry: RetryConfig,
     budget: TpsBudget,
-    request_timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder")
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Forwarder {
-    pub fn new(
-        upstream: Upstream,
-        policy: Policy,
-        shedding: Shedding,
-        retry: RetryConfig,
-        request_timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(upstream: Upstream, retry: RetryConfig, metrics: Arc<Metrics>) -> Self {
         let budget = TpsBudget::new(
             BUDGET_WINDOW,
             retry.budget_min_per_sec,
@@ -83,105 +80,65 @@ impl Forwarder {
         );
         Self {
             upstream,
-            policy,
-            shedding,
             retry,
             budget,
-            request_timeout,
             metrics,
         }
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     /// Forwards `job` until a worker answers, a failure is final, or the client goes away (the
-    /// future is dropped: the upstream request goes with it).
+    /// future is dropped: the upstream request goes with it, and the context counts it).
     pub async fn forward(
         &self,
+        ctx: &mut RequestContext,
         job: Job<'_>,
-        mut ending: Ending,
-    ) -> Result<Response<Body>, (GatewayError, Ending)> {
-        let deadline = ending.started + self.request_timeout;
-        let mut waiting = WaitingGuard {
-            metrics: &self.metrics,
-            route: ending.route,
-            armed: true,
-        };
+    ) -> Result<Answer, GatewayError> {
+        ctx.forwarding();
+        let deadline = ctx.admission.deadline;
+        let timeout = deadline.saturating_duration_since(ctx.started);
         self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
-        let mut attempts = 0u32;
-        let outcome = loop {
-            let selected =
-                match route::select(&self.policy, &self.shedding, job.pool, job.target, &tried) {
-                    Ok(selected) => selected,
-                    Err(e) => {
-                        if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
-                            self.count_shed("select");
-                        }
-                        break Err(e);
-                    }
-                };
-            match selected.fallback {
-                Some(VetoClass::Overload) => {
-                    self.metrics.overload_fallbacks.inc();
-                }
-                Some(VetoClass::Liveness) => {
-                    self.metrics.liveness_fallbacks.inc();
-                }
-                None => {}
-            }
-            let lease = selected.lease;
-            attempts += 1;
-            ending.note_attempt(lease.worker().id.as_str(), attempts);
-            match self.attempt(&job, lease, attempts, &tried, deadline).await {
-                Attempt::Answered(answer) => break Ok(answer),
-                Attempt::Final(error) => break Err(error),
-                Attempt::Retry(worker, failure) => {
+        loop {
+            let lease = job.routed.select(&tried)?;
+            ctx.attempt(&lease.worker().id);
+            let attempts = ctx.attempts();
+            let attempt = Attempt {
+                job: &job,
+                request_id: &ctx.id,
+                attempts,
+                tried: &tried,
+                deadline,
+                timeout,
+            };
+            match self.attempt(attempt, lease).await {
+                Tried::Answered(answer) => return Ok(answer),
+                Tried::Final(error) => return Err(error),
+                Tried::Retry(worker, failure) => {
                     tried.push(worker);
                     self.count_retry(failure);
                     let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
                     tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
                 }
             }
-        };
-        waiting.armed = false;
-        match outcome {
-            Ok(answer) => Ok(relay(answer, deadline, ending)),
-            Err(error) => Err((error, ending)),
         }
     }
 
     /// One attempt on the leased worker.
-    async fn attempt(
-        &self,
-        job: &Job<'_>,
-        mut lease: Lease,
-        attempts: u32,
-        tried: &[u64],
-        deadline: Instant,
-    ) -> Attempt {
+    async fn attempt(&self, at: Attempt<'_>, mut lease: Lease) -> Tried {
         let worker = lease.worker().clone();
-        if self.shedding.enabled && worker.veto_class() == Some(VetoClass::Overload) {
-            // Flagged between selection and dispatch: shed rather than pick again.
-            self.count_shed("dispatch");
-            return Attempt::Final(GatewayError::OverloadedBeforeDispatch {
-                worker: worker.id.clone(),
-                model: job.pool.model.clone(),
-                status: self.shedding.status,
-                retry_after: self.shedding.retry_after,
-            });
-        }
-        lease.prefilling(job.target.prompt_tokens);
-        if job.target.stream {
+        let request = &at.job.routed.request;
+        lease.prefilling(request.prompt_tokens);
+        if request.stream {
             lease.streaming();
         }
         let sent_at = Instant::now();
-        let request = build_request(job, &lease);
-        let sent = tokio::time::timeout_at(deadline, self.upstream.send(worker.http2, request));
+        let upstream_request = build_request(&at, &lease);
+        let sent = tokio::time::timeout_at(
+            at.deadline,
+            self.upstream.send(worker.endpoint.http2, upstream_request),
+        );
         match sent.await {
-            Err(_) => Attempt::Final(self.timed_out(lease)),
+            Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
             Ok(Ok(response)) => {
                 worker.signals.contact(Instant::now());
                 let at_capacity = matches!(response.status().as_u16(), 429 | 529);
@@ -189,13 +146,11 @@ impl Forwarder {
                     // The worker says it is full: keep new requests off it for a moment.
                     worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
                 }
-                if at_capacity
-                    && self.may_retry(AttemptFailure::AtCapacity, job, tried, &lease, attempts)
-                {
+                if at_capacity && self.may_retry(AttemptFailure::AtCapacity, &at, &lease) {
                     // Not a failure of the worker: its permit is handed back unrecorded.
-                    return Attempt::Retry(worker.key, AttemptFailure::AtCapacity);
+                    return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
                 }
-                Attempt::Answered(Answered {
+                Tried::Answered(Answer {
                     response,
                     lease,
                     sent_at,
@@ -211,13 +166,13 @@ impl Forwarder {
                 };
                 lease.settle(Outcome::Failure);
                 self.count_upstream_error(&lease, kind);
-                if self.may_retry(failure, job, tried, &lease, attempts) {
-                    return Attempt::Retry(worker.key, failure);
+                if self.may_retry(failure, &at, &lease) {
+                    return Tried::Retry(worker.key, failure);
                 }
-                Attempt::Final(if attempts > 1 || failure == AttemptFailure::Connect {
+                Tried::Final(if at.attempts > 1 || failure == AttemptFailure::Connect {
                     GatewayError::UpstreamUnreachable {
-                        model: job.pool.model.clone(),
-                        attempts,
+                        model: at.job.routed.pool.model.clone(),
+                        attempts: at.attempts,
                     }
                 } else {
                     GatewayError::UpstreamFailed {
@@ -226,13 +181,6 @@ impl Forwarder {
                 })
             }
         }
-    }
-
-    fn count_shed(&self, stage: &'static str) {
-        self.metrics
-            .overload_sheds
-            .get_or_create(&StageLabel { stage })
-            .inc();
     }
 
     fn count_retry(&self, failure: AttemptFailure) {
@@ -249,24 +197,11 @@ impl Forwarder {
 
     /// Whether this failure may be tried again now: a safe kind, retries left, another worker
     /// to try, and budget to spend (withdrawn only when everything else allows it).
-    fn may_retry(
-        &self,
-        failure: AttemptFailure,
-        job: &Job<'_>,
-        tried: &[u64],
-        lease: &Lease,
-        attempts: u32,
-    ) -> bool {
-        if !may_retry(failure, attempts - 1, self.retry.max_retries) {
+    fn may_retry(&self, failure: AttemptFailure, at: &Attempt<'_>, lease: &Lease) -> bool {
+        if !may_retry(failure, at.attempts - 1, self.retry.max_retries) {
             return false;
         }
-        let current = lease.worker().key;
-        let another = job
-            .pool
-            .workers
-            .iter()
-            .any(|w| w.key != current && !tried.contains(&w.key) && w.is_routable());
-        if !another {
+        if !at.job.routed.has_another(lease.worker().key, at.tried) {
             return false;
         }
         if !self.budget.withdraw() {
@@ -276,12 +211,12 @@ impl Forwarder {
         true
     }
 
-    fn timed_out(&self, mut lease: Lease) -> GatewayError {
+    fn timed_out(&self, mut lease: Lease, timeout: Duration) -> GatewayError {
         lease.settle(Outcome::Failure);
         self.count_upstream_error(&lease, "timeout");
         GatewayError::UpstreamTimeout {
             worker: lease.worker().id.clone(),
-            timeout: self.request_timeout,
+            timeout,
         }
     }
 
@@ -296,88 +231,48 @@ impl Forwarder {
     }
 }
 
-/// A worker's answer, with what its relay needs.
-struct Answered {
-    response: UpstreamResponse,
-    lease: Lease,
-    sent_at: Instant,
+/// One attempt, and what its request and retry rules need to know.
+struct Attempt<'a> {
+    job: &'a Job<'a>,
+    request_id: &'a axum::http::HeaderValue,
+    /// Attempts so far, this one included.
+    attempts: u32,
+    /// Workers tried before this attempt.
+    tried: &'a [u64],
+    deadline: Instant,
+    /// The whole time allowed (what a timeout error says).
+    timeout: Duration,
 }
 
 /// How one attempt ended.
-enum Attempt {
-    Answered(Answered),
+enum Tried {
+    Answered(Answer),
     /// Tell the client this.
     Final(GatewayError),
     /// Try another worker (this one's key, and why).
     Retry(u64, AttemptFailure),
 }
 
-/// Counts a client that left while its request was still waiting for a worker's answer.
-struct WaitingGuard<'a> {
-    metrics: &'a Metrics,
-    route: &'static str,
-    armed: bool,
-}
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.metrics
-                .cancellations
-                .get_or_create(&CancelLabels {
-                    route: self.route,
-                    stage: "waiting",
-                })
-                .inc();
-        }
-    }
-}
-
-fn build_request(job: &Job<'_>, lease: &Lease) -> UpstreamRequest {
+fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
     let worker = lease.worker();
-    let path = job
+    let path = at
+        .job
         .parts
         .uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
-    let uri = Uri::from_parts({
-        let mut p = axum::http::uri::Parts::default();
-        p.scheme = Some(worker.scheme.clone());
-        p.authority = Some(worker.authority.clone());
-        p.path_and_query = Some(path);
-        p
-    })
-    .unwrap_or_default();
-    let mut request = Request::new(Full::new(job.body.clone()));
-    *request.method_mut() = job.parts.method.clone();
-    *request.uri_mut() = uri;
-    if worker.http2 {
+    let mut request = Request::new(Full::new(at.job.body.clone()));
+    *request.method_mut() = at.job.parts.method.clone();
+    *request.uri_mut() = worker.endpoint.uri(path);
+    if worker.endpoint.http2 {
         *request.version_mut() = Version::HTTP_2;
     }
     let headers = request.headers_mut();
-    headers::copy_request_headers(&job.parts.headers, headers);
-    headers.insert(REQUEST_ID, job.request_id.clone());
+    copy_request_headers(&at.job.parts.headers, headers);
+    headers.insert(REQUEST_ID, at.request_id.clone());
     if let Some(auth) = &worker.live().authorization {
         headers.insert(axum::http::header::AUTHORIZATION, auth.clone());
     }
     request
-}
-
-/// Hands a worker's response to the stream-back stage.
-fn relay(answer: Answered, deadline: Instant, mut ending: Ending) -> Response<Body> {
-    let Answered {
-        response,
-        lease,
-        sent_at,
-    } = answer;
-    let (mut parts, body) = response.into_parts();
-    let status = parts.status.as_u16();
-    headers::clean_response_headers(&mut parts.headers);
-    parts.version = Version::HTTP_11;
-    let sse = is_event_stream(&parts.headers);
-    ending.note_response(status);
-    ending.metrics.count_request(ending.route, status, "none");
-    let relay = Relay::new(body, lease, status, sse, sent_at, deadline, ending);
-    Response::from_parts(parts, Body::new(relay))
 }

@@ -2,197 +2,142 @@
 //! chosen — the API key, the content type, the body limit, the JSON facts, the model's pool.
 //! Bad input ends here, in the OpenAI error shape, before any worker spends anything on it.
 
-mod auth;
 mod parse;
-mod request_id;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response, Uri};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-pub use auth::Keys;
 pub use parse::{parse, ApiRoute, RequestFacts};
 
-use crate::access_log::{AccessLog, AccessRecord};
-use crate::admin;
+use crate::admit::Admit;
+use crate::context::{Accounts, RequestContext};
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
-use crate::forward::{Forwarder, Job, REQUEST_ID};
-use crate::inflight::InFlight;
-use crate::metrics::Metrics;
-use crate::probes;
-use crate::route::{self, RouteRequest};
-use crate::stream::Ending;
+use crate::forward::{Forwarder, Job};
+use crate::http::{read_body, request_id, Keys, REQUEST_ID};
+use crate::route::{RouteStage, Wants};
+use crate::stream::{self, Answer};
 
-/// Everything the handlers share.
-pub struct App {
+/// The request path's stages and what the front stage itself needs, shared by every request.
+pub struct Front {
     pub fleet: Arc<Fleet>,
-    pub forwarder: Forwarder,
-    pub metrics: Arc<Metrics>,
-    /// The registry `/metrics` encodes (the families in `metrics` and the fleet collector).
-    pub registry: Registry,
+    pub admit: Admit,
+    pub route: RouteStage,
+    pub forward: Forwarder,
+    /// Where every request is accounted for (metrics, access log, in-flight count).
+    pub accounts: Accounts,
     pub keys: Keys,
     pub max_payload: usize,
+    /// `--routing-key-header`: what hash policies hash, before the `user` field.
     pub routing_key_header: HeaderName,
-    pub access_log: Option<AccessLog>,
-    /// Set when shutdown begins: readiness turns 503 `draining`, new requests are refused.
+    /// Set when shutdown begins: new requests are refused.
     pub draining: Arc<AtomicBool>,
-    pub probes: Arc<probes::Probes>,
-    /// OpenAI requests in flight, which shutdown waits for.
-    pub in_flight: Arc<InFlight>,
 }
 
-impl App {
-    pub fn is_draining(&self) -> bool {
+impl Front {
+    fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
 }
 
-/// Every route of the gateway.
-pub fn router(app: Arc<App>) -> Router {
+/// The OpenAI routes.
+pub fn routes(front: Arc<Front>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
-        .merge(admin::routes())
-        .merge(probes::routes(app.probes.clone()))
-        .route("/metrics", get(probes::metrics))
-        .fallback(unknown_route)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(app)
+        .with_state(front)
 }
 
-async fn chat(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
-    openai(&app, ApiRoute::Chat, request).await
+async fn chat(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
+    openai(&front, ApiRoute::Chat, request).await
 }
 
-async fn completions(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
-    openai(&app, ApiRoute::Completions, request).await
+async fn completions(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
+    openai(&front, ApiRoute::Completions, request).await
 }
 
-async fn embeddings(State(app): State<Arc<App>>, request: Request) -> Response<Body> {
-    openai(&app, ApiRoute::Embeddings, request).await
+async fn embeddings(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
+    openai(&front, ApiRoute::Embeddings, request).await
 }
 
-async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
-    GatewayError::UnknownRoute {
-        method: method.to_string(),
-        path: uri.path().to_string(),
-    }
-    .into_response()
-}
-
-/// axum adds the `Allow` header to what this returns.
-async fn method_not_allowed(method: Method, uri: Uri) -> Response<Body> {
-    GatewayError::MethodNotAllowed {
-        method: method.to_string(),
-        path: uri.path().to_string(),
-    }
-    .into_response()
-}
-
-/// One OpenAI request, from arrival to the start of its response.
-async fn openai(app: &App, route: ApiRoute, request: Request) -> Response<Body> {
+/// One OpenAI request, from arrival to the start of its response. Its context is made here and
+/// goes with the response body; a refusal is answered here and the context ends with it.
+async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Body> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let request_id = request_id::accept_or_make(&parts.headers);
-    // Counted before the draining check, so shutdown cannot miss a request that passed it.
-    let in_flight = app.in_flight.enter();
-    let ending = Ending {
-        in_flight,
-        metrics: app.metrics.clone(),
-        route: route.path(),
-        started,
-        access: app
-            .access_log
-            .as_ref()
-            .map(|log| (log.clone(), access_record(route, &request_id))),
-    };
-    let mut response = match serve(app, route, &parts, body, &request_id, ending).await {
-        Ok(response) => response,
-        Err((error, mut ending)) => {
-            let status = error.status().as_u16();
-            ending.note_error(status, error.code());
-            app.metrics
-                .count_request(route.path(), status, error.code());
-            ending.finish(0, false, false);
+    let id = request_id(&parts.headers);
+    // Counted in flight from here, before the draining check, so shutdown cannot miss a request
+    // that passed it.
+    let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
+    let mut response = match serve(front, &mut ctx, route, &parts, body).await {
+        Ok(answer) => stream::relay(answer, ctx),
+        Err(error) => {
+            ctx.refuse(&error);
             error.into_response()
         }
     };
-    response.headers_mut().insert(REQUEST_ID, request_id);
+    response.headers_mut().insert(REQUEST_ID, id);
     response
 }
 
+/// The stages in order: front's own checks, admit, route, forward.
 async fn serve(
-    app: &App,
+    front: &Front,
+    ctx: &mut RequestContext,
     route: ApiRoute,
     parts: &Parts,
     body: Body,
-    request_id: &HeaderValue,
-    mut ending: Ending,
-) -> Result<Response<Body>, (GatewayError, Ending)> {
-    macro_rules! check {
-        ($e:expr) => {
-            match $e {
-                Ok(v) => v,
-                Err(e) => return Err((e, ending)),
-            }
-        };
+) -> Result<Answer, GatewayError> {
+    if front.is_draining() {
+        return Err(GatewayError::ShuttingDown);
     }
-    if app.is_draining() {
-        return Err((GatewayError::ShuttingDown, ending));
-    }
-    check!(app.keys.check_client(&parts.headers));
-    check!(require_json(&parts.headers));
-    let body = check!(read_body(body, &parts.headers, app.max_payload).await);
-    let facts = check!(parse(route, &body));
-    if let Some((_, record)) = &mut ending.access {
-        record.model = facts.model.as_deref().map(str::to_string);
-        record.stream = facts.stream;
-    }
-    let snapshot = app.fleet.snapshot();
-    let pool = check!(route::pool(&snapshot, facts.model.as_deref()));
+    front.keys.check_client(&parts.headers)?;
+    require_json(&parts.headers)?;
+    let body = read_body(body, &parts.headers, front.max_payload).await?;
+    let facts = parse(route, &body)?;
+    ctx.stream = facts.stream;
+    front.admit.admit(ctx)?;
+    let snapshot = front.fleet.snapshot();
+    let wants = Wants {
+        model: facts.model.as_deref(),
+        routing_key: parts
+            .headers
+            .get(&front.routing_key_header)
+            .map(HeaderValue::as_bytes)
+            .or(facts.user.as_deref().map(str::as_bytes)),
+        prompt: facts.prompt,
+        prompt_tokens: facts.prompt_tokens_estimate(),
+        stream: facts.stream,
+    };
+    let routed = front.route.route(&snapshot, &wants).inspect_err(|_| {
+        ctx.model = facts.model.as_deref().map(sluice_core::ModelName::new);
+    })?;
+    ctx.model = Some(routed.pool.model.clone());
     // The only model served was chosen for a request without one: say so to the worker too,
     // by splicing the field in (the rest of the body stays byte for byte).
     let body = if facts.model.is_none() {
-        with_model(&body, pool.model.as_str())
+        with_model(&body, routed.pool.model.as_str())
     } else {
         body.clone()
     };
-    let routing_key = parts
-        .headers
-        .get(&app.routing_key_header)
-        .map(HeaderValue::as_bytes)
-        .or(facts.user.as_deref().map(str::as_bytes));
-    let target = RouteRequest::new(
-        app.forwarder.policy(),
-        routing_key,
-        facts.prompt,
-        facts.prompt_tokens_estimate(),
-        facts.stream,
-    );
     let job = Job {
-        route,
         parts,
         body: &body,
-        request_id,
-        pool,
-        target: &target,
+        routed: &routed,
     };
-    app.forwarder.forward(job, ending).await
+    front.forward.forward(ctx, job).await
 }
 
 /// `body` (a JSON object) with `"model":<model>` as its first field.
@@ -229,57 +174,13 @@ fn require_json(headers: &HeaderMap) -> Result<(), GatewayError> {
     }
 }
 
-/// Reads the whole body, refusing one over `limit` bytes whether it declares its length or is
-/// chunked.
-pub async fn read_body(
-    body: Body,
-    headers: &HeaderMap,
-    limit: usize,
-) -> Result<Bytes, GatewayError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(GatewayError::PayloadTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(GatewayError::PayloadTooLarge { limit })
-        }
-        Err(_) => Err(GatewayError::BodyUnreadable),
-    }
-}
-
-fn access_record(route: ApiRoute, request_id: &HeaderValue) -> AccessRecord {
-    AccessRecord {
-        ts_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-        request_id: request_id.to_str().unwrap_or("").to_string(),
-        route: route.path(),
-        model: None,
-        worker: None,
-        status: 0,
-        code: None,
-        stream: false,
-        attempts: 0,
-        ttfb_ms: 0.0,
-        duration_ms: 0.0,
-        bytes: 0,
-        cancelled: false,
-        interrupted: false,
-    }
-}
-
 /// `GET /v1/models`: the models at least one routable worker serves, each with the card a
 /// worker gave for it.
-async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response<Body> {
-    if let Err(e) = app.keys.check_client(&headers) {
+async fn models(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response<Body> {
+    if let Err(e) = front.keys.check_client(&headers) {
         return e.into_response();
     }
-    let snapshot = app.fleet.snapshot();
+    let snapshot = front.fleet.snapshot();
     let mut names: Vec<_> = snapshot.pools.keys().collect();
     names.sort();
     let data: Vec<serde_json::Value> = names

@@ -10,6 +10,10 @@
 //! not candidates while any unvetoed one remains — for every policy, hash-based ones included.
 //! When none remains, `sluice_core::overload::when_all_vetoed` decides: steer to the least loaded
 //! vetoed worker (the default), shed (`--worker-overload-shed`), or 503 no_available_workers.
+//!
+//! The stage is `RouteStage` (the policy and the shedding rule, shared by every request); routing
+//! one request gives a `Routed` — its pool and what the policy reads of it — which the forward
+//! stage asks for a worker per attempt, so a retry is routed by the same rules as the first try.
 
 use std::sync::Arc;
 
@@ -22,6 +26,125 @@ use crate::error::GatewayError;
 use sluice_core::health::HealthState;
 
 use crate::fleet::{Lease, Pool, Snapshot, Worker};
+use crate::metrics::{Metrics, StageLabel};
+
+/// The route stage, shared by every request.
+#[derive(Debug)]
+pub struct RouteStage {
+    policy: Policy,
+    shedding: Shedding,
+    metrics: Arc<Metrics>,
+}
+
+/// What the route stage reads of a request (the front stage parsed it).
+#[derive(Debug, Clone, Copy)]
+pub struct Wants<'a> {
+    /// `model`, when the request names one.
+    pub model: Option<&'a str>,
+    /// The routing-key header, else the `user` field: what hash policies hash.
+    pub routing_key: Option<&'a [u8]>,
+    /// The raw JSON of the prompt, hashed into prefix blocks for the cache-aware policy.
+    pub prompt: &'a [u8],
+    pub prompt_tokens: u64,
+    pub stream: bool,
+}
+
+/// One request routed: its pool, and what the policy reads of it.
+#[derive(Debug)]
+pub struct Routed<'s> {
+    pub pool: &'s Pool,
+    pub request: RouteRequest,
+    stage: &'s RouteStage,
+}
+
+impl RouteStage {
+    pub fn new(policy: Policy, shedding: Shedding, metrics: Arc<Metrics>) -> Self {
+        Self {
+            policy,
+            shedding,
+            metrics,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The pool serving what the request wants, or the answer for why there is none.
+    pub fn route<'s>(
+        &'s self,
+        snapshot: &'s Snapshot,
+        wants: &Wants<'_>,
+    ) -> Result<Routed<'s>, GatewayError> {
+        let pool = pool(snapshot, wants.model)?;
+        Ok(Routed {
+            pool,
+            request: RouteRequest::new(
+                &self.policy,
+                wants.routing_key,
+                wants.prompt,
+                wants.prompt_tokens,
+                wants.stream,
+            ),
+            stage: self,
+        })
+    }
+
+    fn count_shed(&self, stage: &'static str) {
+        self.metrics
+            .overload_sheds
+            .get_or_create(&StageLabel { stage })
+            .inc();
+    }
+}
+
+impl Routed<'_> {
+    /// A worker for the next attempt, none of those in `tried`: the policy's pick with its
+    /// breaker permit, or the all-vetoed rule's answer.
+    pub fn select(&self, tried: &[u64]) -> Result<Lease, GatewayError> {
+        let stage = self.stage;
+        let selected = match select(&stage.policy, &stage.shedding, self.pool, &self.request, tried)
+        {
+            Ok(selected) => selected,
+            Err(e) => {
+                if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
+                    stage.count_shed("select");
+                }
+                return Err(e);
+            }
+        };
+        match selected.fallback {
+            Some(VetoClass::Overload) => {
+                stage.metrics.overload_fallbacks.inc();
+            }
+            Some(VetoClass::Liveness) => {
+                stage.metrics.liveness_fallbacks.inc();
+            }
+            None => {}
+        }
+        let worker = selected.lease.worker();
+        if stage.shedding.enabled && worker.veto_class() == Some(VetoClass::Overload) {
+            // Flagged between selection and dispatch: shed rather than pick again.
+            stage.count_shed("dispatch");
+            return Err(GatewayError::OverloadedBeforeDispatch {
+                worker: worker.id.clone(),
+                model: self.pool.model.clone(),
+                status: stage.shedding.status,
+                retry_after: stage.shedding.retry_after,
+            });
+        }
+        Ok(selected.lease)
+    }
+
+    /// Whether a retry has somewhere to go: a routable worker of the pool other than `current`
+    /// and those in `tried`.
+    pub fn has_another(&self, current: u64, tried: &[u64]) -> bool {
+        self.pool
+            .workers
+            .iter()
+            .any(|w| w.key != current && !tried.contains(&w.key) && w.is_routable())
+    }
+}
 
 /// What a request gets when every worker it could use is overloaded.
 #[derive(Debug, Clone, Copy, PartialEq)]

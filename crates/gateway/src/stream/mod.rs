@@ -13,88 +13,57 @@
 //!   *without* `[DONE]`, so no client can take it for a normal end; other bodies are cut, so the
 //!   client sees a truncated response rather than a complete-looking one;
 //! - the client goes away: the relay is dropped, which drops the upstream body and closes its
-//!   connection — the engine aborts the request and frees its KV cache. Counted as a
-//!   cancellation.
+//!   connection — the engine aborts the request and frees its KV cache. The request's context
+//!   goes with it and counts a cancellation.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use axum::body::Body as AxumBody;
+use axum::http::{Response, Version};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use sluice_core::breaker::Outcome;
 use tokio::time::{Instant, Sleep};
 
-use crate::access_log::{AccessLog, AccessRecord};
+use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::Lease;
-use crate::inflight::InFlightGuard;
-use crate::metrics::{CancelLabels, Metrics, RouteLabel, UpstreamErrorLabels};
+use crate::http::{clean_response_headers, is_event_stream};
+use crate::metrics::UpstreamErrorLabels;
+use crate::upstream::UpstreamResponse;
 
 /// The status Dynamo-style workers answer when at capacity: a refusal, not a malfunction.
 const STATUS_AT_CAPACITY: u16 = 529;
 
-/// What the end of a response accounts for: metrics and the access log line.
-pub struct Ending {
-    /// Holds the request's place in the gateway's in-flight count until the response ends.
-    pub in_flight: InFlightGuard,
-    pub metrics: Arc<Metrics>,
-    pub route: &'static str,
-    pub started: Instant,
-    pub access: Option<(AccessLog, AccessRecord)>,
+/// A worker's answer, as the forward stage hands it over.
+#[derive(Debug)]
+pub struct Answer {
+    pub response: UpstreamResponse,
+    /// The request's hold on the worker, kept until the body ends.
+    pub lease: Lease,
+    /// When the request went to the worker (time to first byte counts from here).
+    pub sent_at: Instant,
 }
 
-impl Ending {
-    /// An attempt went to `worker`.
-    pub fn note_attempt(&mut self, worker: &str, attempts: u32) {
-        if let Some((_, record)) = &mut self.access {
-            record.worker = Some(worker.to_string());
-            record.attempts = attempts;
-        }
-    }
-
-    /// The response started with `status`.
-    pub fn note_response(&mut self, status: u16) {
-        let elapsed = self.started.elapsed();
-        if let Some((_, record)) = &mut self.access {
-            record.status = status;
-            record.ttfb_ms = elapsed.as_secs_f64() * 1e3;
-        }
-    }
-
-    /// The gateway answered itself with this error.
-    pub fn note_error(&mut self, status: u16, code: &'static str) {
-        self.note_response(status);
-        if let Some((_, record)) = &mut self.access {
-            record.code = Some(code);
-        }
-    }
-
-    pub fn finish(self, bytes: u64, cancelled: bool, interrupted: bool) {
-        let elapsed = self.started.elapsed();
-        self.metrics
-            .duration
-            .get_or_create(&RouteLabel { route: self.route })
-            .observe(elapsed.as_secs_f64());
-        if cancelled {
-            self.metrics
-                .cancellations
-                .get_or_create(&CancelLabels {
-                    route: self.route,
-                    stage: "streaming",
-                })
-                .inc();
-        }
-        if let Some((log, mut record)) = self.access {
-            record.duration_ms = elapsed.as_secs_f64() * 1e3;
-            record.bytes = bytes;
-            record.cancelled = cancelled;
-            record.interrupted = interrupted;
-            log.record(record);
-        }
-    }
+/// The client's response: the worker's head, cleaned, and its body relayed. The request's
+/// context goes with the body and ends with it.
+pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
+    let Answer {
+        response,
+        lease,
+        sent_at,
+    } = answer;
+    let (mut parts, body) = response.into_parts();
+    let status = parts.status.as_u16();
+    clean_response_headers(&mut parts.headers);
+    parts.version = Version::HTTP_11;
+    let sse = is_event_stream(&parts.headers);
+    ctx.respond(status);
+    let relay = Relay::new(body, lease, status, sse, sent_at, ctx);
+    Response::from_parts(parts, AxumBody::new(relay))
 }
 
 /// Whether an upstream answer counts against the worker's circuit.
@@ -141,7 +110,7 @@ impl Tail {
 }
 
 /// A worker's response body on its way to the client.
-pub struct Relay {
+struct Relay {
     inner: Incoming,
     lease: Lease,
     status: u16,
@@ -149,23 +118,24 @@ pub struct Relay {
     sent_at: Instant,
     last_chunk: Option<Instant>,
     tail: Tail,
-    bytes: u64,
     state: State,
-    /// The request timeout, which covers the whole stream.
+    /// The request's deadline, which covers the whole stream.
     deadline: Pin<Box<Sleep>>,
-    ending: Option<Ending>,
+    /// Dropped at the end of the response (which accounts for it), or with the relay when the
+    /// client leaves.
+    ctx: Option<RequestContext>,
 }
 
 impl Relay {
-    pub fn new(
+    fn new(
         inner: Incoming,
         lease: Lease,
         status: u16,
         sse: bool,
         sent_at: Instant,
-        deadline: Instant,
-        ending: Ending,
+        ctx: RequestContext,
     ) -> Self {
+        let deadline = ctx.admission.deadline;
         Self {
             inner,
             lease,
@@ -174,10 +144,9 @@ impl Relay {
             sent_at,
             last_chunk: None,
             tail: Tail::default(),
-            bytes: 0,
             state: State::Relaying,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            ending: Some(ending),
+            ctx: Some(ctx),
         }
     }
 
@@ -194,22 +163,25 @@ impl Relay {
             Some(last) => metrics.inter_chunk.observe((now - last).as_secs_f64()),
         }
         self.last_chunk = Some(now);
-        self.bytes += data.len() as u64;
+        if let Some(ctx) = &mut self.ctx {
+            ctx.relayed(data.len());
+        }
         if self.sse {
             self.tail.push(data);
         }
     }
 
-    fn finish(&mut self, cancelled: bool, interrupted: bool) {
-        if let Some(ending) = self.ending.take() {
-            ending.finish(self.bytes, cancelled, interrupted);
+    /// The response is over: its context ends now (the lease stays until the relay goes).
+    fn finish(&mut self, interrupted: bool) {
+        if let Some(mut ctx) = self.ctx.take() {
+            ctx.end(interrupted);
         }
     }
 
     /// The worker finished the response.
     fn complete(&mut self) {
         self.lease.settle(outcome_of(self.status));
-        self.finish(false, false);
+        self.finish(false);
         self.state = State::Done;
     }
 
@@ -217,9 +189,8 @@ impl Relay {
     fn fail(&mut self, kind: &'static str) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
         self.lease.settle(Outcome::Failure);
         let worker = self.lease.worker().clone();
-        if let Some(ending) = &self.ending {
-            ending
-                .metrics
+        if let Some(ctx) = &self.ctx {
+            ctx.metrics()
                 .upstream_errors
                 .get_or_create(&UpstreamErrorLabels {
                     worker: worker.id.to_string(),
@@ -227,7 +198,7 @@ impl Relay {
                 })
                 .inc();
         }
-        self.finish(false, true);
+        self.finish(true);
         let error = GatewayError::StreamInterrupted {
             worker: worker.id.clone(),
         };
@@ -289,15 +260,6 @@ impl Body for Relay {
             SizeHint::default()
         } else {
             self.inner.size_hint()
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        if self.state != State::Done {
-            // The client went away mid-response. Dropping `inner` closes the upstream connection.
-            self.finish(true, false);
         }
     }
 }

@@ -8,9 +8,8 @@
 
 use axum::http::{header, HeaderMap, HeaderName};
 
+use super::REQUEST_ID;
 use crate::error::ERROR_CODE_HEADER;
-
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) and their common non-standard relatives.
 const HOP_BY_HOP: [HeaderName; 7] = [

@@ -11,13 +11,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sluice_core::health::{HealthState, Probe, Thresholds};
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tracing::info;
 
-use super::get::{get, GetError};
-use super::spec::HealthOverrides;
-use super::{Fleet, ProbeRecord, Worker};
-use crate::forward::Upstream;
+use super::{get, Control};
+use crate::fleet::{Fleet, HealthOverrides, ProbeRecord, Worker};
+use crate::upstream::{GetError, Upstream};
 
 /// At most this many probes are out at once, fleet-wide.
 pub const MAX_PROBES_IN_FLIGHT: usize = 128;
@@ -121,14 +120,9 @@ pub async fn probe(
 
 /// Probes one worker for as long as it is registered: at once, then every interval (its own,
 /// re-read each round, so a PATCH applies from the next probe).
-pub(super) async fn run_prober(
-    fleet: Weak<Fleet>,
-    worker: Arc<Worker>,
-    upstream: Upstream,
-    permits: Arc<Semaphore>,
-) {
+pub(super) async fn run_prober(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
     loop {
-        let Some(effective) = fleet.upgrade().map(|f| f.health_of(&worker)) else {
+        let Some(effective) = fleet.upgrade().map(|f| control.health_of(&f, &worker)) else {
             return;
         };
         if worker.status() == HealthState::Draining {
@@ -137,23 +131,20 @@ pub(super) async fn run_prober(
         let round = Instant::now();
         if effective.disabled {
             if let Some(fleet) = fleet.upgrade() {
-                fleet.health_checks_disabled(&worker);
+                checks_disabled(&fleet, &worker);
             }
         } else {
-            let endpoint = match fleet.upgrade() {
-                Some(f) => f.settings.health.endpoint.clone(),
-                None => return,
-            };
             let result = {
-                let Ok(_permit) = permits.acquire().await else {
+                let Ok(_permit) = control.probe_permits.acquire().await else {
                     return;
                 };
-                probe(&upstream, &worker, &endpoint, effective.timeout).await
+                let endpoint = &control.settings.health.endpoint;
+                probe(&control.upstream, &worker, endpoint, effective.timeout).await
             };
             let Some(fleet) = fleet.upgrade() else {
                 return;
             };
-            worker.set_last_probe(ProbeRecord {
+            worker.health.set_last_probe(ProbeRecord {
                 error: result.as_ref().err().map(ToString::to_string),
                 at: Instant::now(),
             });
@@ -167,9 +158,43 @@ pub(super) async fn run_prober(
                 Ok(()) => Probe::Pass,
                 Err(_) => Probe::Fail,
             };
-            fleet.probed(&worker, probe, effective.thresholds);
+            probed(&fleet, &control, &worker, probe, effective.thresholds);
         }
         tokio::time::sleep_until(round + effective.interval).await;
+    }
+}
+
+/// A probe of `worker` ended: the state machine moves, and a worker that reached Failed is
+/// removed when auto-recovery is on.
+fn probed(
+    fleet: &Arc<Fleet>,
+    control: &Control,
+    worker: &Arc<Worker>,
+    probe: Probe,
+    thresholds: Thresholds,
+) {
+    if probe == Probe::Pass {
+        worker.signals.contact(Instant::now());
+    }
+    fleet.metrics().count_health_check(probe == Probe::Pass);
+    let Some(t) = worker
+        .health
+        .change(|h| h.probe(probe, thresholds, Instant::now()))
+    else {
+        return;
+    };
+    fleet.health_changed(worker, t);
+    if t.to == HealthState::Failed && control.settings.health.remove_unhealthy {
+        info!(worker = %worker.id, "removing the failed worker (--remove-unhealthy-workers)");
+        fleet.remove_now(worker);
+    }
+}
+
+/// Probing is off for `worker`: nothing but probes could bring a NotReady or Failed worker back,
+/// so it is Ready again.
+fn checks_disabled(fleet: &Fleet, worker: &Worker) {
+    if let Some(t) = worker.health.change(|h| h.checks_disabled(Instant::now())) {
+        fleet.health_changed(worker, t);
     }
 }
 

@@ -1,9 +1,10 @@
 //! `x-request-id`: a client's own id is kept when it is sane, otherwise one is made. The id goes
 //! to the worker and back to the client, so one request can be followed through every log.
 
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::forward::REQUEST_ID;
+/// The header that carries it, both ways.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client id kept.
 const MAX_LEN: usize = 128;

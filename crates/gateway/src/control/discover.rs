@@ -9,9 +9,9 @@ use serde::Deserialize;
 use sluice_core::ModelName;
 use tracing::{debug, warn};
 
-use super::get::{get, GetError};
-use super::{Fleet, ModelCard, Worker, WorkerInfo};
-use crate::forward::Upstream;
+use super::get;
+use crate::fleet::{Fleet, ModelCard, Worker, WorkerInfo};
+use crate::upstream::{GetError, Upstream};
 
 /// How long one `/v1/models` call may take.
 const MODELS_TIMEOUT: Duration = Duration::from_secs(5);

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use axum::http::{header, Method, Request, StatusCode, Uri};
+use axum::http::uri::PathAndQuery;
+use axum::http::{header, HeaderValue, Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::Worker;
-use crate::forward::Upstream;
+use super::{Endpoint, Upstream};
 
 /// Why a GET got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -37,29 +37,28 @@ impl GetError {
     }
 }
 
-/// `GET <worker><path>`: the status and at most `limit` bytes of body, within `timeout`.
+/// `GET <endpoint><path>` with `authorization` (the worker's key) when there is one: the status
+/// and at most `limit` bytes of body, within `timeout`.
 pub async fn get(
     upstream: &Upstream,
-    worker: &Worker,
+    endpoint: &Endpoint,
+    authorization: Option<&HeaderValue>,
     path: &str,
     limit: usize,
     timeout: Duration,
 ) -> Result<(StatusCode, Bytes), GetError> {
-    let uri = Uri::builder()
-        .scheme(worker.scheme.clone())
-        .authority(worker.authority.clone())
-        .path_and_query(path)
-        .build()
-        .map_err(|_| GetError::Uri)?;
-    let mut request = Request::builder().method(Method::GET).uri(uri);
-    if let Some(auth) = &worker.live().authorization {
+    let path = PathAndQuery::try_from(path).map_err(|_| GetError::Uri)?;
+    let mut request = Request::builder()
+        .method(Method::GET)
+        .uri(endpoint.uri(path));
+    if let Some(auth) = authorization {
         request = request.header(header::AUTHORIZATION, auth.clone());
     }
     let request = request
         .body(Full::new(Bytes::new()))
         .map_err(|_| GetError::Uri)?;
     let exchange = async {
-        let response = upstream.send(worker.http2, request).await.map_err(|e| {
+        let response = upstream.send(endpoint.http2, request).await.map_err(|e| {
             if e.is_connect() {
                 GetError::Connect(e)
             } else {

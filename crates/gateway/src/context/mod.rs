@@ -1,0 +1,371 @@
+//! The request context: one owned value per OpenAI request, made by the front stage, lent to each
+//! stage in turn (`&mut`), and moved into the response body when a worker answers, so it lives
+//! exactly as long as the request.
+//!
+//! It carries what the stages learn (the model, the worker tried, the status) and what admission
+//! holds, and its `Drop` is the one place a request is accounted for — the duration histogram, a
+//! cancellation by stage, admission's holds given back, the access-log line, the in-flight count —
+//! whatever way the request ends: answered, refused, cut by the deadline, interrupted by its
+//! worker, abandoned by its client, or cut at shutdown. No stage has to remember to end anything.
+//!
+//! ## Layout
+//!
+//! - `admission` — what admission decided (tenant, tier, deadline) and holds (permits,
+//!   reservations), given back on drop.
+//! - `inflight` — the gateway's count of requests in flight, which shutdown waits on.
+
+mod admission;
+mod inflight;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::HeaderValue;
+use sluice_core::{ModelName, WorkerId};
+use tokio::time::Instant;
+
+pub use admission::{Admission, Ending, Hold};
+pub use inflight::{InFlight, InFlightGuard};
+
+use crate::access_log::{AccessLog, AccessRecord};
+use crate::error::GatewayError;
+use crate::metrics::{CancelLabels, Metrics, RouteLabel};
+
+/// Where a request is on its way, which decides what its drop means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Being read, admitted and routed.
+    Received,
+    /// Sent to a worker, waiting for its answer: a drop is a client that left waiting.
+    Forwarding,
+    /// The worker's response is being relayed: a drop is a client that left mid-response.
+    Responding,
+    /// Answered in full, refused by the gateway, or interrupted by the worker.
+    Ended,
+}
+
+/// What every request's accounting goes to, shared by all of them.
+#[derive(Debug, Clone)]
+pub struct Accounts {
+    pub metrics: Arc<Metrics>,
+    pub access_log: Option<AccessLog>,
+    pub in_flight: Arc<InFlight>,
+}
+
+/// One request, from arrival to the end of its response.
+#[derive(Debug)]
+pub struct RequestContext {
+    /// `x-request-id`, the client's or ours.
+    pub id: HeaderValue,
+    /// The route's path, a metric label.
+    pub route: &'static str,
+    pub started: Instant,
+    /// The model it is served by, once known.
+    pub model: Option<ModelName>,
+    pub stream: bool,
+    pub admission: Admission,
+    phase: Phase,
+    /// The worker of the latest attempt.
+    worker: Option<WorkerId>,
+    attempts: u32,
+    /// The status the client got, once it got one.
+    status: Option<u16>,
+    /// The gateway's error code, when it answered itself.
+    code: Option<&'static str>,
+    /// From arrival to the response head.
+    ttfb: Duration,
+    bytes: u64,
+    interrupted: bool,
+    metrics: Arc<Metrics>,
+    /// The access log and the arrival in Unix milliseconds, when the log is on.
+    access: Option<(AccessLog, u64)>,
+    /// Counted in flight until the context is gone.
+    _in_flight: InFlightGuard,
+}
+
+impl RequestContext {
+    /// A request that arrived at `started` on `route`, counted in flight from now. Until the
+    /// admit stage gives it one, its deadline is its arrival.
+    pub fn new(accounts: &Accounts, id: HeaderValue, route: &'static str, started: Instant) -> Self {
+        let in_flight = accounts.in_flight.enter();
+        let access = accounts.access_log.as_ref().map(|log| {
+            let ts_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            (log.clone(), ts_ms)
+        });
+        Self {
+            id,
+            route,
+            started,
+            model: None,
+            stream: false,
+            admission: Admission::new(started),
+            phase: Phase::Received,
+            worker: None,
+            attempts: 0,
+            status: None,
+            code: None,
+            ttfb: Duration::ZERO,
+            bytes: 0,
+            interrupted: false,
+            metrics: accounts.metrics.clone(),
+            access,
+            _in_flight: in_flight,
+        }
+    }
+
+    /// The request is about to go to a worker: from now until a response, a drop is a client
+    /// that left while waiting.
+    pub fn forwarding(&mut self) {
+        self.phase = Phase::Forwarding;
+    }
+
+    /// Another attempt went to `worker`.
+    pub fn attempt(&mut self, worker: &WorkerId) {
+        self.attempts += 1;
+        self.worker = Some(worker.clone());
+    }
+
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The gateway's metrics, for what a stage counts about this request.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A worker's response started with `status`; its body follows.
+    pub fn respond(&mut self, status: u16) {
+        self.answered(status, None);
+        self.phase = Phase::Responding;
+    }
+
+    /// The gateway answers the request itself with `error`.
+    pub fn refuse(&mut self, error: &GatewayError) {
+        self.answered(error.status().as_u16(), Some(error.code()));
+        self.phase = Phase::Ended;
+    }
+
+    fn answered(&mut self, status: u16, code: Option<&'static str>) {
+        self.status = Some(status);
+        self.code = code;
+        self.ttfb = self.started.elapsed();
+        self.metrics
+            .count_request(self.route, status, code.unwrap_or("none"));
+    }
+
+    /// `n` more bytes of the response went to the client.
+    pub fn relayed(&mut self, n: usize) {
+        self.bytes += n as u64;
+    }
+
+    /// The response is over: in full, or `interrupted` by its worker.
+    pub fn end(&mut self, interrupted: bool) {
+        self.interrupted = interrupted;
+        self.phase = Phase::Ended;
+    }
+
+    fn count_cancellation(&self, stage: &'static str) {
+        self.metrics
+            .cancellations
+            .get_or_create(&CancelLabels {
+                route: self.route,
+                stage,
+            })
+            .inc();
+    }
+
+    fn access_record(&self, ts_ms: u64, ending: &Ending) -> AccessRecord {
+        AccessRecord {
+            ts_ms,
+            request_id: self.id.to_str().unwrap_or("").to_string(),
+            route: self.route,
+            model: self.model.as_ref().map(ToString::to_string),
+            worker: self.worker.as_ref().map(ToString::to_string),
+            // A client that left before any answer: nginx's "client closed request".
+            status: ending.status.unwrap_or(STATUS_CLIENT_CLOSED),
+            code: self.code,
+            stream: self.stream,
+            attempts: self.attempts,
+            ttfb_ms: self.ttfb.as_secs_f64() * 1e3,
+            duration_ms: ending.duration.as_secs_f64() * 1e3,
+            bytes: ending.bytes,
+            cancelled: ending.cancelled,
+            interrupted: ending.interrupted,
+        }
+    }
+}
+
+/// The access log's status for a request whose client left before any answer.
+const STATUS_CLIENT_CLOSED: u16 = 499;
+
+impl Drop for RequestContext {
+    fn drop(&mut self) {
+        let duration = self.started.elapsed();
+        let cancelled = match self.phase {
+            Phase::Forwarding => {
+                self.count_cancellation("waiting");
+                true
+            }
+            Phase::Responding => {
+                self.count_cancellation("streaming");
+                true
+            }
+            Phase::Received => true,
+            Phase::Ended => false,
+        };
+        self.metrics
+            .duration
+            .get_or_create(&RouteLabel { route: self.route })
+            .observe(duration.as_secs_f64());
+        let ending = Ending {
+            status: self.status,
+            bytes: self.bytes,
+            duration,
+            cancelled,
+            interrupted: self.interrupted,
+        };
+        self.admission.release(&ending);
+        if let Some((log, ts_ms)) = self.access.take() {
+            log.record(self.access_record(ts_ms, &ending));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    /// A hold that counts its releases and keeps the last ending.
+    struct Counted(Arc<parking_lot::Mutex<Vec<Ending>>>);
+
+    impl Hold for Counted {
+        fn release(self: Box<Self>, ending: &Ending) {
+            self.0.lock().push(*ending);
+        }
+    }
+
+    fn accounts() -> (Accounts, Registry) {
+        let mut registry = Registry::default();
+        let accounts = Accounts {
+            metrics: Metrics::register(&mut registry),
+            access_log: None,
+            in_flight: Arc::new(InFlight::default()),
+        };
+        (accounts, registry)
+    }
+
+    fn context(accounts: &Accounts, endings: &Arc<parking_lot::Mutex<Vec<Ending>>>) -> RequestContext {
+        let mut ctx = RequestContext::new(
+            accounts,
+            HeaderValue::from_static("r1"),
+            "/v1/chat/completions",
+            Instant::now(),
+        );
+        ctx.admission.hold(Box::new(Counted(endings.clone())));
+        ctx
+    }
+
+    fn cancellations(a: &Accounts, stage: &'static str) -> u64 {
+        a.metrics
+            .cancellations
+            .get_or_create(&CancelLabels {
+                route: "/v1/chat/completions",
+                stage,
+            })
+            .get()
+    }
+
+    #[test]
+    fn every_ending_gives_back_what_admission_holds_and_leaves_the_count() {
+        let (a, registry) = accounts();
+        let endings = Arc::new(parking_lot::Mutex::new(Vec::new()));
+
+        let mut refused = context(&a, &endings);
+        assert_eq!(a.in_flight.count(), 1);
+        refused.refuse(&GatewayError::ShuttingDown);
+        drop(refused);
+
+        let mut completed = context(&a, &endings);
+        completed.forwarding();
+        completed.respond(200);
+        completed.relayed(10);
+        completed.end(false);
+        drop(completed);
+
+        let mut left_waiting = context(&a, &endings);
+        left_waiting.forwarding();
+        drop(left_waiting);
+
+        let mut left_streaming = context(&a, &endings);
+        left_streaming.forwarding();
+        left_streaming.respond(200);
+        drop(left_streaming);
+
+        let mut interrupted = context(&a, &endings);
+        interrupted.respond(200);
+        interrupted.end(true);
+        drop(interrupted);
+
+        drop(context(&a, &endings));
+
+        assert_eq!(a.in_flight.count(), 0);
+        let seen: Vec<(Option<u16>, bool, bool, u64)> = endings
+            .lock()
+            .iter()
+            .map(|e| (e.status, e.cancelled, e.interrupted, e.bytes))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (Some(503), false, false, 0),
+                (Some(200), false, false, 10),
+                (None, true, false, 0),
+                (Some(200), true, false, 0),
+                (Some(200), false, true, 0),
+                (None, true, false, 0),
+            ]
+        );
+        assert_eq!(cancellations(&a, "waiting"), 1);
+        assert_eq!(cancellations(&a, "streaming"), 1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"request_duration_seconds_count{route="/v1/chat/completions"} 6"#),
+            "every ending is timed: {text}"
+        );
+    }
+
+    #[test]
+    fn holds_are_given_back_last_taken_first() {
+        struct Tagged(usize, Arc<AtomicUsize>, Arc<parking_lot::Mutex<Vec<usize>>>);
+        impl Hold for Tagged {
+            fn release(self: Box<Self>, _: &Ending) {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.2.lock().push(self.0);
+            }
+        }
+        let (a, _registry) = accounts();
+        let released = Arc::new(AtomicUsize::new(0));
+        let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut ctx = RequestContext::new(
+            &a,
+            HeaderValue::from_static("r2"),
+            "/v1/chat/completions",
+            Instant::now(),
+        );
+        for tag in 0..3 {
+            ctx.admission
+                .hold(Box::new(Tagged(tag, released.clone(), order.clone())));
+        }
+        drop(ctx);
+        assert_eq!(released.load(Ordering::Relaxed), 3);
+        assert_eq!(*order.lock(), [2, 1, 0]);
+    }
+}

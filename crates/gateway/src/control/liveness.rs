@@ -1,0 +1,111 @@
+//! The liveness checker: one task that reads every worker's signals several times a second and
+//! runs `sluice_core::liveness::judge`, so a veto lands at its threshold, not at the next poll.
+//! It is the one writer of each worker's liveness veto.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sluice_core::liveness::{judge, prefill_allowance, LivenessConfig, LivenessVeto, Observed};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::fleet::{Fleet, Worker};
+
+/// How often the checker looks.
+pub const CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// What the checker remembers of a worker between looks: the progress it last saw and the
+/// pile at that moment (to tell a growing pile).
+struct Seen {
+    progress: u64,
+    pile_at_progress: u32,
+}
+
+/// What the judgment reads of one worker now.
+fn observe(worker: &Worker, seen: &mut Seen) -> Observed {
+    let heard = worker.signals.heard();
+    if seen.progress != heard.progress_stamp {
+        seen.progress = heard.progress_stamp;
+        seen.pile_at_progress = heard.pile;
+    }
+    Observed {
+        last_timeout: heard.last_timeout,
+        last_contact: heard.last_contact,
+        last_failure: heard.last_failure,
+        last_progress: heard.last_progress,
+        pile: heard.pile,
+        pile_at_progress: seen.pile_at_progress,
+        in_flight: worker.traffic.in_flight(),
+        queue: worker.vetoes.load().map(|l| l.report.waiting()),
+        engine_silent: heard.engine_silent,
+        prefill_allowance: prefill_allowance(
+            worker.traffic.pending_prefill_tokens(),
+            heard.prefill_rate,
+        ),
+    }
+}
+
+/// Judges every worker every `CHECK_EVERY`, for as long as the fleet lives.
+pub(super) async fn run_checker(fleet: Weak<Fleet>, cfg: LivenessConfig) {
+    let mut seen: HashMap<u64, Seen> = HashMap::new();
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(fleet) = fleet.upgrade() else {
+            return;
+        };
+        let snapshot = fleet.snapshot();
+        let now = Instant::now();
+        seen.retain(|key, _| snapshot.workers.iter().any(|w| w.key == *key));
+        for worker in &snapshot.workers {
+            let entry = seen.entry(worker.key).or_insert_with(|| Seen {
+                progress: worker.signals.heard().progress_stamp,
+                pile_at_progress: worker.signals.pile(),
+            });
+            let observed = observe(worker, entry);
+            let prev = worker.vetoes.liveness();
+            let next = judge(prev, &observed, &cfg, now);
+            if next != prev {
+                changed(&fleet, worker, prev, next, &observed, now);
+            }
+        }
+    }
+}
+
+/// Publishes a liveness verdict, logs it with its numbers, and on re-admission after an outage
+/// readmits the circuit the outage opened.
+fn changed(
+    fleet: &Fleet,
+    worker: &Arc<Worker>,
+    prev: Option<LivenessVeto>,
+    next: Option<LivenessVeto>,
+    o: &Observed,
+    now: Instant,
+) {
+    worker.vetoes.set_liveness(next);
+    let silent_ms = now.saturating_duration_since(o.last_contact).as_millis() as u64;
+    let quiet_ms = now.saturating_duration_since(o.last_progress).as_millis() as u64;
+    match next {
+        Some(veto) => warn!(
+            worker = %worker.id,
+            reason = veto.reason(),
+            cause = %veto,
+            silent_ms,
+            no_token_ms = quiet_ms,
+            pile = o.pile,
+            in_flight = o.in_flight,
+            "worker vetoed by liveness"
+        ),
+        None => info!(
+            worker = %worker.id,
+            was = prev.map(|p| p.reason()),
+            "worker re-admitted by liveness"
+        ),
+    }
+    if next.is_none() && matches!(prev, Some(LivenessVeto::Unreachable | LivenessVeto::Stale)) {
+        worker.breaker.readmit();
+    }
+    fleet.announce();
+}

@@ -1,0 +1,175 @@
+//! The load monitor: every Ready worker's engine load, polled on its pool's schedule, turned into
+//! the overload and busy verdicts the route stage reads.
+//!
+//! A poll that yields no report (error, timeout, empty, unsupported) clears the worker's
+//! verdicts: no fresh signal, no opinion — the overload check fails open.
+//!
+//! ## Layout
+//!
+//! - `poll` — one poll: the endpoint for the worker's flavor and the report it gives.
+//! - `verdict` — what a report means for the worker's vetoes and gauges.
+
+mod poll;
+mod verdict;
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sluice_core::health::HealthState;
+use sluice_core::overload::{BusyThresholds, Ceilings};
+use tokio::time::Instant;
+
+pub use poll::PollError;
+pub use verdict::activity;
+
+use super::Control;
+use crate::fleet::{Fleet, OverloadOverrides, Worker};
+
+/// Load monitoring and overload protection, gateway-wide (the flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadConfig {
+    /// `--load-monitor-interval`.
+    pub interval: Duration,
+    /// The gateway's ceilings; both `None` under `--disable-worker-overload-protection`.
+    pub ceilings: Ceilings,
+    /// The busy thresholds at startup (`/busy_threshold` changes them at runtime).
+    pub busy: BusyThresholds,
+    /// How long one load request may take (5 s).
+    pub poll_timeout: Duration,
+    /// The shortest poll interval, whatever a spec asks (1 s).
+    pub min_interval: Duration,
+}
+
+impl Default for LoadConfig {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            ceilings: Ceilings {
+                waiting_requests: Some(8),
+                token_usage: Some(0.8),
+            },
+            busy: BusyThresholds::default(),
+            poll_timeout: Duration::from_secs(5),
+            min_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl LoadConfig {
+    /// A worker's ceilings: each field of its block wins over the gateway's.
+    pub fn ceilings_for(&self, o: &OverloadOverrides) -> Ceilings {
+        Ceilings {
+            waiting_requests: o.waiting_requests.or(self.ceilings.waiting_requests),
+            token_usage: o.token_usage.or(self.ceilings.token_usage),
+        }
+    }
+}
+
+/// The least time between a poll and an early one (requests piling up on an engine that had
+/// room, see `QueueGate::early_poll_at`), so a steady stream into a roomy engine cannot turn the
+/// monitor into a busy loop.
+const EARLY_POLL_SPACING: Duration = Duration::from_millis(250);
+
+/// Polls one worker while it is registered: every interval of its pool, only while Ready (the
+/// first poll as soon as it is).
+pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
+    let upstream = &control.upstream;
+    let mut source = None;
+    // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
+    let mut engine_batch: Option<Option<u64>> = None;
+    loop {
+        let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
+            (
+                control.poll_interval_of(&f, &worker),
+                control.settings.load.poll_timeout,
+                f.changes(),
+            )
+        }) else {
+            return;
+        };
+        match worker.status() {
+            HealthState::Draining => return,
+            HealthState::Ready => {
+                let result = poll::poll(upstream, &worker, &mut source, timeout).await;
+                let sglang = matches!(
+                    source,
+                    Some(poll::Source::SglangLoads | poll::Source::SglangGetLoad)
+                );
+                if result.is_ok() && sglang && engine_batch.is_none() {
+                    engine_batch = Some(poll::sglang_batch_size(upstream, &worker, timeout).await);
+                }
+                let Some(fleet) = fleet.upgrade() else {
+                    return;
+                };
+                let polled = Instant::now();
+                control.load_polled(&fleet, &worker, result, engine_batch.flatten());
+                drop(fleet);
+                let early = async {
+                    worker.vetoes.early_poll_wanted().await;
+                    tokio::time::sleep_until(polled + EARLY_POLL_SPACING.min(interval)).await;
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = early => {}
+                }
+            }
+            _ => {
+                // Not polled; look again when the fleet changes (it may become Ready).
+                let _ = tokio::time::timeout(interval, changes.changed()).await;
+            }
+        }
+    }
+}
+
+impl Control {
+    /// How often `worker` is polled: the smallest interval asked by any worker of its pools (its
+    /// own spec's, else the flag), never under a second.
+    fn poll_interval_of(&self, fleet: &Fleet, worker: &Worker) -> Duration {
+        let own = |w: &Worker| {
+            w.live()
+                .spec
+                .load_monitor_interval_secs
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(self.settings.load.interval)
+        };
+        let snapshot = fleet.snapshot();
+        let peers = worker
+            .models()
+            .into_iter()
+            .filter_map(|m| snapshot.pools.get(&m))
+            .flat_map(|p| p.workers.iter())
+            .map(|w| own(w));
+        peers
+            .chain(std::iter::once(own(worker)))
+            .min()
+            .unwrap_or(self.settings.load.interval)
+            .max(self.settings.load.min_interval)
+    }
+
+}
+
+/// The busy checks, validated; an error names the setting (flag and `/busy_threshold` field).
+pub fn busy_thresholds(
+    decode: Option<f64>,
+    prefill: Option<u64>,
+    frac: Option<f64>,
+) -> Result<BusyThresholds, (&'static str, String)> {
+    if let Some(x) = decode.filter(|x| !(*x > 0.0 && *x <= 1.0)) {
+        return Err((
+            "active-decode-blocks-threshold",
+            format!("{x} is not a fraction of the KV blocks in (0, 1]"),
+        ));
+    }
+    if let Some(x) = frac.filter(|x| !(x.is_finite() && *x > 0.0)) {
+        return Err((
+            "active-prefill-tokens-threshold-frac",
+            format!("{x} must be greater than 0"),
+        ));
+    }
+    Ok(BusyThresholds {
+        active_decode_blocks_threshold: decode,
+        active_prefill_tokens_threshold: prefill,
+        active_prefill_tokens_threshold_frac: frac,
+    })
+}

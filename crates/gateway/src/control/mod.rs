@@ -1,0 +1,146 @@
+//! The control loops: background tasks that each own one fact about the workers and feed the
+//! fleet, never the request path.
+//!
+//! ## Layout
+//!
+//! - `discover` — registration: a worker's models and flavor from `GET /v1/models`, asked until it
+//!   answers; it turns a `Pending` worker `Ready`.
+//! - `health` — the prober: each worker probed on its own schedule, results fed to the health
+//!   state machine; failed workers removed under auto-recovery.
+//! - `load` — the load monitor: engine load polled (vLLM `/metrics`, SGLang `/v1/loads`), turned
+//!   into the overload and busy verdicts; the busy thresholds in force.
+//! - `liveness` — one checker for the fleet: transport failures, silence and missing progress
+//!   turned into unreachable and wedged vetoes.
+//!
+//! `Control` holds what they share (the upstream client, their settings, the probe permits) and
+//! starts the per-worker loops for each registration (`fleet::Supervise`).
+
+mod discover;
+mod health;
+mod liveness;
+mod load;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::http::StatusCode;
+use bytes::Bytes;
+use sluice_core::liveness::LivenessConfig;
+use sluice_core::overload::BusyThresholds;
+use tokio::sync::Semaphore;
+use tokio::task::AbortHandle;
+use tracing::info;
+
+pub use discover::{parse_models, DiscoverError};
+pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
+pub use liveness::CHECK_EVERY;
+pub use load::{activity, busy_thresholds, LoadConfig, PollError};
+
+use crate::fleet::{Fleet, Supervise, Worker};
+use crate::upstream::{self, GetError, Upstream};
+
+/// The control loops' settings (the flags).
+#[derive(Debug, Clone)]
+pub struct ControlSettings {
+    pub health: HealthConfig,
+    pub load: LoadConfig,
+    pub liveness: LivenessConfig,
+    /// How often a worker that has not answered `/v1/models` is asked again.
+    pub startup_check_interval: Duration,
+}
+
+/// What the control loops share.
+pub struct Control {
+    upstream: Upstream,
+    settings: ControlSettings,
+    /// Caps the probes out at once, fleet-wide.
+    probe_permits: Arc<Semaphore>,
+    /// The busy thresholds in force (`POST /busy_threshold` swaps them).
+    busy: ArcSwap<BusyThresholds>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").finish_non_exhaustive()
+    }
+}
+
+impl Control {
+    pub fn new(settings: ControlSettings, upstream: Upstream) -> Arc<Self> {
+        Arc::new(Self {
+            upstream,
+            busy: ArcSwap::from_pointee(settings.load.busy),
+            settings,
+            probe_permits: Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT)),
+        })
+    }
+
+    /// Starts the fleet-wide loops (the liveness checker); they end with the fleet.
+    pub fn watch(&self, fleet: &Arc<Fleet>) {
+        tokio::spawn(liveness::run_checker(
+            Arc::downgrade(fleet),
+            self.settings.liveness,
+        ));
+    }
+
+    /// The health settings in force for `worker`.
+    pub fn health_of(&self, fleet: &Fleet, worker: &Worker) -> Effective {
+        self.settings
+            .health
+            .for_worker(&worker.live().spec.health, fleet.drain_settle_of(worker))
+    }
+
+    /// The load settings in force.
+    pub fn load_config(&self) -> &LoadConfig {
+        &self.settings.load
+    }
+
+    pub fn busy_thresholds(&self) -> BusyThresholds {
+        **self.busy.load()
+    }
+
+    /// New busy thresholds; each worker's verdict follows at its next report.
+    pub fn set_busy_thresholds(&self, thresholds: BusyThresholds) {
+        self.busy.store(Arc::new(thresholds));
+        info!(?thresholds, "busy thresholds changed");
+    }
+}
+
+impl Supervise for Control {
+    fn supervise(self: Arc<Self>, fleet: &Arc<Fleet>, worker: &Arc<Worker>) -> Vec<AbortHandle> {
+        let weak = Arc::downgrade(fleet);
+        vec![
+            tokio::spawn(discover::register(
+                weak.clone(),
+                worker.clone(),
+                self.upstream.clone(),
+                self.settings.startup_check_interval,
+            ))
+            .abort_handle(),
+            tokio::spawn(health::run_prober(weak.clone(), worker.clone(), self.clone()))
+                .abort_handle(),
+            tokio::spawn(load::run_monitor(weak, worker.clone(), self)).abort_handle(),
+        ]
+    }
+}
+
+/// `GET` on a worker's endpoint with its key (see `upstream::get`).
+async fn get(
+    upstream: &Upstream,
+    worker: &Worker,
+    path: &str,
+    limit: usize,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), GetError> {
+    let authorization = worker.live().authorization.clone();
+    upstream::get(
+        upstream,
+        &worker.endpoint,
+        authorization.as_ref(),
+        path,
+        limit,
+        timeout,
+    )
+    .await
+}

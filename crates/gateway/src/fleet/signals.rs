@@ -1,0 +1,129 @@
+//! What the gateway hears from each worker: contact, progress, transport failures, timeouts, its
+//! pile of streams and its measured prefill rate.
+//!
+//! Many writers record here — the request path, the prober, the load monitor — but each signal
+//! only moves forward (an instant is kept at its latest), so their order does not matter; a
+//! relayed token costs one relaxed store. The liveness checker (`control::liveness`) reads them
+//! several times a second and judges.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluice_core::liveness::prefill_rate;
+use tokio::time::Instant;
+
+use super::atomic::AtomicInstant;
+
+/// One worker's signals.
+#[derive(Debug)]
+pub struct Signals {
+    /// Anything at all from it; starts at registration so a new worker is not judged silent.
+    last_contact: AtomicInstant,
+    last_failure: AtomicInstant,
+    last_timeout: AtomicInstant,
+    /// A token or a completion; starts at registration.
+    last_progress: AtomicInstant,
+    /// Streams in flight on it through this gateway, moved only by `Lease`.
+    pile: AtomicU32,
+    /// Its token counter stood still across reports for the wedge bound (the load monitor).
+    engine_silent: AtomicBool,
+    /// Measured prefill rate, prompt tokens per second (f64 bits; 0: not measured yet).
+    prefill_rate: AtomicU64,
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Self {
+            last_contact: AtomicInstant::now(),
+            last_failure: AtomicInstant::none(),
+            last_timeout: AtomicInstant::none(),
+            last_progress: AtomicInstant::now(),
+            pile: AtomicU32::new(0),
+            engine_silent: AtomicBool::new(false),
+            prefill_rate: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The signals as read at one moment, for a judgment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Heard {
+    pub last_contact: Instant,
+    pub last_failure: Option<Instant>,
+    pub last_timeout: Option<Instant>,
+    pub last_progress: Instant,
+    /// Changes exactly when `last_progress` does.
+    pub progress_stamp: u64,
+    pub pile: u32,
+    pub engine_silent: bool,
+    /// Prompt tokens per second; 0 until measured.
+    pub prefill_rate: f64,
+}
+
+impl Signals {
+    /// Something arrived from it: a response, a byte, an answered poll or probe.
+    pub fn contact(&self, at: Instant) {
+        self.last_contact.advance_to(at);
+    }
+
+    /// A token or a completion (contact too).
+    pub fn progress(&self, at: Instant) {
+        self.last_contact.advance_to(at);
+        self.last_progress.advance_to(at);
+    }
+
+    /// A connection-level failure on one of its channels.
+    pub fn transport_failure(&self, at: Instant) {
+        self.last_failure.advance_to(at);
+    }
+
+    /// A poll or probe got no answer in time.
+    pub fn timeout(&self, at: Instant) {
+        self.last_timeout.advance_to(at);
+    }
+
+    /// A stream starts on it; when it is the first of a pile, the silence is counted from now.
+    pub(crate) fn stream_started(&self, at: Instant) {
+        if self.pile.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.last_progress.advance_to(at);
+        }
+    }
+
+    pub(crate) fn stream_ended(&self) {
+        self.pile.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn pile(&self) -> u32 {
+        self.pile.load(Ordering::Relaxed)
+    }
+
+    /// A request's first byte came `ttft` after it was sent with `prompt_tokens` of prompt: one
+    /// sample of the worker's prefill rate.
+    pub(crate) fn prefill_sample(&self, prompt_tokens: u64, ttft: Duration) {
+        let _ = self
+            .prefill_rate
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                prefill_rate(f64::from_bits(bits), prompt_tokens, ttft).map(f64::to_bits)
+            });
+    }
+
+    /// The load monitor's finding on the engine's token counter.
+    pub fn set_engine_silent(&self, silent: bool) {
+        self.engine_silent.store(silent, Ordering::Relaxed);
+    }
+
+    /// Everything heard, as of now.
+    pub fn heard(&self) -> Heard {
+        let start = Instant::now();
+        Heard {
+            last_contact: self.last_contact.load().unwrap_or(start),
+            last_failure: self.last_failure.load(),
+            last_timeout: self.last_timeout.load(),
+            last_progress: self.last_progress.load().unwrap_or(start),
+            progress_stamp: self.last_progress.stamp(),
+            pile: self.pile(),
+            engine_silent: self.engine_silent.load(Ordering::Relaxed),
+            prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! What every HTTP surface of the gateway shares — the OpenAI routes, the admin API and the
+//! probes: the accept loop, API keys, the request id, reading a bounded body, which headers cross
+//! the gateway in each direction, and the answers for a route or method that does not exist.
+
+mod auth;
+mod body;
+mod headers;
+mod request_id;
+mod server;
+
+pub use auth::Keys;
+pub use body::read_body;
+pub use headers::{clean_response_headers, copy_request_headers, is_event_stream};
+pub use request_id::{accept_or_make as request_id, REQUEST_ID};
+pub use server::{serve, stopped};
+
+use axum::body::Body;
+use axum::http::{Method, Response, Uri};
+use axum::response::IntoResponse;
+
+use crate::error::GatewayError;
+
+/// The answer for a path no router knows.
+pub async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
+    GatewayError::UnknownRoute {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+    .into_response()
+}
+
+/// The answer for a known path asked with the wrong method (axum adds the `Allow` header).
+pub async fn method_not_allowed(method: Method, uri: Uri) -> Response<Body> {
+    GatewayError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+    .into_response()
+}

@@ -1,0 +1,34 @@
+//! The HTTP client to workers, shared by the forward stage (the requests clients sent) and the
+//! control loops (the gateway's own probes, load polls and model lists).
+//!
+//! It sits at the bottom of the crate: it knows endpoints, not workers, and imports nothing of the
+//! gateway above it, so both of its users can depend on it without depending on each other.
+
+mod client;
+mod get;
+
+pub use client::{Upstream, UpstreamRequest, UpstreamResponse};
+pub use get::{get, GetError};
+
+use axum::http::uri::{Authority, PathAndQuery, Scheme};
+use axum::http::Uri;
+
+/// Where a worker is reached and how: fixed for a registration (a new URL is a new one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// HTTP/2 with prior knowledge, else HTTP/1.1.
+    pub http2: bool,
+}
+
+impl Endpoint {
+    /// The absolute URI of `path` on this endpoint.
+    pub fn uri(&self, path: PathAndQuery) -> Uri {
+        let mut parts = axum::http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path);
+        Uri::from_parts(parts).unwrap_or_default()
+    }
+}
