@@ -174,8 +174,7 @@ impl ProbeListener {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            http::serve(listener, routes(probes), header_read_timeout, stop)
-                                .await;
+                            http::serve(listener, routes(probes), header_read_timeout, stop).await;
                         }
                         Err(e) => tracing::error!(error = %e, "probe listener failed"),
                     }

@@ -38,7 +38,7 @@ async fn without_an_admin_key_mutations_are_refused_with_a_hint() {
         .as_str()
         .unwrap()
         .contains("--admin-api-key"));
-    let id = s.gateway.fleet().snapshot().workers[0].id.to_string();
+    let id = s.worker_id(0).await;
     assert_eq!(
         admin(&s, "DELETE", &format!("/workers/{id}"), None, None)
             .await
@@ -96,11 +96,7 @@ async fn workers_are_registered_changed_and_removed() {
     )
     .await;
     assert_eq!(bad.json()["error"]["param"], "helth");
-    assert_eq!(
-        s.gateway.fleet().snapshot().workers.len(),
-        1,
-        "nothing invalid was registered"
-    );
+    assert_eq!(s.workers().await.len(), 1, "nothing invalid was registered");
 
     let created = admin(&s, "POST", "/workers", Some(&spec), Some(KEY)).await;
     assert_eq!(created.status, 202, "{}", created.text());
@@ -116,13 +112,8 @@ async fn workers_are_registered_changed_and_removed() {
         .unwrap()
         .contains("PUT"));
 
-    bounded(
-        "the new worker ready",
-        s.gateway
-            .fleet()
-            .until(|snap| all_ready(snap) && snap.workers.len() == 2),
-    )
-    .await;
+    s.until_workers("the new worker ready", |w| all_ready(w) && w.len() == 2)
+        .await;
     let shown = admin(&s, "GET", &format!("/workers/{id}"), None, None)
         .await
         .json();
@@ -162,23 +153,16 @@ async fn workers_are_registered_changed_and_removed() {
     assert_eq!(replaced.status, 202);
     assert_eq!(replaced.json()["id"], id.as_str(), "same id");
 
-    bounded("ready again", s.gateway.fleet().until(all_ready)).await;
+    s.until_workers("ready again", all_ready).await;
     let gone = admin(&s, "DELETE", &format!("/workers/{id}"), None, Some(KEY)).await;
     assert_eq!(gone.status, 202);
     assert_eq!(gone.json()["status"], "draining");
-    let drained = s.gateway.fleet().snapshot();
-    assert!(
-        drained
-            .pools
-            .values()
-            .all(|p| p.workers.iter().all(|w| w.id.as_str() != id)),
-        "no new requests"
-    );
-    bounded(
-        "removed",
-        s.gateway.fleet().until(|snap| snap.workers.len() == 1),
-    )
-    .await;
+    let drained = admin(&s, "GET", &format!("/workers/{id}"), None, None)
+        .await
+        .json();
+    assert_eq!(drained["status"], "draining");
+    assert_eq!(drained["routable"], false, "no new requests");
+    s.until_workers("removed", |w| w.len() == 1).await;
     assert_eq!(
         admin(&s, "GET", &format!("/workers/{id}"), None, None)
             .await

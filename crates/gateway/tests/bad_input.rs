@@ -105,7 +105,7 @@ async fn models_unknown_missing_and_defaulted() {
     let mut urls = s.sims.urls();
     urls.extend(other.urls());
     let gateway = Gateway::start(Config::local(&urls)).await.unwrap();
-    bounded("ready", gateway.fleet().until(all_ready)).await;
+    until_workers(&gateway, &s.client, "ready", all_ready).await;
     let a = post(
         &s.client,
         &format!("{}/v1/chat/completions", gateway.url()),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sluice_core::breaker::{BreakerConfig, BreakerState};
+use sluice_core::breaker::BreakerConfig;
 use sluice_core::policy::Policy;
 
 #[tokio::test]
@@ -52,18 +52,19 @@ async fn the_breaker_opens_and_recovers_on_time() {
         c.breaker = Some(BreakerConfig {
             failure_threshold: 3,
             success_threshold: 1,
-            open_timeout: Duration::from_millis(400),
+            // Long enough that the requests below all see it open on a loaded machine.
+            open_timeout: Duration::from_secs(3),
             half_open_trials: 1,
         });
     })
     .await;
     let sick = s.sims.engine(0).unwrap();
     sick.fault(Fault::ErrorRate { rate: 1.0 }).await.unwrap();
-    let sick_id = s.gateway.fleet().snapshot().workers[0].id.clone();
-    let open = |snap: &Snapshot| {
-        snap.workers
-            .iter()
-            .any(|w| w.id == sick_id && w.breaker.state() == BreakerState::Open)
+    let sick_id = s.worker_id(0).await;
+    let circuit = |s: &Setup| {
+        let url = s.url(&format!("/workers/{sick_id}"));
+        let client = s.client.clone();
+        async move { get(&client, &url).await.json()["circuit"]["state"].clone() }
     };
     let mut errors = 0;
     for i in 0..12 {
@@ -73,7 +74,7 @@ async fn the_breaker_opens_and_recovers_on_time() {
         if a.status == 500 {
             errors += 1;
         }
-        if open(&s.gateway.fleet().snapshot()) {
+        if circuit(&s).await == "open" {
             break;
         }
     }
@@ -95,14 +96,9 @@ async fn the_breaker_opens_and_recovers_on_time() {
     }
     sick.fault(Fault::Clear).await.unwrap();
     // Half-open on time, without a request to notice it.
-    bounded(
-        "half-open",
-        s.gateway.fleet().until(|snap| {
-            snap.workers
-                .iter()
-                .any(|w| w.id == sick_id && w.breaker.state() == BreakerState::HalfOpen)
-        }),
-    )
+    s.until_worker(&sick_id, "half-open", |w| {
+        w["circuit"]["state"] == "half_open"
+    })
     .await;
     let metrics = get(&s.client, &s.url("/metrics")).await.text();
     assert!(
@@ -120,14 +116,9 @@ async fn the_breaker_opens_and_recovers_on_time() {
             200
         );
     }
-    bounded(
-        "closed",
-        s.gateway.fleet().until(|snap| {
-            snap.workers
-                .iter()
-                .all(|w| w.breaker.state() == BreakerState::Closed)
-        }),
-    )
+    s.until_workers("closed", |workers| {
+        workers.iter().all(|w| w["circuit"]["state"] == "closed")
+    })
     .await;
 }
 
@@ -161,7 +152,7 @@ async fn an_unreachable_worker_stays_visible_and_its_model_is_unavailable_not_un
     assert_eq!(ready.json()["reason"], "insufficient healthy workers");
 
     engine.fault(Fault::Restart).await.unwrap();
-    bounded("registration", gateway.fleet().until(all_ready)).await;
+    until_workers(&gateway, &c, "registration", all_ready).await;
     let a = post(
         &c,
         &format!("{}/v1/chat/completions", gateway.url()),
@@ -230,7 +221,7 @@ async fn at_capacity_answers_are_retried_on_another_worker() {
     let mut config = Config::local(&[full.urls()[0].clone(), roomy.urls()[0].clone()]);
     config.policy = Policy::RoundRobin;
     let gateway = Gateway::start(config).await.unwrap();
-    bounded("ready", gateway.fleet().until(all_ready)).await;
+    until_workers(&gateway, &c, "ready", all_ready).await;
     let refused_before = full_engine.state().rejected;
     for i in 0..6 {
         let a = post(

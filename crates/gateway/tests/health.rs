@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use serde_json::Value;
-use sluice_core::breaker::{BreakerConfig, BreakerState};
+use sluice_core::breaker::BreakerConfig;
 use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
-use sluice_gateway::fleet::HealthConfig;
+use sluice_gateway::control::HealthConfig;
 use tokio::time::Instant;
 
 const INTERVAL: Duration = Duration::from_millis(30);
@@ -37,12 +36,8 @@ fn fast_health(c: &mut Config) {
     c.admin_api_key = Some(ADMIN_KEY.into());
 }
 
-fn state_of(id: &str, state: HealthState) -> impl FnMut(&Snapshot) -> bool + '_ {
-    move |s: &Snapshot| s.worker(id).map(|w| w.status()) == Some(state)
-}
-
-fn first_worker(s: &Setup) -> String {
-    s.gateway.fleet().snapshot().workers[0].id.to_string()
+async fn first_worker(s: &Setup) -> String {
+    s.worker_id(0).await
 }
 
 /// The value of one metric series (a line starting with `series`), if present.
@@ -74,17 +69,12 @@ async fn a_crashed_worker_leaves_rotation_and_rejoins_in_place_when_restarted() 
         c.breaker = None; // only health checks keep requests off the dead worker
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
-    let id = first_worker(&s);
+    let id = first_worker(&s).await;
     let victim = s.sims.engine(0).unwrap();
 
     victim.crash().await;
     let crashed = Instant::now();
-    bounded(
-        "not ready",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    s.until_status(&id, "not_ready").await;
     assert!(
         crashed.elapsed() >= INTERVAL,
         "two failed probes, one interval apart"
@@ -104,26 +94,18 @@ async fn a_crashed_worker_leaves_rotation_and_rejoins_in_place_when_restarted() 
         retries
     );
 
-    bounded("failed", fleet.until(state_of(&id, HealthState::Failed))).await;
+    s.until_status(&id, "failed").await;
     let view = worker_view(&s, &id).await;
     assert_eq!(view["status"], "failed");
     assert_eq!(view["health"]["last_probe"]["ok"], false);
-    assert_eq!(
-        fleet.snapshot().workers.len(),
-        2,
-        "kept: auto-recovery is off"
-    );
+    assert_eq!(s.workers().await.len(), 2, "kept: auto-recovery is off");
 
     let before = s.received()[0];
     victim.fault(Fault::Restart).await.unwrap();
-    bounded(
-        "ready again",
-        fleet.until(state_of(&id, HealthState::Ready)),
-    )
-    .await;
-    let snapshot = fleet.snapshot();
-    assert_eq!(snapshot.workers.len(), 2);
-    assert_eq!(snapshot.workers[0].id.as_str(), id, "the same registration");
+    s.until_status(&id, "ready").await;
+    let workers = s.workers().await;
+    assert_eq!(workers.len(), 2);
+    assert_eq!(workers[0]["id"], id.as_str(), "the same registration");
     chats_all_ok(&s, 4).await;
     assert!(s.received()[0] > before, "it takes requests again");
     assert_eq!(
@@ -135,14 +117,9 @@ async fn a_crashed_worker_leaves_rotation_and_rejoins_in_place_when_restarted() 
 #[tokio::test]
 async fn a_hung_worker_fails_its_probes_by_timeout_and_workers_shows_why() {
     let s = start(2, instant(Flavor::Vllm), fast_health).await;
-    let fleet = s.gateway.fleet().clone();
-    let id = first_worker(&s);
+    let id = first_worker(&s).await;
     s.sims.engine(0).unwrap().fault(Fault::Hang).await.unwrap();
-    bounded(
-        "not ready",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    s.until_status(&id, "not_ready").await;
 
     let list = get(&s.client, &s.url("/workers")).await.json();
     let workers = list["workers"].as_array().unwrap();
@@ -171,14 +148,9 @@ async fn a_hung_worker_fails_its_probes_by_timeout_and_workers_shows_why() {
 #[tokio::test]
 async fn readiness_is_503_when_no_worker_is_healthy() {
     let s = start(1, instant(Flavor::Vllm), fast_health).await;
-    let id = first_worker(&s);
+    let id = first_worker(&s).await;
     s.sims.engine(0).unwrap().crash().await;
-    let fleet = s.gateway.fleet().clone();
-    bounded(
-        "not ready",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    s.until_status(&id, "not_ready").await;
     let a = get(&s.client, &s.url("/readiness")).await;
     assert_eq!(a.status, 503);
     let body = a.json();
@@ -203,16 +175,12 @@ async fn failed_workers_are_removed_under_auto_recovery() {
         c.health.remove_unhealthy = true;
     })
     .await;
-    let id = first_worker(&s);
+    let id = first_worker(&s).await;
     s.sims.engine(0).unwrap().crash().await;
-    let fleet = s.gateway.fleet().clone();
-    let gone = |snap: &Snapshot| snap.worker(&id).is_none();
-    bounded("removed", fleet.until(gone)).await;
-    assert_eq!(
-        fleet.snapshot().workers.len(),
-        1,
-        "only that registration went"
-    );
+    let workers = s
+        .until_workers("removed", |w| w.iter().all(|w| w["id"] != id.as_str()))
+        .await;
+    assert_eq!(workers.len(), 1, "only that registration went");
     assert_eq!(
         metric(&s, &format!("sluice_worker_health{{worker=\"{id}\"}}")).await,
         Some(-1.0)
@@ -238,32 +206,27 @@ async fn a_promotion_readmits_an_open_circuit_at_once() {
         });
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
-    let id = first_worker(&s);
+    let id = first_worker(&s).await;
     let victim = s.sims.engine(0).unwrap();
     victim.crash().await;
     // Round robin sends one of these to the dead worker: it fails to connect (opening the
     // circuit) and is retried on the other.
     chats_all_ok(&s, 2).await;
-    let worker = fleet.snapshot().worker(&id).unwrap().clone();
-    assert_eq!(worker.breaker.state(), BreakerState::Open);
-    bounded(
-        "not ready",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    let circuit = |view: Value| view["circuit"]["state"].clone();
+    assert_eq!(circuit(worker_view(&s, &id).await), "open");
+    s.until_status(&id, "not_ready").await;
 
     victim.fault(Fault::Restart).await.unwrap();
-    bounded("ready", fleet.until(state_of(&id, HealthState::Ready))).await;
+    s.until_status(&id, "ready").await;
     assert_eq!(
-        worker.breaker.state(),
-        BreakerState::HalfOpen,
+        circuit(worker_view(&s, &id).await),
+        "half_open",
         "promoted: the trial starts now, not after the 600 s open timeout"
     );
     chats_all_ok(&s, 2).await;
     assert_eq!(
-        worker.breaker.state(),
-        BreakerState::Closed,
+        circuit(worker_view(&s, &id).await),
+        "closed",
         "the trial passed"
     );
 }
@@ -271,8 +234,7 @@ async fn a_promotion_readmits_an_open_circuit_at_once() {
 #[tokio::test]
 async fn the_health_block_is_validated_and_patched_in_place() {
     let s = start(1, instant(Flavor::Vllm), fast_health).await;
-    let id = first_worker(&s);
-    let fleet = s.gateway.fleet().clone();
+    let id = first_worker(&s).await;
     let auth = format!("Bearer {ADMIN_KEY}");
     let patch = |body: &'static str| {
         let url = s.url(&format!("/workers/{id}"));
@@ -294,18 +256,14 @@ async fn the_health_block_is_validated_and_patched_in_place() {
     assert!(bad.text().contains("health.timeout_secs"), "{}", bad.text());
 
     s.sims.engine(0).unwrap().fault(Fault::Hang).await.unwrap();
-    bounded(
-        "not ready",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    s.until_status(&id, "not_ready").await;
     let a = patch(r#"{"health":{"disable_health_check":true,"check_interval_secs":0.05}}"#).await;
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.json()["health"]["checks_enabled"], false);
     assert_eq!(a.json()["health"]["check_interval_secs"], 0.05);
     assert_eq!(a.json()["spec"]["health"]["disable_health_check"], true);
     // Nothing but probes could bring it back, so with probes off it is Ready again.
-    bounded("ready", fleet.until(state_of(&id, HealthState::Ready))).await;
+    s.until_status(&id, "ready").await;
 
     let a = patch(r#"{"health":{"disable_health_check":null}}"#).await;
     assert_eq!(
@@ -318,11 +276,7 @@ async fn the_health_block_is_validated_and_patched_in_place() {
         0.05,
         "left out: kept"
     );
-    bounded(
-        "probed again",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    s.until_status(&id, "not_ready").await;
 }
 
 #[tokio::test]
@@ -336,14 +290,11 @@ async fn probes_use_the_endpoint_and_send_the_workers_key() {
         c.workers[0].api_key = Some("worker-key".into());
     })
     .await;
-    let id = first_worker(&s);
-    let fleet = s.gateway.fleet().clone();
-    let passed = |snap: &Snapshot| {
-        snap.worker(&id)
-            .and_then(|w| w.last_probe())
-            .is_some_and(|p| p.error.is_none())
-    };
-    bounded("a passing probe", fleet.until(passed)).await;
+    let id = first_worker(&s).await;
+    s.until_worker(&id, "a passing probe", |w| {
+        w["health"]["last_probe"]["ok"] == true
+    })
+    .await;
 
     let auth = format!("Bearer {ADMIN_KEY}");
     let url = s.url(&format!("/workers/{id}"));
@@ -357,11 +308,7 @@ async fn probes_use_the_endpoint_and_send_the_workers_key() {
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
-    bounded(
-        "not ready",
-        fleet.until(state_of(&id, HealthState::NotReady)),
-    )
-    .await;
+    s.until_status(&id, "not_ready").await;
     let view = worker_view(&s, &id).await;
     assert_eq!(view["health"]["last_probe"]["error"], "answered 401");
 }
@@ -385,8 +332,7 @@ async fn a_worker_drain_settle_override_is_used_on_removal() {
     .await;
     assert_eq!(created.status, 202, "{}", created.text());
     let id = created.json()["id"].as_str().unwrap().to_string();
-    let fleet = s.gateway.fleet().clone();
-    bounded("ready", fleet.until(state_of(&id, HealthState::Ready))).await;
+    s.until_status(&id, "ready").await;
     let removed = send(
         &s.client,
         "DELETE",

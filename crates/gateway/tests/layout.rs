@@ -40,37 +40,64 @@ fn folder_of(src: &Path, file: &Path) -> Option<String> {
     Some(first.trim_end_matches(".rs").to_string())
 }
 
-/// Every `crate::name` in the code of `text` (comments are skipped), with its line.
+/// Every `crate::name` in the code of `text` (comments are skipped), with its line. A group
+/// (`use crate::{a, b::{c, d}}`, over several lines or one) names the first segment of each item.
 fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let code: String = text
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
     let mut found = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            let before = rest[..at].chars().next_back();
-            let after = &rest[at + "crate::".len()..];
-            rest = after;
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
-                continue;
-            }
-            let name: String = after
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("crate::").map(|i| i + from) {
+        from = at + "crate::".len();
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let after = &code[from..];
+        let Some(group) = after.strip_prefix('{') else {
+            let name = ident(after);
             if !name.is_empty() {
-                found.push((n + 1, name));
-            } else if after.starts_with('{') {
-                // `use crate::{a, b::c}`: the first segment of each item.
-                let inner = after[1..].split('}').next().unwrap_or("");
-                for item in inner.split(',') {
-                    let name: String = item
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() {
-                        found.push((n + 1, name));
-                    }
+                found.push((line_of(at), name));
+            }
+            continue;
+        };
+        // The group's top-level items: split at commas outside nested braces.
+        let mut depth = 0;
+        let mut item_start = 0;
+        for (i, c) in group.char_indices() {
+            let end_of_item = match c {
+                '{' => {
+                    depth += 1;
+                    false
+                }
+                '}' if depth == 0 => true,
+                '}' => {
+                    depth -= 1;
+                    false
+                }
+                ',' => depth == 0,
+                _ => false,
+            };
+            if end_of_item {
+                let item = &group[item_start..i];
+                let name = ident(item);
+                if !name.is_empty() {
+                    let offset = from + 1 + item_start + (item.len() - item.trim_start().len());
+                    found.push((line_of(offset), name));
+                }
+                item_start = i + 1;
+                if c == '}' {
+                    break;
                 }
             }
         }
@@ -165,7 +192,10 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 fn graph_of(edges: &[Import]) -> BTreeMap<String, BTreeSet<String>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for e in edges {
-        graph.entry(e.from.clone()).or_default().insert(e.to.clone());
+        graph
+            .entry(e.from.clone())
+            .or_default()
+            .insert(e.to.clone());
         graph.entry(e.to.clone()).or_default();
     }
     graph
@@ -174,10 +204,15 @@ fn graph_of(edges: &[Import]) -> BTreeMap<String, BTreeSet<String>> {
 #[test]
 fn the_checker_finds_a_cycle_and_reads_grouped_imports() {
     let paths = crate_paths(
-        "use crate::{a::X, b};\n// crate::c in a comment\npub(crate) fn f() { crate::d::g() }\n",
+        "use crate::{a::X, b};\n// crate::c in a comment\npub(crate) fn f() { crate::d::g() }\n\
+         use crate::{\n    e::{F, G},\n    h,\n};\n",
     );
-    let names: Vec<&str> = paths.iter().map(|(_, n)| n.as_str()).collect();
-    assert_eq!(names, ["a", "b", "d"]);
+    let named: Vec<(usize, &str)> = paths.iter().map(|(l, n)| (*l, n.as_str())).collect();
+    assert_eq!(
+        named,
+        [(1, "a"), (1, "b"), (3, "d"), (5, "e"), (6, "h")],
+        "names and lines, groups over several lines included"
+    );
     let edge = |from: &str, to: &str| Import {
         from: from.into(),
         to: to.into(),
@@ -186,7 +221,12 @@ fn the_checker_finds_a_cycle_and_reads_grouped_imports() {
     };
     let acyclic = [edge("a", "b"), edge("b", "c"), edge("a", "c")];
     assert!(cycles(&graph_of(&acyclic)).is_empty());
-    let cyclic = [edge("a", "b"), edge("b", "c"), edge("c", "a"), edge("c", "d")];
+    let cyclic = [
+        edge("a", "b"),
+        edge("b", "c"),
+        edge("c", "a"),
+        edge("c", "d"),
+    ];
     assert_eq!(cycles(&graph_of(&cyclic)), vec![vec!["a", "b", "c"]]);
 }
 

@@ -26,8 +26,8 @@ async fn models_are_the_union_of_routable_workers() {
     let gateway = Gateway::start(Config::local(&[a.urls()[0].clone(), b.urls()[0].clone()]))
         .await
         .unwrap();
-    bounded("ready", gateway.fleet().until(all_ready)).await;
     let c = client();
+    until_workers(&gateway, &c, "ready", all_ready).await;
     let models = get(&c, &format!("{}/v1/models", gateway.url()))
         .await
         .json();
@@ -80,7 +80,7 @@ async fn metrics_describe_requests_workers_and_circuits() {
 #[tokio::test]
 async fn http2_to_workers_with_prior_knowledge() {
     let s = start(1, instant(Flavor::Vllm), |c| c.upstream_http2 = true).await;
-    assert!(s.gateway.fleet().snapshot().workers[0].http2);
+    assert_eq!(s.workers().await[0]["http2"], true);
     let a = s.chat(&chat_body("test-model", "hi", 5, true)).await;
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.events().last().unwrap(), "[DONE]");

@@ -10,7 +10,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sluice_core::liveness::LivenessVeto;
 use sluice_core::policy::Policy;
 use tokio::time::Instant;
 
@@ -26,15 +25,20 @@ fn fast(c: &mut Config) {
     c.liveness.stale = Duration::from_secs(1);
 }
 
-fn vetoed<'a>(id: &'a str, reason: Option<&'static str>) -> impl FnMut(&Snapshot) -> bool + 'a {
-    move |s: &Snapshot| {
-        s.worker(id)
-            .is_some_and(|w| w.vetoes.liveness().map(|v| v.reason()) == reason)
+/// The reason `/workers` gives a worker's liveness veto, in the terms of
+/// `sluice_worker_stalled{reason}`: `unreachable` (unreachable, stale) or `wedged` (a wedged
+/// queue or pile, a silent engine).
+fn reason(view: &Value) -> Option<&'static str> {
+    match view["vetoes"]["liveness"].as_str()? {
+        "unreachable" | "stale" => Some("unreachable"),
+        "wedged_queue" | "wedged_pile" | "engine_silent" => Some("wedged"),
+        other => panic!("an unknown liveness veto: {other}"),
     }
 }
 
-fn worker_id(s: &Setup, i: usize) -> String {
-    s.gateway.fleet().snapshot().workers[i].id.to_string()
+/// Waits until worker `id`'s liveness veto has `want` as its reason (`None`: no veto).
+async fn until_vetoed(s: &Setup, id: &str, what: &str, want: Option<&str>) -> Value {
+    s.until_worker(id, what, |w| reason(w) == want).await
 }
 
 /// Sends `n` short requests and returns how many each engine received meanwhile.
@@ -72,13 +76,12 @@ fn spawn_requests(
 #[tokio::test]
 async fn a_frozen_engine_with_streams_is_wedged_and_returns_when_it_resumes() {
     let s = start(2, instant(Flavor::Vllm), fast).await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
+    let id = s.worker_id(0).await;
     let frozen = s.sims.engine(0).unwrap();
     frozen.fault(Fault::Freeze).await.unwrap();
     let froze = Instant::now();
     let streams = spawn_requests(&s, 4, 8, true); // two land on the frozen engine
-    bounded("wedged", fleet.until(vetoed(&id, Some("wedged")))).await;
+    until_vetoed(&s, &id, "wedged", Some("wedged")).await;
     assert!(froze.elapsed() >= WEDGE, "not before the wedge bound");
     assert_eq!(
         spread(&s, 6).await,
@@ -90,7 +93,7 @@ async fn a_frozen_engine_with_streams_is_wedged_and_returns_when_it_resumes() {
     assert!(metrics.contains(&series), "{metrics}");
 
     frozen.fault(Fault::Clear).await.unwrap();
-    bounded("re-admitted", fleet.until(vetoed(&id, None))).await;
+    until_vetoed(&s, &id, "re-admitted", None).await;
     for stream in streams {
         let answer = bounded("the held streams", stream).await.unwrap();
         assert_eq!(answer.status, 200);
@@ -103,29 +106,22 @@ async fn a_frozen_engine_with_streams_is_wedged_and_returns_when_it_resumes() {
 #[tokio::test]
 async fn a_frozen_engine_with_only_non_streaming_traffic_is_caught_by_its_token_counter() {
     let s = start(2, timed(Flavor::Vllm, 20.0), fast).await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
+    let id = s.worker_id(0).await;
     let frozen = s.sims.engine(0).unwrap();
     let held = spawn_requests(&s, 4, 2000, false);
     bounded("running", frozen.until(|st| st.running >= 2)).await;
     frozen.fault(Fault::Freeze).await.unwrap();
-    bounded(
-        "silent",
-        fleet.until(|snap: &Snapshot| {
-            snap.worker(&id)
-                .is_some_and(|w| w.vetoes.liveness() == Some(LivenessVeto::EngineSilent))
-        }),
-    )
+    s.until_worker(&id, "silent", |w| {
+        w["vetoes"]["liveness"] == "engine_silent"
+    })
     .await;
-    assert_eq!(
-        fleet.snapshot().worker(&id).unwrap().signals.pile(),
-        0,
-        "no stream to judge by"
-    );
+    // The pile of streams is not on any HTTP surface: read from the fleet.
+    let worker = s.gateway.fleet().snapshot().worker(&id).unwrap().clone();
+    assert_eq!(worker.signals.pile(), 0, "no stream to judge by");
     assert_eq!(spread(&s, 4).await, [0, 4]);
 
     frozen.fault(Fault::Clear).await.unwrap();
-    bounded("re-admitted", fleet.until(vetoed(&id, None))).await;
+    until_vetoed(&s, &id, "re-admitted", None).await;
     for request in held {
         assert_eq!(bounded("held requests", request).await.unwrap().status, 200);
     }
@@ -134,29 +130,21 @@ async fn a_frozen_engine_with_only_non_streaming_traffic_is_caught_by_its_token_
 #[tokio::test]
 async fn a_hung_engine_is_vetoed_within_the_stale_bound() {
     let s = start(2, instant(Flavor::Vllm), fast).await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
+    let id = s.worker_id(0).await;
     let hung = s.sims.engine(0).unwrap();
     hung.fault(Fault::Hang).await.unwrap();
     let held = spawn_requests(&s, 2, 1, false); // one is held by the hung engine
-    bounded(
-        "stale",
-        fleet.until(|snap: &Snapshot| {
-            snap.worker(&id)
-                .is_some_and(|w| w.vetoes.liveness() == Some(LivenessVeto::Stale))
-        }),
-    )
-    .await;
-    let worker = fleet.snapshot().worker(&id).unwrap().clone();
+    let worker = s
+        .until_worker(&id, "stale", |w| w["vetoes"]["liveness"] == "stale")
+        .await;
     assert_eq!(
-        worker.status(),
-        HealthState::Ready,
+        worker["status"], "ready",
         "long before its probes would tell"
     );
     assert_eq!(spread(&s, 4).await, [0, 4]);
 
     hung.fault(Fault::Clear).await.unwrap();
-    bounded("heard from again", fleet.until(vetoed(&id, None))).await;
+    until_vetoed(&s, &id, "heard from again", None).await;
     for request in held {
         request.abort();
     }
@@ -165,19 +153,16 @@ async fn a_hung_engine_is_vetoed_within_the_stale_bound() {
 #[tokio::test]
 async fn a_crashed_engine_is_unreachable_before_its_health_checks_demote_it() {
     let s = start(2, instant(Flavor::Vllm), fast).await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
+    let id = s.worker_id(0).await;
     let crashed = s.sims.engine(0).unwrap();
     crashed.crash().await;
     // Its load polls now fail to connect: a transport failure, then silence.
-    bounded("unreachable", fleet.until(vetoed(&id, Some("unreachable")))).await;
-    let worker = fleet.snapshot().worker(&id).unwrap().clone();
+    let worker = until_vetoed(&s, &id, "unreachable", Some("unreachable")).await;
     assert_eq!(
-        worker.status(),
-        HealthState::Ready,
+        worker["status"], "ready",
         "the health checker has not demoted it"
     );
-    assert_eq!(worker.vetoes.liveness(), Some(LivenessVeto::Unreachable));
+    assert_eq!(worker["vetoes"]["liveness"], "unreachable");
     let retries = get(&s.client, &s.url("/metrics")).await.text();
     let connect_retries = |text: &str| {
         text.lines()
@@ -194,7 +179,7 @@ async fn a_crashed_engine_is_unreachable_before_its_health_checks_demote_it() {
     );
 
     crashed.fault(Fault::Restart).await.unwrap();
-    bounded("re-admitted on contact", fleet.until(vetoed(&id, None))).await;
+    until_vetoed(&s, &id, "re-admitted on contact", None).await;
     let got = spread(&s, 4).await;
     assert!(got[0] > 0, "{got:?}");
 }

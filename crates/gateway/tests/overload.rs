@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
-use sluice_gateway::fleet::HealthConfig;
+use sluice_gateway::control::HealthConfig;
 
 const ADMIN_KEY: &str = "admin-secret";
 
@@ -33,24 +33,31 @@ fn pin_waiting(waiting: u64) -> Fault {
     }
 }
 
-fn worker_id(s: &Setup, i: usize) -> String {
-    s.gateway.fleet().snapshot().workers[i].id.to_string()
+/// Waits until `/workers` shows worker `id` vetoed as overloaded (its last report reached a
+/// ceiling), or not.
+async fn until_overloaded(s: &Setup, id: &str, what: &str, yes: bool) {
+    s.until_worker(id, what, |w| w["vetoes"]["overloaded"] == yes)
+        .await;
 }
 
-fn overloaded(id: &str, yes: bool) -> impl FnMut(&Snapshot) -> bool + '_ {
-    move |s: &Snapshot| s.worker(id).is_some_and(|w| w.vetoes.overloaded() == yes)
+/// Waits until every worker's last report reached a ceiling.
+async fn until_all_overloaded(s: &Setup) {
+    s.until_workers("all vetoed", |workers| {
+        workers.iter().all(|w| w["vetoes"]["overloaded"] == true)
+    })
+    .await;
 }
 
 /// Pins the first engine's queue at the default ceiling (8) and waits for its veto.
 async fn overload_first_worker(s: &Setup) -> String {
-    let id = worker_id(s, 0);
+    let id = s.worker_id(0).await;
     s.sims
         .engine(0)
         .unwrap()
         .fault(pin_waiting(8))
         .await
         .unwrap();
-    bounded("vetoed", s.gateway.fleet().until(overloaded(&id, true))).await;
+    until_overloaded(s, &id, "vetoed", true).await;
     id
 }
 
@@ -106,11 +113,10 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
         c.policy = Policy::RoundRobin;
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
+    let id = s.worker_id(0).await;
     let engine = s.sims.engine(0).unwrap();
     engine.fault(pin_waiting(20)).await.unwrap();
-    bounded("vetoed", fleet.until(overloaded(&id, true))).await;
+    until_overloaded(&s, &id, "vetoed", true).await;
     let view = get(&s.client, &s.url(&format!("/workers/{id}")))
         .await
         .json();
@@ -122,7 +128,7 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
     assert_eq!(loads["aggregate"]["workers"], 2);
 
     engine.fault(pin_waiting(7)).await.unwrap();
-    bounded("re-admitted", fleet.until(overloaded(&id, false))).await;
+    until_overloaded(&s, &id, "re-admitted", false).await;
     let before = s.received()[0];
     for i in 0..4 {
         assert_eq!(
@@ -135,14 +141,14 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
     assert!(s.received()[0] > before, "back in rotation");
 
     engine.fault(pin_waiting(20)).await.unwrap();
-    bounded("vetoed again", fleet.until(overloaded(&id, true))).await;
+    until_overloaded(&s, &id, "vetoed again", true).await;
     engine
         .fault(Fault::LoadEndpoint {
             mode: sluice_sim::LoadEndpointMode::Error,
         })
         .await
         .unwrap();
-    bounded("fails open", fleet.until(overloaded(&id, false))).await;
+    until_overloaded(&s, &id, "fails open", false).await;
     let view = get(&s.client, &s.url(&format!("/workers/{id}")))
         .await
         .json();
@@ -156,7 +162,6 @@ async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
         c.policy = Policy::RoundRobin;
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
     for (i, waiting) in [(0, 12), (1, 9), (2, 10)] {
         s.sims
             .engine(i)
@@ -165,8 +170,7 @@ async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
             .await
             .unwrap();
     }
-    let all = |snap: &Snapshot| snap.workers.iter().all(|w| w.vetoes.overloaded());
-    bounded("all vetoed", fleet.until(all)).await;
+    until_all_overloaded(&s).await;
     let before = s.received();
     for i in 0..5 {
         let a = s
@@ -212,7 +216,6 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
         };
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
     for i in 0..3 {
         s.sims
             .engine(i)
@@ -221,8 +224,7 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
             .await
             .unwrap();
     }
-    let all = |snap: &Snapshot| snap.workers.iter().all(|w| w.vetoes.overloaded());
-    bounded("all vetoed", fleet.until(all)).await;
+    until_all_overloaded(&s).await;
     let before = s.received();
     let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
     assert_eq!(a.status, 503);
@@ -245,10 +247,10 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
     );
 
     // Mixed causes: one worker out for its health, the rest full — plain unavailability.
-    let sick = worker_id(&s, 2);
+    let sick = s.worker_id(2).await;
     s.sims.engine(2).unwrap().crash().await;
-    let out = |snap: &Snapshot| snap.worker(&sick).is_some_and(|w| !w.is_routable());
-    bounded("one unhealthy", fleet.until(out)).await;
+    s.until_worker(&sick, "one unhealthy", |w| w["routable"] == false)
+        .await;
     let a = s.chat(&chat_body("test-model", "hi", 1, false)).await;
     assert_eq!(a.status, 503);
     assert_eq!(
@@ -293,30 +295,21 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
         c.load.busy.active_decode_blocks_threshold = Some(0.8);
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
+    let id = s.worker_id(0).await;
     let engine0 = s.sims.engine(0).unwrap();
     engine0.fault(pin_rank_kv(0, 0.95)).await.unwrap();
-    let reported = |id: &str, kv: f64| {
-        let id = id.to_string();
-        move |snap: &Snapshot| {
-            snap.worker(&id)
-                .and_then(|w| w.vetoes.load())
-                .is_some_and(|l| l.report.ranks.iter().any(|r| r.kv_usage == kv))
-        }
-    };
-    bounded("rank 0 reported", fleet.until(reported(&id, 0.95))).await;
-    assert!(
-        !fleet.snapshot().worker(&id).unwrap().vetoes.busy(),
-        "rank 1 can still admit"
-    );
+    let reported = s
+        .until_worker(&id, "rank 0 reported", |w| {
+            w["engine_load"]["ranks"]
+                .as_array()
+                .is_some_and(|ranks| ranks.iter().any(|r| r["kv_usage"] == 0.95))
+        })
+        .await;
+    assert_eq!(reported["vetoes"]["busy"], false, "rank 1 can still admit");
 
     engine0.fault(pin_rank_kv(1, 0.9)).await.unwrap();
-    let busy = |id: &str, yes: bool| {
-        let id = id.to_string();
-        move |snap: &Snapshot| snap.worker(&id).is_some_and(|w| w.vetoes.busy() == yes)
-    };
-    bounded("both ranks busy", fleet.until(busy(&id, true))).await;
+    let busy = |yes: bool| move |w: &Value| w["vetoes"]["busy"] == yes;
+    s.until_worker(&id, "both ranks busy", busy(true)).await;
     let before = s.received()[0];
     for i in 0..4 {
         assert_eq!(
@@ -346,11 +339,8 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
         get(&s.client, &url).await.json()["active_decode_blocks_threshold"],
         0.97
     );
-    bounded(
-        "not busy under the new threshold",
-        fleet.until(busy(&id, false)),
-    )
-    .await;
+    s.until_worker(&id, "not busy under the new threshold", busy(false))
+        .await;
     let refused = send(&s.client, "POST", &url, Some(raised), &[]).await;
     assert_eq!(
         refused.status, 401,
@@ -371,10 +361,9 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
         c.liveness.wedge = Duration::from_secs(60);
     })
     .await;
-    let fleet = s.gateway.fleet().clone();
-    let id = worker_id(&s, 0);
-    let reported = |snap: &Snapshot| snap.worker(&id).is_some_and(|w| w.vetoes.load().is_some());
-    bounded("the first report", fleet.until(reported)).await;
+    let id = s.worker_id(0).await;
+    s.until_worker(&id, "the first report", |w| !w["engine_load"].is_null())
+        .await;
     let engine = s.sims.engine(0).unwrap();
     engine.fault(Fault::Freeze).await.unwrap();
     let send = || {
@@ -385,12 +374,15 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     let mut held = vec![send()];
     bounded("one waiting", engine.until(|st| st.waiting == 1)).await;
     held.push(send()); // a ceiling's worth since the report: an early poll
-    let saturated = |snap: &Snapshot| {
-        snap.worker(&id)
-            .is_some_and(|w| w.vetoes.queue_gate().saturated())
-    };
-    bounded("an early report", fleet.until(saturated)).await;
+                       // Saturated: the report saw a queue (KV cannot fill on this engine).
+    s.until_worker(&id, "an early report", |w| {
+        w["engine_load"]["waiting"].as_u64() > Some(0)
+    })
+    .await;
     bounded("two waiting", engine.until(|st| st.waiting == 2)).await;
+    // When the last report was taken is not on any HTTP surface (only its age, which moves):
+    // read from the fleet.
+    let fleet = s.gateway.fleet().clone();
     let last_report = || {
         fleet
             .snapshot()

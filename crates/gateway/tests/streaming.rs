@@ -87,7 +87,7 @@ async fn gateway_over(url: String, tune: impl FnOnce(&mut Config)) -> Gateway {
     config.workers[0].api_key = Some("worker-secret".into());
     tune(&mut config);
     let gateway = Gateway::start(config).await.unwrap();
-    bounded("ready", gateway.fleet().until(all_ready)).await;
+    until_workers(&gateway, &client(), "ready", all_ready).await;
     gateway
 }
 

@@ -122,6 +122,8 @@ pub struct WorkerView {
     status: HealthState,
     /// A request could be sent to it now (Ready and circuit not open).
     routable: bool,
+    /// Reached over HTTP/2 with prior knowledge (its spec's `http2`, else `--upstream-http2`).
+    http2: bool,
     flavor: Option<String>,
     models: Vec<ModelName>,
     in_flight: u64,
@@ -142,6 +144,7 @@ impl WorkerView {
             url: spec.url.clone(),
             status: worker.status(),
             routable: worker.is_routable(),
+            http2: worker.endpoint.http2,
             flavor: worker.info().map(|i| i.flavor.clone()),
             models: worker.models(),
             in_flight: worker.in_flight(),

@@ -86,7 +86,12 @@ pub struct RequestContext {
 impl RequestContext {
     /// A request that arrived at `started` on `route`, counted in flight from now. Until the
     /// admit stage gives it one, its deadline is its arrival.
-    pub fn new(accounts: &Accounts, id: HeaderValue, route: &'static str, started: Instant) -> Self {
+    pub fn new(
+        accounts: &Accounts,
+        id: HeaderValue,
+        route: &'static str,
+        started: Instant,
+    ) -> Self {
         let in_flight = accounts.in_flight.enter();
         let access = accounts.access_log.as_ref().map(|log| {
             let ts_ms = SystemTime::now()
@@ -261,7 +266,10 @@ mod tests {
         (accounts, registry)
     }
 
-    fn context(accounts: &Accounts, endings: &Arc<parking_lot::Mutex<Vec<Ending>>>) -> RequestContext {
+    fn context(
+        accounts: &Accounts,
+        endings: &Arc<parking_lot::Mutex<Vec<Ending>>>,
+    ) -> RequestContext {
         let mut ctx = RequestContext::new(
             accounts,
             HeaderValue::from_static("r1"),

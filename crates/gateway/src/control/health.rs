@@ -148,6 +148,8 @@ pub(super) async fn run_prober(fleet: Weak<Fleet>, worker: Arc<Worker>, control:
                 error: result.as_ref().err().map(ToString::to_string),
                 at: Instant::now(),
             });
+            // `/workers` shows the last probe: waiters on the fleet's changes may look again.
+            fleet.announce();
             match &result {
                 Err(e) if e.is_transport() => worker.signals.transport_failure(Instant::now()),
                 Err(ProbeError::Get(e)) if e.is_timeout() => worker.signals.timeout(Instant::now()),

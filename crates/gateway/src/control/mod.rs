@@ -118,8 +118,12 @@ impl Supervise for Control {
                 self.settings.startup_check_interval,
             ))
             .abort_handle(),
-            tokio::spawn(health::run_prober(weak.clone(), worker.clone(), self.clone()))
-                .abort_handle(),
+            tokio::spawn(health::run_prober(
+                weak.clone(),
+                worker.clone(),
+                self.clone(),
+            ))
+            .abort_handle(),
             tokio::spawn(load::run_monitor(weak, worker.clone(), self)).abort_handle(),
         ]
     }

@@ -86,7 +86,8 @@ impl Packed for Option<LivenessVeto> {
     ];
 }
 
-/// An instant in an atomic, or none: nanoseconds after the cell's own base, 0 meaning none.
+/// An instant in an atomic, or none: one more than its nanoseconds after the cell's own base, so
+/// that 0 means none.
 /// Relaxed: an instant is a fact on its own, published with nothing else.
 #[derive(Debug)]
 pub struct AtomicInstant {
@@ -114,14 +115,14 @@ impl AtomicInstant {
     /// `at` as stored: never 0, so a stored instant is never taken for none.
     fn nanos(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.base).as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1)
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
     }
 
     pub fn load(&self) -> Option<Instant> {
         match self.nanos.load(Ordering::Relaxed) {
             0 => None,
-            n => Some(self.base + Duration::from_nanos(n)),
+            n => Some(self.base + Duration::from_nanos(n - 1)),
         }
     }
 
@@ -182,7 +183,10 @@ mod tests {
             | LivenessVeto::WedgedPile
             | LivenessVeto::EngineSilent => true,
         };
-        assert!(Option::<LivenessVeto>::ALL.iter().flatten().all(|v| listed(*v)));
+        assert!(Option::<LivenessVeto>::ALL
+            .iter()
+            .flatten()
+            .all(|v| listed(*v)));
         assert_eq!(Option::<LivenessVeto>::ALL.len(), 6);
     }
 
@@ -197,10 +201,18 @@ mod tests {
         let later = Instant::now();
         cell.advance_to(later);
         cell.advance_to(start);
-        assert_eq!(cell.load(), Some(later), "an earlier instant does not move it back");
+        assert_eq!(
+            cell.load(),
+            Some(later),
+            "an earlier instant does not move it back"
+        );
         cell.store(start);
         assert_eq!(cell.load(), Some(start), "a store sets it");
         never.store(start);
-        assert_eq!(never.load(), Some(start), "stored at its own base: still an instant");
+        assert_eq!(
+            never.load(),
+            Some(start),
+            "stored at its own base: still an instant"
+        );
     }
 }

@@ -288,7 +288,12 @@ impl Lease {
     pub fn prefilling(&mut self, prompt_tokens: u64) {
         self.first_byte();
         self.pending = true;
-        let pending = self.worker.traffic.pending_requests.fetch_add(1, Ordering::Relaxed) + 1;
+        let pending = self
+            .worker
+            .traffic
+            .pending_requests
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
         self.worker.vetoes.pending_rose_to(pending);
         self.prefill = prompt_tokens;
         self.worker
@@ -307,7 +312,10 @@ impl Lease {
     /// The worker answered: the prompt is no longer waiting for prefill.
     pub fn first_byte(&mut self) {
         if std::mem::take(&mut self.pending) {
-            self.worker.traffic.pending_requests.fetch_sub(1, Ordering::Relaxed);
+            self.worker
+                .traffic
+                .pending_requests
+                .fetch_sub(1, Ordering::Relaxed);
         }
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {
@@ -336,7 +344,10 @@ impl Drop for Lease {
         if self.streaming {
             self.worker.signals.stream_ended();
         }
-        self.worker.traffic.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker
+            .traffic
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);
         }

@@ -103,8 +103,13 @@ impl Routed<'_> {
     /// breaker permit, or the all-vetoed rule's answer.
     pub fn select(&self, tried: &[u64]) -> Result<Lease, GatewayError> {
         let stage = self.stage;
-        let selected = match select(&stage.policy, &stage.shedding, self.pool, &self.request, tried)
-        {
+        let selected = match select(
+            &stage.policy,
+            &stage.shedding,
+            self.pool,
+            &self.request,
+            tried,
+        ) {
             Ok(selected) => selected,
             Err(e) => {
                 if matches!(e, GatewayError::WorkerOverloadShed { .. }) {

@@ -4,8 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-pub use sluice_core::health::HealthState;
-pub use sluice_gateway::fleet::Snapshot;
+pub use serde_json::Value;
 pub use sluice_gateway::{Config, Gateway};
 pub use sluice_sim::testkit::*;
 pub use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, SimFleet};
@@ -23,8 +22,48 @@ pub struct Setup {
     pub client: HttpClient,
 }
 
-pub fn all_ready(s: &Snapshot) -> bool {
-    s.workers.iter().all(|w| w.status() == HealthState::Ready)
+/// Every worker `GET /workers` lists is ready.
+pub fn all_ready(workers: &[Value]) -> bool {
+    workers.iter().all(|w| w["status"] == "ready")
+}
+
+/// Reads the JSON view at `path` until `done` holds and returns it. It looks again only after
+/// the gateway announces a change of its fleet (`Gateway::changes`), never on a timer; bounded.
+pub async fn until_view(
+    gateway: &Gateway,
+    client: &HttpClient,
+    what: &str,
+    path: &str,
+    mut done: impl FnMut(&Value) -> bool,
+) -> Value {
+    let url = format!("{}{path}", gateway.url());
+    let mut changes = gateway.changes();
+    bounded(what, async {
+        loop {
+            // Seen before the read: a change after it wakes the wait below.
+            changes.borrow_and_update();
+            let view = get(client, &url).await.json();
+            if done(&view) {
+                return view;
+            }
+            changes.changed().await.expect("the gateway is running");
+        }
+    })
+    .await
+}
+
+/// `GET /workers` until `done` holds for its list.
+pub async fn until_workers(
+    gateway: &Gateway,
+    client: &HttpClient,
+    what: &str,
+    mut done: impl FnMut(&[Value]) -> bool,
+) -> Vec<Value> {
+    let view = until_view(gateway, client, what, "/workers", |v| {
+        done(v["workers"].as_array().expect("a list of workers"))
+    })
+    .await;
+    view["workers"].as_array().cloned().unwrap_or_default()
 }
 
 /// `engines` simulated engines and a gateway over them, configured by `tune`, all workers ready.
@@ -35,17 +74,67 @@ pub async fn start(engines: usize, engine: EngineConfig, tune: impl FnOnce(&mut 
     let mut config = Config::local(&sims.urls());
     tune(&mut config);
     let gateway = Gateway::start(config).await.unwrap();
-    bounded("workers ready", gateway.fleet().until(all_ready)).await;
+    let client = client();
+    until_workers(&gateway, &client, "workers ready", all_ready).await;
     Setup {
         sims,
         gateway,
-        client: client(),
+        client,
     }
 }
 
 impl Setup {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.gateway.url())
+    }
+
+    /// The workers as `GET /workers` lists them, in registration order.
+    pub async fn workers(&self) -> Vec<Value> {
+        let list = get(&self.client, &self.url("/workers")).await.json();
+        list["workers"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The id of the `i`-th registered worker.
+    pub async fn worker_id(&self, i: usize) -> String {
+        self.workers().await[i]["id"]
+            .as_str()
+            .expect("an id")
+            .to_string()
+    }
+
+    /// `GET /workers` until `done` holds for its list.
+    pub async fn until_workers(
+        &self,
+        what: &str,
+        done: impl FnMut(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        until_workers(&self.gateway, &self.client, what, done).await
+    }
+
+    /// `GET /workers/{id}` until `done` holds for it (a worker that is gone reads as `null`).
+    pub async fn until_worker(
+        &self,
+        id: &str,
+        what: &str,
+        mut done: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let list = self
+            .until_workers(what, |workers| {
+                let view = workers
+                    .iter()
+                    .find(|w| w["id"] == id)
+                    .unwrap_or(&Value::Null);
+                done(view)
+            })
+            .await;
+        list.into_iter()
+            .find(|w| w["id"] == id)
+            .unwrap_or(Value::Null)
+    }
+
+    /// Waits until worker `id` is in health state `state` (`ready`, `not_ready`, ...).
+    pub async fn until_status(&self, id: &str, state: &str) -> Value {
+        self.until_worker(id, state, |w| w["status"] == state).await
     }
 
     pub async fn chat(&self, body: &str) -> Answer {

@@ -146,7 +146,6 @@ impl Control {
             .unwrap_or(self.settings.load.interval)
             .max(self.settings.load.min_interval)
     }
-
 }
 
 /// The busy checks, validated; an error names the setting (flag and `/busy_threshold` field).

@@ -125,7 +125,11 @@ async fn poll_one(
 }
 
 /// SGLang's prefill chunk (`/server_info` `chunked_prefill_size`), its tokens per batch.
-pub(super) async fn sglang_batch_size(upstream: &Upstream, worker: &Worker, timeout: Duration) -> Option<u64> {
+pub(super) async fn sglang_batch_size(
+    upstream: &Upstream,
+    worker: &Worker,
+    timeout: Duration,
+) -> Option<u64> {
     let (status, body) = get(upstream, worker, "/server_info", 1024 * 1024, timeout)
         .await
         .ok()?;
@@ -137,4 +141,3 @@ pub(super) async fn sglang_batch_size(upstream: &Upstream, worker: &Worker, time
         .as_u64()
         .filter(|n| *n > 0)
 }
-

@@ -120,5 +120,4 @@ impl Control {
             .set_engine_silent(engine_silent(since, now, self.settings.liveness.wedge));
         since
     }
-
 }
