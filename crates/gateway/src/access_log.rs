@@ -3,14 +3,19 @@
 //! Why not a log line at INFO? A per-request line through the logging stack costs a gateway a
 //! large share of its throughput (SMG loses ~15% to one). Here the request path only hands a small
 //! record to a bounded channel; one task serializes and writes. If the writer falls behind, lines
-//! are dropped and counted (`sluice_access_log_dropped_total`), never waited for.
+//! are dropped and counted (`sluice_access_log_dropped_total`), never waited for. At shutdown
+//! the gateway waits (briefly) for the writer to write what is queued, so the last requests'
+//! lines are not lost with the process.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::warn;
 
 use crate::metrics::Metrics;
 
@@ -57,9 +62,28 @@ pub struct AccessLogError {
     source: std::io::Error,
 }
 
+/// The writer task, which ends once every `AccessLog` handle is gone and its queue is written.
+#[derive(Debug)]
+pub struct AccessLogWriter(JoinHandle<()>);
+
+impl AccessLogWriter {
+    /// Waits up to `within` for the queued lines to be written (every handle must be gone).
+    pub async fn finish(self, within: Duration) {
+        if tokio::time::timeout(within, self.0).await.is_err() {
+            warn!(
+                ?within,
+                "the access log writer did not finish; its last lines may be lost"
+            );
+        }
+    }
+}
+
 impl AccessLog {
     /// Opens `path` (`-` is stdout) for appending and starts the writer task.
-    pub async fn open(path: &Path, metrics: Arc<Metrics>) -> Result<Self, AccessLogError> {
+    pub async fn open(
+        path: &Path,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, AccessLogWriter), AccessLogError> {
         let out: Box<dyn AsyncWrite + Send + Unpin> = if path.as_os_str() == "-" {
             Box::new(tokio::io::stdout())
         } else {
@@ -75,8 +99,8 @@ impl AccessLog {
             Box::new(file)
         };
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(write_lines(rx, out));
-        Ok(Self { tx, metrics })
+        let writer = AccessLogWriter(tokio::spawn(write_lines(rx, out)));
+        Ok((Self { tx, metrics }, writer))
     }
 
     pub fn record(&self, record: AccessRecord) {

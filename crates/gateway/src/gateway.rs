@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::access_log::{AccessLog, AccessLogError};
+use crate::access_log::{AccessLog, AccessLogError, AccessLogWriter};
 use crate::admin::Admin;
 use crate::admit::Admit;
 use crate::app::App;
@@ -67,8 +67,13 @@ pub struct Gateway {
     in_flight: Arc<InFlight>,
     stop: watch::Sender<bool>,
     listeners: JoinSet<()>,
+    /// Written out at shutdown.
+    access_log_writer: Option<AccessLogWriter>,
     grace: Duration,
 }
+
+/// How long shutdown waits for the access log's queued lines to be written.
+const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(5);
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
@@ -105,9 +110,12 @@ impl Gateway {
         );
         control.watch(&fleet);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));
-        let access_log = match &config.access_log {
-            Some(path) => Some(AccessLog::open(path, metrics.clone()).await?),
-            None => None,
+        let (access_log, access_log_writer) = match &config.access_log {
+            Some(path) => {
+                let (log, writer) = AccessLog::open(path, metrics.clone()).await?;
+                (Some(log), Some(writer))
+            }
+            None => (None, None),
         };
         let in_flight = Arc::new(InFlight::default());
         let draining = Arc::new(AtomicBool::new(false));
@@ -190,6 +198,7 @@ impl Gateway {
             in_flight,
             stop,
             listeners,
+            access_log_writer,
             grace: config.shutdown_grace,
         })
     }
@@ -255,6 +264,10 @@ impl Gateway {
         while self.listeners.join_next().await.is_some() {}
         if let Some(probe_listener) = self.probe_listener.take() {
             probe_listener.join().await;
+        }
+        if let Some(writer) = self.access_log_writer.take() {
+            // Its handles go with the connections, which end with the listeners.
+            writer.finish(ACCESS_LOG_FLUSH).await;
         }
         info!("stopped");
         outcome

@@ -1,6 +1,10 @@
-//! The front stage: the HTTP surface, and everything a request must pass before a worker is
-//! chosen — the API key, the content type, the body limit, the JSON facts, the model's pool.
+//! The front stage: the OpenAI routes, and everything a request must pass before it is admitted
+//! — not draining, the API key, the content type, the body limit, the JSON facts routing needs.
 //! Bad input ends here, in the OpenAI error shape, before any worker spends anything on it.
+//!
+//! It makes the request's context and runs the stages in order (admit, route, forward), each
+//! lent the context; a worker's answer goes to the stream-back stage with the context, a refusal
+//! from any stage is answered here and the context ends with it.
 
 mod parse;
 

@@ -206,7 +206,7 @@ impl RouteRequest {
 }
 
 /// The pool serving `model`, or the answer for why there is none.
-pub fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool, GatewayError> {
+fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool, GatewayError> {
     let Some(model) = model else {
         let mut pools = snapshot.pools.values();
         return match (pools.next(), pools.next()) {
@@ -236,15 +236,15 @@ pub fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool,
 
 /// The worker chosen for one attempt.
 #[derive(Debug)]
-pub struct Selected {
-    pub lease: Lease,
+struct Selected {
+    lease: Lease,
     /// Set when every candidate was vetoed and this one was steered to anyway.
-    pub fallback: Option<VetoClass>,
+    fallback: Option<VetoClass>,
 }
 
 /// Picks a worker of `pool` for a request, skipping the workers (by key) in `tried`: the policy
 /// chooses among candidates without a veto; when there is none, the all-vetoed rule decides.
-pub fn select(
+fn select(
     policy: &Policy,
     shedding: &Shedding,
     pool: &Pool,
