@@ -1,16 +1,28 @@
-//! The gateway's HTTP application, assembled in one place from the parts that serve it: the
-//! OpenAI routes (`front`), the admin API, the probes and `/metrics`. Each part takes only the
-//! state it needs, and none imports this module back.
+//! The gateway's HTTP application, assembled in one place from a `Config`: the metrics registry,
+//! the control loops and the fleet they feed, the request path's stages, and the parts that serve
+//! them — the OpenAI routes (`front`), the admin API, the probes and `/metrics`. Each part takes
+//! only the state it needs, and none imports this module back.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::Router;
 use prometheus_client::registry::Registry;
 
+use crate::access_log::{AccessLog, AccessLogError, AccessLogWriter};
 use crate::admin::{self, Admin};
+use crate::admit::Admit;
+use crate::config::Config;
+use crate::context::{Accounts, InFlight};
+use crate::control::{Control, ControlSettings};
+use crate::fleet::{Fleet, FleetCollector, FleetSettings};
+use crate::forward::Forwarder;
 use crate::front::{self, Front};
-use crate::http;
+use crate::http::{self, Keys};
+use crate::metrics::Metrics;
 use crate::probes::{self, Probes};
+use crate::route::RouteStage;
+use crate::upstream::Upstream;
 
 /// Everything the listeners serve.
 pub struct App {
@@ -21,7 +33,72 @@ pub struct App {
     pub registry: Arc<Registry>,
 }
 
+/// An assembled gateway before it listens: the app, and what starting and stopping it needs.
+pub(crate) struct Assembled {
+    pub app: App,
+    pub fleet: Arc<Fleet>,
+    /// Set when shutdown begins: readiness turns 503, new requests are refused.
+    pub draining: Arc<AtomicBool>,
+    /// OpenAI requests in flight, which shutdown waits for.
+    pub in_flight: Arc<InFlight>,
+    pub access_log_writer: Option<AccessLogWriter>,
+}
+
 impl App {
+    /// Everything `config` describes, wired together; no worker registered, nothing listening.
+    pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AccessLogError> {
+        let mut registry = Registry::with_prefix("sluice");
+        let metrics = Metrics::register(&mut registry);
+        let upstream = Upstream::new(config.connect_timeout);
+        let (control, fleet) = control_and_fleet(config, &upstream, &metrics);
+        registry.register_collector(Box::new(FleetCollector(fleet.clone())));
+        let (access_log, access_log_writer) = match &config.access_log {
+            Some(path) => {
+                let (log, writer) = AccessLog::open(path, metrics.clone()).await?;
+                (Some(log), Some(writer))
+            }
+            None => (None, None),
+        };
+        let in_flight = Arc::new(InFlight::default());
+        let draining = Arc::new(AtomicBool::new(false));
+        let keys = Keys {
+            client: config.api_keys.clone(),
+            admin: config.admin_api_key.clone(),
+        };
+        let probes = Probes::new(fleet.clone(), draining.clone());
+        let app = App {
+            front: Arc::new(Front {
+                fleet: fleet.clone(),
+                admit: Admit::new(config.request_timeout),
+                route: RouteStage::new(config.policy, config.shedding, metrics.clone()),
+                forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
+                accounts: Accounts {
+                    metrics,
+                    access_log,
+                    in_flight: in_flight.clone(),
+                },
+                keys: keys.clone(),
+                max_payload: config.max_payload_size,
+                routing_key_header: config.routing_key_header.clone(),
+                draining: draining.clone(),
+            }),
+            admin: Arc::new(Admin {
+                fleet: fleet.clone(),
+                control,
+                keys,
+            }),
+            probes: probes.clone(),
+            registry: Arc::new(registry),
+        };
+        Ok(Assembled {
+            app,
+            fleet,
+            draining,
+            in_flight,
+            access_log_writer,
+        })
+    }
+
     /// Every route of the main listener.
     pub fn router(&self) -> Router {
         Router::new()
@@ -37,4 +114,34 @@ impl App {
     pub fn metrics_router(&self) -> Router {
         probes::metrics_routes(self.registry.clone())
     }
+}
+
+/// The control loops and the fleet they feed; the liveness checker runs from here on.
+fn control_and_fleet(
+    config: &Config,
+    upstream: &Upstream,
+    metrics: &Arc<Metrics>,
+) -> (Arc<Control>, Arc<Fleet>) {
+    let control = Control::new(
+        ControlSettings {
+            health: config.health.clone(),
+            load: config.load.clone(),
+            liveness: config.liveness,
+            startup_check_interval: config.startup_check_interval,
+        },
+        upstream.clone(),
+    );
+    let fleet = Fleet::new(
+        FleetSettings {
+            breaker: config.breaker,
+            http2_default: config.upstream_http2,
+            prefix_capacity: config.prefix_capacity,
+            drain_settle: config.drain_settle,
+            policy: config.policy.name(),
+        },
+        metrics.clone(),
+        control.clone(),
+    );
+    control.watch(&fleet);
+    (control, fleet)
 }

@@ -10,28 +10,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::access_log::{AccessLog, AccessLogError, AccessLogWriter};
-use crate::admin::Admin;
-use crate::admit::Admit;
-use crate::app::App;
+use crate::access_log::{AccessLogError, AccessLogWriter};
+use crate::app::{App, Assembled};
 use crate::config::Config;
-use crate::context::{Accounts, InFlight};
-use crate::control::{Control, ControlSettings};
+use crate::context::InFlight;
 use crate::error::GatewayError;
-use crate::fleet::{Fleet, FleetCollector, FleetSettings};
-use crate::forward::Forwarder;
-use crate::front::Front;
-use crate::http::{self, Keys};
-use crate::metrics::Metrics;
-use crate::probes::{ProbeListener, Probes};
-use crate::route::RouteStage;
-use crate::upstream::Upstream;
+use crate::fleet::Fleet;
+use crate::http;
+use crate::probes::ProbeListener;
 
 /// Why a gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -85,69 +76,13 @@ impl Gateway {
     /// Binds the listeners, registers the configured workers (they become ready as they answer)
     /// and starts serving.
     pub async fn start(config: Config) -> Result<Self, StartError> {
-        let mut registry = Registry::with_prefix("sluice");
-        let metrics = Metrics::register(&mut registry);
-        let upstream = Upstream::new(config.connect_timeout);
-        let control = Control::new(
-            ControlSettings {
-                health: config.health.clone(),
-                load: config.load.clone(),
-                liveness: config.liveness,
-                startup_check_interval: config.startup_check_interval,
-            },
-            upstream.clone(),
-        );
-        let fleet = Fleet::new(
-            FleetSettings {
-                breaker: config.breaker,
-                http2_default: config.upstream_http2,
-                prefix_capacity: config.prefix_capacity,
-                drain_settle: config.drain_settle,
-                policy: config.policy.name(),
-            },
-            metrics.clone(),
-            control.clone(),
-        );
-        control.watch(&fleet);
-        registry.register_collector(Box::new(FleetCollector(fleet.clone())));
-        let (access_log, access_log_writer) = match &config.access_log {
-            Some(path) => {
-                let (log, writer) = AccessLog::open(path, metrics.clone()).await?;
-                (Some(log), Some(writer))
-            }
-            None => (None, None),
-        };
-        let in_flight = Arc::new(InFlight::default());
-        let draining = Arc::new(AtomicBool::new(false));
-        let keys = Keys {
-            client: config.api_keys.clone(),
-            admin: config.admin_api_key.clone(),
-        };
-        let probes = Probes::new(fleet.clone(), draining.clone());
-        let app = App {
-            front: Arc::new(Front {
-                fleet: fleet.clone(),
-                admit: Admit::new(config.request_timeout),
-                route: RouteStage::new(config.policy, config.shedding, metrics.clone()),
-                forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
-                accounts: Accounts {
-                    metrics,
-                    access_log,
-                    in_flight: in_flight.clone(),
-                },
-                keys: keys.clone(),
-                max_payload: config.max_payload_size,
-                routing_key_header: config.routing_key_header.clone(),
-                draining: draining.clone(),
-            }),
-            admin: Arc::new(Admin {
-                fleet: fleet.clone(),
-                control,
-                keys,
-            }),
-            probes: probes.clone(),
-            registry: Arc::new(registry),
-        };
+        let Assembled {
+            app,
+            fleet,
+            draining,
+            in_flight,
+            access_log_writer,
+        } = App::assemble(&config).await?;
         for spec in config.workers.iter().cloned() {
             fleet.add(spec).map_err(StartError::Worker)?;
         }
@@ -183,8 +118,13 @@ impl Gateway {
         };
         let probe_listener = match config.health_listen {
             Some(at) => Some(
-                ProbeListener::start(at, probes, config.header_read_timeout, stop.subscribe())
-                    .map_err(|source| StartError::Bind { addr: at, source })?,
+                ProbeListener::start(
+                    at,
+                    app.probes.clone(),
+                    config.header_read_timeout,
+                    stop.subscribe(),
+                )
+                .map_err(|source| StartError::Bind { addr: at, source })?,
             ),
             None => None,
         };

@@ -66,10 +66,6 @@ impl RouteStage {
         }
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     /// The pool serving what the request wants, or the answer for why there is none.
     pub fn route<'s>(
         &'s self,
