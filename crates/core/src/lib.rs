@@ -8,6 +8,8 @@
 //! ## Layout
 //!
 //! - `ids` — `WorkerId`, `ModelName`, `TenantId`, `TierName`.
+//! - `hash` — the specified hash (SipHash-1-3, pinned by test vectors) behind worker ids,
+//!   consistent hashing and prefix blocks.
 //! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
 //! - `load` — engine load reports (vLLM `/metrics`, SGLang `/v1/loads` and `/get_load`) in one
 //!   per-rank shape.
@@ -25,6 +27,7 @@
 //!   included), parsed strictly.
 
 pub mod breaker;
+pub mod hash;
 pub mod health;
 pub mod ids;
 pub mod liveness;

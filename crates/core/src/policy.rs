@@ -7,7 +7,6 @@
 //!
 //! Guardrails: selectors are side-effect free; `choose` returns `None` only for an empty pool.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// Which policy a pool uses.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -203,11 +202,9 @@ fn mix(mut x: u64) -> u64 {
 }
 
 /// A stable hash of bytes (a worker id, a routing key): the same input gives the same key in
-/// every process built from this source.
+/// every process and release (`hash::stable_hash`).
 pub fn key_of(bytes: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
+    crate::hash::stable_hash(bytes)
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@
 //! Memory is bounded: past `capacity` block hashes, the least recently used tenth is dropped.
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hasher};
 
 use crate::policy::Candidate;
 
@@ -30,10 +29,7 @@ pub fn block_hashes(bytes: &[u8], block_size: usize, max_blocks: usize) -> Vec<u
         .chunks_exact(block_size)
         .take(max_blocks)
         .map(|chunk| {
-            let mut h = DefaultHasher::new();
-            h.write_u64(previous);
-            h.write(chunk);
-            previous = h.finish();
+            previous = crate::hash::chain_hash(previous, chunk);
             previous
         })
         .collect()
