@@ -7,7 +7,6 @@
 //!
 //! Guardrails: selectors are side-effect free; `choose` returns `None` only for an empty pool.
 
-
 /// Which policy a pool uses.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {

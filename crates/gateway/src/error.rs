@@ -20,6 +20,22 @@ pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static("x-sluice-erro
 /// registration retry, after which an unreachable worker may have come up.
 const NO_WORKERS_RETRY_AFTER: Duration = Duration::from_secs(5);
 
+/// The most of a client's own string (a model name) that an answer or a log line repeats.
+pub const REFLECTED_MAX: usize = 256;
+
+/// `s` as an answer or a log may repeat it: at most `REFLECTED_MAX` bytes (cut at a character
+/// boundary, marked with `...`), so a client cannot make the gateway echo megabytes.
+pub fn reflected(s: &str) -> String {
+    if s.len() <= REFLECTED_MAX {
+        return s.to_string();
+    }
+    let mut end = REFLECTED_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
 /// Who caused an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -54,6 +70,9 @@ pub enum GatewayError {
     PayloadTooLarge { limit: usize },
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
+    /// A body compressed in a way the gateway does not decode (it must read the JSON to route).
+    #[error("Content-Encoding '{encoding}' is not supported: send the body uncompressed")]
+    UnsupportedContentEncoding { encoding: String },
     #[error("Could not read the request body")]
     BodyUnreadable,
     #[error("Unknown request URL: {method} {path}")]
@@ -92,6 +111,9 @@ pub enum GatewayError {
     UpstreamTimeout { worker: WorkerId, timeout: Duration },
     #[error("Worker {worker} failed in the middle of the response")]
     StreamInterrupted { worker: WorkerId },
+    /// The gateway's own deadline (`--request-timeout-secs`) ended a response that had started.
+    #[error("The response was cut at the gateway's request timeout of {timeout:?}")]
+    RequestTimeout { timeout: Duration },
     #[error("The gateway is shutting down")]
     ShuttingDown,
     #[error("Invalid worker spec: {message}")]
@@ -123,12 +145,14 @@ impl GatewayError {
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             WorkerExists { .. } => StatusCode::CONFLICT,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            UnsupportedMediaType | UnsupportedContentEncoding { .. } => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             NoAvailableWorkers { .. } | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamUnreachable { .. } | UpstreamFailed { .. } | StreamInterrupted { .. } => {
                 StatusCode::BAD_GATEWAY
             }
-            UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamTimeout { .. } | RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             WorkerOverloadShed { status, .. } | OverloadedBeforeDispatch { status, .. } => {
                 StatusCode::from_u16(*status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
@@ -145,6 +169,7 @@ impl GatewayError {
             ModelNotFound { .. } => "model_not_found",
             PayloadTooLarge { .. } => "request_body_too_large",
             UnsupportedMediaType => "unsupported_media_type",
+            UnsupportedContentEncoding { .. } => "unsupported_content_encoding",
             BodyUnreadable => "invalid_request_body",
             UnknownRoute { .. } => "unknown_url",
             MethodNotAllowed { .. } => "method_not_allowed",
@@ -157,6 +182,7 @@ impl GatewayError {
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
             StreamInterrupted { .. } => "upstream_stream_interrupted",
+            RequestTimeout { .. } => "request_timeout",
             ShuttingDown => "shutting_down",
             InvalidWorkerSpec { .. } => "invalid_worker_spec",
             WorkerExists { .. } => "worker_exists",
@@ -191,6 +217,7 @@ impl GatewayError {
         match self {
             NoAvailableWorkers { .. }
             | ShuttingDown
+            | RequestTimeout { .. }
             | WorkerOverloadShed { .. }
             | OverloadedBeforeDispatch { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
@@ -271,6 +298,16 @@ impl IntoResponse for GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_is_reflected_is_capped_at_a_character_boundary() {
+        assert_eq!(reflected("m"), "m");
+        let long = "é".repeat(1000);
+        let cut = reflected(&long);
+        assert!(cut.len() <= REFLECTED_MAX + 3, "{}", cut.len());
+        assert!(cut.ends_with("..."));
+        assert!(cut.starts_with("éé"));
+    }
 
     #[test]
     fn the_body_is_the_openai_error_object() {

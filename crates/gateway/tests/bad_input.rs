@@ -164,6 +164,22 @@ async fn routes_methods_and_content_types() {
     )
     .await;
     assert_error(&a, 415, "unsupported_media_type", None);
+    let a = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some("\u{1f}\u{8b}not really gzip"),
+        &[
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+    )
+    .await;
+    assert_error(&a, 415, "unsupported_content_encoding", None);
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("gzip"));
 }
 
 #[tokio::test]
@@ -211,4 +227,23 @@ async fn data_plane_keys_are_enforced() {
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text());
+}
+
+#[tokio::test]
+async fn a_null_model_with_one_model_served_is_replaced_not_repeated() {
+    let s = setup().await;
+    let a = s
+        .chat(r#"{"model":null,"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#)
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["model"], "test-model");
+}
+
+#[tokio::test]
+async fn a_huge_model_name_is_not_echoed_whole() {
+    let s = start(1, instant(Flavor::Vllm), |_| {}).await;
+    let name = "m".repeat(1 << 20);
+    let a = s.chat(&chat_body(&name, "hi", 1, false)).await;
+    assert_error(&a, 404, "model_not_found", Some("model"));
+    assert!(a.body.len() < 1024, "{} bytes echoed", a.body.len());
 }

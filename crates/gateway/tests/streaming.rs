@@ -195,6 +195,35 @@ async fn a_stream_cut_short_without_done_is_reported() {
 }
 
 #[tokio::test]
+async fn the_gateways_own_timeout_ending_a_stream_says_so_and_spares_the_worker() {
+    // 3 s for the first byte (generous on a loaded machine); the answer takes far longer.
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        c.request_timeout = std::time::Duration::from_secs(3);
+    })
+    .await;
+    let body = r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true,"stream":true}"#;
+    let a = s.chat(body).await;
+    assert_eq!(a.status, 200);
+    let events = a.events();
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap())
+        .unwrap_or_else(|_| panic!("{} events, ending {:?}", events.len(), events.last()));
+    assert_eq!(last["error"]["code"], "request_timeout", "{last}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request timeout"),
+        "{last}"
+    );
+    assert!(!a.text().contains("[DONE]"));
+    let worker = &s.workers().await[0];
+    assert_eq!(
+        worker["circuit"]["consecutive_failures"], 0,
+        "not the worker's failure"
+    );
+}
+
+#[tokio::test]
 async fn sim_streams_end_with_usage_and_done() {
     let s = start(2, instant(Flavor::Sglang), |_| {}).await;
     let body = r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":12,"stream":true,"stream_options":{"include_usage":true}}"#;

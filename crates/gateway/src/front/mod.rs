@@ -25,7 +25,7 @@ pub use parse::{parse, ApiRoute, RequestFacts};
 
 use crate::admit::Admit;
 use crate::context::{Accounts, RequestContext};
-use crate::error::GatewayError;
+use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
 use crate::forward::{Forwarder, Job};
 use crate::http::{read_body, request_id, Keys, REQUEST_ID};
@@ -126,15 +126,18 @@ async fn serve(
         stream: facts.stream,
     };
     let routed = front.route.route(&snapshot, &wants).inspect_err(|_| {
-        ctx.model = facts.model.as_deref().map(sluice_core::ModelName::new);
+        ctx.model = facts
+            .model
+            .as_deref()
+            .map(|m| sluice_core::ModelName::new(reflected(m)));
     })?;
     ctx.model = Some(routed.pool.model.clone());
     // The only model served was chosen for a request without one: say so to the worker too,
     // by splicing the field in (the rest of the body stays byte for byte).
-    let body = if facts.model.is_none() {
-        with_model(&body, routed.pool.model.as_str())
-    } else {
-        body.clone()
+    let body = match (&facts.model, &facts.model_null) {
+        (Some(_), _) => body.clone(),
+        (None, Some(null)) => with_model_for_null(&body, null.clone(), routed.pool.model.as_str()),
+        (None, None) => with_model(&body, routed.pool.model.as_str()),
     };
     let job = Job {
         parts,
@@ -159,8 +162,27 @@ fn with_model(body: &Bytes, model: &str) -> Bytes {
     Bytes::from(out)
 }
 
-/// A body that says it is something other than JSON is refused; no content type is accepted.
+/// `body` with the `null` at `at` replaced by `model` as a JSON string.
+fn with_model_for_null(body: &Bytes, at: std::ops::Range<usize>, model: &str) -> Bytes {
+    let field = serde_json::to_string(model).unwrap_or_default();
+    let mut out = Vec::with_capacity(body.len() + field.len());
+    out.extend_from_slice(&body[..at.start]);
+    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(&body[at.end..]);
+    Bytes::from(out)
+}
+
+/// A body that says it is something other than JSON is refused; no content type is accepted. So
+/// is a compressed body: the gateway must read the JSON, and decodes no content coding.
 fn require_json(headers: &HeaderMap) -> Result<(), GatewayError> {
+    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
+        let encoding = String::from_utf8_lossy(encoding.as_bytes());
+        if !encoding.trim().eq_ignore_ascii_case("identity") {
+            return Err(GatewayError::UnsupportedContentEncoding {
+                encoding: reflected(encoding.trim()),
+            });
+        }
+    }
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
     };
@@ -220,5 +242,12 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["model"], "m\"1");
+    }
+
+    #[test]
+    fn a_null_model_is_replaced_not_repeated() {
+        let body = Bytes::from_static(br#"{"model": null, "messages":[]}"#);
+        let out = with_model_for_null(&body, 10..14, "m");
+        assert_eq!(&out[..], br#"{"model": "m", "messages":[]}"#);
     }
 }

@@ -43,6 +43,9 @@ impl ApiRoute {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestFacts<'a> {
     pub model: Option<Cow<'a, str>>,
+    /// Where `"model": null` stands in the body (its byte range), so the model chosen for it can
+    /// replace the null instead of adding a second `model` key.
+    pub model_null: Option<std::ops::Range<usize>>,
     pub stream: bool,
     /// `max_completion_tokens`, else `max_tokens`.
     pub max_tokens: Option<u64>,
@@ -61,7 +64,7 @@ impl RequestFacts<'_> {
 
 #[derive(Deserialize)]
 struct Fields<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "null_kept")]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
@@ -77,6 +80,12 @@ struct Fields<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+}
+
+/// A field read as raw JSON with a `null` kept as itself (plain `Option` would make it `None`,
+/// losing where it stands).
+fn null_kept<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 /// Reads the facts of a request body for `route`.
@@ -121,8 +130,17 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
             .map(|raw| count(raw, "max_tokens"))
             .transpose()?,
     };
+    let (model, model_null) = match fields.model {
+        Some(raw) if raw.get() == "null" => {
+            // Borrowed from `body`: its place is its distance from the body's start.
+            let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+            (None, Some(start..start + raw.get().len()))
+        }
+        other => (other.map(|raw| string(raw, "model")).transpose()?, None),
+    };
     Ok(RequestFacts {
-        model: fields.model.map(|raw| string(raw, "model")).transpose()?,
+        model,
+        model_null,
         stream: fields
             .stream
             .map(|raw| boolean(raw, "stream"))
@@ -190,10 +208,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.model.as_deref(), Some("a\"b"));
+        assert_eq!(f.model_null, None);
         assert!(!f.stream);
         assert_eq!(f.max_tokens, Some(3));
         let e = parse(ApiRoute::Embeddings, br#"{"input":["a","b"]}"#).unwrap();
         assert_eq!(e.model, None);
+        let body = br#"{"input":"a", "model" :  null }"#;
+        let n = parse(ApiRoute::Embeddings, body).unwrap();
+        assert_eq!(n.model, None);
+        let at = n.model_null.unwrap();
+        assert_eq!(&body[at], b"null", "where the null stands");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use sluice_core::policy::{choose, Candidate, Draw, Policy, RouteInput};
 use sluice_core::prefix::block_hashes;
 use sluice_core::ModelName;
 
-use crate::error::GatewayError;
+use crate::error::{reflected, GatewayError};
 use sluice_core::health::HealthState;
 
 use crate::fleet::{Lease, Pool, Snapshot, Worker};
@@ -218,7 +218,7 @@ fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool, Gat
     if snapshot.unresolved > 0 {
         // A worker that has not answered yet may serve it: not a 404.
         return Err(GatewayError::NoAvailableWorkers {
-            model: ModelName::new(model),
+            model: ModelName::new(reflected(model)),
             detail: format!(
                 " ({} registered worker(s) have not answered yet)",
                 snapshot.unresolved
@@ -226,7 +226,7 @@ fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool, Gat
         });
     }
     Err(GatewayError::ModelNotFound {
-        model: model.to_string(),
+        model: reflected(model),
     })
 }
 

@@ -185,7 +185,7 @@ impl Relay {
         self.state = State::Done;
     }
 
-    /// The worker failed mid-body: settle, count, and decide what the client gets.
+    /// The worker failed mid-body: settle, count, and tell the client.
     fn fail(&mut self, kind: &'static str) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
         self.lease.settle(Outcome::Failure);
         let worker = self.lease.worker().clone();
@@ -198,10 +198,43 @@ impl Relay {
                 })
                 .inc();
         }
-        self.finish(true);
-        let error = GatewayError::StreamInterrupted {
+        self.interrupt(GatewayError::StreamInterrupted {
             worker: worker.id.clone(),
-        };
+        })
+    }
+
+    /// The request's deadline passed mid-body: the gateway ends the response, not the worker, so
+    /// the worker's circuit is not charged (its permit goes back unrecorded); a worker that
+    /// stopped sending is the liveness checker's to judge.
+    fn cut_at_deadline(&mut self) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+        let timeout = self
+            .ctx
+            .as_ref()
+            .map(|ctx| {
+                ctx.admission
+                    .deadline
+                    .saturating_duration_since(ctx.started)
+            })
+            .unwrap_or_default();
+        if let Some(ctx) = &self.ctx {
+            ctx.metrics()
+                .upstream_errors
+                .get_or_create(&UpstreamErrorLabels {
+                    worker: self.lease.worker().id.to_string(),
+                    kind: "timeout",
+                })
+                .inc();
+        }
+        self.interrupt(GatewayError::RequestTimeout { timeout })
+    }
+
+    /// Ends the response early with `error`: one error event for an SSE client (and no
+    /// `[DONE]`), a cut body for others.
+    fn interrupt(
+        &mut self,
+        error: GatewayError,
+    ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+        self.finish(true);
         self.state = State::Done;
         if self.sse {
             Poll::Ready(Some(Ok(Frame::data(error.sse_event()))))
@@ -244,7 +277,7 @@ impl Body for Relay {
                 Poll::Ready(None)
             }
             Poll::Pending => match this.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => this.fail("timeout"),
+                Poll::Ready(()) => this.cut_at_deadline(),
                 Poll::Pending => Poll::Pending,
             },
         }
