@@ -86,6 +86,7 @@ impl App {
                 fleet: fleet.clone(),
                 control,
                 keys,
+                reads_open: config.admin_reads_open,
             }),
             probes: probes.clone(),
             registry: Arc::new(registry),

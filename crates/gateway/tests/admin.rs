@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 
-const KEY: &str = "admin-secret";
+const KEY: &str = ADMIN_KEY;
 
 async fn admin(
     s: &Setup,
@@ -114,7 +114,7 @@ async fn workers_are_registered_changed_and_removed() {
 
     s.until_workers("the new worker ready", |w| all_ready(w) && w.len() == 2)
         .await;
-    let shown = admin(&s, "GET", &format!("/workers/{id}"), None, None)
+    let shown = admin(&s, "GET", &format!("/workers/{id}"), None, Some(KEY))
         .await
         .json();
     assert_eq!(shown["status"], "ready");
@@ -157,14 +157,14 @@ async fn workers_are_registered_changed_and_removed() {
     let gone = admin(&s, "DELETE", &format!("/workers/{id}"), None, Some(KEY)).await;
     assert_eq!(gone.status, 202);
     assert_eq!(gone.json()["status"], "draining");
-    let drained = admin(&s, "GET", &format!("/workers/{id}"), None, None)
+    let drained = admin(&s, "GET", &format!("/workers/{id}"), None, Some(KEY))
         .await
         .json();
     assert_eq!(drained["status"], "draining");
     assert_eq!(drained["routable"], false, "no new requests");
     s.until_workers("removed", |w| w.len() == 1).await;
     assert_eq!(
-        admin(&s, "GET", &format!("/workers/{id}"), None, None)
+        admin(&s, "GET", &format!("/workers/{id}"), None, Some(KEY))
             .await
             .status,
         404
@@ -175,4 +175,59 @@ async fn workers_are_registered_changed_and_removed() {
             .status,
         404
     );
+}
+
+#[tokio::test]
+async fn with_an_admin_key_reads_need_it_too_and_metrics_and_probes_stay_open() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.admin_api_key = Some(KEY.into())
+    })
+    .await;
+    let id = s.worker_id(0).await;
+    for path in [
+        "/workers".to_string(),
+        format!("/workers/{id}"),
+        "/loads".into(),
+        "/busy_threshold".into(),
+    ] {
+        let refused = admin(&s, "GET", &path, None, None).await;
+        assert_eq!(refused.status, 401, "{path}");
+        assert_eq!(
+            code(&refused).as_deref(),
+            Some("invalid_admin_key"),
+            "{path}"
+        );
+        assert!(
+            !refused.text().contains("127.0.0.1"),
+            "{path}: no address leaks"
+        );
+        assert_eq!(
+            admin(&s, "GET", &path, None, Some("guess")).await.status,
+            401
+        );
+        assert_eq!(
+            admin(&s, "GET", &path, None, Some(KEY)).await.status,
+            200,
+            "{path}"
+        );
+    }
+    for open in ["/metrics", "/readiness", "/liveness", "/health"] {
+        assert_eq!(
+            admin(&s, "GET", open, None, None).await.status,
+            200,
+            "{open}"
+        );
+    }
+
+    let opened = start(1, instant(Flavor::Vllm), |c| {
+        c.admin_api_key = Some(KEY.into());
+        c.admin_reads_open = true;
+    })
+    .await;
+    assert_eq!(
+        admin(&opened, "GET", "/workers", None, None).await.status,
+        200
+    );
+    let change = admin(&opened, "POST", "/busy_threshold", Some("{}"), None).await;
+    assert_eq!(change.status, 401, "changes still need the key");
 }

@@ -19,7 +19,6 @@ use sluice_gateway::control::HealthConfig;
 use tokio::time::Instant;
 
 const INTERVAL: Duration = Duration::from_millis(30);
-const ADMIN_KEY: &str = "admin-secret";
 
 /// Probes every 30 ms, 2 failures to NotReady (6 more to Failed), 1 pass back to Ready.
 fn fast_health(c: &mut Config) {
@@ -48,7 +47,7 @@ async fn metric(s: &Setup, series: &str) -> Option<f64> {
 }
 
 async fn worker_view(s: &Setup, id: &str) -> Value {
-    let a = get(&s.client, &s.url(&format!("/workers/{id}"))).await;
+    let a = get_admin(&s.client, &s.url(&format!("/workers/{id}"))).await;
     assert_eq!(a.status, 200, "{}", a.text());
     a.json()
 }
@@ -121,7 +120,7 @@ async fn a_hung_worker_fails_its_probes_by_timeout_and_workers_shows_why() {
     s.sims.engine(0).unwrap().fault(Fault::Hang).await.unwrap();
     s.until_status(&id, "not_ready").await;
 
-    let list = get(&s.client, &s.url("/workers")).await.json();
+    let list = get_admin(&s.client, &s.url("/workers")).await.json();
     let workers = list["workers"].as_array().unwrap();
     let hung = workers.iter().find(|w| w["id"] == id.as_str()).unwrap();
     assert_eq!(hung["status"], "not_ready");

@@ -13,8 +13,6 @@ use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
 use sluice_gateway::control::HealthConfig;
 
-const ADMIN_KEY: &str = "admin-secret";
-
 /// Polls every 50 ms.
 fn fast_load(c: &mut Config) {
     c.load.interval = Duration::from_millis(50);
@@ -117,13 +115,13 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
     let engine = s.sims.engine(0).unwrap();
     engine.fault(pin_waiting(20)).await.unwrap();
     until_overloaded(&s, &id, "vetoed", true).await;
-    let view = get(&s.client, &s.url(&format!("/workers/{id}")))
+    let view = get_admin(&s.client, &s.url(&format!("/workers/{id}")))
         .await
         .json();
     assert_eq!(view["vetoes"]["overloaded"], true);
     assert_eq!(view["engine_load"]["waiting"], 20);
     assert_eq!(view["engine_load"]["overload"]["signal"], "waiting");
-    let loads = get(&s.client, &s.url("/loads")).await.json();
+    let loads = get_admin(&s.client, &s.url("/loads")).await.json();
     assert_eq!(loads["aggregate"]["vetoed"], 1);
     assert_eq!(loads["aggregate"]["workers"], 2);
 
@@ -149,7 +147,7 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
         .await
         .unwrap();
     until_overloaded(&s, &id, "fails open", false).await;
-    let view = get(&s.client, &s.url(&format!("/workers/{id}")))
+    let view = get_admin(&s.client, &s.url(&format!("/workers/{id}")))
         .await
         .json();
     assert!(view["engine_load"].is_null(), "no report, no opinion");
@@ -336,7 +334,7 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.json()["active_decode_blocks_threshold"], 0.97);
     assert_eq!(
-        get(&s.client, &url).await.json()["active_decode_blocks_threshold"],
+        get_admin(&s.client, &url).await.json()["active_decode_blocks_threshold"],
         0.97
     );
     s.until_worker(&id, "not busy under the new threshold", busy(false))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::Response;
+use axum::http::{HeaderMap, Response};
 use axum::response::IntoResponse;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -96,7 +96,10 @@ struct Aggregate {
     mean_token_usage: f64,
 }
 
-pub async fn loads(State(admin): State<Arc<Admin>>) -> Response<Body> {
+pub async fn loads(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
+    if let Err(e) = admin.check_read(&headers) {
+        return e.into_response();
+    }
     let snapshot = admin.fleet.snapshot();
     let mut aggregate = Aggregate {
         workers: snapshot.workers.len(),
@@ -131,7 +134,10 @@ pub async fn loads(State(admin): State<Arc<Admin>>) -> Response<Body> {
     axum::Json(serde_json::json!({"workers": workers, "aggregate": aggregate})).into_response()
 }
 
-pub async fn busy_get(State(admin): State<Arc<Admin>>) -> Response<Body> {
+pub async fn busy_get(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
+    if let Err(e) = admin.check_read(&headers) {
+        return e.into_response();
+    }
     axum::Json(admin.control.busy_thresholds()).into_response()
 }
 

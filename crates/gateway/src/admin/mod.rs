@@ -2,13 +2,16 @@
 //!
 //! | route | what | auth |
 //! | --- | --- | --- |
-//! | `GET /workers`, `GET /workers/{id}` | workers with health, circuit, models, load | open |
+//! | `GET /workers`, `GET /workers/{id}` | workers with health, circuit, models, load | read |
 //! | `POST /workers` | register (202 + `Location`; 409 if the URL is registered) | admin key |
 //! | `PUT /workers/{id}` | replace the whole spec, register again under the same id | admin key |
 //! | `PATCH /workers/{id}` | change `api_key`, `labels` or the `health` block in place | admin key |
-//! | `GET /loads` | every worker's last load report and vetoes, and an aggregate | open |
-//! | `GET /busy_threshold`, `POST /busy_threshold` | the busy-rank thresholds; POST changes them | POST: admin key |
+//! | `GET /loads` | every worker's last load report and vetoes, and an aggregate | read |
+//! | `GET /busy_threshold`, `POST /busy_threshold` | the busy-rank thresholds; POST changes them | GET: read; POST: admin key |
 //! | `DELETE /workers/{id}` | drain (a serving worker), then remove | admin key |
+//!
+//! "read": the admin key when one is set (reads show worker addresses and probe errors), unless
+//! `--admin-reads-open`; open when no admin key is set.
 //!
 //! A spec is validated before anything is registered: an invalid one is a 400 naming its field.
 
@@ -16,7 +19,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -42,6 +45,18 @@ pub struct Admin {
     /// The health settings in force per worker, and the busy thresholds.
     pub control: Arc<Control>,
     pub keys: Keys,
+    /// `--admin-reads-open`.
+    pub reads_open: bool,
+}
+
+impl Admin {
+    /// Whether these headers may read the admin API.
+    fn check_read(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        if self.reads_open || self.keys.admin.is_none() {
+            return Ok(());
+        }
+        self.keys.check_admin(headers)
+    }
 }
 
 /// `/workers`, `/loads` and `/busy_threshold`.
@@ -160,7 +175,10 @@ impl WorkerView {
     }
 }
 
-async fn list(State(admin): State<Arc<Admin>>) -> Response<Body> {
+async fn list(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
+    if let Err(e) = admin.check_read(&headers) {
+        return e.into_response();
+    }
     let snapshot = admin.fleet.snapshot();
     let workers: Vec<WorkerView> = snapshot
         .workers
@@ -170,7 +188,14 @@ async fn list(State(admin): State<Arc<Admin>>) -> Response<Body> {
     axum::Json(serde_json::json!({"total": workers.len(), "workers": workers})).into_response()
 }
 
-async fn show(State(admin): State<Arc<Admin>>, Path(id): Path<String>) -> Response<Body> {
+async fn show(
+    State(admin): State<Arc<Admin>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response<Body> {
+    if let Err(e) = admin.check_read(&headers) {
+        return e.into_response();
+    }
     match admin.fleet.snapshot().worker(&id) {
         Some(worker) => axum::Json(WorkerView::of(&admin, worker)).into_response(),
         None => GatewayError::WorkerNotFound { id }.into_response(),

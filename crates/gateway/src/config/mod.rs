@@ -152,6 +152,7 @@ impl Settings {
                 Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
                 None => None,
             },
+            admin_reads_open: self.admin_reads_open,
             max_payload_size: self.max_payload_size,
             header_read_timeout: positive_seconds(
                 "header-read-timeout-secs",
@@ -202,6 +203,8 @@ pub struct Config {
     pub routing_key_header: HeaderName,
     pub api_keys: Vec<String>,
     pub admin_api_key: Option<String>,
+    /// `--admin-reads-open`: admin reads need no key.
+    pub admin_reads_open: bool,
     pub max_payload_size: usize,
     pub header_read_timeout: Duration,
     pub connect_timeout: Duration,

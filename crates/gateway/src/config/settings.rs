@@ -83,8 +83,10 @@ pub struct Settings {
     #[serde(default)]
     pub api_keys: Vec<String>,
 
-    /// Key for the admin API's mutations (`POST/PUT/PATCH/DELETE /workers`). None: they are
-    /// refused with 403.
+    /// Key for the admin API: its changes (`POST/PUT/PATCH/DELETE /workers`, `POST
+    /// /busy_threshold`) and, unless --admin-reads-open, its reads (`GET /workers`, `/loads`,
+    /// `/busy_threshold`), which show worker addresses and probe errors. None: changes are refused
+    /// with 403 and reads are open. `/metrics` and the probes are always open.
     #[arg(
         long,
         value_name = "KEY",
@@ -93,6 +95,12 @@ pub struct Settings {
     )]
     #[serde(default)]
     pub admin_api_key: Option<String>,
+
+    /// Serve the admin API's reads (`GET /workers`, `/loads`, `/busy_threshold`) without the admin
+    /// key, as before it was set.
+    #[arg(long)]
+    #[serde(default)]
+    pub admin_reads_open: bool,
 
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]

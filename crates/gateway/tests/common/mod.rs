@@ -22,6 +22,23 @@ pub struct Setup {
     pub client: HttpClient,
 }
 
+/// The admin key the tests configure when they set one; the admin reads below send it (it is
+/// ignored when no key is set, and reads are open then).
+pub const ADMIN_KEY: &str = "admin-secret";
+
+/// `GET url` with the admin key.
+pub async fn get_admin(client: &HttpClient, url: &str) -> Answer {
+    let auth = format!("Bearer {ADMIN_KEY}");
+    send(
+        client,
+        "GET",
+        url,
+        None,
+        &[("authorization", auth.as_str())],
+    )
+    .await
+}
+
 /// Every worker `GET /workers` lists is ready.
 pub fn all_ready(workers: &[Value]) -> bool {
     workers.iter().all(|w| w["status"] == "ready")
@@ -42,7 +59,7 @@ pub async fn until_view(
         loop {
             // Seen before the read: a change after it wakes the wait below.
             changes.borrow_and_update();
-            let view = get(client, &url).await.json();
+            let view = get_admin(client, &url).await.json();
             if done(&view) {
                 return view;
             }
@@ -90,7 +107,7 @@ impl Setup {
 
     /// The workers as `GET /workers` lists them, in registration order.
     pub async fn workers(&self) -> Vec<Value> {
-        let list = get(&self.client, &self.url("/workers")).await.json();
+        let list = get_admin(&self.client, &self.url("/workers")).await.json();
         list["workers"].as_array().cloned().unwrap_or_default()
     }
 
