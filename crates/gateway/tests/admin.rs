@@ -231,3 +231,36 @@ async fn with_an_admin_key_reads_need_it_too_and_metrics_and_probes_stay_open() 
     let change = admin(&opened, "POST", "/busy_threshold", Some("{}"), None).await;
     assert_eq!(change.status, 401, "changes still need the key");
 }
+
+#[tokio::test]
+async fn one_engine_is_one_worker_however_its_address_is_spelled_and_absurd_specs_are_refused() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.admin_api_key = Some(KEY.into())
+    })
+    .await;
+    let port = s.sims.urls()[0].rsplit(':').next().unwrap().to_string();
+    let id = s.worker_id(0).await;
+    for spelling in ["localhost", "127.1", "0x7f000001", "2130706433"] {
+        let spec = format!(r#"{{"url":"http://{spelling}:{port}"}}"#);
+        let a = admin(&s, "POST", "/workers", Some(&spec), Some(KEY)).await;
+        assert_eq!(a.status, 409, "{spelling}: {}", a.text());
+        assert_eq!(code(&a).as_deref(), Some("worker_exists"));
+        assert!(
+            a.text().contains(&id),
+            "names the registration it is: {}",
+            a.text()
+        );
+    }
+    for (spec, param) in [
+        (r#"{"url":"http://127.0.0.1:0"}"#, "url"),
+        (
+            r#"{"url":"http://127.0.0.1:1","health":{"check_interval_secs":0.000001}}"#,
+            "health.check_interval_secs",
+        ),
+    ] {
+        let a = admin(&s, "POST", "/workers", Some(spec), Some(KEY)).await;
+        assert_eq!(a.status, 400, "{spec}");
+        assert_eq!(a.json()["error"]["param"], param);
+    }
+    assert_eq!(s.workers().await.len(), 1);
+}

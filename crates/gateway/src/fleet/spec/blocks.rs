@@ -3,7 +3,10 @@
 
 use serde_json::{Map, Value};
 
-use super::{spec_error, HealthPatch, OverloadOverrides, SpecError, HEALTH_FIELDS};
+use super::{
+    spec_error, HealthPatch, OverloadOverrides, SpecError, HEALTH_FIELDS, MIN_PROBE_INTERVAL_SECS,
+    MIN_PROBE_TIMEOUT_SECS,
+};
 
 /// The `overload` block: `waiting_requests` >= 1, `token_usage` in (0, 1].
 pub(super) fn overload_block(object: &Map<String, Value>) -> Result<OverloadOverrides, SpecError> {
@@ -60,22 +63,18 @@ pub(super) fn health_patch(object: &Map<String, Value>) -> Result<Option<HealthP
             format!("unknown field (known: {})", HEALTH_FIELDS.join(", ")),
         ));
     }
-    let seconds = |name: &str, zero_ok: bool| -> Result<Option<Option<f64>>, SpecError> {
+    // The least each may be: an interval or timeout under its floor is a mistake, not a
+    // setting (zero: off, for the drain settle time).
+    let seconds = |name: &str, least: f64| -> Result<Option<Option<f64>>, SpecError> {
         let field = format!("health.{name}");
         match block.get(name) {
             None => Ok(None),
             Some(Value::Null) => Ok(Some(None)),
             Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() && (x > 0.0 || (zero_ok && x == 0.0)) && x <= 86_400.0 => {
-                    Ok(Some(Some(x)))
-                }
+                Some(x) if x.is_finite() && x >= least && x <= 86_400.0 => Ok(Some(Some(x))),
                 _ => Err(spec_error(
                     &field,
-                    if zero_ok {
-                        "must be a number of seconds from 0 to 86400"
-                    } else {
-                        "must be a number of seconds greater than 0, at most 86400"
-                    },
+                    format!("must be a number of seconds from {least} to 86400"),
                 )),
             },
         }
@@ -94,8 +93,8 @@ pub(super) fn health_patch(object: &Map<String, Value>) -> Result<Option<HealthP
         }
     };
     Ok(Some(HealthPatch {
-        check_interval_secs: seconds("check_interval_secs", false)?,
-        timeout_secs: seconds("timeout_secs", false)?,
+        check_interval_secs: seconds("check_interval_secs", MIN_PROBE_INTERVAL_SECS)?,
+        timeout_secs: seconds("timeout_secs", MIN_PROBE_TIMEOUT_SECS)?,
         failure_threshold: count("failure_threshold")?,
         success_threshold: count("success_threshold")?,
         disable_health_check: match block.get("disable_health_check") {
@@ -109,6 +108,6 @@ pub(super) fn health_patch(object: &Map<String, Value>) -> Result<Option<HealthP
                 ))
             }
         },
-        drain_settle_secs: seconds("drain_settle_secs", true)?,
+        drain_settle_secs: seconds("drain_settle_secs", 0.0)?,
     }))
 }
