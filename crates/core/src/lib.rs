@@ -23,6 +23,7 @@
 //! - `health` — the worker health state machine (Pending / Ready / NotReady / Failed /
 //!   Draining) that probes drive.
 //! - `retry` — which failed attempts may be retried, and the backoff before each retry.
+//! - `sse` — server-sent events parsed incrementally, as the HTML standard reads them.
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
 //!   included), parsed strictly.
 
@@ -37,5 +38,6 @@ pub mod policy;
 pub mod prefix;
 pub mod prom_text;
 pub mod retry;
+pub mod sse;
 
 pub use ids::{ModelName, TenantId, TierName, WorkerId};

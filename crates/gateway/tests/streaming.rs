@@ -82,6 +82,49 @@ async fn fake_engine() -> String {
     url
 }
 
+/// An engine that spells its streams differently from the simulator, as the SSE standard allows:
+/// `data:[DONE]` with no space and CRLF line ends, cut mid-word (chat); and a stream sent with a
+/// Content-Length (completions).
+async fn other_spelling_engine() -> String {
+    const CUT: [&str; 4] = [
+        "data:{\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\r\n\r\n",
+        "data:[DO",
+        "NE]\r",
+        "\n\r\n",
+    ];
+    let whole: String = CHUNKS.concat();
+    let app = Router::new()
+        .route(
+            "/v1/models",
+            routing::get(|| async {
+                axum::Json(serde_json::json!({"data":[{"id":"fake","owned_by":"vllm"}]}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            routing::post(|| async {
+                sse(chunked(CUT.iter().map(|c| Ok(Bytes::from(*c))).collect()))
+            }),
+        )
+        .route(
+            "/v1/completions",
+            routing::post(move || {
+                let whole = whole.clone();
+                async move {
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .header("content-length", whole.len())
+                        .body(Body::from(whole))
+                        .unwrap()
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
 async fn gateway_over(url: String, tune: impl FnOnce(&mut Config)) -> Gateway {
     let mut config = Config::local(&[url]);
     config.workers[0].api_key = Some("worker-secret".into());
@@ -152,6 +195,51 @@ async fn headers_cross_filtered_and_the_request_id_round_trips() {
         seen["body"], body,
         "the body is forwarded unchanged, spacing and all"
     );
+}
+
+#[tokio::test]
+async fn done_without_a_space_cut_anywhere_ends_a_stream_normally() {
+    let gateway = gateway_over(other_spelling_engine().await, |_| {}).await;
+    let c = client();
+    // Ten of them: before the parser, each got an error event and counted against the worker,
+    // and the tenth opened its circuit.
+    for _ in 0..10 {
+        let a = post(
+            &c,
+            &format!("{}/v1/chat/completions", gateway.url()),
+            r#"{"model":"fake","messages":[]}"#,
+        )
+        .await;
+        assert_eq!(a.status, 200);
+        let text = a.text();
+        assert!(text.ends_with("data:[DONE]\r\n\r\n"), "{text:?}");
+        assert!(!text.contains("error"), "{text:?}");
+    }
+    let workers = until_workers(&gateway, &c, "listed", |_| true).await;
+    assert_eq!(workers[0]["circuit"]["state"], "closed");
+    assert_eq!(workers[0]["circuit"]["consecutive_failures"], 0);
+}
+
+#[tokio::test]
+async fn an_event_stream_with_a_content_length_is_relayed_whole_and_not_counted_as_cancelled() {
+    let gateway = gateway_over(other_spelling_engine().await, |_| {}).await;
+    let c = client();
+    let a = post(
+        &c,
+        &format!("{}/v1/completions", gateway.url()),
+        r#"{"model":"fake","prompt":"x"}"#,
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.text(), CHUNKS.concat());
+    assert!(a.headers.get("content-length").is_none(), "sent chunked");
+    let metrics = get(&c, &format!("{}/metrics", gateway.url())).await.text();
+    assert!(
+        !metrics.contains("stage=\"streaming\""),
+        "not a cancellation: {metrics}"
+    );
+    assert!(metrics
+        .contains(r#"sluice_requests_total{route="/v1/completions",status="200",code="none"} 1"#));
 }
 
 #[tokio::test]

@@ -8,10 +8,14 @@
 //! Three endings:
 //! - the worker finishes: the outcome is settled in the breaker (5xx other than 529 counts as a
 //!   failure);
-//! - the worker fails mid-body (connection reset, or an SSE stream that ends without
-//!   `data: [DONE]`): an SSE client gets one error event in the OpenAI shape and the stream ends
-//!   *without* `[DONE]`, so no client can take it for a normal end; other bodies are cut, so the
-//!   client sees a truncated response rather than a complete-looking one;
+//! - the worker fails mid-body (connection reset, or an event stream whose last event is not
+//!   `[DONE]`, read by a real SSE parser): an SSE client gets one error event in the OpenAI shape
+//!   and the stream ends *without* `[DONE]`, so no client can take it for a normal end; other
+//!   bodies are cut, so the client sees a truncated response rather than a complete-looking one.
+//!   The request's own deadline passing mid-body ends it the same way, named `request_timeout`;
+//!
+//! An event stream goes to the client chunked, whatever length the worker declared: its end is
+//! read from the stream, and an error event may follow.
 //! - the client goes away: the relay is dropped, which drops the upstream body and closes its
 //!   connection — the engine aborts the request and frees its KV cache. The request's context
 //!   goes with it and counts a cancellation.
@@ -21,11 +25,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body as AxumBody;
-use axum::http::{Response, Version};
+use axum::http::{header, Response, Version};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use sluice_core::breaker::Outcome;
+use sluice_core::sse::SseParser;
 use tokio::time::{Instant, Sleep};
 
 use crate::context::RequestContext;
@@ -61,6 +66,11 @@ pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
     clean_response_headers(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let sse = is_event_stream(&parts.headers);
+    if sse {
+        // An error event may be appended, and a stream's end must be read, not assumed at a
+        // declared length: sent chunked.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     ctx.respond(status);
     let relay = Relay::new(body, lease, status, sse, sent_at, ctx);
     Response::from_parts(parts, AxumBody::new(relay))
@@ -81,31 +91,26 @@ enum State {
     Done,
 }
 
-/// The last bytes of a stream, to tell whether it ended with `data: [DONE]`.
-#[derive(Default)]
-struct Tail {
-    buf: [u8; 32],
-    len: usize,
+/// Whether an event stream ended as a finished OpenAI stream does: its last event's data is
+/// `[DONE]`, however the event was spelled or cut (see `sluice_core::sse`).
+#[derive(Debug, Default)]
+struct EndOfStream {
+    parser: SseParser,
+    done: bool,
 }
 
-impl Tail {
-    fn push(&mut self, data: &[u8]) {
-        let cap = self.buf.len();
-        if data.len() >= cap {
-            self.buf.copy_from_slice(&data[data.len() - cap..]);
-            self.len = cap;
-            return;
-        }
-        let keep = (cap - data.len()).min(self.len);
-        self.buf.copy_within(self.len - keep..self.len, 0);
-        self.buf[keep..keep + data.len()].copy_from_slice(data);
-        self.len = keep + data.len();
+impl EndOfStream {
+    fn feed(&mut self, chunk: &[u8]) {
+        let done = &mut self.done;
+        self.parser
+            .feed(chunk, |event| *done = event.data == b"[DONE]");
     }
 
-    fn ends_with_done(&self) -> bool {
-        self.buf[..self.len]
-            .trim_ascii_end()
-            .ends_with(b"data: [DONE]")
+    /// The stream ended: whether its last event was `[DONE]`.
+    fn finished(&mut self) -> bool {
+        let done = &mut self.done;
+        self.parser.finish(|event| *done = event.data == b"[DONE]");
+        self.done
     }
 }
 
@@ -117,7 +122,8 @@ struct Relay {
     sse: bool,
     sent_at: Instant,
     last_chunk: Option<Instant>,
-    tail: Tail,
+    /// Read only for event streams.
+    end: EndOfStream,
     state: State,
     /// The request's deadline, which covers the whole stream.
     deadline: Pin<Box<Sleep>>,
@@ -143,7 +149,7 @@ impl Relay {
             sse,
             sent_at,
             last_chunk: None,
-            tail: Tail::default(),
+            end: EndOfStream::default(),
             state: State::Relaying,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             ctx: Some(ctx),
@@ -167,7 +173,7 @@ impl Relay {
             ctx.relayed(data.len());
         }
         if self.sse {
-            self.tail.push(data);
+            self.end.feed(data);
         }
     }
 
@@ -270,7 +276,7 @@ impl Body for Relay {
             }
             Poll::Ready(Some(Err(_))) => this.fail("stream"),
             Poll::Ready(None) => {
-                if this.sse && this.status == 200 && !this.tail.ends_with_done() {
+                if this.sse && this.status == 200 && !this.end.finished() {
                     return this.fail("stream");
                 }
                 this.complete();
@@ -302,18 +308,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tail_sees_done_across_chunk_boundaries() {
-        let mut t = Tail::default();
-        t.push(b"data: {\"x\":1}\n\ndata: [DO");
-        assert!(!t.ends_with_done());
-        t.push(b"NE]\n\n");
-        assert!(t.ends_with_done());
-        t.push(b"data: {\"late\":true}\n\n");
-        assert!(!t.ends_with_done());
-        let mut long = Tail::default();
-        long.push(&[b'x'; 100]);
-        long.push(b"data: [DONE]\r\n\r\n");
-        assert!(long.ends_with_done());
+    fn the_end_is_read_from_the_last_event() {
+        let mut end = EndOfStream::default();
+        end.feed(b"data: {\"x\":1}\n\ndata:[DO");
+        end.feed(b"NE]\r\n\r\n");
+        assert!(end.finished(), "no space, CRLF, cut mid-word");
+        let mut late = EndOfStream::default();
+        late.feed(b"data: [DONE]\n\ndata: {\"late\":true}\n\n");
+        assert!(!late.finished(), "an event after [DONE]");
+        let mut quoted = EndOfStream::default();
+        quoted.feed(b"data: {\"text\":\"data: [DONE]\"}\n\n");
+        assert!(!quoted.finished(), "[DONE] inside another event's data");
     }
 
     #[test]
