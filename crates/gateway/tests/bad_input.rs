@@ -247,3 +247,57 @@ async fn a_huge_model_name_is_not_echoed_whole() {
     assert_error(&a, 404, "model_not_found", Some("model"));
     assert!(a.body.len() < 1024, "{} bytes echoed", a.body.len());
 }
+
+/// Writes a whole request, head and body, before reading anything — as Python's http.client,
+/// requests and urllib3 do — and returns the answer.
+async fn write_whole_then_read(s: &Setup, head: &str, body_len: usize) -> String {
+    let mut tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();
+    let mut request = head.replace("{len}", &body_len.to_string()).into_bytes();
+    request.resize(request.len() + body_len, b'x');
+    bounded("the whole request written", tcp.write_all(&request))
+        .await
+        .expect("the gateway took the whole body");
+    let mut answer = Vec::new();
+    bounded("the answer", tcp.read_to_end(&mut answer))
+        .await
+        .expect("an answer, not a reset");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn an_early_refusal_reaches_a_client_that_writes_its_whole_body_first() {
+    let s = setup().await;
+    let cases = [
+        // Too large by its declared length: refused before a byte of it is read.
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             content-type: application/json\r\ncontent-length: {len}\r\n\r\n",
+            "413",
+            "request_body_too_large",
+        ),
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             content-type: text/plain\r\ncontent-length: {len}\r\n\r\n",
+            "415",
+            "unsupported_media_type",
+        ),
+        (
+            "POST /workers HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             content-length: {len}\r\n\r\n",
+            "403",
+            "admin_api_disabled",
+        ),
+    ];
+    for (head, status, code_) in cases {
+        let answer = write_whole_then_read(&s, head, 16 << 20).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+        assert!(
+            answer.contains(&format!("\"code\":\"{code_}\"")),
+            "{answer}"
+        );
+    }
+    assert_eq!(s.received(), vec![0]);
+}

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::control::Control;
 use crate::error::GatewayError;
 use crate::fleet::{Fleet, Removal, SpecError, Worker, WorkerPatch, WorkerSpec};
-use crate::http::{read_body, Keys};
+use crate::http::{discard, read_body, Keys};
 
 /// Largest worker spec accepted.
 const SPEC_MAX_BYTES: usize = 64 * 1024;
@@ -202,11 +202,18 @@ async fn show(
     }
 }
 
-/// Checks the admin key and reads the body.
+/// Checks the admin key and reads the body; a refused body is read away first (see
+/// `http::discard`).
 async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, GatewayError> {
-    let (parts, body) = request.into_parts();
-    admin.keys.check_admin(&parts.headers)?;
-    read_body(body, &parts.headers, SPEC_MAX_BYTES).await
+    let (parts, mut body) = request.into_parts();
+    let read = match admin.keys.check_admin(&parts.headers) {
+        Ok(()) => read_body(&mut body, &parts.headers, SPEC_MAX_BYTES).await,
+        Err(e) => Err(e),
+    };
+    if read.is_err() {
+        discard(body).await;
+    }
+    read
 }
 
 fn invalid(e: SpecError) -> GatewayError {

@@ -28,7 +28,7 @@ use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
 use crate::forward::{Forwarder, Job};
-use crate::http::{read_body, request_id, Keys, REQUEST_ID};
+use crate::http::{discard, read_body, request_id, Keys, REQUEST_ID};
 use crate::route::{RouteStage, Wants};
 use crate::stream::{self, Answer};
 
@@ -85,10 +85,15 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
     // Counted in flight from here, before the draining check, so shutdown cannot miss a request
     // that passed it.
     let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
-    let mut response = match serve(front, &mut ctx, route, &parts, body).await {
+    let mut body = Some(body);
+    let mut response = match serve(front, &mut ctx, route, &parts, &mut body).await {
         Ok(answer) => stream::relay(answer, ctx),
         Err(error) => {
             ctx.refuse(&error);
+            if let Some(unread) = body {
+                // Refused before the body was read: read it away first (see `http::discard`).
+                discard(unread).await;
+            }
             error.into_response()
         }
     };
@@ -97,19 +102,25 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
 }
 
 /// The stages in order: front's own checks, admit, route, forward.
+/// `body` is taken once it has been read whole; a refusal before that leaves it for the caller.
 async fn serve(
     front: &Front,
     ctx: &mut RequestContext,
     route: ApiRoute,
     parts: &Parts,
-    body: Body,
+    body: &mut Option<Body>,
 ) -> Result<Answer, GatewayError> {
     if front.is_draining() {
         return Err(GatewayError::ShuttingDown);
     }
     front.keys.check_client(&parts.headers)?;
     require_json(&parts.headers)?;
-    let body = read_body(body, &parts.headers, front.max_payload).await?;
+    let Some(unread) = body.as_mut() else {
+        return Err(GatewayError::BodyUnreadable);
+    };
+    let body_bytes = read_body(unread, &parts.headers, front.max_payload).await?;
+    *body = None;
+    let body = body_bytes;
     let facts = parse(route, &body)?;
     ctx.stream = facts.stream;
     front.admit.admit(ctx)?;
