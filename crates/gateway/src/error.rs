@@ -60,6 +60,19 @@ pub enum GatewayError {
     },
     #[error("The request body must be a JSON object")]
     BodyNotObject,
+    /// A number over what this gateway accepts (`--max-n`, `--max-tokens-limit`).
+    #[error("Invalid '{param}': integer above maximum value. Expected a value <= {max}, but got {got} instead.")]
+    AboveMax {
+        param: &'static str,
+        max: u64,
+        got: u64,
+    },
+    #[error("Invalid '{param}': integer below minimum value. Expected a value >= {min}, but got {got} instead.")]
+    BelowMin {
+        param: &'static str,
+        min: u64,
+        got: u64,
+    },
     #[error("'{param}' is a required property")]
     MissingParameter { param: &'static str },
     #[error("'model' is required: this gateway serves {served} models")]
@@ -132,6 +145,8 @@ impl GatewayError {
         match self {
             InvalidJson { .. }
             | InvalidType { .. }
+            | AboveMax { .. }
+            | BelowMin { .. }
             | BodyNotObject
             | MissingParameter { .. }
             | ModelRequired { .. }
@@ -165,6 +180,8 @@ impl GatewayError {
         match self {
             InvalidJson { .. } => "invalid_json",
             InvalidType { .. } | BodyNotObject => "invalid_type",
+            AboveMax { .. } => "integer_above_max_value",
+            BelowMin { .. } => "integer_below_min_value",
             MissingParameter { .. } | ModelRequired { .. } => "missing_required_parameter",
             ModelNotFound { .. } => "model_not_found",
             PayloadTooLarge { .. } => "request_body_too_large",
@@ -205,7 +222,10 @@ impl GatewayError {
     pub fn param(&self) -> Option<&str> {
         use GatewayError::*;
         match self {
-            InvalidType { param, .. } | MissingParameter { param } => Some(param),
+            InvalidType { param, .. }
+            | MissingParameter { param }
+            | AboveMax { param, .. }
+            | BelowMin { param, .. } => Some(param),
             ModelRequired { .. } | ModelNotFound { .. } => Some("model"),
             InvalidWorkerSpec { field, .. } => Some(field),
             _ => None,

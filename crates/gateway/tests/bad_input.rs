@@ -301,3 +301,38 @@ async fn an_early_refusal_reaches_a_client_that_writes_its_whole_body_first() {
     }
     assert_eq!(s.received(), vec![0]);
 }
+
+#[tokio::test]
+async fn n_and_max_tokens_are_bounded_naming_the_field() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.limits.max_tokens = Some(100);
+    })
+    .await;
+    let chat = |extra: &str| {
+        format!(r#"{{"model":"test-model","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#)
+    };
+    let cases: &[(&str, u16, &str, &str)] = &[
+        (r#","n":1000"#, 400, "integer_above_max_value", "n"),
+        (r#","n":0"#, 400, "integer_below_min_value", "n"),
+        (r#","n":"2""#, 400, "invalid_type", "n"),
+        (
+            r#","max_tokens":101"#,
+            400,
+            "integer_above_max_value",
+            "max_tokens",
+        ),
+        (
+            r#","max_completion_tokens":101,"max_tokens":5"#,
+            400,
+            "integer_above_max_value",
+            "max_completion_tokens",
+        ),
+    ];
+    for (extra, status, code_, param) in cases {
+        let a = s.chat(&chat(extra)).await;
+        assert_error(&a, *status, code_, Some(param));
+    }
+    let a = s.chat(&chat(r#","n":128,"max_tokens":100"#)).await;
+    assert_eq!(a.status, 200, "at the limits: {}", a.text());
+    assert_eq!(s.received(), vec![1], "nothing refused reached the engine");
+}

@@ -175,3 +175,22 @@ async fn cache_aware_keeps_a_conversation_on_one_worker() {
     homes.dedup();
     assert!(homes.len() >= 2, "different prefixes spread: {homes:?}");
 }
+
+#[tokio::test]
+async fn a_request_for_n_choices_weighs_n_in_its_workers_load() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |_| {}).await;
+    let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+    let body = r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"n":4,"max_tokens":4000,"ignore_eos":true}"#;
+    let held = tokio::spawn(async move { post(&client, &url, body).await });
+    let engine = s.sims.engine(0).unwrap();
+    bounded("four sequences running", engine.until(|st| st.running >= 4)).await;
+    let worker = &s.workers().await[0];
+    assert_eq!(worker["in_flight"], 4, "{worker}");
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    let series = format!(
+        "sluice_worker_in_flight{{worker=\"{}\"}} 4",
+        worker["id"].as_str().unwrap()
+    );
+    assert!(metrics.contains(&series), "{metrics}");
+    held.abort();
+}

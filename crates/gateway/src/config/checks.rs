@@ -32,8 +32,11 @@ pub(super) fn positive_seconds(setting: &'static str, secs: f64) -> Result<Durat
     }
 }
 
-pub(super) fn positive_count(setting: &'static str, n: u32) -> Result<u32, ConfigError> {
-    if n == 0 {
+pub(super) fn positive_count<T: PartialEq + From<u8>>(
+    setting: &'static str,
+    n: T,
+) -> Result<T, ConfigError> {
+    if n == T::from(0) {
         return Err(invalid(setting, "must be at least 1"));
     }
     Ok(n)

@@ -31,6 +31,7 @@ use checks::{
 use crate::control::{HealthConfig, LoadConfig};
 use crate::fleet::WorkerSpec;
 pub use crate::forward::RetryConfig;
+pub use crate::front::RequestLimits;
 use crate::route::Shedding;
 use sluice_core::liveness::LivenessConfig;
 
@@ -154,6 +155,13 @@ impl Settings {
             },
             admin_reads_open: self.admin_reads_open,
             max_payload_size: self.max_payload_size,
+            limits: RequestLimits {
+                max_n: positive_count("max-n", self.max_n)?,
+                max_tokens: match self.max_tokens_limit {
+                    Some(n) => Some(positive_count("max-tokens-limit", n)?),
+                    None => None,
+                },
+            },
             header_read_timeout: positive_seconds(
                 "header-read-timeout-secs",
                 self.header_read_timeout_secs,
@@ -206,6 +214,8 @@ pub struct Config {
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,
     pub max_payload_size: usize,
+    /// `--max-n`, `--max-tokens-limit`.
+    pub limits: RequestLimits,
     pub header_read_timeout: Duration,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,

@@ -106,6 +106,17 @@ pub struct Settings {
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub max_payload_size: usize,
 
+    /// Largest `n` (choices per request) accepted; more is a 400 naming `n`. Each choice is a
+    /// sequence the engine runs, and counts in a worker's load. 128 is OpenAI's own maximum.
+    #[arg(long, default_value_t = 128)]
+    pub max_n: u64,
+
+    /// Largest `max_tokens` / `max_completion_tokens` accepted; more is a 400 naming the field.
+    /// Unset: the engine's context length is the only bound.
+    #[arg(long, value_name = "TOKENS")]
+    #[serde(default)]
+    pub max_tokens_limit: Option<u64>,
+
     /// Time a client has to send its request headers.
     #[arg(long, default_value_t = 10.0)]
     pub header_read_timeout_secs: f64,

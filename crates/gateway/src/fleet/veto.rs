@@ -112,16 +112,17 @@ impl Vetoes {
             .store(gate.early_poll_at().unwrap_or(u64::MAX), Ordering::Release);
     }
 
-    /// One more of this gateway's requests is waiting for its first byte on the worker, making
-    /// `pending` of them: asks the load monitor for an early poll when that crosses the gate's
-    /// mark (`QueueGate::early_poll_at`).
-    pub(crate) fn pending_rose_to(&self, pending: u64) {
-        if pending == self.early_poll_at.load(Ordering::Relaxed) {
+    /// This gateway's requests waiting for their first byte on the worker went from `before` to
+    /// `after`: asks the load monitor for an early poll when that crosses the gate's mark
+    /// (`QueueGate::early_poll_at`) — once, on the way up.
+    pub(crate) fn pending_rose(&self, before: u64, after: u64) {
+        let mark = self.early_poll_at.load(Ordering::Relaxed);
+        if before < mark && mark <= after {
             self.early_poll.notify_one();
         }
     }
 
-    /// Resolves when a request asked for an early poll (`pending_rose_to`).
+    /// Resolves when a request asked for an early poll (`pending_rose`).
     pub(crate) async fn early_poll_wanted(&self) {
         self.early_poll.notified().await;
     }
@@ -278,16 +279,21 @@ mod tests {
         let v = Vetoes::default();
         v.report(load(None, false), gate(0, 2));
         for pending in 3..10 {
-            v.pending_rose_to(pending);
+            v.pending_rose(pending - 1, pending);
         }
         assert!(
             v.early_poll_wanted().now_or_never().is_none(),
             "not before 2 + 8"
         );
-        v.pending_rose_to(10);
+        v.pending_rose(9, 10);
         assert!(v.early_poll_wanted().now_or_never().is_some());
+        v.pending_rose(8, 12);
+        assert!(
+            v.early_poll_wanted().now_or_never().is_some(),
+            "a request of n = 4 crosses the mark too"
+        );
         v.report(load(None, false), gate(3, 2));
-        v.pending_rose_to(10);
+        v.pending_rose(9, 10);
         assert!(
             v.early_poll_wanted().now_or_never().is_none(),
             "a queue is judged per request: no early poll"

@@ -251,10 +251,15 @@ impl Worker {
 
 /// One request's hold on a worker: counts it in flight and holds its breaker permit until an
 /// outcome is settled. Dropped without an outcome (the client left), it hands the permit back.
+///
+/// A request asking for `n` choices counts `n` times in the worker's load (in flight, waiting for
+/// a first byte): the engine runs it as `n` sequences and reports them so.
 #[derive(Debug)]
 pub struct Lease {
     worker: Arc<Worker>,
     permit: Option<Permit>,
+    /// The request's `n`: how many sequences it is on the worker.
+    weight: u64,
     /// Prompt tokens counted in the worker's pending prefill until the first byte.
     prefill: u64,
     /// Counted in the worker's pending requests until the first byte.
@@ -264,11 +269,16 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub fn new(worker: Arc<Worker>, permit: Permit) -> Self {
-        worker.traffic.in_flight.fetch_add(1, Ordering::Relaxed);
+    pub fn new(worker: Arc<Worker>, permit: Permit, weight: u64) -> Self {
+        let weight = weight.max(1);
+        worker
+            .traffic
+            .in_flight
+            .fetch_add(weight, Ordering::Relaxed);
         Self {
             worker,
             permit: Some(permit),
+            weight,
             prefill: 0,
             pending: false,
             streaming: false,
@@ -288,13 +298,14 @@ impl Lease {
     pub fn prefilling(&mut self, prompt_tokens: u64) {
         self.first_byte();
         self.pending = true;
-        let pending = self
+        let before = self
             .worker
             .traffic
             .pending_requests
-            .fetch_add(1, Ordering::Relaxed)
-            + 1;
-        self.worker.vetoes.pending_rose_to(pending);
+            .fetch_add(self.weight, Ordering::Relaxed);
+        self.worker
+            .vetoes
+            .pending_rose(before, before + self.weight);
         self.prefill = prompt_tokens;
         self.worker
             .traffic
@@ -315,7 +326,7 @@ impl Lease {
             self.worker
                 .traffic
                 .pending_requests
-                .fetch_sub(1, Ordering::Relaxed);
+                .fetch_sub(self.weight, Ordering::Relaxed);
         }
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {
@@ -380,7 +391,7 @@ mod tests {
     }
 
     fn lease(w: &Arc<Worker>) -> Lease {
-        let mut lease = Lease::new(w.clone(), w.breaker.try_admit().unwrap());
+        let mut lease = Lease::new(w.clone(), w.breaker.try_admit().unwrap(), 1);
         lease.prefilling(100);
         lease
     }

@@ -32,6 +32,36 @@ use crate::http::{discard, read_body, request_id, Keys, REQUEST_ID};
 use crate::route::{RouteStage, Wants};
 use crate::stream::{self, Answer};
 
+/// What the gateway accepts of a request's own numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// `--max-n`.
+    pub max_n: u64,
+    /// `--max-tokens-limit`; `None`: no bound of the gateway's.
+    pub max_tokens: Option<u64>,
+}
+
+impl RequestLimits {
+    /// Refuses a request asking for more than the limits allow, naming the field.
+    fn check(&self, facts: &RequestFacts<'_>) -> Result<(), GatewayError> {
+        if facts.n > self.max_n {
+            return Err(GatewayError::AboveMax {
+                param: "n",
+                max: self.max_n,
+                got: facts.n,
+            });
+        }
+        match (facts.max_tokens, self.max_tokens) {
+            (Some(got), Some(max)) if got > max => Err(GatewayError::AboveMax {
+                param: facts.max_tokens_param,
+                max,
+                got,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The request path's stages and what the front stage itself needs, shared by every request.
 pub struct Front {
     pub fleet: Arc<Fleet>,
@@ -42,6 +72,7 @@ pub struct Front {
     pub accounts: Accounts,
     pub keys: Keys,
     pub max_payload: usize,
+    pub limits: RequestLimits,
     /// `--routing-key-header`: what hash policies hash, before the `user` field.
     pub routing_key_header: HeaderName,
     /// Set when shutdown begins: new requests are refused.
@@ -122,6 +153,7 @@ async fn serve(
     *body = None;
     let body = body_bytes;
     let facts = parse(route, &body)?;
+    front.limits.check(&facts)?;
     ctx.stream = facts.stream;
     front.admit.admit(ctx)?;
     let snapshot = front.fleet.snapshot();
@@ -135,6 +167,7 @@ async fn serve(
         prompt: facts.prompt,
         prompt_tokens: facts.prompt_tokens_estimate(),
         stream: facts.stream,
+        n: facts.n,
     };
     let routed = front.route.route(&snapshot, &wants).inspect_err(|_| {
         ctx.model = facts

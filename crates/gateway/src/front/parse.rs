@@ -47,8 +47,11 @@ pub struct RequestFacts<'a> {
     /// replace the null instead of adding a second `model` key.
     pub model_null: Option<std::ops::Range<usize>>,
     pub stream: bool,
-    /// `max_completion_tokens`, else `max_tokens`.
+    /// `max_completion_tokens`, else `max_tokens`, with the name of the field it came from.
     pub max_tokens: Option<u64>,
+    pub max_tokens_param: &'static str,
+    /// `n`, the choices asked for: 1 unless given.
+    pub n: u64,
     pub user: Option<Cow<'a, str>>,
     /// The raw JSON of the prompt (`messages`, `prompt` or `input`): what prefix affinity hashes
     /// and the size estimate counts.
@@ -74,6 +77,8 @@ struct Fields<'a> {
     max_completion_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     user: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -123,13 +128,31 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
             },
         });
     }
-    let max_tokens = match fields.max_completion_tokens {
-        Some(raw) => Some(count(raw, "max_completion_tokens")?),
-        None => fields
-            .max_tokens
-            .map(|raw| count(raw, "max_tokens"))
-            .transpose()?,
+    let (max_tokens, max_tokens_param) = match fields.max_completion_tokens {
+        Some(raw) => (
+            Some(count(raw, "max_completion_tokens")?),
+            "max_completion_tokens",
+        ),
+        None => (
+            fields
+                .max_tokens
+                .map(|raw| count(raw, "max_tokens"))
+                .transpose()?,
+            "max_tokens",
+        ),
     };
+    let n = fields
+        .n
+        .map(|raw| count(raw, "n"))
+        .transpose()?
+        .unwrap_or(1);
+    if n == 0 {
+        return Err(GatewayError::BelowMin {
+            param: "n",
+            min: 1,
+            got: 0,
+        });
+    }
     let (model, model_null) = match fields.model {
         Some(raw) if raw.get() == "null" => {
             // Borrowed from `body`: its place is its distance from the body's start.
@@ -147,6 +170,8 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
             .transpose()?
             .unwrap_or(false),
         max_tokens,
+        max_tokens_param,
+        n,
         user: fields.user.map(|raw| string(raw, "user")).transpose()?,
         prompt: prompt.get().as_bytes(),
     })

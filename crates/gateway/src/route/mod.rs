@@ -47,6 +47,8 @@ pub struct Wants<'a> {
     pub prompt: &'a [u8],
     pub prompt_tokens: u64,
     pub stream: bool,
+    /// `n`: the sequences it asks the engine for, each counted in the worker's load.
+    pub n: u64,
 }
 
 /// One request routed: its pool, and what the policy reads of it.
@@ -75,13 +77,7 @@ impl RouteStage {
         let pool = pool(snapshot, wants.model)?;
         Ok(Routed {
             pool,
-            request: RouteRequest::new(
-                &self.policy,
-                wants.routing_key,
-                wants.prompt,
-                wants.prompt_tokens,
-                wants.stream,
-            ),
+            request: RouteRequest::new(&self.policy, wants),
             stage: self,
         })
     }
@@ -174,29 +170,26 @@ pub struct RouteRequest {
     pub prompt_tokens: u64,
     /// A streaming request, counted in the chosen worker's pile of streams.
     pub stream: bool,
+    /// Its `n`, the weight of its lease.
+    pub weight: u64,
 }
 
 impl RouteRequest {
-    pub fn new(
-        policy: &Policy,
-        routing_key: Option<&[u8]>,
-        prompt: &[u8],
-        prompt_tokens: u64,
-        stream: bool,
-    ) -> Self {
+    pub fn new(policy: &Policy, wants: &Wants<'_>) -> Self {
         let blocks = if policy.wants_prefix() {
-            block_hashes(prompt, PREFIX_BLOCK_BYTES, PREFIX_MAX_BLOCKS)
+            block_hashes(wants.prompt, PREFIX_BLOCK_BYTES, PREFIX_MAX_BLOCKS)
         } else {
             Vec::new()
         };
         Self {
             input: RouteInput {
-                routing_key: routing_key.map(sluice_core::policy::key_of),
+                routing_key: wants.routing_key.map(sluice_core::policy::key_of),
                 prefix_blocks: blocks.len() as u32,
             },
             blocks,
-            prompt_tokens,
-            stream,
+            prompt_tokens: wants.prompt_tokens,
+            stream: wants.stream,
+            weight: wants.n.max(1),
         }
     }
 }
@@ -262,7 +255,7 @@ fn select(
         .workers
         .iter()
         .any(|w| !w.is_routable() && !tried.contains(&w.key));
-    fall_back(shedding, pool, tried, vetoed, others_out)
+    fall_back(shedding, pool, request, tried, vetoed, others_out)
 }
 
 /// The policy's pick among `workers`, which must then get a permit from its circuit.
@@ -301,7 +294,7 @@ fn pick(
                 pool.state.prefix.lock().insert(&request.blocks, worker.key);
             }
             worker.metrics.selections.inc();
-            return Some(Lease::new(worker.clone(), permit));
+            return Some(Lease::new(worker.clone(), permit, request.weight));
         }
         // Its half-open trial is taken (or it just opened): choose among the others.
         candidates.swap_remove(i);
@@ -314,6 +307,7 @@ fn pick(
 fn fall_back(
     shedding: &Shedding,
     pool: &Pool,
+    request: &RouteRequest,
     tried: &[u64],
     mut vetoed: Vec<&Arc<Worker>>,
     others_out: bool,
@@ -337,7 +331,7 @@ fn fall_back(
                 if let Some(permit) = worker.breaker.try_admit() {
                     worker.metrics.selections.inc();
                     return Ok(Selected {
-                        lease: Lease::new(worker.clone(), permit),
+                        lease: Lease::new(worker.clone(), permit, request.weight),
                         fallback: Some(class),
                     });
                 }
