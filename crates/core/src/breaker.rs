@@ -5,9 +5,15 @@
 //! the next probe cycle. The breaker is fed real outcomes and answers one question: may a request
 //! go to this worker now?
 //!
-//! States: `Closed` (requests flow; consecutive failures are counted), `Open` (no requests until
-//! the open timeout passes), `HalfOpen` (a bounded number of trial requests; enough consecutive
-//! successes close it, one failure reopens it for a full timeout).
+//! States: `Closed` (requests flow; outcomes are counted), `Open` (no requests until the open
+//! timeout passes), `HalfOpen` (a bounded number of trial requests; enough consecutive successes
+//! close it, one failure reopens it for a full timeout).
+//!
+//! Two rules open a closed circuit, whichever comes first: `failure_threshold` failures in a row
+//! (a dead worker), or a failure rate — at least `rate` of at least `min_requests` outcomes within
+//! the last `window` (a sick worker that fails every other request, which never fails ten in a
+//! row). The window is ten buckets of a tenth of it each, so it costs a fixed few words and an
+//! outcome is forgotten at most a tenth of the window late.
 //!
 //! Guardrails:
 //! - Time is a parameter (`now`), never read here, so the gateway can drive the `Open -> HalfOpen`
@@ -32,6 +38,27 @@ pub struct BreakerConfig {
     pub open_timeout: Duration,
     /// Trial requests a half-open circuit lets through at once.
     pub half_open_trials: u32,
+    /// The failure-rate rule; `None`: only consecutive failures open the circuit.
+    pub failure_rate: Option<FailureRate>,
+}
+
+/// Opens a closed circuit when at least `rate` of at least `min_requests` outcomes within
+/// `window` were failures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FailureRate {
+    pub rate: f64,
+    pub min_requests: u32,
+    pub window: Duration,
+}
+
+impl Default for FailureRate {
+    fn default() -> Self {
+        Self {
+            rate: 0.5,
+            min_requests: 20,
+            window: Duration::from_secs(120),
+        }
+    }
 }
 
 impl Default for BreakerConfig {
@@ -41,7 +68,49 @@ impl Default for BreakerConfig {
             success_threshold: 3,
             open_timeout: Duration::from_secs(60),
             half_open_trials: 3,
+            failure_rate: Some(FailureRate::default()),
         }
+    }
+}
+
+/// Buckets of the failure-rate window.
+const BUCKETS: usize = 10;
+
+/// Outcomes of the last window, in `BUCKETS` buckets; each knows which tenth of time it counts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    /// Where bucket numbers count from (the circuit's last close).
+    epoch: Option<Instant>,
+    /// (bucket number, successes, failures).
+    buckets: [(u64, u32, u32); BUCKETS],
+}
+
+impl Window {
+    fn width(window: Duration) -> Duration {
+        (window / BUCKETS as u32).max(Duration::from_millis(1))
+    }
+
+    /// Counts one outcome at `now`; returns (outcomes, failures) within the window.
+    fn add(&mut self, rule: &FailureRate, failed: bool, now: Instant) -> (u32, u32) {
+        let epoch = *self.epoch.get_or_insert(now);
+        let width = Self::width(rule.window).as_nanos();
+        let number =
+            u64::try_from(now.saturating_duration_since(epoch).as_nanos() / width).unwrap_or(0) + 1;
+        let bucket = &mut self.buckets[(number % BUCKETS as u64) as usize];
+        if bucket.0 != number {
+            *bucket = (number, 0, 0);
+        }
+        if failed {
+            bucket.2 += 1;
+        } else {
+            bucket.1 += 1;
+        }
+        self.buckets
+            .iter()
+            .filter(|(n, _, _)| *n != 0 && *n + BUCKETS as u64 > number)
+            .fold((0, 0), |(all, bad), (_, ok, failed)| {
+                (all + ok + failed, bad + failed)
+            })
     }
 }
 
@@ -111,6 +180,8 @@ enum Phase {
 pub struct Breaker {
     cfg: BreakerConfig,
     phase: Phase,
+    /// Outcomes while closed, for the failure-rate rule.
+    window: Window,
     /// Bumped on every transition, so outcomes of earlier admissions can be told apart.
     generation: u64,
 }
@@ -120,6 +191,7 @@ impl Breaker {
         Self {
             cfg,
             phase: Phase::Closed { failures: 0 },
+            window: Window::default(),
             generation: 0,
         }
     }
@@ -192,11 +264,19 @@ impl Breaker {
         match (&mut self.phase, outcome) {
             (Phase::Closed { failures }, Outcome::Success) => {
                 *failures = 0;
+                if let Some(rule) = &self.cfg.failure_rate {
+                    self.window.add(rule, false, now);
+                }
                 None
             }
             (Phase::Closed { failures }, Outcome::Failure) => {
                 *failures += 1;
-                if *failures >= self.cfg.failure_threshold {
+                let in_a_row = *failures >= self.cfg.failure_threshold;
+                let too_often = self.cfg.failure_rate.is_some_and(|rule| {
+                    let (all, failed) = self.window.add(&rule, true, now);
+                    all >= rule.min_requests && f64::from(failed) >= rule.rate * f64::from(all)
+                });
+                if in_a_row || too_often {
                     self.open(now)
                 } else {
                     None
@@ -237,6 +317,7 @@ impl Breaker {
             Phase::Open { .. } => self.half_open(),
             Phase::Closed { failures } => {
                 *failures = 0;
+                self.window = Window::default();
                 None
             }
             Phase::HalfOpen { .. } => None,
@@ -260,6 +341,8 @@ impl Breaker {
         let from = self.state();
         self.phase = next;
         self.generation += 1;
+        // A closed circuit judges its rate afresh: what led to the last opening is history.
+        self.window = Window::default();
         Some(Transition {
             from,
             to: self.state(),
@@ -278,7 +361,89 @@ mod tests {
             success_threshold: 2,
             open_timeout: Duration::from_secs(30),
             half_open_trials: 2,
+            failure_rate: None,
         }
+    }
+
+    fn rated() -> Breaker {
+        Breaker::new(BreakerConfig {
+            failure_threshold: 100,
+            failure_rate: Some(FailureRate::default()),
+            ..cfg()
+        })
+    }
+
+    #[test]
+    fn a_worker_failing_every_other_request_opens_on_its_rate() {
+        let now = Instant::now();
+        let mut b = rated();
+        for i in 0..19 {
+            let t = if i % 2 == 0 {
+                fail(&mut b, now)
+            } else {
+                succeed(&mut b, now)
+            };
+            assert_eq!(t, None, "fewer than 20 outcomes: no verdict yet ({i})");
+        }
+        assert_eq!(b.consecutive_failures(), 1, "never many in a row");
+        let opened = succeed(&mut b, now).or_else(|| fail(&mut b, now));
+        assert_eq!(
+            opened.map(|t| t.to),
+            Some(BreakerState::Open),
+            "10 of 20 or 11 of 21 failed"
+        );
+    }
+
+    #[test]
+    fn a_rate_under_the_threshold_or_outcomes_out_of_the_window_do_not_open() {
+        let start = Instant::now();
+        let mut b = rated();
+        for i in 0..40 {
+            let t = if i % 3 == 0 {
+                fail(&mut b, start)
+            } else {
+                succeed(&mut b, start)
+            };
+            assert_eq!(t, None, "a third failed: under 0.5");
+        }
+        let mut b = rated();
+        for _ in 0..15 {
+            fail(&mut b, start);
+        }
+        let later = start + Duration::from_secs(121);
+        for _ in 0..10 {
+            assert_eq!(
+                fail(&mut b, later),
+                None,
+                "the first 15 are out of the window"
+            );
+        }
+        assert_eq!(
+            fail(&mut b, later + Duration::from_secs(1)),
+            None,
+            "11 in the window"
+        );
+        for _ in 0..8 {
+            assert_eq!(fail(&mut b, later + Duration::from_secs(2)), None);
+        }
+        assert!(fail(&mut b, later + Duration::from_secs(2)).is_some());
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "20 in the window, all failed"
+        );
+    }
+
+    #[test]
+    fn a_readmission_forgets_the_outages_failures() {
+        let now = Instant::now();
+        let mut b = rated();
+        for _ in 0..19 {
+            fail(&mut b, now);
+        }
+        assert_eq!(b.readmit(), None);
+        assert_eq!(fail(&mut b, now), None, "the window starts afresh");
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 
     fn fail(b: &mut Breaker, now: Instant) -> Option<Transition> {

@@ -4,10 +4,13 @@
 //! already be prefilling, and sending it again doubles the work on a fleet that is probably
 //! struggling. So only failures where no worker is doing the work are retried: the connection
 //! never carried the request; the connection died before any answer (the worker process went
-//! away, and its work with it — a retry costs a prefill, never a second answer); or the worker
-//! said explicitly that it is at capacity (429 or 529) and did nothing. A timeout is not retried
-//! (the worker may still be working), nor is any answer. Everything after the first byte reached
-//! the client is final.
+//! away, and its work with it — a retry costs a prefill, never a second answer); the worker
+//! said explicitly that it is at capacity (429 or 529) and did nothing; or the worker answered
+//! with an error status (500, 502, 503, 504 by default) — it has finished with the request, so
+//! nothing runs twice, and a sick worker that fails part of its requests would otherwise hand
+//! each of those failures to a client. A timeout is not retried (the worker may still be
+//! working), nor is any other answer. Everything after the first byte reached the client is
+//! final.
 //!
 //! The budget that bounds retries across requests (so a fleet-wide outage does not become a
 //! retry storm) is tower's `TpsBudget`, used by the gateway; this module decides per attempt.
@@ -23,6 +26,9 @@ pub enum AttemptFailure {
     Dropped,
     /// The worker answered 429 or 529: it is full and did not start the request.
     AtCapacity,
+    /// The worker answered an error status it is done with (a configured 5xx), before any byte
+    /// reached the client.
+    ServerError,
     /// Anything else (a timeout): the worker may still be doing the work.
     Other,
 }

@@ -49,12 +49,15 @@ async fn a_crash_under_steady_load_loses_no_request() {
 async fn the_breaker_opens_and_recovers_on_time() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.policy = Policy::RoundRobin;
+        // Each 500 reaches the client here, to count them (retrying them is tested below).
+        c.retry.status_codes.clear();
         c.breaker = Some(BreakerConfig {
             failure_threshold: 3,
             success_threshold: 1,
             // Long enough that the requests below all see it open on a loaded machine.
             open_timeout: Duration::from_secs(3),
             half_open_trials: 1,
+            failure_rate: None,
         });
     })
     .await;
@@ -243,4 +246,40 @@ async fn at_capacity_answers_are_retried_on_another_worker() {
     for f in fillers {
         f.abort();
     }
+}
+
+#[tokio::test]
+async fn a_worker_failing_part_of_its_requests_costs_clients_nothing_and_opens_on_its_rate() {
+    let s = start(3, instant(Flavor::Vllm), |c| c.policy = Policy::RoundRobin).await;
+    let sick = s.worker_id(0).await;
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(Fault::ErrorRate { rate: 0.7 })
+        .await
+        .unwrap();
+    let mut opened_after = None;
+    for i in 0..300 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("q{i}"), 1, false))
+            .await;
+        assert_eq!(a.status, 200, "retried on another worker: {}", a.text());
+        let view = get_admin(&s.client, &s.url(&format!("/workers/{sick}")))
+            .await
+            .json();
+        if view["circuit"]["state"] == "open" {
+            opened_after = Some(i);
+            break;
+        }
+    }
+    let opened_after = opened_after.expect("the failure rate opened the circuit");
+    assert!(
+        opened_after >= 20,
+        "not before 20 outcomes on it: {opened_after}"
+    );
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains("sluice_retries_total{reason=\"status\"}"),
+        "{metrics}"
+    );
 }

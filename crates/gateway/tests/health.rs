@@ -202,6 +202,7 @@ async fn a_promotion_readmits_an_open_circuit_at_once() {
             success_threshold: 1,
             open_timeout: Duration::from_secs(600),
             half_open_trials: 1,
+            failure_rate: None,
         });
     })
     .await;

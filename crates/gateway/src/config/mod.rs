@@ -17,7 +17,7 @@ use axum::http::HeaderName;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use serde::Deserialize;
-use sluice_core::breaker::BreakerConfig;
+use sluice_core::breaker::{BreakerConfig, FailureRate};
 use sluice_core::policy::Policy;
 use sluice_core::retry::Backoff;
 
@@ -132,14 +132,47 @@ impl Settings {
                 max: Duration::from_millis(self.retry_max_backoff_ms),
                 jitter: fraction("retry-jitter-factor", self.retry_jitter_factor)?,
             },
+            status_codes: match self
+                .retry_status_codes
+                .iter()
+                .find(|code| !(400..=599).contains(*code))
+            {
+                Some(code) => {
+                    return Err(invalid(
+                        "retry-status-codes",
+                        format!("{code} is not an error status"),
+                    ))
+                }
+                None => self.retry_status_codes.clone(),
+            },
             budget_percent: at_least("retry-budget-percent", self.retry_budget_percent, 0.0)?,
             budget_min_per_sec: self.retry_budget_min_per_sec,
         };
+        let failure_rate = (self.cb_min_requests > 0)
+            .then(|| -> Result<FailureRate, ConfigError> {
+                let rate = self.cb_failure_rate;
+                if !(rate > 0.0 && rate <= 1.0) {
+                    return Err(invalid(
+                        "cb-failure-rate",
+                        format!("{rate} is not a share of outcomes in (0, 1]"),
+                    ));
+                }
+                Ok(FailureRate {
+                    rate,
+                    min_requests: self.cb_min_requests,
+                    window: positive_seconds(
+                        "cb-window-duration-secs",
+                        self.cb_window_duration_secs,
+                    )?,
+                })
+            })
+            .transpose()?;
         let breaker = (!self.disable_circuit_breaker).then_some(BreakerConfig {
             failure_threshold: positive_count("cb-failure-threshold", self.cb_failure_threshold)?,
             success_threshold: positive_count("cb-success-threshold", self.cb_success_threshold)?,
             open_timeout: seconds("cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
             half_open_trials: self.cb_success_threshold,
+            failure_rate,
         });
         Ok(Config {
             listen: SocketAddr::new(host, self.port),

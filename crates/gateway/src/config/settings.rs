@@ -134,9 +134,15 @@ pub struct Settings {
     #[serde(default)]
     pub upstream_http2: bool,
 
-    /// Retries of one request (connection failures and at-capacity answers, on another worker).
+    /// Retries of one request (connection failures, at-capacity answers and the statuses of
+    /// --retry-status-codes, on another worker).
     #[arg(long, default_value_t = 3)]
     pub retry_max_retries: u32,
+
+    /// Worker answers retried on another worker, within the retry budget, when they come before
+    /// any byte reached the client (429 and 529 are always retried as at-capacity answers).
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 502, 503, 504])]
+    pub retry_status_codes: Vec<u16>,
 
     /// Wait before the first retry.
     #[arg(long, default_value_t = 50)]
@@ -179,6 +185,20 @@ pub struct Settings {
     /// How long an open circuit refuses requests before it lets trials through.
     #[arg(long, default_value_t = 60.0)]
     pub cb_timeout_duration_secs: f64,
+
+    /// A closed circuit also opens when at least this share of the outcomes within
+    /// --cb-window-duration-secs failed (at least --cb-min-requests of them): a worker failing
+    /// every other request never fails --cb-failure-threshold in a row.
+    #[arg(long, default_value_t = 0.5)]
+    pub cb_failure_rate: f64,
+
+    /// Outcomes the failure rate needs before it can open a circuit; 0 turns the rule off.
+    #[arg(long, default_value_t = 20)]
+    pub cb_min_requests: u32,
+
+    /// The window the failure rate is judged over (SMG's name and default).
+    #[arg(long, default_value_t = 120.0)]
+    pub cb_window_duration_secs: f64,
 
     /// Never open circuits.
     #[arg(long)]

@@ -156,6 +156,7 @@ mod tests {
             success_threshold: 1,
             open_timeout: Duration::from_secs(30),
             half_open_trials: 1,
+            failure_rate: None,
         };
         let changed = Arc::new(watch::channel(0).0);
         let breaker = Arc::new(WorkerBreaker::new(

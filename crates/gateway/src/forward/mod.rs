@@ -2,8 +2,9 @@
 //! the response to the stream-back stage.
 //!
 //! Retries (see `sluice_core::retry` for why so few): a connection that never carried the request,
-//! a connection lost before any answer (the worker died), or a worker's explicit at-capacity
-//! answer (429, 529), is tried again on a *different* worker,
+//! a connection lost before any answer (the worker died), a worker's explicit at-capacity answer
+//! (429, 529), or a worker's error status (`--retry-status-codes`: 500, 502, 503, 504) before
+//! anything reached the client, is tried again on a *different* worker,
 //! after an exponential, jittered backoff, at most `--retry-max-retries` times, and only while
 //! the retry budget (tower's `TpsBudget`: retries stay under a share of recent requests) allows —
 //! so a fleet-wide outage does not multiply its own load. When no other worker is left, the last
@@ -43,6 +44,8 @@ const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 pub struct RetryConfig {
     /// 0 disables retries.
     pub max_retries: u32,
+    /// Worker statuses retried on another worker (`--retry-status-codes`).
+    pub status_codes: Vec<u16>,
     pub backoff: Backoff,
     pub budget_percent: f64,
     pub budget_min_per_sec: u32,
@@ -150,6 +153,15 @@ impl Forwarder {
                     // Not a failure of the worker: its permit is handed back unrecorded.
                     return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
                 }
+                let status = response.status().as_u16();
+                if self.retry.status_codes.contains(&status) {
+                    // A failure of the worker, counted as one; nothing reached the client yet.
+                    lease.settle(Outcome::Failure);
+                    self.count_upstream_error(&lease, "status");
+                    if self.may_retry(AttemptFailure::ServerError, &at, &lease) {
+                        return Tried::Retry(worker.key, AttemptFailure::ServerError);
+                    }
+                }
                 Tried::Answered(Answer {
                     response,
                     lease,
@@ -187,6 +199,7 @@ impl Forwarder {
         let reason = match failure {
             AttemptFailure::AtCapacity => "at_capacity",
             AttemptFailure::Dropped => "dropped",
+            AttemptFailure::ServerError => "status",
             _ => "connect",
         };
         self.metrics
