@@ -79,6 +79,7 @@ impl App {
                 },
                 keys: keys.clone(),
                 max_payload: config.max_payload_size,
+                body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
                 limits: config.limits,
                 routing_key_header: config.routing_key_header.clone(),
                 draining: draining.clone(),

@@ -36,6 +36,9 @@ pub fn reflected(s: &str) -> String {
     format!("{}...", &s[..end])
 }
 
+/// How long a client should wait after `request_buffers_full`.
+const BODY_BUFFERS_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Who caused an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -88,6 +91,9 @@ pub enum GatewayError {
     UnsupportedContentEncoding { encoding: String },
     #[error("Could not read the request body")]
     BodyUnreadable,
+    /// `--max-buffered-body-bytes`: the request bodies held at once fill the gateway's budget.
+    #[error("The gateway is holding as many request bodies as it may; retry shortly")]
+    BodyBuffersFull,
     #[error("Unknown request URL: {method} {path}")]
     UnknownRoute { method: String, path: String },
     /// The router adds the `Allow` header.
@@ -163,7 +169,9 @@ impl GatewayError {
             UnsupportedMediaType | UnsupportedContentEncoding { .. } => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
-            NoAvailableWorkers { .. } | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            NoAvailableWorkers { .. } | ShuttingDown | BodyBuffersFull => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             UpstreamUnreachable { .. } | UpstreamFailed { .. } | StreamInterrupted { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -188,6 +196,7 @@ impl GatewayError {
             UnsupportedMediaType => "unsupported_media_type",
             UnsupportedContentEncoding { .. } => "unsupported_content_encoding",
             BodyUnreadable => "invalid_request_body",
+            BodyBuffersFull => "request_buffers_full",
             UnknownRoute { .. } => "unknown_url",
             MethodNotAllowed { .. } => "method_not_allowed",
             InvalidApiKey => "invalid_api_key",
@@ -237,6 +246,7 @@ impl GatewayError {
         match self {
             NoAvailableWorkers { .. }
             | ShuttingDown
+            | BodyBuffersFull
             | RequestTimeout { .. }
             | WorkerOverloadShed { .. }
             | OverloadedBeforeDispatch { .. } => Origin::Gateway,
@@ -256,6 +266,8 @@ impl GatewayError {
             }
             GatewayError::WorkerOverloadShed { retry_after, .. }
             | GatewayError::OverloadedBeforeDispatch { retry_after, .. } => Some(*retry_after),
+            // Bodies in hand are sent on within a request's first moments.
+            GatewayError::BodyBuffersFull => Some(BODY_BUFFERS_RETRY_AFTER),
             _ => None,
         }
     }

@@ -336,3 +336,34 @@ async fn n_and_max_tokens_are_bounded_naming_the_field() {
     assert_eq!(a.status, 200, "at the limits: {}", a.text());
     assert_eq!(s.received(), vec![1], "nothing refused reached the engine");
 }
+
+#[tokio::test]
+async fn request_bodies_held_at_once_are_bounded() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.max_payload_size = 8192;
+        c.max_buffered_body_bytes = 10_000;
+    })
+    .await;
+    let engine = s.sims.engine(0).unwrap();
+    engine.fault(Fault::Freeze).await.unwrap();
+    let body = chat_body("test-model", &"x".repeat(6000), 1, false);
+    let (client, url, held_body) = (
+        s.client.clone(),
+        s.url("/v1/chat/completions"),
+        body.clone(),
+    );
+    let held = tokio::spawn(async move { post(&client, &url, &held_body).await });
+    bounded(
+        "the first one at the engine",
+        engine.until(|st| st.waiting + st.running >= 1),
+    )
+    .await;
+
+    let refused = bounded("the refusal", s.chat(&body)).await;
+    assert_error(&refused, 503, "request_buffers_full", None);
+    assert_eq!(refused.headers["retry-after"], "1");
+
+    engine.fault(Fault::Clear).await.unwrap();
+    assert_eq!(bounded("the held one", held).await.unwrap().status, 200);
+    assert_eq!(s.chat(&body).await.status, 200, "its bytes were given back");
+}

@@ -207,7 +207,9 @@ async fn show(
 async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, GatewayError> {
     let (parts, mut body) = request.into_parts();
     let read = match admin.keys.check_admin(&parts.headers) {
-        Ok(()) => read_body(&mut body, &parts.headers, SPEC_MAX_BYTES).await,
+        Ok(()) => read_body(&mut body, &parts.headers, SPEC_MAX_BYTES, None)
+            .await
+            .map(|b| b.bytes),
         Err(e) => Err(e),
     };
     if read.is_err() {

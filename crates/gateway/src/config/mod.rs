@@ -188,6 +188,19 @@ impl Settings {
             },
             admin_reads_open: self.admin_reads_open,
             max_payload_size: self.max_payload_size,
+            max_buffered_body_bytes: {
+                let budget = self.max_buffered_body_bytes;
+                if budget < self.max_payload_size || u32::try_from(budget).is_err() {
+                    return Err(invalid(
+                        "max-buffered-body-bytes",
+                        format!(
+                            "{budget} must be at least --max-payload-size ({}) and under 4 GiB",
+                            self.max_payload_size
+                        ),
+                    ));
+                }
+                budget
+            },
             limits: RequestLimits {
                 max_n: positive_count("max-n", self.max_n)?,
                 max_tokens: match self.max_tokens_limit {
@@ -247,6 +260,7 @@ pub struct Config {
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,
     pub max_payload_size: usize,
+    pub max_buffered_body_bytes: usize,
     /// `--max-n`, `--max-tokens-limit`.
     pub limits: RequestLimits,
     pub header_read_timeout: Duration,

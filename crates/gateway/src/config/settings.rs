@@ -106,6 +106,12 @@ pub struct Settings {
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub max_payload_size: usize,
 
+    /// Bytes of request bodies the gateway holds at once (each is read whole, then sent on);
+    /// past it a request is refused with 503 `request_buffers_full` and `Retry-After` rather than
+    /// grow the gateway's memory. At least --max-payload-size.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub max_buffered_body_bytes: usize,
+
     /// Largest `n` (choices per request) accepted; more is a 400 naming `n`. Each choice is a
     /// sequence the engine runs, and counts in a worker's load. 128 is OpenAI's own maximum.
     #[arg(long, default_value_t = 128)]

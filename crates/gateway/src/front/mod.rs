@@ -72,6 +72,8 @@ pub struct Front {
     pub accounts: Accounts,
     pub keys: Keys,
     pub max_payload: usize,
+    /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
+    pub body_budget: tokio::sync::Semaphore,
     pub limits: RequestLimits,
     /// `--routing-key-header`: what hash policies hash, before the `user` field.
     pub routing_key_header: HeaderName,
@@ -149,10 +151,17 @@ async fn serve(
     let Some(unread) = body.as_mut() else {
         return Err(GatewayError::BodyUnreadable);
     };
-    let body_bytes = read_body(unread, &parts.headers, front.max_payload).await?;
+    let buffered = read_body(
+        unread,
+        &parts.headers,
+        front.max_payload,
+        Some(&front.body_budget),
+    )
+    .await?;
     *body = None;
-    let body = body_bytes;
-    let facts = parse(route, &body)?;
+    // `buffered` holds its share of the budget until the request has been sent on.
+    let body = &buffered.bytes;
+    let facts = parse(route, body)?;
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
     front.admit.admit(ctx)?;
@@ -180,8 +189,8 @@ async fn serve(
     // by splicing the field in (the rest of the body stays byte for byte).
     let body = match (&facts.model, &facts.model_null) {
         (Some(_), _) => body.clone(),
-        (None, Some(null)) => with_model_for_null(&body, null.clone(), routed.pool.model.as_str()),
-        (None, None) => with_model(&body, routed.pool.model.as_str()),
+        (None, Some(null)) => with_model_for_null(body, null.clone(), routed.pool.model.as_str()),
+        (None, None) => with_model(body, routed.pool.model.as_str()),
     };
     let job = Job {
         parts,

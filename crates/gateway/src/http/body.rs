@@ -1,5 +1,10 @@
 //! Reading a request body whole, within a limit — and throwing away one that is refused.
 //!
+//! Bodies read whole are held in memory until the request has been sent on, so many large ones
+//! at once could take the gateway's memory anywhere: the bytes held at once are bounded by a
+//! budget (`--max-buffered-body-bytes`), taken as they arrive and given back with the body. Past
+//! it a request is refused with 503 and `Retry-After` at once, rather than waiting or growing.
+//!
 //! Why throw it away rather than just close: a client that writes its whole body before reading
 //! (Python's http.client, requests, urllib3, most simple clients) is still writing when an early
 //! refusal (a 413 on the declared length, a 401, a 415) is decided. Closing a connection with
@@ -13,9 +18,37 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use crate::error::GatewayError;
+
+/// A body read whole, holding its share of the buffer budget until it is dropped.
+#[derive(Debug)]
+pub struct Buffered<'a> {
+    pub bytes: Bytes,
+    _held: Option<SemaphorePermit<'a>>,
+}
+
+/// Takes `n` more bytes of `budget` into `held`, or refuses: no waiting.
+fn take<'a>(
+    budget: Option<&'a Semaphore>,
+    held: &mut Option<SemaphorePermit<'a>>,
+    n: usize,
+) -> Result<(), GatewayError> {
+    let Some(budget) = budget else {
+        return Ok(());
+    };
+    let n = u32::try_from(n).map_err(|_| GatewayError::BodyBuffersFull)?;
+    let permit = budget
+        .try_acquire_many(n)
+        .map_err(|_| GatewayError::BodyBuffersFull)?;
+    match held {
+        Some(all) => all.merge(permit),
+        None => *held = Some(permit),
+    }
+    Ok(())
+}
 
 /// The longest a refused body is read for before the connection is given up.
 const DISCARD_FOR: Duration = Duration::from_secs(5);
@@ -31,15 +64,22 @@ pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Reads the whole body, refusing one over `limit` bytes whether it declares its length or is
-/// chunked. On a refusal the body is left unread past that point, for `discard`.
-pub async fn read_body(
+/// chunked, and one that does not fit what is left of `budget` (when there is one). On a refusal
+/// the body is left unread past that point, for `discard`.
+pub async fn read_body<'a>(
     body: &mut Body,
     headers: &HeaderMap,
     limit: usize,
-) -> Result<Bytes, GatewayError> {
-    if declared_length(headers).is_some_and(|n| n > limit as u64) {
+    budget: Option<&'a Semaphore>,
+) -> Result<Buffered<'a>, GatewayError> {
+    let declared = declared_length(headers);
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
+    let mut held = None;
+    // A declared length is taken whole at once: refused before a byte is read.
+    let mut taken = declared.map_or(0, |n| n as usize);
+    take(budget, &mut held, taken)?;
     let mut first: Option<Bytes> = None;
     let mut more: Option<BytesMut> = None;
     let mut total = 0usize;
@@ -50,6 +90,10 @@ pub async fn read_body(
         total += data.len();
         if total > limit {
             return Err(GatewayError::PayloadTooLarge { limit });
+        }
+        if total > taken {
+            take(budget, &mut held, total - taken)?;
+            taken = total;
         }
         match (&mut first, &mut more) {
             (None, _) => first = Some(data),
@@ -62,11 +106,12 @@ pub async fn read_body(
             (Some(_), Some(joined)) => joined.extend_from_slice(&data),
         }
     }
-    Ok(match (more, first) {
+    let bytes = match (more, first) {
         (Some(joined), _) => joined.freeze(),
         (None, Some(only)) => only,
         (None, None) => Bytes::new(),
-    })
+    };
+    Ok(Buffered { bytes, _held: held })
 }
 
 /// Reads what is left of a refused body and drops it: until its end, for at most `DISCARD_FOR`,
