@@ -47,6 +47,9 @@ impl SseParser {
 
     /// Reads `chunk`, calling `on_event` for every event it completes.
     pub fn feed(&mut self, mut chunk: &[u8], mut on_event: impl FnMut(Event<'_>)) {
+        if chunk.is_empty() {
+            return; // and a CR before it still waits for its LF
+        }
         if self.after_cr {
             self.after_cr = false;
             if let Some(rest) = chunk.strip_prefix(b"\n") {

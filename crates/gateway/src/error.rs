@@ -91,6 +91,9 @@ pub enum GatewayError {
     UnsupportedContentEncoding { encoding: String },
     #[error("Could not read the request body")]
     BodyUnreadable,
+    /// `--body-read-timeout-secs`: the body stalled or dripped.
+    #[error("The request body did not arrive within {timeout:?}")]
+    BodyReadTimeout { timeout: Duration },
     /// `--max-buffered-body-bytes`: the request bodies held at once fill the gateway's budget.
     #[error("The gateway is holding as many request bodies as it may; retry shortly")]
     BodyBuffersFull,
@@ -164,6 +167,7 @@ impl GatewayError {
                 StatusCode::NOT_FOUND
             }
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            BodyReadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             WorkerExists { .. } => StatusCode::CONFLICT,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType | UnsupportedContentEncoding { .. } => {
@@ -196,6 +200,7 @@ impl GatewayError {
             UnsupportedMediaType => "unsupported_media_type",
             UnsupportedContentEncoding { .. } => "unsupported_content_encoding",
             BodyUnreadable => "invalid_request_body",
+            BodyReadTimeout { .. } => "body_read_timeout",
             BodyBuffersFull => "request_buffers_full",
             UnknownRoute { .. } => "unknown_url",
             MethodNotAllowed { .. } => "method_not_allowed",

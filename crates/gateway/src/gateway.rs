@@ -87,6 +87,7 @@ impl Gateway {
             fleet.add(spec).map_err(StartError::Worker)?;
         }
 
+        let limits = config.connection_limits();
         let (stop, stop_rx) = watch::channel(false);
         let mut listeners = JoinSet::new();
         let listener = bind(config.listen).await?;
@@ -94,37 +95,22 @@ impl Gateway {
             addr: config.listen,
             source,
         })?;
-        listeners.spawn(http::serve(
-            listener,
-            app.router(),
-            config.header_read_timeout,
-            stop_rx.clone(),
-        ));
+        listeners.spawn(http::serve(listener, app.router(), limits, stop_rx.clone()));
         let metrics_addr = match config.metrics_listen {
             Some(at) => {
                 let listener = bind(at).await?;
                 let local = listener
                     .local_addr()
                     .map_err(|source| StartError::Bind { addr: at, source })?;
-                listeners.spawn(http::serve(
-                    listener,
-                    app.metrics_router(),
-                    config.header_read_timeout,
-                    stop_rx,
-                ));
+                listeners.spawn(http::serve(listener, app.metrics_router(), limits, stop_rx));
                 Some(local)
             }
             None => None,
         };
         let probe_listener = match config.health_listen {
             Some(at) => Some(
-                ProbeListener::start(
-                    at,
-                    app.probes.clone(),
-                    config.header_read_timeout,
-                    stop.subscribe(),
-                )
-                .map_err(|source| StartError::Bind { addr: at, source })?,
+                ProbeListener::start(at, app.probes.clone(), limits, stop.subscribe())
+                    .map_err(|source| StartError::Bind { addr: at, source })?,
             ),
             None => None,
         };

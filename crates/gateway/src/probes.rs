@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
@@ -159,7 +158,7 @@ impl ProbeListener {
     pub fn start(
         addr: SocketAddr,
         probes: Arc<Probes>,
-        header_read_timeout: Duration,
+        limits: http::Limits,
         stop: watch::Receiver<bool>,
     ) -> std::io::Result<Self> {
         let listener = std::net::TcpListener::bind(addr)?;
@@ -174,7 +173,7 @@ impl ProbeListener {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            http::serve(listener, routes(probes), header_read_timeout, stop).await;
+                            http::serve(listener, routes(probes), limits, stop).await;
                         }
                         Err(e) => tracing::error!(error = %e, "probe listener failed"),
                     }

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::control::Control;
 use crate::error::GatewayError;
 use crate::fleet::{Fleet, Removal, SpecError, Worker, WorkerPatch, WorkerSpec};
-use crate::http::{discard, read_body, Keys};
+use crate::http::{discard, read_body, BodyLimits, Keys};
 
 /// Largest worker spec accepted.
 const SPEC_MAX_BYTES: usize = 64 * 1024;
@@ -47,6 +47,8 @@ pub struct Admin {
     pub keys: Keys,
     /// `--admin-reads-open`.
     pub reads_open: bool,
+    /// `--body-read-timeout-secs`.
+    pub body_read_timeout: std::time::Duration,
 }
 
 impl Admin {
@@ -207,9 +209,16 @@ async fn show(
 async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, GatewayError> {
     let (parts, mut body) = request.into_parts();
     let read = match admin.keys.check_admin(&parts.headers) {
-        Ok(()) => read_body(&mut body, &parts.headers, SPEC_MAX_BYTES, None)
-            .await
-            .map(|b| b.bytes),
+        Ok(()) => {
+            let limits = BodyLimits {
+                max_bytes: SPEC_MAX_BYTES,
+                within: admin.body_read_timeout,
+                budget: None,
+            };
+            read_body(&mut body, &parts.headers, limits)
+                .await
+                .map(|b| b.bytes)
+        }
         Err(e) => Err(e),
     };
     if read.is_err() {

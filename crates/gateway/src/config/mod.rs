@@ -35,6 +35,9 @@ pub use crate::front::RequestLimits;
 use crate::route::Shedding;
 use sluice_core::liveness::LivenessConfig;
 
+/// How often an idle HTTP/2 client is pinged, and how long it has to answer.
+const H2_KEEPALIVE: Duration = Duration::from_secs(20);
+
 /// Why the settings cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -212,6 +215,11 @@ impl Settings {
                 "header-read-timeout-secs",
                 self.header_read_timeout_secs,
             )?,
+            body_read_timeout: positive_seconds(
+                "body-read-timeout-secs",
+                self.body_read_timeout_secs,
+            )?,
+            max_connections: positive_count("max-connections", self.max_connections)?,
             connect_timeout: positive_seconds("connect-timeout-secs", self.connect_timeout_secs)?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
@@ -264,6 +272,10 @@ pub struct Config {
     /// `--max-n`, `--max-tokens-limit`.
     pub limits: RequestLimits,
     pub header_read_timeout: Duration,
+    /// `--body-read-timeout-secs`.
+    pub body_read_timeout: Duration,
+    /// `--max-connections` as asked; `Config::connection_limits` caps it by the open-file limit.
+    pub max_connections: usize,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub upstream_http2: bool,
@@ -283,7 +295,41 @@ pub struct Config {
     pub access_log: Option<PathBuf>,
 }
 
+/// Open files kept for everything but client connections: worker connections beyond one per
+/// client, probes, the access log, the runtime.
+const FDS_KEPT: usize = 64;
+
+/// The soft open-file limit, read from `/proc/self/limits` (Linux); `None` elsewhere or unlimited.
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
 impl Config {
+    /// The connection bounds of a listener: `--max-connections`, capped so that a flood of
+    /// connections cannot take the file descriptors the gateway needs for its workers and its
+    /// probe port (each busy client connection holds one to a worker too).
+    pub fn connection_limits(&self) -> crate::http::Limits {
+        let fds = open_file_limit().map(|n| n.saturating_sub(FDS_KEPT) / 2);
+        let max_connections = match fds {
+            Some(room) if room < self.max_connections => {
+                tracing::warn!(
+                    asked = self.max_connections,
+                    capped = room.max(1),
+                    "--max-connections capped by the open-file limit (ulimit -n)"
+                );
+                room.max(1)
+            }
+            _ => self.max_connections,
+        };
+        crate::http::Limits {
+            header_read: self.header_read_timeout,
+            max_connections,
+            h2_keepalive: H2_KEEPALIVE,
+        }
+    }
+
     /// The defaults, listening on an ephemeral loopback port: what tests start from.
     pub fn local(worker_urls: &[String]) -> Self {
         let mut settings = Settings::defaults();

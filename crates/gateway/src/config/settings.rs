@@ -123,9 +123,22 @@ pub struct Settings {
     #[serde(default)]
     pub max_tokens_limit: Option<u64>,
 
-    /// Time a client has to send its request headers.
+    /// Time a client has to send a complete request head: from connecting (whatever it sends
+    /// meanwhile — nothing, a byte, an HTTP/2 preface) or from the end of its previous response,
+    /// so it also bounds an idle HTTP/1.1 keep-alive connection.
     #[arg(long, default_value_t = 10.0)]
     pub header_read_timeout_secs: f64,
+
+    /// Time a client has to send a whole request body once its head arrived; a stalled or
+    /// dripping body is cut with 408 `body_read_timeout` (and cannot hold shutdown longer).
+    #[arg(long, default_value_t = 30.0)]
+    pub body_read_timeout_secs: f64,
+
+    /// Client connections served at once, per listener; more wait in the kernel's backlog. Capped
+    /// at startup to half of what the open-file limit leaves after 64 for the rest, since each
+    /// busy connection also holds one to a worker.
+    #[arg(long, default_value_t = 8192)]
+    pub max_connections: usize,
 
     /// Time to connect to a worker.
     #[arg(long, default_value_t = 5.0)]

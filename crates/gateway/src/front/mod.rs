@@ -28,7 +28,7 @@ use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
 use crate::forward::{Forwarder, Job};
-use crate::http::{discard, read_body, request_id, Keys, REQUEST_ID};
+use crate::http::{discard, read_body, request_id, BodyLimits, Keys, REQUEST_ID};
 use crate::route::{RouteStage, Wants};
 use crate::stream::{self, Answer};
 
@@ -72,6 +72,8 @@ pub struct Front {
     pub accounts: Accounts,
     pub keys: Keys,
     pub max_payload: usize,
+    /// `--body-read-timeout-secs`.
+    pub body_read_timeout: std::time::Duration,
     /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
     pub body_budget: tokio::sync::Semaphore,
     pub limits: RequestLimits,
@@ -151,13 +153,12 @@ async fn serve(
     let Some(unread) = body.as_mut() else {
         return Err(GatewayError::BodyUnreadable);
     };
-    let buffered = read_body(
-        unread,
-        &parts.headers,
-        front.max_payload,
-        Some(&front.body_budget),
-    )
-    .await?;
+    let limits = BodyLimits {
+        max_bytes: front.max_payload,
+        within: front.body_read_timeout,
+        budget: Some(&front.body_budget),
+    };
+    let buffered = read_body(unread, &parts.headers, limits).await?;
     *body = None;
     // `buffered` holds its share of the budget until the request has been sent on.
     let body = &buffered.bytes;

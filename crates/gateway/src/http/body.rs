@@ -63,10 +63,32 @@ pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse::<u64>().ok())
 }
 
-/// Reads the whole body, refusing one over `limit` bytes whether it declares its length or is
-/// chunked, and one that does not fit what is left of `budget` (when there is one). On a refusal
-/// the body is left unread past that point, for `discard`.
+/// How a body is read: its size limit, the time it may take, and the budget it counts in.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits<'a> {
+    pub max_bytes: usize,
+    pub within: Duration,
+    pub budget: Option<&'a Semaphore>,
+}
+
+/// Reads the whole body within `limits.within`, refusing one over `limits.max_bytes` whether it
+/// declares its length or is chunked, and one that does not fit what is left of the budget (when
+/// there is one). On a refusal the body is left unread past that point, for `discard`.
 pub async fn read_body<'a>(
+    body: &mut Body,
+    headers: &HeaderMap,
+    limits: BodyLimits<'a>,
+) -> Result<Buffered<'a>, GatewayError> {
+    let within = limits.within;
+    tokio::time::timeout(
+        within,
+        read_within(body, headers, limits.max_bytes, limits.budget),
+    )
+    .await
+    .map_err(|_| GatewayError::BodyReadTimeout { timeout: within })?
+}
+
+async fn read_within<'a>(
     body: &mut Body,
     headers: &HeaderMap,
     limit: usize,

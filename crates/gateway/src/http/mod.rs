@@ -9,10 +9,10 @@ mod request_id;
 mod server;
 
 pub use auth::Keys;
-pub use body::{declared_length, discard, read_body, Buffered};
+pub use body::{declared_length, discard, read_body, BodyLimits, Buffered};
 pub use headers::{clean_response_headers, copy_request_headers, is_event_stream};
 pub use request_id::{accept_or_make as request_id, REQUEST_ID};
-pub use server::{serve, stopped};
+pub use server::{serve, stopped, Limits};
 
 use axum::body::Body;
 use axum::http::{Method, Response, Uri};

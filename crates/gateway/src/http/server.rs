@@ -1,15 +1,44 @@
-//! The accept loop: HTTP/1.1 and h2c on one port, a deadline for request headers (a client that
-//! sends its headers too slowly is cut off), and a stop signal that ends every connection.
+//! The accept loop: HTTP/1.1 and h2c on one port, every phase of a connection bounded, at most
+//! `max_connections` at once, and a stop signal that ends every connection.
+//!
+//! The phases and what bounds each (`Limits`):
+//! - **accepting**: at the cap, no more connections are accepted (they wait in the kernel's
+//!   backlog) until one closes — so a flood of sockets costs queue space, not file descriptors
+//!   the rest of the process (its upstream connections, the probe port) needs.
+//! - **first request**: a connection must complete its first request head within
+//!   `header_read`, whatever it sends meanwhile: nothing, one byte, an h2c preface and then
+//!   nothing. (hyper's own header timeout only starts once the protocol is known.)
+//! - **headers and idle keep-alive** (HTTP/1.1): hyper's header timeout, `header_read`, runs
+//!   from the end of one response to the next complete head.
+//! - **idle HTTP/2**: a ping every `h2_keepalive`; a peer that does not answer one within it is
+//!   gone.
+//! - **bodies**: the request's own reader bounds them (`--body-read-timeout-secs`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::http::Request;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+use tower::Service;
 use tracing::debug;
+
+/// The bounds of the connections one listener serves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// The first request head must be complete within this; later heads too (HTTP/1.1).
+    pub header_read: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// HTTP/2 keep-alive ping interval and timeout.
+    pub h2_keepalive: Duration,
+}
 
 /// Resolves once `stop` is set (or its sender is gone).
 pub async fn stopped(mut stop: watch::Receiver<bool>) {
@@ -21,21 +50,32 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    header_read_timeout: Duration,
+    limits: Limits,
     stop: watch::Receiver<bool>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(limits.header_read);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_keepalive)
+        .keep_alive_timeout(limits.h2_keepalive);
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => tokio::select! {
+                    accepted = listener.accept() => accepted.map(|a| (a, slot)),
+                    () = stopped(stop.clone()) => return,
+                },
+                Err(_) => return,
+            },
             () = stopped(stop.clone()) => return,
         };
-        let (stream, _peer) = match accepted {
+        let ((stream, _peer), slot) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors or similar: back off instead of spinning.
@@ -45,15 +85,58 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let first = Arc::new(AtomicBool::new(false));
+        let service = TowerToHyperService::new(FirstRequest {
+            inner: router.clone(),
+            seen: first.clone(),
+        });
         let builder = builder.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             tokio::select! {
                 _ = connection => {}
                 () = stopped(stop) => {}
+                () = no_first_request(&first, limits.header_read) => {
+                    debug!("no request head within the header read timeout; closing");
+                }
             }
         });
+    }
+}
+
+/// Resolves if no request reached the service within `within`; otherwise never.
+async fn no_first_request(seen: &AtomicBool, within: Duration) {
+    tokio::time::sleep(within).await;
+    if seen.load(Ordering::Acquire) {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The router, noting that a connection's first request arrived.
+#[derive(Clone)]
+struct FirstRequest {
+    inner: Router,
+    seen: Arc<AtomicBool>,
+}
+
+impl<B> Service<Request<B>> for FirstRequest
+where
+    Router: Service<Request<B>>,
+{
+    type Response = <Router as Service<Request<B>>>::Response;
+    type Error = <Router as Service<Request<B>>>::Error;
+    type Future = <Router as Service<Request<B>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        <Router as Service<Request<B>>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        if !self.seen.load(Ordering::Relaxed) {
+            self.seen.store(true, Ordering::Release);
+        }
+        self.inner.call(request)
     }
 }
