@@ -17,7 +17,7 @@ use crate::context::{Accounts, InFlight};
 use crate::control::{Control, ControlSettings};
 use crate::fleet::{Fleet, FleetCollector, FleetSettings};
 use crate::forward::Forwarder;
-use crate::front::{self, Front};
+use crate::front::{self, ApiRoute, Front};
 use crate::http::{self, Keys};
 use crate::metrics::Metrics;
 use crate::probes::{self, Probes};
@@ -49,6 +49,7 @@ impl App {
     pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AccessLogError> {
         let mut registry = Registry::with_prefix("sluice");
         let metrics = Metrics::register(&mut registry);
+        metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
         let upstream = Upstream::new(config.connect_timeout);
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -24,6 +24,7 @@ use tokio::sync::watch;
 
 use crate::fleet::Fleet;
 use crate::http;
+use crate::metrics::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
 
 /// What readiness depends on: the fleet, and whether shutdown has begun.
 pub struct Probes {
@@ -134,16 +135,23 @@ pub fn metrics_routes<S: Clone + Send + Sync + 'static>(registry: Arc<Registry>)
 }
 
 /// Prometheus text (OpenMetrics).
-async fn metrics(State(registry): State<Arc<Registry>>) -> Response<Body> {
+/// Prometheus text 0.0.4, or OpenMetrics when the scraper's `Accept` asks for it
+/// (`metrics::wants_openmetrics`).
+async fn metrics(State(registry): State<Arc<Registry>>, headers: HeaderMap) -> Response<Body> {
     let mut text = String::with_capacity(16 * 1024);
     if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
-    let mut response = text.into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (body, content_type) = if wants_openmetrics(accept) {
+        (text, OPENMETRICS)
+    } else {
+        (to_text_0_0_4(&text), TEXT_0_0_4)
+    };
+    let mut response = body.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 

@@ -182,13 +182,15 @@ async fn failed_workers_are_removed_under_auto_recovery() {
     assert_eq!(workers.len(), 1, "only that registration went");
     assert_eq!(
         metric(&s, &format!("sluice_worker_health{{worker=\"{id}\"}}")).await,
-        Some(-1.0)
+        None,
+        "its series are deleted, not left at -1"
     );
     let engine_series = format!("sluice_engine_waiting_requests{{worker=\"{id}\"}}");
-    assert_eq!(
-        metric(&s, &engine_series).await,
-        Some(-1.0),
-        "engine gauges too"
+    assert_eq!(metric(&s, &engine_series).await, None, "engine gauges too");
+    let text = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        !text.contains(&format!("worker=\"{id}\"")),
+        "no series names it: {text}"
     );
     chats_all_ok(&s, 3).await;
 }

@@ -8,7 +8,10 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+use sluice_core::health::HealthState;
 use sluice_core::overload::VetoClass;
+
+use super::atomic::Packed;
 
 use super::Fleet;
 
@@ -75,7 +78,7 @@ impl Collector for FleetCollector {
         }
         let mut family = encoder.encode_descriptor(
             "worker_info",
-            "Registered workers: id, URL, flavor and status (value 1)",
+            "Registered workers: id, URL and flavor (value 1); labels that do not change while the worker lives",
             None,
             MetricType::Gauge,
         )?;
@@ -84,14 +87,25 @@ impl Collector for FleetCollector {
             let flavor = w
                 .info()
                 .map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
-            let status = w.status().as_str();
             let labels = [
                 ("worker", w.id.as_str()),
                 ("url", url.as_str()),
                 ("flavor", flavor.as_str()),
-                ("status", status),
             ];
             ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "worker_state",
+            "Each worker's health state: 1 for the state it is in, 0 for the others",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in &snapshot.workers {
+            let now = w.status();
+            for &state in HealthState::ALL {
+                let labels = [("worker", w.id.as_str()), ("state", state.as_str())];
+                ConstGauge::new(i64::from(state == now)).encode(family.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }

@@ -328,7 +328,6 @@ impl Fleet {
         if registry.entries.len() < before {
             self.metrics
                 .forget_worker(worker.id.as_str(), self.settings.policy);
-            worker.metrics.removed();
             self.publish(&mut registry);
             info!(worker = %worker.id, "worker removed");
         }

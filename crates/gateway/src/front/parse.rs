@@ -21,6 +21,8 @@ pub enum ApiRoute {
 }
 
 impl ApiRoute {
+    pub const ALL: [ApiRoute; 3] = [ApiRoute::Chat, ApiRoute::Completions, ApiRoute::Embeddings];
+
     pub fn path(self) -> &'static str {
         match self {
             ApiRoute::Chat => "/v1/chat/completions",

@@ -6,6 +6,10 @@
 //! which workers exist) are not copied into gauges: `FleetCollector` reads them at scrape time,
 //! so a gauge can never disagree with what routing sees.
 
+mod exposition;
+
+pub use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -84,9 +88,24 @@ pub struct ResultLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamErrorLabels {
     pub worker: String,
-    /// `connect`, `timeout`, `reset` (before headers), `stream` (mid-body), `status_5xx`.
+    /// One of `UPSTREAM_ERROR_KINDS`.
     pub kind: &'static str,
 }
+
+/// Why a request was retried.
+pub const RETRY_REASONS: [&str; 4] = ["connect", "dropped", "at_capacity", "status"];
+
+/// The moves a circuit makes.
+const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
+    ("closed", "open"),
+    ("open", "half_open"),
+    ("half_open", "closed"),
+    ("half_open", "open"),
+];
+
+/// `connect`, `reset` (before headers), `timeout`, `stream` (mid-body), `status` (a retryable
+/// error status before any byte).
+pub const UPSTREAM_ERROR_KINDS: [&str; 5] = ["connect", "reset", "timeout", "stream", "status"];
 
 /// Every metric family of one gateway.
 #[derive(Debug)]
@@ -102,10 +121,10 @@ pub struct Metrics {
     pub cancellations: Family<CancelLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub access_log_dropped: Counter,
-    /// 1 Ready, 0 any other state, -1 once removed (kept, so dashboards see the removal).
+    /// 1 Ready, 0 any other state; deleted with the worker.
     pub worker_health: Family<WorkerLabel, Gauge>,
     pub health_checks: Family<ResultLabel, Counter>,
-    /// From each worker's last load report; -1 once removed.
+    /// From each worker's last load report; deleted with the worker.
     pub engine_waiting: Family<WorkerLabel, Gauge>,
     pub engine_running: Family<WorkerLabel, Gauge>,
     pub engine_token_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
@@ -199,7 +218,7 @@ impl Metrics {
         );
         r.register(
             "worker_health",
-            "Worker health: 1 Ready, 0 any other state (pending, not ready, failed, draining), -1 removed",
+            "Worker health: 1 Ready, 0 any other state (pending, not ready, failed, draining)",
             m.worker_health.clone(),
         );
         r.register(
@@ -209,17 +228,17 @@ impl Metrics {
         );
         r.register(
             "engine_waiting_requests",
-            "Requests waiting in the engine's queue (summed over ranks), from its last load report; -1 removed",
+            "Requests waiting in the engine's queue (summed over ranks), from its last load report",
             m.engine_waiting.clone(),
         );
         r.register(
             "engine_running_requests",
-            "Requests in the engine's running batch (summed over ranks), from its last load report; -1 removed",
+            "Requests in the engine's running batch (summed over ranks), from its last load report",
             m.engine_running.clone(),
         );
         r.register(
             "engine_token_usage",
-            "KV cache usage of the engine (mean over ranks, 0..1), from its last load report; -1 removed",
+            "KV cache usage of the engine (mean over ranks, 0..1), from its last load report",
             m.engine_token_usage.clone(),
         );
         r.register(
@@ -242,7 +261,33 @@ impl Metrics {
             "Access log lines dropped because the writer fell behind",
             m.access_log_dropped.clone(),
         );
+        for reason in RETRY_REASONS {
+            m.retries.get_or_create(&ReasonLabel { reason });
+        }
+        for stage in ["select", "dispatch"] {
+            m.overload_sheds.get_or_create(&StageLabel { stage });
+        }
+        for result in ["success", "failure"] {
+            m.health_checks.get_or_create(&ResultLabel { result });
+        }
         Arc::new(m)
+    }
+
+    /// Starts every route's series at zero, so each family is on the page from startup and a
+    /// rate over it has a start (Prometheus's advice: initialise the label sets you know).
+    pub fn preset_routes(&self, routes: &[&'static str]) {
+        for &route in routes {
+            self.requests.get_or_create(&RequestLabels {
+                route,
+                status: 200,
+                code: "none",
+            });
+            self.duration.get_or_create(&RouteLabel { route });
+            for stage in ["waiting", "streaming"] {
+                self.cancellations
+                    .get_or_create(&CancelLabels { route, stage });
+            }
+        }
     }
 
     /// The handles one worker's requests touch.
@@ -250,6 +295,19 @@ impl Metrics {
         let label = WorkerLabel {
             worker: worker.to_string(),
         };
+        for kind in UPSTREAM_ERROR_KINDS {
+            self.upstream_errors.get_or_create(&UpstreamErrorLabels {
+                worker: worker.to_string(),
+                kind,
+            });
+        }
+        for (from, to) in BREAKER_TRANSITIONS {
+            self.breaker_transitions.get_or_create(&TransitionLabels {
+                worker: worker.to_string(),
+                from,
+                to,
+            });
+        }
         WorkerMetrics {
             ttft: self.ttft.get_or_create_owned(&label),
             inter_chunk: self.inter_chunk.get_or_create_owned(&label),
@@ -271,17 +329,36 @@ impl Metrics {
             .inc();
     }
 
-    /// Drops a removed worker's series (its health gauge stays, at -1).
+    /// Deletes a removed worker's series, every family that carries its label, so a dashboard
+    /// sees it gone rather than frozen. (Seed 000 has such gauges read -1 only because its
+    /// metrics library cannot delete a series; this one can.)
     pub fn forget_worker(&self, worker: &str, policy: &'static str) {
         let label = WorkerLabel {
             worker: worker.to_string(),
         };
         self.ttft.remove(&label);
         self.inter_chunk.remove(&label);
+        self.worker_health.remove(&label);
+        self.engine_waiting.remove(&label);
+        self.engine_running.remove(&label);
+        self.engine_token_usage.remove(&label);
         self.selections.remove(&SelectionLabels {
             policy,
             worker: worker.to_string(),
         });
+        for kind in UPSTREAM_ERROR_KINDS {
+            self.upstream_errors.remove(&UpstreamErrorLabels {
+                worker: worker.to_string(),
+                kind,
+            });
+        }
+        for (from, to) in BREAKER_TRANSITIONS {
+            self.breaker_transitions.remove(&TransitionLabels {
+                worker: worker.to_string(),
+                from,
+                to,
+            });
+        }
     }
 
     pub fn count_request(&self, route: &'static str, status: u16, code: &'static str) {
@@ -305,14 +382,4 @@ pub struct WorkerMetrics {
     pub engine_waiting: Gauge,
     pub engine_running: Gauge,
     pub engine_token_usage: Gauge<f64, AtomicU64>,
-}
-
-impl WorkerMetrics {
-    /// The worker is gone: its gauges read -1 (series cannot be deleted from dashboards).
-    pub fn removed(&self) {
-        self.health.set(-1);
-        self.engine_waiting.set(-1);
-        self.engine_running.set(-1);
-        self.engine_token_usage.set(-1.0);
-    }
 }
