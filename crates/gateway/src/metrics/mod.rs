@@ -262,13 +262,13 @@ impl Metrics {
             m.access_log_dropped.clone(),
         );
         for reason in RETRY_REASONS {
-            m.retries.get_or_create(&ReasonLabel { reason });
+            let _ = m.retries.get_or_create(&ReasonLabel { reason });
         }
         for stage in ["select", "dispatch"] {
-            m.overload_sheds.get_or_create(&StageLabel { stage });
+            let _ = m.overload_sheds.get_or_create(&StageLabel { stage });
         }
         for result in ["success", "failure"] {
-            m.health_checks.get_or_create(&ResultLabel { result });
+            let _ = m.health_checks.get_or_create(&ResultLabel { result });
         }
         Arc::new(m)
     }
@@ -277,14 +277,15 @@ impl Metrics {
     /// rate over it has a start (Prometheus's advice: initialise the label sets you know).
     pub fn preset_routes(&self, routes: &[&'static str]) {
         for &route in routes {
-            self.requests.get_or_create(&RequestLabels {
+            let _ = self.requests.get_or_create(&RequestLabels {
                 route,
                 status: 200,
                 code: "none",
             });
-            self.duration.get_or_create(&RouteLabel { route });
+            let _ = self.duration.get_or_create(&RouteLabel { route });
             for stage in ["waiting", "streaming"] {
-                self.cancellations
+                let _ = self
+                    .cancellations
                     .get_or_create(&CancelLabels { route, stage });
             }
         }
@@ -296,13 +297,13 @@ impl Metrics {
             worker: worker.to_string(),
         };
         for kind in UPSTREAM_ERROR_KINDS {
-            self.upstream_errors.get_or_create(&UpstreamErrorLabels {
+            let _ = self.upstream_errors.get_or_create(&UpstreamErrorLabels {
                 worker: worker.to_string(),
                 kind,
             });
         }
         for (from, to) in BREAKER_TRANSITIONS {
-            self.breaker_transitions.get_or_create(&TransitionLabels {
+            let _ = self.breaker_transitions.get_or_create(&TransitionLabels {
                 worker: worker.to_string(),
                 from,
                 to,
