@@ -18,6 +18,14 @@
 //!   its generated-token counter did not move between two reports while it reported running
 //!   requests (or waiting ones). Progress, an empty pile, or the evidence going away clears it.
 //!
+//! - **Unresponsive**: the worker takes requests and answers none, while looking healthy — its
+//!   probes pass and its metrics report it idle. This gateway has held requests on it with no byte
+//!   from any of them for `unresponsive`, and over the same span at least two of the engine's own
+//!   reports counted fewer running and waiting requests than this gateway had unanswered on it:
+//!   the engine does not even know it holds them. A busy engine doing long non-streaming work
+//!   reports them running, so it is not caught. A first byte, or a report that accounts for
+//!   them, clears it.
+//!
 //! Unreachable wins over wedged: a wedged worker whose link then fails is judged gone.
 
 use std::fmt;
@@ -31,7 +39,8 @@ pub const WEDGE_CAP: Duration = Duration::from_secs(120);
 /// A pile of streams this deep is evidence by itself.
 pub const DEEP_PILE: u32 = 4;
 
-/// The thresholds (`--worker-stall-secs`, `--worker-wedge-secs`, `--worker-stale-secs`).
+/// The thresholds (`--worker-stall-secs`, `--worker-wedge-secs`, `--worker-stale-secs`,
+/// `--worker-unresponsive-secs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LivenessConfig {
     /// Silence needed before a transport failure vetoes (0: the first failure does).
@@ -40,6 +49,8 @@ pub struct LivenessConfig {
     pub wedge: Duration,
     /// Total silence with requests held that vetoes; zero disables the rule.
     pub stale: Duration,
+    /// Unanswered requests the engine does not account for, for this long, veto; zero disables.
+    pub unresponsive: Duration,
 }
 
 impl Default for LivenessConfig {
@@ -48,6 +59,7 @@ impl Default for LivenessConfig {
             stall: Duration::from_secs(2),
             wedge: Duration::from_secs(3),
             stale: Duration::from_secs(15),
+            unresponsive: Duration::from_secs(5),
         }
     }
 }
@@ -66,16 +78,19 @@ pub enum LivenessVeto {
     WedgedPile,
     /// The engine's own token counter stood still while it reported running requests.
     EngineSilent,
+    /// Requests held unanswered that the engine's own reports do not account for.
+    Unresponsive,
 }
 
 impl LivenessVeto {
-    /// The `reason` label: `unreachable` or `wedged`.
+    /// The `reason` label: `unreachable`, `wedged` or `unresponsive`.
     pub fn reason(self) -> &'static str {
         match self {
             LivenessVeto::Unreachable | LivenessVeto::Stale => "unreachable",
             LivenessVeto::WedgedQueue | LivenessVeto::WedgedPile | LivenessVeto::EngineSilent => {
                 "wedged"
             }
+            LivenessVeto::Unresponsive => "unresponsive",
         }
     }
 }
@@ -88,6 +103,9 @@ impl fmt::Display for LivenessVeto {
             LivenessVeto::WedgedQueue => "a waiting queue and no token",
             LivenessVeto::WedgedPile => "a growing or deep pile of streams and no token",
             LivenessVeto::EngineSilent => "its token counter stood still with requests running",
+            LivenessVeto::Unresponsive => {
+                "requests held unanswered that its own reports do not account for"
+            }
         })
     }
 }
@@ -171,6 +189,26 @@ pub struct Observed {
     pub engine_silent: bool,
     /// How long the prompts in flight may still need in prefill.
     pub prefill_allowance: Duration,
+    /// This gateway's unanswered requests against the engine's reports.
+    pub unanswered: Unanswered,
+}
+
+/// What the unresponsive rule reads.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Unanswered {
+    /// Since when this gateway has held requests on the worker with no byte from any of them.
+    pub since: Option<Instant>,
+    /// Since when every load report counted fewer running and waiting requests than this gateway
+    /// had unanswered on the worker at that report.
+    pub short_since: Option<Instant>,
+    /// The reports of that streak.
+    pub short_reports: u32,
+}
+
+/// Whether a report counts fewer requests than this gateway holds unanswered: a report that does
+/// not account for them.
+pub fn report_short(running: u64, waiting: u64, unanswered: u64) -> bool {
+    running + waiting < unanswered
 }
 
 /// The veto, if any, that `o` calls for at `now`. `prev` is the veto in force, which the stale
@@ -190,6 +228,9 @@ pub fn judge(
     let stale = (o.in_flight > 0 && timed_out_since_contact) || prev == Some(LivenessVeto::Stale);
     if !cfg.stale.is_zero() && stale && silence >= cfg.stale {
         return Some(LivenessVeto::Stale);
+    }
+    if unresponsive(&o.unanswered, cfg.unresponsive, now) {
+        return Some(LivenessVeto::Unresponsive);
     }
     if cfg.wedge.is_zero() {
         return None;
@@ -213,6 +254,18 @@ pub fn judge(
     }
 }
 
+/// The unresponsive rule: unanswered for `bound`, and for as long every report — two at least —
+/// fell short of them. Zero `bound` disables it.
+fn unresponsive(u: &Unanswered, bound: Duration, now: Instant) -> bool {
+    let (Some(since), Some(short_since)) = (u.since, u.short_since) else {
+        return false;
+    };
+    !bound.is_zero()
+        && u.short_reports >= 2
+        && now.saturating_duration_since(since) >= bound
+        && now.saturating_duration_since(short_since) >= bound
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +274,7 @@ mod tests {
         stall: Duration::from_secs(2),
         wedge: Duration::from_secs(3),
         stale: Duration::from_secs(15),
+        unresponsive: Duration::from_secs(5),
     };
 
     fn quiet(now: Instant) -> Observed {
@@ -235,7 +289,86 @@ mod tests {
             queue: None,
             engine_silent: false,
             prefill_allowance: Duration::ZERO,
+            unanswered: Unanswered::default(),
         }
+    }
+
+    #[test]
+    fn requests_the_engine_does_not_account_for_veto_it_as_unresponsive() {
+        let t0 = Instant::now();
+        let hung = Observed {
+            in_flight: 3,
+            unanswered: Unanswered {
+                since: Some(t0),
+                short_since: Some(t0 + secs(1)),
+                short_reports: 2,
+            },
+            ..quiet(t0)
+        };
+        assert_eq!(
+            judge(None, &hung, &CFG, t0 + secs(5)),
+            None,
+            "not a whole bound of short reports yet"
+        );
+        assert_eq!(
+            judge(None, &hung, &CFG, t0 + secs(6)),
+            Some(LivenessVeto::Unresponsive)
+        );
+        let one_report = Observed {
+            unanswered: Unanswered {
+                short_reports: 1,
+                ..hung.unanswered
+            },
+            ..hung
+        };
+        assert_eq!(
+            judge(None, &one_report, &CFG, t0 + secs(60)),
+            None,
+            "two reports at least"
+        );
+        let answered = Observed {
+            unanswered: Unanswered {
+                since: Some(t0 + secs(58)),
+                ..hung.unanswered
+            },
+            ..hung
+        };
+        assert_eq!(
+            judge(
+                Some(LivenessVeto::Unresponsive),
+                &answered,
+                &CFG,
+                t0 + secs(60)
+            ),
+            None,
+            "a byte two seconds ago lifts it"
+        );
+        let accounted = Observed {
+            unanswered: Unanswered {
+                short_since: None,
+                short_reports: 0,
+                ..hung.unanswered
+            },
+            ..hung
+        };
+        assert_eq!(
+            judge(None, &accounted, &CFG, t0 + secs(60)),
+            None,
+            "a busy engine reporting them running is not unresponsive"
+        );
+        let off = LivenessConfig {
+            unresponsive: Duration::ZERO,
+            ..CFG
+        };
+        assert_eq!(judge(None, &hung, &off, t0 + secs(60)), None);
+    }
+
+    #[test]
+    fn a_report_is_short_when_it_counts_fewer_than_we_hold() {
+        assert!(report_short(0, 0, 3));
+        assert!(report_short(1, 1, 3));
+        assert!(!report_short(2, 1, 3));
+        assert!(!report_short(5, 0, 3), "other gateways' requests count too");
     }
 
     fn secs(s: u64) -> Duration {

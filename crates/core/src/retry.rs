@@ -8,7 +8,9 @@
 //! said explicitly that it is at capacity (429 or 529) and did nothing; or the worker answered
 //! with an error status (500, 502, 503, 504 by default) — it has finished with the request, so
 //! nothing runs twice, and a sick worker that fails part of its requests would otherwise hand
-//! each of those failures to a client. A timeout is not retried (the worker may still be
+//! each of those failures to a client; or the worker was judged unresponsive while the request
+//! waited (see `liveness`: its engine's reports did not account for the request, so nobody is
+//! working on it). A timeout is not retried (the worker may still be
 //! working), nor is any other answer. Everything after the first byte reached the client is
 //! final.
 //!
@@ -29,6 +31,9 @@ pub enum AttemptFailure {
     /// The worker answered an error status it is done with (a configured 5xx), before any byte
     /// reached the client.
     ServerError,
+    /// The worker was judged unresponsive while the request waited: its engine's own reports did
+    /// not account for the request, so no one is working on it.
+    Unresponsive,
     /// Anything else (a timeout): the worker may still be doing the work.
     Other,
 }

@@ -32,6 +32,7 @@ fn reason(view: &Value) -> Option<&'static str> {
     match view["vetoes"]["liveness"].as_str()? {
         "unreachable" | "stale" => Some("unreachable"),
         "wedged_queue" | "wedged_pile" | "engine_silent" => Some("wedged"),
+        "unresponsive" => Some("unresponsive"),
         other => panic!("an unknown liveness veto: {other}"),
     }
 }
@@ -182,4 +183,44 @@ async fn a_crashed_engine_is_unreachable_before_its_health_checks_demote_it() {
     until_vetoed(&s, &id, "re-admitted on contact", None).await;
     let got = spread(&s, 4).await;
     assert!(got[0] > 0, "{got:?}");
+}
+
+#[tokio::test]
+async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_requests_go_elsewhere(
+) {
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        fast(c);
+        c.liveness.unresponsive = Duration::from_millis(300);
+    })
+    .await;
+    let id = s.worker_id(0).await;
+    let hung = s.sims.engine(0).unwrap();
+    // It takes requests and never steps; its health passes and its reports say it holds nothing.
+    hung.fault(Fault::Freeze).await.unwrap();
+    hung.fault(Fault::Report {
+        rank: None,
+        waiting: Some(0),
+        running: Some(0),
+        kv_usage: None,
+    })
+    .await
+    .unwrap();
+    let held = spawn_requests(&s, 4, 1, false); // two land on the hung engine
+    let view = until_vetoed(&s, &id, "unresponsive", Some("unresponsive")).await;
+    assert_eq!(view["status"], "ready", "its probes still pass");
+    for request in held {
+        let answer = bounded("the held requests", request).await.unwrap();
+        assert_eq!(answer.status, 200, "retried elsewhere: {}", answer.text());
+    }
+    assert_eq!(spread(&s, 4).await, [0, 4], "no new request for it");
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    let stalled = format!("sluice_worker_stalled{{worker=\"{id}\",reason=\"unresponsive\"}} 1");
+    assert!(metrics.contains(&stalled), "{metrics}");
+    assert!(
+        !metrics.contains("sluice_retries_total{reason=\"unresponsive\"} 0"),
+        "{metrics}"
+    );
+
+    hung.fault(Fault::Clear).await.unwrap();
+    until_vetoed(&s, &id, "re-admitted", None).await;
 }

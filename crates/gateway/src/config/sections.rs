@@ -128,6 +128,7 @@ impl Settings {
             stall: seconds("worker-stall-secs", self.worker_stall_secs)?,
             wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
             stale: seconds("worker-stale-secs", self.worker_stale_secs)?,
+            unresponsive: seconds("worker-unresponsive-secs", self.worker_unresponsive_secs)?,
         })
     }
 }

@@ -356,6 +356,14 @@ pub struct Settings {
     #[arg(long, default_value_t = 15.0)]
     pub worker_stale_secs: f64,
 
+    /// A worker that this gateway has held requests on for this long with no byte from any,
+    /// while its own load reports (two at least, over the same span) count fewer running and
+    /// waiting requests than that, is vetoed as `unresponsive`: it looks healthy and serves
+    /// nobody. The requests its engine does not account for are retried elsewhere, within the
+    /// retry budget. 0 turns the rule off.
+    #[arg(long, default_value_t = 5.0)]
+    pub worker_unresponsive_secs: f64,
+
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]
     pub shutdown_grace_period_secs: f64,

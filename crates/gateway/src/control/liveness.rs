@@ -43,6 +43,7 @@ fn observe(worker: &Worker, seen: &mut Seen) -> Observed {
             worker.traffic.pending_prefill_tokens(),
             heard.prefill_rate,
         ),
+        unanswered: heard.unanswered,
     }
 }
 
@@ -85,6 +86,16 @@ fn changed(
     now: Instant,
 ) {
     worker.vetoes.set_liveness(next);
+    if next == Some(LivenessVeto::Unresponsive) {
+        // The requests its engine does not account for may go elsewhere (the forward stage
+        // decides, within its retry rules): as many as the engine's last report fell short by.
+        let accounted = worker
+            .vetoes
+            .load()
+            .map_or(0, |l| l.report.running() + l.report.waiting());
+        let unaccounted = worker.traffic.pending_requests().saturating_sub(accounted);
+        worker.vetoes.release_unanswered(unaccounted);
+    }
     let silent_ms = now.saturating_duration_since(o.last_contact).as_millis() as u64;
     let quiet_ms = now.saturating_duration_since(o.last_progress).as_millis() as u64;
     match next {

@@ -83,6 +83,7 @@ impl Packed for Option<LivenessVeto> {
         Some(LivenessVeto::WedgedQueue),
         Some(LivenessVeto::WedgedPile),
         Some(LivenessVeto::EngineSilent),
+        Some(LivenessVeto::Unresponsive),
     ];
 }
 
@@ -128,6 +129,18 @@ impl AtomicInstant {
 
     pub fn store(&self, at: Instant) {
         self.nanos.store(self.nanos(at), Ordering::Relaxed);
+    }
+
+    /// Holds no instant any more.
+    pub fn clear(&self) {
+        self.nanos.store(0, Ordering::Relaxed);
+    }
+
+    /// Stores `at` only if it holds none.
+    pub fn set_if_none(&self, at: Instant) {
+        let _ =
+            self.nanos
+                .compare_exchange(0, self.nanos(at), Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// Keeps the later of what it holds and `at`, so writers racing from several tasks can only
@@ -181,13 +194,14 @@ mod tests {
             | LivenessVeto::Stale
             | LivenessVeto::WedgedQueue
             | LivenessVeto::WedgedPile
-            | LivenessVeto::EngineSilent => true,
+            | LivenessVeto::EngineSilent
+            | LivenessVeto::Unresponsive => true,
         };
         assert!(Option::<LivenessVeto>::ALL
             .iter()
             .flatten()
             .all(|v| listed(*v)));
-        assert_eq!(Option::<LivenessVeto>::ALL.len(), 6);
+        assert_eq!(Option::<LivenessVeto>::ALL.len(), 7);
     }
 
     #[tokio::test(start_paused = true)]

@@ -64,13 +64,13 @@ impl Collector for FleetCollector {
         }
         let mut family = encoder.encode_descriptor(
             "worker_stalled",
-            "1 while a worker is vetoed by liveness, by reason (unreachable, wedged)",
+            "1 while a worker is vetoed by liveness, by reason (unreachable, wedged, unresponsive)",
             None,
             MetricType::Gauge,
         )?;
         for w in &snapshot.workers {
             let vetoed = w.vetoes.liveness().map(|v| v.reason());
-            for reason in ["unreachable", "wedged"] {
+            for reason in ["unreachable", "wedged", "unresponsive"] {
                 let labels = [("worker", w.id.as_str()), ("reason", reason)];
                 let value = i64::from(vetoed == Some(reason));
                 ConstGauge::new(value).encode(family.encode_family(&labels)?)?;

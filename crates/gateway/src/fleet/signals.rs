@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_core::liveness::prefill_rate;
+use sluice_core::liveness::{prefill_rate, Unanswered};
 use tokio::time::Instant;
 
 use super::atomic::AtomicInstant;
@@ -29,6 +29,12 @@ pub struct Signals {
     engine_silent: AtomicBool,
     /// Measured prefill rate, prompt tokens per second (f64 bits; 0: not measured yet).
     prefill_rate: AtomicU64,
+    /// Since when this gateway has held requests on it with no byte from any (moved by `Lease`).
+    unanswered_since: AtomicInstant,
+    /// Since when every load report fell short of this gateway's unanswered requests, and how
+    /// many reports did (the load monitor).
+    short_since: AtomicInstant,
+    short_reports: AtomicU32,
 }
 
 impl Default for Signals {
@@ -41,6 +47,9 @@ impl Default for Signals {
             pile: AtomicU32::new(0),
             engine_silent: AtomicBool::new(false),
             prefill_rate: AtomicU64::new(0),
+            unanswered_since: AtomicInstant::none(),
+            short_since: AtomicInstant::none(),
+            short_reports: AtomicU32::new(0),
         }
     }
 }
@@ -58,6 +67,7 @@ pub struct Heard {
     pub engine_silent: bool,
     /// Prompt tokens per second; 0 until measured.
     pub prefill_rate: f64,
+    pub unanswered: Unanswered,
 }
 
 impl Signals {
@@ -107,6 +117,38 @@ impl Signals {
             });
     }
 
+    /// This gateway's unanswered requests on it went from none to some at `at`.
+    pub(crate) fn unanswered_from(&self, at: Instant) {
+        self.unanswered_since.set_if_none(at);
+    }
+
+    /// A first byte arrived at `at`, leaving `still` of this gateway's requests unanswered: the
+    /// worker answers, so the wait is counted afresh from here.
+    pub(crate) fn answered(&self, at: Instant, still: u64) {
+        if still > 0 {
+            self.unanswered_since.store(at);
+        } else {
+            self.unanswered_since.clear();
+        }
+    }
+
+    /// No request of this gateway's is unanswered on it any more.
+    pub(crate) fn none_unanswered(&self) {
+        self.unanswered_since.clear();
+    }
+
+    /// A load report at `at` did (`short`) or did not fall short of this gateway's unanswered
+    /// requests; `None`: a poll with no report, no opinion.
+    pub fn report_judged(&self, short: Option<bool>, at: Instant) {
+        if short == Some(true) {
+            self.short_since.set_if_none(at);
+            self.short_reports.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.short_since.clear();
+            self.short_reports.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// The load monitor's finding on the engine's token counter.
     pub fn set_engine_silent(&self, silent: bool) {
         self.engine_silent.store(silent, Ordering::Relaxed);
@@ -124,6 +166,11 @@ impl Signals {
             pile: self.pile(),
             engine_silent: self.engine_silent.load(Ordering::Relaxed),
             prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
+            unanswered: Unanswered {
+                since: self.unanswered_since.load(),
+                short_since: self.short_since.load(),
+                short_reports: self.short_reports.load(Ordering::Relaxed),
+            },
         }
     }
 }

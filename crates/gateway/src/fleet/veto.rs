@@ -51,6 +51,10 @@ pub struct Vetoes {
     /// Pending requests at which the load monitor is asked for an early poll; `u64::MAX`: none.
     early_poll_at: AtomicU64,
     early_poll: tokio::sync::Notify,
+    /// Wakes the requests waiting for this worker's answer when it is judged unresponsive; as
+    /// many as `give_ups` say may then leave.
+    unanswered: tokio::sync::Notify,
+    give_ups: AtomicU64,
     busy: AtomicBool,
     /// Until when its own at-capacity answer keeps it out (the forward stage).
     at_capacity_until: AtomicInstant,
@@ -67,6 +71,8 @@ impl Default for Vetoes {
             queue_ceiling: AtomicU64::new(0),
             early_poll_at: AtomicU64::new(u64::MAX),
             early_poll: tokio::sync::Notify::new(),
+            unanswered: tokio::sync::Notify::new(),
+            give_ups: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             at_capacity_until: AtomicInstant::none(),
             liveness: AtomicEnum::default(),
@@ -125,6 +131,26 @@ impl Vetoes {
     /// Resolves when a request asked for an early poll (`pending_rose`).
     pub(crate) async fn early_poll_wanted(&self) {
         self.early_poll.notified().await;
+    }
+
+    /// Lets `n` of the requests waiting for this worker's answer (`given_up`) go elsewhere.
+    pub(crate) fn release_unanswered(&self, n: u64) {
+        self.give_ups.store(n, Ordering::Release);
+        self.unanswered.notify_waiters();
+    }
+
+    /// Resolves when this request, waiting for the worker's answer, may give up on it: the worker
+    /// was judged unresponsive and this request got one of the places to leave.
+    pub async fn given_up(&self) {
+        loop {
+            self.unanswered.notified().await;
+            let took = self
+                .give_ups
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            if took.is_ok() {
+                return;
+            }
+        }
     }
 
     pub fn overloaded(&self) -> bool {

@@ -306,6 +306,9 @@ impl Lease {
         self.worker
             .vetoes
             .pending_rose(before, before + self.weight);
+        if before == 0 {
+            self.worker.signals.unanswered_from(Instant::now());
+        }
         self.prefill = prompt_tokens;
         self.worker
             .traffic
@@ -317,16 +320,16 @@ impl Lease {
     /// prompt is no longer waiting.
     pub fn first_byte_after(&mut self, ttft: std::time::Duration) {
         self.worker.signals.prefill_sample(self.prefill, ttft);
+        if let Some(still) = self.no_longer_pending() {
+            self.worker.signals.answered(Instant::now(), still);
+        }
         self.first_byte();
     }
 
-    /// The worker answered: the prompt is no longer waiting for prefill.
+    /// The worker answered (or the request ended): the prompt is no longer waiting for prefill.
     pub fn first_byte(&mut self) {
-        if std::mem::take(&mut self.pending) {
-            self.worker
-                .traffic
-                .pending_requests
-                .fetch_sub(self.weight, Ordering::Relaxed);
+        if self.no_longer_pending() == Some(0) {
+            self.worker.signals.none_unanswered();
         }
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {
@@ -335,6 +338,19 @@ impl Lease {
                 .pending_prefill
                 .fetch_sub(tokens, Ordering::Relaxed);
         }
+    }
+
+    /// Takes the request out of the worker's pending count, if it was in it: how many remain.
+    fn no_longer_pending(&mut self) -> Option<u64> {
+        if !std::mem::take(&mut self.pending) {
+            return None;
+        }
+        let before = self
+            .worker
+            .traffic
+            .pending_requests
+            .fetch_sub(self.weight, Ordering::Relaxed);
+        Some(before.saturating_sub(self.weight))
     }
 
     pub fn worker(&self) -> &Arc<Worker> {

@@ -140,7 +140,26 @@ impl Forwarder {
             at.deadline,
             self.upstream.send(worker.endpoint.http2, upstream_request),
         );
-        match sent.await {
+        tokio::pin!(sent);
+        let given_up = worker.vetoes.given_up();
+        tokio::pin!(given_up);
+        let mut may_give_up = true;
+        let sent = loop {
+            tokio::select! {
+                sent = &mut sent => break sent,
+                () = &mut given_up, if may_give_up => {
+                    // Judged unresponsive while this waited: go elsewhere if allowed (dropping
+                    // the attempt closes its connection), else keep waiting here.
+                    if self.may_retry(AttemptFailure::Unresponsive, &at, &lease) {
+                        lease.settle(Outcome::Failure);
+                        self.count_upstream_error(&lease, "unresponsive");
+                        return Tried::Retry(worker.key, AttemptFailure::Unresponsive);
+                    }
+                    may_give_up = false;
+                }
+            }
+        };
+        match sent {
             Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
             Ok(Ok(response)) => {
                 worker.signals.contact(Instant::now());
@@ -200,6 +219,7 @@ impl Forwarder {
             AttemptFailure::AtCapacity => "at_capacity",
             AttemptFailure::Dropped => "dropped",
             AttemptFailure::ServerError => "status",
+            AttemptFailure::Unresponsive => "unresponsive",
             _ => "connect",
         };
         self.metrics

@@ -93,7 +93,13 @@ pub struct UpstreamErrorLabels {
 }
 
 /// Why a request was retried.
-pub const RETRY_REASONS: [&str; 4] = ["connect", "dropped", "at_capacity", "status"];
+pub const RETRY_REASONS: [&str; 5] = [
+    "connect",
+    "dropped",
+    "at_capacity",
+    "status",
+    "unresponsive",
+];
 
 /// The moves a circuit makes.
 const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
@@ -105,7 +111,14 @@ const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
 
 /// `connect`, `reset` (before headers), `timeout`, `stream` (mid-body), `status` (a retryable
 /// error status before any byte).
-pub const UPSTREAM_ERROR_KINDS: [&str; 5] = ["connect", "reset", "timeout", "stream", "status"];
+pub const UPSTREAM_ERROR_KINDS: [&str; 6] = [
+    "connect",
+    "reset",
+    "timeout",
+    "stream",
+    "status",
+    "unresponsive",
+];
 
 /// Every metric family of one gateway.
 #[derive(Debug)]

@@ -1,7 +1,7 @@
 //! What a poll means: the report (or its absence) turned into the worker's overload, busy and
 //! engine-silence verdicts, published in its vetoes and gauges and logged when they change.
 
-use sluice_core::liveness::{engine_silent, stalled_since, Reading};
+use sluice_core::liveness::{engine_silent, report_short, stalled_since, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{overload_verdict, worker_busy, QueueGate, RankActivity};
 use tokio::time::Instant;
@@ -54,11 +54,17 @@ impl Control {
                 }
                 tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
                 worker.signals.set_engine_silent(false);
+                worker.signals.report_judged(None, now);
                 fleet.load_cleared(worker, "a poll gave no report");
                 return;
             }
         };
         worker.signals.contact(now);
+        let unanswered = worker.traffic.pending_requests();
+        worker.signals.report_judged(
+            Some(report_short(report.running(), report.waiting(), unanswered)),
+            now,
+        );
         let silent_since = self.engine_silent_since(worker, &report, now);
         let ceilings = self
             .settings
