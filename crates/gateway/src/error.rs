@@ -97,6 +97,10 @@ pub enum GatewayError {
     /// `--max-buffered-body-bytes`: the request bodies held at once fill the gateway's budget.
     #[error("The gateway is holding as many request bodies as it may; retry shortly")]
     BodyBuffersFull,
+    #[error("The request URL is longer than the limit of {limit} bytes")]
+    UriTooLong { limit: usize },
+    #[error("The request headers are larger than the limit of {fields} fields or {bytes} bytes")]
+    HeadersTooLarge { fields: usize, bytes: usize },
     #[error("Unknown request URL: {method} {path}")]
     UnknownRoute { method: String, path: String },
     /// The router adds the `Allow` header.
@@ -167,6 +171,8 @@ impl GatewayError {
                 StatusCode::NOT_FOUND
             }
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyReadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             WorkerExists { .. } => StatusCode::CONFLICT,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -203,6 +209,8 @@ impl GatewayError {
             BodyReadTimeout { .. } => "body_read_timeout",
             BodyBuffersFull => "request_buffers_full",
             UnknownRoute { .. } => "unknown_url",
+            UriTooLong { .. } => "uri_too_long",
+            HeadersTooLarge { .. } => "request_headers_too_large",
             MethodNotAllowed { .. } => "method_not_allowed",
             InvalidApiKey => "invalid_api_key",
             AdminDisabled => "admin_api_disabled",

@@ -367,3 +367,27 @@ async fn request_bodies_held_at_once_are_bounded() {
     assert_eq!(bounded("the held one", held).await.unwrap().status, 200);
     assert_eq!(s.chat(&body).await.status, 200, "its bytes were given back");
 }
+
+#[tokio::test]
+async fn a_long_url_or_too_many_headers_get_the_openai_error_shape() {
+    let s = setup().await;
+    let long = s.url(&format!("/v1/models?q={}", "x".repeat(10 * 1024)));
+    let a = get(&s.client, &long).await;
+    assert_error(&a, 414, "uri_too_long", None);
+
+    let names: Vec<String> = (0..150).map(|i| format!("x-extra-{i}")).collect();
+    let headers: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    let a = send(&s.client, "GET", &s.url("/v1/models"), None, &headers).await;
+    assert_error(&a, 431, "request_headers_too_large", None);
+
+    let big = "y".repeat(100 * 1024);
+    let a = send(
+        &s.client,
+        "GET",
+        &s.url("/v1/models"),
+        None,
+        &[("x-big", big.as_str())],
+    )
+    .await;
+    assert_error(&a, 431, "request_headers_too_large", None);
+}

@@ -19,7 +19,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use axum::http::Request;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -28,6 +32,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tower::Service;
 use tracing::debug;
+
+use crate::error::GatewayError;
 
 /// The bounds of the connections one listener serves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,7 +63,9 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read);
+        .header_read_timeout(limits.header_read)
+        .max_headers(HYPER_MAX_HEADERS)
+        .max_buf_size(HYPER_MAX_BUF);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -114,6 +122,64 @@ async fn no_first_request(seen: &AtomicBool, within: Duration) {
     }
 }
 
+/// The longest request target (path and query) served; hyper itself refuses past 64 KiB, with an
+/// empty answer.
+const MAX_URI_BYTES: usize = 8 * 1024;
+/// The most header fields and header bytes a request may carry; hyper's own, higher limits
+/// (`HYPER_MAX_HEADERS`, `HYPER_MAX_BUF`) answer past them with an empty 431.
+const MAX_HEADERS: usize = 100;
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+const HYPER_MAX_HEADERS: usize = 256;
+const HYPER_MAX_BUF: usize = 512 * 1024;
+
+/// The refusal a request head calls for, if any: 414 or 431, in the OpenAI error shape like every
+/// other refusal (hyper's own would be empty).
+fn head_refusal<B>(request: &Request<B>) -> Option<GatewayError> {
+    let uri = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    if uri > MAX_URI_BYTES {
+        return Some(GatewayError::UriTooLong {
+            limit: MAX_URI_BYTES,
+        });
+    }
+    let headers = request.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return Some(GatewayError::HeadersTooLarge {
+            fields: MAX_HEADERS,
+            bytes: MAX_HEADER_BYTES,
+        });
+    }
+    None
+}
+
+/// The router's answer, or a refusal made before it.
+enum Answer<F> {
+    Routed(F),
+    Refused(Option<Response>),
+}
+
+impl<F, E> Future for Answer<F>
+where
+    F: Future<Output = Result<Response, E>> + Unpin,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut *self {
+            Answer::Routed(routed) => Pin::new(routed).poll(cx),
+            Answer::Refused(refusal) => Poll::Ready(Ok(refusal
+                .take()
+                .unwrap_or_else(|| GatewayError::BodyUnreadable.into_response()))),
+        }
+    }
+}
+
 /// The router, noting that a connection's first request arrived.
 #[derive(Clone)]
 struct FirstRequest {
@@ -123,11 +189,12 @@ struct FirstRequest {
 
 impl<B> Service<Request<B>> for FirstRequest
 where
-    Router: Service<Request<B>>,
+    Router: Service<Request<B>, Response = Response>,
+    <Router as Service<Request<B>>>::Future: Unpin,
 {
-    type Response = <Router as Service<Request<B>>>::Response;
+    type Response = Response;
     type Error = <Router as Service<Request<B>>>::Error;
-    type Future = <Router as Service<Request<B>>>::Future;
+    type Future = Answer<<Router as Service<Request<B>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         <Router as Service<Request<B>>>::poll_ready(&mut self.inner, cx)
@@ -137,6 +204,9 @@ where
         if !self.seen.load(Ordering::Relaxed) {
             self.seen.store(true, Ordering::Release);
         }
-        self.inner.call(request)
+        match head_refusal(&request) {
+            Some(refusal) => Answer::Refused(Some(refusal.into_response())),
+            None => Answer::Routed(self.inner.call(request)),
+        }
     }
 }
