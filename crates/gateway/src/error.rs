@@ -97,6 +97,9 @@ pub enum GatewayError {
     /// `--max-buffered-body-bytes`: the request bodies held at once fill the gateway's budget.
     #[error("The gateway is holding as many request bodies as it may; retry shortly")]
     BodyBuffersFull,
+    /// hyper could not parse the request head (see `http::shaped`).
+    #[error("The request is not valid HTTP")]
+    MalformedRequest,
     #[error("The request URL is longer than the limit of {limit} bytes")]
     UriTooLong { limit: usize },
     #[error("The request headers are larger than the limit of {fields} fields or {bytes} bytes")]
@@ -172,6 +175,7 @@ impl GatewayError {
             }
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            MalformedRequest => StatusCode::BAD_REQUEST,
             HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BodyReadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             WorkerExists { .. } => StatusCode::CONFLICT,
@@ -210,6 +214,7 @@ impl GatewayError {
             BodyBuffersFull => "request_buffers_full",
             UnknownRoute { .. } => "unknown_url",
             UriTooLong { .. } => "uri_too_long",
+            MalformedRequest => "invalid_request",
             HeadersTooLarge { .. } => "request_headers_too_large",
             MethodNotAllowed { .. } => "method_not_allowed",
             InvalidApiKey => "invalid_api_key",

@@ -391,3 +391,41 @@ async fn a_long_url_or_too_many_headers_get_the_openai_error_shape() {
     .await;
     assert_error(&a, 431, "request_headers_too_large", None);
 }
+
+/// Sends `raw` on a fresh connection and reads the answer to its end.
+async fn raw_exchange(s: &Setup, raw: &[u8]) -> String {
+    let mut tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();
+    let _ = tcp.write_all(raw).await;
+    let mut answer = Vec::new();
+    let _ = bounded("the answer", tcp.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn what_hyper_refuses_by_itself_still_gets_the_openai_error_shape() {
+    let s = setup().await;
+    let garbage = raw_exchange(&s, b"this is not http\r\n\r\n").await;
+    assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+    assert!(
+        garbage.contains("x-sluice-error-code: invalid_request"),
+        "{garbage}"
+    );
+    assert!(
+        garbage.contains("\"code\":\"invalid_request\""),
+        "{garbage}"
+    );
+
+    let mut huge = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ".to_vec();
+    huge.resize(huge.len() + 600 * 1024, b'z');
+    huge.extend_from_slice(b"\r\n\r\n");
+    let too_large = raw_exchange(&s, &huge).await;
+    assert!(
+        too_large.starts_with("HTTP/1.1 431"),
+        "{}",
+        &too_large[..too_large.len().min(300)]
+    );
+    assert!(
+        too_large.contains("\"code\":\"request_headers_too_large\""),
+        "{too_large}"
+    );
+}

@@ -7,6 +7,7 @@ mod body;
 mod headers;
 mod request_id;
 mod server;
+mod shaped;
 
 pub use auth::Keys;
 pub use body::{declared_length, discard, read_body, BodyLimits, Buffered};

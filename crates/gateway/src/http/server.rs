@@ -33,6 +33,7 @@ use tokio::sync::{watch, Semaphore};
 use tower::Service;
 use tracing::debug;
 
+use super::shaped::Shaped;
 use crate::error::GatewayError;
 
 /// The bounds of the connections one listener serves.
@@ -102,7 +103,8 @@ pub async fn serve(
         let stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let io = TokioIo::new(Shaped::new(stream, first.clone()));
+            let connection = builder.serve_connection_with_upgrades(io, service);
             tokio::select! {
                 _ = connection => {}
                 () = stopped(stop) => {}
@@ -129,8 +131,8 @@ const MAX_URI_BYTES: usize = 8 * 1024;
 /// (`HYPER_MAX_HEADERS`, `HYPER_MAX_BUF`) answer past them with an empty 431.
 const MAX_HEADERS: usize = 100;
 const MAX_HEADER_BYTES: usize = 64 * 1024;
-const HYPER_MAX_HEADERS: usize = 256;
-const HYPER_MAX_BUF: usize = 512 * 1024;
+pub(super) const HYPER_MAX_HEADERS: usize = 256;
+pub(super) const HYPER_MAX_BUF: usize = 512 * 1024;
 
 /// The refusal a request head calls for, if any: 414 or 431, in the OpenAI error shape like every
 /// other refusal (hyper's own would be empty).
