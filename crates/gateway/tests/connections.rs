@@ -80,3 +80,43 @@ async fn a_dripping_body_is_cut_with_408() {
     assert!(said.contains("\"code\":\"body_read_timeout\""), "{said}");
     assert_eq!(s.received(), vec![0]);
 }
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_but_not_while_a_stream_runs() {
+    use http_body_util::BodyExt;
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        c.header_read_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();
+    let (mut send, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    // About three seconds of tokens: longer than the idle bound, and not cut by it.
+    let body = r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":300,"ignore_eos":true,"stream":true}"#;
+    let request = http::Request::post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let response = bounded("the answer", send.send_request(request))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = bounded("the stream", response.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"),
+        "the stream ran to its end"
+    );
+    assert!(!connection.is_finished(), "open while the stream ran");
+    let closed = bounded("the idle connection closed", connection)
+        .await
+        .unwrap();
+    assert!(closed.is_ok(), "closed with a GOAWAY, not cut: {closed:?}");
+}

@@ -5,6 +5,7 @@
 mod auth;
 mod body;
 mod headers;
+mod idle;
 mod request_id;
 mod server;
 mod shaped;

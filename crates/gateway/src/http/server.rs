@@ -10,8 +10,9 @@
 //!   nothing. (hyper's own header timeout only starts once the protocol is known.)
 //! - **headers and idle keep-alive** (HTTP/1.1): hyper's header timeout, `header_read`, runs
 //!   from the end of one response to the next complete head.
-//! - **idle HTTP/2**: a ping every `h2_keepalive`; a peer that does not answer one within it is
-//!   gone.
+//! - **idle HTTP/2**: closed once no request has been in progress for `header_read`, as an idle
+//!   HTTP/1.1 connection is (`idle`); and a ping every `h2_keepalive`, so a peer that vanished
+//!   is noticed within it.
 //! - **bodies**: the request's own reader bounds them (`--body-read-timeout-secs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +23,8 @@ use std::time::Duration;
 use std::future::Future;
 use std::pin::Pin;
 
-use axum::http::Request;
+use axum::body::Body;
+use axum::http::{Request, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -33,6 +35,7 @@ use tokio::sync::{watch, Semaphore};
 use tower::Service;
 use tracing::debug;
 
+use super::idle::{Activity, InProgress, Tracked};
 use super::shaped::Shaped;
 use crate::error::GatewayError;
 
@@ -95,9 +98,11 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let first = Arc::new(AtomicBool::new(false));
+        let activity = Arc::new(Activity::new());
         let service = TowerToHyperService::new(FirstRequest {
             inner: router.clone(),
             seen: first.clone(),
+            activity: activity.clone(),
         });
         let builder = builder.clone();
         let stop = stop.clone();
@@ -105,12 +110,23 @@ pub async fn serve(
             let _slot = slot;
             let io = TokioIo::new(Shaped::new(stream, first.clone()));
             let connection = builder.serve_connection_with_upgrades(io, service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                () = stopped(stop.clone()) => return,
+                () = no_first_request(&first, limits.header_read) => {
+                    debug!("no request head within the header read timeout; closing");
+                    return;
+                }
+                () = activity.idle_for(limits.header_read) => {
+                    debug!("HTTP/2 connection idle for the header read timeout; closing");
+                }
+            }
+            // Idle HTTP/2: a GOAWAY, so the client opens a new connection rather than fail.
+            connection.as_mut().graceful_shutdown();
             tokio::select! {
                 _ = connection => {}
                 () = stopped(stop) => {}
-                () = no_first_request(&first, limits.header_read) => {
-                    debug!("no request head within the header read timeout; closing");
-                }
             }
         });
     }
@@ -163,6 +179,8 @@ fn head_refusal<B>(request: &Request<B>) -> Option<GatewayError> {
 /// The router's answer, or a refusal made before it.
 enum Answer<F> {
     Routed(F),
+    /// An HTTP/2 request, in progress until its response body is done.
+    Tracked(F, Option<InProgress>),
     Refused(Option<Response>),
 }
 
@@ -175,6 +193,18 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut *self {
             Answer::Routed(routed) => Pin::new(routed).poll(cx),
+            Answer::Tracked(routed, progress) => {
+                let response = std::task::ready!(Pin::new(routed).poll(cx))?;
+                Poll::Ready(Ok(match progress.take() {
+                    Some(progress) => response.map(|inner| {
+                        Body::new(Tracked {
+                            inner,
+                            _progress: progress,
+                        })
+                    }),
+                    None => response,
+                }))
+            }
             Answer::Refused(refusal) => Poll::Ready(Ok(refusal
                 .take()
                 .unwrap_or_else(|| GatewayError::BodyUnreadable.into_response()))),
@@ -187,6 +217,7 @@ where
 struct FirstRequest {
     inner: Router,
     seen: Arc<AtomicBool>,
+    activity: Arc<Activity>,
 }
 
 impl<B> Service<Request<B>> for FirstRequest
@@ -208,6 +239,10 @@ where
         }
         match head_refusal(&request) {
             Some(refusal) => Answer::Refused(Some(refusal.into_response())),
+            None if request.version() == Version::HTTP_2 => {
+                let progress = self.activity.start();
+                Answer::Tracked(self.inner.call(request), Some(progress))
+            }
             None => Answer::Routed(self.inner.call(request)),
         }
     }
