@@ -38,15 +38,27 @@ fn sse(body: Body) -> axum::response::Response {
         .unwrap()
 }
 
+/// A fake engine's model list: one model, `fake`, owned by `vllm`.
+fn fake_models() -> Router {
+    Router::new().route(
+        "/v1/models",
+        routing::get(|| async {
+            axum::Json(serde_json::json!({"data":[{"id":"fake","owned_by":"vllm"}]}))
+        }),
+    )
+}
+
+/// Serves a fake engine on a free loopback port; its base URL.
+async fn serve_fake(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
 /// A fake engine: a known stream, a header echo, and a stream that dies.
 async fn fake_engine() -> String {
-    let app = Router::new()
-        .route(
-            "/v1/models",
-            routing::get(|| async {
-                axum::Json(serde_json::json!({"data":[{"id":"fake","owned_by":"vllm"}]}))
-            }),
-        )
+    let app = fake_models()
         .route(
             "/v1/chat/completions",
             routing::post(|| async {
@@ -76,10 +88,7 @@ async fn fake_engine() -> String {
                 ]))
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve_fake(app).await
 }
 
 /// An engine that spells its streams differently from the simulator, as the SSE standard allows:
@@ -93,13 +102,7 @@ async fn other_spelling_engine() -> String {
         "\n\r\n",
     ];
     let whole: String = CHUNKS.concat();
-    let app = Router::new()
-        .route(
-            "/v1/models",
-            routing::get(|| async {
-                axum::Json(serde_json::json!({"data":[{"id":"fake","owned_by":"vllm"}]}))
-            }),
-        )
+    let app = fake_models()
         .route(
             "/v1/chat/completions",
             routing::post(|| async {
@@ -119,10 +122,7 @@ async fn other_spelling_engine() -> String {
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve_fake(app).await
 }
 
 async fn gateway_over(url: String, tune: impl FnOnce(&mut Config)) -> Gateway {
