@@ -32,6 +32,10 @@ async fn every_ending_writes_its_line_and_shutdown_writes_them_out() {
     assert_eq!(ok.status, 200);
     let unknown = s.chat(&chat_body("nope", "hi", 2, false)).await;
     assert_eq!(unknown.status, 404);
+    let huge = s
+        .chat(&chat_body(&"m".repeat(100_000), "hi", 2, false))
+        .await;
+    assert_eq!(huge.status, 404);
 
     // A client leaves mid-stream.
     let stream = open_stream(&s, "a long answer", 4000).await;
@@ -71,6 +75,7 @@ async fn every_ending_writes_its_line_and_shutdown_writes_them_out() {
         [
             (200, None, false, false),
             (404, Some("model_not_found"), false, false),
+            (404, Some("model_not_found"), false, false),
             (200, None, true, true),
             (499, None, false, true),
         ],
@@ -81,7 +86,13 @@ async fn every_ending_writes_its_line_and_shutdown_writes_them_out() {
         log[1]["model"], "nope",
         "the model asked for, though unknown"
     );
-    assert_eq!(log[3]["attempts"], 1, "it had reached a worker");
+    let logged = log[2]["model"].as_str().unwrap();
+    assert!(
+        logged.len() <= 260,
+        "a 100 kB model name is logged cut: {}",
+        logged.len()
+    );
+    assert_eq!(log[4]["attempts"], 1, "it had reached a worker");
     assert!(log[0]["worker"]
         .as_str()
         .is_some_and(|w| w.starts_with('w')));
