@@ -30,7 +30,7 @@ use crate::http::{copy_request_headers, REQUEST_ID};
 use crate::metrics::{Metrics, ReasonLabel, UpstreamErrorLabels};
 use crate::route::Routed;
 use crate::stream::Answer;
-use crate::upstream::{Upstream, UpstreamRequest};
+use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 /// How long a worker's own at-capacity answer (429, 529) keeps new requests off it: about the
 /// time one of its running requests takes to free a slot.
@@ -128,90 +128,118 @@ impl Forwarder {
 
     /// One attempt on the leased worker.
     async fn attempt(&self, at: Attempt<'_>, mut lease: Lease) -> Tried {
-        let worker = lease.worker().clone();
         let request = &at.job.routed.request;
         lease.prefilling(request.prompt_tokens);
         if request.stream {
             lease.streaming();
         }
         let sent_at = Instant::now();
-        let upstream_request = build_request(&at, &lease);
+        let sent = match self.wait_for_answer(&at, &mut lease).await {
+            Ok(sent) => sent,
+            Err(given_up) => return given_up,
+        };
+        match sent {
+            Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
+            Ok(Ok(response)) => self.answered(&at, lease, response, sent_at),
+            Ok(Err(e)) => self.transport_failed(&at, lease, &e),
+        }
+    }
+
+    /// Sends the request and waits for the answer's head, until the deadline — or until the
+    /// worker is judged unresponsive and this request may go elsewhere (then the retry).
+    async fn wait_for_answer(&self, at: &Attempt<'_>, lease: &mut Lease) -> Result<Sent, Tried> {
+        let worker = lease.worker().clone();
         let sent = tokio::time::timeout_at(
             at.deadline,
-            self.upstream.send(worker.endpoint.http2, upstream_request),
+            self.upstream
+                .send(worker.endpoint.http2, build_request(at, lease)),
         );
         tokio::pin!(sent);
         let given_up = worker.vetoes.given_up();
         tokio::pin!(given_up);
         let mut may_give_up = true;
-        let sent = loop {
+        loop {
             tokio::select! {
-                sent = &mut sent => break sent,
+                sent = &mut sent => return Ok(sent),
                 () = &mut given_up, if may_give_up => {
                     // Judged unresponsive while this waited: go elsewhere if allowed (dropping
                     // the attempt closes its connection), else keep waiting here.
-                    if self.may_retry(AttemptFailure::Unresponsive, &at, &lease) {
+                    if self.may_retry(AttemptFailure::Unresponsive, at, lease) {
                         lease.settle(Outcome::Failure);
-                        self.count_upstream_error(&lease, "unresponsive");
-                        return Tried::Retry(worker.key, AttemptFailure::Unresponsive);
+                        self.count_upstream_error(lease, "unresponsive");
+                        return Err(Tried::Retry(worker.key, AttemptFailure::Unresponsive));
                     }
                     may_give_up = false;
                 }
             }
-        };
-        match sent {
-            Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
-            Ok(Ok(response)) => {
-                worker.signals.contact(Instant::now());
-                let at_capacity = matches!(response.status().as_u16(), 429 | 529);
-                if at_capacity {
-                    // The worker says it is full: keep new requests off it for a moment.
-                    worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
-                }
-                if at_capacity && self.may_retry(AttemptFailure::AtCapacity, &at, &lease) {
-                    // Not a failure of the worker: its permit is handed back unrecorded.
-                    return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
-                }
-                let status = response.status().as_u16();
-                if self.retry.status_codes.contains(&status) {
-                    // A failure of the worker, counted as one; nothing reached the client yet.
-                    lease.settle(Outcome::Failure);
-                    self.count_upstream_error(&lease, "status");
-                    if self.may_retry(AttemptFailure::ServerError, &at, &lease) {
-                        return Tried::Retry(worker.key, AttemptFailure::ServerError);
-                    }
-                }
-                Tried::Answered(Answer {
-                    response,
-                    lease,
-                    sent_at,
-                })
-            }
-            Ok(Err(e)) => {
-                // Refused or reset: the transport failed, a liveness signal.
-                worker.signals.transport_failure(Instant::now());
-                let (failure, kind) = if e.is_connect() {
-                    (AttemptFailure::Connect, "connect")
-                } else {
-                    (AttemptFailure::Dropped, "reset")
-                };
-                lease.settle(Outcome::Failure);
-                self.count_upstream_error(&lease, kind);
-                if self.may_retry(failure, &at, &lease) {
-                    return Tried::Retry(worker.key, failure);
-                }
-                Tried::Final(if at.attempts > 1 || failure == AttemptFailure::Connect {
-                    GatewayError::UpstreamUnreachable {
-                        model: at.job.routed.pool.model.clone(),
-                        attempts: at.attempts,
-                    }
-                } else {
-                    GatewayError::UpstreamFailed {
-                        worker: worker.id.clone(),
-                    }
-                })
+        }
+    }
+
+    /// The worker answered: at capacity or a retryable error status may go elsewhere; anything
+    /// else is the answer.
+    fn answered(
+        &self,
+        at: &Attempt<'_>,
+        mut lease: Lease,
+        response: UpstreamResponse,
+        sent_at: Instant,
+    ) -> Tried {
+        let worker = lease.worker().clone();
+        worker.signals.contact(Instant::now());
+        let status = response.status().as_u16();
+        let at_capacity = matches!(status, 429 | 529);
+        if at_capacity {
+            // The worker says it is full: keep new requests off it for a moment.
+            worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
+        }
+        if at_capacity && self.may_retry(AttemptFailure::AtCapacity, at, &lease) {
+            // Not a failure of the worker: its permit is handed back unrecorded.
+            return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
+        }
+        if self.retry.status_codes.contains(&status) {
+            // A failure of the worker, counted as one; nothing reached the client yet.
+            lease.settle(Outcome::Failure);
+            self.count_upstream_error(&lease, "status");
+            if self.may_retry(AttemptFailure::ServerError, at, &lease) {
+                return Tried::Retry(worker.key, AttemptFailure::ServerError);
             }
         }
+        Tried::Answered(Answer {
+            response,
+            lease,
+            sent_at,
+        })
+    }
+
+    /// Refused or reset: the transport failed (a liveness signal); retried when safe.
+    fn transport_failed(
+        &self,
+        at: &Attempt<'_>,
+        mut lease: Lease,
+        e: &hyper_util::client::legacy::Error,
+    ) -> Tried {
+        let worker = lease.worker().clone();
+        worker.signals.transport_failure(Instant::now());
+        let (failure, kind) = if e.is_connect() {
+            (AttemptFailure::Connect, "connect")
+        } else {
+            (AttemptFailure::Dropped, "reset")
+        };
+        lease.settle(Outcome::Failure);
+        self.count_upstream_error(&lease, kind);
+        if self.may_retry(failure, at, &lease) {
+            return Tried::Retry(worker.key, failure);
+        }
+        Tried::Final(if at.attempts > 1 || failure == AttemptFailure::Connect {
+            GatewayError::UpstreamUnreachable {
+                model: at.job.routed.pool.model.clone(),
+                attempts: at.attempts,
+            }
+        } else {
+            GatewayError::UpstreamFailed {
+                worker: worker.id.clone(),
+            }
+        })
     }
 
     fn count_retry(&self, failure: AttemptFailure) {
@@ -263,6 +291,12 @@ impl Forwarder {
             .inc();
     }
 }
+
+/// What waiting for an answer's head gives: the deadline passed, or the exchange's result.
+type Sent = Result<
+    Result<UpstreamResponse, hyper_util::client::legacy::Error>,
+    tokio::time::error::Elapsed,
+>;
 
 /// One attempt, and what its request and retry rules need to know.
 struct Attempt<'a> {
