@@ -17,16 +17,12 @@ use axum::http::HeaderName;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use serde::Deserialize;
-use sluice_core::breaker::{BreakerConfig, FailureRate};
+use sluice_core::breaker::BreakerConfig;
 use sluice_core::policy::Policy;
-use sluice_core::retry::Backoff;
 
 pub use settings::Settings;
 
-use checks::{
-    at_least, fraction, invalid, non_empty_keys, parse_host, positive_count, positive_seconds,
-    seconds,
-};
+use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
 
 use crate::control::{HealthConfig, LoadConfig};
 use crate::fleet::WorkerSpec;
@@ -119,64 +115,8 @@ impl Settings {
                     .map_err(|e| invalid("worker-urls", e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let retry = RetryConfig {
-            max_retries: if self.disable_retries {
-                0
-            } else {
-                self.retry_max_retries
-            },
-            backoff: Backoff {
-                initial: Duration::from_millis(self.retry_initial_backoff_ms),
-                multiplier: at_least(
-                    "retry-backoff-multiplier",
-                    self.retry_backoff_multiplier,
-                    1.0,
-                )?,
-                max: Duration::from_millis(self.retry_max_backoff_ms),
-                jitter: fraction("retry-jitter-factor", self.retry_jitter_factor)?,
-            },
-            status_codes: match self
-                .retry_status_codes
-                .iter()
-                .find(|code| !(400..=599).contains(*code))
-            {
-                Some(code) => {
-                    return Err(invalid(
-                        "retry-status-codes",
-                        format!("{code} is not an error status"),
-                    ))
-                }
-                None => self.retry_status_codes.clone(),
-            },
-            budget_percent: at_least("retry-budget-percent", self.retry_budget_percent, 0.0)?,
-            budget_min_per_sec: self.retry_budget_min_per_sec,
-        };
-        let failure_rate = (self.cb_min_requests > 0)
-            .then(|| -> Result<FailureRate, ConfigError> {
-                let rate = self.cb_failure_rate;
-                if !(rate > 0.0 && rate <= 1.0) {
-                    return Err(invalid(
-                        "cb-failure-rate",
-                        format!("{rate} is not a share of outcomes in (0, 1]"),
-                    ));
-                }
-                Ok(FailureRate {
-                    rate,
-                    min_requests: self.cb_min_requests,
-                    window: positive_seconds(
-                        "cb-window-duration-secs",
-                        self.cb_window_duration_secs,
-                    )?,
-                })
-            })
-            .transpose()?;
-        let breaker = (!self.disable_circuit_breaker).then_some(BreakerConfig {
-            failure_threshold: positive_count("cb-failure-threshold", self.cb_failure_threshold)?,
-            success_threshold: positive_count("cb-success-threshold", self.cb_success_threshold)?,
-            open_timeout: seconds("cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
-            half_open_trials: self.cb_success_threshold,
-            failure_rate,
-        });
+        let retry = self.retry()?;
+        let breaker = self.breaker()?;
         Ok(Config {
             listen: SocketAddr::new(host, self.port),
             workers,
@@ -191,26 +131,8 @@ impl Settings {
             },
             admin_reads_open: self.admin_reads_open,
             max_payload_size: self.max_payload_size,
-            max_buffered_body_bytes: {
-                let budget = self.max_buffered_body_bytes;
-                if budget < self.max_payload_size || u32::try_from(budget).is_err() {
-                    return Err(invalid(
-                        "max-buffered-body-bytes",
-                        format!(
-                            "{budget} must be at least --max-payload-size ({}) and under 4 GiB",
-                            self.max_payload_size
-                        ),
-                    ));
-                }
-                budget
-            },
-            limits: RequestLimits {
-                max_n: positive_count("max-n", self.max_n)?,
-                max_tokens: match self.max_tokens_limit {
-                    Some(n) => Some(positive_count("max-tokens-limit", n)?),
-                    None => None,
-                },
-            },
+            max_buffered_body_bytes: self.body_budget()?,
+            limits: self.request_limits()?,
             header_read_timeout: positive_seconds(
                 "header-read-timeout-secs",
                 self.header_read_timeout_secs,

@@ -130,39 +130,9 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
             },
         });
     }
-    let (max_tokens, max_tokens_param) = match fields.max_completion_tokens {
-        Some(raw) => (
-            Some(count(raw, "max_completion_tokens")?),
-            "max_completion_tokens",
-        ),
-        None => (
-            fields
-                .max_tokens
-                .map(|raw| count(raw, "max_tokens"))
-                .transpose()?,
-            "max_tokens",
-        ),
-    };
-    let n = fields
-        .n
-        .map(|raw| count(raw, "n"))
-        .transpose()?
-        .unwrap_or(1);
-    if n == 0 {
-        return Err(GatewayError::BelowMin {
-            param: "n",
-            min: 1,
-            got: 0,
-        });
-    }
-    let (model, model_null) = match fields.model {
-        Some(raw) if raw.get() == "null" => {
-            // Borrowed from `body`: its place is its distance from the body's start.
-            let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
-            (None, Some(start..start + raw.get().len()))
-        }
-        other => (other.map(|raw| string(raw, "model")).transpose()?, None),
-    };
+    let (max_tokens, max_tokens_param) = max_tokens(&fields)?;
+    let n = choices(&fields)?;
+    let (model, model_null) = model(&fields, body)?;
     Ok(RequestFacts {
         model,
         model_null,
@@ -176,6 +146,55 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
         n,
         user: fields.user.map(|raw| string(raw, "user")).transpose()?,
         prompt: prompt.get().as_bytes(),
+    })
+}
+
+/// `max_completion_tokens`, else `max_tokens`, and the name of the one given.
+fn max_tokens(fields: &Fields<'_>) -> Result<(Option<u64>, &'static str), GatewayError> {
+    Ok(match fields.max_completion_tokens {
+        Some(raw) => (
+            Some(count(raw, "max_completion_tokens")?),
+            "max_completion_tokens",
+        ),
+        None => (
+            fields
+                .max_tokens
+                .map(|raw| count(raw, "max_tokens"))
+                .transpose()?,
+            "max_tokens",
+        ),
+    })
+}
+
+/// `n`, 1 unless given; at least 1.
+fn choices(fields: &Fields<'_>) -> Result<u64, GatewayError> {
+    let n = fields
+        .n
+        .map(|raw| count(raw, "n"))
+        .transpose()?
+        .unwrap_or(1);
+    if n == 0 {
+        return Err(GatewayError::BelowMin {
+            param: "n",
+            min: 1,
+            got: 0,
+        });
+    }
+    Ok(n)
+}
+
+/// The model named, and where a `"model": null` stands in the body.
+type ModelField<'a> = (Option<Cow<'a, str>>, Option<std::ops::Range<usize>>);
+
+/// `model` as a string, or where its `null` stands in `body`.
+fn model<'a>(fields: &Fields<'a>, body: &[u8]) -> Result<ModelField<'a>, GatewayError> {
+    Ok(match fields.model {
+        Some(raw) if raw.get() == "null" => {
+            // Borrowed from `body`: its place is its distance from the body's start.
+            let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+            (None, Some(start..start + raw.get().len()))
+        }
+        other => (other.map(|raw| string(raw, "model")).transpose()?, None),
     })
 }
 

@@ -30,8 +30,8 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 use tracing::debug;
 
@@ -97,38 +97,53 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let first = Arc::new(AtomicBool::new(false));
-        let activity = Arc::new(Activity::new());
-        let service = TowerToHyperService::new(FirstRequest {
-            inner: router.clone(),
-            seen: first.clone(),
-            activity: activity.clone(),
-        });
-        let builder = builder.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let io = TokioIo::new(Shaped::new(stream, first.clone()));
-            let connection = builder.serve_connection_with_upgrades(io, service);
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => return,
-                () = stopped(stop.clone()) => return,
-                () = no_first_request(&first, limits.header_read) => {
-                    debug!("no request head within the header read timeout; closing");
-                    return;
-                }
-                () = activity.idle_for(limits.header_read) => {
-                    debug!("HTTP/2 connection idle for the header read timeout; closing");
-                }
-            }
-            // Idle HTTP/2: a GOAWAY, so the client opens a new connection rather than fail.
-            connection.as_mut().graceful_shutdown();
-            tokio::select! {
-                _ = connection => {}
-                () = stopped(stop) => {}
-            }
-        });
+        tokio::spawn(serve_connection(
+            stream,
+            router.clone(),
+            builder.clone(),
+            limits,
+            stop.clone(),
+            slot,
+        ));
+    }
+}
+
+/// One client connection, bounded as the module docs say; `slot` is its place under the cap.
+async fn serve_connection(
+    stream: TcpStream,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+    slot: OwnedSemaphorePermit,
+) {
+    let _slot = slot;
+    let first = Arc::new(AtomicBool::new(false));
+    let activity = Arc::new(Activity::new());
+    let service = TowerToHyperService::new(FirstRequest {
+        inner: router,
+        seen: first.clone(),
+        activity: activity.clone(),
+    });
+    let io = TokioIo::new(Shaped::new(stream, first.clone()));
+    let connection = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = stopped(stop.clone()) => return,
+        () = no_first_request(&first, limits.header_read) => {
+            debug!("no request head within the header read timeout; closing");
+            return;
+        }
+        () = activity.idle_for(limits.header_read) => {
+            debug!("HTTP/2 connection idle for the header read timeout; closing");
+        }
+    }
+    // Idle HTTP/2: a GOAWAY, so the client opens a new connection rather than fail.
+    connection.as_mut().graceful_shutdown();
+    tokio::select! {
+        _ = connection => {}
+        () = stopped(stop) => {}
     }
 }
 
