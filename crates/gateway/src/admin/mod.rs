@@ -65,6 +65,8 @@ impl Admin {
 pub fn routes(admin: Arc<Admin>) -> Router {
     Router::new()
         .route("/loads", get(load::loads))
+        // SMG's name for the same view.
+        .route("/get_loads", get(load::loads))
         .route("/busy_threshold", get(load::busy_get).post(load::busy_post))
         .route("/workers", get(list).post(create))
         .route(

@@ -95,7 +95,32 @@ pub fn routes(front: Arc<Front>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route(
+            "/v1/responses",
+            post(|s, r| pass_through(s, ApiRoute::Responses, r)),
+        )
+        .route(
+            "/v1/rerank",
+            post(|s, r| pass_through(s, ApiRoute::Rerank, r)),
+        )
+        .route(
+            "/v1/score",
+            post(|s, r| pass_through(s, ApiRoute::Score, r)),
+        )
+        .route(
+            "/tokenize",
+            post(|s, r| pass_through(s, ApiRoute::Tokenize, r)),
+        )
+        .route(
+            "/detokenize",
+            post(|s, r| pass_through(s, ApiRoute::Detokenize, r)),
+        )
+        .route(
+            "/generate",
+            post(|s, r| pass_through(s, ApiRoute::Generate, r)),
+        )
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_card))
         .with_state(front)
 }
 
@@ -109,6 +134,15 @@ async fn completions(State(front): State<Arc<Front>>, request: Request) -> Respo
 
 async fn embeddings(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
     openai(&front, ApiRoute::Embeddings, request).await
+}
+
+/// The routes vLLM and SGLang serve besides OpenAI's: routed by model, passed through unread.
+async fn pass_through(
+    State(front): State<Arc<Front>>,
+    route: ApiRoute,
+    request: Request,
+) -> Response<Body> {
+    openai(&front, route, request).await
 }
 
 /// One OpenAI request, from arrival to the start of its response. Its context is made here and
@@ -190,6 +224,7 @@ async fn serve(
     // by splicing the field in (the rest of the body stays byte for byte).
     let body = match (&facts.model, &facts.model_null) {
         (Some(_), _) => body.clone(),
+        _ if !route.takes_model() => body.clone(),
         (None, Some(null)) => with_model_for_null(body, null.clone(), routed.pool.model.as_str()),
         (None, None) => with_model(body, routed.pool.model.as_str()),
     };
@@ -265,21 +300,44 @@ async fn models(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response
     names.sort();
     let data: Vec<serde_json::Value> = names
         .into_iter()
-        .filter_map(|name| {
-            let pool = &snapshot.pools[name];
-            let worker = pool.workers.iter().find(|w| w.is_routable())?;
-            let card = worker.info().and_then(|info| {
-                info.models
-                    .iter()
-                    .find(|m| &m.id == name)
-                    .map(|m| m.card.clone())
-            });
-            Some(card.unwrap_or_else(
-                || serde_json::json!({"id": name, "object": "model", "owned_by": "sluice"}),
-            ))
-        })
+        .filter_map(|name| card(&snapshot, name.as_str()))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`: one model's card, as `/v1/models` lists it; 404 when no routable
+/// worker serves it.
+async fn model_card(
+    State(front): State<Arc<Front>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response<Body> {
+    if let Err(e) = front.keys.check_client(&headers) {
+        return e.into_response();
+    }
+    let snapshot = front.fleet.snapshot();
+    match card(&snapshot, &id) {
+        Some(card) => axum::Json(card).into_response(),
+        None => GatewayError::ModelNotFound {
+            model: reflected(&id),
+        }
+        .into_response(),
+    }
+}
+
+/// The card of `model` a routable worker gave, or a plain one; `None` when none serves it.
+fn card(snapshot: &crate::fleet::Snapshot, model: &str) -> Option<serde_json::Value> {
+    let pool = snapshot.pools.get(model)?;
+    let worker = pool.workers.iter().find(|w| w.is_routable())?;
+    let card = worker.info().and_then(|info| {
+        info.models
+            .iter()
+            .find(|m| m.id.as_str() == model)
+            .map(|m| m.card.clone())
+    });
+    Some(card.unwrap_or_else(
+        || serde_json::json!({"id": model, "object": "model", "owned_by": "sluice"}),
+    ))
 }
 
 #[cfg(test)]

@@ -12,32 +12,66 @@ use serde_json::value::RawValue;
 
 use crate::error::GatewayError;
 
-/// The OpenAI routes the gateway serves.
+/// The model-routed POST routes the gateway serves: OpenAI's three it checks, and the others
+/// vLLM and SGLang serve, which it routes by model and passes through unread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiRoute {
     Chat,
     Completions,
     Embeddings,
+    /// OpenAI's Responses API (vLLM).
+    Responses,
+    /// vLLM's rerank and score.
+    Rerank,
+    Score,
+    /// vLLM's and SGLang's tokenizer endpoints.
+    Tokenize,
+    Detokenize,
+    /// SGLang's native generation endpoint.
+    Generate,
 }
 
 impl ApiRoute {
-    pub const ALL: [ApiRoute; 3] = [ApiRoute::Chat, ApiRoute::Completions, ApiRoute::Embeddings];
+    pub const ALL: [ApiRoute; 9] = [
+        ApiRoute::Chat,
+        ApiRoute::Completions,
+        ApiRoute::Embeddings,
+        ApiRoute::Responses,
+        ApiRoute::Rerank,
+        ApiRoute::Score,
+        ApiRoute::Tokenize,
+        ApiRoute::Detokenize,
+        ApiRoute::Generate,
+    ];
 
     pub fn path(self) -> &'static str {
         match self {
             ApiRoute::Chat => "/v1/chat/completions",
             ApiRoute::Completions => "/v1/completions",
             ApiRoute::Embeddings => "/v1/embeddings",
+            ApiRoute::Responses => "/v1/responses",
+            ApiRoute::Rerank => "/v1/rerank",
+            ApiRoute::Score => "/v1/score",
+            ApiRoute::Tokenize => "/tokenize",
+            ApiRoute::Detokenize => "/detokenize",
+            ApiRoute::Generate => "/generate",
         }
     }
 
-    /// The field holding the prompt, which the route requires.
-    fn prompt_field(self) -> &'static str {
+    /// The field holding the prompt, which the route requires (OpenAI's three only).
+    fn required_prompt(self) -> Option<&'static str> {
         match self {
-            ApiRoute::Chat => "messages",
-            ApiRoute::Completions => "prompt",
-            ApiRoute::Embeddings => "input",
+            ApiRoute::Chat => Some("messages"),
+            ApiRoute::Completions => Some("prompt"),
+            ApiRoute::Embeddings => Some("input"),
+            _ => None,
         }
+    }
+
+    /// Whether a request without `model` may have the model chosen for it spliced in: not for
+    /// SGLang's `/generate`, whose body has no such field.
+    pub fn takes_model(self) -> bool {
+        self != ApiRoute::Generate
     }
 }
 
@@ -87,6 +121,38 @@ struct Fields<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    query: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    text_1: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+}
+
+/// The facts of a passed-through request: its model, its stream flag and `n` when it has them,
+/// the rest unread.
+fn passed_through<'a>(
+    fields: &Fields<'a>,
+    body: &[u8],
+    prompt: Option<&'a RawValue>,
+) -> Result<RequestFacts<'a>, GatewayError> {
+    let (model, model_null) = model(fields, body)?;
+    Ok(RequestFacts {
+        model,
+        model_null,
+        stream: fields
+            .stream
+            .map(|raw| boolean(raw, "stream"))
+            .transpose()?
+            .unwrap_or(false),
+        max_tokens: None,
+        max_tokens_param: "max_tokens",
+        n: 1,
+        user: None,
+        prompt: prompt.map_or(&[][..], |raw| raw.get().as_bytes()),
+    })
 }
 
 /// A field read as raw JSON with a `null` kept as itself (plain `Option` would make it `None`,
@@ -111,14 +177,22 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
     let prompt = match route {
         ApiRoute::Chat => fields.messages,
         ApiRoute::Completions => fields.prompt,
-        ApiRoute::Embeddings => fields.input,
+        ApiRoute::Embeddings | ApiRoute::Responses => fields.input,
+        ApiRoute::Rerank => fields.query,
+        ApiRoute::Score => fields.text_1,
+        ApiRoute::Tokenize => fields.prompt.or(fields.messages),
+        ApiRoute::Detokenize => fields.tokens,
+        ApiRoute::Generate => fields.text,
     };
-    let param = route.prompt_field();
+    let Some(param) = route.required_prompt() else {
+        // Passed through unread: its prompt, when there is one, only places it.
+        return passed_through(&fields, body, prompt);
+    };
     let prompt = prompt.ok_or(GatewayError::MissingParameter { param })?;
     let first = prompt.get().as_bytes().first().copied();
     let prompt_ok = match route {
         ApiRoute::Chat => first == Some(b'['),
-        ApiRoute::Completions | ApiRoute::Embeddings => matches!(first, Some(b'[' | b'"')),
+        _ => matches!(first, Some(b'[' | b'"')),
     };
     if !prompt_ok {
         return Err(GatewayError::InvalidType {
