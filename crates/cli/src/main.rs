@@ -28,13 +28,20 @@ enum Command {
     Bench(Box<sluice_bench::cli::BenchCommand>),
 }
 
-fn init_tracing(default_filter: &str) {
+/// Logs to stderr: text, coloured only on a terminal, or JSON lines.
+fn init_tracing(default_filter: &str, json: bool) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -56,15 +63,15 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", settings.to_toml()?);
                 return Ok(());
             }
-            init_tracing(&settings.log_level);
+            init_tracing(&settings.log_filter()?, settings.log_json);
             runtime()?.block_on(serve::run(settings))
         }
         Command::Sim(args) => {
-            init_tracing("info");
+            init_tracing("info", false);
             runtime()?.block_on(sim::run(*args))
         }
         Command::Bench(command) => {
-            init_tracing("info");
+            init_tracing("info", false);
             Ok(runtime()?.block_on(sluice_bench::cli::run(*command))?)
         }
     }

@@ -99,7 +99,42 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     Ok(settings)
 }
 
+/// The levels `--log-level` takes alone, and what tracing calls them (SMG's Python names too).
+const LOG_LEVELS: [(&str, &str); 8] = [
+    ("trace", "trace"),
+    ("debug", "debug"),
+    ("info", "info"),
+    ("warn", "warn"),
+    ("warning", "warn"),
+    ("error", "error"),
+    ("critical", "error"),
+    ("off", "off"),
+];
+
 impl Settings {
+    /// The log filter `--log-level` asks for, in tracing's syntax: a level by any of its names,
+    /// or a filter with directives (`target=level`, comma-separated) passed as is. An unknown
+    /// bare word is refused, rather than turning every log line off.
+    pub fn log_filter(&self) -> Result<String, ConfigError> {
+        let asked = self.log_level.trim();
+        if asked.contains('=') || asked.contains(',') {
+            return Ok(asked.to_string());
+        }
+        LOG_LEVELS
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(asked))
+            .map(|(_, level)| (*level).to_string())
+            .ok_or_else(|| {
+                invalid(
+                    "log-level",
+                    format!(
+                        "unknown level '{asked}' (trace, debug, info, warn or warning, error or \
+                         critical, off; or target=level directives)"
+                    ),
+                )
+            })
+    }
+
     /// The settings as a TOML file `--config` would accept.
     pub fn to_toml(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string(self)?)
@@ -293,6 +328,24 @@ mod tests {
     fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
         let matches = Cli::command().try_get_matches_from(args)?;
         load(&matches)
+    }
+
+    #[test]
+    fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
+        let filter = |level: &str| {
+            let mut s = Settings::defaults();
+            s.log_level = level.into();
+            s.log_filter()
+        };
+        assert_eq!(filter("warning").unwrap(), "warn");
+        assert_eq!(filter("CRITICAL").unwrap(), "error");
+        assert_eq!(filter("info").unwrap(), "info");
+        assert_eq!(
+            filter("info,sluice_gateway=debug").unwrap(),
+            "info,sluice_gateway=debug"
+        );
+        let err = filter("verbose").unwrap_err().to_string();
+        assert!(err.starts_with("--log-level"), "{err}");
     }
 
     #[test]

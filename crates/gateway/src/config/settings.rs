@@ -382,7 +382,14 @@ pub struct Settings {
     #[serde(default)]
     pub access_log: Option<PathBuf>,
 
-    /// Log filter (tracing's env-filter syntax), e.g. `info` or `sluice_gateway=debug`.
+    /// Log level: `trace`, `debug`, `info`, `warn` (or SMG's `warning`), `error` (or `critical`),
+    /// `off`; or a filter in tracing's env-filter syntax, e.g. `info,sluice_gateway=debug`. An
+    /// unknown level is refused at startup.
     #[arg(long, default_value = "info", env = "SLUICE_LOG")]
     pub log_level: String,
+
+    /// Log one JSON object per line (for log shippers) instead of text.
+    #[arg(long)]
+    #[serde(default)]
+    pub log_json: bool,
 }

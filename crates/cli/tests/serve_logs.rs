@@ -1,0 +1,72 @@
+//! `sluice serve`'s logs as a process writes them: no terminal colours into a pipe, JSON lines
+//! with `--log-json`, SMG's level names, and an unknown level refused at startup.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// `sluice serve` on a free loopback port with `extra` flags, stderr piped.
+fn serve(extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The stderr line that says the gateway is listening; the process is stopped by its PID.
+fn listening_line(mut child: Child) -> String {
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let line = lines
+        .by_ref()
+        .take(50)
+        .map(|l| l.unwrap())
+        .find(|l| l.contains("sluice gateway listening"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    line.expect("the gateway said it is listening")
+}
+
+#[test]
+fn logs_into_a_pipe_have_no_colours_and_json_lines_parse() {
+    let text = listening_line(serve(&["--log-level", "warning,sluice_gateway=info"]));
+    assert!(!text.contains('\u{1b}'), "no ANSI escapes into a pipe: {text:?}");
+
+    let json = listening_line(serve(&["--log-json"]));
+    let line: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["fields"]["message"], "sluice gateway listening");
+}
+
+#[test]
+fn smgs_level_names_work_and_an_unknown_level_is_refused() {
+    let quiet = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--log-level", "verbose", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!quiet.status.success());
+    let said = String::from_utf8_lossy(&quiet.stderr);
+    assert!(said.contains("--log-level"), "{said}");
+
+    // `warning` keeps warnings: a worker that cannot be reached yet is one.
+    let child = serve(&[
+        "--log-level",
+        "warning",
+        "--worker-urls",
+        "http://127.0.0.1:9",
+    ]);
+    let mut child = child;
+    let stderr = child.stderr.take().unwrap();
+    let warned = BufReader::new(stderr)
+        .lines()
+        .take(50)
+        .map(|l| l.unwrap())
+        .find(|l| l.contains("not reachable yet"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(warned.is_some(), "warnings are logged at `warning`");
+}
