@@ -34,7 +34,10 @@ fn listening_line(mut child: Child) -> String {
 #[test]
 fn logs_into_a_pipe_have_no_colours_and_json_lines_parse() {
     let text = listening_line(serve(&["--log-level", "warning,sluice_gateway=info"]));
-    assert!(!text.contains('\u{1b}'), "no ANSI escapes into a pipe: {text:?}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no ANSI escapes into a pipe: {text:?}"
+    );
 
     let json = listening_line(serve(&["--log-json"]));
     let line: serde_json::Value = serde_json::from_str(&json).unwrap();
