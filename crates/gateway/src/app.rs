@@ -144,6 +144,7 @@ fn control_and_fleet(
             prefix_capacity: config.prefix_capacity,
             drain_settle: config.drain_settle,
             policy: config.policy.name(),
+            default_worker_key: config.default_worker_key.clone(),
         },
         metrics.clone(),
         control.clone(),

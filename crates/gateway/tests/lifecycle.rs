@@ -129,3 +129,48 @@ async fn shutdown_drains_in_flight_requests_and_stops_when_none_are_left() {
     );
     drop(sims);
 }
+
+#[tokio::test]
+async fn a_single_api_key_is_also_the_workers_key_as_in_smg() {
+    let mut engine = instant(Flavor::Vllm);
+    engine.api_key = Some("shared-key".into());
+    let sims = SimFleet::start(FleetConfig::local(1, engine))
+        .await
+        .unwrap();
+    let mut settings = sluice_gateway::Settings::defaults();
+    settings.port = 0;
+    settings.worker_urls = sims.urls();
+    settings.api_keys = vec!["shared-key".into()];
+    let gateway = Gateway::start(settings.validate().unwrap()).await.unwrap();
+    let c = client();
+    // The engine answers /v1/models only with its key: ready means the key was sent.
+    until_workers(&gateway, &c, "ready with the shared key", all_ready).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let body = chat_body("test-model", "hi", 1, false);
+    assert_eq!(
+        post(&c, &url, &body).await.status,
+        401,
+        "clients need it too"
+    );
+    let a = send(
+        &c,
+        "POST",
+        &url,
+        Some(&body),
+        &[("authorization", "Bearer shared-key")],
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+
+    let mut own = sluice_gateway::Settings::defaults();
+    own.api_keys = vec!["client-key".into()];
+    own.worker_api_key = Some("worker-key".into());
+    assert_eq!(own.default_worker_key().as_deref(), Some("worker-key"));
+    own.worker_api_key = None;
+    own.api_keys = vec!["a".into(), "b".into()];
+    assert_eq!(
+        own.default_worker_key(),
+        None,
+        "which of several would be a guess"
+    );
+}

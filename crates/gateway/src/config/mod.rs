@@ -135,6 +135,17 @@ impl Settings {
             })
     }
 
+    /// The key sent to workers that have none of their own: `--worker-api-key`, else — SMG's
+    /// meaning of `--api-key` — the one client key when exactly one is given.
+    pub fn default_worker_key(&self) -> Option<String> {
+        self.worker_api_key
+            .clone()
+            .or_else(|| match self.api_keys.as_slice() {
+                [only] => Some(only.clone()),
+                _ => None,
+            })
+    }
+
     /// The settings as a TOML file `--config` would accept.
     pub fn to_toml(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string(self)?)
@@ -146,7 +157,7 @@ impl Settings {
             .worker_urls
             .iter()
             .map(|url| {
-                WorkerSpec::from_url(url, self.worker_api_key.clone())
+                WorkerSpec::from_url(url, self.default_worker_key())
                     .map_err(|e| invalid("worker-urls", e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -160,6 +171,7 @@ impl Settings {
             routing_key_header: HeaderName::try_from(self.routing_key_header.as_str())
                 .map_err(|e| invalid("routing-key-header", e.to_string()))?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
+            default_worker_key: self.default_worker_key(),
             admin_api_key: match &self.admin_api_key {
                 Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
                 None => None,
@@ -221,6 +233,8 @@ pub struct Config {
     pub prefix_capacity: usize,
     pub routing_key_header: HeaderName,
     pub api_keys: Vec<String>,
+    /// The key sent to workers registered without one (`Settings::default_worker_key`).
+    pub default_worker_key: Option<String>,
     pub admin_api_key: Option<String>,
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,

@@ -34,7 +34,8 @@ pub struct Settings {
     #[serde(default)]
     pub worker_urls: Vec<String>,
 
-    /// API key sent to the `--worker-urls` workers as a bearer token.
+    /// API key sent as a bearer token to workers that have none of their own (the `--worker-urls`
+    /// ones, and any registered without `api_key`). Unset: a single --api-key is sent, as in SMG.
     #[arg(
         long,
         value_name = "KEY",
@@ -72,7 +73,8 @@ pub struct Settings {
     pub routing_key_header: String,
 
     /// Data-plane API keys clients must send as `Authorization: Bearer <key>` (repeatable). None:
-    /// the OpenAI routes are open.
+    /// the OpenAI routes are open. As in SMG, a single one is also the key sent to workers that
+    /// have none of their own, unless --worker-api-key is given.
     #[arg(
         long = "api-key",
         value_name = "KEY",

@@ -66,6 +66,8 @@ pub struct FleetSettings {
     pub drain_settle: Duration,
     /// The policy's name, a label of per-worker selection counts.
     pub policy: &'static str,
+    /// The key sent to a worker whose spec has none.
+    pub default_worker_key: Option<String>,
 }
 
 /// Starts the control loops of a newly registered worker (registration, probes, load polls) and
@@ -385,7 +387,10 @@ impl Fleet {
         }
     }
 
-    fn start_worker(self: &Arc<Self>, id: WorkerId, spec: WorkerSpec) -> Entry {
+    fn start_worker(self: &Arc<Self>, id: WorkerId, mut spec: WorkerSpec) -> Entry {
+        if spec.api_key.is_none() {
+            spec.api_key.clone_from(&self.settings.default_worker_key);
+        }
         let breaker = Arc::new(WorkerBreaker::new(
             id.as_str(),
             self.settings.breaker,
