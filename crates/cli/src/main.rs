@@ -23,7 +23,8 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Run simulated vLLM / SGLang engines, each on its own port.
     Sim(Box<sim::SimArgs>),
-    /// Benchmarks: engine capacity, gateway overhead.
+    /// Benchmarks: engine capacity, gateway overhead, open-loop goodput runs, whole scenarios
+    /// (overload sweep, incidents).
     #[command(subcommand)]
     Bench(Box<sluice_bench::cli::BenchCommand>),
 }

@@ -73,3 +73,17 @@ fn smgs_level_names_work_and_an_unknown_level_is_refused() {
     child.wait().unwrap();
     assert!(warned.is_some(), "warnings are logged at `warning`");
 }
+
+#[test]
+fn the_help_names_every_bench_subcommand() {
+    for args in [&["--help"][..], &["bench", "--help"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for word in ["capacity", "overhead", "goodput", "scenario"] {
+            assert!(help.contains(word), "{args:?} lacks {word}: {help}");
+        }
+    }
+}
