@@ -345,6 +345,21 @@ mod tests {
     }
 
     #[test]
+    fn smgs_policy_names_mean_the_same_or_are_refused_with_an_alternative() {
+        let policy = |name: &str| {
+            let mut s = Settings::defaults();
+            s.policy = name.into();
+            s.validate().map(|c| c.policy.name())
+        };
+        assert_eq!(policy("consistent_hashing").unwrap(), "consistent_hash");
+        for refused in ["prefix_hash", "passthrough", "manual"] {
+            let err = policy(refused).unwrap_err().to_string();
+            assert!(err.starts_with("--policy"), "{err}");
+            assert!(err.contains("use "), "names what to use instead: {err}");
+        }
+    }
+
+    #[test]
     fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
         let filter = |level: &str| {
             let mut s = Settings::defaults();

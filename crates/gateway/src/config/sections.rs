@@ -103,7 +103,25 @@ impl Settings {
             "random" => Policy::Random,
             "least_load" => Policy::LeastLoad,
             "power_of_two" => Policy::PowerOfTwo,
-            "consistent_hash" => Policy::ConsistentHash,
+            // SMG's name for the same rule.
+            "consistent_hash" | "consistent_hashing" => Policy::ConsistentHash,
+            "prefix_hash" => {
+                return Err(invalid(
+                    "policy",
+                    "prefix_hash (SMG) is not supported: use cache_aware, which sends a prompt \
+                     where its prefix was sent and balances load",
+                ))
+            }
+            "passthrough" | "manual" => {
+                return Err(invalid(
+                    "policy",
+                    format!(
+                        "{} (SMG) is not supported: use consistent_hash with \
+                         --routing-key-header to pin a client's requests to one worker",
+                        self.policy
+                    ),
+                ))
+            }
             "cache_aware" => Policy::CacheAware(CacheAware {
                 cache_threshold: fraction("cache-threshold", self.cache_threshold)?,
                 balance_abs_threshold: self.balance_abs_threshold,
