@@ -87,3 +87,18 @@ fn the_help_names_every_bench_subcommand() {
         }
     }
 }
+
+#[test]
+fn serving_on_loopback_only_is_said_at_startup() {
+    let mut child = serve(&[]);
+    let stderr = child.stderr.take().unwrap();
+    let said = BufReader::new(stderr)
+        .lines()
+        .take(50)
+        .map(|l| l.unwrap())
+        .find(|l| l.contains("loopback only"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let said = said.expect("a warning that only loopback is served");
+    assert!(said.contains("--host 0.0.0.0"), "{said}");
+}

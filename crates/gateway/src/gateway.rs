@@ -115,6 +115,14 @@ impl Gateway {
             None => None,
         };
         info!(%addr, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
+        if addr.ip().is_loopback() {
+            // SMG listens on every interface by default; a launch line carried over from it
+            // would otherwise serve nobody else without a word.
+            warn!(
+                %addr,
+                "serving on loopback only: other hosts cannot reach this gateway; --host 0.0.0.0 serves every interface (SMG's default)"
+            );
+        }
         Ok(Self {
             addr,
             metrics_addr,
