@@ -83,7 +83,7 @@ impl App {
                 body_read_timeout: config.body_read_timeout,
                 body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
                 limits: config.limits,
-                routing_key_header: config.routing_key_header.clone(),
+                routing_key_headers: config.routing_key_headers.clone(),
                 draining: draining.clone(),
             }),
             admin: Arc::new(Admin {

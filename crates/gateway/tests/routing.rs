@@ -194,3 +194,35 @@ async fn a_request_for_n_choices_weighs_n_in_its_workers_load() {
     assert!(metrics.contains(&series), "{metrics}");
     held.abort();
 }
+
+#[tokio::test]
+async fn the_first_routing_key_header_present_wins() {
+    let s = start(4, instant(Flavor::Vllm), |c| {
+        c.policy = Policy::ConsistentHash;
+        c.routing_key_headers = vec![
+            http::HeaderName::from_static("x-tenant"),
+            http::HeaderName::from_static("x-session-id"),
+        ];
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+    let before = s.received();
+    for session in 0..6 {
+        let session = format!("session-{session}");
+        let a = send(
+            &s.client,
+            "POST",
+            &url,
+            Some(&chat_body("test-model", "hi", 1, false)),
+            &[("x-tenant", "acme"), ("x-session-id", session.as_str())],
+        )
+        .await;
+        assert_eq!(a.status, 200);
+    }
+    let after = s.received();
+    let moved = (0..4).filter(|&i| after[i] != before[i]).count();
+    assert_eq!(
+        moved, 1,
+        "keyed by x-tenant, not the session: {before:?} -> {after:?}"
+    );
+}

@@ -168,8 +168,14 @@ impl Settings {
             workers,
             policy: self.policy()?,
             prefix_capacity: self.max_tree_size.max(1),
-            routing_key_header: HeaderName::try_from(self.routing_key_header.as_str())
-                .map_err(|e| invalid("routing-key-header", e.to_string()))?,
+            routing_key_headers: self
+                .routing_key_headers
+                .iter()
+                .map(|h| {
+                    HeaderName::try_from(h.trim())
+                        .map_err(|e| invalid("routing-key-headers", format!("'{h}': {e}")))
+                })
+                .collect::<Result<_, _>>()?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
             default_worker_key: self.default_worker_key(),
             admin_api_key: match &self.admin_api_key {
@@ -231,7 +237,8 @@ pub struct Config {
     pub policy: Policy,
     /// Prefix blocks remembered per model by the cache-aware policy.
     pub prefix_capacity: usize,
-    pub routing_key_header: HeaderName,
+    /// `--routing-key-headers`, in order of precedence.
+    pub routing_key_headers: Vec<HeaderName>,
     pub api_keys: Vec<String>,
     /// The key sent to workers registered without one (`Settings::default_worker_key`).
     pub default_worker_key: Option<String>,
@@ -342,6 +349,27 @@ mod tests {
     fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
         let matches = Cli::command().try_get_matches_from(args)?;
         load(&matches)
+    }
+
+    #[test]
+    fn routing_key_headers_are_a_list_under_either_name() {
+        let headers = |args: &[&str]| {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            let c = load_args(&full).unwrap().validate().unwrap();
+            c.routing_key_headers
+                .iter()
+                .map(|h| h.as_str().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(headers(&[]), ["x-session-id"]);
+        assert_eq!(
+            headers(&["--routing-key-headers", "x-tenant,x-session-id"]),
+            ["x-tenant", "x-session-id"]
+        );
+        assert_eq!(headers(&["--routing-key-header", "x-user"]), ["x-user"]);
+        let s = load_args(&["sluice", "--worker-startup-check-interval", "2.5"]).unwrap();
+        assert_eq!(s.worker_startup_check_interval_secs, 2.5, "SMG's name");
     }
 
     #[test]

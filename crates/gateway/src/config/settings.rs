@@ -67,10 +67,16 @@ pub struct Settings {
     #[arg(long, default_value_t = 262_144)]
     pub max_tree_size: usize,
 
-    /// consistent_hash: request header whose value is the routing key (the body's `user` field
-    /// is used when the header is absent).
-    #[arg(long, default_value = "x-session-id")]
-    pub routing_key_header: String,
+    /// consistent_hash and cache_aware: request headers whose value is the routing key, the first
+    /// present one winning (the body's `user` field is used when none is). Comma-separated or
+    /// repeated; `--routing-key-header` (one) is the same flag.
+    #[arg(
+        long = "routing-key-headers",
+        alias = "routing-key-header",
+        value_delimiter = ',',
+        default_values_t = ["x-session-id".to_string()]
+    )]
+    pub routing_key_headers: Vec<String>,
 
     /// Data-plane API keys clients must send as `Authorization: Bearer <key>` (repeatable). None:
     /// the OpenAI routes are open. As in SMG, a single one is also the key sent to workers that
@@ -226,8 +232,9 @@ pub struct Settings {
     #[serde(default)]
     pub disable_circuit_breaker: bool,
 
-    /// How often a worker that could not be reached at registration is tried again.
-    #[arg(long, default_value_t = 5.0)]
+    /// How often a worker that could not be reached at registration is tried again
+    /// (`--worker-startup-check-interval`, SMG's name, is the same flag).
+    #[arg(long, alias = "worker-startup-check-interval", default_value_t = 5.0)]
     pub worker_startup_check_interval_secs: f64,
 
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).

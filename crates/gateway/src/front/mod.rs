@@ -77,8 +77,9 @@ pub struct Front {
     /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
     pub body_budget: tokio::sync::Semaphore,
     pub limits: RequestLimits,
-    /// `--routing-key-header`: what hash policies hash, before the `user` field.
-    pub routing_key_header: HeaderName,
+    /// `--routing-key-headers`: what hash policies hash, the first present one, before the
+    /// `user` field.
+    pub routing_key_headers: Vec<HeaderName>,
     /// Set when shutdown begins: new requests are refused.
     pub draining: Arc<AtomicBool>,
 }
@@ -203,9 +204,10 @@ async fn serve(
     let snapshot = front.fleet.snapshot();
     let wants = Wants {
         model: facts.model.as_deref(),
-        routing_key: parts
-            .headers
-            .get(&front.routing_key_header)
+        routing_key: front
+            .routing_key_headers
+            .iter()
+            .find_map(|name| parts.headers.get(name))
             .map(HeaderValue::as_bytes)
             .or(facts.user.as_deref().map(str::as_bytes)),
         prompt: facts.prompt,
