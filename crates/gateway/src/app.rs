@@ -84,6 +84,7 @@ impl App {
                 body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
                 limits: config.limits,
                 routing_key_headers: config.routing_key_headers.clone(),
+                request_id_headers: config.request_id_headers.clone(),
                 draining: draining.clone(),
             }),
             admin: Arc::new(Admin {

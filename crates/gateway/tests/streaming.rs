@@ -361,3 +361,30 @@ async fn a_client_leaving_before_the_answer_aborts_it_too() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_request_id_is_read_from_the_configured_headers() {
+    let gateway = gateway_over(fake_engine().await, |c| {
+        c.request_id_headers = vec![
+            http::HeaderName::from_static("x-correlation-id"),
+            http::HeaderName::from_static("x-request-id"),
+        ];
+    })
+    .await;
+    let c = client();
+    let a = send(
+        &c,
+        "POST",
+        &format!("{}/v1/completions", gateway.url()),
+        Some(r#"{"model":"fake","prompt":"x"}"#),
+        &[("x-correlation-id", "corr-7")],
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.headers["x-request-id"], "corr-7", "back to the client");
+    assert_eq!(
+        a.json()["headers"]["x-request-id"],
+        "corr-7",
+        "on to the worker"
+    );
+}

@@ -31,6 +31,16 @@ pub use crate::front::RequestLimits;
 use crate::route::Shedding;
 use sluice_core::liveness::LivenessConfig;
 
+/// Header names from a flag's list, each checked.
+fn header_names(setting: &'static str, names: &[String]) -> Result<Vec<HeaderName>, ConfigError> {
+    names
+        .iter()
+        .map(|h| {
+            HeaderName::try_from(h.trim()).map_err(|e| invalid(setting, format!("'{h}': {e}")))
+        })
+        .collect()
+}
+
 /// How often an idle HTTP/2 client is pinged, and how long it has to answer.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
@@ -168,14 +178,8 @@ impl Settings {
             workers,
             policy: self.policy()?,
             prefix_capacity: self.max_tree_size.max(1),
-            routing_key_headers: self
-                .routing_key_headers
-                .iter()
-                .map(|h| {
-                    HeaderName::try_from(h.trim())
-                        .map_err(|e| invalid("routing-key-headers", format!("'{h}': {e}")))
-                })
-                .collect::<Result<_, _>>()?,
+            request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
+            routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
             default_worker_key: self.default_worker_key(),
             admin_api_key: match &self.admin_api_key {
@@ -239,6 +243,8 @@ pub struct Config {
     pub prefix_capacity: usize,
     /// `--routing-key-headers`, in order of precedence.
     pub routing_key_headers: Vec<HeaderName>,
+    /// `--request-id-headers`, in order of precedence.
+    pub request_id_headers: Vec<HeaderName>,
     pub api_keys: Vec<String>,
     /// The key sent to workers registered without one (`Settings::default_worker_key`).
     pub default_worker_key: Option<String>,

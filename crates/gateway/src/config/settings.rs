@@ -78,6 +78,11 @@ pub struct Settings {
     )]
     pub routing_key_headers: Vec<String>,
 
+    /// Request headers a client's own request id is taken from, the first present and sane one
+    /// winning (SMG's flag); the id goes to the worker and back to the client as `x-request-id`.
+    #[arg(long, value_delimiter = ',', default_values_t = ["x-request-id".to_string()])]
+    pub request_id_headers: Vec<String>,
+
     /// Data-plane API keys clients must send as `Authorization: Bearer <key>` (repeatable). None:
     /// the OpenAI routes are open. As in SMG, a single one is also the key sent to workers that
     /// have none of their own, unless --worker-api-key is given.

@@ -77,6 +77,8 @@ pub struct Front {
     /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
     pub body_budget: tokio::sync::Semaphore,
     pub limits: RequestLimits,
+    /// `--request-id-headers`: where a client's own request id is read from, in order.
+    pub request_id_headers: Vec<HeaderName>,
     /// `--routing-key-headers`: what hash policies hash, the first present one, before the
     /// `user` field.
     pub routing_key_headers: Vec<HeaderName>,
@@ -151,7 +153,7 @@ async fn pass_through(
 async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Body> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let id = request_id(&parts.headers);
+    let id = request_id(&parts.headers, &front.request_id_headers);
     // Counted in flight from here, before the draining check, so shutdown cannot miss a request
     // that passed it.
     let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);

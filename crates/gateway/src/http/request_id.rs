@@ -17,12 +17,13 @@ fn acceptable(id: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(b))
 }
 
-/// The client's id if it is acceptable, else a fresh random one.
-pub fn accept_or_make(headers: &HeaderMap) -> HeaderValue {
-    match headers.get(REQUEST_ID) {
-        Some(id) if acceptable(id.as_bytes()) => id.clone(),
-        _ => make(),
-    }
+/// The client's id from the first of `names` it sent, if acceptable, else a fresh random one.
+pub fn accept_or_make(headers: &HeaderMap, names: &[HeaderName]) -> HeaderValue {
+    names
+        .iter()
+        .find_map(|name| headers.get(name).filter(|id| acceptable(id.as_bytes())))
+        .cloned()
+        .unwrap_or_else(make)
 }
 
 fn make() -> HeaderValue {
@@ -43,12 +44,31 @@ mod tests {
 
     #[test]
     fn sane_ids_are_kept_others_replaced() {
-        assert_eq!(accept_or_make(&with("req-42_a.b:c")), "req-42_a.b:c");
+        let names = [REQUEST_ID];
+        assert_eq!(
+            accept_or_make(&with("req-42_a.b:c"), &names),
+            "req-42_a.b:c"
+        );
         for bad in ["", "has space", "quote\"", &"x".repeat(129)] {
-            let id = accept_or_make(&with(bad));
+            let id = accept_or_make(&with(bad), &names);
             assert_ne!(id, bad);
             assert_eq!(id.len(), 32);
         }
-        assert_eq!(accept_or_make(&HeaderMap::new()).len(), 32);
+        assert_eq!(accept_or_make(&HeaderMap::new(), &names).len(), 32);
+    }
+
+    #[test]
+    fn the_first_configured_header_with_a_sane_id_wins() {
+        let correlation = HeaderName::from_static("x-correlation-id");
+        let mut h = with("from-request-id");
+        h.insert(correlation.clone(), HeaderValue::from_static("has space"));
+        let names = [correlation.clone(), REQUEST_ID];
+        assert_eq!(
+            accept_or_make(&h, &names),
+            "from-request-id",
+            "an insane one is passed over"
+        );
+        h.insert(correlation, HeaderValue::from_static("corr-1"));
+        assert_eq!(accept_or_make(&h, &names), "corr-1");
     }
 }
