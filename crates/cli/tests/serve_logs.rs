@@ -102,3 +102,26 @@ fn serving_on_loopback_only_is_said_at_startup() {
     let said = said.expect("a warning that only loopback is served");
     assert!(said.contains("--host 0.0.0.0"), "{said}");
 }
+
+#[test]
+fn serve_help_is_grouped_under_headings() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for heading in [
+        "Listener:",
+        "Workers:",
+        "Routing policy:",
+        "Authentication:",
+        "Retries:",
+        "Circuit breaker:",
+        "Health checks:",
+        "Load monitoring and overload:",
+        "Liveness:",
+        "Metrics and logs:",
+    ] {
+        assert!(help.lines().any(|l| l == heading), "{heading}: {help}");
+    }
+}

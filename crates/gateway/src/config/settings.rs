@@ -14,24 +14,29 @@ pub struct Settings {
     /// Read settings from this TOML file; flags given on the command line win over it.
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
+    #[arg(help_heading = "Configuration")]
     pub config: Option<PathBuf>,
 
     /// Print the effective settings as TOML and exit.
     #[arg(long)]
     #[serde(skip)]
+    #[arg(help_heading = "Configuration")]
     pub print_config: bool,
 
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
+    #[arg(help_heading = "Listener")]
     pub host: String,
 
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 30000)]
+    #[arg(help_heading = "Listener")]
     pub port: u16,
 
     /// Workers to register at startup (OpenAI-compatible base URLs, e.g. http://10.0.0.5:8000).
     #[arg(long, num_args = 1.., value_name = "URL")]
     #[serde(default)]
+    #[arg(help_heading = "Workers")]
     pub worker_urls: Vec<String>,
 
     /// API key sent as a bearer token to workers that have none of their own (the `--worker-urls`
@@ -43,28 +48,34 @@ pub struct Settings {
         hide_env_values = true
     )]
     #[serde(default)]
+    #[arg(help_heading = "Workers")]
     pub worker_api_key: Option<String>,
 
     /// Load-balancing policy: round_robin, random, least_load, power_of_two, cache_aware,
     /// consistent_hash.
     #[arg(long, default_value = "cache_aware")]
+    #[arg(help_heading = "Routing policy")]
     pub policy: String,
 
     /// cache_aware: share of the prompt's prefix a worker must hold to be preferred.
     #[arg(long, default_value_t = 0.3)]
+    #[arg(help_heading = "Routing policy")]
     pub cache_threshold: f64,
 
     /// cache_aware: the pool counts as unbalanced when max - min load exceeds this...
     #[arg(long, default_value_t = 64)]
+    #[arg(help_heading = "Routing policy")]
     pub balance_abs_threshold: u64,
 
     /// cache_aware: ...and max load exceeds min load times this; then the least loaded wins.
     #[arg(long, default_value_t = 1.5)]
+    #[arg(help_heading = "Routing policy")]
     pub balance_rel_threshold: f64,
 
     /// cache_aware: prefix blocks remembered per model (64 prompt bytes each) before the least
     /// recently used are forgotten.
     #[arg(long, default_value_t = 262_144)]
+    #[arg(help_heading = "Routing policy")]
     pub max_tree_size: usize,
 
     /// consistent_hash and cache_aware: request headers whose value is the routing key, the first
@@ -76,11 +87,13 @@ pub struct Settings {
         value_delimiter = ',',
         default_values_t = ["x-session-id".to_string()]
     )]
+    #[arg(help_heading = "Routing policy")]
     pub routing_key_headers: Vec<String>,
 
     /// Request headers a client's own request id is taken from, the first present and sane one
     /// winning (SMG's flag); the id goes to the worker and back to the client as `x-request-id`.
     #[arg(long, value_delimiter = ',', default_values_t = ["x-request-id".to_string()])]
+    #[arg(help_heading = "Requests")]
     pub request_id_headers: Vec<String>,
 
     /// Data-plane API keys clients must send as `Authorization: Bearer <key>` (repeatable). None:
@@ -94,6 +107,7 @@ pub struct Settings {
         hide_env_values = true
     )]
     #[serde(default)]
+    #[arg(help_heading = "Authentication")]
     pub api_keys: Vec<String>,
 
     /// Key for the admin API: its changes (`POST/PUT/PATCH/DELETE /workers`, `POST
@@ -107,169 +121,205 @@ pub struct Settings {
         hide_env_values = true
     )]
     #[serde(default)]
+    #[arg(help_heading = "Authentication")]
     pub admin_api_key: Option<String>,
 
     /// Serve the admin API's reads (`GET /workers`, `/loads`, `/busy_threshold`) without the admin
     /// key, as before it was set.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Authentication")]
     pub admin_reads_open: bool,
 
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    #[arg(help_heading = "Requests")]
     pub max_payload_size: usize,
 
     /// Bytes of request bodies the gateway holds at once (each is read whole, then sent on);
     /// past it a request is refused with 503 `request_buffers_full` and `Retry-After` rather than
     /// grow the gateway's memory. At least --max-payload-size.
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    #[arg(help_heading = "Requests")]
     pub max_buffered_body_bytes: usize,
 
     /// Largest `n` (choices per request) accepted; more is a 400 naming `n`. Each choice is a
     /// sequence the engine runs, and counts in a worker's load. 128 is OpenAI's own maximum.
     #[arg(long, default_value_t = 128)]
+    #[arg(help_heading = "Requests")]
     pub max_n: u64,
 
     /// Largest `max_tokens` / `max_completion_tokens` accepted; more is a 400 naming the field.
     /// Unset: the engine's context length is the only bound.
     #[arg(long, value_name = "TOKENS")]
     #[serde(default)]
+    #[arg(help_heading = "Requests")]
     pub max_tokens_limit: Option<u64>,
 
     /// Time a client has to send a complete request head: from connecting (whatever it sends
     /// meanwhile — nothing, a byte, an HTTP/2 preface) or from the end of its previous response,
     /// so it also bounds an idle HTTP/1.1 keep-alive connection.
     #[arg(long, default_value_t = 10.0)]
+    #[arg(help_heading = "Listener")]
     pub header_read_timeout_secs: f64,
 
     /// Time a client has to send a whole request body once its head arrived; a stalled or
     /// dripping body is cut with 408 `body_read_timeout` (and cannot hold shutdown longer).
     #[arg(long, default_value_t = 30.0)]
+    #[arg(help_heading = "Listener")]
     pub body_read_timeout_secs: f64,
 
     /// Client connections served at once, per listener; more wait in the kernel's backlog. Capped
     /// at startup to half of what the open-file limit leaves after 64 for the rest, since each
     /// busy connection also holds one to a worker.
     #[arg(long, default_value_t = 8192)]
+    #[arg(help_heading = "Listener")]
     pub max_connections: usize,
 
     /// Time to connect to a worker.
     #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = "Workers")]
     pub connect_timeout_secs: f64,
 
     /// Longest a request may take end to end, streaming included.
     #[arg(long, default_value_t = 1800.0)]
+    #[arg(help_heading = "Workers")]
     pub request_timeout_secs: f64,
 
     /// Speak HTTP/2 (prior knowledge) to workers; a worker spec's `http2` overrides it.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Workers")]
     pub upstream_http2: bool,
 
     /// Retries of one request (connection failures, at-capacity answers and the statuses of
     /// --retry-status-codes, on another worker).
     #[arg(long, default_value_t = 3)]
+    #[arg(help_heading = "Retries")]
     pub retry_max_retries: u32,
 
     /// Worker answers retried on another worker, within the retry budget, when they come before
     /// any byte reached the client (429 and 529 are always retried as at-capacity answers).
     #[arg(long, value_delimiter = ',', default_values_t = [500, 502, 503, 504])]
+    #[arg(help_heading = "Retries")]
     pub retry_status_codes: Vec<u16>,
 
     /// Wait before the first retry.
     #[arg(long, default_value_t = 50)]
+    #[arg(help_heading = "Retries")]
     pub retry_initial_backoff_ms: u64,
 
     /// Longest wait between retries.
     #[arg(long, default_value_t = 5_000)]
+    #[arg(help_heading = "Retries")]
     pub retry_max_backoff_ms: u64,
 
     /// Growth of the wait per retry.
     #[arg(long, default_value_t = 2.0)]
+    #[arg(help_heading = "Retries")]
     pub retry_backoff_multiplier: f64,
 
     /// Share of each wait drawn at random (0..=1), so retries from many requests spread out.
     #[arg(long, default_value_t = 0.5)]
+    #[arg(help_heading = "Retries")]
     pub retry_jitter_factor: f64,
 
     /// Retries may add at most this percentage of the requests of the last 10 seconds.
     #[arg(long, default_value_t = 20.0)]
+    #[arg(help_heading = "Retries")]
     pub retry_budget_percent: f64,
 
     /// Retries always allowed per second, on top of the percentage (so a quiet gateway can retry).
     #[arg(long, default_value_t = 10)]
+    #[arg(help_heading = "Retries")]
     pub retry_budget_min_per_sec: u32,
 
     /// Never retry.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Retries")]
     pub disable_retries: bool,
 
     /// Consecutive failures (connection errors, 5xx) that open a worker's circuit.
     #[arg(long, default_value_t = 10)]
+    #[arg(help_heading = "Circuit breaker")]
     pub cb_failure_threshold: u32,
 
     /// Consecutive successful trials that close a half-open circuit (also the number of trial
     /// requests let through at once).
     #[arg(long, default_value_t = 3)]
+    #[arg(help_heading = "Circuit breaker")]
     pub cb_success_threshold: u32,
 
     /// How long an open circuit refuses requests before it lets trials through.
     #[arg(long, default_value_t = 60.0)]
+    #[arg(help_heading = "Circuit breaker")]
     pub cb_timeout_duration_secs: f64,
 
     /// A closed circuit also opens when at least this share of the outcomes within
     /// --cb-window-duration-secs failed (at least --cb-min-requests of them): a worker failing
     /// every other request never fails --cb-failure-threshold in a row.
     #[arg(long, default_value_t = 0.5)]
+    #[arg(help_heading = "Circuit breaker")]
     pub cb_failure_rate: f64,
 
     /// Outcomes the failure rate needs before it can open a circuit; 0 turns the rule off.
     #[arg(long, default_value_t = 20)]
+    #[arg(help_heading = "Circuit breaker")]
     pub cb_min_requests: u32,
 
     /// The window the failure rate is judged over (SMG's name and default).
     #[arg(long, default_value_t = 120.0)]
+    #[arg(help_heading = "Circuit breaker")]
     pub cb_window_duration_secs: f64,
 
     /// Never open circuits.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Circuit breaker")]
     pub disable_circuit_breaker: bool,
 
     /// How often a worker that could not be reached at registration is tried again
     /// (`--worker-startup-check-interval`, SMG's name, is the same flag).
     #[arg(long, alias = "worker-startup-check-interval", default_value_t = 5.0)]
+    #[arg(help_heading = "Workers")]
     pub worker_startup_check_interval_secs: f64,
 
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = "Workers")]
     pub drain_settle_secs: f64,
 
     /// Seconds between two health probes of a worker (each worker on its own schedule).
     #[arg(long, default_value_t = 60.0)]
+    #[arg(help_heading = "Health checks")]
     pub health_check_interval_secs: f64,
 
     /// A probe that has no 2xx answer within this many seconds failed.
     #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = "Health checks")]
     pub health_check_timeout_secs: f64,
 
     /// Consecutive failed probes that take a Ready worker out of rotation (NotReady); 3x more
     /// make it Failed, and 10x probes without becoming Ready fail a Pending worker.
     #[arg(long, default_value_t = 3)]
+    #[arg(help_heading = "Health checks")]
     pub health_failure_threshold: u32,
 
     /// Consecutive passed probes that bring a worker (back) to Ready.
     #[arg(long, default_value_t = 2)]
+    #[arg(help_heading = "Health checks")]
     pub health_success_threshold: u32,
 
     /// Path probed on each worker (GET, 2xx is healthy).
     #[arg(long, default_value = "/health")]
+    #[arg(help_heading = "Health checks")]
     pub health_check_endpoint: String,
 
     /// Do not probe workers (a worker's `health.disable_health_check` overrides it).
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Health checks")]
     pub disable_health_check: bool,
 
     /// Remove workers that reach Failed. Off, they stay registered and probed, and rejoin in
@@ -285,6 +335,7 @@ pub struct Settings {
         overrides_with = "no_remove_unhealthy_workers"
     )]
     #[serde(default)]
+    #[arg(help_heading = "Health checks")]
     pub remove_unhealthy_workers: Option<bool>,
 
     /// Keep failed workers registered and probed (the default).
@@ -294,80 +345,95 @@ pub struct Settings {
         overrides_with = "remove_unhealthy_workers"
     )]
     #[serde(skip)]
+    #[arg(help_heading = "Health checks")]
     pub no_remove_unhealthy_workers: bool,
 
     /// Also serve /liveness, /readiness and /health on this port, from a thread and runtime of
     /// their own, so a saturated gateway still answers its probes.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Health checks")]
     pub health_check_port: Option<u16>,
 
     /// Seconds between two load polls of a pool's workers (vLLM /metrics, SGLang /v1/loads);
     /// a worker spec's `load_monitor_interval_secs` may ask for less (never under 1 s).
     #[arg(long, default_value_t = 10.0)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub load_monitor_interval: f64,
 
     /// Waiting requests (summed over a worker's ranks) at or above which it is overloaded: left
     /// out of routing while another worker is under its ceilings. At least 1.
     #[arg(long, default_value_t = 8)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub worker_overload_waiting_requests: u64,
 
     /// KV cache usage (mean over a worker's ranks, 0..1) at or above which it is overloaded.
     #[arg(long, default_value_t = 0.8)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub worker_overload_token_usage: f64,
 
     /// Accepted for SMG command lines: overload protection is on by default.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub worker_overload_protection: bool,
 
     /// Turn both overload ceilings off (a worker spec's `overload` block still applies).
     #[arg(long, conflicts_with = "worker_overload_protection")]
     #[serde(default)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub disable_worker_overload_protection: bool,
 
     /// When every worker a request could use is overloaded, refuse it at once (with
     /// --overload-status-code and Retry-After) instead of steering it to the least loaded.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub worker_overload_shed: bool,
 
     /// Status of a shed request: 503, or 529 for Dynamo-style clients.
     #[arg(long, default_value_t = 503)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub overload_status_code: u16,
 
     /// Busy rank check: KV blocks in use above this fraction of the rank's blocks. Off unless set.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub active_decode_blocks_threshold: Option<f64>,
 
     /// Busy rank check: more prompt tokens than this waiting for prefill. Off unless set.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub active_prefill_tokens_threshold: Option<u64>,
 
     /// Busy rank check: prompt tokens waiting for prefill above this multiple of the rank's
     /// max_num_batched_tokens. Off unless set.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Load monitoring and overload")]
     pub active_prefill_tokens_threshold_frac: Option<f64>,
 
     /// Seconds without any contact after which a connection failure on a worker's channels
     /// excludes it from routing as unreachable (0: the first failure does); any contact
     /// re-admits it.
     #[arg(long, default_value_t = 2.0)]
+    #[arg(help_heading = "Liveness")]
     pub worker_stall_secs: f64,
 
     /// Seconds without a token from a worker with streams in flight and evidence it should be
     /// producing (a waiting queue, a growing or 4-deep pile) after which it is excluded from
     /// routing as wedged until it makes progress (0 disables).
     #[arg(long, default_value_t = 3.0)]
+    #[arg(help_heading = "Liveness")]
     pub worker_wedge_secs: f64,
 
     /// Seconds without anything at all from a worker this gateway holds requests on after
     /// which it is excluded from routing as unreachable until heard from (0 disables). Keep it
     /// above --load-monitor-interval.
     #[arg(long, default_value_t = 15.0)]
+    #[arg(help_heading = "Liveness")]
     pub worker_stale_secs: f64,
 
     /// A worker that this gateway has held requests on for this long with no byte from any,
@@ -376,34 +442,41 @@ pub struct Settings {
     /// nobody. The requests its engine does not account for are retried elsewhere, within the
     /// retry budget. 0 turns the rule off.
     #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = "Liveness")]
     pub worker_unresponsive_secs: f64,
 
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]
+    #[arg(help_heading = "Listener")]
     pub shutdown_grace_period_secs: f64,
 
     /// Also serve /metrics on this port.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Metrics and logs")]
     pub prometheus_port: Option<u16>,
 
     /// Address of the --prometheus-port listener.
     #[arg(long, default_value = "127.0.0.1")]
+    #[arg(help_heading = "Metrics and logs")]
     pub prometheus_host: String,
 
     /// Write one JSON line per request to this file (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
+    #[arg(help_heading = "Metrics and logs")]
     pub access_log: Option<PathBuf>,
 
     /// Log level: `trace`, `debug`, `info`, `warn` (or SMG's `warning`), `error` (or `critical`),
     /// `off`; or a filter in tracing's env-filter syntax, e.g. `info,sluice_gateway=debug`. An
     /// unknown level is refused at startup.
     #[arg(long, default_value = "info", env = "SLUICE_LOG")]
+    #[arg(help_heading = "Metrics and logs")]
     pub log_level: String,
 
     /// Log one JSON object per line (for log shippers) instead of text.
     #[arg(long)]
     #[serde(default)]
+    #[arg(help_heading = "Metrics and logs")]
     pub log_json: bool,
 }
