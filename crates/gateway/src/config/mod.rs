@@ -62,6 +62,13 @@ pub enum ConfigError {
         path: PathBuf,
         source: toml::de::Error,
     },
+    #[error("{path}:{line}:{column}: unknown setting `{key}` (the flag's name in snake_case, as --print-config writes it)")]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        line: usize,
+        column: usize,
+    },
     #[error(transparent)]
     Cli(#[from] clap::Error),
     #[error("cannot render the settings as TOML: {0}")]
@@ -86,6 +93,18 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         path: path.clone(),
         source,
     })?;
+    if let Some(key) = file
+        .keys()
+        .find(|key| matches.try_get_raw(key.as_str()).is_err())
+    {
+        let (line, column) = position_of_key(&text, key);
+        return Err(ConfigError::UnknownKey {
+            path,
+            key: key.clone(),
+            line,
+            column,
+        });
+    }
     let mut merged = toml::Table::try_from(&cli)?;
     for (key, value) in file {
         // Unknown keys are left to `deny_unknown_fields` below, which names them.
@@ -107,6 +126,20 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         settings.remove_unhealthy_workers = Some(false);
     }
     Ok(settings)
+}
+
+/// Where `key = ...` stands in a TOML text, 1-based (line 1, column 1 if it is not found).
+fn position_of_key(text: &str, key: &str) -> (usize, usize) {
+    text.lines()
+        .enumerate()
+        .find_map(|(n, line)| {
+            let indent = line.len() - line.trim_start().len();
+            let rest = line.trim_start().strip_prefix(key)?;
+            rest.trim_start()
+                .starts_with('=')
+                .then_some((n + 1, indent + 1))
+        })
+        .unwrap_or((1, 1))
 }
 
 /// The levels `--log-level` takes alone, and what tracing calls them (SMG's Python names too).
@@ -450,9 +483,11 @@ mod tests {
         assert_eq!(again.port, 9100);
         assert_eq!(again.policy, "least_load");
 
-        std::fs::write(&path, "prot = 1\n").unwrap();
+        std::fs::write(&path, "port = 1\n\n  prot = 1\n").unwrap();
         let err = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap_err();
-        assert!(err.to_string().contains("unknown field `prot`"), "{err}");
+        let said = err.to_string();
+        assert!(said.contains(":3:3: unknown setting `prot`"), "{said}");
+        assert_eq!(said.matches("prot").count(), 1, "reported once: {said}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
