@@ -41,6 +41,9 @@ fn header_names(setting: &'static str, names: &[String]) -> Result<Vec<HeaderNam
         .collect()
 }
 
+/// Characters of prompt per prefix block of the cache-aware index (`route`'s block size).
+const PREFIX_BLOCK_CHARS: usize = 64;
+
 /// How often an idle HTTP/2 client is pinged, and how long it has to answer.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
@@ -210,7 +213,7 @@ impl Settings {
             listen: SocketAddr::new(host, self.port),
             workers,
             policy: self.policy()?,
-            prefix_capacity: self.max_tree_size.max(1),
+            prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
@@ -388,6 +391,26 @@ mod tests {
     fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
         let matches = Cli::command().try_get_matches_from(args)?;
         load(&matches)
+    }
+
+    #[test]
+    fn the_prefix_index_is_sized_in_characters_as_in_smg() {
+        let capacity = |args: &[&str]| {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            load_args(&full)
+                .unwrap()
+                .validate()
+                .unwrap()
+                .prefix_capacity
+        };
+        assert_eq!(
+            capacity(&[]),
+            (1 << 24) / 64,
+            "2^24 characters, 262144 blocks"
+        );
+        assert_eq!(capacity(&["--max-tree-size", "6400"]), 100);
+        assert_eq!(capacity(&["--max-tree-size", "1"]), 1);
     }
 
     #[test]

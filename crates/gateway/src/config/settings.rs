@@ -72,9 +72,10 @@ pub struct Settings {
     #[arg(help_heading = "Routing policy")]
     pub balance_rel_threshold: f64,
 
-    /// cache_aware: prefix blocks remembered per model (64 prompt bytes each) before the least
-    /// recently used are forgotten.
-    #[arg(long, default_value_t = 262_144)]
+    /// cache_aware: how much prompt text the prefix index remembers per model, in characters as
+    /// in SMG; held as 64-byte blocks (about 100 bytes of memory each), the least recently used
+    /// forgotten first. 2^24 (SMG's default is 2^26, which would let the index reach ~100 MB).
+    #[arg(long, default_value_t = 1 << 24)]
     #[arg(help_heading = "Routing policy")]
     pub max_tree_size: usize,
 
