@@ -48,7 +48,10 @@ impl App {
     /// Everything `config` describes, wired together; no worker registered, nothing listening.
     pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AccessLogError> {
         let mut registry = Registry::with_prefix("sluice");
-        let metrics = Metrics::register(&mut registry);
+        let metrics = match &config.duration_buckets {
+            Some(buckets) => Metrics::register_with(&mut registry, buckets),
+            None => Metrics::register(&mut registry),
+        };
         metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
         let upstream = Upstream::new(config.connect_timeout);
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);

@@ -92,3 +92,25 @@ async fn promtool_accepts_the_page_and_every_family_is_there_from_startup() {
     assert!(om.text().ends_with("# EOF\n"));
     assert!(om.text().contains("# TYPE sluice_requests counter"));
 }
+
+#[tokio::test]
+async fn duration_buckets_can_be_set_as_in_smg() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.duration_buckets = Some(vec![0.25, 7.5]);
+    })
+    .await;
+    s.chat(&chat_body("test-model", "hi", 1, false)).await;
+    let text = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        text.contains(
+            r#"sluice_request_duration_seconds_bucket{le="7.5",route="/v1/chat/completions"}"#
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"le="160.0",route="/v1/chat/completions""#),
+        "{text}"
+    );
+    let (ok, said) = promtool(&text);
+    assert!(ok, "{said}");
+}

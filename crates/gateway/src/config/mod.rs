@@ -181,6 +181,22 @@ impl Settings {
             })
     }
 
+    /// `--prometheus-duration-buckets`, checked: positive, finite, increasing.
+    fn duration_buckets(&self) -> Result<Option<Vec<f64>>, ConfigError> {
+        let b = &self.prometheus_duration_buckets;
+        if b.is_empty() {
+            return Ok(None);
+        }
+        let increasing = b.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || b.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+            return Err(invalid(
+                "prometheus-duration-buckets",
+                format!("{b:?} must be positive seconds in increasing order"),
+            ));
+        }
+        Ok(Some(b.clone()))
+    }
+
     /// The key sent to workers that have none of their own: `--worker-api-key`, else — SMG's
     /// meaning of `--api-key` — the one client key when exactly one is given.
     pub fn default_worker_key(&self) -> Option<String> {
@@ -264,6 +280,7 @@ impl Settings {
                 None => None,
             },
             access_log: self.access_log.clone(),
+            duration_buckets: self.duration_buckets()?,
         })
     }
 }
@@ -313,6 +330,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub metrics_listen: Option<SocketAddr>,
     pub access_log: Option<PathBuf>,
+    /// `--prometheus-duration-buckets`; `None`: the defaults.
+    pub duration_buckets: Option<Vec<f64>>,
 }
 
 /// Open files kept for everything but client connections: worker connections beyond one per
@@ -391,6 +410,28 @@ mod tests {
     fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
         let matches = Cli::command().try_get_matches_from(args)?;
         load(&matches)
+    }
+
+    #[test]
+    fn duration_buckets_must_increase() {
+        let buckets = |args: &[&str]| {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            load_args(&full)
+                .unwrap()
+                .validate()
+                .map(|c| c.duration_buckets)
+        };
+        assert_eq!(buckets(&[]).unwrap(), None);
+        assert_eq!(
+            buckets(&["--prometheus-duration-buckets", "0.1", "1", "10"]).unwrap(),
+            Some(vec![0.1, 1.0, 10.0])
+        );
+        let err = buckets(&["--prometheus-duration-buckets", "1,0.5"]).unwrap_err();
+        assert!(
+            err.to_string().starts_with("--prometheus-duration-buckets"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -468,6 +468,13 @@ pub struct Settings {
     #[arg(help_heading = "Metrics and logs")]
     pub access_log: Option<PathBuf>,
 
+    /// Bucket bounds, in seconds and increasing, of the request-duration and time-to-first-byte
+    /// histograms (SMG's flag). Default: 0.005 to 300.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_name = "SECONDS")]
+    #[arg(help_heading = "Metrics and logs")]
+    #[serde(default)]
+    pub prometheus_duration_buckets: Vec<f64>,
+
     /// Log level: `trace`, `debug`, `info`, `warn` (or SMG's `warning`), `error` (or `critical`),
     /// `off`; or a filter in tracing's env-filter syntax, e.g. `info,sluice_gateway=debug`. An
     /// unknown level is refused at startup.

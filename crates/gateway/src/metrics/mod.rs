@@ -124,8 +124,8 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 6] = [
 #[derive(Debug)]
 pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
-    pub duration: Family<RouteLabel, Histogram>,
-    pub ttft: Family<WorkerLabel, Histogram>,
+    pub duration: Family<RouteLabel, Histogram, Buckets>,
+    pub ttft: Family<WorkerLabel, Histogram, Buckets>,
     pub inter_chunk: Family<WorkerLabel, Histogram>,
     pub selections: Family<SelectionLabels, Counter>,
     pub retries: Family<ReasonLabel, Counter>,
@@ -146,8 +146,14 @@ pub struct Metrics {
     pub overload_sheds: Family<StageLabel, Counter>,
 }
 
-fn latency() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS)
+/// Makes the latency histograms with the configured buckets (`--prometheus-duration-buckets`).
+#[derive(Debug, Clone)]
+pub struct Buckets(Arc<[f64]>);
+
+impl prometheus_client::metrics::family::MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
 }
 
 fn gaps() -> Histogram {
@@ -156,10 +162,17 @@ fn gaps() -> Histogram {
 
 impl Metrics {
     /// The families, registered in `registry` under the `sluice_` prefix.
+    /// The families, with the default latency buckets, in `registry`.
     pub fn register(registry: &mut Registry) -> Arc<Self> {
+        Self::register_with(registry, &LATENCY_BUCKETS)
+    }
+
+    /// The families, with `latency_buckets` for request durations and time to first byte.
+    pub fn register_with(registry: &mut Registry, latency_buckets: &[f64]) -> Arc<Self> {
+        let latency = Buckets(latency_buckets.into());
         let m = Self {
             requests: Family::default(),
-            duration: Family::new_with_constructor(latency),
+            duration: Family::new_with_constructor(latency.clone()),
             ttft: Family::new_with_constructor(latency),
             inter_chunk: Family::new_with_constructor(gaps),
             selections: Family::default(),
