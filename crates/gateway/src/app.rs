@@ -74,7 +74,8 @@ impl App {
             front: Arc::new(Front {
                 fleet: fleet.clone(),
                 admit: Admit::new(config.request_timeout),
-                route: RouteStage::new(config.policy, config.shedding, metrics.clone()),
+                route: RouteStage::new(config.policy, config.shedding, metrics.clone())
+                    .with_aliases(config.model_aliases.clone()),
                 forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
                 accounts: Accounts {
                     metrics,

@@ -226,3 +226,29 @@ async fn the_first_routing_key_header_present_wins() {
         "keyed by x-tenant, not the session: {before:?} -> {after:?}"
     );
 }
+
+#[tokio::test]
+async fn a_model_alias_is_served_by_its_model_which_is_sent_the_real_name() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.model_aliases = [(
+            "gpt-4o".to_string(),
+            sluice_core::ModelName::new("test-model"),
+        )]
+        .into_iter()
+        .collect();
+    })
+    .await;
+    // The engine answers 404 to any model but its own: a 200 means it was told `test-model`.
+    let a = s.chat(&chat_body("gpt-4o", "hi", 1, false)).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let models = get(&s.client, &s.url("/v1/models")).await.json();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["test-model", "gpt-4o"]);
+    let card = get(&s.client, &s.url("/v1/models/gpt-4o")).await.json();
+    assert_eq!(card["root"], "test-model");
+}

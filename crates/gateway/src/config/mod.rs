@@ -181,6 +181,32 @@ impl Settings {
             })
     }
 
+    /// `--model-alias ALIAS=MODEL` pairs, checked: both named, an alias once, not a model itself.
+    fn model_aliases(
+        &self,
+    ) -> Result<std::collections::HashMap<String, sluice_core::ModelName>, ConfigError> {
+        let mut aliases = std::collections::HashMap::new();
+        for pair in &self.model_aliases {
+            let Some((alias, model)) = pair
+                .split_once('=')
+                .map(|(a, m)| (a.trim(), m.trim()))
+                .filter(|(a, m)| !a.is_empty() && !m.is_empty() && a != m)
+            else {
+                return Err(invalid(
+                    "model-alias",
+                    format!("'{pair}' is not ALIAS=MODEL with two different names"),
+                ));
+            };
+            if aliases
+                .insert(alias.to_string(), sluice_core::ModelName::new(model))
+                .is_some()
+            {
+                return Err(invalid("model-alias", format!("'{alias}' is given twice")));
+            }
+        }
+        Ok(aliases)
+    }
+
     /// `--prometheus-duration-buckets`, checked: positive, finite, increasing.
     fn duration_buckets(&self) -> Result<Option<Vec<f64>>, ConfigError> {
         let b = &self.prometheus_duration_buckets;
@@ -231,6 +257,7 @@ impl Settings {
             policy: self.policy()?,
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
+            model_aliases: self.model_aliases()?,
             routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
             default_worker_key: self.default_worker_key(),
@@ -298,6 +325,8 @@ pub struct Config {
     pub routing_key_headers: Vec<HeaderName>,
     /// `--request-id-headers`, in order of precedence.
     pub request_id_headers: Vec<HeaderName>,
+    /// `--model-alias`: alias -> the served model it names.
+    pub model_aliases: std::collections::HashMap<String, sluice_core::ModelName>,
     pub api_keys: Vec<String>,
     /// The key sent to workers registered without one (`Settings::default_worker_key`).
     pub default_worker_key: Option<String>,
@@ -410,6 +439,31 @@ mod tests {
     fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
         let matches = Cli::command().try_get_matches_from(args)?;
         load(&matches)
+    }
+
+    #[test]
+    fn model_aliases_are_pairs_of_two_names() {
+        let aliases = |args: &[&str]| {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            load_args(&full)
+                .unwrap()
+                .validate()
+                .map(|c| c.model_aliases)
+        };
+        let ok = aliases(&[
+            "--model-alias",
+            "gpt-4o=llama",
+            "--model-alias",
+            "small=llama",
+        ])
+        .unwrap();
+        assert_eq!(ok["gpt-4o"].as_str(), "llama");
+        assert_eq!(ok.len(), 2);
+        for bad in ["nothing", "=llama", "same=same"] {
+            let err = aliases(&["--model-alias", bad]).unwrap_err();
+            assert!(err.to_string().starts_with("--model-alias"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -91,6 +91,14 @@ pub struct Settings {
     #[arg(help_heading = "Routing policy")]
     pub routing_key_headers: Vec<String>,
 
+    /// An extra client-facing model name for a served model, `ALIAS=MODEL` (repeatable; SMG's
+    /// flag). A request naming the alias is served by MODEL's workers, which are sent MODEL;
+    /// `/v1/models` lists the alias too. Matching is case-sensitive.
+    #[arg(long = "model-alias", value_name = "ALIAS=MODEL")]
+    #[arg(help_heading = "Routing policy")]
+    #[serde(default)]
+    pub model_aliases: Vec<String>,
+
     /// Request headers a client's own request id is taken from, the first present and sane one
     /// winning (SMG's flag); the id goes to the worker and back to the client as `x-request-id`.
     #[arg(long, value_delimiter = ',', default_values_t = ["x-request-id".to_string()])]

@@ -224,13 +224,14 @@ async fn serve(
             .map(|m| sluice_core::ModelName::new(reflected(m)));
     })?;
     ctx.model = Some(routed.pool.model.clone());
-    // The only model served was chosen for a request without one: say so to the worker too,
-    // by splicing the field in (the rest of the body stays byte for byte).
-    let body = match (&facts.model, &facts.model_null) {
-        (Some(_), _) => body.clone(),
+    // The worker is told the model it serves: the one chosen for a request without one, or the
+    // one an alias names, spliced in (the rest of the body stays byte for byte).
+    let served = routed.pool.model.as_str();
+    let body = match (&facts.model, &facts.model_at) {
         _ if !route.takes_model() => body.clone(),
-        (None, Some(null)) => with_model_for_null(body, null.clone(), routed.pool.model.as_str()),
-        (None, None) => with_model(body, routed.pool.model.as_str()),
+        (Some(asked), _) if asked == served => body.clone(),
+        (_, Some(at)) => with_model_at(body, at.clone(), served),
+        (_, None) => with_model(body, served),
     };
     let job = Job {
         parts,
@@ -255,8 +256,8 @@ fn with_model(body: &Bytes, model: &str) -> Bytes {
     Bytes::from(out)
 }
 
-/// `body` with the `null` at `at` replaced by `model` as a JSON string.
-fn with_model_for_null(body: &Bytes, at: std::ops::Range<usize>, model: &str) -> Bytes {
+/// `body` with the value at `at` (a `null`, or an alias) replaced by `model` as a JSON string.
+fn with_model_at(body: &Bytes, at: std::ops::Range<usize>, model: &str) -> Bytes {
     let field = serde_json::to_string(model).unwrap_or_default();
     let mut out = Vec::with_capacity(body.len() + field.len());
     out.extend_from_slice(&body[..at.start]);
@@ -302,10 +303,17 @@ async fn models(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response
     let snapshot = front.fleet.snapshot();
     let mut names: Vec<_> = snapshot.pools.keys().collect();
     names.sort();
-    let data: Vec<serde_json::Value> = names
+    let mut data: Vec<serde_json::Value> = names
         .into_iter()
         .filter_map(|name| card(&snapshot, name.as_str()))
         .collect();
+    let mut aliases: Vec<_> = front.route.aliases().iter().collect();
+    aliases.sort();
+    data.extend(
+        aliases
+            .into_iter()
+            .filter_map(|(alias, model)| alias_card(&snapshot, alias, model)),
+    );
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
@@ -320,13 +328,29 @@ async fn model_card(
         return e.into_response();
     }
     let snapshot = front.fleet.snapshot();
-    match card(&snapshot, &id) {
+    let found = match front.route.aliases().get(&id) {
+        Some(model) => alias_card(&snapshot, &id, model),
+        None => card(&snapshot, &id),
+    };
+    match found {
         Some(card) => axum::Json(card).into_response(),
         None => GatewayError::ModelNotFound {
             model: reflected(&id),
         }
         .into_response(),
     }
+}
+
+/// The card of an alias: its model's, under the alias's name, with `root` naming the model.
+fn alias_card(
+    snapshot: &crate::fleet::Snapshot,
+    alias: &str,
+    model: &sluice_core::ModelName,
+) -> Option<serde_json::Value> {
+    let mut card = card(snapshot, model.as_str())?;
+    card["id"] = serde_json::Value::from(alias);
+    card["root"] = serde_json::Value::from(model.as_str());
+    Some(card)
 }
 
 /// The card of `model` a routable worker gave, or a plain one; `None` when none serves it.
@@ -363,7 +387,7 @@ mod tests {
     #[test]
     fn a_null_model_is_replaced_not_repeated() {
         let body = Bytes::from_static(br#"{"model": null, "messages":[]}"#);
-        let out = with_model_for_null(&body, 10..14, "m");
+        let out = with_model_at(&body, 10..14, "m");
         assert_eq!(&out[..], br#"{"model": "m", "messages":[]}"#);
     }
 }

@@ -79,9 +79,10 @@ impl ApiRoute {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestFacts<'a> {
     pub model: Option<Cow<'a, str>>,
-    /// Where `"model": null` stands in the body (its byte range), so the model chosen for it can
-    /// replace the null instead of adding a second `model` key.
-    pub model_null: Option<std::ops::Range<usize>>,
+    /// Where the `model` value (a string or `null`) stands in the body, its byte range: the
+    /// model the gateway chose (for a `null`) or the one an alias names replaces it there,
+    /// instead of adding a second `model` key.
+    pub model_at: Option<std::ops::Range<usize>>,
     pub stream: bool,
     /// `max_completion_tokens`, else `max_tokens`, with the name of the field it came from.
     pub max_tokens: Option<u64>,
@@ -138,10 +139,10 @@ fn passed_through<'a>(
     body: &[u8],
     prompt: Option<&'a RawValue>,
 ) -> Result<RequestFacts<'a>, GatewayError> {
-    let (model, model_null) = model(fields, body)?;
+    let (model, model_at) = model(fields, body)?;
     Ok(RequestFacts {
         model,
-        model_null,
+        model_at,
         stream: fields
             .stream
             .map(|raw| boolean(raw, "stream"))
@@ -206,10 +207,10 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
     }
     let (max_tokens, max_tokens_param) = max_tokens(&fields)?;
     let n = choices(&fields)?;
-    let (model, model_null) = model(&fields, body)?;
+    let (model, model_at) = model(&fields, body)?;
     Ok(RequestFacts {
         model,
-        model_null,
+        model_at,
         stream: fields
             .stream
             .map(|raw| boolean(raw, "stream"))
@@ -257,19 +258,21 @@ fn choices(fields: &Fields<'_>) -> Result<u64, GatewayError> {
     Ok(n)
 }
 
-/// The model named, and where a `"model": null` stands in the body.
+/// The model named (none for `null`), and where its value stands in the body.
 type ModelField<'a> = (Option<Cow<'a, str>>, Option<std::ops::Range<usize>>);
 
-/// `model` as a string, or where its `null` stands in `body`.
+/// `model` as a string, and where its value (a string or `null`) stands in `body`.
 fn model<'a>(fields: &Fields<'a>, body: &[u8]) -> Result<ModelField<'a>, GatewayError> {
-    Ok(match fields.model {
-        Some(raw) if raw.get() == "null" => {
-            // Borrowed from `body`: its place is its distance from the body's start.
-            let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
-            (None, Some(start..start + raw.get().len()))
-        }
-        other => (other.map(|raw| string(raw, "model")).transpose()?, None),
-    })
+    let Some(raw) = fields.model else {
+        return Ok((None, None));
+    };
+    // Borrowed from `body`: its place is its distance from the body's start.
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    let at = Some(start..start + raw.get().len());
+    if raw.get() == "null" {
+        return Ok((None, at));
+    }
+    Ok((Some(string(raw, "model")?), at))
 }
 
 fn string<'a>(raw: &'a RawValue, param: &'static str) -> Result<Cow<'a, str>, GatewayError> {
@@ -328,7 +331,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.model.as_deref(), Some("a\"b"));
-        assert_eq!(f.model_null, None);
+        assert_eq!(f.model_at, Some(9..15), "the escaped string's place");
         assert!(!f.stream);
         assert_eq!(f.max_tokens, Some(3));
         let e = parse(ApiRoute::Embeddings, br#"{"input":["a","b"]}"#).unwrap();
@@ -336,7 +339,7 @@ mod tests {
         let body = br#"{"input":"a", "model" :  null }"#;
         let n = parse(ApiRoute::Embeddings, body).unwrap();
         assert_eq!(n.model, None);
-        let at = n.model_null.unwrap();
+        let at = n.model_at.unwrap();
         assert_eq!(&body[at], b"null", "where the null stands");
     }
 

@@ -33,6 +33,8 @@ use crate::metrics::{Metrics, StageLabel};
 pub struct RouteStage {
     policy: Policy,
     shedding: Shedding,
+    /// `--model-alias`: extra client-facing names, each for a served model.
+    aliases: std::collections::HashMap<String, ModelName>,
     metrics: Arc<Metrics>,
 }
 
@@ -64,8 +66,20 @@ impl RouteStage {
         Self {
             policy,
             shedding,
+            aliases: std::collections::HashMap::new(),
             metrics,
         }
+    }
+
+    /// With `--model-alias` names: a request for an alias is served by its model's pool.
+    pub fn with_aliases(mut self, aliases: std::collections::HashMap<String, ModelName>) -> Self {
+        self.aliases = aliases;
+        self
+    }
+
+    /// The aliases, for `/v1/models`.
+    pub fn aliases(&self) -> &std::collections::HashMap<String, ModelName> {
+        &self.aliases
     }
 
     /// The pool serving what the request wants, or the answer for why there is none.
@@ -74,7 +88,10 @@ impl RouteStage {
         snapshot: &'s Snapshot,
         wants: &Wants<'_>,
     ) -> Result<Routed<'s>, GatewayError> {
-        let pool = pool(snapshot, wants.model)?;
+        let model = wants
+            .model
+            .map(|m| self.aliases.get(m).map_or(m, ModelName::as_str));
+        let pool = pool(snapshot, model)?;
         Ok(Routed {
             pool,
             request: RouteRequest::new(&self.policy, wants),
