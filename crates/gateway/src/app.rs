@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use axum::Router;
 use prometheus_client::registry::Registry;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::access_log::{AccessLog, AccessLogError, AccessLogWriter};
 use crate::admin::{self, Admin};
 use crate::admit::Admit;
-use crate::config::Config;
+use crate::config::{Config, CorsOrigins};
 use crate::context::{Accounts, InFlight};
 use crate::control::{Control, ControlSettings};
 use crate::fleet::{Fleet, FleetCollector, FleetSettings};
@@ -26,6 +27,8 @@ use crate::upstream::Upstream;
 
 /// Everything the listeners serve.
 pub struct App {
+    /// `--cors-allowed-origins`, applied to every route when set.
+    pub cors: Option<CorsLayer>,
     pub front: Arc<Front>,
     pub admin: Arc<Admin>,
     pub probes: Arc<Probes>,
@@ -71,6 +74,7 @@ impl App {
         };
         let probes = Probes::new(fleet.clone(), draining.clone());
         let app = App {
+            cors: config.cors.as_ref().map(cors_layer),
             front: Arc::new(Front {
                 fleet: fleet.clone(),
                 admit: Admit::new(config.request_timeout),
@@ -112,19 +116,37 @@ impl App {
 
     /// Every route of the main listener.
     pub fn router(&self) -> Router {
-        Router::new()
+        let router = Router::new()
             .merge(front::routes(self.front.clone()))
             .merge(admin::routes(self.admin.clone()))
             .merge(probes::routes(self.probes.clone()))
             .merge(probes::metrics_routes(self.registry.clone()))
             .fallback(http::unknown_route)
-            .method_not_allowed_fallback(http::method_not_allowed)
+            .method_not_allowed_fallback(http::method_not_allowed);
+        match &self.cors {
+            Some(cors) => router.layer(cors.clone()),
+            None => router,
+        }
     }
 
     /// `/metrics` alone, for `--prometheus-port`.
     pub fn metrics_router(&self) -> Router {
         probes::metrics_routes(self.registry.clone())
     }
+}
+
+/// What a browser may do from the allowed origins: any method and request header, and read the
+/// request id and the gateway's error code.
+fn cors_layer(origins: &CorsOrigins) -> CorsLayer {
+    let allow = match origins {
+        CorsOrigins::Any => AllowOrigin::any(),
+        CorsOrigins::List(list) => AllowOrigin::list(list.iter().cloned()),
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods(tower_http::cors::Any)
+        .allow_headers(tower_http::cors::Any)
+        .expose_headers([crate::http::REQUEST_ID, crate::error::ERROR_CODE_HEADER])
 }
 
 /// The control loops and the fleet they feed; the liveness checker runs from here on.

@@ -264,3 +264,74 @@ async fn one_engine_is_one_worker_however_its_address_is_spelled_and_absurd_spec
     }
     assert_eq!(s.workers().await.len(), 1);
 }
+
+#[tokio::test]
+async fn browsers_from_the_allowed_origins_may_call_the_gateway() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.cors = Some(sluice_gateway::config::CorsOrigins::List(vec![
+            http::HeaderValue::from_static("http://localhost:3000"),
+        ]));
+    })
+    .await;
+    let url = s.url("/v1/chat/completions");
+    let preflight = send(
+        &s.client,
+        "OPTIONS",
+        &url,
+        None,
+        &[
+            ("origin", "http://localhost:3000"),
+            ("access-control-request-method", "POST"),
+            (
+                "access-control-request-headers",
+                "content-type,authorization",
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(preflight.status, 200);
+    assert_eq!(
+        preflight.headers["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
+    let body = chat_body("test-model", "hi", 1, false);
+    let allowed = send(
+        &s.client,
+        "POST",
+        &url,
+        Some(&body),
+        &[("origin", "http://localhost:3000")],
+    )
+    .await;
+    assert_eq!(allowed.status, 200);
+    assert_eq!(
+        allowed.headers["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
+    let elsewhere = send(
+        &s.client,
+        "POST",
+        &url,
+        Some(&body),
+        &[("origin", "http://evil.example")],
+    )
+    .await;
+    assert!(elsewhere
+        .headers
+        .get("access-control-allow-origin")
+        .is_none());
+
+    let closed = start(1, instant(Flavor::Vllm), |_| {}).await;
+    let plain = send(
+        &closed.client,
+        "POST",
+        &closed.url("/v1/chat/completions"),
+        Some(&body),
+        &[("origin", "http://localhost:3000")],
+    )
+    .await;
+    assert!(
+        plain.headers.get("access-control-allow-origin").is_none(),
+        "no allowance unless configured"
+    );
+}

@@ -44,6 +44,13 @@ fn header_names(setting: &'static str, names: &[String]) -> Result<Vec<HeaderNam
 /// Characters of prompt per prefix block of the cache-aware index (`route`'s block size).
 const PREFIX_BLOCK_CHARS: usize = 64;
 
+/// Which origins a browser may call the gateway from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CorsOrigins {
+    Any,
+    List(Vec<axum::http::HeaderValue>),
+}
+
 /// How often an idle HTTP/2 client is pinged, and how long it has to answer.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
@@ -181,6 +188,28 @@ impl Settings {
             })
     }
 
+    /// `--cors-allowed-origins`, checked: `*` alone, or origins that are header values.
+    fn cors(&self) -> Result<Option<CorsOrigins>, ConfigError> {
+        let origins = &self.cors_allowed_origins;
+        if origins.is_empty() {
+            return Ok(None);
+        }
+        if origins.iter().any(|o| o == "*") {
+            if origins.len() > 1 {
+                return Err(invalid("cors-allowed-origins", "'*' stands alone"));
+            }
+            return Ok(Some(CorsOrigins::Any));
+        }
+        origins
+            .iter()
+            .map(|o| {
+                axum::http::HeaderValue::try_from(o.trim())
+                    .map_err(|_| invalid("cors-allowed-origins", format!("'{o}' is not an origin")))
+            })
+            .collect::<Result<_, _>>()
+            .map(|list| Some(CorsOrigins::List(list)))
+    }
+
     /// `--model-alias ALIAS=MODEL` pairs, checked: both named, an alias once, not a model itself.
     fn model_aliases(
         &self,
@@ -258,6 +287,7 @@ impl Settings {
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             model_aliases: self.model_aliases()?,
+            cors: self.cors()?,
             routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
             default_worker_key: self.default_worker_key(),
@@ -325,6 +355,8 @@ pub struct Config {
     pub routing_key_headers: Vec<HeaderName>,
     /// `--request-id-headers`, in order of precedence.
     pub request_id_headers: Vec<HeaderName>,
+    /// `--cors-allowed-origins`; `None`: no cross-origin allowance.
+    pub cors: Option<CorsOrigins>,
     /// `--model-alias`: alias -> the served model it names.
     pub model_aliases: std::collections::HashMap<String, sluice_core::ModelName>,
     pub api_keys: Vec<String>,
@@ -439,6 +471,25 @@ mod tests {
     fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
         let matches = Cli::command().try_get_matches_from(args)?;
         load(&matches)
+    }
+
+    #[test]
+    fn cors_origins_are_a_list_or_a_star_alone() {
+        let cors = |args: &[&str]| {
+            let mut full = vec!["sluice"];
+            full.extend_from_slice(args);
+            load_args(&full).unwrap().validate().map(|c| c.cors)
+        };
+        assert_eq!(cors(&[]).unwrap(), None);
+        assert_eq!(
+            cors(&["--cors-allowed-origins", "*"]).unwrap(),
+            Some(CorsOrigins::Any)
+        );
+        assert!(matches!(
+            cors(&["--cors-allowed-origins", "http://a", "https://b"]).unwrap(),
+            Some(CorsOrigins::List(l)) if l.len() == 2
+        ));
+        assert!(cors(&["--cors-allowed-origins", "*", "http://a"]).is_err());
     }
 
     #[test]

@@ -140,6 +140,13 @@ pub struct Settings {
     #[arg(help_heading = "Authentication")]
     pub admin_reads_open: bool,
 
+    /// Origins a browser may call the gateway from (e.g. http://localhost:3000), or `*` alone for
+    /// any origin (SMG's flag). Unset: no cross-origin allowance.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_name = "ORIGIN")]
+    #[arg(help_heading = "Authentication")]
+    #[serde(default)]
+    pub cors_allowed_origins: Vec<String>,
+
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     #[arg(help_heading = "Requests")]
