@@ -71,6 +71,7 @@ impl App {
         let keys = Keys {
             client: config.api_keys.clone(),
             admin: config.admin_api_key.clone(),
+            control_plane: config.control_plane_keys.clone(),
         };
         let probes = Probes::new(fleet.clone(), draining.clone());
         let app = App {

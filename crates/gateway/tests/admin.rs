@@ -335,3 +335,28 @@ async fn browsers_from_the_allowed_origins_may_call_the_gateway() {
         "no allowance unless configured"
     );
 }
+
+#[tokio::test]
+async fn smgs_control_plane_keys_give_admin_and_read_only_access() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.control_plane_keys = vec![
+            "ops:Operators:admin:adm-secret".parse().unwrap(),
+            "dash:Dashboards:user:read-secret".parse().unwrap(),
+            // What the test helpers read /workers with.
+            format!("tests:Tests:user:{ADMIN_KEY}").parse().unwrap(),
+        ];
+    })
+    .await;
+    assert_eq!(admin(&s, "GET", "/workers", None, None).await.status, 401);
+    assert_eq!(
+        admin(&s, "GET", "/workers", None, Some("read-secret"))
+            .await
+            .status,
+        200
+    );
+    let spec = r#"{"url":"http://127.0.0.1:1"}"#;
+    let refused = admin(&s, "POST", "/workers", Some(spec), Some("read-secret")).await;
+    assert_eq!(refused.status, 401, "a user key only reads");
+    let created = admin(&s, "POST", "/workers", Some(spec), Some("adm-secret")).await;
+    assert_eq!(created.status, 202, "{}", created.text());
+}

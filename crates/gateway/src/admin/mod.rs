@@ -54,10 +54,10 @@ pub struct Admin {
 impl Admin {
     /// Whether these headers may read the admin API.
     fn check_read(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
-        if self.reads_open || self.keys.admin.is_none() {
+        if self.reads_open || !self.keys.admin_configured() {
             return Ok(());
         }
-        self.keys.check_admin(headers)
+        self.keys.check_admin_read(headers)
     }
 }
 

@@ -296,6 +296,14 @@ impl Settings {
                 None => None,
             },
             admin_reads_open: self.admin_reads_open,
+            control_plane_keys: self
+                .control_plane_api_keys
+                .iter()
+                .map(|k| {
+                    k.parse()
+                        .map_err(|e: String| invalid("control-plane-api-keys", e))
+                })
+                .collect::<Result<_, _>>()?,
             max_payload_size: self.max_payload_size,
             max_buffered_body_bytes: self.body_budget()?,
             limits: self.request_limits()?,
@@ -365,6 +373,8 @@ pub struct Config {
     pub admin_api_key: Option<String>,
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,
+    /// `--control-plane-api-keys`.
+    pub control_plane_keys: Vec<crate::http::ControlPlaneKey>,
     pub max_payload_size: usize,
     pub max_buffered_body_bytes: usize,
     /// `--max-n`, `--max-tokens-limit`.

@@ -140,6 +140,13 @@ pub struct Settings {
     #[arg(help_heading = "Authentication")]
     pub admin_reads_open: bool,
 
+    /// More admin API keys, as SMG writes them: `id:name:role:key`, role `admin` (changes and
+    /// reads, like --admin-api-key) or `user` (reads only). Repeatable.
+    #[arg(long, num_args = 1.., value_name = "ID:NAME:ROLE:KEY", hide_env_values = true)]
+    #[arg(help_heading = "Authentication")]
+    #[serde(default)]
+    pub control_plane_api_keys: Vec<String>,
+
     /// Origins a browser may call the gateway from (e.g. http://localhost:3000), or `*` alone for
     /// any origin (SMG's flag). Unset: no cross-origin allowance.
     #[arg(long, num_args = 1.., value_delimiter = ',', value_name = "ORIGIN")]

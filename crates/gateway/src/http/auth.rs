@@ -14,6 +14,46 @@ pub struct Keys {
     pub client: Vec<String>,
     /// None: worker mutations are refused.
     pub admin: Option<String>,
+    /// `--control-plane-api-keys` (SMG's): more admin keys, and read-only ones.
+    pub control_plane: Vec<ControlPlaneKey>,
+}
+
+/// One control-plane key, as SMG writes it: `id:name:role:key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneKey {
+    pub id: String,
+    pub name: String,
+    /// `admin` may change workers; `user` may only read the admin API.
+    pub admin: bool,
+    pub key: String,
+}
+
+impl std::str::FromStr for ControlPlaneKey {
+    type Err = String;
+
+    /// `id:name:role:key`, role `admin` or `user`; the key may itself contain colons.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.splitn(4, ':');
+        let (Some(id), Some(name), Some(role), Some(key)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err("expected id:name:role:key".into());
+        };
+        let admin = match role {
+            "admin" => true,
+            "user" => false,
+            other => return Err(format!("role '{other}' is neither admin nor user")),
+        };
+        if id.is_empty() || key.is_empty() {
+            return Err("the id and the key cannot be empty".into());
+        }
+        Ok(Self {
+            id: id.into(),
+            name: name.into(),
+            admin,
+            key: key.into(),
+        })
+    }
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
@@ -42,12 +82,36 @@ impl Keys {
         }
     }
 
+    /// Whether any key guards the admin API (else changes are refused and reads are open).
+    pub fn admin_configured(&self) -> bool {
+        self.admin.is_some() || !self.control_plane.is_empty()
+    }
+
+    /// The keys that may change workers.
+    fn admin_keys(&self) -> impl Iterator<Item = &String> {
+        self.admin.iter().chain(
+            self.control_plane
+                .iter()
+                .filter(|k| k.admin)
+                .map(|k| &k.key),
+        )
+    }
+
     pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
-        let Some(key) = &self.admin else {
+        if !self.admin_configured() {
             return Err(GatewayError::AdminDisabled);
-        };
+        }
         match bearer(headers) {
-            Some(given) if matches_any(std::iter::once(key), given) => Ok(()),
+            Some(given) if matches_any(self.admin_keys(), given) => Ok(()),
+            _ => Err(GatewayError::InvalidAdminKey),
+        }
+    }
+
+    /// An admin key, or a read-only control-plane key.
+    pub fn check_admin_read(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        let readers = self.control_plane.iter().map(|k| &k.key);
+        match bearer(headers) {
+            Some(given) if matches_any(self.admin_keys().chain(readers), given) => Ok(()),
             _ => Err(GatewayError::InvalidAdminKey),
         }
     }
@@ -56,6 +120,45 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_plane_keys_read_as_smg_writes_them() {
+        let k: ControlPlaneKey = "key1:Service Account:admin:secret:123".parse().unwrap();
+        assert_eq!(
+            k,
+            ControlPlaneKey {
+                id: "key1".into(),
+                name: "Service Account".into(),
+                admin: true,
+                key: "secret:123".into(),
+            }
+        );
+        assert!(
+            !"k2:Read Only:user:s"
+                .parse::<ControlPlaneKey>()
+                .unwrap()
+                .admin
+        );
+        for bad in ["k:n:root:s", "k:n:admin", ":n:user:s"] {
+            assert!(bad.parse::<ControlPlaneKey>().is_err(), "{bad}");
+        }
+        let keys = Keys {
+            control_plane: vec![
+                "a:A:admin:adm".parse().unwrap(),
+                "r:R:user:rdr".parse().unwrap(),
+            ],
+            ..Keys::default()
+        };
+        assert!(keys.check_admin(&auth("Bearer adm")).is_ok());
+        assert_eq!(
+            keys.check_admin(&auth("Bearer rdr")),
+            Err(GatewayError::InvalidAdminKey),
+            "a user key cannot change workers"
+        );
+        assert!(keys.check_admin_read(&auth("Bearer rdr")).is_ok());
+        assert!(keys.check_admin_read(&auth("Bearer adm")).is_ok());
+        assert!(keys.check_admin_read(&auth("Bearer nope")).is_err());
+    }
     use axum::http::HeaderValue;
 
     fn auth(v: &str) -> HeaderMap {
@@ -71,6 +174,7 @@ mod tests {
         let keys = Keys {
             client: vec!["k1".into(), "k2".into()],
             admin: None,
+            control_plane: vec![],
         };
         assert!(keys.check_client(&auth("Bearer k2")).is_ok());
         assert!(keys.check_client(&auth("bearer k1")).is_ok());
@@ -97,6 +201,7 @@ mod tests {
         let keys = Keys {
             client: vec![],
             admin: Some("root".into()),
+            control_plane: vec![],
         };
         assert!(keys.check_admin(&auth("Bearer root")).is_ok());
         assert_eq!(
