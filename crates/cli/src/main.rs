@@ -4,6 +4,9 @@
 mod serve;
 mod sim;
 
+use std::path::Path;
+use std::sync::Arc;
+
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -29,20 +32,44 @@ enum Command {
     Bench(Box<sluice_bench::cli::BenchCommand>),
 }
 
-/// Logs to stderr: text, coloured only on a terminal, or JSON lines.
-fn init_tracing(default_filter: &str, json: bool) {
+/// Logs to stderr — text, coloured only on a terminal, or JSON lines — and, with a directory,
+/// to `sluice.log` in it too (uncoloured).
+fn init_tracing(default_filter: &str, json: bool, dir: Option<&Path>) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let (writer, ansi) = match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("--log-dir {}: {e}", dir.display()))?;
+            let path = dir.join("sluice.log");
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| anyhow::anyhow!("--log-dir: cannot open {}: {e}", path.display()))?;
+            (
+                // The file first: once a line is on stderr, it is in the file too.
+                BoxMakeWriter::new(Arc::new(file).and(std::io::stderr)),
+                false,
+            )
+        }
+        None => (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::stderr().is_terminal(),
+        ),
+    };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+        .with_writer(writer)
+        .with_ansi(ansi);
     if json {
         logs.json().init();
     } else {
         logs.init();
     }
+    Ok(())
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -64,15 +91,19 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", settings.to_toml()?);
                 return Ok(());
             }
-            init_tracing(&settings.log_filter()?, settings.log_json);
+            init_tracing(
+                &settings.log_filter()?,
+                settings.log_json,
+                settings.log_dir.as_deref(),
+            )?;
             runtime()?.block_on(serve::run(settings))
         }
         Command::Sim(args) => {
-            init_tracing("info", false);
+            init_tracing("info", false, None)?;
             runtime()?.block_on(sim::run(*args))
         }
         Command::Bench(command) => {
-            init_tracing("info", false);
+            init_tracing("info", false, None)?;
             Ok(runtime()?.block_on(sluice_bench::cli::run(*command))?)
         }
     }

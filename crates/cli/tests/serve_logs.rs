@@ -125,3 +125,15 @@ fn serve_help_is_grouped_under_headings() {
         assert!(help.lines().any(|l| l == heading), "{heading}: {help}");
     }
 }
+
+#[test]
+fn logs_also_go_to_the_log_dir() {
+    let dir = std::env::temp_dir().join(format!("sluice-log-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = listening_line(serve(&["--log-dir", dir.to_str().unwrap()]));
+    assert!(line.contains("listening"));
+    let file = std::fs::read_to_string(dir.join("sluice.log")).unwrap();
+    assert!(file.contains("sluice gateway listening"), "{file}");
+    assert!(!file.contains('\u{1b}'), "no colours in the file");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

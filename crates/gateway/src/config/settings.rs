@@ -504,6 +504,12 @@ pub struct Settings {
     #[arg(help_heading = "Metrics and logs")]
     pub log_level: String,
 
+    /// Also write the logs to `sluice.log` in this directory, created when missing (SMG's flag).
+    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "Metrics and logs")]
+    #[serde(default)]
+    pub log_dir: Option<PathBuf>,
+
     /// Log one JSON object per line (for log shippers) instead of text.
     #[arg(long)]
     #[serde(default)]
