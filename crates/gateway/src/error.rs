@@ -91,6 +91,9 @@ pub enum GatewayError {
     UnsupportedContentEncoding { encoding: String },
     #[error("Could not read the request body")]
     BodyUnreadable,
+    /// A multipart form that cannot be read.
+    #[error("The form could not be read: {detail}")]
+    InvalidForm { detail: String },
     /// `--body-read-timeout-secs`: the body stalled or dripped.
     #[error("The request body did not arrive within {timeout:?}")]
     BodyReadTimeout { timeout: Duration },
@@ -164,6 +167,7 @@ impl GatewayError {
             | AboveMax { .. }
             | BelowMin { .. }
             | BodyNotObject
+            | InvalidForm { .. }
             | MissingParameter { .. }
             | ModelRequired { .. }
             | BodyUnreadable
@@ -211,6 +215,7 @@ impl GatewayError {
             UnsupportedContentEncoding { .. } => "unsupported_content_encoding",
             BodyUnreadable => "invalid_request_body",
             BodyReadTimeout { .. } => "body_read_timeout",
+            InvalidForm { .. } => "invalid_form",
             BodyBuffersFull => "request_buffers_full",
             UnknownRoute { .. } => "unknown_url",
             UriTooLong { .. } => "uri_too_long",

@@ -31,6 +31,8 @@ async fn echo_engine() -> String {
         "/tokenize",
         "/detokenize",
         "/generate",
+        "/v1/audio/transcriptions",
+        "/v1/audio/speech",
     ] {
         app = app.route(path, echo(path));
     }
@@ -112,4 +114,49 @@ async fn one_model_card_and_the_smg_name_of_the_load_view() {
     let loads = get(&c, &format!("{}/get_loads", gateway.url())).await;
     assert_eq!(loads.status, 200);
     assert_eq!(loads.json()["aggregate"]["workers"], 1);
+}
+
+/// A transcription upload: a file part and, when given, a `model` part.
+fn upload(model: Option<&str>) -> String {
+    let mut form = String::from(
+        "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+         Content-Type: audio/wav\r\n\r\nRIFF-not-really-audio\r\n",
+    );
+    if let Some(model) = model {
+        form.push_str(&format!(
+            "--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n"
+        ));
+    }
+    form.push_str("--XyZ--\r\n");
+    form
+}
+
+#[tokio::test]
+async fn audio_uploads_are_routed_by_their_form_model_and_passed_through() {
+    let (gateway, c) = over_echo().await;
+    let url = format!("{}/v1/audio/transcriptions", gateway.url());
+    let form = [("content-type", "multipart/form-data; boundary=XyZ")];
+    for model in [Some("fake"), None] {
+        let body = upload(model);
+        let a = send(&c, "POST", &url, Some(&body), &form).await;
+        assert_eq!(a.status, 200, "{model:?}: {}", a.text());
+        assert_eq!(a.json()["body"], body.as_str(), "byte for byte");
+    }
+    let a = send(&c, "POST", &url, Some(&upload(Some("nope"))), &form).await;
+    assert_eq!(a.status, 404);
+    assert_eq!(code(&a).as_deref(), Some("model_not_found"));
+    let json = [("content-type", "application/json")];
+    let a = send(&c, "POST", &url, Some("{}"), &json).await;
+    assert_eq!(a.status, 415, "an upload is a form");
+    let broken = send(&c, "POST", &url, Some("--XyZ\r\nno end"), &form).await;
+    assert_eq!(broken.status, 400);
+    assert_eq!(code(&broken).as_deref(), Some("invalid_form"));
+
+    let speech = post(
+        &c,
+        &format!("{}/v1/audio/speech", gateway.url()),
+        r#"{"model":"fake","input":"hello","voice":"alloy"}"#,
+    )
+    .await;
+    assert_eq!(speech.status, 200, "{}", speech.text());
 }

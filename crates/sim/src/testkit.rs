@@ -76,7 +76,10 @@ pub async fn send(
     headers: &[(&str, &str)],
 ) -> Answer {
     let mut request = http::Request::builder().method(method).uri(url);
-    if body.is_some() {
+    let typed = headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+    if body.is_some() && !typed {
         request = request.header("content-type", "application/json");
     }
     for (name, value) in headers {

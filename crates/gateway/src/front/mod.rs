@@ -21,7 +21,7 @@ use axum::Router;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-pub use parse::{parse, ApiRoute, RequestFacts};
+pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
 
 use crate::admit::Admit;
 use crate::context::{Accounts, RequestContext};
@@ -122,6 +122,18 @@ pub fn routes(front: Arc<Front>) -> Router {
             "/generate",
             post(|s, r| pass_through(s, ApiRoute::Generate, r)),
         )
+        .route(
+            "/v1/audio/transcriptions",
+            post(|s, r| pass_through(s, ApiRoute::Transcriptions, r)),
+        )
+        .route(
+            "/v1/audio/translations",
+            post(|s, r| pass_through(s, ApiRoute::Translations, r)),
+        )
+        .route(
+            "/v1/audio/speech",
+            post(|s, r| pass_through(s, ApiRoute::Speech, r)),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
         .with_state(front)
@@ -186,7 +198,12 @@ async fn serve(
         return Err(GatewayError::ShuttingDown);
     }
     front.keys.check_client(&parts.headers)?;
-    require_json(&parts.headers)?;
+    let form_type = if route.is_form() {
+        Some(require_form(&parts.headers)?)
+    } else {
+        require_json(&parts.headers)?;
+        None
+    };
     let Some(unread) = body.as_mut() else {
         return Err(GatewayError::BodyUnreadable);
     };
@@ -199,7 +216,10 @@ async fn serve(
     *body = None;
     // `buffered` holds its share of the budget until the request has been sent on.
     let body = &buffered.bytes;
-    let facts = parse(route, body)?;
+    let facts = match &form_type {
+        Some(content_type) => parse_form(content_type, body).await?,
+        None => parse(route, body)?,
+    };
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
     front.admit.admit(ctx)?;
@@ -264,6 +284,20 @@ fn with_model_at(body: &Bytes, at: std::ops::Range<usize>, model: &str) -> Bytes
     out.extend_from_slice(field.as_bytes());
     out.extend_from_slice(&body[at.end..]);
     Bytes::from(out)
+}
+
+/// An upload must say it is a multipart form (its boundary is in the content type).
+fn require_form(headers: &HeaderMap) -> Result<String, GatewayError> {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/form-data")
+        })
+        .map(str::to_string)
+        .ok_or(GatewayError::UnsupportedMediaType)
 }
 
 /// A body that says it is something other than JSON is refused; no content type is accepted. So

@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -29,10 +30,14 @@ pub enum ApiRoute {
     Detokenize,
     /// SGLang's native generation endpoint.
     Generate,
+    /// OpenAI's audio: uploads (multipart forms) and speech (JSON).
+    Transcriptions,
+    Translations,
+    Speech,
 }
 
 impl ApiRoute {
-    pub const ALL: [ApiRoute; 9] = [
+    pub const ALL: [ApiRoute; 12] = [
         ApiRoute::Chat,
         ApiRoute::Completions,
         ApiRoute::Embeddings,
@@ -42,6 +47,9 @@ impl ApiRoute {
         ApiRoute::Tokenize,
         ApiRoute::Detokenize,
         ApiRoute::Generate,
+        ApiRoute::Transcriptions,
+        ApiRoute::Translations,
+        ApiRoute::Speech,
     ];
 
     pub fn path(self) -> &'static str {
@@ -55,7 +63,15 @@ impl ApiRoute {
             ApiRoute::Tokenize => "/tokenize",
             ApiRoute::Detokenize => "/detokenize",
             ApiRoute::Generate => "/generate",
+            ApiRoute::Transcriptions => "/v1/audio/transcriptions",
+            ApiRoute::Translations => "/v1/audio/translations",
+            ApiRoute::Speech => "/v1/audio/speech",
         }
+    }
+
+    /// Whether the body is a multipart form (an audio upload) rather than JSON.
+    pub fn is_form(self) -> bool {
+        matches!(self, ApiRoute::Transcriptions | ApiRoute::Translations)
     }
 
     /// The field holding the prompt, which the route requires (OpenAI's three only).
@@ -69,9 +85,9 @@ impl ApiRoute {
     }
 
     /// Whether a request without `model` may have the model chosen for it spliced in: not for
-    /// SGLang's `/generate`, whose body has no such field.
+    /// SGLang's `/generate`, whose body has no such field, nor for a form.
     pub fn takes_model(self) -> bool {
-        self != ApiRoute::Generate
+        self != ApiRoute::Generate && !self.is_form()
     }
 }
 
@@ -156,6 +172,37 @@ fn passed_through<'a>(
     })
 }
 
+/// The facts of a multipart form (an audio upload): its `model` field, read from the buffered
+/// body; everything else, the audio included, passes through unread.
+pub async fn parse_form<'a>(
+    content_type: &str,
+    body: &Bytes,
+) -> Result<RequestFacts<'a>, GatewayError> {
+    let bad = |detail: String| GatewayError::InvalidForm { detail };
+    let boundary = multer::parse_boundary(content_type).map_err(|e| bad(e.to_string()))?;
+    let chunk = body.clone();
+    let stream =
+        futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(chunk) });
+    let mut form = multer::Multipart::new(stream, boundary);
+    let mut model = None;
+    while let Some(field) = form.next_field().await.map_err(|e| bad(e.to_string()))? {
+        if field.name() == Some("model") {
+            model = Some(field.text().await.map_err(|e| bad(e.to_string()))?);
+            break;
+        }
+    }
+    Ok(RequestFacts {
+        model: model.map(Cow::Owned),
+        model_at: None,
+        stream: false,
+        max_tokens: None,
+        max_tokens_param: "max_tokens",
+        n: 1,
+        user: None,
+        prompt: &[],
+    })
+}
+
 /// A field read as raw JSON with a `null` kept as itself (plain `Option` would make it `None`,
 /// losing where it stands).
 fn null_kept<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -184,6 +231,8 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
         ApiRoute::Tokenize => fields.prompt.or(fields.messages),
         ApiRoute::Detokenize => fields.tokens,
         ApiRoute::Generate => fields.text,
+        ApiRoute::Speech => fields.input,
+        ApiRoute::Transcriptions | ApiRoute::Translations => None,
     };
     let Some(param) = route.required_prompt() else {
         // Passed through unread: its prompt, when there is one, only places it.
