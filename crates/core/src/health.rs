@@ -72,6 +72,8 @@ pub enum Cause {
     Failed(u32),
     /// This many probes while Pending without reaching the success threshold.
     NeverReady(u32),
+    /// Registration did not reach it within the startup timeout.
+    NeverRegistered(std::time::Duration),
     /// Probing was turned off for the worker, so nothing else would ever bring it back.
     ChecksDisabled,
     /// It is being removed.
@@ -85,6 +87,7 @@ impl fmt::Display for Cause {
             Cause::Passed(n) => write!(f, "{n} consecutive probes passed"),
             Cause::Failed(n) => write!(f, "{n} consecutive probes failed"),
             Cause::NeverReady(n) => write!(f, "{n} probes without becoming ready"),
+            Cause::NeverRegistered(d) => write!(f, "not registered within {d:?}"),
             Cause::ChecksDisabled => write!(f, "health checks disabled"),
             Cause::Removal => write!(f, "being removed"),
         }
@@ -200,6 +203,17 @@ impl Health {
         }
     }
 
+    /// Registration has not reached a Pending worker within `timeout`
+    /// (`--worker-startup-timeout-secs`): it is Failed, and no longer waited for.
+    pub fn startup_expired(
+        &mut self,
+        timeout: std::time::Duration,
+        now: Instant,
+    ) -> Option<HealthTransition> {
+        (self.state == HealthState::Pending)
+            .then(|| self.go(HealthState::Failed, Cause::NeverRegistered(timeout), now))
+    }
+
     /// Probing was turned off: a worker that only probes could bring back is Ready again.
     pub fn checks_disabled(&mut self, now: Instant) -> Option<HealthTransition> {
         matches!(self.state, HealthState::NotReady | HealthState::Failed)
@@ -234,6 +248,19 @@ mod tests {
         success: 2,
     };
     const INTERVAL: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn only_a_pending_worker_expires_at_the_startup_timeout() {
+        let now = Instant::now();
+        let timeout = Duration::from_secs(1800);
+        let mut h = Health::new(now);
+        let t = h.startup_expired(timeout, now).unwrap();
+        assert_eq!((t.from, t.to), (Pending, Failed));
+        assert_eq!(t.cause, Cause::NeverRegistered(timeout));
+        let mut ready = Health::new(now);
+        ready.registered(now);
+        assert_eq!(ready.startup_expired(timeout, now), None);
+    }
 
     /// Probes once per interval on paused time; returns the transitions, with the time since
     /// `start` at which each happened.

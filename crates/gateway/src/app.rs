@@ -162,6 +162,7 @@ fn control_and_fleet(
             load: config.load.clone(),
             liveness: config.liveness,
             startup_check_interval: config.startup_check_interval,
+            startup_timeout: config.startup_timeout,
         },
         upstream.clone(),
     );

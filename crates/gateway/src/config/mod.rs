@@ -326,6 +326,11 @@ impl Settings {
                 self.worker_startup_check_interval_secs,
             )?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
+            startup_timeout: Some(seconds(
+                "worker-startup-timeout-secs",
+                self.worker_startup_timeout_secs,
+            )?)
+            .filter(|t| !t.is_zero()),
             health: self.health()?,
             load: self.load()?,
             shedding: self.shedding()?,
@@ -392,6 +397,8 @@ pub struct Config {
     pub breaker: Option<BreakerConfig>,
     pub startup_check_interval: Duration,
     pub drain_settle: Duration,
+    /// `--worker-startup-timeout-secs`; `None`: wait forever.
+    pub startup_timeout: Option<Duration>,
     pub health: HealthConfig,
     pub load: LoadConfig,
     pub shedding: Shedding,

@@ -308,6 +308,13 @@ pub struct Settings {
     #[arg(help_heading = "Workers")]
     pub worker_startup_check_interval_secs: f64,
 
+    /// A worker registration has not reached within this long is Failed (and removed under
+    /// --remove-unhealthy-workers); it is still asked, and can join later. SMG's flag and default
+    /// (large models take long to load); 0: wait forever.
+    #[arg(long, default_value_t = 1800.0)]
+    #[arg(help_heading = "Workers")]
+    pub worker_startup_timeout_secs: f64,
+
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]
     #[arg(help_heading = "Workers")]

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sluice_core::ModelName;
 use tracing::{debug, warn};
 
-use super::get;
+use super::{get, Control};
 use crate::fleet::{Fleet, ModelCard, Worker, WorkerInfo};
 use crate::upstream::{GetError, Upstream};
 
@@ -37,15 +37,26 @@ struct ModelList {
 }
 
 /// Reads a worker's models until it answers, then tells the fleet.
-pub(super) async fn register(
-    fleet: Weak<Fleet>,
-    worker: Arc<Worker>,
-    upstream: Upstream,
-    interval: Duration,
-) {
+pub(super) async fn register(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
+    let upstream = &control.upstream;
+    let interval = control.settings.startup_check_interval;
+    let expires = control
+        .settings
+        .startup_timeout
+        .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
+    let mut expired = false;
     let mut attempts = 0u32;
     loop {
-        match fetch(&upstream, &worker).await {
+        if let Some((at, timeout)) =
+            expires.filter(|(at, _)| !expired && tokio::time::Instant::now() >= *at)
+        {
+            let _ = at;
+            expired = true;
+            if let Some(fleet) = fleet.upgrade() {
+                startup_expired(&fleet, &control, &worker, timeout);
+            }
+        }
+        match fetch(upstream, &worker).await {
             Ok(info) => {
                 if let Some(fleet) = fleet.upgrade() {
                     fleet.learned(&worker, info);
@@ -62,6 +73,22 @@ pub(super) async fn register(
             }
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// `--worker-startup-timeout-secs` passed with the worker still unregistered: it is Failed (and
+/// removed under auto-recovery); registration keeps asking, so it can still join later.
+fn startup_expired(fleet: &Arc<Fleet>, control: &Control, worker: &Arc<Worker>, timeout: Duration) {
+    let Some(t) = worker
+        .health
+        .change(|h| h.startup_expired(timeout, tokio::time::Instant::now()))
+    else {
+        return;
+    };
+    fleet.health_changed(worker, t);
+    if control.settings.health.remove_unhealthy {
+        tracing::info!(worker = %worker.id, "removing the worker that never registered (--remove-unhealthy-workers)");
+        fleet.remove_now(worker);
     }
 }
 

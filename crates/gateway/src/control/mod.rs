@@ -48,6 +48,9 @@ pub struct ControlSettings {
     pub liveness: LivenessConfig,
     /// How often a worker that has not answered `/v1/models` is asked again.
     pub startup_check_interval: Duration,
+    /// `--worker-startup-timeout-secs`: how long a worker may stay unregistered before it is
+    /// Failed; `None`: forever.
+    pub startup_timeout: Option<Duration>,
 }
 
 /// What the control loops share.
@@ -114,8 +117,7 @@ impl Supervise for Control {
             tokio::spawn(discover::register(
                 weak.clone(),
                 worker.clone(),
-                self.upstream.clone(),
-                self.settings.startup_check_interval,
+                self.clone(),
             ))
             .abort_handle(),
             tokio::spawn(health::run_prober(
