@@ -92,72 +92,23 @@ impl Front {
     }
 }
 
-/// The OpenAI routes.
+/// The model-routed routes (every `ApiRoute`), `/v1/models` and one model's card.
 pub fn routes(front: Arc<Front>) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
-        .route(
-            "/v1/responses",
-            post(|s, r| pass_through(s, ApiRoute::Responses, r)),
-        )
-        .route(
-            "/v1/rerank",
-            post(|s, r| pass_through(s, ApiRoute::Rerank, r)),
-        )
-        .route(
-            "/v1/score",
-            post(|s, r| pass_through(s, ApiRoute::Score, r)),
-        )
-        .route(
-            "/tokenize",
-            post(|s, r| pass_through(s, ApiRoute::Tokenize, r)),
-        )
-        .route(
-            "/detokenize",
-            post(|s, r| pass_through(s, ApiRoute::Detokenize, r)),
-        )
-        .route(
-            "/generate",
-            post(|s, r| pass_through(s, ApiRoute::Generate, r)),
-        )
-        .route(
-            "/v1/audio/transcriptions",
-            post(|s, r| pass_through(s, ApiRoute::Transcriptions, r)),
-        )
-        .route(
-            "/v1/audio/translations",
-            post(|s, r| pass_through(s, ApiRoute::Translations, r)),
-        )
-        .route(
-            "/v1/audio/speech",
-            post(|s, r| pass_through(s, ApiRoute::Speech, r)),
-        )
+    let mut router = Router::new();
+    for route in ApiRoute::ALL {
+        router = router.route(
+            route.path(),
+            post(
+                move |State(front): State<Arc<Front>>, request: Request| async move {
+                    openai(&front, route, request).await
+                },
+            ),
+        );
+    }
+    router
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
         .with_state(front)
-}
-
-async fn chat(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
-    openai(&front, ApiRoute::Chat, request).await
-}
-
-async fn completions(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
-    openai(&front, ApiRoute::Completions, request).await
-}
-
-async fn embeddings(State(front): State<Arc<Front>>, request: Request) -> Response<Body> {
-    openai(&front, ApiRoute::Embeddings, request).await
-}
-
-/// The routes vLLM and SGLang serve besides OpenAI's: routed by model, passed through unread.
-async fn pass_through(
-    State(front): State<Arc<Front>>,
-    route: ApiRoute,
-    request: Request,
-) -> Response<Body> {
-    openai(&front, route, request).await
 }
 
 /// One OpenAI request, from arrival to the start of its response. Its context is made here and

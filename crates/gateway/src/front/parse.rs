@@ -159,11 +159,7 @@ fn passed_through<'a>(
     Ok(RequestFacts {
         model,
         model_at,
-        stream: fields
-            .stream
-            .map(|raw| boolean(raw, "stream"))
-            .transpose()?
-            .unwrap_or(false),
+        stream: stream(fields)?,
         max_tokens: None,
         max_tokens_param: "max_tokens",
         n: 1,
@@ -260,11 +256,7 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
     Ok(RequestFacts {
         model,
         model_at,
-        stream: fields
-            .stream
-            .map(|raw| boolean(raw, "stream"))
-            .transpose()?
-            .unwrap_or(false),
+        stream: stream(&fields)?,
         max_tokens,
         max_tokens_param,
         n,
@@ -288,6 +280,15 @@ fn max_tokens(fields: &Fields<'_>) -> Result<(Option<u64>, &'static str), Gatewa
             "max_tokens",
         ),
     })
+}
+
+/// `stream`, false unless given.
+fn stream(fields: &Fields<'_>) -> Result<bool, GatewayError> {
+    Ok(fields
+        .stream
+        .map(|raw| boolean(raw, "stream"))
+        .transpose()?
+        .unwrap_or(false))
 }
 
 /// `n`, 1 unless given; at least 1.
