@@ -490,13 +490,16 @@ mod tests {
         load(&matches)
     }
 
+    /// The config from these flags (the program name is added).
+    fn validated(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut full = vec!["sluice"];
+        full.extend_from_slice(args);
+        load_args(&full)?.validate()
+    }
+
     #[test]
     fn cors_origins_are_a_list_or_a_star_alone() {
-        let cors = |args: &[&str]| {
-            let mut full = vec!["sluice"];
-            full.extend_from_slice(args);
-            load_args(&full).unwrap().validate().map(|c| c.cors)
-        };
+        let cors = |args: &[&str]| validated(args).map(|c| c.cors);
         assert_eq!(cors(&[]).unwrap(), None);
         assert_eq!(
             cors(&["--cors-allowed-origins", "*"]).unwrap(),
@@ -511,14 +514,7 @@ mod tests {
 
     #[test]
     fn model_aliases_are_pairs_of_two_names() {
-        let aliases = |args: &[&str]| {
-            let mut full = vec!["sluice"];
-            full.extend_from_slice(args);
-            load_args(&full)
-                .unwrap()
-                .validate()
-                .map(|c| c.model_aliases)
-        };
+        let aliases = |args: &[&str]| validated(args).map(|c| c.model_aliases);
         let ok = aliases(&[
             "--model-alias",
             "gpt-4o=llama",
@@ -536,14 +532,7 @@ mod tests {
 
     #[test]
     fn duration_buckets_must_increase() {
-        let buckets = |args: &[&str]| {
-            let mut full = vec!["sluice"];
-            full.extend_from_slice(args);
-            load_args(&full)
-                .unwrap()
-                .validate()
-                .map(|c| c.duration_buckets)
-        };
+        let buckets = |args: &[&str]| validated(args).map(|c| c.duration_buckets);
         assert_eq!(buckets(&[]).unwrap(), None);
         assert_eq!(
             buckets(&["--prometheus-duration-buckets", "0.1", "1", "10"]).unwrap(),
@@ -558,15 +547,7 @@ mod tests {
 
     #[test]
     fn the_prefix_index_is_sized_in_characters_as_in_smg() {
-        let capacity = |args: &[&str]| {
-            let mut full = vec!["sluice"];
-            full.extend_from_slice(args);
-            load_args(&full)
-                .unwrap()
-                .validate()
-                .unwrap()
-                .prefix_capacity
-        };
+        let capacity = |args: &[&str]| validated(args).unwrap().prefix_capacity;
         assert_eq!(
             capacity(&[]),
             (1 << 24) / 64,
@@ -726,16 +707,7 @@ mod tests {
 
     #[test]
     fn auto_recovery_takes_every_spelling() {
-        let remove = |args: &[&str]| {
-            let mut full = vec!["sluice"];
-            full.extend_from_slice(args);
-            load_args(&full)
-                .unwrap()
-                .validate()
-                .unwrap()
-                .health
-                .remove_unhealthy
-        };
+        let remove = |args: &[&str]| validated(args).unwrap().health.remove_unhealthy;
         assert!(!remove(&[]), "no service discovery: off by default");
         assert!(remove(&["--remove-unhealthy-workers"]));
         assert!(remove(&["--remove-unhealthy-workers=true"]));
