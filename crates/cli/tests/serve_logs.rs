@@ -17,18 +17,23 @@ fn serve(extra: &[&str]) -> Child {
         .unwrap()
 }
 
-/// The stderr line that says the gateway is listening; the process is stopped by its PID.
-fn listening_line(mut child: Child) -> String {
+/// The first of its first 50 stderr lines that contains `needle`; the process is then stopped
+/// by its PID.
+fn line_with(mut child: Child, needle: &str) -> Option<String> {
     let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let line = lines
-        .by_ref()
+    let line = BufReader::new(stderr)
+        .lines()
         .take(50)
         .map(|l| l.unwrap())
-        .find(|l| l.contains("sluice gateway listening"));
+        .find(|l| l.contains(needle));
     child.kill().unwrap();
     child.wait().unwrap();
-    line.expect("the gateway said it is listening")
+    line
+}
+
+/// The stderr line that says the gateway is listening.
+fn listening_line(child: Child) -> String {
+    line_with(child, "sluice gateway listening").expect("the gateway said it is listening")
 }
 
 #[test]
@@ -62,15 +67,7 @@ fn smgs_level_names_work_and_an_unknown_level_is_refused() {
         "--worker-urls",
         "http://127.0.0.1:9",
     ]);
-    let mut child = child;
-    let stderr = child.stderr.take().unwrap();
-    let warned = BufReader::new(stderr)
-        .lines()
-        .take(50)
-        .map(|l| l.unwrap())
-        .find(|l| l.contains("not reachable yet"));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let warned = line_with(child, "not reachable yet");
     assert!(warned.is_some(), "warnings are logged at `warning`");
 }
 
@@ -90,16 +87,8 @@ fn the_help_names_every_bench_subcommand() {
 
 #[test]
 fn serving_on_loopback_only_is_said_at_startup() {
-    let mut child = serve(&[]);
-    let stderr = child.stderr.take().unwrap();
-    let said = BufReader::new(stderr)
-        .lines()
-        .take(50)
-        .map(|l| l.unwrap())
-        .find(|l| l.contains("loopback only"));
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let said = said.expect("a warning that only loopback is served");
+    let said =
+        line_with(serve(&[]), "loopback only").expect("a warning that only loopback is served");
     assert!(said.contains("--host 0.0.0.0"), "{said}");
 }
 

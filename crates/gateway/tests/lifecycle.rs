@@ -32,13 +32,7 @@ async fn models_are_the_union_of_routable_workers() {
         .await
         .json();
     assert_eq!(models["object"], "list");
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, vec!["second-model", "test-model"]);
+    assert_eq!(model_ids(&models), ["second-model", "test-model"]);
     assert_eq!(
         models["data"][1]["owned_by"], "vllm",
         "the worker's own card"

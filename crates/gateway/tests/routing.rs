@@ -242,13 +242,7 @@ async fn a_model_alias_is_served_by_its_model_which_is_sent_the_real_name() {
     let a = s.chat(&chat_body("gpt-4o", "hi", 1, false)).await;
     assert_eq!(a.status, 200, "{}", a.text());
     let models = get(&s.client, &s.url("/v1/models")).await.json();
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["test-model", "gpt-4o"]);
+    assert_eq!(model_ids(&models), ["test-model", "gpt-4o"]);
     let card = get(&s.client, &s.url("/v1/models/gpt-4o")).await.json();
     assert_eq!(card["root"], "test-model");
 }

@@ -39,6 +39,16 @@ pub async fn get_admin(client: &HttpClient, url: &str) -> Answer {
     .await
 }
 
+/// The ids of a `/v1/models` answer, in its order.
+pub fn model_ids(models: &Value) -> Vec<String> {
+    models["data"]
+        .as_array()
+        .expect("a list of models")
+        .iter()
+        .map(|m| m["id"].as_str().expect("an id").to_string())
+        .collect()
+}
+
 /// Every worker `GET /workers` lists is ready.
 pub fn all_ready(workers: &[Value]) -> bool {
     workers.iter().all(|w| w["status"] == "ready")
