@@ -14,14 +14,17 @@
 //!   HTTP/1.1 connection is (`idle`); and a ping every `h2_keepalive`, so a peer that vanished
 //!   is noticed within it.
 //! - **bodies**: the request's own reader bounds them (`--body-read-timeout-secs`).
+//!
+//! Heads past the gateway's own limits (`head_refusal`) are refused in the OpenAI error shape;
+//! what hyper refuses by itself on a connection's first message is reshaped on the way out
+//! (`shaped`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-
-use std::future::Future;
-use std::pin::Pin;
 
 use axum::body::Body;
 use axum::http::{Request, Version};
