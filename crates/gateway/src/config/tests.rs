@@ -1,0 +1,294 @@
+//! The settings as people type them, turned into a `Config`: defaults, files, flags, values.
+
+use super::*;
+use clap::{CommandFactory, Parser};
+use sluice_core::overload::Ceilings;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+fn load_args(args: &[&str]) -> Result<Settings, ConfigError> {
+    let matches = Cli::command().try_get_matches_from(args)?;
+    load(&matches)
+}
+
+/// The config from these flags (the program name is added).
+fn validated(args: &[&str]) -> Result<Config, ConfigError> {
+    let mut full = vec!["sluice"];
+    full.extend_from_slice(args);
+    load_args(&full)?.validate()
+}
+
+#[test]
+fn cors_origins_are_a_list_or_a_star_alone() {
+    let cors = |args: &[&str]| validated(args).map(|c| c.cors);
+    assert_eq!(cors(&[]).unwrap(), None);
+    assert_eq!(
+        cors(&["--cors-allowed-origins", "*"]).unwrap(),
+        Some(CorsOrigins::Any)
+    );
+    assert!(matches!(
+        cors(&["--cors-allowed-origins", "http://a", "https://b"]).unwrap(),
+        Some(CorsOrigins::List(l)) if l.len() == 2
+    ));
+    assert!(cors(&["--cors-allowed-origins", "*", "http://a"]).is_err());
+}
+
+#[test]
+fn model_aliases_are_pairs_of_two_names() {
+    let aliases = |args: &[&str]| validated(args).map(|c| c.model_aliases);
+    let ok = aliases(&[
+        "--model-alias",
+        "gpt-4o=llama",
+        "--model-alias",
+        "small=llama",
+    ])
+    .unwrap();
+    assert_eq!(ok["gpt-4o"].as_str(), "llama");
+    assert_eq!(ok.len(), 2);
+    for bad in ["nothing", "=llama", "same=same"] {
+        let err = aliases(&["--model-alias", bad]).unwrap_err();
+        assert!(err.to_string().starts_with("--model-alias"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn duration_buckets_must_increase() {
+    let buckets = |args: &[&str]| validated(args).map(|c| c.duration_buckets);
+    assert_eq!(buckets(&[]).unwrap(), None);
+    assert_eq!(
+        buckets(&["--prometheus-duration-buckets", "0.1", "1", "10"]).unwrap(),
+        Some(vec![0.1, 1.0, 10.0])
+    );
+    let err = buckets(&["--prometheus-duration-buckets", "1,0.5"]).unwrap_err();
+    assert!(
+        err.to_string().starts_with("--prometheus-duration-buckets"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_prefix_index_is_sized_in_characters_as_in_smg() {
+    let capacity = |args: &[&str]| validated(args).unwrap().prefix_capacity;
+    assert_eq!(
+        capacity(&[]),
+        (1 << 24) / 64,
+        "2^24 characters, 262144 blocks"
+    );
+    assert_eq!(capacity(&["--max-tree-size", "6400"]), 100);
+    assert_eq!(capacity(&["--max-tree-size", "1"]), 1);
+}
+
+#[test]
+fn routing_key_headers_are_a_list_under_either_name() {
+    let headers = |args: &[&str]| {
+        let mut full = vec!["sluice"];
+        full.extend_from_slice(args);
+        let c = load_args(&full).unwrap().validate().unwrap();
+        c.routing_key_headers
+            .iter()
+            .map(|h| h.as_str().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(headers(&[]), ["x-session-id"]);
+    assert_eq!(
+        headers(&["--routing-key-headers", "x-tenant,x-session-id"]),
+        ["x-tenant", "x-session-id"]
+    );
+    assert_eq!(headers(&["--routing-key-header", "x-user"]), ["x-user"]);
+    let s = load_args(&["sluice", "--worker-startup-check-interval", "2.5"]).unwrap();
+    assert_eq!(s.worker_startup_check_interval_secs, 2.5, "SMG's name");
+}
+
+#[test]
+fn smgs_policy_names_mean_the_same_or_are_refused_with_an_alternative() {
+    let policy = |name: &str| {
+        let mut s = Settings::defaults();
+        s.policy = name.into();
+        s.validate().map(|c| c.policy.name())
+    };
+    assert_eq!(policy("consistent_hashing").unwrap(), "consistent_hash");
+    for refused in ["prefix_hash", "passthrough", "manual"] {
+        let err = policy(refused).unwrap_err().to_string();
+        assert!(err.starts_with("--policy"), "{err}");
+        assert!(err.contains("use "), "names what to use instead: {err}");
+    }
+}
+
+#[test]
+fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
+    let filter = |level: &str| {
+        let mut s = Settings::defaults();
+        s.log_level = level.into();
+        s.log_filter()
+    };
+    assert_eq!(filter("warning").unwrap(), "warn");
+    assert_eq!(filter("CRITICAL").unwrap(), "error");
+    assert_eq!(filter("info").unwrap(), "info");
+    assert_eq!(
+        filter("info,sluice_gateway=debug").unwrap(),
+        "info,sluice_gateway=debug"
+    );
+    let err = filter("verbose").unwrap_err().to_string();
+    assert!(err.starts_with("--log-level"), "{err}");
+}
+
+#[test]
+fn defaults_validate() {
+    let c = Settings::defaults().validate().unwrap();
+    assert_eq!(c.listen, "127.0.0.1:30000".parse().unwrap());
+    assert_eq!(c.policy.name(), "cache_aware");
+    assert_eq!(c.retry.max_retries, 3);
+    assert_eq!(c.breaker.unwrap().failure_threshold, 10);
+}
+
+#[test]
+fn the_file_fills_in_and_the_command_line_wins() {
+    let dir = std::env::temp_dir().join(format!("sluice-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.toml");
+    std::fs::write(
+        &path,
+        "port = 9000\npolicy = \"least_load\"\nworker_urls = [\"http://127.0.0.1:1\"]\n",
+    )
+    .unwrap();
+    let s = load_args(&[
+        "sluice",
+        "--config",
+        path.to_str().unwrap(),
+        "--port",
+        "9100",
+    ])
+    .unwrap();
+    assert_eq!(s.port, 9100, "the flag wins");
+    assert_eq!(s.policy, "least_load", "the file fills in");
+    assert_eq!(s.worker_urls, vec!["http://127.0.0.1:1"]);
+    assert_eq!(s.cb_failure_threshold, 10, "defaults stay");
+
+    // What --print-config prints loads back to the same settings.
+    let printed = s.to_toml().unwrap();
+    std::fs::write(&path, printed).unwrap();
+    let again = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap();
+    assert_eq!(again.port, 9100);
+    assert_eq!(again.policy, "least_load");
+
+    std::fs::write(&path, "port = 1\n\n  prot = 1\n").unwrap();
+    let err = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap_err();
+    let said = err.to_string();
+    assert!(said.contains(":3:3: unknown setting `prot`"), "{said}");
+    assert_eq!(said.matches("prot").count(), 1, "reported once: {said}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn health_defaults_follow_the_seed() {
+    let h = Settings::defaults().validate().unwrap().health;
+    assert_eq!(h, HealthConfig::default());
+    assert_eq!(h.interval, Duration::from_secs(60));
+    assert_eq!(h.timeout, Duration::from_secs(5));
+    assert_eq!((h.thresholds.failure, h.thresholds.success), (3, 2));
+    assert_eq!(h.endpoint, "/health");
+    assert!(!h.disabled && !h.remove_unhealthy);
+}
+
+#[test]
+fn overload_defaults_follow_the_seeds() {
+    let c = Settings::defaults().validate().unwrap();
+    assert_eq!(c.load, LoadConfig::default());
+    assert_eq!(c.load.ceilings.waiting_requests, Some(8));
+    assert_eq!(c.load.ceilings.token_usage, Some(0.8));
+    assert!(!c.load.busy.any(), "busy checks are off unless set");
+    assert_eq!(c.liveness, LivenessConfig::default());
+    assert_eq!(c.liveness.stall, Duration::from_secs(2));
+    assert_eq!(c.liveness.wedge, Duration::from_secs(3));
+    assert_eq!(c.liveness.stale, Duration::from_secs(15));
+    assert!(!c.shedding.enabled);
+    assert_eq!(c.shedding.status, 503);
+    assert_eq!(c.shedding.retry_after, Duration::from_secs(10));
+    let off = load_args(&[
+        "sluice",
+        "--disable-worker-overload-protection",
+        "--worker-overload-shed",
+        "--overload-status-code",
+        "529",
+        "--load-monitor-interval",
+        "2.5",
+    ])
+    .unwrap()
+    .validate()
+    .unwrap();
+    assert_eq!(off.load.ceilings, Ceilings::default());
+    assert!(off.shedding.enabled);
+    assert_eq!(off.shedding.status, 529);
+    assert_eq!(
+        off.shedding.retry_after,
+        Duration::from_secs(3),
+        "whole seconds, rounded up"
+    );
+}
+
+#[test]
+fn auto_recovery_takes_every_spelling() {
+    let remove = |args: &[&str]| validated(args).unwrap().health.remove_unhealthy;
+    assert!(!remove(&[]), "no service discovery: off by default");
+    assert!(remove(&["--remove-unhealthy-workers"]));
+    assert!(remove(&["--remove-unhealthy-workers=true"]));
+    assert!(!remove(&["--remove-unhealthy-workers=false"]));
+    assert!(remove(&["--worker-auto-recovery"]));
+    assert!(!remove(&["--no-worker-auto-recovery"]));
+    assert!(!remove(&[
+        "--remove-unhealthy-workers",
+        "--no-remove-unhealthy-workers"
+    ]));
+    assert!(remove(&[
+        "--no-remove-unhealthy-workers",
+        "--remove-unhealthy-workers"
+    ]));
+    let s = load_args(&["sluice", "--no-remove-unhealthy-workers"]).unwrap();
+    assert!(s
+        .to_toml()
+        .unwrap()
+        .contains("remove_unhealthy_workers = false"));
+}
+
+#[test]
+fn invalid_values_name_their_setting() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--policy", "fastest"], "--policy"),
+        (&["--cache-threshold", "1.5"], "--cache-threshold"),
+        (&["--request-timeout-secs", "0"], "--request-timeout-secs"),
+        (&["--cb-failure-threshold", "0"], "--cb-failure-threshold"),
+        (&["--host", "not-an-ip"], "--host"),
+        (&["--worker-urls", "ftp://x"], "--worker-urls"),
+        (&["--api-key", ""], "--api-key"),
+        (
+            &["--health-check-interval-secs", "0"],
+            "--health-check-interval-secs",
+        ),
+        (
+            &["--health-check-timeout-secs", "nan"],
+            "--health-check-timeout-secs",
+        ),
+        (
+            &["--health-failure-threshold", "0"],
+            "--health-failure-threshold",
+        ),
+        (
+            &["--health-success-threshold", "0"],
+            "--health-success-threshold",
+        ),
+        (
+            &["--health-check-endpoint", "health"],
+            "--health-check-endpoint",
+        ),
+    ];
+    for (args, setting) in cases {
+        let mut full = vec!["sluice"];
+        full.extend_from_slice(args);
+        let err = load_args(&full).unwrap().validate().unwrap_err();
+        assert!(err.to_string().starts_with(setting), "{args:?}: {err}");
+    }
+}
