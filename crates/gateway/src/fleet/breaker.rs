@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use axum::http::HeaderValue;
 use sluice_core::breaker::{Breaker, BreakerConfig, BreakerState, Outcome, Ticket, Transition};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -69,12 +70,14 @@ impl WorkerBreaker {
         }
     }
 
-    pub fn record(&self, permit: Permit, outcome: Outcome) {
+    /// Counts a request's outcome; `request` (its id) is named in the log line of a transition
+    /// it causes.
+    pub fn record(&self, permit: Permit, outcome: Outcome, request: Option<&HeaderValue>) {
         let (Some(b), Some(ticket)) = (&self.inner, permit.0) else {
             return;
         };
         let transition = b.lock().record(ticket, outcome, Instant::now());
-        self.publish(transition);
+        self.publish(transition, request);
     }
 
     pub fn release(&self, permit: Permit) {
@@ -87,11 +90,11 @@ impl WorkerBreaker {
     pub fn readmit(&self) {
         if let Some(b) = &self.inner {
             let transition = b.lock().readmit();
-            self.publish(transition);
+            self.publish(transition, None);
         }
     }
 
-    fn publish(&self, transition: Option<Transition>) {
+    fn publish(&self, transition: Option<Transition>, request: Option<&HeaderValue>) {
         let Some(t) = transition else {
             return;
         };
@@ -105,13 +108,14 @@ impl WorkerBreaker {
                 to: t.to.as_str(),
             })
             .inc();
+        let request_id = request.and_then(|id| id.to_str().ok());
         match t.to {
             BreakerState::Open => {
-                warn!(worker = %self.worker, from = t.from.as_str(), "circuit opened");
+                warn!(worker = %self.worker, from = t.from.as_str(), request_id, "circuit opened");
                 self.opened.notify_one();
             }
             _ => {
-                info!(worker = %self.worker, from = t.from.as_str(), to = t.to.as_str(), "circuit changed")
+                info!(worker = %self.worker, from = t.from.as_str(), to = t.to.as_str(), request_id, "circuit changed")
             }
         }
     }
@@ -130,7 +134,7 @@ impl WorkerBreaker {
                     tokio::select! {
                         () = tokio::time::sleep_until(until) => {
                             let transition = b.lock().poll_timeout(Instant::now());
-                            self.publish(transition);
+                            self.publish(transition, None);
                         }
                         () = opened => {}
                     }
@@ -168,7 +172,7 @@ mod tests {
         let timer = tokio::spawn(breaker.clone().run_timer());
         for _ in 0..2 {
             let p = breaker.try_admit().unwrap();
-            breaker.record(p, Outcome::Failure);
+            breaker.record(p, Outcome::Failure, None);
         }
         assert_eq!(breaker.state(), BreakerState::Open);
         tokio::time::sleep(Duration::from_millis(29_990)).await;
@@ -180,7 +184,7 @@ mod tests {
             "no request was needed to notice the timeout"
         );
         let p = breaker.try_admit().unwrap();
-        breaker.record(p, Outcome::Success);
+        breaker.record(p, Outcome::Success, None);
         assert_eq!(breaker.state(), BreakerState::Closed);
         let opened = metrics
             .breaker_transitions
@@ -193,13 +197,72 @@ mod tests {
         timer.abort();
     }
 
+    /// Log output, kept for the test to read.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn the_request_that_opens_a_circuit_is_named_in_its_log_line() {
+        let captured = Captured::default();
+        let logs = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(logs, || {
+            let cfg = BreakerConfig {
+                failure_threshold: 1,
+                success_threshold: 1,
+                open_timeout: Duration::from_secs(30),
+                half_open_trials: 1,
+                failure_rate: None,
+            };
+            let metrics = Metrics::register(&mut Registry::default());
+            let breaker =
+                WorkerBreaker::new("w1", Some(cfg), metrics, Arc::new(watch::channel(0).0));
+            let p = breaker.try_admit().unwrap();
+            breaker.record(
+                p,
+                Outcome::Failure,
+                Some(&HeaderValue::from_static("req-9")),
+            );
+        });
+        let text = String::from_utf8(captured.0.lock().clone()).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains("circuit opened"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            line.contains("request_id") && line.contains("req-9"),
+            "{line}"
+        );
+    }
+
     #[tokio::test]
     async fn a_disabled_breaker_admits_everything() {
         let metrics = Metrics::register(&mut Registry::default());
         let breaker = WorkerBreaker::new("w1", None, metrics, Arc::new(watch::channel(0).0));
         for _ in 0..100 {
             let p = breaker.try_admit().unwrap();
-            breaker.record(p, Outcome::Failure);
+            breaker.record(p, Outcome::Failure, None);
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
     }

@@ -260,6 +260,8 @@ pub struct Lease {
     permit: Option<Permit>,
     /// The request's `n`: how many sequences it is on the worker.
     weight: u64,
+    /// The request's id, named in the log line of a circuit transition it causes.
+    request: Option<HeaderValue>,
     /// Prompt tokens counted in the worker's pending prefill until the first byte.
     prefill: u64,
     /// Counted in the worker's pending requests until the first byte.
@@ -279,10 +281,16 @@ impl Lease {
             worker,
             permit: Some(permit),
             weight,
+            request: None,
             prefill: 0,
             pending: false,
             streaming: false,
         }
+    }
+
+    /// Names the request this lease is for, in what its outcome logs.
+    pub fn for_request(&mut self, id: &HeaderValue) {
+        self.request = Some(id.clone());
     }
 
     /// Counts the request in the worker's pile of streams until the lease ends.
@@ -360,7 +368,9 @@ impl Lease {
     /// Counts the request's outcome in the worker's breaker (once; later calls do nothing).
     pub fn settle(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            self.worker.breaker.record(permit, outcome);
+            self.worker
+                .breaker
+                .record(permit, outcome, self.request.as_ref());
         }
     }
 }

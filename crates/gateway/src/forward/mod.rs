@@ -128,6 +128,7 @@ impl Forwarder {
 
     /// One attempt on the leased worker.
     async fn attempt(&self, at: Attempt<'_>, mut lease: Lease) -> Tried {
+        lease.for_request(at.request_id);
         let request = &at.job.routed.request;
         lease.prefilling(request.prompt_tokens);
         if request.stream {
