@@ -1,0 +1,62 @@
+//! How fast a worker is making progress, as its reports and our requests show it: whether the
+//! engine's own token counter stands still, and the prefill rate that stretches the wedge bound.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// An earlier load report's reading of the engine's own progress counter (generated plus prompt
+/// tokens), for `stalled_since`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub tokens: Option<f64>,
+    pub at: Instant,
+    /// What `stalled_since` said for that report.
+    pub stalled_since: Option<Instant>,
+}
+
+/// Since when the engine's counter has stood still while it held requests: from the earlier of
+/// the equal readings. `None` when it moved, is not reported, or the engine holds nothing.
+pub fn stalled_since(
+    prev: Option<&Reading>,
+    tokens: Option<f64>,
+    in_hand: bool,
+) -> Option<Instant> {
+    let prev = prev?;
+    let still = in_hand && tokens.is_some() && prev.tokens == tokens;
+    still.then(|| prev.stalled_since.unwrap_or(prev.at))
+}
+
+/// The engine's own silence is evidence of a wedge once it spans the wedge bound (never with the
+/// wedge rule off).
+pub fn engine_silent(stalled_since: Option<Instant>, now: Instant, wedge: Duration) -> bool {
+    !wedge.is_zero() && stalled_since.is_some_and(|s| now.saturating_duration_since(s) >= wedge)
+}
+
+/// Weight of the newest sample in the prefill-rate average.
+const RATE_WEIGHT: f64 = 0.2;
+
+/// The prefill rate (prompt tokens per second) after one request's first byte came `ttft`
+/// after it was sent with `prompt_tokens`: an exponential average, the first sample taken as is.
+/// It underestimates (queueing counts too), which only makes the wedge bound more lenient.
+/// `None` for a sample that says nothing.
+pub fn prefill_rate(old: f64, prompt_tokens: u64, ttft: Duration) -> Option<f64> {
+    if prompt_tokens == 0 || ttft.is_zero() {
+        return None;
+    }
+    let sample = prompt_tokens as f64 / ttft.as_secs_f64();
+    Some(if old > 0.0 {
+        old + RATE_WEIGHT * (sample - old)
+    } else {
+        sample
+    })
+}
+
+/// How long prompts waiting for prefill may still take: twice their tokens at the measured rate
+/// (twice, as the rate is an estimate); zero until a rate is measured.
+pub fn prefill_allowance(pending_tokens: u64, rate: f64) -> Duration {
+    if rate <= 0.0 || pending_tokens == 0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(2.0 * pending_tokens as f64 / rate).unwrap_or(Duration::MAX)
+}

@@ -1,0 +1,445 @@
+//! Each liveness rule's verdicts, on injected time.
+
+use super::*;
+
+const CFG: LivenessConfig = LivenessConfig {
+    stall: Duration::from_secs(2),
+    wedge: Duration::from_secs(3),
+    stale: Duration::from_secs(15),
+    unresponsive: Duration::from_secs(5),
+};
+
+fn quiet(now: Instant) -> Observed {
+    Observed {
+        last_contact: now,
+        last_failure: None,
+        last_timeout: None,
+        last_progress: now,
+        pile: 0,
+        pile_at_progress: 0,
+        in_flight: 0,
+        queue: None,
+        engine_silent: false,
+        prefill_allowance: Duration::ZERO,
+        unanswered: Unanswered::default(),
+    }
+}
+
+#[test]
+fn requests_the_engine_does_not_account_for_veto_it_as_unresponsive() {
+    let t0 = Instant::now();
+    let hung = Observed {
+        in_flight: 3,
+        unanswered: Unanswered {
+            since: Some(t0),
+            short_since: Some(t0 + secs(1)),
+            short_reports: 2,
+        },
+        ..quiet(t0)
+    };
+    assert_eq!(
+        judge(None, &hung, &CFG, t0 + secs(5)),
+        None,
+        "not a whole bound of short reports yet"
+    );
+    assert_eq!(
+        judge(None, &hung, &CFG, t0 + secs(6)),
+        Some(LivenessVeto::Unresponsive)
+    );
+    let one_report = Observed {
+        unanswered: Unanswered {
+            short_reports: 1,
+            ..hung.unanswered
+        },
+        ..hung
+    };
+    assert_eq!(
+        judge(None, &one_report, &CFG, t0 + secs(60)),
+        None,
+        "two reports at least"
+    );
+    let answered = Observed {
+        unanswered: Unanswered {
+            since: Some(t0 + secs(58)),
+            ..hung.unanswered
+        },
+        ..hung
+    };
+    assert_eq!(
+        judge(
+            Some(LivenessVeto::Unresponsive),
+            &answered,
+            &CFG,
+            t0 + secs(60)
+        ),
+        None,
+        "a byte two seconds ago lifts it"
+    );
+    let accounted = Observed {
+        unanswered: Unanswered {
+            short_since: None,
+            short_reports: 0,
+            ..hung.unanswered
+        },
+        ..hung
+    };
+    assert_eq!(
+        judge(None, &accounted, &CFG, t0 + secs(60)),
+        None,
+        "a busy engine reporting them running is not unresponsive"
+    );
+    let off = LivenessConfig {
+        unresponsive: Duration::ZERO,
+        ..CFG
+    };
+    assert_eq!(judge(None, &hung, &off, t0 + secs(60)), None);
+}
+
+#[test]
+fn a_report_is_short_when_it_counts_fewer_than_we_hold() {
+    assert!(report_short(0, 0, 3));
+    assert!(report_short(1, 1, 3));
+    assert!(!report_short(2, 1, 3));
+    assert!(!report_short(5, 0, 3), "other gateways' requests count too");
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn a_failure_after_silence_vetoes_at_once_and_contact_clears_it() {
+    let t0 = Instant::now();
+    let o = Observed {
+        last_failure: Some(t0 + secs(5)),
+        ..quiet(t0)
+    };
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + secs(5)),
+        Some(LivenessVeto::Unreachable)
+    );
+    let heard = Observed {
+        last_contact: t0 + secs(6),
+        ..o
+    };
+    assert_eq!(
+        judge(Some(LivenessVeto::Unreachable), &heard, &CFG, t0 + secs(6)),
+        None
+    );
+}
+
+#[test]
+fn a_failure_during_recent_contact_lands_at_the_stall_threshold() {
+    let t0 = Instant::now();
+    let o = Observed {
+        last_failure: Some(t0 + Duration::from_millis(500)),
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &o, &CFG, t0 + Duration::from_millis(500)), None);
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + Duration::from_millis(1999)),
+        None
+    );
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + secs(2)),
+        Some(LivenessVeto::Unreachable)
+    );
+    let zero_stall = LivenessConfig {
+        stall: Duration::ZERO,
+        ..CFG
+    };
+    assert_eq!(
+        judge(None, &o, &zero_stall, t0 + Duration::from_millis(500)),
+        Some(LivenessVeto::Unreachable),
+        "stall 0 removes the silence requirement"
+    );
+}
+
+#[test]
+fn a_failure_before_the_last_contact_is_forgiven() {
+    let t0 = Instant::now();
+    let o = Observed {
+        last_failure: Some(t0),
+        last_contact: t0 + secs(1),
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &o, &CFG, t0 + secs(60)), None);
+}
+
+#[test]
+fn total_silence_with_requests_held_is_stale_until_contact() {
+    let t0 = Instant::now();
+    let held = Observed {
+        in_flight: 2,
+        last_timeout: Some(t0 + secs(10)),
+        ..quiet(t0)
+    };
+    let no_timeout = Observed {
+        last_timeout: None,
+        ..held
+    };
+    assert_eq!(
+        judge(None, &no_timeout, &CFG, t0 + secs(60)),
+        None,
+        "a long answer with nothing asked of the worker meanwhile is not silence"
+    );
+    assert_eq!(judge(None, &held, &CFG, t0 + secs(14)), None);
+    assert_eq!(
+        judge(None, &held, &CFG, t0 + secs(15)),
+        Some(LivenessVeto::Stale)
+    );
+    let idle = quiet(t0);
+    assert_eq!(
+        judge(None, &idle, &CFG, t0 + secs(100)),
+        None,
+        "nothing held: not judged"
+    );
+    assert_eq!(
+        judge(Some(LivenessVeto::Stale), &idle, &CFG, t0 + secs(100)),
+        Some(LivenessVeto::Stale),
+        "ends with contact alone, not when the requests give up"
+    );
+    let heard = Observed {
+        last_contact: t0 + secs(99),
+        ..idle
+    };
+    assert_eq!(
+        judge(Some(LivenessVeto::Stale), &heard, &CFG, t0 + secs(100)),
+        None
+    );
+    let off = LivenessConfig {
+        stale: Duration::ZERO,
+        ..CFG
+    };
+    assert_eq!(judge(None, &held, &off, t0 + secs(1000)), None);
+}
+
+#[test]
+fn a_deep_or_growing_pile_without_tokens_is_wedged_after_the_bound() {
+    let t0 = Instant::now();
+    let deep = Observed {
+        pile: 4,
+        pile_at_progress: 4,
+        in_flight: 4,
+        ..quiet(t0)
+    };
+    assert_eq!(
+        judge(None, &deep, &CFG, t0 + Duration::from_millis(2999)),
+        None
+    );
+    assert_eq!(
+        judge(None, &deep, &CFG, t0 + secs(3)),
+        Some(LivenessVeto::WedgedPile)
+    );
+    let steady = Observed {
+        pile: 2,
+        pile_at_progress: 2,
+        last_contact: t0 + secs(29), // its polls answer
+        ..deep
+    };
+    assert_eq!(
+        judge(None, &steady, &CFG, t0 + secs(30)),
+        None,
+        "no evidence: a long prefill"
+    );
+    let grew = Observed { pile: 3, ..steady };
+    assert_eq!(
+        judge(None, &grew, &CFG, t0 + secs(3)),
+        Some(LivenessVeto::WedgedPile)
+    );
+    let progressed = Observed {
+        last_progress: t0 + secs(2),
+        ..deep
+    };
+    assert_eq!(
+        judge(
+            Some(LivenessVeto::WedgedPile),
+            &progressed,
+            &CFG,
+            t0 + secs(3)
+        ),
+        None
+    );
+    let emptied = Observed {
+        pile: 0,
+        in_flight: 0,
+        ..deep
+    };
+    assert_eq!(
+        judge(
+            Some(LivenessVeto::WedgedPile),
+            &emptied,
+            &CFG,
+            t0 + secs(30)
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_queue_without_progress_is_wedged_and_a_report_without_one_clears_it() {
+    let t0 = Instant::now();
+    let o = Observed {
+        pile: 1,
+        pile_at_progress: 1,
+        in_flight: 1,
+        queue: Some(3),
+        ..quiet(t0)
+    };
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + secs(3)),
+        Some(LivenessVeto::WedgedQueue)
+    );
+    let drained = Observed {
+        queue: Some(0),
+        ..o
+    };
+    assert_eq!(
+        judge(
+            Some(LivenessVeto::WedgedQueue),
+            &drained,
+            &CFG,
+            t0 + secs(4)
+        ),
+        None
+    );
+    let unreported = Observed { queue: None, ..o };
+    assert_eq!(
+        judge(
+            Some(LivenessVeto::WedgedQueue),
+            &unreported,
+            &CFG,
+            t0 + secs(4)
+        ),
+        None
+    );
+}
+
+#[test]
+fn prefill_stretches_the_bound_up_to_the_cap() {
+    let t0 = Instant::now();
+    let o = Observed {
+        pile: 5,
+        pile_at_progress: 5,
+        in_flight: 5,
+        prefill_allowance: secs(20),
+        last_contact: t0 + secs(200), // its polls answer throughout
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &o, &CFG, t0 + secs(19)), None);
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + secs(20)),
+        Some(LivenessVeto::WedgedPile)
+    );
+    let long = Observed {
+        prefill_allowance: secs(1000),
+        ..o
+    };
+    assert_eq!(judge(None, &long, &CFG, t0 + secs(119)), None);
+    assert_eq!(
+        judge(None, &long, &CFG, t0 + secs(120)),
+        Some(LivenessVeto::WedgedPile)
+    );
+}
+
+#[test]
+fn the_engines_own_silence_vetoes_by_itself_unless_wedging_is_off() {
+    let t0 = Instant::now();
+    let o = Observed {
+        engine_silent: true,
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &o, &CFG, t0), Some(LivenessVeto::EngineSilent));
+    let off = LivenessConfig {
+        wedge: Duration::ZERO,
+        ..CFG
+    };
+    assert_eq!(judge(None, &o, &off, t0), None);
+    assert_eq!(LivenessVeto::EngineSilent.reason(), "wedged");
+    assert_eq!(LivenessVeto::Stale.reason(), "unreachable");
+}
+
+#[test]
+fn the_counter_stalls_only_while_it_stands_still_with_work_in_hand() {
+    let t0 = Instant::now();
+    let first = Reading {
+        tokens: Some(100.0),
+        at: t0,
+        stalled_since: None,
+    };
+    assert_eq!(
+        stalled_since(None, Some(100.0), true),
+        None,
+        "one reading is not a stall"
+    );
+    assert_eq!(stalled_since(Some(&first), Some(100.0), true), Some(t0));
+    assert_eq!(
+        stalled_since(Some(&first), Some(101.0), true),
+        None,
+        "it moved"
+    );
+    assert_eq!(
+        stalled_since(Some(&first), Some(100.0), false),
+        None,
+        "idle engines are still"
+    );
+    assert_eq!(
+        stalled_since(Some(&first), None, true),
+        None,
+        "no counter, no opinion"
+    );
+    let second = Reading {
+        tokens: Some(100.0),
+        at: t0 + secs(10),
+        stalled_since: Some(t0),
+    };
+    assert_eq!(
+        stalled_since(Some(&second), Some(100.0), true),
+        Some(t0),
+        "since the first"
+    );
+    assert!(!engine_silent(
+        Some(t0),
+        t0 + Duration::from_millis(2999),
+        CFG.wedge
+    ));
+    assert!(engine_silent(Some(t0), t0 + secs(3), CFG.wedge));
+    assert!(
+        !engine_silent(Some(t0), t0 + secs(300), Duration::ZERO),
+        "wedge rule off"
+    );
+    assert!(!engine_silent(None, t0 + secs(300), CFG.wedge));
+}
+
+#[test]
+fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate() {
+    assert_eq!(
+        prefill_allowance(10_000, 0.0),
+        Duration::ZERO,
+        "no rate measured yet"
+    );
+    let rate = prefill_rate(0.0, 5_000, Duration::from_millis(500)).unwrap();
+    assert_eq!(rate, 10_000.0, "the first sample as is");
+    assert_eq!(prefill_allowance(10_000, rate), secs(2));
+    let rate = prefill_rate(rate, 1_000, Duration::from_millis(500)).unwrap();
+    assert!((rate - 8_400.0).abs() < 1e-6, "{rate}");
+    assert_eq!(prefill_allowance(0, rate), Duration::ZERO);
+    assert_eq!(prefill_rate(rate, 0, secs(1)), None);
+    assert_eq!(prefill_rate(rate, 10, Duration::ZERO), None);
+}
+
+#[test]
+fn unreachable_wins_over_wedged() {
+    let t0 = Instant::now();
+    let o = Observed {
+        pile: 4,
+        pile_at_progress: 4,
+        in_flight: 4,
+        last_failure: Some(t0 + secs(1)),
+        ..quiet(t0)
+    };
+    assert_eq!(
+        judge(Some(LivenessVeto::WedgedPile), &o, &CFG, t0 + secs(5)),
+        Some(LivenessVeto::Unreachable)
+    );
+}
