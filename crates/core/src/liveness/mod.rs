@@ -153,10 +153,17 @@ pub struct Unanswered {
     pub short_reports: u32,
 }
 
+/// How many of this gateway's unanswered requests a report does not account for: those beyond
+/// the running and waiting requests it counts. Once a worker is unresponsive, that many may go
+/// elsewhere (the engine never held them).
+pub fn unaccounted(running: u64, waiting: u64, unanswered: u64) -> u64 {
+    unanswered.saturating_sub(running + waiting)
+}
+
 /// Whether a report counts fewer requests than this gateway holds unanswered: a report that does
 /// not account for them.
 pub fn report_short(running: u64, waiting: u64, unanswered: u64) -> bool {
-    running + waiting < unanswered
+    unaccounted(running, waiting, unanswered) > 0
 }
 
 /// The veto, if any, that `o` calls for at `now`. `prev` is the veto in force, which the stale

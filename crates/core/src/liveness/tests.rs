@@ -101,6 +101,8 @@ fn a_report_is_short_when_it_counts_fewer_than_we_hold() {
     assert!(report_short(1, 1, 3));
     assert!(!report_short(2, 1, 3));
     assert!(!report_short(5, 0, 3), "other gateways' requests count too");
+    assert_eq!(unaccounted(1, 0, 3), 2);
+    assert_eq!(unaccounted(5, 0, 3), 0);
 }
 
 fn secs(s: u64) -> Duration {

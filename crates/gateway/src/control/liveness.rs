@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use sluice_core::liveness::{judge, prefill_allowance, LivenessConfig, LivenessVeto, Observed};
+use sluice_core::liveness::{
+    judge, prefill_allowance, unaccounted, LivenessConfig, LivenessVeto, Observed,
+};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -89,12 +91,14 @@ fn changed(
     if next == Some(LivenessVeto::Unresponsive) {
         // The requests its engine does not account for may go elsewhere (the forward stage
         // decides, within its retry rules): as many as the engine's last report fell short by.
-        let accounted = worker
+        let (running, waiting) = worker
             .vetoes
             .load()
-            .map_or(0, |l| l.report.running() + l.report.waiting());
-        let unaccounted = worker.traffic.pending_requests().saturating_sub(accounted);
-        worker.vetoes.release_unanswered(unaccounted);
+            .map_or((0, 0), |l| (l.report.running(), l.report.waiting()));
+        let pending = worker.traffic.pending_requests();
+        worker
+            .vetoes
+            .release_unanswered(unaccounted(running, waiting, pending));
     }
     let silent_ms = now.saturating_duration_since(o.last_contact).as_millis() as u64;
     let quiet_ms = now.saturating_duration_since(o.last_progress).as_millis() as u64;

@@ -29,6 +29,8 @@ pub struct Shaped<T> {
     replacing: Option<(Vec<u8>, usize)>,
     /// After a shaped refusal, hyper's own bytes are dropped.
     swallow: bool,
+    /// A request was served: nothing here is hyper's own refusal any more (no more watching).
+    passed: bool,
 }
 
 impl<T> Shaped<T> {
@@ -38,6 +40,7 @@ impl<T> Shaped<T> {
             served,
             replacing: None,
             swallow: false,
+            passed: false,
         }
     }
 }
@@ -93,13 +96,14 @@ impl<T: AsyncWrite + Unpin> Shaped<T> {
 
     /// Whether `first` (the start of hyper's next write) is to be replaced; arms the replacement.
     fn intercept(&mut self, first: &[u8]) -> bool {
-        if self.swallow {
-            return true;
+        if self.passed {
+            return false;
         }
-        if self.replacing.is_some() {
+        if self.swallow || self.replacing.is_some() {
             return true;
         }
         if self.served.load(Ordering::Acquire) {
+            self.passed = true;
             return false;
         }
         match shaped_refusal(first) {
