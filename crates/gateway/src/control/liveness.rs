@@ -12,7 +12,7 @@ use sluice_core::liveness::{
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::fleet::{Fleet, Worker};
+use crate::fleet::{Fleet, Heard, Worker};
 
 /// How often the checker looks.
 pub const CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -24,9 +24,8 @@ struct Seen {
     pile_at_progress: u32,
 }
 
-/// What the judgment reads of one worker now.
-fn observe(worker: &Worker, seen: &mut Seen) -> Observed {
-    let heard = worker.signals.heard();
+/// What the judgment reads of one worker now, from what its signals hold.
+fn observe(worker: &Worker, heard: &Heard, seen: &mut Seen) -> Observed {
     if seen.progress != heard.progress_stamp {
         seen.progress = heard.progress_stamp;
         seen.pile_at_progress = heard.pile;
@@ -63,11 +62,12 @@ pub(super) async fn run_checker(fleet: Weak<Fleet>, cfg: LivenessConfig) {
         let now = Instant::now();
         seen.retain(|key, _| snapshot.workers.iter().any(|w| w.key == *key));
         for worker in &snapshot.workers {
+            let heard = worker.signals.heard();
             let entry = seen.entry(worker.key).or_insert_with(|| Seen {
-                progress: worker.signals.heard().progress_stamp,
-                pile_at_progress: worker.signals.pile(),
+                progress: heard.progress_stamp,
+                pile_at_progress: heard.pile,
             });
-            let observed = observe(worker, entry);
+            let observed = observe(worker, &heard, entry);
             let prev = worker.vetoes.liveness();
             let next = judge(prev, &observed, &cfg, now);
             if next != prev {
