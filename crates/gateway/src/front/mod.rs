@@ -222,8 +222,12 @@ fn with_model(body: &Bytes, model: &str) -> Bytes {
     out.extend_from_slice(&body[..=open]);
     out.extend_from_slice(b"\"model\":");
     out.extend_from_slice(field.as_bytes());
-    out.push(b',');
-    out.extend_from_slice(&body[open + 1..]);
+    // An empty object (the pass-through routes require no field) takes no separator.
+    let rest = &body[open + 1..];
+    if rest.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'}') {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
     Bytes::from(out)
 }
 
@@ -367,6 +371,15 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["model"], "m\"1");
+    }
+
+    #[test]
+    fn an_empty_object_gets_the_model_as_its_only_field() {
+        for body in [&b"{}"[..], b"{ \n}"] {
+            let out = with_model(&Bytes::from_static(body), "m");
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v, serde_json::json!({"model": "m"}));
+        }
     }
 
     #[test]
