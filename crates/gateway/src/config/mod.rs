@@ -300,8 +300,9 @@ impl Settings {
                 .control_plane_api_keys
                 .iter()
                 .map(|k| {
-                    k.parse()
-                        .map_err(|e: String| invalid("control-plane-api-keys", e))
+                    k.parse().map_err(|e: crate::http::ControlPlaneKeyError| {
+                        invalid("control-plane-api-keys", e.to_string())
+                    })
                 })
                 .collect::<Result<_, _>>()?,
             max_payload_size: self.max_payload_size,

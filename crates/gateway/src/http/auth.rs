@@ -28,24 +28,35 @@ pub struct ControlPlaneKey {
     pub key: String,
 }
 
+/// Why a `--control-plane-api-keys` entry was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlPlaneKeyError {
+    #[error("expected id:name:role:key")]
+    Shape,
+    #[error("role '{0}' is neither admin nor user")]
+    Role(String),
+    #[error("the id and the key cannot be empty")]
+    Empty,
+}
+
 impl std::str::FromStr for ControlPlaneKey {
-    type Err = String;
+    type Err = ControlPlaneKeyError;
 
     /// `id:name:role:key`, role `admin` or `user`; the key may itself contain colons.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut parts = s.splitn(4, ':');
         let (Some(id), Some(name), Some(role), Some(key)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return Err("expected id:name:role:key".into());
+            return Err(ControlPlaneKeyError::Shape);
         };
         let admin = match role {
             "admin" => true,
             "user" => false,
-            other => return Err(format!("role '{other}' is neither admin nor user")),
+            other => return Err(ControlPlaneKeyError::Role(other.into())),
         };
         if id.is_empty() || key.is_empty() {
-            return Err("the id and the key cannot be empty".into());
+            return Err(ControlPlaneKeyError::Empty);
         }
         Ok(Self {
             id: id.into(),
@@ -139,8 +150,12 @@ mod tests {
                 .unwrap()
                 .admin
         );
-        for bad in ["k:n:root:s", "k:n:admin", ":n:user:s"] {
-            assert!(bad.parse::<ControlPlaneKey>().is_err(), "{bad}");
+        for (bad, why) in [
+            ("k:n:root:s", ControlPlaneKeyError::Role("root".into())),
+            ("k:n:admin", ControlPlaneKeyError::Shape),
+            (":n:user:s", ControlPlaneKeyError::Empty),
+        ] {
+            assert_eq!(bad.parse::<ControlPlaneKey>(), Err(why), "{bad}");
         }
         let keys = Keys {
             control_plane: vec![
