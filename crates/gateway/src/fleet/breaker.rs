@@ -197,65 +197,6 @@ mod tests {
         timer.abort();
     }
 
-    /// Log output, kept for the test to read.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-        type Writer = Captured;
-
-        fn make_writer(&'a self) -> Captured {
-            self.clone()
-        }
-    }
-
-    #[test]
-    fn the_request_that_opens_a_circuit_is_named_in_its_log_line() {
-        let captured = Captured::default();
-        let logs = tracing_subscriber::fmt()
-            .with_writer(captured.clone())
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::with_default(logs, || {
-            let cfg = BreakerConfig {
-                failure_threshold: 1,
-                success_threshold: 1,
-                open_timeout: Duration::from_secs(30),
-                half_open_trials: 1,
-                failure_rate: None,
-            };
-            let metrics = Metrics::register(&mut Registry::default());
-            let breaker =
-                WorkerBreaker::new("w1", Some(cfg), metrics, Arc::new(watch::channel(0).0));
-            let p = breaker.try_admit().unwrap();
-            breaker.record(
-                p,
-                Outcome::Failure,
-                Some(&HeaderValue::from_static("req-9")),
-            );
-        });
-        let text = String::from_utf8(captured.0.lock().clone()).unwrap();
-        let line = text
-            .lines()
-            .find(|l| l.contains("circuit opened"))
-            .unwrap_or_else(|| panic!("{text}"));
-        assert!(
-            line.contains("request_id") && line.contains("req-9"),
-            "{line}"
-        );
-    }
-
     #[tokio::test]
     async fn a_disabled_breaker_admits_everything() {
         let metrics = Metrics::register(&mut Registry::default());
