@@ -78,8 +78,32 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The command line, parsed. When it names a flag clap does not know that is one of SMG's,
+/// the error lists every such flag on the line with what to use instead (`config::smg`), so an
+/// SMG launch line is mended in one pass rather than one flag per try.
+fn parse() -> clap::ArgMatches {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use sluice_gateway::config::smg;
+    Cli::command().try_get_matches().unwrap_or_else(|e| {
+        let unknown = match e.get(ContextKind::InvalidArg) {
+            Some(ContextValue::String(arg)) if e.kind() == ErrorKind::UnknownArgument => arg,
+            _ => e.exit(),
+        };
+        if smg::instead_of(unknown).is_none() {
+            e.exit()
+        }
+        for arg in std::env::args_os().filter_map(|a| a.into_string().ok()) {
+            if let Some(instead) = smg::instead_of(&arg) {
+                let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
+                eprintln!("error: {flag} is SMG's flag, and sluice does not take it: {instead}");
+            }
+        }
+        std::process::exit(2)
+    })
+}
+
 fn main() -> anyhow::Result<()> {
-    let matches = Cli::command().get_matches();
+    let matches = parse();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Serve(_) => {

@@ -44,15 +44,31 @@ impl Policy {
     }
 }
 
-/// The cache-aware policy's escape hatch and affinity threshold.
+/// The cache-aware policy's affinity threshold and its spill gate (SMG 1.13's meaning of the
+/// balance thresholds): the worker holding the prompt's prefix gives way to the least loaded
+/// one when its load is past the pool's mean by both thresholds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CacheAware {
     /// Minimum share of the prompt's prefix blocks a worker must already hold to be preferred.
     pub cache_threshold: f64,
-    /// The pool is unbalanced when max load - min load exceeds this...
+    /// The matched worker spills when its load exceeds the pool's mean by more than this
+    /// (capped by `spill_margin`)...
     pub balance_abs_threshold: u64,
-    /// ...and max load exceeds min load times this. Then the least loaded worker wins.
+    /// ...and exceeds the mean times this.
     pub balance_rel_threshold: f64,
+}
+
+/// Loads within this of the mean are never a reason to spill, unless the absolute threshold
+/// itself is lower.
+const SPILL_FLOOR: f64 = 4.0;
+
+/// How far past the pool's mean load a matched worker may be before it spills: the absolute
+/// threshold, but no more than two standard deviations of an in-flight count at that mean
+/// (a Poisson count's is its square root), so in a small pool, whose loads never differ by 64,
+/// a hot worker can still spill.
+pub fn spill_margin(abs_threshold: u64, mean: f64) -> f64 {
+    let natural_swing = (2.0 * mean.max(0.0).sqrt()).max(SPILL_FLOOR);
+    (abs_threshold as f64).min(natural_swing)
 }
 
 impl Default for CacheAware {
@@ -162,11 +178,7 @@ fn cache_aware(
     input: &RouteInput,
     ticket: u64,
 ) -> usize {
-    let max = candidates.iter().map(|c| c.load).max().unwrap_or(0);
-    let min = candidates.iter().map(|c| c.load).min().unwrap_or(0);
-    let unbalanced = max - min > cfg.balance_abs_threshold
-        && max as f64 > min as f64 * cfg.balance_rel_threshold;
-    if unbalanced || input.prefix_blocks == 0 {
+    if input.prefix_blocks == 0 {
         return least_load(candidates, ticket);
     }
     let best = candidates.iter().map(|c| c.prefix_match).max().unwrap_or(0);
@@ -180,6 +192,13 @@ fn cache_aware(
         .map(|c| c.load)
         .min()
         .unwrap_or(0);
+    let mean = candidates.iter().map(|c| c.load as f64).sum::<f64>() / candidates.len() as f64;
+    let load = least as f64;
+    if load - mean > spill_margin(cfg.balance_abs_threshold, mean)
+        && load > mean * cfg.balance_rel_threshold
+    {
+        return least_load(candidates, ticket);
+    }
     nth_matching(candidates, ticket, |c| {
         c.prefix_match == best && c.load == least
     })
@@ -306,6 +325,34 @@ mod tests {
         let mut lopsided = pool(&[200, 10]);
         lopsided[0].prefix_match = 10;
         assert_eq!(pick(policy, &lopsided, input, 0, 0), 1);
+    }
+
+    #[test]
+    fn the_matched_worker_spills_once_past_the_mean_by_both_thresholds() {
+        let policy = Policy::CacheAware(CacheAware::default());
+        let input = RouteInput {
+            routing_key: None,
+            prefix_blocks: 10,
+        };
+        let matched_at = |loads: &[u64]| {
+            let mut c = pool(loads);
+            c[0].prefix_match = 10;
+            pick(policy, &c, input, 0, 0)
+        };
+        // Mean 3, margin 4 (the floor): 6 is 3 past it, within the swing of a small pool.
+        assert_eq!(matched_at(&[6, 0]), 0);
+        // Mean 5, margin 2 x sqrt(5) = 4.47: 10 is 5 past it and twice the mean.
+        assert_eq!(matched_at(&[10, 0]), 1);
+        // Mean 233, margin 30.5: 67 past it, but not 1.5 times it, so it stays.
+        assert_eq!(matched_at(&[300, 200, 200]), 0);
+        // A large pool's margin is capped by the absolute threshold.
+        assert_eq!(spill_margin(64, 10_000.0), 64.0);
+        assert_eq!(
+            spill_margin(2, 1.0),
+            2.0,
+            "a threshold under the floor holds"
+        );
+        assert_eq!(spill_margin(64, 0.0), 4.0);
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl App {
             None => Metrics::register(&mut registry),
         };
         metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
-        let upstream = Upstream::new(config.connect_timeout);
+        let upstream = Upstream::new(&config.upstream);
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));
         let (access_log, access_log_writer) = match &config.access_log {
@@ -162,6 +162,7 @@ fn control_and_fleet(
             load: config.load.clone(),
             liveness: config.liveness,
             startup_check_interval: config.startup_check_interval,
+            startup_delay: config.startup_delay,
             startup_timeout: config.startup_timeout,
         },
         upstream.clone(),

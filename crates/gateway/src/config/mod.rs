@@ -8,6 +8,7 @@
 mod checks;
 mod sections;
 mod settings;
+pub mod smg;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ use crate::fleet::WorkerSpec;
 pub use crate::forward::RetryConfig;
 pub use crate::front::RequestLimits;
 use crate::route::Shedding;
+pub use crate::upstream::UpstreamConfig;
 use sluice_core::liveness::LivenessConfig;
 
 /// Header names from a flag's list, each checked.
@@ -317,7 +319,16 @@ impl Settings {
                 self.body_read_timeout_secs,
             )?,
             max_connections: positive_count("max-connections", self.max_connections)?,
-            connect_timeout: positive_seconds("connect-timeout-secs", self.connect_timeout_secs)?,
+            upstream: UpstreamConfig {
+                connect_timeout: positive_seconds(
+                    "connect-timeout-secs",
+                    self.connect_timeout_secs,
+                )?,
+                pool_idle_timeout: seconds(
+                    "upstream-pool-idle-timeout-secs",
+                    self.upstream_pool_idle_timeout_secs,
+                )?,
+            },
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
             retry,
@@ -326,6 +337,7 @@ impl Settings {
                 "worker-startup-check-interval-secs",
                 self.worker_startup_check_interval_secs,
             )?,
+            startup_delay: seconds("worker-startup-delay", self.worker_startup_delay)?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
             startup_timeout: Some(seconds(
                 "worker-startup-timeout-secs",
@@ -390,13 +402,16 @@ pub struct Config {
     pub body_read_timeout: Duration,
     /// `--max-connections` as asked; `Config::connection_limits` caps it by the open-file limit.
     pub max_connections: usize,
-    pub connect_timeout: Duration,
+    /// How worker connections are made and pooled.
+    pub upstream: UpstreamConfig,
     pub request_timeout: Duration,
     pub upstream_http2: bool,
     pub retry: RetryConfig,
     /// `None` when circuit breaking is disabled.
     pub breaker: Option<BreakerConfig>,
     pub startup_check_interval: Duration,
+    /// `--worker-startup-delay`.
+    pub startup_delay: Duration,
     pub drain_settle: Duration,
     /// `--worker-startup-timeout-secs`; `None`: wait forever.
     pub startup_timeout: Option<Duration>,

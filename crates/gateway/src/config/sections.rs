@@ -148,7 +148,7 @@ impl Settings {
             max_retries: if self.disable_retries {
                 0
             } else {
-                self.retry_max_retries
+                self.retry_max_retries.saturating_sub(1)
             },
             backoff: Backoff {
                 initial: Duration::from_millis(self.retry_initial_backoff_ms),

@@ -58,17 +58,19 @@ pub struct Settings {
     pub policy: String,
 
     /// cache_aware: share of the prompt's prefix a worker must hold to be preferred.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, visible_alias = "cache-match-threshold", default_value_t = 0.3)]
     #[arg(help_heading = "Routing policy")]
     pub cache_threshold: f64,
 
-    /// cache_aware: the pool counts as unbalanced when max - min load exceeds this...
-    #[arg(long, default_value_t = 64)]
+    /// cache_aware's spill gate, as in SMG 1.13: the worker holding the prompt's prefix gives
+    /// way to the least loaded one when its load exceeds the pool's mean by this many requests
+    /// (capped at two standard deviations of an in-flight count at that mean, at least 4)...
+    #[arg(long, visible_alias = "spill-abs-threshold", default_value_t = 64)]
     #[arg(help_heading = "Routing policy")]
     pub balance_abs_threshold: u64,
 
-    /// cache_aware: ...and max load exceeds min load times this; then the least loaded wins.
-    #[arg(long, default_value_t = 1.5)]
+    /// ...and exceeds the mean times this.
+    #[arg(long, visible_alias = "spill-rel-threshold", default_value_t = 1.5)]
     #[arg(help_heading = "Routing policy")]
     pub balance_rel_threshold: f64,
 
@@ -90,6 +92,13 @@ pub struct Settings {
     )]
     #[arg(help_heading = "Routing policy")]
     pub routing_key_headers: Vec<String>,
+
+    /// Accepted for SMG command lines (its multi-model mode): sluice always routes each request
+    /// by its model.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Routing policy")]
+    pub enable_igw: bool,
 
     /// An extra client-facing model name for a served model, `ALIAS=MODEL` (repeatable; SMG's
     /// flag). A request naming the alias is served by MODEL's workers, which are sent MODEL;
@@ -215,9 +224,10 @@ pub struct Settings {
     #[arg(help_heading = "Workers")]
     pub upstream_http2: bool,
 
-    /// Retries of one request (connection failures, at-capacity answers and the statuses of
-    /// --retry-status-codes, on another worker).
-    #[arg(long, default_value_t = 3)]
+    /// Attempts of one request in all, the first included, as SMG counts them (1: never retry).
+    /// The later ones follow connection failures, at-capacity answers and the statuses of
+    /// --retry-status-codes, each on another worker.
+    #[arg(long, default_value_t = 4)]
     #[arg(help_heading = "Retries")]
     pub retry_max_retries: u32,
 
@@ -314,6 +324,19 @@ pub struct Settings {
     #[arg(long, default_value_t = 1800.0)]
     #[arg(help_heading = "Workers")]
     pub worker_startup_timeout_secs: f64,
+
+    /// Seconds before a new worker is first asked what it serves (SMG's flag): for engines known
+    /// to take a while to start, so the first attempts do not log them as unreachable.
+    #[arg(long, default_value_t = 0.0)]
+    #[arg(help_heading = "Workers")]
+    pub worker_startup_delay: f64,
+
+    /// Seconds an unused pooled connection to a worker is kept (SMG's flag and default). Keep it
+    /// under the engine's own keep-alive timeout (5 s in vLLM and SGLang), or a request can be
+    /// sent on a connection the engine is closing.
+    #[arg(long, default_value_t = 3.0)]
+    #[arg(help_heading = "Workers")]
+    pub upstream_pool_idle_timeout_secs: f64,
 
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]

@@ -119,6 +119,20 @@ fn smgs_policy_names_mean_the_same_or_are_refused_with_an_alternative() {
 }
 
 #[test]
+fn retry_max_retries_counts_attempts_as_smg_does() {
+    let retries = |args: &[&str]| validated(args).unwrap().retry.max_retries;
+    assert_eq!(
+        retries(&["--retry-max-retries", "1"]),
+        0,
+        "one attempt: no retry"
+    );
+    assert_eq!(retries(&["--retry-max-retries", "5"]), 4);
+    assert_eq!(retries(&["--retry-max-retries", "0"]), 0);
+    assert_eq!(retries(&[]), 3, "four attempts by default");
+    assert_eq!(retries(&["--disable-retries"]), 0);
+}
+
+#[test]
 fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
     let filter = |level: &str| {
         let mut s = Settings::defaults();

@@ -46,6 +46,9 @@ pub(super) async fn register(fleet: Weak<Fleet>, worker: Arc<Worker>, control: A
         .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
     let mut expired = false;
     let mut attempts = 0u32;
+    if !control.settings.startup_delay.is_zero() {
+        tokio::time::sleep(control.settings.startup_delay).await;
+    }
     loop {
         if let Some((at, timeout)) =
             expires.filter(|(at, _)| !expired && tokio::time::Instant::now() >= *at)

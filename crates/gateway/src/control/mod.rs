@@ -48,6 +48,8 @@ pub struct ControlSettings {
     pub liveness: LivenessConfig,
     /// How often a worker that has not answered `/v1/models` is asked again.
     pub startup_check_interval: Duration,
+    /// `--worker-startup-delay`: the wait before a new worker is first asked.
+    pub startup_delay: Duration,
     /// `--worker-startup-timeout-secs`: how long a worker may stay unregistered before it is
     /// Failed; `None`: forever.
     pub startup_timeout: Option<Duration>,

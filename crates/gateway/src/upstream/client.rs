@@ -11,8 +11,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-/// How long an unused pooled connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// TCP keep-alive on worker connections, so a vanished peer is noticed on idle connections.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
@@ -26,19 +24,29 @@ pub struct Upstream {
     http2: Client<HttpConnector, Full<Bytes>>,
 }
 
+/// How connections to workers are made and kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConfig {
+    /// `--connect-timeout-secs`.
+    pub connect_timeout: Duration,
+    /// `--upstream-pool-idle-timeout-secs`: an unused pooled connection is closed after this,
+    /// before the engine's own keep-alive timeout closes it under a request.
+    pub pool_idle_timeout: Duration,
+}
+
 impl Upstream {
-    pub fn new(connect_timeout: Duration) -> Self {
+    pub fn new(config: &UpstreamConfig) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_keepalive(Some(TCP_KEEPALIVE));
         let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_idle_timeout(config.pool_idle_timeout)
             .pool_timer(TokioTimer::new())
             .build(connector.clone());
         let http2 = Client::builder(TokioExecutor::new())
             .http2_only(true)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_idle_timeout(config.pool_idle_timeout)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);

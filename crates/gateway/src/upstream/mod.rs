@@ -7,7 +7,7 @@
 mod client;
 mod get;
 
-pub use client::{Upstream, UpstreamRequest, UpstreamResponse};
+pub use client::{Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse};
 pub use get::{get, GetError};
 
 use axum::http::uri::{Authority, PathAndQuery, Scheme};

@@ -1,0 +1,300 @@
+//! SMG launch lines against `sluice serve`, as docs/migrating-from-smg.md promises: every flag
+//! the page says works is used in a launch line below that starts and serves, and every flag it
+//! says is refused stops `sluice serve` with the page's message.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sluice_gateway::config::smg;
+use sluice_sim::testkit::{client, instant, send, HttpClient};
+use sluice_sim::{Flavor, FleetConfig, SimFleet};
+
+/// One row of the page's tables.
+struct Row {
+    /// Every spelling of the SMG flag.
+    flags: Vec<String>,
+    works: bool,
+    notes: String,
+}
+
+fn rows() -> Vec<Row> {
+    let page = include_str!("../../../docs/migrating-from-smg.md");
+    page.lines()
+        .filter(|l| l.starts_with("| `--"))
+        .map(|line| {
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().replace("\\|", "|"))
+                .collect();
+            assert_eq!(cells.len(), 3, "three cells: {line}");
+            let flags = cells[0]
+                .split(", ")
+                .map(|f| f.trim_matches('`').to_string())
+                .collect();
+            let works = cells[1].starts_with("works");
+            assert!(works || cells[1] == "refused", "a known status: {line}");
+            Row {
+                flags,
+                works,
+                notes: cells[2].clone(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_refused_flag_is_refused_with_what_to_use_instead() {
+    let refused: Vec<Row> = rows().into_iter().filter(|r| !r.works).collect();
+    let page: BTreeSet<&str> = refused
+        .iter()
+        .flat_map(|r| r.flags.iter().map(String::as_str))
+        .collect();
+    let table: BTreeSet<&str> = smg::REFUSED.iter().map(|(f, _)| *f).collect();
+    assert_eq!(page, table, "the page and sluice refuse the same flags");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--port", "0"])
+        .args(&page)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "refused at startup");
+    let said = String::from_utf8_lossy(&out.stderr);
+    for row in &refused {
+        for flag in &row.flags {
+            let line = format!(
+                "error: {flag} is SMG's flag, and sluice does not take it: {}",
+                row.notes
+            );
+            assert!(said.lines().any(|l| l == line), "{line}\nnot in:\n{said}");
+        }
+    }
+}
+
+/// `sluice serve` with `args`, its stderr lines read on a thread of their own.
+struct Launched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    said: Vec<String>,
+}
+
+impl Launched {
+    fn start(args: &[String]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            said: Vec::new(),
+        }
+    }
+
+    /// The first line `pick` takes something from; bounded, and failing with all it said.
+    fn until<T>(&mut self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no {what}; it said:\n{}", self.said.join("\n")));
+            self.said.push(line.clone());
+            if let Some(found) = pick(&line) {
+                return found;
+            }
+        }
+    }
+
+    /// The gateway's address, once it is listening and its worker is ready (in either order).
+    fn serving(&mut self) -> String {
+        let (mut addr, mut ready) = (None, false);
+        while addr.is_none() || !ready {
+            let (listening, up) = self.until("listening and a ready worker", |l| {
+                let listening = field(l, "addr").filter(|_| l.contains("sluice gateway listening"));
+                let up = field(l, "to").as_deref() == Some("ready");
+                (listening.is_some() || up).then_some((listening, up))
+            });
+            addr = addr.or(listening);
+            ready |= up;
+        }
+        addr.unwrap()
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A field of a log line, text (`key=value`) or JSON (`"fields": {"key": ...}`).
+fn field(line: &str, key: &str) -> Option<String> {
+    if line.starts_with('{') {
+        let json: serde_json::Value = serde_json::from_str(line).ok()?;
+        return json["fields"][key].as_str().map(str::to_string);
+    }
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    let value = line[at..].split(' ').next()?;
+    Some(value.trim_matches('"').to_string())
+}
+
+/// A chat request to the gateway at `addr`.
+async fn chat(http: &HttpClient, addr: &str, model: &str, headers: &[(&str, &str)]) -> u16 {
+    let body = format!(
+        r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":2}}"#
+    );
+    let url = format!("http://{addr}/v1/chat/completions");
+    send(http, "POST", &url, Some(&body), headers).await.status
+}
+
+/// Launch lines as SMG users write them, with every "works" flag of the page among them.
+#[rustfmt::skip]
+fn launch_lines(worker: &str, log_dir: &str) -> Vec<Vec<String>> {
+    // The worker requires the key: SMG's --api-key is also the key it is sent.
+    let common = ["--host", "127.0.0.1", "--port", "0", "--worker-urls", worker, "--api-key", "secret"];
+    let lines: [&[&str]; 4] = [
+        // A keyed fleet behind a cache-aware gateway, with its logs, metrics and CORS.
+        &[
+            "--control-plane-api-keys", "k1:ops:admin:admin-secret",
+            "--policy", "cache_aware",
+            "--cache-threshold", "0.5",
+            "--balance-abs-threshold", "32",
+            "--balance-rel-threshold", "1.2",
+            "--max-tree-size", "1048576",
+            "--model-alias", "chat=test-model",
+            "--enable-igw",
+            "--request-id-headers", "x-trace-id",
+            "--routing-key-headers", "x-session-id",
+            "--cors-allowed-origins", "http://localhost:3000",
+            "--log-level", "info",
+            "--log-json",
+            "--log-dir", log_dir,
+            "--prometheus-port", "0",
+            "--prometheus-host", "127.0.0.1",
+            "--prometheus-duration-buckets", "0.1", "1", "10",
+            "--health-check-port", "0",
+            "--load-monitor-interval", "5",
+            "--worker-auto-recovery",
+        ],
+        // Resilience tuned.
+        &[
+            "--policy", "consistent_hashing",
+            "--retry-max-retries", "3",
+            "--retry-initial-backoff-ms", "10",
+            "--retry-max-backoff-ms", "100",
+            "--retry-backoff-multiplier", "1.5",
+            "--retry-jitter-factor", "0.2",
+            "--cb-failure-threshold", "5",
+            "--cb-success-threshold", "2",
+            "--cb-timeout-duration-secs", "30",
+            "--cb-window-duration-secs", "60",
+            "--health-failure-threshold", "2",
+            "--health-success-threshold", "1",
+            "--health-check-timeout-secs", "3",
+            "--health-check-interval-secs", "30",
+            "--health-check-endpoint", "/health",
+            "--remove-unhealthy-workers",
+            "--worker-startup-timeout-secs", "600",
+            "--worker-startup-delay", "0",
+            "--worker-startup-check-interval", "10",
+            "--request-timeout-secs", "600",
+            "--shutdown-grace-period-secs", "30",
+            "--header-read-timeout-secs", "30",
+            "--max-payload-size", "1048576",
+            "--worker-overload-protection",
+            "--worker-overload-waiting-requests", "4",
+            "--worker-overload-token-usage", "0.9",
+            "--worker-overload-shed",
+            "--worker-stall-secs", "2",
+            "--worker-wedge-secs", "3",
+            "--worker-stale-secs", "15",
+        ],
+        // Everything switched off, over HTTP/2, with the second spellings.
+        &[
+            "--upstream-http2",
+            "--upstream-pool-idle-timeout-secs", "2",
+            "--cache-match-threshold", "0.4",
+            "--spill-abs-threshold", "10",
+            "--spill-rel-threshold", "2",
+            "--disable-retries",
+            "--disable-circuit-breaker",
+            "--disable-health-check",
+            "--disable-worker-overload-protection",
+            "--no-remove-unhealthy-workers",
+        ],
+        &["--no-worker-auto-recovery"],
+    ];
+    lines
+        .iter()
+        .map(|extra| common.iter().chain(extra.iter()).map(|s| s.to_string()).collect())
+        .collect()
+}
+
+#[test]
+fn smg_launch_lines_using_every_working_flag_start_and_serve() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut engine = instant(Flavor::Vllm);
+    engine.api_key = Some("secret".into());
+    let fleet = runtime
+        .block_on(SimFleet::start(FleetConfig::local(1, engine)))
+        .unwrap();
+    let worker = fleet.urls()[0].clone();
+    let log_dir = std::env::temp_dir().join(format!("sluice-smg-launch-{}", std::process::id()));
+    let lines = launch_lines(&worker, log_dir.to_str().unwrap());
+
+    let used: BTreeSet<&str> = lines
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .filter(|a| a.starts_with("--"))
+        .collect();
+    for row in rows().iter().filter(|r| r.works) {
+        for flag in &row.flags {
+            assert!(used.contains(flag.as_str()), "no launch line uses {flag}");
+        }
+    }
+
+    let http = client();
+    for (i, line) in lines.iter().enumerate() {
+        let mut gateway = Launched::start(line);
+        let addr = gateway.serving();
+        let status = if i == 0 {
+            // SMG's --api-key: clients must send it, and it is what the worker is sent.
+            let refused = runtime.block_on(chat(&http, &addr, "chat", &[]));
+            assert_eq!(refused, 401, "launch line {i}");
+            runtime.block_on(chat(
+                &http,
+                &addr,
+                "chat",
+                &[("authorization", "Bearer secret"), ("x-trace-id", "t-1")],
+            ))
+        } else {
+            runtime.block_on(chat(
+                &http,
+                &addr,
+                "test-model",
+                &[("authorization", "Bearer secret")],
+            ))
+        };
+        assert_eq!(status, 200, "launch line {i}: {}", gateway.said.join("\n"));
+    }
+    let _ = std::fs::remove_dir_all(&log_dir);
+}

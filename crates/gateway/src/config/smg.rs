@@ -1,0 +1,267 @@
+//! SMG 1.13's flags that sluice does not take, each with what to do instead.
+//!
+//! An SMG launch line must either work unchanged or fail at startup saying what to use — never
+//! run with a flag silently meaning something else. Every flag of `smg launch --help` (1.13.0)
+//! is classified in docs/migrating-from-smg.md; the ones refused there are the table below,
+//! which `sluice serve` consults when the command line names a flag it does not know
+//! (crates/cli/tests/smg_launch.rs keeps the two in step).
+
+const ADMIT: &str =
+    "gateway-side admission (queues, rate limits, tenants, priorities) is not supported yet: drop the flag (--worker-overload-shed refuses what the fleet cannot take)";
+const DISC: &str =
+    "worker discovery (Kubernetes, file) is not supported yet: list workers with --worker-urls or add them with POST /workers";
+const DP: &str =
+    "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
+const GRPC: &str =
+    "sluice speaks HTTP to workers (no gRPC or ZMQ): give their HTTP URLs with --worker-urls; drop the flag";
+const JOBQ: &str = "sluice registers workers directly, without a job queue; drop the flag";
+const JWT: &str =
+    "JWT/OIDC authentication is not supported: use --admin-api-key or --control-plane-api-keys";
+const KV: &str =
+    "belongs to SMG's engine-event KV index, which sluice does not read: its cache_aware indexes the prompts it routed (--max-tree-size); drop the flag";
+const LL: &str =
+    "sluice's least_load and power_of_two rank workers by the requests it has on them and their reported queues, with no such knob; drop the flag";
+const MCP: &str = "sluice runs no MCP tools; drop the flag";
+const MESH: &str =
+    "sluice replicas do not coordinate yet: run them side by side behind an L4 balancer; drop the flag";
+const MM: &str =
+    "sluice does not fetch or preprocess media: image and audio inputs reach the engine as the client sent them; drop the flag";
+const PARSER: &str =
+    "sluice relays the engine's reasoning and tool-call output as it is: set the parser on the engine (e.g. vLLM's --reasoning-parser, --tool-call-parser); drop the flag";
+const PD: &str =
+    "prefill/decode (and encode) disaggregation is not supported yet: serve a unified fleet with --worker-urls";
+const PHASH: &str =
+    "belongs to the prefix_hash policy, which sluice does not have: --policy cache_aware routes by prompt prefix";
+const RL: &str = "sluice has no RL control plane; drop the flag";
+const STICKY: &str =
+    "belongs to SMG's manual policy and sticky sessions: --policy consistent_hash with --routing-key-headers keeps a session on one worker";
+const STORE: &str =
+    "sluice stores no conversations or responses (/v1/responses passes through to the engine); drop the flag";
+const TOK: &str =
+    "sluice does not tokenize or apply chat templates (HTTP workers do); drop the flag";
+const TRACE: &str =
+    "OpenTelemetry export is not supported: follow a request by its x-request-id, which sluice sends to the worker and writes in its logs and --access-log";
+const WARM: &str = "sluice has no warm-up slice for new workers; drop the flag";
+const WASM: &str = "sluice runs no WebAssembly plugins; drop the flag";
+
+/// SMG's refused flags (every spelling) and what to do instead.
+pub const REFUSED: &[(&str, &str)] = &[
+    ("--job-queue-capacity", JOBQ),
+    ("--job-queue-concurrency", JOBQ),
+    (
+        "--disable-load-monitoring",
+        "sluice's liveness checks (--worker-wedge-secs, --worker-unresponsive-secs) read every worker's load, so it always polls; drop the flag, or lengthen --load-monitor-interval",
+    ),
+    ("--multimodal-tensor-transport", MM),
+    ("--multimodal-shm-min-bytes", MM),
+    ("--multimodal-max-inflight-bytes", MM),
+    ("--mm-per-request-image-limit", MM),
+    ("--mm-processing", MM),
+    ("--mm-pixel-cache-mb", MM),
+    ("--mm-pixel-rdma", MM),
+    ("--mm-allowed-media-domains", MM),
+    ("--mm-allow-private-media-hosts", MM),
+    ("--rdma-listen-ip", MM),
+    ("--rdma-slot-ttl-s", MM),
+    ("--log-mm-timing", MM),
+    ("--encode-policy", PD),
+    ("--prefill-policy", PD),
+    ("--decode-policy", PD),
+    ("--prefix-token-count", PHASH),
+    ("--prefix-hash-load-factor", PHASH),
+    ("--prefix-hash-balance-abs-threshold", PHASH),
+    ("--least-load-kv-pressure-weight", LL),
+    ("--least-load-default-throughput", LL),
+    ("--least-load-mean-prefill-tokens", LL),
+    (
+        "--least-load-max-waiting-requests",
+        "sluice's cap on a worker's waiting queue holds for every policy: --worker-overload-waiting-requests",
+    ),
+    ("--power-of-two-load-metric", LL),
+    (
+        "--balance-token-usage-threshold",
+        "sluice does not compare KV usage across workers in cache_aware; a worker past --worker-overload-token-usage is left out of routing; drop the flag",
+    ),
+    (
+        "--overload-token-usage-threshold",
+        "use --worker-overload-token-usage: a worker at or above it is left out of routing under every policy",
+    ),
+    ("--kv-index", KV),
+    ("--worker-warmup-secs", WARM),
+    ("--worker-warmup-share", WARM),
+    ("--worker-warmup-blocks", WARM),
+    ("--worker-warmup-thin-ratio", WARM),
+    ("--worker-warmup-divert-every", WARM),
+    ("--selection-policy", KV),
+    ("--selection-accounting-ttl-ms", KV),
+    ("--overlap-decay", KV),
+    ("--selection-temperature", KV),
+    ("--bucket-adjust-interval-secs", PD),
+    (
+        "--eviction-interval-secs",
+        "sluice's prefix index forgets the least recently used prompts as it reaches --max-tree-size, with no timer; drop the flag",
+    ),
+    ("--block-size", KV),
+    ("--cache-boundaries", KV),
+    ("--cache-index", KV),
+    ("--cache-ttl-secs", KV),
+    ("--max-idle-secs", STICKY),
+    ("--sticky-key-idle-secs", STICKY),
+    ("--assignment-mode", STICKY),
+    (
+        "--max-buffered-request-bytes",
+        "sluice reads every request body whole (to route and retry it); bound one body with --max-payload-size and all bodies at once with --max-buffered-body-bytes",
+    ),
+    ("--pd-admission-wait-secs", PD),
+    (
+        "--stream-body-stall-timeout-secs",
+        "sluice reads a request body whole before sending it on: --body-read-timeout-secs bounds how long a client may take to send it",
+    ),
+    (
+        "--sse-keepalive-secs",
+        "sluice sends no keep-alive frames on a silent stream: keep the idle timeout of any proxy in front above the longest prefill; drop the flag",
+    ),
+    ("--dp-aware", DP),
+    ("--routing-key-override", STICKY),
+    ("--sticky-sessions", STICKY),
+    ("--dp-minimum-tokens-scheduler", DP),
+    ("--pd-disaggregation", PD),
+    ("--epd-disaggregation", PD),
+    ("--encode", PD),
+    ("--prefill", PD),
+    ("--decode", PD),
+    ("--prefill-max-inflight-requests-per-worker", PD),
+    ("--prefill-queue-size", PD),
+    ("--prefill-queue-timeout-secs", PD),
+    ("--service-discovery", DISC),
+    ("--discovery-provider", DISC),
+    ("--selector", DISC),
+    ("--service-discovery-port", DISC),
+    ("--service-discovery-namespace", DISC),
+    ("--kv-connector-annotation", DISC),
+    ("--kv-engine-id-annotation", DISC),
+    ("--encode-selector", PD),
+    ("--prefill-selector", PD),
+    ("--decode-selector", PD),
+    ("--router-selector", MESH),
+    ("--model-id-from", DISC),
+    ("--discovery-file", DISC),
+    ("--discovery-check-interval-secs", DISC),
+    (
+        "--jemalloc-prof-dir",
+        "sluice is not built with jemalloc heap profiling; drop the flag",
+    ),
+    ("--storage-context-headers", STORE),
+    (
+        "--idle-connection-timeout-secs",
+        "sluice closes an idle keep-alive connection after --header-read-timeout-secs (as nginx's keepalive_timeout does): set that instead",
+    ),
+    ("--trust-tenant-header", ADMIT),
+    ("--tenant-header-name", ADMIT),
+    ("--max-concurrent-requests", ADMIT),
+    ("--queue-size", ADMIT),
+    ("--queue-timeout-secs", ADMIT),
+    ("--rate-limit-tokens-per-second", ADMIT),
+    ("--max-background-responses", STORE),
+    ("--model-path", TOK),
+    ("--model", TOK),
+    ("--tokenizer-path", TOK),
+    ("--chat-template", TOK),
+    ("--disable-tokenizer-autoload", TOK),
+    ("--parser", TOK),
+    ("--tokenizer-cache-enable-l0", TOK),
+    ("--tokenizer-cache-l0-max-entries", TOK),
+    ("--tokenizer-cache-enable-l1", TOK),
+    ("--tokenizer-cache-l0-max-memory", TOK),
+    ("--tokenizer-cache-l1-max-memory", TOK),
+    ("--reasoning-parser", PARSER),
+    ("--tool-call-parser", PARSER),
+    ("--mcp-config-path", MCP),
+    (
+        "--backend",
+        "sluice tells vLLM from SGLang by each worker's own answers, and speaks HTTP to both; drop the flag",
+    ),
+    ("--zmq-engine-count", GRPC),
+    ("--enable-wasm", WASM),
+    ("--storage-hook-wasm-path", WASM),
+    ("--history-backend", STORE),
+    ("--history-memory-max-responses", STORE),
+    ("--history-memory-max-items", STORE),
+    ("--history-memory-retention-secs", STORE),
+    ("--schema-config", STORE),
+    ("--oracle-wallet-path", STORE),
+    ("--oracle-tns-alias", STORE),
+    ("--oracle-connect-descriptor", STORE),
+    ("--oracle-username", STORE),
+    ("--oracle-password", STORE),
+    ("--oracle-external-auth", STORE),
+    ("--oracle-pool-min", STORE),
+    ("--oracle-pool-max", STORE),
+    ("--oracle-pool-timeout-secs", STORE),
+    ("--postgres-db-url", STORE),
+    ("--postgres-pool-max", STORE),
+    ("--postgres-op-timeout-secs", STORE),
+    ("--redis-url", STORE),
+    ("--redis-pool-max", STORE),
+    ("--redis-retention-days", STORE),
+    ("--redis-op-timeout-secs", STORE),
+    (
+        "--client-cert-path",
+        "TLS is not supported yet: terminate TLS in front of sluice",
+    ),
+    (
+        "--client-key-path",
+        "TLS is not supported yet: terminate TLS in front of sluice",
+    ),
+    (
+        "--ca-cert-paths",
+        "TLS is not supported yet: terminate TLS in front of sluice",
+    ),
+    (
+        "--tls-cert-path",
+        "TLS is not supported yet: terminate TLS in front of sluice",
+    ),
+    (
+        "--tls-key-path",
+        "TLS is not supported yet: terminate TLS in front of sluice",
+    ),
+    ("--enable-trace", TRACE),
+    ("--otlp-traces-endpoint", TRACE),
+    (
+        "--control-plane-audit-enabled",
+        "sluice keeps no audit log; drop the flag",
+    ),
+    ("--jwt-issuer", JWT),
+    ("--jwt-audience", JWT),
+    ("--jwt-jwks-uri", JWT),
+    ("--jwt-role-mapping", JWT),
+    ("--enable-rl", RL),
+    ("--rl-control-timeout-secs", RL),
+    ("--rl-fanout-concurrency", RL),
+    ("--tenant-api-key", ADMIT),
+    ("--priority-scheduler-enabled", ADMIT),
+    ("--priority-scheduler-default-max-class", ADMIT),
+    ("--priority-scheduler-config", ADMIT),
+    ("--priority-scheduler-tenant-metric-top-n", ADMIT),
+    ("--tenant-rate-limit-enabled", ADMIT),
+    ("--tenant-rate-limit-config", ADMIT),
+    ("--enable-mesh", MESH),
+    ("--mesh-server-name", MESH),
+    ("--mesh-host", MESH),
+    ("--mesh-advertise-host", MESH),
+    ("--mesh-port", MESH),
+    ("--mesh-peer-urls", MESH),
+    ("--mesh-tls-ca-cert", MESH),
+    ("--mesh-tls-cert", MESH),
+    ("--mesh-tls-key", MESH),
+];
+
+/// What to use instead of `arg`, an argument `sluice serve` does not know, when it is one of
+/// SMG's flags (`--flag` or `--flag=value`).
+pub fn instead_of(arg: &str) -> Option<&'static str> {
+    let flag = arg.split_once('=').map_or(arg, |(flag, _)| flag);
+    REFUSED
+        .iter()
+        .find(|(refused, _)| *refused == flag)
+        .map(|(_, instead)| *instead)
+}
