@@ -4,8 +4,8 @@
 //! Retries (see `sluice_core::retry` for why so few): a connection that never carried the request,
 //! a connection lost before any answer (the worker died), a worker's explicit at-capacity answer
 //! (429, 529), or a worker's error status (`--retry-status-codes`: 500, 502, 503, 504) before
-//! anything reached the client, is tried again on a *different* worker,
-//! after an exponential, jittered backoff, at most `--retry-max-retries` - 1 times (the flag counts attempts, as SMG's does), and only while
+//! anything reached the client, is tried again on a *different* worker, after an exponential,
+//! jittered backoff, up to `--retry-max-retries` attempts in all (SMG's count), and only while
 //! the retry budget (tower's `TpsBudget`: retries stay under a share of recent requests) allows —
 //! so a fleet-wide outage does not multiply its own load. When no other worker is left, the last
 //! worker's answer is relayed as is (or, for connection failures, 502 `upstream_unreachable`).
