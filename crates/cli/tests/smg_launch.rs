@@ -11,6 +11,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use sluice_gateway::config::smg;
+
+#[path = "../../gateway/tests/common/certs.rs"]
+mod certs;
 use sluice_sim::testkit::{client, instant, send, HttpClient};
 use sluice_sim::{Flavor, FleetConfig, SimFleet};
 
@@ -167,10 +170,13 @@ async fn chat(http: &HttpClient, addr: &str, model: &str, headers: &[(&str, &str
 
 /// Launch lines as SMG users write them, with every "works" flag of the page among them.
 #[rustfmt::skip]
-fn launch_lines(worker: &str, log_dir: &str) -> Vec<Vec<String>> {
+fn launch_lines(worker: &str, log_dir: &str, certs: &certs::Certs) -> Vec<Vec<String>> {
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (ca, server_cert, server_key) = (path(&certs.ca), path(&certs.server_cert), path(&certs.server_key));
+    let (client_cert, client_key) = (path(&certs.client_cert), path(&certs.client_key));
     // The worker requires the key: SMG's --api-key is also the key it is sent.
     let common = ["--host", "127.0.0.1", "--port", "0", "--worker-urls", worker, "--api-key", "secret"];
-    let lines: [&[&str]; 4] = [
+    let lines: [&[&str]; 5] = [
         // A keyed fleet behind a cache-aware gateway, with its logs, metrics and CORS.
         &[
             "--control-plane-api-keys", "k1:ops:admin:admin-secret",
@@ -241,6 +247,14 @@ fn launch_lines(worker: &str, log_dir: &str) -> Vec<Vec<String>> {
             "--no-remove-unhealthy-workers",
         ],
         &["--no-worker-auto-recovery"],
+        // HTTPS on the listener; the CA and client certificate for https workers.
+        &[
+            "--tls-cert-path", &server_cert,
+            "--tls-key-path", &server_key,
+            "--ca-cert-paths", &ca,
+            "--client-cert-path", &client_cert,
+            "--client-key-path", &client_key,
+        ],
     ];
     lines
         .iter()
@@ -258,7 +272,8 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
         .unwrap();
     let worker = fleet.urls()[0].clone();
     let log_dir = std::env::temp_dir().join(format!("sluice-smg-launch-{}", std::process::id()));
-    let lines = launch_lines(&worker, log_dir.to_str().unwrap());
+    let certs = certs::Certs::make("smg-launch");
+    let lines = launch_lines(&worker, log_dir.to_str().unwrap(), &certs);
 
     let used: BTreeSet<&str> = lines
         .iter()
@@ -276,6 +291,15 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
     for (i, line) in lines.iter().enumerate() {
         let mut gateway = Launched::start(line);
         let addr = gateway.serving();
+        if line.iter().any(|a| a == "--tls-cert-path") {
+            // Spoken to over HTTPS in crates/gateway/tests/tls.rs; here, that it says so.
+            let https = gateway.said.iter().any(|l| {
+                l.contains("sluice gateway listening")
+                    && field(l, "scheme").as_deref() == Some("https")
+            });
+            assert!(https, "launch line {i}: {}", gateway.said.join("\n"));
+            continue;
+        }
         let status = if i == 0 {
             // SMG's --api-key: clients must send it, and it is what the worker is sent.
             let refused = runtime.block_on(chat(&http, &addr, "chat", &[]));

@@ -50,6 +50,8 @@ pub enum Stopped {
 /// A running gateway.
 pub struct Gateway {
     addr: SocketAddr,
+    /// `https` when the listener serves TLS, else `http`.
+    scheme: &'static str,
     metrics_addr: Option<SocketAddr>,
     probe_listener: Option<ProbeListener>,
     fleet: Arc<Fleet>,
@@ -95,14 +97,31 @@ impl Gateway {
             addr: config.listen,
             source,
         })?;
-        listeners.spawn(http::serve(listener, app.router(), limits, stop_rx.clone()));
+        let tls = config
+            .listen_tls
+            .clone()
+            .map(tokio_rustls::TlsAcceptor::from);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        listeners.spawn(http::serve(
+            listener,
+            tls,
+            app.router(),
+            limits,
+            stop_rx.clone(),
+        ));
         let metrics_addr = match config.metrics_listen {
             Some(at) => {
                 let listener = bind(at).await?;
                 let local = listener
                     .local_addr()
                     .map_err(|source| StartError::Bind { addr: at, source })?;
-                listeners.spawn(http::serve(listener, app.metrics_router(), limits, stop_rx));
+                listeners.spawn(http::serve(
+                    listener,
+                    None,
+                    app.metrics_router(),
+                    limits,
+                    stop_rx,
+                ));
                 Some(local)
             }
             None => None,
@@ -114,7 +133,7 @@ impl Gateway {
             ),
             None => None,
         };
-        info!(%addr, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
+        info!(%addr, scheme, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
         if addr.ip().is_loopback() {
             // SMG listens on every interface by default; a launch line carried over from it
             // would otherwise serve nobody else without a word.
@@ -125,6 +144,7 @@ impl Gateway {
         }
         Ok(Self {
             addr,
+            scheme,
             metrics_addr,
             probe_listener,
             fleet,
@@ -142,8 +162,9 @@ impl Gateway {
     }
 
     /// `http://addr`.
+    /// The base URL clients use: `https://` when the listener serves TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// The `--prometheus-port` listener's address, when there is one.

@@ -32,7 +32,7 @@
 //! - `control` — the loops that own facts about workers: registration, the health prober, the load
 //!   monitor, the liveness checker.
 //! - `upstream` — the HTTP client to workers, at the bottom: used by `forward` and `control`,
-//!   importing nothing above it.
+//!   importing nothing above it. `tls` beside it: the certificates both ways.
 //!
 //! Around them:
 //!
@@ -65,6 +65,7 @@ pub mod metrics;
 pub mod probes;
 pub mod route;
 pub mod stream;
+pub mod tls;
 pub mod upstream;
 
 pub use config::{Config, ConfigError, Settings};

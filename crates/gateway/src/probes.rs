@@ -181,7 +181,7 @@ impl ProbeListener {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => {
-                            http::serve(listener, routes(probes), limits, stop).await;
+                            http::serve(listener, None, routes(probes), limits, stop).await;
                         }
                         Err(e) => tracing::error!(error = %e, "probe listener failed"),
                     }

@@ -81,7 +81,7 @@ async fn workers_are_registered_changed_and_removed() {
         &s,
         "POST",
         "/workers",
-        Some(r#"{"url":"https://x:1"}"#),
+        Some(r#"{"url":"ftp://x:1"}"#),
         Some(KEY),
     )
     .await;

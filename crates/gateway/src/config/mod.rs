@@ -12,6 +12,7 @@ pub mod smg;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
@@ -68,6 +69,11 @@ pub enum ConfigError {
     Read {
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("--{setting}: {source}")]
+    Tls {
+        setting: &'static str,
+        source: crate::tls::TlsError,
     },
     #[error("{path}: {source}")]
     File {
@@ -328,7 +334,9 @@ impl Settings {
                     "upstream-pool-idle-timeout-secs",
                     self.upstream_pool_idle_timeout_secs,
                 )?,
+                tls: self.upstream_tls()?,
             },
+            listen_tls: self.listen_tls()?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
             retry,
@@ -402,8 +410,10 @@ pub struct Config {
     pub body_read_timeout: Duration,
     /// `--max-connections` as asked; `Config::connection_limits` caps it by the open-file limit.
     pub max_connections: usize,
-    /// How worker connections are made and pooled.
+    /// How worker connections are made, secured and pooled.
     pub upstream: UpstreamConfig,
+    /// `--tls-cert-path` and `--tls-key-path`: the listener serves HTTPS.
+    pub listen_tls: Option<Arc<rustls::ServerConfig>>,
     pub request_timeout: Duration,
     pub upstream_http2: bool,
     pub retry: RetryConfig,

@@ -1,6 +1,8 @@
 //! The settings of each subsystem — policy, health checks, load monitoring and overload
-//! protection, shedding, liveness — built from `Settings` and checked as a whole.
+//! protection, shedding, liveness, TLS — built from `Settings` and checked as a whole.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::breaker::{BreakerConfig, FailureRate};
@@ -14,6 +16,7 @@ use super::checks::{at_least, fraction, invalid, positive_count, positive_second
 use super::{ConfigError, RequestLimits, RetryConfig, Settings};
 use crate::control::{busy_thresholds, HealthConfig, LoadConfig};
 use crate::route::Shedding;
+use crate::tls::{self, Identity};
 
 impl Settings {
     pub(super) fn load(&self) -> Result<LoadConfig, ConfigError> {
@@ -139,6 +142,54 @@ impl Settings {
                          cache_aware, consistent_hash)"
                     ),
                 ))
+            }
+        })
+    }
+
+    /// A certificate and its key, given together or not at all.
+    fn identity(
+        (cert_setting, cert): (&'static str, &Option<PathBuf>),
+        (key_setting, key): (&'static str, &Option<PathBuf>),
+    ) -> Result<Option<Identity>, ConfigError> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(Identity {
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(invalid(cert_setting, format!("needs --{key_setting}"))),
+            (None, Some(_)) => Err(invalid(key_setting, format!("needs --{cert_setting}"))),
+        }
+    }
+
+    pub(super) fn listen_tls(&self) -> Result<Option<Arc<rustls::ServerConfig>>, ConfigError> {
+        let identity = Self::identity(
+            ("tls-cert-path", &self.tls_cert_path),
+            ("tls-key-path", &self.tls_key_path),
+        )?;
+        identity
+            .map(|identity| {
+                tls::server_config(&identity).map_err(|source| ConfigError::Tls {
+                    setting: "tls-cert-path",
+                    source,
+                })
+            })
+            .transpose()
+    }
+
+    pub(super) fn upstream_tls(&self) -> Result<Arc<rustls::ClientConfig>, ConfigError> {
+        let identity = Self::identity(
+            ("client-cert-path", &self.client_cert_path),
+            ("client-key-path", &self.client_key_path),
+        )?;
+        tls::client_config(&self.ca_cert_paths, identity.as_ref()).map_err(|source| {
+            ConfigError::Tls {
+                setting: if identity.is_some() {
+                    "client-cert-path"
+                } else {
+                    "ca-cert-paths"
+                },
+                source,
             }
         })
     }

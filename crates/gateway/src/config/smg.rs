@@ -205,26 +205,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--redis-pool-max", STORE),
     ("--redis-retention-days", STORE),
     ("--redis-op-timeout-secs", STORE),
-    (
-        "--client-cert-path",
-        "TLS is not supported yet: terminate TLS in front of sluice",
-    ),
-    (
-        "--client-key-path",
-        "TLS is not supported yet: terminate TLS in front of sluice",
-    ),
-    (
-        "--ca-cert-paths",
-        "TLS is not supported yet: terminate TLS in front of sluice",
-    ),
-    (
-        "--tls-cert-path",
-        "TLS is not supported yet: terminate TLS in front of sluice",
-    ),
-    (
-        "--tls-key-path",
-        "TLS is not supported yet: terminate TLS in front of sluice",
-    ),
     ("--enable-trace", TRACE),
     ("--otlp-traces-endpoint", TRACE),
     (

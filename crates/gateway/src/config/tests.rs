@@ -306,3 +306,36 @@ fn invalid_values_name_their_setting() {
         assert!(err.to_string().starts_with(setting), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn tls_files_are_read_at_startup_and_named_when_unusable() {
+    let err = |args: &[&str]| validated(args).unwrap_err().to_string();
+    assert_eq!(
+        err(&["--tls-cert-path", "/nonexistent/cert.pem"]),
+        "--tls-cert-path: needs --tls-key-path"
+    );
+    assert_eq!(
+        err(&["--client-key-path", "/nonexistent/key.pem"]),
+        "--client-key-path: needs --client-cert-path"
+    );
+    let missing = err(&[
+        "--tls-cert-path",
+        "/nonexistent/cert.pem",
+        "--tls-key-path",
+        "/nonexistent/key.pem",
+    ]);
+    assert!(
+        missing.starts_with("--tls-cert-path: /nonexistent/cert.pem:"),
+        "{missing}"
+    );
+    let dir = std::env::temp_dir().join(format!("sluice-tls-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let no_cert = err(&["--ca-cert-paths", empty.to_str().unwrap()]);
+    assert!(
+        no_cert.starts_with("--ca-cert-paths:") && no_cert.contains("no certificate"),
+        "{no_cert}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

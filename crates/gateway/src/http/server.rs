@@ -7,7 +7,9 @@
 //!   the rest of the process (its upstream connections, the probe port) needs.
 //! - **first request**: a connection must complete its first request head within
 //!   `header_read`, whatever it sends meanwhile: nothing, one byte, an h2c preface and then
-//!   nothing. (hyper's own header timeout only starts once the protocol is known.)
+//!   nothing. (hyper's own header timeout only starts once the protocol is known.) On a TLS
+//!   listener the handshake must also end within `header_read`, and the first request gets
+//!   `header_read` again after it.
 //! - **headers and idle keep-alive** (HTTP/1.1): hyper's header timeout, `header_read`, runs
 //!   from the end of one response to the next complete head.
 //! - **idle HTTP/2**: closed once no request has been in progress for `header_read`, as an idle
@@ -33,8 +35,10 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tower::Service;
 use tracing::debug;
 
@@ -58,10 +62,11 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Serves `router` on `listener` until `stop` is set; then the listener and every connection
-/// are dropped.
+/// Serves `router` on `listener` (over TLS with `tls`) until `stop` is set; then the listener
+/// and every connection are dropped.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     router: Router,
     limits: Limits,
     stop: watch::Receiver<bool>,
@@ -100,26 +105,48 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
-            stream,
-            router.clone(),
-            builder.clone(),
-            limits,
-            stop.clone(),
-            slot,
-        ));
+        let (router, builder, stop) = (router.clone(), builder.clone(), stop.clone());
+        match &tls {
+            None => {
+                tokio::spawn(serve_connection(
+                    stream, router, builder, limits, stop, slot,
+                ));
+            }
+            Some(acceptor) => {
+                let handshake = acceptor.accept(stream);
+                tokio::spawn(async move {
+                    let stream = tokio::select! {
+                        done = tokio::time::timeout(limits.header_read, handshake) => match done {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                debug!(error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                debug!("no TLS handshake within the header read timeout; closing");
+                                return;
+                            }
+                        },
+                        () = stopped(stop.clone()) => return,
+                    };
+                    serve_connection(stream, router, builder, limits, stop, slot).await;
+                });
+            }
+        }
     }
 }
 
 /// One client connection, bounded as the module docs say; `slot` is its place under the cap.
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     router: Router,
     builder: auto::Builder<TokioExecutor>,
     limits: Limits,
     stop: watch::Receiver<bool>,
     slot: OwnedSemaphorePermit,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let _slot = slot;
     let first = Arc::new(AtomicBool::new(false));
     let activity = Arc::new(Activity::new());

@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+pub mod certs;
+
 pub use serde_json::Value;
 pub use sluice_gateway::{Config, Gateway};
 pub use sluice_sim::testkit::*;

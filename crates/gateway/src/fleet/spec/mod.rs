@@ -235,7 +235,7 @@ impl WorkerSpec {
         let uri: Uri = self.url.parse().expect("normalized at validation");
         #[allow(clippy::expect_used)]
         let authority = uri.authority().cloned().expect("validated to have a host");
-        (Scheme::HTTP, authority)
+        (uri.scheme().cloned().unwrap_or(Scheme::HTTP), authority)
     }
 
     pub fn apply(&mut self, patch: WorkerPatch) {
@@ -376,7 +376,7 @@ mod tests {
     fn every_invalid_field_is_named() {
         assert_eq!(field_of(r#"{}"#), "url");
         assert_eq!(field_of(r#"{"url":5}"#), "url");
-        assert_eq!(field_of(r#"{"url":"https://x:1"}"#), "url");
+        assert_eq!(field_of(r#"{"url":"ftp://x:1"}"#), "url");
         assert_eq!(field_of(r#"{"url":"http://x:1/v1"}"#), "url");
         assert_eq!(field_of(r#"{"url":"http://u:p@x:1"}"#), "url");
         assert_eq!(field_of(r#"{"url":"not a url"}"#), "url");

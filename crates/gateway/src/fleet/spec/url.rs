@@ -4,26 +4,21 @@ use axum::http::Uri;
 
 use super::{spec_error, SpecError};
 
-/// `http://host[:port][/]` -> `http://host:port`.
+/// `http[s]://host[:port][/]` -> `http[s]://host:port`.
 pub(super) fn normalize_url(url: &str) -> Result<String, SpecError> {
     let uri: Uri = url
         .parse()
         .map_err(|_| spec_error("url", format!("'{url}' is not a URL")))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(spec_error(
-                "url",
-                "https workers are not supported: sluice speaks plain HTTP to workers",
-            ))
-        }
+    let (scheme, default_port) = match uri.scheme_str() {
+        Some("http") => ("http", 80),
+        Some("https") => ("https", 443),
         _ => {
             return Err(spec_error(
                 "url",
-                format!("'{url}' must start with http://"),
+                format!("'{url}' must start with http:// or https://"),
             ))
         }
-    }
+    };
     let Some(authority) = uri.authority() else {
         return Err(spec_error("url", format!("'{url}' has no host")));
     };
@@ -39,7 +34,7 @@ pub(super) fn normalize_url(url: &str) -> Result<String, SpecError> {
             format!("'{url}' must be a base URL without a path"),
         ));
     }
-    let port = authority.port_u16().unwrap_or(80);
+    let port = authority.port_u16().unwrap_or(default_port);
     if port == 0 {
         return Err(spec_error(
             "url",
@@ -47,17 +42,18 @@ pub(super) fn normalize_url(url: &str) -> Result<String, SpecError> {
         ));
     }
     Ok(format!(
-        "http://{}:{port}",
-        canonical_host(authority.host())
+        "{scheme}://{}:{port}",
+        canonical_host(authority.host(), scheme == "https")
     ))
 }
 
 /// One spelling per address, so one socket is one worker: IPv4 in any form `inet_aton` takes
 /// (`127.1`, `0x7f000001`, `2130706433`, `0177.0.0.1`) as a dotted quad, IPv6 in its shortest
-/// form, `localhost` as `127.0.0.1`, other names in lower case. Nothing is looked up.
-fn canonical_host(host: &str) -> String {
+/// form, `localhost` as `127.0.0.1` (over plain HTTP: over TLS the name is what the worker's
+/// certificate is checked against, so it stays), other names in lower case. Nothing is looked up.
+fn canonical_host(host: &str, tls: bool) -> String {
     let lower = host.trim_end_matches('.').to_ascii_lowercase();
-    if lower == "localhost" {
+    if lower == "localhost" && !tls {
         return "127.0.0.1".into();
     }
     if let Some(v6) = lower
@@ -133,6 +129,12 @@ mod tests {
             "http://engine-a.example:9"
         );
         assert_eq!(url("http://10.0.0.5"), "http://10.0.0.5:80");
+        assert_eq!(
+            url("https://Engine-A.example"),
+            "https://engine-a.example:443"
+        );
+        assert_eq!(url("https://LOCALHOST:8443/"), "https://localhost:8443");
+        assert_ne!(url("https://10.0.0.5:80"), url("http://10.0.0.5:80"));
         for not_v4 in ["256.1.1.1", "1.2.3.4.5", "0x", "08.1.1.1", "1.2.65536"] {
             assert_eq!(ipv4_any_form(not_v4), None, "{not_v4}");
         }
