@@ -13,7 +13,7 @@ use rustls::crypto::{ring, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// Why a TLS setting cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -82,37 +82,87 @@ pub fn server_config(identity: &Identity) -> Result<Arc<ServerConfig>, TlsError>
     Ok(Arc::new(config))
 }
 
-/// How https workers are verified and what they are shown: the system's roots plus `cas`, and
-/// `identity` as a client certificate when given. Built whether or not any worker is https
-/// today, since workers can be added later through the admin API.
-pub fn client_config(
-    cas: &[PathBuf],
-    identity: Option<&Identity>,
-) -> Result<Arc<ClientConfig>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    let system = rustls_native_certs::load_native_certs();
-    if !system.errors.is_empty() {
-        debug!(errors = ?system.errors, "some of the system's CA certificates could not be read");
+/// What https workers are trusted by and shown, read and checked at startup. The system's CA
+/// certificates are added only when the first https worker is reached (`client_config`): a
+/// gateway without one never reads them, nor holds them in memory.
+#[derive(Clone)]
+pub struct ClientTls {
+    cas: Vec<CertificateDer<'static>>,
+    identity: Option<(Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>)>,
+    /// The given CAs and identity alone: proof at startup that they make a configuration, and
+    /// what is used should the system's certificates not combine with them.
+    checked: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("cas", &self.cas.len())
+            .field("client_certificate", &self.identity.is_some())
+            .finish()
     }
-    let (added, ignored) = roots.add_parsable_certificates(system.certs);
-    debug!(added, ignored, "system CA certificates");
-    for path in cas {
-        for cert in certificates(path)? {
-            roots.add(cert).map_err(|source| TlsError::BadCa {
-                path: path.clone(),
-                source,
-            })?;
+}
+
+impl ClientTls {
+    /// Reads `cas` and `identity` and checks they make a client configuration.
+    pub fn read(cas: &[PathBuf], identity: Option<&Identity>) -> Result<Self, TlsError> {
+        let mut roots = RootCertStore::empty();
+        let mut ca_certs = Vec::new();
+        for path in cas {
+            for cert in certificates(path)? {
+                roots.add(cert.clone()).map_err(|source| TlsError::BadCa {
+                    path: path.clone(),
+                    source,
+                })?;
+                ca_certs.push(cert);
+            }
         }
+        let identity = match identity {
+            Some(identity) => Some((
+                certificates(&identity.cert)?,
+                Arc::new(private_key(&identity.key)?),
+            )),
+            None => None,
+        };
+        let checked = Self::config(roots, identity.as_ref())?;
+        Ok(Self {
+            cas: ca_certs,
+            identity,
+            checked,
+        })
     }
-    let builder = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(TlsError::Identity)?
-        .with_root_certificates(roots);
-    let config = match identity {
-        Some(identity) => builder
-            .with_client_auth_cert(certificates(&identity.cert)?, private_key(&identity.key)?)
-            .map_err(TlsError::Identity)?,
-        None => builder.with_no_client_auth(),
-    };
-    Ok(Arc::new(config))
+
+    fn config(
+        roots: RootCertStore,
+        identity: Option<&(Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>)>,
+    ) -> Result<Arc<ClientConfig>, TlsError> {
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Identity)?
+            .with_root_certificates(roots);
+        let config = match identity {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain.clone(), key.clone_key())
+                .map_err(TlsError::Identity)?,
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Arc::new(config))
+    }
+
+    /// The configuration for https workers: the system's CA certificates, the given ones, and
+    /// the client certificate.
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        let system = rustls_native_certs::load_native_certs();
+        if !system.errors.is_empty() {
+            debug!(errors = ?system.errors, "some of the system's CA certificates could not be read");
+        }
+        let (added, ignored) = roots.add_parsable_certificates(system.certs);
+        debug!(added, ignored, "system CA certificates");
+        roots.add_parsable_certificates(self.cas.iter().cloned());
+        Self::config(roots, self.identity.as_ref()).unwrap_or_else(|e| {
+            warn!(error = %e, "https workers: the system's CA certificates are left out");
+            self.checked.clone()
+        })
+    }
 }

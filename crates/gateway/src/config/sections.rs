@@ -177,17 +177,22 @@ impl Settings {
             .transpose()
     }
 
-    pub(super) fn upstream_tls(&self) -> Result<Arc<rustls::ClientConfig>, ConfigError> {
+    pub(super) fn upstream_tls(&self) -> Result<tls::ClientTls, ConfigError> {
         let identity = Self::identity(
             ("client-cert-path", &self.client_cert_path),
             ("client-key-path", &self.client_key_path),
         )?;
-        tls::client_config(&self.ca_cert_paths, identity.as_ref()).map_err(|source| {
+        tls::ClientTls::read(&self.ca_cert_paths, identity.as_ref()).map_err(|source| {
             ConfigError::Tls {
-                setting: if identity.is_some() {
-                    "client-cert-path"
-                } else {
-                    "ca-cert-paths"
+                setting: match source {
+                    tls::TlsError::BadCa { .. } => "ca-cert-paths",
+                    tls::TlsError::Pem { ref path, .. }
+                    | tls::TlsError::NoCertificate { ref path }
+                        if self.ca_cert_paths.contains(path) =>
+                    {
+                        "ca-cert-paths"
+                    }
+                    _ => "client-cert-path",
                 },
                 source,
             }

@@ -153,7 +153,7 @@ impl Forwarder {
         let sent = tokio::time::timeout_at(
             at.deadline,
             self.upstream
-                .send(worker.endpoint.http2, build_request(at, lease)),
+                .send(&worker.endpoint, build_request(at, lease)),
         );
         tokio::pin!(sent);
         let given_up = worker.vetoes.given_up();

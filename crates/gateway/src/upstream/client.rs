@@ -2,7 +2,7 @@
 //! HTTP/2 for workers configured for it (prior knowledge over cleartext, ALPN `h2` over TLS);
 //! `https` workers over rustls.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::http::Request;
@@ -14,17 +14,25 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::Endpoint;
+use crate::tls::ClientTls;
+
 /// TCP keep-alive on worker connections, so a vanished peer is noticed on idle connections.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
 pub type UpstreamRequest = Request<Full<Bytes>>;
 pub type UpstreamResponse = axum::http::Response<Incoming>;
 
-/// Clients to workers, shared by every request.
+type Plain = Client<HttpConnector, Full<Bytes>>;
+type Tls = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Clients to workers, shared by every request: cleartext ones, and TLS ones made when the first
+/// `https` worker is reached, so a fleet of `http` workers pays nothing for TLS.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    http1: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    http2: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http1: Plain,
+    http2: Plain,
+    tls: Arc<LazyTls>,
 }
 
 /// How connections to workers are made and kept.
@@ -35,42 +43,80 @@ pub struct UpstreamConfig {
     /// `--upstream-pool-idle-timeout-secs`: an unused pooled connection is closed after this,
     /// before the engine's own keep-alive timeout closes it under a request.
     pub pool_idle_timeout: Duration,
-    /// How `https` workers are verified and what they are shown (`crate::tls::client_config`).
-    pub tls: Arc<rustls::ClientConfig>,
+    /// How `https` workers are verified and what they are shown.
+    pub tls: ClientTls,
+}
+
+/// The TLS clients, made on first use.
+#[derive(Debug)]
+struct LazyTls {
+    config: UpstreamConfig,
+    /// HTTP/1.1 and HTTP/2 (ALPN `h2`).
+    clients: OnceLock<(Tls, Tls)>,
+}
+
+impl LazyTls {
+    fn clients(&self) -> &(Tls, Tls) {
+        self.clients.get_or_init(|| {
+            let mut connector = connector(&self.config);
+            // The TLS layer wraps the TCP connection for `https` URLs, which plain HTTP refuses.
+            connector.enforce_http(false);
+            let tls = self.config.tls.client_config();
+            let https = || {
+                HttpsConnectorBuilder::new()
+                    .with_tls_config(rustls::ClientConfig::clone(&tls))
+                    .https_only()
+            };
+            (
+                http1(&self.config).build(https().enable_http1().wrap_connector(connector.clone())),
+                http2(&self.config).build(https().enable_http2().wrap_connector(connector)),
+            )
+        })
+    }
+}
+
+fn connector(config: &UpstreamConfig) -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(config.connect_timeout));
+    connector.set_keepalive(Some(TCP_KEEPALIVE));
+    connector
+}
+
+fn http1(config: &UpstreamConfig) -> hyper_util::client::legacy::Builder {
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .pool_idle_timeout(config.pool_idle_timeout)
+        .pool_timer(TokioTimer::new());
+    builder
+}
+
+fn http2(config: &UpstreamConfig) -> hyper_util::client::legacy::Builder {
+    let mut builder = http1(config);
+    builder.http2_only(true).timer(TokioTimer::new());
+    builder
 }
 
 impl Upstream {
     pub fn new(config: &UpstreamConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_keepalive(Some(TCP_KEEPALIVE));
-        // The TLS layer takes `https` URLs; plain ones pass through it untouched.
-        connector.enforce_http(false);
-        let https = || {
-            HttpsConnectorBuilder::new()
-                .with_tls_config(rustls::ClientConfig::clone(&config.tls))
-                .https_or_http()
-        };
-        let http1 = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .build(https().enable_http1().wrap_connector(connector.clone()));
-        let http2 = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(https().enable_http2().wrap_connector(connector));
-        Self { http1, http2 }
+        let connector = connector(config);
+        Self {
+            http1: http1(config).build(connector.clone()),
+            http2: http2(config).build(connector),
+            tls: Arc::new(LazyTls {
+                config: config.clone(),
+                clients: OnceLock::new(),
+            }),
+        }
     }
 
-    /// Sends one request over the pool for its protocol.
-    pub fn send(&self, http2: bool, request: UpstreamRequest) -> ResponseFuture {
-        if http2 {
-            self.http2.request(request)
-        } else {
-            self.http1.request(request)
+    /// Sends one request to `endpoint` over the pool for its scheme and protocol.
+    pub fn send(&self, endpoint: &Endpoint, request: UpstreamRequest) -> ResponseFuture {
+        match (endpoint.tls(), endpoint.http2) {
+            (false, false) => self.http1.request(request),
+            (false, true) => self.http2.request(request),
+            (true, false) => self.tls.clients().0.request(request),
+            (true, true) => self.tls.clients().1.request(request),
         }
     }
 }

@@ -58,7 +58,7 @@ pub async fn get(
         .body(Full::new(Bytes::new()))
         .map_err(|_| GetError::Uri)?;
     let exchange = async {
-        let response = upstream.send(endpoint.http2, request).await.map_err(|e| {
+        let response = upstream.send(endpoint, request).await.map_err(|e| {
             if e.is_connect() {
                 GetError::Connect(e)
             } else {

@@ -2,7 +2,8 @@
 //! control loops (the gateway's own probes, load polls and model lists).
 //!
 //! It sits at the bottom of the crate: it knows endpoints, not workers, and imports nothing of the
-//! gateway above it, so both of its users can depend on it without depending on each other.
+//! gateway above it but `tls` (which imports nothing), so both of its users can depend on it
+//! without depending on each other.
 
 mod client;
 mod get;
@@ -23,6 +24,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// Reached over TLS (`https`).
+    pub fn tls(&self) -> bool {
+        self.scheme == Scheme::HTTPS
+    }
+
     /// The absolute URI of `path` on this endpoint.
     pub fn uri(&self, path: PathAndQuery) -> Uri {
         let mut parts = axum::http::uri::Parts::default();
