@@ -53,7 +53,3 @@ name_type!(
     /// A tenant of the gateway: who is asking, for quotas and fairness.
     TenantId
 );
-name_type!(
-    /// A priority tier (`interactive`, `batch`, ...), as configured.
-    TierName
-);

@@ -7,7 +7,8 @@
 //!
 //! ## Layout
 //!
-//! - `ids` — `WorkerId`, `ModelName`, `TenantId`, `TierName`.
+//! - `ids` — `WorkerId`, `ModelName`, `TenantId`.
+//! - `admission` — edge admission: tiers, token buckets, the fair gateway queue, deadlines.
 //! - `hash` — the specified hash (SipHash-1-3, pinned by test vectors) behind worker ids,
 //!   consistent hashing and prefix blocks.
 //! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
@@ -27,6 +28,7 @@
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
 //!   included), parsed strictly.
 
+pub mod admission;
 pub mod breaker;
 pub mod hash;
 pub mod health;
@@ -40,4 +42,4 @@ pub mod prom_text;
 pub mod retry;
 pub mod sse;
 
-pub use ids::{ModelName, TenantId, TierName, WorkerId};
+pub use ids::{ModelName, TenantId, WorkerId};

@@ -36,7 +36,7 @@ pub struct Admission {
     /// The tenant asking, once tenants are configured.
     pub tenant: Option<sluice_core::TenantId>,
     /// The request's priority tier, once tiers are configured.
-    pub tier: Option<sluice_core::TierName>,
+    pub tier: Option<sluice_core::admission::Tier>,
     /// After this the answer is of no use: the request is cut (504 before a response, the stream
     /// ended after). The arrival plus `--request-timeout-secs` unless admission says otherwise.
     pub deadline: Instant,

@@ -1,0 +1,18 @@
+//! Edge admission (seed 003, layer 1): who is asking, how urgent it is, whether its budget holds
+//! it, and in what order waiting requests go.
+//!
+//! ## Layout
+//!
+//! - `tier` — the priority tiers and the headers that ask for them.
+//! - `bucket` — token and request buckets, reserved from at admission and settled at the end.
+//! - `queue` — the gateway queue's order: strict tiers, weighted fair tenants, earliest deadline.
+//! - `deadline` — whether a request can still answer within its client's deadline.
+
+pub mod bucket;
+pub mod deadline;
+pub mod queue;
+pub mod tier;
+
+pub use bucket::{reset_text, Bucket, Level, Refusal};
+pub use queue::{FairQueue, Pushed, Ticket, Waiter};
+pub use tier::{Tier, UnknownTier};

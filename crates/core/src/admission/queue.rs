@@ -1,0 +1,400 @@
+//! The gateway queue's order: strict priority between tiers; within a tier, weighted fair between
+//! tenants by tokens; within a tenant, earliest deadline first, then arrival.
+//!
+//! Fairness is start-time fair queuing over tokens: each tier keeps a virtual clock, and each
+//! tenant's next request is tagged with the virtual time it may start, `max(clock, the tenant's
+//! last finish)`; the smallest start tag goes first, and serving a request advances its tenant
+//! by `cost / weight`. A tenant that sends ten times its share therefore runs ten times ahead of
+//! the clock and waits behind everyone else's next request, while a quiet tenant's requests start
+//! at the clock: the heavy tenant delays itself, not the others. An idle tenant banks no credit
+//! (its tag never falls behind the clock).
+//!
+//! When the queue is full a more urgent arrival evicts the newest waiter of the least urgent tier
+//! present; an arrival no more urgent than every waiter is refused.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tokio::time::Instant;
+
+use super::tier::Tier;
+use crate::TenantId;
+
+/// One request waiting, with what orders it.
+#[derive(Debug)]
+pub struct Waiter<T> {
+    pub tier: Tier,
+    pub tenant: TenantId,
+    /// The tenant's weight within its tier (its configured `weight`, > 0).
+    pub weight: f64,
+    /// What the request is expected to cost, in tokens (at least 1 is charged).
+    pub cost: u64,
+    /// The client's deadline, if it gave one.
+    pub deadline: Option<Instant>,
+    pub item: T,
+}
+
+/// A waiter's place in the queue, to take it out early (its client left, its time ran out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(u64);
+
+/// What became of an arrival.
+#[derive(Debug)]
+pub enum Pushed<T> {
+    Queued(Ticket),
+    /// Queued, and this less urgent waiter was evicted to make room.
+    Evicted(Ticket, Waiter<T>),
+    /// The queue is full of waiters at least as urgent: the arrival is handed back.
+    Full(Waiter<T>),
+}
+
+/// Earliest deadline first (none last), then arrival.
+type Order = (bool, Option<Instant>, Ticket);
+
+fn order<T>(w: &Waiter<T>, ticket: Ticket) -> Order {
+    (w.deadline.is_none(), w.deadline, ticket)
+}
+
+#[derive(Debug)]
+struct TenantLine<T> {
+    waiting: BTreeMap<Order, Waiter<T>>,
+    /// The virtual time the tenant's next request may start.
+    start: f64,
+}
+
+#[derive(Debug)]
+struct TierLine<T> {
+    tenants: HashMap<TenantId, TenantLine<T>>,
+    /// The start tag of the last request served.
+    clock: f64,
+    len: usize,
+}
+
+impl<T> Default for TierLine<T> {
+    fn default() -> Self {
+        Self {
+            tenants: HashMap::new(),
+            clock: 0.0,
+            len: 0,
+        }
+    }
+}
+
+/// The queue.
+#[derive(Debug)]
+pub struct FairQueue<T> {
+    capacity: usize,
+    tiers: [TierLine<T>; 3],
+    places: HashMap<Ticket, (Tier, TenantId, Order)>,
+    next: u64,
+}
+
+impl<T> FairQueue<T> {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            tiers: Default::default(),
+            places: HashMap::new(),
+            next: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.places.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.places.is_empty()
+    }
+
+    /// Waiters in `tier`.
+    pub fn depth(&self, tier: Tier) -> usize {
+        self.tiers[tier.index()].len
+    }
+
+    /// Waiters that would go before an arrival of `tier`: every one of its tier and above (an
+    /// upper bound on its wait, fairness aside).
+    pub fn ahead_of(&self, tier: Tier) -> usize {
+        Tier::ALL[..=tier.index()]
+            .iter()
+            .map(|t| self.depth(*t))
+            .sum()
+    }
+
+    /// Queues `waiter`, evicting a less urgent one when full.
+    pub fn push(&mut self, waiter: Waiter<T>) -> Pushed<T> {
+        let evicted = if self.len() >= self.capacity {
+            let least = Tier::ALL
+                .iter()
+                .rev()
+                .find(|t| self.depth(**t) > 0)
+                .copied();
+            match least {
+                Some(least) if waiter.tier < least => {
+                    self.newest(least).and_then(|t| self.remove(t))
+                }
+                _ => return Pushed::Full(waiter),
+            }
+        } else {
+            None
+        };
+        let ticket = Ticket(self.next);
+        self.next += 1;
+        let key = order(&waiter, ticket);
+        let line = &mut self.tiers[waiter.tier.index()];
+        let clock = line.clock;
+        let tenant = line
+            .tenants
+            .entry(waiter.tenant.clone())
+            .or_insert_with(|| TenantLine {
+                waiting: BTreeMap::new(),
+                start: clock,
+            });
+        if tenant.waiting.is_empty() {
+            // Newly backlogged: no credit for the time it was idle.
+            tenant.start = tenant.start.max(clock);
+        }
+        self.places
+            .insert(ticket, (waiter.tier, waiter.tenant.clone(), key));
+        tenant.waiting.insert(key, waiter);
+        line.len += 1;
+        match evicted {
+            Some(victim) => Pushed::Evicted(ticket, victim),
+            None => Pushed::Queued(ticket),
+        }
+    }
+
+    /// The most recent arrival of `tier`.
+    fn newest(&self, tier: Tier) -> Option<Ticket> {
+        self.places
+            .iter()
+            .filter(|(_, (t, _, _))| *t == tier)
+            .map(|(ticket, _)| *ticket)
+            .max()
+    }
+
+    /// Takes a waiter out before its turn.
+    pub fn remove(&mut self, ticket: Ticket) -> Option<Waiter<T>> {
+        let (tier, tenant, key) = self.places.remove(&ticket)?;
+        let line = &mut self.tiers[tier.index()];
+        let queue = line.tenants.get_mut(&tenant)?;
+        let waiter = queue.waiting.remove(&key)?;
+        line.len -= 1;
+        let clock = line.clock;
+        if queue.waiting.is_empty() && queue.start <= clock {
+            line.tenants.remove(&tenant);
+        }
+        Some(waiter)
+    }
+
+    /// The next waiter to serve: the most urgent tier, its tenant with the smallest start tag
+    /// (ties to the earliest arrival), that tenant's earliest deadline.
+    pub fn pop(&mut self) -> Option<(Ticket, Waiter<T>)> {
+        let line = self.tiers.iter_mut().find(|l| l.len > 0)?;
+        let (name, _) = line
+            .tenants
+            .iter()
+            .filter_map(|(name, t)| {
+                let first = t.waiting.keys().next()?;
+                Some((name, (t.start, first.2)))
+            })
+            .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(a.1 .1.cmp(&b.1 .1)))?;
+        let name = name.clone();
+        let tenant = line.tenants.get_mut(&name)?;
+        let (key, waiter) = tenant.waiting.pop_first()?;
+        line.len -= 1;
+        line.clock = tenant.start;
+        tenant.start += waiter.cost.max(1) as f64 / waiter.weight.max(f64::MIN_POSITIVE);
+        let clock = line.clock;
+        // A tenant with nothing waiting is remembered only while it is ahead of the clock.
+        line.tenants
+            .retain(|_, t| !t.waiting.is_empty() || t.start > clock);
+        self.places.remove(&key.2);
+        Some((key.2, waiter))
+    }
+
+    /// Every waiter, in no particular order.
+    pub fn waiters(&self) -> impl Iterator<Item = &Waiter<T>> {
+        self.tiers
+            .iter()
+            .flat_map(|l| l.tenants.values())
+            .flat_map(|t| t.waiting.values())
+    }
+
+    /// Waiters of `tier` per tenant, with the earliest arrival among them (for `/admission`).
+    pub fn tenants(&self, tier: Tier) -> impl Iterator<Item = (&TenantId, usize)> {
+        self.tiers[tier.index()]
+            .tenants
+            .iter()
+            .filter(|(_, t)| !t.waiting.is_empty())
+            .map(|(name, t)| (name, t.waiting.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn waiter(tier: Tier, tenant: &str, weight: f64, cost: u64, item: u32) -> Waiter<u32> {
+        Waiter {
+            tier,
+            tenant: TenantId::new(tenant),
+            weight,
+            cost,
+            deadline: None,
+            item,
+        }
+    }
+
+    fn drain(q: &mut FairQueue<u32>) -> Vec<u32> {
+        std::iter::from_fn(|| q.pop().map(|(_, w)| w.item)).collect()
+    }
+
+    #[test]
+    fn tiers_are_strict() {
+        let mut q = FairQueue::new(10);
+        q.push(waiter(Tier::Batch, "a", 1.0, 1, 1));
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 2));
+        q.push(waiter(Tier::Interactive, "b", 1.0, 1, 3));
+        q.push(waiter(Tier::Agent, "b", 1.0, 1, 4));
+        assert_eq!(drain(&mut q), [3, 2, 4, 1]);
+    }
+
+    #[test]
+    fn within_a_tenant_the_earliest_deadline_goes_first_then_arrival() {
+        let t0 = Instant::now();
+        let mut q = FairQueue::new(10);
+        let mut at = |item, deadline: Option<u64>| {
+            let mut w = waiter(Tier::Agent, "a", 1.0, 1, item);
+            w.deadline = deadline.map(|s| t0 + Duration::from_secs(s));
+            q.push(w);
+        };
+        at(1, None);
+        at(2, Some(30));
+        at(3, Some(10));
+        at(4, None);
+        at(5, Some(10));
+        assert_eq!(drain(&mut q), [3, 5, 2, 1, 4]);
+    }
+
+    #[test]
+    fn a_heavy_tenant_delays_itself_not_the_quiet_one() {
+        let mut q = FairQueue::new(100);
+        for i in 0..20 {
+            q.push(waiter(Tier::Agent, "heavy", 1.0, 100, i));
+        }
+        // The heavy tenant has been served twice when the quiet one arrives.
+        assert_eq!(drain_n(&mut q, 2), [0, 1]);
+        q.push(waiter(Tier::Agent, "quiet", 1.0, 100, 100));
+        assert_eq!(
+            drain_n(&mut q, 1),
+            [100],
+            "the quiet tenant's request goes next"
+        );
+    }
+
+    fn drain_n(q: &mut FairQueue<u32>, n: usize) -> Vec<u32> {
+        (0..n)
+            .filter_map(|_| q.pop().map(|(_, w)| w.item))
+            .collect()
+    }
+
+    #[test]
+    fn an_idle_tenant_banks_no_credit() {
+        let mut q = FairQueue::new(100);
+        for i in 0..10 {
+            q.push(waiter(Tier::Agent, "a", 1.0, 10, i));
+        }
+        drain_n(&mut q, 10);
+        // b arrives after a long idle: it shares from now on, it does not get ten turns in a row.
+        for i in 0..4 {
+            q.push(waiter(Tier::Agent, "a", 1.0, 10, 10 + i));
+            q.push(waiter(Tier::Agent, "b", 1.0, 10, 20 + i));
+        }
+        let order = drain(&mut q);
+        let first_four: Vec<bool> = order[..4].iter().map(|i| *i >= 20).collect();
+        assert_eq!(first_four.iter().filter(|b| **b).count(), 2, "{order:?}");
+    }
+
+    #[test]
+    fn a_full_queue_evicts_the_newest_least_urgent_or_refuses() {
+        let mut q = FairQueue::new(3);
+        q.push(waiter(Tier::Batch, "a", 1.0, 1, 1));
+        q.push(waiter(Tier::Batch, "a", 1.0, 1, 2));
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 3));
+        match q.push(waiter(Tier::Batch, "b", 1.0, 1, 4)) {
+            Pushed::Full(w) => assert_eq!(w.item, 4, "no more urgent than every waiter"),
+            other => panic!("{other:?}"),
+        }
+        match q.push(waiter(Tier::Interactive, "b", 1.0, 1, 5)) {
+            Pushed::Evicted(_, victim) => assert_eq!(victim.item, 2, "the newest batch waiter"),
+            other => panic!("{other:?}"),
+        }
+        match q.push(waiter(Tier::Agent, "b", 1.0, 1, 6)) {
+            Pushed::Evicted(_, victim) => assert_eq!(victim.item, 1),
+            other => panic!("{other:?}"),
+        }
+        match q.push(waiter(Tier::Agent, "c", 1.0, 1, 7)) {
+            Pushed::Full(w) => assert_eq!(w.item, 7, "equal to the least urgent present"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(drain(&mut q), [5, 3, 6]);
+    }
+
+    #[test]
+    fn a_waiter_taken_out_early_is_gone() {
+        let mut q = FairQueue::new(10);
+        let Pushed::Queued(t) = q.push(waiter(Tier::Agent, "a", 1.0, 1, 1)) else {
+            panic!()
+        };
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 2));
+        assert_eq!(q.remove(t).map(|w| w.item), Some(1));
+        assert!(q.remove(t).is_none());
+        assert_eq!((q.len(), q.depth(Tier::Agent)), (1, 1));
+        assert_eq!(drain(&mut q), [2]);
+        assert!(q.is_empty());
+    }
+
+    proptest! {
+        // Each case serves 10,000 requests; 32 cases of random weights and sizes suffice.
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Tenants that always have work get tokens in proportion to their weights, within 5%,
+        /// over 10,000 requests of mixed sizes.
+        #[test]
+        fn shares_follow_the_weights(
+            weights in proptest::collection::vec(1u32..10, 2..5),
+            costs in proptest::collection::vec(1u64..1000, 64),
+        ) {
+            let mut q = FairQueue::new(usize::MAX);
+            let names: Vec<String> = (0..weights.len()).map(|i| format!("t{i}")).collect();
+            let mut next_cost = 0usize;
+            let mut push = |q: &mut FairQueue<u32>, i: usize| {
+                let cost = costs[next_cost % costs.len()];
+                next_cost += 1;
+                q.push(waiter(Tier::Agent, &names[i], f64::from(weights[i]), cost, i as u32));
+            };
+            for i in 0..weights.len() {
+                for _ in 0..3 {
+                    push(&mut q, i);
+                }
+            }
+            let mut served = vec![0u64; weights.len()];
+            for _ in 0..10_000 {
+                let (_, w) = q.pop().unwrap();
+                let i = w.item as usize;
+                served[i] += w.cost;
+                push(&mut q, i);
+            }
+            let total: u64 = served.iter().sum();
+            let weight_total: u32 = weights.iter().sum();
+            for (i, s) in served.iter().enumerate() {
+                let share = *s as f64 / total as f64;
+                let owed = f64::from(weights[i]) / f64::from(weight_total);
+                prop_assert!((share - owed).abs() <= 0.05 * owed, "tenant {i}: {share} against {owed}");
+            }
+        }
+    }
+}
