@@ -5,6 +5,7 @@
 //! then the file, then the flag's default. `Settings::validate` is the one place values are
 //! checked; everything downstream takes `Config` and re-checks nothing.
 
+mod admission;
 mod checks;
 mod sections;
 mod settings;
@@ -22,6 +23,7 @@ use serde::Deserialize;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::policy::Policy;
 
+pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec, DEFAULT_TENANT};
 pub use settings::Settings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
@@ -111,10 +113,9 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         path: path.clone(),
         source,
     })?;
-    if let Some(key) = file
-        .keys()
-        .find(|key| matches.try_get_raw(key.as_str()).is_err())
-    {
+    if let Some(key) = file.keys().find(|key| {
+        !FILE_ONLY_KEYS.contains(&key.as_str()) && matches.try_get_raw(key.as_str()).is_err()
+    }) {
         let (line, column) = position_of_key(&text, key);
         return Err(ConfigError::UnknownKey {
             path,
@@ -145,6 +146,9 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     }
     Ok(settings)
 }
+
+/// Settings only the config file can give (tables, not flags).
+const FILE_ONLY_KEYS: [&str; 1] = ["tenants"];
 
 /// Where `key = ...` stands in a TOML text, 1-based (line 1, column 1 if it is not found).
 fn position_of_key(text: &str, key: &str) -> (usize, usize) {
@@ -370,6 +374,7 @@ impl Settings {
                 )),
                 None => None,
             },
+            admission: self.admission.validate(&self.api_keys)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
         })
@@ -433,6 +438,8 @@ pub struct Config {
     pub health_listen: Option<SocketAddr>,
     pub shutdown_grace: Duration,
     pub metrics_listen: Option<SocketAddr>,
+    /// Tenants, tiers and the gateway-wide caps.
+    pub admission: AdmissionConfig,
     pub access_log: Option<PathBuf>,
     /// `--prometheus-duration-buckets`; `None`: the defaults.
     pub duration_buckets: Option<Vec<f64>>,

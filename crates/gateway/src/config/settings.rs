@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use super::admission::AdmissionSettings;
+
 /// How to run the gateway.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -578,4 +580,8 @@ pub struct Settings {
     #[serde(default)]
     #[arg(help_heading = "Metrics and logs")]
     pub log_json: bool,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub admission: AdmissionSettings,
 }

@@ -1,0 +1,244 @@
+//! The admission settings (seed 003, layer 1): tenants and their budgets, tiers, the gateway-wide
+//! caps. Flags where SMG has them, `[[tenants]]` tables in the config file for the rest.
+
+use std::collections::{HashMap, HashSet};
+
+use axum::http::HeaderName;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use sluice_core::admission::Tier;
+use sluice_core::TenantId;
+
+use super::checks::invalid;
+use super::ConfigError;
+
+/// The name of the tenant of requests no configured tenant claims.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// One `[[tenants]]` table of the config file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    pub name: String,
+    /// Keys that identify the tenant (as `Authorization: Bearer <key>`).
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// The tier its requests get, and the most urgent they may ask for: 0 interactive, 1 agent,
+    /// 2 batch. Default: `--default-priority`.
+    #[serde(default)]
+    pub priority: Option<u8>,
+    /// Its share among the tenants of its tier.
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Admission flags (`sluice serve --help`, "Admission") and the tenants of the config file.
+#[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
+pub struct AdmissionSettings {
+    /// Tenants, from `[[tenants]]` tables of the config file (see docs/admission.md).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSpec>,
+
+    /// A key that identifies a tenant, `TENANT:KEY` (SMG's flag; repeatable). A tenant not in the
+    /// config file is made with the defaults. Its requests need no --api-key.
+    #[arg(long = "tenant-api-key", value_name = "TENANT:KEY", hide_env_values = true)]
+    #[serde(default)]
+    #[arg(help_heading = "Admission")]
+    pub tenant_api_keys: Vec<String>,
+
+    /// Take the tenant from --tenant-header-name when a request carries it (set by an
+    /// authenticating proxy in front; SMG's flag). Keys are still checked.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Admission")]
+    pub trust_tenant_header: bool,
+
+    /// The header --trust-tenant-header reads (SMG's default).
+    #[arg(long, default_value = "x-smg-tenant-id")]
+    #[arg(help_heading = "Admission")]
+    pub tenant_header_name: String,
+
+    /// The tier of requests whose tenant sets none: 0 interactive, 1 agent, 2 batch.
+    #[arg(long, default_value_t = 1)]
+    #[arg(help_heading = "Admission")]
+    pub default_priority: u8,
+
+    /// Output tokens reserved from a tenant's token budget for a request that sets no
+    /// `max_tokens` (the real count is settled when the response ends).
+    #[arg(long, default_value_t = 1024)]
+    #[arg(help_heading = "Admission")]
+    pub default_max_tokens_estimate: u64,
+
+    /// Requests in flight through the gateway at most, each counted until its response ends
+    /// (SMG's flag; -1: no cap). Past it a request is refused with 503 `queue_full`.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(help_heading = "Admission")]
+    pub max_concurrent_requests: i64,
+
+    /// Requests admitted per second, gateway-wide, bursting up to --max-concurrent-requests
+    /// (SMG's flag, whose name says tokens but which counts requests). Unset or 0: no limit.
+    /// Past it a request is refused with 503 `queue_full`.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Admission")]
+    pub rate_limit_tokens_per_second: Option<f64>,
+}
+
+/// A tenant, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantConfig {
+    pub id: TenantId,
+    pub api_keys: Vec<String>,
+    pub tier: Tier,
+    pub weight: f64,
+    pub tokens_per_minute: Option<u64>,
+    pub requests_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+}
+
+/// The admission configuration, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionConfig {
+    /// The configured tenants (the default tenant is not among them).
+    pub tenants: Vec<TenantConfig>,
+    /// `--trust-tenant-header`: the header naming the tenant.
+    pub tenant_header: Option<HeaderName>,
+    pub default_tier: Tier,
+    pub default_max_tokens: u64,
+    pub max_concurrent: Option<u32>,
+    /// Requests per second, gateway-wide.
+    pub request_rate: Option<f64>,
+}
+
+fn tier(setting: &'static str, n: u8) -> Result<Tier, ConfigError> {
+    Tier::ALL
+        .get(usize::from(n))
+        .copied()
+        .ok_or_else(|| invalid(setting, format!("{n} is not a tier: 0, 1 or 2")))
+}
+
+impl AdmissionSettings {
+    pub(super) fn validate(&self, client_keys: &[String]) -> Result<AdmissionConfig, ConfigError> {
+        let default_tier = tier("default-priority", self.default_priority)?;
+        let mut tenants: Vec<TenantConfig> = Vec::new();
+        for spec in &self.tenants {
+            tenants.push(tenant(spec, default_tier)?);
+        }
+        let mut names = HashSet::new();
+        for t in &tenants {
+            if !names.insert(t.id.clone()) || t.id.as_str() == DEFAULT_TENANT {
+                return Err(invalid(
+                    "config",
+                    format!("tenant '{}' is named twice (or is the default tenant)", t.id),
+                ));
+            }
+        }
+        for entry in &self.tenant_api_keys {
+            let Some((name, key)) = entry.split_once(':').filter(|(n, k)| !n.is_empty() && !k.is_empty()) else {
+                return Err(invalid("tenant-api-key", "expected TENANT:KEY"));
+            };
+            match tenants.iter_mut().find(|t| t.id.as_str() == name) {
+                Some(t) => t.api_keys.push(key.to_string()),
+                None => tenants.push(TenantConfig {
+                    id: TenantId::new(name),
+                    api_keys: vec![key.to_string()],
+                    tier: default_tier,
+                    weight: 1.0,
+                    tokens_per_minute: None,
+                    requests_per_minute: None,
+                    max_concurrent: None,
+                }),
+            }
+        }
+        let mut owners: HashMap<&str, &str> = client_keys.iter().map(|k| (k.as_str(), "--api-key")).collect();
+        for t in &tenants {
+            for key in &t.api_keys {
+                if let Some(other) = owners.insert(key, t.id.as_str()) {
+                    return Err(invalid(
+                        "tenant-api-key",
+                        format!("a key of tenant '{}' is also a key of {other}", t.id),
+                    ));
+                }
+            }
+        }
+        let tenant_header = self
+            .trust_tenant_header
+            .then(|| {
+                HeaderName::try_from(self.tenant_header_name.trim())
+                    .map_err(|e| invalid("tenant-header-name", e.to_string()))
+            })
+            .transpose()?;
+        let max_concurrent = match self.max_concurrent_requests {
+            -1 => None,
+            n if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+            n => {
+                return Err(invalid(
+                    "max-concurrent-requests",
+                    format!("{n}: give at least 1, or -1 for no cap"),
+                ))
+            }
+        };
+        let request_rate = match self.rate_limit_tokens_per_second {
+            None => None,
+            Some(r) if r == 0.0 => None,
+            Some(r) if r.is_finite() && r > 0.0 => Some(r),
+            Some(r) => {
+                return Err(invalid(
+                    "rate-limit-tokens-per-second",
+                    format!("{r} is not a rate >= 0"),
+                ))
+            }
+        };
+        Ok(AdmissionConfig {
+            tenants,
+            tenant_header,
+            default_tier,
+            default_max_tokens: self.default_max_tokens_estimate,
+            max_concurrent,
+            request_rate,
+        })
+    }
+}
+
+fn tenant(spec: &TenantSpec, default_tier: Tier) -> Result<TenantConfig, ConfigError> {
+    let name = spec.name.trim();
+    let bad = |message: String| invalid("config", format!("tenant '{name}': {message}"));
+    if name.is_empty() {
+        return Err(invalid("config", "a tenant needs a name"));
+    }
+    if !(spec.weight.is_finite() && spec.weight > 0.0) {
+        return Err(bad(format!("weight {} must be above 0", spec.weight)));
+    }
+    if spec.api_keys.iter().any(|k| k.trim().is_empty()) {
+        return Err(bad("an API key cannot be empty".into()));
+    }
+    if spec.tokens_per_minute == Some(0)
+        || spec.requests_per_minute == Some(0)
+        || spec.max_concurrent == Some(0)
+    {
+        return Err(bad("a limit of 0 would refuse everything: leave it out for no limit".into()));
+    }
+    Ok(TenantConfig {
+        id: TenantId::new(name),
+        api_keys: spec.api_keys.clone(),
+        tier: match spec.priority {
+            Some(n) => tier("config", n).map_err(|_| bad(format!("priority {n} is not 0, 1 or 2")))?,
+            None => default_tier,
+        },
+        weight: spec.weight,
+        tokens_per_minute: spec.tokens_per_minute,
+        requests_per_minute: spec.requests_per_minute,
+        max_concurrent: spec.max_concurrent,
+    })
+}
