@@ -72,13 +72,21 @@ impl App {
             client: config.api_keys.clone(),
             admin: config.admin_api_key.clone(),
             control_plane: config.control_plane_keys.clone(),
+            tenants: config
+                .admission
+                .tenants
+                .iter()
+                .enumerate()
+                .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
+                .collect(),
         };
+        let admit = Admit::new(config.request_timeout, &config.admission, &mut registry);
         let probes = Probes::new(fleet.clone(), draining.clone());
         let app = App {
             cors: config.cors.as_ref().map(cors_layer),
             front: Arc::new(Front {
                 fleet: fleet.clone(),
-                admit: Admit::new(config.request_timeout),
+                admit,
                 route: RouteStage::new(config.policy, config.shedding, metrics.clone())
                     .with_aliases(config.model_aliases.clone()),
                 forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),

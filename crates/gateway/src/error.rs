@@ -156,6 +156,37 @@ pub enum GatewayError {
     WorkerExists { url: String, id: WorkerId },
     #[error("No worker with id '{id}'")]
     WorkerNotFound { id: String },
+    /// A request header admission reads is malformed.
+    #[error("Invalid header '{header}': {detail}")]
+    InvalidHeader {
+        header: &'static str,
+        detail: String,
+    },
+    /// The tenant's requests or tokens per minute are spent for now.
+    #[error("Rate limit reached for {what} per minute of tenant '{tenant}'; retry after {retry_after:?}")]
+    RateLimited {
+        tenant: String,
+        what: &'static str,
+        retry_after: Duration,
+    },
+    /// More tokens than the tenant's whole budget: it can never be admitted.
+    #[error("Request too large for tenant '{tenant}': it may use {needs} tokens, more than its limit of {limit} tokens per minute; lower max_tokens or the prompt")]
+    RequestTooLarge {
+        tenant: String,
+        needs: u64,
+        limit: u64,
+    },
+    #[error("Tenant '{tenant}' has {limit} requests in flight, its limit")]
+    TenantConcurrency { tenant: String, limit: u32 },
+    /// `--max-concurrent-requests` or `--rate-limit-tokens-per-second`, with no room to wait.
+    #[error("The gateway is at {why}; retry shortly")]
+    GatewayFull {
+        why: &'static str,
+        retry_after: Duration,
+    },
+    /// `X-Request-Deadline-Ms` passed, or cannot be met.
+    #[error("The request's deadline of {budget:?} cannot be met")]
+    DeadlineExceeded { budget: Duration },
 }
 
 impl GatewayError {
@@ -171,7 +202,13 @@ impl GatewayError {
             | MissingParameter { .. }
             | ModelRequired { .. }
             | BodyUnreadable
+            | InvalidHeader { .. }
             | InvalidWorkerSpec { .. } => StatusCode::BAD_REQUEST,
+            RateLimited { .. } | RequestTooLarge { .. } | TenantConcurrency { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            GatewayFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             InvalidApiKey | InvalidAdminKey => StatusCode::UNAUTHORIZED,
             AdminDisabled => StatusCode::FORBIDDEN,
             ModelNotFound { .. } | UnknownRoute { .. } | WorkerNotFound { .. } => {
@@ -236,6 +273,11 @@ impl GatewayError {
             InvalidWorkerSpec { .. } => "invalid_worker_spec",
             WorkerExists { .. } => "worker_exists",
             WorkerNotFound { .. } => "worker_not_found",
+            InvalidHeader { .. } => "invalid_header",
+            RateLimited { .. } | RequestTooLarge { .. } => "rate_limit_exceeded",
+            TenantConcurrency { .. } => "tenant_concurrency_exceeded",
+            GatewayFull { .. } => "queue_full",
+            DeadlineExceeded { .. } => "deadline_exceeded",
         }
     }
 
@@ -260,6 +302,7 @@ impl GatewayError {
             | BelowMin { param, .. } => Some(param),
             ModelRequired { .. } | ModelNotFound { .. } => Some("model"),
             InvalidWorkerSpec { field, .. } => Some(field),
+            InvalidHeader { header, .. } => Some(header),
             _ => None,
         }
     }
@@ -272,7 +315,9 @@ impl GatewayError {
             | BodyBuffersFull
             | RequestTimeout { .. }
             | WorkerOverloadShed { .. }
-            | OverloadedBeforeDispatch { .. } => Origin::Gateway,
+            | OverloadedBeforeDispatch { .. }
+            | GatewayFull { .. }
+            | DeadlineExceeded { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
             | UpstreamTimeout { .. }
@@ -288,7 +333,10 @@ impl GatewayError {
                 Some(NO_WORKERS_RETRY_AFTER)
             }
             GatewayError::WorkerOverloadShed { retry_after, .. }
-            | GatewayError::OverloadedBeforeDispatch { retry_after, .. } => Some(*retry_after),
+            | GatewayError::OverloadedBeforeDispatch { retry_after, .. }
+            | GatewayError::RateLimited { retry_after, .. }
+            | GatewayError::GatewayFull { retry_after, .. } => Some(*retry_after),
+            GatewayError::TenantConcurrency { .. } => Some(Duration::from_secs(1)),
             // Bodies in hand are sent on within a request's first moments.
             GatewayError::BodyBuffersFull => Some(BODY_BUFFERS_RETRY_AFTER),
             _ => None,
@@ -341,10 +389,9 @@ impl IntoResponse for GatewayError {
         );
         headers.insert(ERROR_CODE_HEADER, HeaderValue::from_static(self.code()));
         if let Some(wait) = self.retry_after() {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(wait.as_secs().max(1)),
-            );
+            // Whole seconds, rounded up: a client that waits as told finds room.
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         response
     }

@@ -1,65 +1,231 @@
-//! The admit stage: whether a request may go on now, may wait, or is refused — and what it holds
-//! while it runs.
+//! The admit stage: whether a request may go on now, or is refused — and what it holds while it
+//! runs (seed 003, layer 1).
 //!
-//! Edge admission (seed 003, layer 1) lands here: tenant identity, token-aware rate limits,
-//! priority tiers, deadlines and the gateway queue. Today it admits every request and gives it its
-//! deadline (arrival plus `--request-timeout-secs`), which the forward and stream-back stages
-//! hold the request to. A rule refuses with a typed `GatewayError`; whatever a rule takes for the
-//! request (a permit, a reservation) goes into the context's `Admission` as a `Hold`, which the
-//! context gives back when the request ends, however it ends.
+//! In order: the request's tenant (a trusted header, else its key's owner, else the default
+//! tenant) and tier (`x-sluice-priority` or SMG's `x-smg-priority`, never more urgent than the
+//! tenant's); its deadlines (the gateway's request timeout, and the client's
+//! `X-Request-Deadline-Ms`); then the budgets, each taken in one step so concurrent requests
+//! cannot together overspend: the gateway-wide request rate and concurrency cap, the tenant's
+//! concurrency, requests per minute and tokens per minute (the prompt estimate plus the most it
+//! may generate, settled against what the response reports when it ends). A refusal is a typed
+//! `GatewayError`; whatever was taken is a `Hold` in the context, given back however the request
+//! ends.
+//!
+//! ## Layout
+//!
+//! - `config` — what admission is configured with (built by `crate::config`).
+//! - `tenants` — the tenants at run time and how a request finds its own.
+//! - `holds` — slots and reservations, given back at the end.
+//! - `headers` — the request headers admission reads and the `x-ratelimit-*` it writes.
 
+mod config;
+mod headers;
+mod holds;
+mod tenants;
+
+use std::sync::Arc;
 use std::time::Duration;
+
+use axum::http::HeaderMap;
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use sluice_core::admission::{Bucket, Refusal, Tier};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+pub use config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
+pub use tenants::{Tenant, Tenants, OTHER_TENANT};
 
 use crate::context::RequestContext;
 use crate::error::GatewayError;
+use crate::http::KeyOwner;
+use crate::metrics::{AdmissionMetrics, RejectedLabels};
+use holds::{GatewaySlot, Spend, TenantSlot};
+
+/// What admission reads of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Asking<'a> {
+    pub headers: &'a HeaderMap,
+    pub owner: KeyOwner,
+    pub prompt_tokens: u64,
+    /// `max_tokens` (or `max_completion_tokens`), when given.
+    pub max_tokens: Option<u64>,
+    /// Choices asked for: each may generate `max_tokens`.
+    pub n: u64,
+}
+
+/// The gateway-wide caps.
+#[derive(Debug)]
+struct Gateway {
+    /// `--max-concurrent-requests`, and the cap it was set to.
+    slots: Option<(Arc<Semaphore>, u32)>,
+    /// `--rate-limit-tokens-per-second` (requests per second).
+    rate: Option<Mutex<Bucket>>,
+}
 
 /// The admit stage, shared by every request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Admit {
     /// `--request-timeout-secs`: the longest a request may take, answer and stream included.
     request_timeout: Duration,
+    tenants: Tenants,
+    default_max_tokens: u64,
+    gateway: Gateway,
+    metrics: Arc<AdmissionMetrics>,
 }
 
 impl Admit {
-    pub fn new(request_timeout: Duration) -> Self {
-        Self { request_timeout }
+    /// The stage for `config`, its metric families registered in `registry`.
+    pub fn new(
+        request_timeout: Duration,
+        config: &AdmissionConfig,
+        registry: &mut Registry,
+    ) -> Self {
+        let now = Instant::now();
+        let burst = config.max_concurrent.unwrap_or(0);
+        let tenants = Tenants::new(config, now);
+        let metrics = AdmissionMetrics::register(registry, &tenants.labels());
+        Self {
+            request_timeout,
+            tenants,
+            default_max_tokens: config.default_max_tokens,
+            gateway: Gateway {
+                slots: config
+                    .max_concurrent
+                    .map(|n| (Arc::new(Semaphore::new(n as usize)), n)),
+                rate: config.request_rate.map(|per_sec| {
+                    // Bursting up to the concurrency cap, as SMG's does; a second's worth without.
+                    let burst = u64::from(burst).max(per_sec.ceil() as u64).max(1);
+                    let period = Duration::from_secs_f64(burst as f64 / per_sec);
+                    Mutex::new(Bucket::new(burst, period, now))
+                }),
+            },
+            metrics,
+        }
     }
 
-    /// Admits `ctx` now, setting what admission decides for it.
-    pub fn admit(&self, ctx: &mut RequestContext) -> Result<(), GatewayError> {
+    pub fn tenants(&self) -> &Tenants {
+        &self.tenants
+    }
+
+    /// Admits `ctx` now or refuses it, setting what admission decides for it.
+    pub fn admit(&self, ctx: &mut RequestContext, asking: &Asking<'_>) -> Result<(), GatewayError> {
+        let now = Instant::now();
         ctx.admission.deadline = ctx.started + self.request_timeout;
+        let tenant = self.tenants.of(asking.headers, asking.owner);
+        let decided = self.decide(ctx, &tenant, asking, now);
+        let tier = ctx.admission.tier.unwrap_or(tenant.tier);
+        if tenant.limited() {
+            ctx.admission.rate_headers = Some(headers::rate_limits(&tenant, now));
+        }
+        match &decided {
+            Ok(()) => self.metrics.count(&tenant.label, tier, "admitted"),
+            Err(error) => {
+                self.metrics.count(&tenant.label, tier, "rejected");
+                self.metrics
+                    .rejected
+                    .get_or_create(&RejectedLabels {
+                        tier: tier.name(),
+                        reason: error.code(),
+                    })
+                    .inc();
+            }
+        }
+        decided
+    }
+
+    fn decide(
+        &self,
+        ctx: &mut RequestContext,
+        tenant: &Arc<Tenant>,
+        asking: &Asking<'_>,
+        now: Instant,
+    ) -> Result<(), GatewayError> {
+        ctx.admission.tenant = Some(tenant.id.clone());
+        let tier = Tier::clamped(headers::asked_tier(asking.headers)?, tenant.tier);
+        ctx.admission.tier = Some(tier);
+        if let Some(budget) = headers::client_budget(asking.headers)? {
+            let due = ctx.started + budget;
+            ctx.admission.client_deadline = Some(due);
+            ctx.admission.deadline = ctx.admission.deadline.min(due);
+            if due <= now {
+                return Err(GatewayError::DeadlineExceeded { budget });
+            }
+        }
+        self.take_gateway(ctx, now)?;
+        if !tenant.enter() {
+            return Err(GatewayError::TenantConcurrency {
+                tenant: tenant.id.to_string(),
+                limit: tenant.max_concurrent.unwrap_or(0),
+            });
+        }
+        ctx.admission.hold(Box::new(TenantSlot(tenant.clone())));
+        let limited = |what, error: Refusal| match error {
+            Refusal::NotYet { retry_after } => GatewayError::RateLimited {
+                tenant: tenant.id.to_string(),
+                what,
+                retry_after,
+            },
+            Refusal::TooBig { capacity } => GatewayError::RequestTooLarge {
+                tenant: tenant.id.to_string(),
+                needs: 0,
+                limit: capacity,
+            },
+        };
+        Tenant::reserve(&tenant.requests, 1, now).map_err(|e| limited("requests", e))?;
+        let out = asking.n.max(1) * asking.max_tokens.unwrap_or(self.default_max_tokens);
+        let tokens = asking.prompt_tokens + out;
+        if let Err(refusal) = Tenant::reserve(&tenant.tokens, tokens, now) {
+            Tenant::settle(&tenant.requests, 1, 0, now);
+            return Err(match limited("tokens", refusal) {
+                GatewayError::RequestTooLarge { tenant, limit, .. } => {
+                    GatewayError::RequestTooLarge {
+                        tenant,
+                        needs: tokens,
+                        limit,
+                    }
+                }
+                other => other,
+            });
+        }
+        ctx.admission.metered = tenant.tokens.is_some();
+        ctx.admission.hold(Box::new(Spend {
+            tenant: tenant.clone(),
+            tokens: if tenant.tokens.is_some() { tokens } else { 0 },
+            prompt_estimate: asking.prompt_tokens,
+            metrics: self.metrics.clone(),
+        }));
+        Ok(())
+    }
+
+    /// The gateway-wide request rate and concurrency cap.
+    fn take_gateway(&self, ctx: &mut RequestContext, now: Instant) -> Result<(), GatewayError> {
+        if let Some(rate) = &self.gateway.rate {
+            if let Err(refusal) = rate.lock().reserve(1, now) {
+                let retry_after = match refusal {
+                    Refusal::NotYet { retry_after } => retry_after,
+                    Refusal::TooBig { .. } => Duration::from_secs(1),
+                };
+                return Err(GatewayError::GatewayFull {
+                    why: "its request rate",
+                    retry_after,
+                });
+            }
+        }
+        if let Some((slots, _)) = &self.gateway.slots {
+            let permit =
+                slots
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| GatewayError::GatewayFull {
+                        why: "its concurrent requests",
+                        retry_after: Duration::from_secs(1),
+                    })?;
+            ctx.admission.hold(Box::new(GatewaySlot(permit)));
+        }
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use axum::http::HeaderValue;
-    use prometheus_client::registry::Registry;
-    use tokio::time::Instant;
-
-    use super::*;
-    use crate::context::{Accounts, InFlight};
-    use crate::metrics::Metrics;
-
-    #[tokio::test(start_paused = true)]
-    async fn every_request_is_admitted_with_the_request_timeout_as_its_deadline() {
-        let accounts = Accounts {
-            metrics: Metrics::register(&mut Registry::default()),
-            access_log: None,
-            in_flight: Arc::new(InFlight::default()),
-        };
-        let arrived = Instant::now();
-        let mut ctx = RequestContext::new(&accounts, HeaderValue::from_static("r"), "/x", arrived);
-        tokio::time::advance(Duration::from_secs(3)).await;
-        let admit = Admit::new(Duration::from_secs(600));
-        assert_eq!(admit.admit(&mut ctx), Ok(()));
-        assert_eq!(
-            ctx.admission.deadline,
-            arrived + Duration::from_secs(600),
-            "counted from arrival, not from admission"
-        );
-    }
-}
+mod tests;

@@ -11,9 +11,7 @@ use sluice_core::TenantId;
 
 use super::checks::invalid;
 use super::ConfigError;
-
-/// The name of the tenant of requests no configured tenant claims.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::admit::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
 
 /// One `[[tenants]]` table of the config file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -52,7 +50,11 @@ pub struct AdmissionSettings {
 
     /// A key that identifies a tenant, `TENANT:KEY` (SMG's flag; repeatable). A tenant not in the
     /// config file is made with the defaults. Its requests need no --api-key.
-    #[arg(long = "tenant-api-key", value_name = "TENANT:KEY", hide_env_values = true)]
+    #[arg(
+        long = "tenant-api-key",
+        value_name = "TENANT:KEY",
+        hide_env_values = true
+    )]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
     pub tenant_api_keys: Vec<String>,
@@ -95,32 +97,6 @@ pub struct AdmissionSettings {
     pub rate_limit_tokens_per_second: Option<f64>,
 }
 
-/// A tenant, checked.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TenantConfig {
-    pub id: TenantId,
-    pub api_keys: Vec<String>,
-    pub tier: Tier,
-    pub weight: f64,
-    pub tokens_per_minute: Option<u64>,
-    pub requests_per_minute: Option<u64>,
-    pub max_concurrent: Option<u32>,
-}
-
-/// The admission configuration, checked.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdmissionConfig {
-    /// The configured tenants (the default tenant is not among them).
-    pub tenants: Vec<TenantConfig>,
-    /// `--trust-tenant-header`: the header naming the tenant.
-    pub tenant_header: Option<HeaderName>,
-    pub default_tier: Tier,
-    pub default_max_tokens: u64,
-    pub max_concurrent: Option<u32>,
-    /// Requests per second, gateway-wide.
-    pub request_rate: Option<f64>,
-}
-
 fn tier(setting: &'static str, n: u8) -> Result<Tier, ConfigError> {
     Tier::ALL
         .get(usize::from(n))
@@ -140,12 +116,18 @@ impl AdmissionSettings {
             if !names.insert(t.id.clone()) || t.id.as_str() == DEFAULT_TENANT {
                 return Err(invalid(
                     "config",
-                    format!("tenant '{}' is named twice (or is the default tenant)", t.id),
+                    format!(
+                        "tenant '{}' is named twice (or is the default tenant)",
+                        t.id
+                    ),
                 ));
             }
         }
         for entry in &self.tenant_api_keys {
-            let Some((name, key)) = entry.split_once(':').filter(|(n, k)| !n.is_empty() && !k.is_empty()) else {
+            let Some((name, key)) = entry
+                .split_once(':')
+                .filter(|(n, k)| !n.is_empty() && !k.is_empty())
+            else {
                 return Err(invalid("tenant-api-key", "expected TENANT:KEY"));
             };
             match tenants.iter_mut().find(|t| t.id.as_str() == name) {
@@ -161,7 +143,10 @@ impl AdmissionSettings {
                 }),
             }
         }
-        let mut owners: HashMap<&str, &str> = client_keys.iter().map(|k| (k.as_str(), "--api-key")).collect();
+        let mut owners: HashMap<&str, &str> = client_keys
+            .iter()
+            .map(|k| (k.as_str(), "--api-key"))
+            .collect();
         for t in &tenants {
             for key in &t.api_keys {
                 if let Some(other) = owners.insert(key, t.id.as_str()) {
@@ -191,7 +176,7 @@ impl AdmissionSettings {
         };
         let request_rate = match self.rate_limit_tokens_per_second {
             None => None,
-            Some(r) if r == 0.0 => None,
+            Some(0.0) => None,
             Some(r) if r.is_finite() && r > 0.0 => Some(r),
             Some(r) => {
                 return Err(invalid(
@@ -227,13 +212,17 @@ fn tenant(spec: &TenantSpec, default_tier: Tier) -> Result<TenantConfig, ConfigE
         || spec.requests_per_minute == Some(0)
         || spec.max_concurrent == Some(0)
     {
-        return Err(bad("a limit of 0 would refuse everything: leave it out for no limit".into()));
+        return Err(bad(
+            "a limit of 0 would refuse everything: leave it out for no limit".into(),
+        ));
     }
     Ok(TenantConfig {
         id: TenantId::new(name),
         api_keys: spec.api_keys.clone(),
         tier: match spec.priority {
-            Some(n) => tier("config", n).map_err(|_| bad(format!("priority {n} is not 0, 1 or 2")))?,
+            Some(n) => {
+                tier("config", n).map_err(|_| bad(format!("priority {n} is not 0, 1 or 2")))?
+            }
             None => default_tier,
         },
         weight: spec.weight,

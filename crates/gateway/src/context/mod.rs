@@ -24,7 +24,7 @@ use axum::http::HeaderValue;
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
-pub use admission::{Admission, Ending, Hold};
+pub use admission::{Admission, Ending, Hold, Usage, DEADLINE};
 pub use inflight::{InFlight, InFlightGuard};
 
 use crate::access_log::{AccessLog, AccessRecord};
@@ -76,6 +76,9 @@ pub struct RequestContext {
     ttfb: Duration,
     bytes: u64,
     interrupted: bool,
+    /// What a metered response said it used, and its events.
+    usage: Option<Usage>,
+    chunks: u64,
     metrics: Arc<Metrics>,
     /// The access log and the arrival in Unix milliseconds, when the log is on.
     access: Option<(AccessLog, u64)>,
@@ -114,6 +117,8 @@ impl RequestContext {
             ttfb: Duration::ZERO,
             bytes: 0,
             interrupted: false,
+            usage: None,
+            chunks: 0,
             metrics: accounts.metrics.clone(),
             access,
             _in_flight: in_flight,
@@ -164,6 +169,12 @@ impl RequestContext {
     /// `n` more bytes of the response went to the client.
     pub fn relayed(&mut self, n: usize) {
         self.bytes += n as u64;
+    }
+
+    /// What a metered response used: its `usage` block when it gave one, and its events.
+    pub fn metered(&mut self, usage: Option<Usage>, chunks: u64) {
+        self.usage = usage;
+        self.chunks = chunks;
     }
 
     /// The response is over: in full, or `interrupted` by its worker.
@@ -231,6 +242,9 @@ impl Drop for RequestContext {
             duration,
             cancelled,
             interrupted: self.interrupted,
+            forwarded: self.worker.is_some(),
+            usage: self.usage,
+            chunks: self.chunks,
         };
         self.admission.release(&ending);
         if let Some((log, ts_ms)) = self.access.take() {

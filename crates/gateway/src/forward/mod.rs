@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::request::Parts;
-use axum::http::{Request, Version};
+use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
 use http_body_util::Full;
 use sluice_core::breaker::Outcome;
@@ -23,7 +23,7 @@ use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 
-use crate::context::RequestContext;
+use crate::context::{RequestContext, DEADLINE};
 use crate::error::GatewayError;
 use crate::fleet::Lease;
 use crate::http::{copy_request_headers, REQUEST_ID};
@@ -112,6 +112,8 @@ impl Forwarder {
                 tried: &tried,
                 deadline,
                 timeout,
+                client_deadline: ctx.admission.client_deadline,
+                by_client: ctx.admission.cut_by_client(),
             };
             match self.attempt(attempt, lease).await {
                 Tried::Answered(answer) => return Ok(answer),
@@ -140,6 +142,10 @@ impl Forwarder {
             Err(given_up) => return given_up,
         };
         match sent {
+            // The client's deadline is not the worker's failure: its permit goes back unrecorded.
+            Err(_) if at.by_client => {
+                Tried::Final(GatewayError::DeadlineExceeded { budget: at.timeout })
+            }
             Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
             Ok(Ok(response)) => self.answered(&at, lease, response, sent_at),
             Ok(Err(e)) => self.transport_failed(&at, lease, &e),
@@ -310,6 +316,10 @@ struct Attempt<'a> {
     deadline: Instant,
     /// The whole time allowed (what a timeout error says).
     timeout: Duration,
+    /// The client's own deadline (`X-Request-Deadline-Ms`), when it gave one.
+    client_deadline: Option<Instant>,
+    /// `deadline` is the client's (not the gateway's request timeout).
+    by_client: bool,
 }
 
 /// How one attempt ended.
@@ -339,6 +349,11 @@ fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
     let headers = request.headers_mut();
     copy_request_headers(&at.job.parts.headers, headers);
     headers.insert(REQUEST_ID, at.request_id.clone());
+    if let Some(due) = at.client_deadline {
+        // What is left of the client's budget, so the engine can drop it in time too.
+        let left = due.saturating_duration_since(Instant::now()).as_millis() as u64;
+        headers.insert(DEADLINE, HeaderValue::from(left));
+    }
     if let Some(auth) = &worker.live().authorization {
         headers.insert(axum::http::header::AUTHORIZATION, auth.clone());
     }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
 
-use crate::admit::Admit;
+use crate::admit::{Admit, Asking};
 use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
@@ -121,7 +121,9 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
     // that passed it.
     let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
     let mut body = Some(body);
-    let mut response = match serve(front, &mut ctx, route, &parts, &mut body).await {
+    let served = serve(front, &mut ctx, route, &parts, &mut body).await;
+    let rate_limits = ctx.admission.rate_headers.take();
+    let mut response = match served {
         Ok(answer) => stream::relay(answer, ctx),
         Err(error) => {
             ctx.refuse(&error);
@@ -132,7 +134,12 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
             error.into_response()
         }
     };
-    response.headers_mut().insert(REQUEST_ID, id);
+    let headers = response.headers_mut();
+    headers.insert(REQUEST_ID, id);
+    if let Some(limits) = rate_limits {
+        // A tenant with budgets sees them on every answer, as OpenAI's clients expect.
+        headers.extend(limits);
+    }
     response
 }
 
@@ -148,7 +155,7 @@ async fn serve(
     if front.is_draining() {
         return Err(GatewayError::ShuttingDown);
     }
-    front.keys.check_client(&parts.headers)?;
+    let owner = front.keys.check_client(&parts.headers)?;
     let form_type = if route.is_form() {
         Some(require_form(&parts.headers)?)
     } else {
@@ -173,7 +180,14 @@ async fn serve(
     };
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
-    front.admit.admit(ctx)?;
+    let asking = Asking {
+        headers: &parts.headers,
+        owner,
+        prompt_tokens: facts.prompt_tokens_estimate(),
+        max_tokens: facts.max_tokens,
+        n: facts.n,
+    };
+    front.admit.admit(ctx, &asking)?;
     let snapshot = front.fleet.snapshot();
     let wants = Wants {
         model: facts.model.as_deref(),

@@ -3,7 +3,7 @@
 //! of a guess was right.
 
 use axum::http::{header, HeaderMap};
-use subtle::ConstantTimeEq;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::error::GatewayError;
 
@@ -16,6 +16,8 @@ pub struct Keys {
     pub admin: Option<String>,
     /// `--control-plane-api-keys` (SMG's): more admin keys, and read-only ones.
     pub control_plane: Vec<ControlPlaneKey>,
+    /// Tenants' keys, each with the index of its tenant: a request sending one is that tenant's.
+    pub tenants: Vec<(String, usize)>,
 }
 
 /// One control-plane key, as SMG writes it: `id:name:role:key`.
@@ -82,13 +84,33 @@ fn matches_any<'a>(keys: impl Iterator<Item = &'a String>, given: &[u8]) -> bool
     .into()
 }
 
+/// Whose key a request sent, for the routes clients call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOwner {
+    /// No keys are configured, or an `--api-key` was sent: the default tenant's request.
+    Anyone,
+    /// A tenant's key: the tenant at this index of the configured ones.
+    Tenant(usize),
+}
+
 impl Keys {
-    pub fn check_client(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
-        if self.client.is_empty() {
-            return Ok(());
+    /// Whether the request may use the OpenAI routes, and as whom. Every key is compared whatever
+    /// matches, so timing tells neither which key nor which kind matched.
+    pub fn check_client(&self, headers: &HeaderMap) -> Result<KeyOwner, GatewayError> {
+        if self.client.is_empty() && self.tenants.is_empty() {
+            return Ok(KeyOwner::Anyone);
         }
-        match bearer(headers) {
-            Some(given) if matches_any(self.client.iter(), given) => Ok(()),
+        let Some(given) = bearer(headers) else {
+            return Err(GatewayError::InvalidApiKey);
+        };
+        let client = matches_any(self.client.iter(), given);
+        let none = u64::MAX;
+        let owner = self.tenants.iter().fold(none, |owner, (key, tenant)| {
+            u64::conditional_select(&owner, &(*tenant as u64), key.as_bytes().ct_eq(given))
+        });
+        match (client, owner) {
+            (true, _) => Ok(KeyOwner::Anyone),
+            (false, o) if o != none => Ok(KeyOwner::Tenant(o as usize)),
             _ => Err(GatewayError::InvalidApiKey),
         }
     }
@@ -188,9 +210,23 @@ mod tests {
         assert!(open.check_client(&HeaderMap::new()).is_ok());
         let keys = Keys {
             client: vec!["k1".into(), "k2".into()],
-            admin: None,
-            control_plane: vec![],
+            tenants: vec![("t0".into(), 0), ("t1".into(), 1)],
+            ..Keys::default()
         };
+        assert_eq!(
+            keys.check_client(&auth("Bearer t1")),
+            Ok(KeyOwner::Tenant(1))
+        );
+        assert_eq!(keys.check_client(&auth("Bearer k1")), Ok(KeyOwner::Anyone));
+        let only_tenants = Keys {
+            tenants: vec![("t0".into(), 0)],
+            ..Keys::default()
+        };
+        assert_eq!(
+            only_tenants.check_client(&HeaderMap::new()),
+            Err(GatewayError::InvalidApiKey),
+            "a tenant's key configured turns authentication on"
+        );
         assert!(keys.check_client(&auth("Bearer k2")).is_ok());
         assert!(keys.check_client(&auth("bearer k1")).is_ok());
         for bad in ["Bearer k3", "Bearer ", "k1", "Basic k1", "Bearer k1 "] {
@@ -214,9 +250,8 @@ mod tests {
             Err(GatewayError::AdminDisabled)
         );
         let keys = Keys {
-            client: vec![],
             admin: Some("root".into()),
-            control_plane: vec![],
+            ..Keys::default()
         };
         assert!(keys.check_admin(&auth("Bearer root")).is_ok());
         assert_eq!(

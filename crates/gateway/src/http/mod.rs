@@ -10,7 +10,7 @@ mod request_id;
 mod server;
 mod shaped;
 
-pub use auth::{ControlPlaneKey, ControlPlaneKeyError, Keys};
+pub use auth::{ControlPlaneKey, ControlPlaneKeyError, KeyOwner, Keys};
 pub use body::{declared_length, discard, read_body, BodyLimits, Buffered};
 pub use headers::{clean_response_headers, copy_request_headers, is_event_stream};
 pub use request_id::{accept_or_make as request_id, REQUEST_ID};

@@ -6,8 +6,10 @@
 //! which workers exist) are not copied into gauges: `FleetCollector` reads them at scrape time,
 //! so a gauge can never disagree with what routing sees.
 
+mod admission;
 mod exposition;
 
+pub use admission::{AdmissionMetrics, Label, RejectedLabels, TenantTokenLabels, REASONS};
 pub use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
 
 use std::sync::atomic::AtomicU64;

@@ -19,6 +19,11 @@
 //! - the client goes away: the relay is dropped, which drops the upstream body and closes its
 //!   connection — the engine aborts the request and frees its KV cache. The request's context
 //!   goes with it and counts a cancellation.
+//!
+//! For a tenant whose token budget is settled at the end, the relay also reads what the response
+//! used (`meter`), and hands it to the context before the context ends.
+
+mod meter;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +44,7 @@ use crate::fleet::Lease;
 use crate::http::{clean_response_headers, is_event_stream};
 use crate::metrics::UpstreamErrorLabels;
 use crate::upstream::UpstreamResponse;
+use meter::Meter;
 
 /// The status Dynamo-style workers answer when at capacity: a refusal, not a malfunction.
 const STATUS_AT_CAPACITY: u16 = 529;
@@ -100,16 +106,26 @@ struct EndOfStream {
 }
 
 impl EndOfStream {
-    fn feed(&mut self, chunk: &[u8]) {
+    /// Reads `chunk`'s events; `meter`, when the response is metered, sees each one.
+    fn feed(&mut self, chunk: &[u8], mut meter: Option<&mut Meter>) {
         let done = &mut self.done;
-        self.parser
-            .feed(chunk, |event| *done = event.data == b"[DONE]");
+        self.parser.feed(chunk, |event| {
+            *done = event.data == b"[DONE]";
+            if let Some(meter) = meter.as_deref_mut() {
+                meter.event(event.data);
+            }
+        });
     }
 
     /// The stream ended: whether its last event was `[DONE]`.
-    fn finished(&mut self) -> bool {
+    fn finished(&mut self, mut meter: Option<&mut Meter>) -> bool {
         let done = &mut self.done;
-        self.parser.finish(|event| *done = event.data == b"[DONE]");
+        self.parser.finish(|event| {
+            *done = event.data == b"[DONE]";
+            if let Some(meter) = meter.as_deref_mut() {
+                meter.event(event.data);
+            }
+        });
         self.done
     }
 }
@@ -124,6 +140,8 @@ struct Relay {
     last_chunk: Option<Instant>,
     /// Read only for event streams.
     end: EndOfStream,
+    /// What the response used, when its tenant's tokens are settled at the end.
+    meter: Option<Box<Meter>>,
     state: State,
     /// The request's deadline, which covers the whole stream.
     deadline: Pin<Box<Sleep>>,
@@ -142,6 +160,7 @@ impl Relay {
         ctx: RequestContext,
     ) -> Self {
         let deadline = ctx.admission.deadline;
+        let meter = ctx.admission.metered.then(|| Box::new(Meter::new(sse)));
         Self {
             inner,
             lease,
@@ -150,6 +169,7 @@ impl Relay {
             sent_at,
             last_chunk: None,
             end: EndOfStream::default(),
+            meter,
             state: State::Relaying,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             ctx: Some(ctx),
@@ -173,12 +193,23 @@ impl Relay {
             ctx.relayed(data.len());
         }
         if self.sse {
-            self.end.feed(data);
+            self.end.feed(data, self.meter.as_deref_mut());
+        } else if let Some(meter) = &mut self.meter {
+            meter.body(data);
+        }
+    }
+
+    /// Gives the context what the response used, once, before it ends.
+    fn read_meter(&mut self) {
+        if let (Some(mut meter), Some(ctx)) = (self.meter.take(), self.ctx.as_mut()) {
+            let (usage, chunks) = meter.read();
+            ctx.metered(usage, chunks);
         }
     }
 
     /// The response is over: its context ends now (the lease stays until the relay goes).
     fn finish(&mut self, interrupted: bool) {
+        self.read_meter();
         if let Some(mut ctx) = self.ctx.take() {
             ctx.end(interrupted);
         }
@@ -222,6 +253,14 @@ impl Relay {
                     .saturating_duration_since(ctx.started)
             })
             .unwrap_or_default();
+        if self
+            .ctx
+            .as_ref()
+            .is_some_and(|c| c.admission.cut_by_client())
+        {
+            // The client's own deadline: nobody's failure, and named as the client asked.
+            return self.interrupt(GatewayError::DeadlineExceeded { budget: timeout });
+        }
         if let Some(ctx) = &self.ctx {
             ctx.metrics()
                 .upstream_errors
@@ -247,6 +286,13 @@ impl Relay {
         } else {
             Poll::Ready(Some(Err(error)))
         }
+    }
+}
+
+impl Drop for Relay {
+    /// The client left: what was generated until then is what the request used.
+    fn drop(&mut self) {
+        self.read_meter();
     }
 }
 
@@ -276,7 +322,7 @@ impl Body for Relay {
             }
             Poll::Ready(Some(Err(_))) => this.fail("stream"),
             Poll::Ready(None) => {
-                if this.sse && this.status == 200 && !this.end.finished() {
+                if this.sse && this.status == 200 && !this.end.finished(this.meter.as_deref_mut()) {
                     return this.fail("stream");
                 }
                 this.complete();
@@ -310,15 +356,15 @@ mod tests {
     #[test]
     fn the_end_is_read_from_the_last_event() {
         let mut end = EndOfStream::default();
-        end.feed(b"data: {\"x\":1}\n\ndata:[DO");
-        end.feed(b"NE]\r\n\r\n");
-        assert!(end.finished(), "no space, CRLF, cut mid-word");
+        end.feed(b"data: {\"x\":1}\n\ndata:[DO", None);
+        end.feed(b"NE]\r\n\r\n", None);
+        assert!(end.finished(None), "no space, CRLF, cut mid-word");
         let mut late = EndOfStream::default();
-        late.feed(b"data: [DONE]\n\ndata: {\"late\":true}\n\n");
-        assert!(!late.finished(), "an event after [DONE]");
+        late.feed(b"data: [DONE]\n\ndata: {\"late\":true}\n\n", None);
+        assert!(!late.finished(None), "an event after [DONE]");
         let mut quoted = EndOfStream::default();
-        quoted.feed(b"data: {\"text\":\"data: [DONE]\"}\n\n");
-        assert!(!quoted.finished(), "[DONE] inside another event's data");
+        quoted.feed(b"data: {\"text\":\"data: [DONE]\"}\n\n", None);
+        assert!(!quoted.finished(None), "[DONE] inside another event's data");
     }
 
     #[test]

@@ -1,0 +1,201 @@
+//! The tenants at run time: who a request belongs to, and the budgets each tenant spends from.
+//!
+//! Each configured tenant's buckets and concurrency count have one writer at a time: a bucket is
+//! changed only under its own lock, in one step per reservation or settlement, and the count only
+//! by compare-and-swap — so requests admitted at once can never together pass a limit.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName};
+use parking_lot::Mutex;
+use sluice_core::admission::{Bucket, Level, Refusal, Tier};
+use sluice_core::TenantId;
+use tokio::time::Instant;
+
+use super::config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
+use crate::http::KeyOwner;
+use crate::metrics::Label;
+
+/// The label of tenants named by a trusted header but not configured: the metric families take
+/// configured names only, so a header cannot grow them without bound.
+pub const OTHER_TENANT: &str = "other";
+
+/// The longest tenant name a trusted header may give.
+const MAX_HEADER_TENANT: usize = 128;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// One tenant: its tier, its weight, and what it may spend.
+#[derive(Debug)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub tier: Tier,
+    pub weight: f64,
+    /// Its metric label: its name when configured, `other` otherwise.
+    pub label: Label,
+    pub tokens: Option<Mutex<Bucket>>,
+    pub requests: Option<Mutex<Bucket>>,
+    pub max_concurrent: Option<u32>,
+    in_flight: AtomicU32,
+}
+
+impl Tenant {
+    fn configured(cfg: &TenantConfig, now: Instant) -> Self {
+        let bucket =
+            |per_minute: Option<u64>| per_minute.map(|n| Mutex::new(Bucket::new(n, MINUTE, now)));
+        Self {
+            id: cfg.id.clone(),
+            tier: cfg.tier,
+            weight: cfg.weight,
+            label: Label::new(cfg.id.as_str()),
+            tokens: bucket(cfg.tokens_per_minute),
+            requests: bucket(cfg.requests_per_minute),
+            max_concurrent: cfg.max_concurrent,
+            in_flight: AtomicU32::new(0),
+        }
+    }
+
+    /// A tenant without limits: the default one, or one a trusted header names.
+    fn unlimited(id: TenantId, tier: Tier, label: Label) -> Self {
+        Self {
+            id,
+            tier,
+            weight: 1.0,
+            label,
+            tokens: None,
+            requests: None,
+            max_concurrent: None,
+            in_flight: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether any budget applies (then its answers carry `x-ratelimit-*`).
+    pub fn limited(&self) -> bool {
+        self.tokens.is_some() || self.requests.is_some()
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Takes a concurrency slot, unless the tenant is at its limit.
+    pub fn enter(&self) -> bool {
+        let Some(max) = self.max_concurrent else {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+            return true;
+        };
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub fn leave(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes `amount` from `bucket`, if the tenant has that bucket.
+    pub fn reserve(
+        bucket: &Option<Mutex<Bucket>>,
+        amount: u64,
+        now: Instant,
+    ) -> Result<(), Refusal> {
+        match bucket {
+            Some(b) => b.lock().reserve(amount, now),
+            None => Ok(()),
+        }
+    }
+
+    pub fn settle(bucket: &Option<Mutex<Bucket>>, reserved: u64, used: u64, now: Instant) {
+        if let Some(b) = bucket {
+            b.lock().settle(reserved, used, now);
+        }
+    }
+
+    pub fn level(bucket: &Option<Mutex<Bucket>>, now: Instant) -> Option<Level> {
+        bucket.as_ref().map(|b| b.lock().level(now))
+    }
+}
+
+/// Every tenant, and how a request finds its own.
+#[derive(Debug)]
+pub struct Tenants {
+    configured: Vec<Arc<Tenant>>,
+    by_name: HashMap<TenantId, Arc<Tenant>>,
+    default: Arc<Tenant>,
+    header: Option<HeaderName>,
+    default_tier: Tier,
+    other: Label,
+}
+
+impl Tenants {
+    pub fn new(config: &AdmissionConfig, now: Instant) -> Self {
+        let configured: Vec<Arc<Tenant>> = config
+            .tenants
+            .iter()
+            .map(|t| Arc::new(Tenant::configured(t, now)))
+            .collect();
+        Self {
+            by_name: configured
+                .iter()
+                .map(|t| (t.id.clone(), t.clone()))
+                .collect(),
+            configured,
+            default: Arc::new(Tenant::unlimited(
+                TenantId::new(DEFAULT_TENANT),
+                config.default_tier,
+                Label::new(DEFAULT_TENANT),
+            )),
+            header: config.tenant_header.clone(),
+            default_tier: config.default_tier,
+            other: Label::new(OTHER_TENANT),
+        }
+    }
+
+    /// Whose request this is: the tenant a trusted header names, else the owner of its key, else
+    /// the default tenant.
+    pub fn of(&self, headers: &HeaderMap, owner: KeyOwner) -> Arc<Tenant> {
+        let named = self
+            .header
+            .as_ref()
+            .and_then(|h| headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|n| !n.is_empty() && n.len() <= MAX_HEADER_TENANT);
+        if let Some(name) = named {
+            return match self.by_name.get(name) {
+                Some(t) => t.clone(),
+                None => Arc::new(Tenant::unlimited(
+                    TenantId::new(name),
+                    self.default_tier,
+                    self.other.clone(),
+                )),
+            };
+        }
+        match owner {
+            KeyOwner::Tenant(i) => self
+                .configured
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| self.default.clone()),
+            KeyOwner::Anyone => self.default.clone(),
+        }
+    }
+
+    /// The configured tenants and the default one.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.configured.iter().chain(std::iter::once(&self.default))
+    }
+
+    /// The metric labels tenants may take.
+    pub fn labels(&self) -> Vec<Label> {
+        self.all()
+            .map(|t| t.label.clone())
+            .chain(self.header.is_some().then(|| self.other.clone()))
+            .collect()
+    }
+}

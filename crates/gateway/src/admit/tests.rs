@@ -1,0 +1,305 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue};
+use prometheus_client::registry::Registry;
+use sluice_core::admission::Tier;
+use tokio::time::Instant;
+
+use super::*;
+use crate::context::{Accounts, InFlight, Usage};
+use crate::metrics::Metrics;
+
+fn accounts() -> Accounts {
+    Accounts {
+        metrics: Metrics::register(&mut Registry::default()),
+        access_log: None,
+        in_flight: Arc::new(InFlight::default()),
+    }
+}
+
+fn tenant(name: &str, tier: Tier) -> TenantConfig {
+    TenantConfig {
+        id: sluice_core::TenantId::new(name),
+        api_keys: vec![],
+        tier,
+        weight: 1.0,
+        tokens_per_minute: None,
+        requests_per_minute: None,
+        max_concurrent: None,
+    }
+}
+
+fn config(tenants: Vec<TenantConfig>) -> AdmissionConfig {
+    AdmissionConfig {
+        tenants,
+        tenant_header: None,
+        default_tier: Tier::Agent,
+        default_max_tokens: 100,
+        max_concurrent: None,
+        request_rate: None,
+    }
+}
+
+fn admit(config: &AdmissionConfig) -> Admit {
+    Admit::new(Duration::from_secs(600), config, &mut Registry::default())
+}
+
+fn asking(headers: &HeaderMap, owner: KeyOwner) -> Asking<'_> {
+    Asking {
+        headers,
+        owner,
+        prompt_tokens: 10,
+        max_tokens: Some(40),
+        n: 1,
+    }
+}
+
+fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            (
+                axum::http::HeaderName::from_static(k),
+                HeaderValue::from_static(v),
+            )
+        })
+        .collect()
+}
+
+fn context(a: &Accounts) -> RequestContext {
+    RequestContext::new(a, HeaderValue::from_static("r"), "/x", Instant::now())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earlier() {
+    let a = accounts();
+    let stage = admit(&config(vec![]));
+    let mut ctx = context(&a);
+    let arrived = ctx.started;
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(
+        stage.admit(&mut ctx, &asking(&HeaderMap::new(), KeyOwner::Anyone)),
+        Ok(())
+    );
+    assert_eq!(
+        ctx.admission.deadline,
+        arrived + Duration::from_secs(600),
+        "from arrival"
+    );
+    assert_eq!(
+        ctx.admission.tenant.as_ref().map(|t| t.as_str()),
+        Some("default")
+    );
+
+    let mut ctx = context(&a);
+    let h = headers(&[("x-request-deadline-ms", "5000")]);
+    assert_eq!(stage.admit(&mut ctx, &asking(&h, KeyOwner::Anyone)), Ok(()));
+    assert_eq!(ctx.admission.deadline, ctx.started + Duration::from_secs(5));
+    assert!(ctx.admission.cut_by_client());
+
+    let mut late = context(&a);
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let h = headers(&[("x-request-deadline-ms", "10")]);
+    assert!(matches!(
+        stage.admit(&mut late, &asking(&h, KeyOwner::Anyone)),
+        Err(GatewayError::DeadlineExceeded { .. })
+    ));
+    let bad = headers(&[("x-request-deadline-ms", "soon")]);
+    assert!(matches!(
+        stage.admit(&mut context(&a), &asking(&bad, KeyOwner::Anyone)),
+        Err(GatewayError::InvalidHeader { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_gets_its_tenants_tier_or_a_less_urgent_one() {
+    let a = accounts();
+    let stage = admit(&config(vec![
+        tenant("chat", Tier::Interactive),
+        tenant("jobs", Tier::Batch),
+    ]));
+    let tier_of = |h: HeaderMap, owner| {
+        let mut ctx = context(&a);
+        stage
+            .admit(&mut ctx, &asking(&h, owner))
+            .map(|()| ctx.admission.tier)
+    };
+    assert_eq!(
+        tier_of(HeaderMap::new(), KeyOwner::Tenant(0)),
+        Ok(Some(Tier::Interactive))
+    );
+    assert_eq!(
+        tier_of(
+            headers(&[("x-sluice-priority", "batch")]),
+            KeyOwner::Tenant(0)
+        ),
+        Ok(Some(Tier::Batch))
+    );
+    assert_eq!(
+        tier_of(headers(&[("x-sluice-priority", "0")]), KeyOwner::Tenant(1)),
+        Ok(Some(Tier::Batch)),
+        "clamped to the tenant's"
+    );
+    assert_eq!(
+        tier_of(headers(&[("x-smg-priority", "bulk")]), KeyOwner::Anyone),
+        Ok(Some(Tier::Batch))
+    );
+    assert!(matches!(
+        tier_of(
+            headers(&[("x-sluice-priority", "urgent")]),
+            KeyOwner::Anyone
+        ),
+        Err(GatewayError::InvalidHeader {
+            header: "x-sluice-priority",
+            ..
+        })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
+    let a = accounts();
+    let mut limited = tenant("t", Tier::Agent);
+    limited.tokens_per_minute = Some(120);
+    limited.requests_per_minute = Some(60);
+    let stage = admit(&config(vec![limited]));
+    let h = HeaderMap::new();
+
+    // 10 prompt + 40 out = 50 reserved of 120.
+    let mut first = context(&a);
+    assert_eq!(
+        stage.admit(&mut first, &asking(&h, KeyOwner::Tenant(0))),
+        Ok(())
+    );
+    let rate = first.admission.rate_headers.clone().unwrap();
+    assert_eq!(rate["x-ratelimit-limit-tokens"], "120");
+    assert_eq!(rate["x-ratelimit-remaining-tokens"], "70");
+    assert_eq!(rate["x-ratelimit-remaining-requests"], "59");
+    let mut second = context(&a);
+    assert_eq!(
+        stage.admit(&mut second, &asking(&h, KeyOwner::Tenant(0))),
+        Ok(())
+    );
+    let mut third = context(&a);
+    match stage.admit(&mut third, &asking(&h, KeyOwner::Tenant(0))) {
+        // 20 left, 50 needed: 30 tokens at 2 a second.
+        Err(GatewayError::RateLimited {
+            what: "tokens",
+            retry_after,
+            ..
+        }) => {
+            assert_eq!(retry_after, Duration::from_secs(15))
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(third);
+
+    // The first used 12 of its 50: 38 come back.
+    first.attempt(&sluice_core::WorkerId::new("w"));
+    first.metered(
+        Some(Usage {
+            prompt: 4,
+            completion: 8,
+        }),
+        0,
+    );
+    drop(first);
+    let level = Tenant::level(
+        &stage.tenants().all().next().unwrap().tokens,
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(level.remaining, 58);
+
+    let mut huge = context(&a);
+    let mut big = asking(&h, KeyOwner::Tenant(0));
+    big.max_tokens = Some(1000);
+    assert!(matches!(
+        stage.admit(&mut huge, &big),
+        Err(GatewayError::RequestTooLarge {
+            needs: 1010,
+            limit: 120,
+            ..
+        })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
+    let a = accounts();
+    let mut two = tenant("t", Tier::Agent);
+    two.max_concurrent = Some(2);
+    let mut cfg = config(vec![two]);
+    cfg.max_concurrent = Some(3);
+    let stage = admit(&cfg);
+    let h = HeaderMap::new();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut ctx = context(&a);
+        assert_eq!(
+            stage.admit(&mut ctx, &asking(&h, KeyOwner::Tenant(0))),
+            Ok(())
+        );
+        held.push(ctx);
+    }
+    let mut over = context(&a);
+    assert!(matches!(
+        stage.admit(&mut over, &asking(&h, KeyOwner::Tenant(0))),
+        Err(GatewayError::TenantConcurrency { limit: 2, .. })
+    ));
+    drop(over);
+    let mut other = context(&a);
+    assert_eq!(
+        stage.admit(&mut other, &asking(&h, KeyOwner::Anyone)),
+        Ok(())
+    );
+    let mut full = context(&a);
+    assert!(matches!(
+        stage.admit(&mut full, &asking(&h, KeyOwner::Anyone)),
+        Err(GatewayError::GatewayFull { .. })
+    ));
+    drop(full);
+    held.clear();
+    let mut again = context(&a);
+    assert_eq!(
+        stage.admit(&mut again, &asking(&h, KeyOwner::Tenant(0))),
+        Ok(()),
+        "slots came back"
+    );
+}
+
+#[test]
+fn every_refusal_of_admission_has_its_reason_series() {
+    use crate::metrics::REASONS;
+    let refusals = [
+        GatewayError::InvalidHeader {
+            header: "x",
+            detail: String::new(),
+        },
+        GatewayError::DeadlineExceeded {
+            budget: Duration::ZERO,
+        },
+        GatewayError::GatewayFull {
+            why: "",
+            retry_after: Duration::ZERO,
+        },
+        GatewayError::TenantConcurrency {
+            tenant: String::new(),
+            limit: 1,
+        },
+        GatewayError::RateLimited {
+            tenant: String::new(),
+            what: "tokens",
+            retry_after: Duration::ZERO,
+        },
+        GatewayError::RequestTooLarge {
+            tenant: String::new(),
+            needs: 2,
+            limit: 1,
+        },
+    ];
+    for refusal in refusals {
+        assert!(REASONS.contains(&refusal.code()), "{}", refusal.code());
+    }
+}

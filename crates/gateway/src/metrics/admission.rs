@@ -1,0 +1,124 @@
+//! Admission's metrics: refusals by tier and reason, and each tenant's requests and tokens. The
+//! tenant label takes configured names only (`default`, and `other` for names a trusted header
+//! gives), so no client can grow a family.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use sluice_core::admission::Tier;
+
+/// A label value shared rather than copied: a configured tenant's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Label(Arc<str>);
+
+impl Label {
+    pub fn new(s: &str) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl EncodeLabelValue for Label {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&&*self.0, encoder)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub tier: &'static str,
+    /// The refusal's code (`rate_limit_exceeded`, `queue_full`, ...).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantTokenLabels {
+    pub tenant: Label,
+    /// `prompt` or `completion`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantRequestLabels {
+    pub tenant: Label,
+    pub tier: &'static str,
+    /// `admitted` or `rejected`.
+    pub outcome: &'static str,
+}
+
+/// Every reason admission refuses for (the refusals' error codes).
+pub const REASONS: [&str; 5] = [
+    "invalid_header",
+    "deadline_exceeded",
+    "queue_full",
+    "tenant_concurrency_exceeded",
+    "rate_limit_exceeded",
+];
+
+/// Admission's families.
+#[derive(Debug, Default)]
+pub struct AdmissionMetrics {
+    pub rejected: Family<RejectedLabels, Counter>,
+    pub tenant_tokens: Family<TenantTokenLabels, Counter>,
+    pub tenant_requests: Family<TenantRequestLabels, Counter>,
+}
+
+impl AdmissionMetrics {
+    /// Registers the families, each known tenant's series at zero so they exist from startup.
+    pub fn register(registry: &mut Registry, tenants: &[Label]) -> Arc<Self> {
+        let m = Self::default();
+        for tenant in tenants {
+            for kind in ["prompt", "completion"] {
+                let _ = m.tenant_tokens.get_or_create(&TenantTokenLabels {
+                    tenant: tenant.clone(),
+                    kind,
+                });
+            }
+            for tier in Tier::ALL {
+                for outcome in ["admitted", "rejected"] {
+                    let _ = m.tenant_requests.get_or_create(&TenantRequestLabels {
+                        tenant: tenant.clone(),
+                        tier: tier.name(),
+                        outcome,
+                    });
+                }
+            }
+        }
+        for tier in Tier::ALL {
+            for reason in REASONS {
+                let _ = m.rejected.get_or_create(&RejectedLabels {
+                    tier: tier.name(),
+                    reason,
+                });
+            }
+        }
+        registry.register(
+            "admission_rejected",
+            "Requests refused by admission, by tier and reason (the refusal's error code)",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "tenant_tokens",
+            "Tokens tenants used, prompt and completion, as their responses reported them",
+            m.tenant_tokens.clone(),
+        );
+        registry.register(
+            "tenant_requests",
+            "Requests by tenant, tier and admission outcome",
+            m.tenant_requests.clone(),
+        );
+        Arc::new(m)
+    }
+
+    pub fn count(&self, tenant: &Label, tier: Tier, outcome: &'static str) {
+        self.tenant_requests
+            .get_or_create(&TenantRequestLabels {
+                tenant: tenant.clone(),
+                tier: tier.name(),
+                outcome,
+            })
+            .inc();
+    }
+}
