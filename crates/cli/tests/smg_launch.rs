@@ -199,6 +199,11 @@ fn launch_lines(worker: &str, log_dir: &str, certs: &certs::Certs) -> Vec<Vec<St
             "--health-check-port", "0",
             "--load-monitor-interval", "5",
             "--worker-auto-recovery",
+            "--tenant-api-key", "acme:acme-key",
+            "--trust-tenant-header",
+            "--tenant-header-name", "x-tenant",
+            "--max-concurrent-requests", "64",
+            "--rate-limit-tokens-per-second", "100",
         ],
         // Resilience tuned.
         &[

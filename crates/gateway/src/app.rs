@@ -80,13 +80,17 @@ impl App {
                 .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
                 .collect(),
         };
-        let admit = Admit::new(config.request_timeout, &config.admission, &mut registry);
+        let admit = Arc::new(Admit::new(
+            config.request_timeout,
+            &config.admission,
+            &mut registry,
+        ));
         let probes = Probes::new(fleet.clone(), draining.clone());
         let app = App {
             cors: config.cors.as_ref().map(cors_layer),
             front: Arc::new(Front {
                 fleet: fleet.clone(),
-                admit,
+                admit: admit.clone(),
                 route: RouteStage::new(config.policy, config.shedding, metrics.clone())
                     .with_aliases(config.model_aliases.clone()),
                 forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
@@ -110,6 +114,7 @@ impl App {
                 keys,
                 reads_open: config.admin_reads_open,
                 body_read_timeout: config.body_read_timeout,
+                admit,
             }),
             probes: probes.clone(),
             registry: Arc::new(registry),

@@ -9,6 +9,7 @@
 //! | `GET /loads` | every worker's last load report and vetoes, and an aggregate | read |
 //! | `GET /busy_threshold`, `POST /busy_threshold` | the busy-rank thresholds; POST changes them | GET: read; POST: admin key |
 //! | `DELETE /workers/{id}` | drain (a serving worker), then remove | admin key |
+//! | `GET /admission` | tenants' tiers, requests in flight and budgets; the gateway-wide caps | read |
 //!
 //! "read": the admin key when one is set (reads show worker addresses and probe errors), unless
 //! `--admin-reads-open`; open when no admin key is set.
@@ -37,6 +38,7 @@ use crate::http::{discard, read_body, BodyLimits, Keys};
 /// Largest worker spec accepted.
 const SPEC_MAX_BYTES: usize = 64 * 1024;
 
+mod admission;
 mod load;
 
 /// What the admin API acts on.
@@ -49,6 +51,8 @@ pub struct Admin {
     pub reads_open: bool,
     /// `--body-read-timeout-secs`.
     pub body_read_timeout: std::time::Duration,
+    /// The admit stage, whose tenants `/admission` shows.
+    pub admit: Arc<crate::admit::Admit>,
 }
 
 impl Admin {
@@ -68,6 +72,7 @@ pub fn routes(admin: Arc<Admin>) -> Router {
         // SMG's name for the same view.
         .route("/get_loads", get(load::loads))
         .route("/busy_threshold", get(load::busy_get).post(load::busy_post))
+        .route("/admission", get(admission::admission))
         .route("/workers", get(list).post(create))
         .route(
             "/workers/{id}",

@@ -108,6 +108,20 @@ impl Admit {
         &self.tenants
     }
 
+    /// The gateway-wide caps as they stand, for `/admission`.
+    pub fn gateway_view(&self) -> serde_json::Value {
+        let now = Instant::now();
+        serde_json::json!({
+            "max_concurrent_requests": self.gateway.slots.as_ref().map(|(_, cap)| cap),
+            "in_flight_under_cap": self.gateway.slots.as_ref()
+                .map(|(slots, cap)| *cap as usize - slots.available_permits()),
+            "requests_per_second": self.gateway.rate.as_ref().map(|r| {
+                let level = r.lock().level(now);
+                serde_json::json!({"burst": level.limit, "remaining": level.remaining})
+            }),
+        })
+    }
+
     /// Admits `ctx` now or refuses it, setting what admission decides for it.
     pub fn admit(&self, ctx: &mut RequestContext, asking: &Asking<'_>) -> Result<(), GatewayError> {
         let now = Instant::now();

@@ -6,22 +6,22 @@
 //! which `sluice serve` consults when the command line names a flag it does not know
 //! (crates/cli/tests/smg_launch.rs keeps the two in step).
 
-const ADMIT: &str =
-    "gateway-side admission (queues, rate limits, tenants, priorities) is not supported yet: drop the flag (--worker-overload-shed refuses what the fleet cannot take)";
 const DISC: &str =
     "worker discovery (Kubernetes, file) is not supported yet: list workers with --worker-urls or add them with POST /workers";
 const DP: &str =
     "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
 const GRPC: &str =
     "sluice speaks HTTP to workers (no gRPC or ZMQ): give their HTTP URLs with --worker-urls; drop the flag";
-const JOBQ: &str = "sluice registers workers directly, without a job queue; drop the flag";
+const JOBQ: &str =
+    "sluice registers workers directly, without a job queue; drop the flag";
 const JWT: &str =
     "JWT/OIDC authentication is not supported: use --admin-api-key or --control-plane-api-keys";
 const KV: &str =
     "belongs to SMG's engine-event KV index, which sluice does not read: its cache_aware indexes the prompts it routed (--max-tree-size); drop the flag";
 const LL: &str =
     "sluice's least_load and power_of_two rank workers by the requests it has on them and their reported queues, with no such knob; drop the flag";
-const MCP: &str = "sluice runs no MCP tools; drop the flag";
+const MCP: &str =
+    "sluice runs no MCP tools; drop the flag";
 const MESH: &str =
     "sluice replicas do not coordinate yet: run them side by side behind an L4 balancer; drop the flag";
 const MM: &str =
@@ -32,7 +32,8 @@ const PD: &str =
     "prefill/decode (and encode) disaggregation is not supported yet: serve a unified fleet with --worker-urls";
 const PHASH: &str =
     "belongs to the prefix_hash policy, which sluice does not have: --policy cache_aware routes by prompt prefix";
-const RL: &str = "sluice has no RL control plane; drop the flag";
+const RL: &str =
+    "sluice has no RL control plane; drop the flag";
 const STICKY: &str =
     "belongs to SMG's manual policy and sticky sessions: --policy consistent_hash with --routing-key-headers keeps a session on one worker";
 const STORE: &str =
@@ -41,8 +42,10 @@ const TOK: &str =
     "sluice does not tokenize or apply chat templates (HTTP workers do); drop the flag";
 const TRACE: &str =
     "OpenTelemetry export is not supported: follow a request by its x-request-id, which sluice sends to the worker and writes in its logs and --access-log";
-const WARM: &str = "sluice has no warm-up slice for new workers; drop the flag";
-const WASM: &str = "sluice runs no WebAssembly plugins; drop the flag";
+const WARM: &str =
+    "sluice has no warm-up slice for new workers; drop the flag";
+const WASM: &str =
+    "sluice runs no WebAssembly plugins; drop the flag";
 
 /// SMG's refused flags (every spelling) and what to do instead.
 pub const REFUSED: &[(&str, &str)] = &[
@@ -156,12 +159,14 @@ pub const REFUSED: &[(&str, &str)] = &[
         "--idle-connection-timeout-secs",
         "sluice closes an idle keep-alive connection after --header-read-timeout-secs (as nginx's keepalive_timeout does): set that instead",
     ),
-    ("--trust-tenant-header", ADMIT),
-    ("--tenant-header-name", ADMIT),
-    ("--max-concurrent-requests", ADMIT),
-    ("--queue-size", ADMIT),
-    ("--queue-timeout-secs", ADMIT),
-    ("--rate-limit-tokens-per-second", ADMIT),
+    (
+        "--queue-size",
+        "the gateway queue is not supported yet: past --max-concurrent-requests a request is refused at once; drop the flag",
+    ),
+    (
+        "--queue-timeout-secs",
+        "the gateway queue is not supported yet: past --max-concurrent-requests a request is refused at once; drop the flag",
+    ),
     ("--max-background-responses", STORE),
     ("--model-path", TOK),
     ("--model", TOK),
@@ -218,13 +223,30 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--enable-rl", RL),
     ("--rl-control-timeout-secs", RL),
     ("--rl-fanout-concurrency", RL),
-    ("--tenant-api-key", ADMIT),
-    ("--priority-scheduler-enabled", ADMIT),
-    ("--priority-scheduler-default-max-class", ADMIT),
-    ("--priority-scheduler-config", ADMIT),
-    ("--priority-scheduler-tenant-metric-top-n", ADMIT),
-    ("--tenant-rate-limit-enabled", ADMIT),
-    ("--tenant-rate-limit-config", ADMIT),
+    (
+        "--priority-scheduler-enabled",
+        "sluice's tiers need no switch: a request asks with x-sluice-priority (or SMG's x-smg-priority, mapped) and a tenant's `priority` in [[tenants]] bounds it; drop the flag",
+    ),
+    (
+        "--priority-scheduler-default-max-class",
+        "sluice's tiers need no switch: a request asks with x-sluice-priority (or SMG's x-smg-priority, mapped) and a tenant's `priority` in [[tenants]] bounds it; drop the flag",
+    ),
+    (
+        "--priority-scheduler-config",
+        "sluice's tiers need no switch: a request asks with x-sluice-priority (or SMG's x-smg-priority, mapped) and a tenant's `priority` in [[tenants]] bounds it; drop the flag",
+    ),
+    (
+        "--priority-scheduler-tenant-metric-top-n",
+        "sluice's tiers need no switch: a request asks with x-sluice-priority (or SMG's x-smg-priority, mapped) and a tenant's `priority` in [[tenants]] bounds it; drop the flag",
+    ),
+    (
+        "--tenant-rate-limit-enabled",
+        "set tokens_per_minute and requests_per_minute on the tenant's [[tenants]] table of --config; drop the flag",
+    ),
+    (
+        "--tenant-rate-limit-config",
+        "set tokens_per_minute and requests_per_minute on the tenant's [[tenants]] table of --config; drop the flag",
+    ),
     ("--enable-mesh", MESH),
     ("--mesh-server-name", MESH),
     ("--mesh-host", MESH),

@@ -2,6 +2,7 @@
 
 use super::*;
 use clap::{CommandFactory, Parser};
+use sluice_core::admission::Tier;
 use sluice_core::overload::Ceilings;
 
 #[derive(Parser)]
@@ -337,5 +338,71 @@ fn tls_files_are_read_at_startup_and_named_when_unusable() {
         no_cert.starts_with("--ca-cert-paths:") && no_cert.contains("no certificate"),
         "{no_cert}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tenants_come_from_the_file_and_smgs_tenant_keys_from_flags() {
+    let dir = std::env::temp_dir().join(format!("sluice-tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.toml");
+    std::fs::write(
+        &path,
+        "[[tenants]]\nname = \"chat\"\napi_keys = [\"c1\"]\npriority = 0\nweight = 3\n\
+         tokens_per_minute = 100000\n\n[[tenants]]\nname = \"batch\"\npriority = 2\n",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let c = validated(&[
+        "--config",
+        file,
+        "--tenant-api-key",
+        "batch:b1",
+        "--tenant-api-key",
+        "new:n1",
+    ])
+    .unwrap();
+    let tenants: Vec<(&str, Vec<String>, Tier, f64)> = c
+        .admission
+        .tenants
+        .iter()
+        .map(|t| (t.id.as_str(), t.api_keys.clone(), t.tier, t.weight))
+        .collect();
+    assert_eq!(
+        tenants,
+        [
+            ("chat", vec!["c1".to_string()], Tier::Interactive, 3.0),
+            ("batch", vec!["b1".to_string()], Tier::Batch, 1.0),
+            ("new", vec!["n1".to_string()], Tier::Agent, 1.0),
+        ]
+    );
+    assert_eq!(c.admission.tenants[0].tokens_per_minute, Some(100_000));
+    // What --print-config prints loads back with the tenants.
+    let printed = load_args(&["sluice", "--config", file])
+        .unwrap()
+        .to_toml()
+        .unwrap();
+    assert!(printed.contains("[[tenants]]"), "{printed}");
+
+    let err = |args: &[&str]| validated(args).unwrap_err().to_string();
+    assert!(err(&["--tenant-api-key", "nokey"]).starts_with("--tenant-api-key"));
+    assert!(
+        err(&["--api-key", "k", "--tenant-api-key", "t:k"]).contains("also a key of --api-key"),
+        "one key, one owner"
+    );
+    assert!(err(&["--default-priority", "3"]).starts_with("--default-priority"));
+    assert!(err(&["--max-concurrent-requests", "0"]).starts_with("--max-concurrent-requests"));
+    assert_eq!(
+        validated(&["--max-concurrent-requests", "-1"])
+            .unwrap()
+            .admission
+            .max_concurrent,
+        None
+    );
+    std::fs::write(&path, "[[tenants]]\nname = \"x\"\nburst = 5\n").unwrap();
+    let unknown = load_args(&["sluice", "--config", file])
+        .unwrap_err()
+        .to_string();
+    assert!(unknown.contains("burst"), "{unknown}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

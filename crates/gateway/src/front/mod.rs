@@ -65,7 +65,7 @@ impl RequestLimits {
 /// The request path's stages and what the front stage itself needs, shared by every request.
 pub struct Front {
     pub fleet: Arc<Fleet>,
-    pub admit: Admit,
+    pub admit: Arc<Admit>,
     pub route: RouteStage,
     pub forward: Forwarder,
     /// Where every request is accounted for (metrics, access log, in-flight count).
