@@ -204,6 +204,8 @@ fn launch_lines(worker: &str, log_dir: &str, certs: &certs::Certs) -> Vec<Vec<St
             "--tenant-header-name", "x-tenant",
             "--max-concurrent-requests", "64",
             "--rate-limit-tokens-per-second", "100",
+            "--queue-size", "100",
+            "--queue-timeout-secs", "30",
         ],
         // Resilience tuned.
         &[

@@ -184,6 +184,20 @@ pub enum GatewayError {
         why: &'static str,
         retry_after: Duration,
     },
+    /// The gateway queue is full of requests at least as urgent.
+    #[error("The gateway's queue is full; retry shortly")]
+    QueueFull { retry_after: Duration },
+    /// A more urgent request took this one's place in the queue.
+    #[error(
+        "The request was waiting in the gateway's queue and gave its place to a more urgent one"
+    )]
+    QueueEvicted { retry_after: Duration },
+    /// Its tier's queue timeout passed before a worker had room.
+    #[error("No worker had room within {waited:?} of waiting in the gateway's queue")]
+    QueueTimeout {
+        waited: Duration,
+        retry_after: Duration,
+    },
     /// `X-Request-Deadline-Ms` passed, or cannot be met.
     #[error("The request's deadline of {budget:?} cannot be met")]
     DeadlineExceeded { budget: Duration },
@@ -207,7 +221,9 @@ impl GatewayError {
             RateLimited { .. } | RequestTooLarge { .. } | TenantConcurrency { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            GatewayFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayFull { .. } | QueueFull { .. } | QueueEvicted { .. } | QueueTimeout { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             InvalidApiKey | InvalidAdminKey => StatusCode::UNAUTHORIZED,
             AdminDisabled => StatusCode::FORBIDDEN,
@@ -276,7 +292,9 @@ impl GatewayError {
             InvalidHeader { .. } => "invalid_header",
             RateLimited { .. } | RequestTooLarge { .. } => "rate_limit_exceeded",
             TenantConcurrency { .. } => "tenant_concurrency_exceeded",
-            GatewayFull { .. } => "queue_full",
+            GatewayFull { .. } | QueueFull { .. } => "queue_full",
+            QueueEvicted { .. } => "queue_evicted",
+            QueueTimeout { .. } => "queue_timeout",
             DeadlineExceeded { .. } => "deadline_exceeded",
         }
     }
@@ -317,6 +335,9 @@ impl GatewayError {
             | WorkerOverloadShed { .. }
             | OverloadedBeforeDispatch { .. }
             | GatewayFull { .. }
+            | QueueFull { .. }
+            | QueueEvicted { .. }
+            | QueueTimeout { .. }
             | DeadlineExceeded { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
@@ -335,7 +356,10 @@ impl GatewayError {
             GatewayError::WorkerOverloadShed { retry_after, .. }
             | GatewayError::OverloadedBeforeDispatch { retry_after, .. }
             | GatewayError::RateLimited { retry_after, .. }
-            | GatewayError::GatewayFull { retry_after, .. } => Some(*retry_after),
+            | GatewayError::GatewayFull { retry_after, .. }
+            | GatewayError::QueueFull { retry_after }
+            | GatewayError::QueueEvicted { retry_after }
+            | GatewayError::QueueTimeout { retry_after, .. } => Some(*retry_after),
             GatewayError::TenantConcurrency { .. } => Some(Duration::from_secs(1)),
             // Bodies in hand are sent on within a request's first moments.
             GatewayError::BodyBuffersFull => Some(BODY_BUFFERS_RETRY_AFTER),

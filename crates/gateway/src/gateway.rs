@@ -102,6 +102,14 @@ impl Gateway {
             .clone()
             .map(tokio_rustls::TlsAcceptor::from);
         let scheme = if tls.is_some() { "https" } else { "http" };
+        if let Some(queue) = app.front.admit.queue() {
+            // The gateway queue's dispatcher, stopped with the listeners.
+            listeners.spawn(queue.clone().dispatch(
+                fleet.clone(),
+                app.front.admit.slots_free(),
+                stop_rx.clone(),
+            ));
+        }
         listeners.spawn(http::serve(
             listener,
             tls,

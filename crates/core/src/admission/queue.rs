@@ -189,18 +189,26 @@ impl<T> FairQueue<T> {
     /// The next waiter to serve: the most urgent tier, its tenant with the smallest start tag
     /// (ties to the earliest arrival), that tenant's earliest deadline.
     pub fn pop(&mut self) -> Option<(Ticket, Waiter<T>)> {
-        let line = self.tiers.iter_mut().find(|l| l.len > 0)?;
-        let (name, _) = line
-            .tenants
-            .iter()
-            .filter_map(|(name, t)| {
-                let first = t.waiting.keys().next()?;
-                Some((name, (t.start, first.2)))
-            })
-            .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(a.1 .1.cmp(&b.1 .1)))?;
-        let name = name.clone();
+        self.pop_first(|_| true)
+    }
+
+    /// The next waiter to serve among those `ready` takes (a waiter whose model has a worker
+    /// free): the same order as `pop`, skipping the others without moving them.
+    pub fn pop_first(&mut self, ready: impl Fn(&T) -> bool) -> Option<(Ticket, Waiter<T>)> {
+        let (line, name, key) = self.tiers.iter_mut().find_map(|line| {
+            let (name, key) = line
+                .tenants
+                .iter()
+                .filter_map(|(name, t)| {
+                    let (key, _) = t.waiting.iter().find(|(_, w)| ready(&w.item))?;
+                    Some((name, *key, t.start))
+                })
+                .min_by(|a, b| a.2.total_cmp(&b.2).then(a.1 .2.cmp(&b.1 .2)))
+                .map(|(name, key, _)| (name.clone(), key))?;
+            Some((line, name, key))
+        })?;
         let tenant = line.tenants.get_mut(&name)?;
-        let (key, waiter) = tenant.waiting.pop_first()?;
+        let waiter = tenant.waiting.remove(&key)?;
         line.len -= 1;
         line.clock = tenant.start;
         tenant.start += waiter.cost.max(1) as f64 / waiter.weight.max(f64::MIN_POSITIVE);
@@ -341,6 +349,18 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(drain(&mut q), [5, 3, 6]);
+    }
+
+    #[test]
+    fn waiters_that_cannot_go_yet_keep_their_place() {
+        let mut q = FairQueue::new(10);
+        q.push(waiter(Tier::Interactive, "a", 1.0, 1, 10)); // model 0: full
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 21));
+        q.push(waiter(Tier::Agent, "b", 1.0, 1, 30));
+        let free = |item: &u32| item % 10 != 0;
+        assert_eq!(q.pop_first(free).map(|(_, w)| w.item), Some(21));
+        assert_eq!(q.pop_first(free).map(|(_, w)| w.item), None);
+        assert_eq!(drain(&mut q), [10, 30], "the skipped keep their order");
     }
 
     #[test]

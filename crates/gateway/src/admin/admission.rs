@@ -70,6 +70,7 @@ pub async fn admission(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> R
     axum::Json(serde_json::json!({
         "tenants": tenants,
         "gateway": admin.admit.gateway_view(),
+        "queue": admin.admit.queue().map(|q| q.view()),
     }))
     .into_response()
 }

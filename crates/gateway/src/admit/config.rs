@@ -31,4 +31,6 @@ pub struct AdmissionConfig {
     pub max_concurrent: Option<u32>,
     /// Requests per second, gateway-wide.
     pub request_rate: Option<f64>,
+    /// The gateway queue, when `--queue-size` is above 0.
+    pub queue: Option<super::queue::QueueConfig>,
 }

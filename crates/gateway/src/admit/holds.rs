@@ -5,16 +5,20 @@ use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
+use super::queue::GatewayQueue;
 use super::tenants::Tenant;
 use crate::context::{Ending, Hold};
 use crate::metrics::{AdmissionMetrics, TenantTokenLabels};
 
-/// A place under `--max-concurrent-requests`.
-pub struct GatewaySlot(pub OwnedSemaphorePermit);
+/// A place under `--max-concurrent-requests`; given back, it may let a queued request go.
+pub struct GatewaySlot(pub OwnedSemaphorePermit, pub Option<Arc<GatewayQueue>>);
 
 impl Hold for GatewaySlot {
     fn release(self: Box<Self>, _: &Ending) {
         drop(self.0);
+        if let Some(queue) = &self.1 {
+            queue.kick();
+        }
     }
 }
 

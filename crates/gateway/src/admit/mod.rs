@@ -16,11 +16,13 @@
 //! - `config` — what admission is configured with (built by `crate::config`).
 //! - `tenants` — the tenants at run time and how a request finds its own.
 //! - `holds` — slots and reservations, given back at the end.
+//! - `queue` — the gateway queue and its dispatcher (`--queue-size`).
 //! - `headers` — the request headers admission reads and the `x-ratelimit-*` it writes.
 
 mod config;
 mod headers;
 mod holds;
+mod queue;
 mod tenants;
 
 use std::sync::Arc;
@@ -34,6 +36,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 pub use config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
+pub use queue::{Asker, GatewayQueue, QueueConfig};
 pub use tenants::{Tenant, Tenants, OTHER_TENANT};
 
 use crate::context::RequestContext;
@@ -71,6 +74,7 @@ pub struct Admit {
     tenants: Tenants,
     default_max_tokens: u64,
     gateway: Gateway,
+    queue: Option<Arc<GatewayQueue>>,
     metrics: Arc<AdmissionMetrics>,
 }
 
@@ -85,7 +89,9 @@ impl Admit {
         let burst = config.max_concurrent.unwrap_or(0);
         let tenants = Tenants::new(config, now);
         let metrics = AdmissionMetrics::register(registry, &tenants.labels());
+        let queue = config.queue.clone().map(|q| GatewayQueue::new(q, registry));
         Self {
+            queue,
             request_timeout,
             tenants,
             default_max_tokens: config.default_max_tokens,
@@ -203,6 +209,8 @@ impl Admit {
             });
         }
         ctx.admission.metered = tenant.tokens.is_some();
+        ctx.admission.weight = tenant.weight;
+        ctx.admission.cost = tokens;
         ctx.admission.hold(Box::new(Spend {
             tenant: tenant.clone(),
             tokens: if tenant.tokens.is_some() { tokens } else { 0 },
@@ -226,6 +234,10 @@ impl Admit {
                 });
             }
         }
+        if self.queue.is_some() {
+            // Taken when the request may go (`wait_room`): it waits for one rather than refused.
+            return Ok(());
+        }
         if let Some((slots, _)) = &self.gateway.slots {
             let permit =
                 slots
@@ -235,9 +247,83 @@ impl Admit {
                         why: "its concurrent requests",
                         retry_after: Duration::from_secs(1),
                     })?;
-            ctx.admission.hold(Box::new(GatewaySlot(permit)));
+            ctx.admission.hold(Box::new(GatewaySlot(permit, None)));
         }
         Ok(())
+    }
+
+    pub fn queue(&self) -> Option<&Arc<GatewayQueue>> {
+        self.queue.as_ref()
+    }
+
+    /// Whether `--max-concurrent-requests` leaves room (always, without the cap).
+    pub fn slots_free(&self) -> impl Fn() -> bool + Send + 'static {
+        let slots = self.gateway.slots.as_ref().map(|(s, _)| s.clone());
+        move || slots.as_ref().is_none_or(|s| s.available_permits() > 0)
+    }
+
+    /// With the gateway queue: waits, if it must, until `pool` has room for the request and the
+    /// gateway a slot; then takes the slot. Whether it waited (its routing is then stale).
+    pub async fn wait_room(
+        &self,
+        ctx: &mut RequestContext,
+        pool: &crate::fleet::Pool,
+    ) -> Result<bool, GatewayError> {
+        let Some(queue) = &self.queue else {
+            return Ok(false);
+        };
+        let slots_free = self.slots_free();
+        let mut waited = false;
+        loop {
+            let must_wait = !slots_free() || !pool.has_room() || queue.has_waiters_for(&pool.model);
+            if (waited || !must_wait) && self.take_slot(ctx, queue) {
+                return Ok(waited);
+            }
+            let asker = Asker {
+                tier: ctx.admission.tier.unwrap_or(Tier::Agent),
+                tenant: ctx
+                    .admission
+                    .tenant
+                    .clone()
+                    .unwrap_or_else(|| sluice_core::TenantId::new(DEFAULT_TENANT)),
+                weight: ctx.admission.weight,
+                cost: ctx.admission.cost,
+                model: pool.model.clone(),
+                deadline: ctx.admission.client_deadline,
+            };
+            let turn = queue
+                .wait_turn(asker)
+                .await
+                .inspect_err(|e| self.count_rejected(ctx, e))?;
+            ctx.admission.on_worker = Some(turn);
+            waited = true;
+        }
+    }
+
+    /// A gateway slot, if the cap leaves one (always true without the cap).
+    fn take_slot(&self, ctx: &mut RequestContext, queue: &Arc<GatewayQueue>) -> bool {
+        let Some((slots, _)) = &self.gateway.slots else {
+            return true;
+        };
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                ctx.admission
+                    .hold(Box::new(GatewaySlot(permit, Some(queue.clone()))));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn count_rejected(&self, ctx: &RequestContext, error: &GatewayError) {
+        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        self.metrics
+            .rejected
+            .get_or_create(&RejectedLabels {
+                tier: tier.name(),
+                reason: error.code(),
+            })
+            .inc();
     }
 }
 

@@ -38,6 +38,7 @@ fn config(tenants: Vec<TenantConfig>) -> AdmissionConfig {
         default_max_tokens: 100,
         max_concurrent: None,
         request_rate: None,
+        queue: None,
     }
 }
 

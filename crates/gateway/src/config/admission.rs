@@ -9,9 +9,11 @@ use serde::{Deserialize, Serialize};
 use sluice_core::admission::Tier;
 use sluice_core::TenantId;
 
-use super::checks::invalid;
+use super::checks::{invalid, positive_seconds};
 use super::ConfigError;
+use crate::admit::QueueConfig;
 pub use crate::admit::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
+use crate::route::Shedding;
 
 /// One `[[tenants]]` table of the config file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -95,6 +97,26 @@ pub struct AdmissionSettings {
     #[serde(default)]
     #[arg(help_heading = "Admission")]
     pub rate_limit_tokens_per_second: Option<f64>,
+
+    /// Requests that may wait in the gateway, when no worker of their model has room (or
+    /// --max-concurrent-requests is reached), instead of being steered onto a full engine or
+    /// refused (SMG's flag). They leave in tier order, fair between tenants, to whichever worker
+    /// frees first. 0: no queue (the all-vetoed rule applies at once).
+    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "Admission")]
+    pub queue_size: usize,
+
+    /// Longest wait in the gateway queue (SMG's flag); past it 503 `queue_timeout`.
+    #[arg(long, default_value_t = 60.0)]
+    #[arg(help_heading = "Admission")]
+    pub queue_timeout_secs: f64,
+
+    /// Per-tier queue timeouts, `INTERACTIVE,AGENT,BATCH` seconds (e.g. `5,30,120`); unset:
+    /// --queue-timeout-secs for every tier.
+    #[arg(long, value_delimiter = ',', value_name = "SECONDS")]
+    #[serde(default)]
+    #[arg(help_heading = "Admission")]
+    pub queue_timeout_by_tier: Vec<f64>,
 }
 
 fn tier(setting: &'static str, n: u8) -> Result<Tier, ConfigError> {
@@ -105,7 +127,11 @@ fn tier(setting: &'static str, n: u8) -> Result<Tier, ConfigError> {
 }
 
 impl AdmissionSettings {
-    pub(super) fn validate(&self, client_keys: &[String]) -> Result<AdmissionConfig, ConfigError> {
+    pub(super) fn validate(
+        &self,
+        client_keys: &[String],
+        shedding: &Shedding,
+    ) -> Result<AdmissionConfig, ConfigError> {
         let default_tier = tier("default-priority", self.default_priority)?;
         let mut tenants: Vec<TenantConfig> = Vec::new();
         for spec in &self.tenants {
@@ -185,7 +211,9 @@ impl AdmissionSettings {
                 ))
             }
         };
+        let queue = self.queue(shedding)?;
         Ok(AdmissionConfig {
+            queue,
             tenants,
             tenant_header,
             default_tier,
@@ -193,6 +221,38 @@ impl AdmissionSettings {
             max_concurrent,
             request_rate,
         })
+    }
+}
+
+impl AdmissionSettings {
+    fn queue(&self, shedding: &Shedding) -> Result<Option<QueueConfig>, ConfigError> {
+        if self.queue_size == 0 {
+            return Ok(None);
+        }
+        let all = positive_seconds("queue-timeout-secs", self.queue_timeout_secs)?;
+        let timeouts = match self.queue_timeout_by_tier.as_slice() {
+            [] => [all; 3],
+            [a, b, c] => [
+                positive_seconds("queue-timeout-by-tier", *a)?,
+                positive_seconds("queue-timeout-by-tier", *b)?,
+                positive_seconds("queue-timeout-by-tier", *c)?,
+            ],
+            other => {
+                return Err(invalid(
+                    "queue-timeout-by-tier",
+                    format!(
+                        "{} values: give three, INTERACTIVE,AGENT,BATCH",
+                        other.len()
+                    ),
+                ))
+            }
+        };
+        Ok(Some(QueueConfig {
+            size: self.queue_size,
+            timeouts,
+            shed: shedding.enabled,
+            shed_retry_after: shedding.retry_after,
+        }))
     }
 }
 

@@ -374,7 +374,7 @@ impl Settings {
                 )),
                 None => None,
             },
-            admission: self.admission.validate(&self.api_keys)?,
+            admission: self.admission.validate(&self.api_keys, &self.shedding()?)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
         })

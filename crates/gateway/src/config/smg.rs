@@ -159,14 +159,6 @@ pub const REFUSED: &[(&str, &str)] = &[
         "--idle-connection-timeout-secs",
         "sluice closes an idle keep-alive connection after --header-read-timeout-secs (as nginx's keepalive_timeout does): set that instead",
     ),
-    (
-        "--queue-size",
-        "the gateway queue is not supported yet: past --max-concurrent-requests a request is refused at once; drop the flag",
-    ),
-    (
-        "--queue-timeout-secs",
-        "the gateway queue is not supported yet: past --max-concurrent-requests a request is refused at once; drop the flag",
-    ),
     ("--max-background-responses", STORE),
     ("--model-path", TOK),
     ("--model", TOK),

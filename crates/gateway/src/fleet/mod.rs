@@ -92,6 +92,25 @@ pub struct Pool {
     pub state: Arc<PoolState>,
 }
 
+impl Pool {
+    /// Whether a request could go to one of its workers now without waiting: one is routable and
+    /// under every veto. The gateway queue holds requests while this is false.
+    pub fn has_room(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.is_routable() && w.veto_class().is_none())
+    }
+
+    /// The earliest moment one of its workers' at-capacity vetoes ends, the one change of room no
+    /// event announces.
+    pub fn next_room(&self) -> Option<Instant> {
+        self.workers
+            .iter()
+            .filter_map(|w| w.vetoes.at_capacity_until())
+            .min()
+    }
+}
+
 /// An immutable view of the fleet, swapped whole on every change.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -143,6 +162,8 @@ pub struct Fleet {
     snapshot: ArcSwap<Snapshot>,
     /// Bumped on every change a reader could notice (snapshot, circuit), for `until`.
     changed: Arc<watch::Sender<u64>>,
+    /// Told when a request stops waiting on any worker or ends (`Traffic`).
+    freed: Arc<tokio::sync::Notify>,
     registry: parking_lot::Mutex<Registry>,
     settings: FleetSettings,
     metrics: Arc<Metrics>,
@@ -158,6 +179,7 @@ impl Fleet {
         Arc::new(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             changed: Arc::new(watch::channel(0).0),
+            freed: Arc::default(),
             registry: parking_lot::Mutex::new(Registry::default()),
             settings,
             metrics,
@@ -172,6 +194,12 @@ impl Fleet {
 
     /// Tells readiness and waiters that something about the fleet may have changed (a veto, a
     /// report, a health state).
+    /// Resolves when a request has stopped waiting on a worker or ended since the last call:
+    /// room may have opened (one waiter: the gateway queue's dispatcher).
+    pub async fn freed(&self) {
+        self.freed.notified().await;
+    }
+
     pub fn announce(&self) {
         self.changed.send_modify(|v| *v += 1);
     }
@@ -403,6 +431,7 @@ impl Fleet {
             self.settings.http2_default,
             breaker.clone(),
             self.metrics.for_worker(id.as_str(), self.settings.policy),
+            self.freed.clone(),
         ));
         worker.metrics.health.set(0);
         let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];

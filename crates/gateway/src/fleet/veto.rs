@@ -167,6 +167,13 @@ impl Vetoes {
             .is_some_and(|until| Instant::now() < until)
     }
 
+    /// When its at-capacity veto ends, if one is in force: nothing else announces that moment.
+    pub fn at_capacity_until(&self) -> Option<Instant> {
+        self.at_capacity_until
+            .load()
+            .filter(|until| Instant::now() < *until)
+    }
+
     pub fn liveness(&self) -> Option<LivenessVeto> {
         self.liveness.load()
     }

@@ -124,6 +124,9 @@ pub struct Traffic {
     /// Requests that have no first byte yet: the overload veto projects the engine's queue with
     /// it between load reports.
     pending_requests: AtomicU64,
+    /// Told, fleet-wide, whenever a request stops waiting on a worker or ends: room may have
+    /// opened for a request waiting in the gateway queue.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Traffic {
@@ -174,6 +177,7 @@ impl Worker {
         http2_default: bool,
         breaker: Arc<WorkerBreaker>,
         metrics: WorkerMetrics,
+        freed: Arc<tokio::sync::Notify>,
     ) -> Self {
         let (scheme, authority) = spec.endpoint();
         Self {
@@ -187,7 +191,10 @@ impl Worker {
             live: ArcSwap::from_pointee(LiveSpec::new(spec)),
             info: ArcSwapOption::empty(),
             health: HealthCell::new(),
-            traffic: Traffic::default(),
+            traffic: Traffic {
+                freed,
+                ..Traffic::default()
+            },
             vetoes: Vetoes::default(),
             signals: Signals::default(),
             breaker,
@@ -358,6 +365,7 @@ impl Lease {
             .traffic
             .pending_requests
             .fetch_sub(self.weight, Ordering::Relaxed);
+        self.worker.traffic.freed.notify_one();
         Some(before.saturating_sub(self.weight))
     }
 
@@ -388,6 +396,7 @@ impl Drop for Lease {
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);
         }
+        self.worker.traffic.freed.notify_one();
     }
 }
 
@@ -413,6 +422,7 @@ mod tests {
             false,
             breaker,
             metrics,
+            Arc::default(),
         ))
     }
 

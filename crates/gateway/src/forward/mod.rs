@@ -103,6 +103,7 @@ impl Forwarder {
         let mut tried: Vec<u64> = Vec::new();
         loop {
             let lease = job.routed.select(&tried)?;
+            ctx.admission.has_worker();
             ctx.attempt(&lease.worker().id);
             let attempts = ctx.attempts();
             let attempt = Attempt {

@@ -202,12 +202,28 @@ async fn serve(
         stream: facts.stream,
         n: facts.n,
     };
-    let routed = front.route.route(&snapshot, &wants).inspect_err(|_| {
+    let name_model = |ctx: &mut RequestContext| {
         ctx.model = facts
             .model
             .as_deref()
             .map(|m| sluice_core::ModelName::new(reflected(m)));
-    })?;
+    };
+    let routed = front
+        .route
+        .route(&snapshot, &wants)
+        .inspect_err(|_| name_model(ctx))?;
+    ctx.model = Some(routed.pool.model.clone());
+    let fresh;
+    let routed = if front.admit.wait_room(ctx, routed.pool).await? {
+        // It waited in the gateway queue: routed again, on the fleet as it is now.
+        fresh = front.fleet.snapshot();
+        front
+            .route
+            .route(&fresh, &wants)
+            .inspect_err(|_| name_model(ctx))?
+    } else {
+        routed
+    };
     ctx.model = Some(routed.pool.model.clone());
     // The worker is told the model it serves: the one chosen for a request without one, or the
     // one an alias names, spliced in (the rest of the body stays byte for byte).

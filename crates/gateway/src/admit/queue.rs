@@ -1,0 +1,379 @@
+//! The gateway queue (`--queue-size`): a request that no worker of its model can take now waits
+//! here, not on an engine's queue, and is routed when it leaves — so it goes to whichever worker
+//! frees first ("late binding").
+//!
+//! The order is `sluice_core::admission::FairQueue`'s: strict tiers, tenants weighted fair by
+//! tokens, earliest deadline first. One dispatcher task owns the moment of leaving: it wakes when
+//! room may have opened — a request stopped waiting on a worker or ended (`Fleet::freed`), the
+//! fleet changed (a veto lifted, a worker came), a gateway slot came back, an at-capacity veto
+//! ran out — and sends out, one at a time, the first waiter whose model has room, waiting for it
+//! to take its worker before looking again (so one freed place is not promised twice). A waiter
+//! that times out, passes its deadline or whose client leaves takes itself out.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sluice_core::admission::{FairQueue, Pushed, Tier, Waiter};
+use sluice_core::{ModelName, TenantId};
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::fleet::Fleet;
+
+/// The queue's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// `--queue-size`: waiters at most.
+    pub size: usize,
+    /// How long each tier may wait (`--queue-timeout-secs`, `--queue-timeout-by-tier`).
+    pub timeouts: [Duration; 3],
+    /// `--worker-overload-shed`: refuse, by tier, what would wait too long (see `arrival`).
+    pub shed: bool,
+    /// Retry-After of a shed request: the load interval, when a vetoed worker is judged again.
+    pub shed_retry_after: Duration,
+}
+
+/// How a waiter's turn comes.
+enum Turn {
+    /// Go now; tell the dispatcher when a worker is taken (or drop it).
+    Go(oneshot::Sender<()>),
+    /// Made room for a more urgent arrival.
+    Evicted,
+}
+
+struct Waiting {
+    model: ModelName,
+    arrived: Instant,
+    turn: oneshot::Sender<Turn>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabel {
+    tier: &'static str,
+}
+
+/// Dispatches remembered for the drain rate.
+const RATE_WINDOW: usize = 64;
+
+/// The queue, shared by every request and its dispatcher.
+pub struct GatewayQueue {
+    config: QueueConfig,
+    waiting: Mutex<FairQueue<Waiting>>,
+    /// Wakes the dispatcher: an arrival, or a gateway slot given back.
+    kick: Notify,
+    /// Recent dispatches, for the drain rate.
+    dispatched: Mutex<VecDeque<Instant>>,
+    depth: Family<TierLabel, Gauge>,
+    wait: Family<TierLabel, Histogram>,
+}
+
+impl std::fmt::Debug for GatewayQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayQueue")
+            .field("config", &self.config)
+            .field("len", &self.waiting.lock().len())
+            .finish()
+    }
+}
+
+/// What the queue needs to know of a request.
+#[derive(Debug, Clone)]
+pub struct Asker {
+    pub tier: Tier,
+    pub tenant: TenantId,
+    pub weight: f64,
+    pub cost: u64,
+    pub model: ModelName,
+    /// The client's deadline, if it gave one.
+    pub deadline: Option<Instant>,
+}
+
+/// Held by a dispatched request until it has its worker (`Admission::has_worker`): then the
+/// dispatcher looks again.
+pub type Dispatched = oneshot::Sender<()>;
+
+/// Takes a waiter out of the queue if its wait ends any other way than its turn.
+struct Leave<'q> {
+    queue: &'q GatewayQueue,
+    ticket: Option<sluice_core::admission::Ticket>,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.queue.waiting.lock().remove(ticket);
+            self.queue.count_depth();
+        }
+    }
+}
+
+impl GatewayQueue {
+    pub fn new(config: QueueConfig, registry: &mut Registry) -> Arc<Self> {
+        let queue = Self {
+            config,
+            waiting: Mutex::new(FairQueue::new(0)),
+            kick: Notify::new(),
+            dispatched: Mutex::new(VecDeque::with_capacity(RATE_WINDOW)),
+            depth: Family::default(),
+            wait: Family::new_with_constructor(|| {
+                Histogram::new([
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                ])
+            }),
+        };
+        *queue.waiting.lock() = FairQueue::new(queue.config.size);
+        for tier in Tier::ALL {
+            let label = TierLabel { tier: tier.name() };
+            let _ = queue.depth.get_or_create(&label);
+            let _ = queue.wait.get_or_create(&label);
+        }
+        registry.register(
+            "admission_queue_depth",
+            "Requests waiting in the gateway queue, by tier",
+            queue.depth.clone(),
+        );
+        registry.register(
+            "admission_wait_seconds",
+            "Time requests waited in the gateway queue before their turn, by tier",
+            queue.wait.clone(),
+        );
+        Arc::new(queue)
+    }
+
+    fn count_depth(&self) {
+        let waiting = self.waiting.lock();
+        for tier in Tier::ALL {
+            self.depth
+                .get_or_create(&TierLabel { tier: tier.name() })
+                .set(waiting.depth(tier) as i64);
+        }
+    }
+
+    /// Requests sent out per second lately; `None` before there is a measure.
+    fn drain_rate(&self, now: Instant) -> Option<f64> {
+        let dispatched = self.dispatched.lock();
+        let oldest = *dispatched.front()?;
+        let span = now.saturating_duration_since(oldest).as_secs_f64();
+        (dispatched.len() >= 2 && span > 0.0).then(|| dispatched.len() as f64 / span)
+    }
+
+    /// How long an arrival of `tier` may expect to wait: those ahead of it over the drain rate.
+    fn expected_wait(&self, tier: Tier, now: Instant) -> Option<Duration> {
+        let ahead = self.waiting.lock().ahead_of(tier) + 1;
+        let rate = self.drain_rate(now)?;
+        Some(Duration::from_secs_f64(ahead as f64 / rate))
+    }
+
+    /// When waiting is pointless, with `--worker-overload-shed`: a batch request is refused
+    /// rather than queued; a more urgent one when its expected wait outlives its tier's timeout.
+    fn arrival(&self, asker: &Asker, now: Instant) -> Result<(), GatewayError> {
+        if !self.config.shed {
+            return Ok(());
+        }
+        let timeout = self.config.timeouts[asker.tier.index()];
+        let hopeless = match asker.tier {
+            Tier::Batch => true,
+            _ => self
+                .expected_wait(asker.tier, now)
+                .is_some_and(|w| w > timeout),
+        };
+        if hopeless {
+            return Err(GatewayError::WorkerOverloadShed {
+                model: asker.model.clone(),
+                status: 503,
+                retry_after: self.config.shed_retry_after,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the queue holds anyone waiting for `model` (an arrival for it then waits too, so
+    /// it does not pass them).
+    pub fn has_waiters_for(&self, model: &ModelName) -> bool {
+        self.waiting
+            .lock()
+            .waiters()
+            .any(|w| &w.item.model == model)
+    }
+
+    /// Waits for the request's turn: the dispatcher sends it when its model has room. Refused
+    /// when the queue is full of waiters at least as urgent; ended by its tier's timeout, its
+    /// client's deadline or an eviction. A client that leaves drops this future and with it its
+    /// place.
+    pub async fn wait_turn(&self, asker: Asker) -> Result<Dispatched, GatewayError> {
+        let arrived = Instant::now();
+        self.arrival(&asker, arrived)?;
+        let (turn, rx) = oneshot::channel();
+        let waiter = Waiter {
+            tier: asker.tier,
+            tenant: asker.tenant.clone(),
+            weight: asker.weight,
+            cost: asker.cost,
+            deadline: asker.deadline,
+            item: Waiting {
+                model: asker.model.clone(),
+                arrived,
+                turn,
+            },
+        };
+        let pushed = self.waiting.lock().push(waiter);
+        let ticket = match pushed {
+            Pushed::Queued(ticket) => ticket,
+            Pushed::Evicted(ticket, victim) => {
+                let _ = victim.item.turn.send(Turn::Evicted);
+                ticket
+            }
+            Pushed::Full(_) => {
+                return Err(GatewayError::QueueFull {
+                    retry_after: self.retry_after(arrived),
+                })
+            }
+        };
+        self.count_depth();
+        let mut leave = Leave {
+            queue: self,
+            ticket: Some(ticket),
+        };
+        self.kick.notify_one();
+        let timeout_at = arrived + self.config.timeouts[asker.tier.index()];
+        let until = asker.deadline.map_or(timeout_at, |d| d.min(timeout_at));
+        let turn = tokio::time::timeout_at(until, rx).await;
+        let waited = arrived.elapsed();
+        match turn {
+            Ok(Ok(Turn::Go(ack))) => {
+                // The dispatcher took it out.
+                leave.ticket = None;
+                self.wait
+                    .get_or_create(&TierLabel {
+                        tier: asker.tier.name(),
+                    })
+                    .observe(waited.as_secs_f64());
+                Ok(ack)
+            }
+            Ok(Ok(Turn::Evicted)) | Ok(Err(_)) => {
+                leave.ticket = None;
+                Err(GatewayError::QueueEvicted {
+                    retry_after: self.retry_after(Instant::now()),
+                })
+            }
+            Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
+                Err(GatewayError::DeadlineExceeded { budget: waited })
+            }
+            Err(_) => Err(GatewayError::QueueTimeout {
+                waited,
+                retry_after: self.retry_after(Instant::now()),
+            }),
+        }
+    }
+
+    /// How long a refused request should wait: the queue's length over its drain rate.
+    fn retry_after(&self, now: Instant) -> Duration {
+        let len = self.waiting.lock().len() as f64;
+        self.drain_rate(now).map_or(Duration::from_secs(1), |rate| {
+            Duration::from_secs_f64((len / rate).clamp(1.0, 60.0))
+        })
+    }
+
+    fn count_dispatch(&self) {
+        let mut dispatched = self.dispatched.lock();
+        if dispatched.len() == RATE_WINDOW {
+            dispatched.pop_front();
+        }
+        dispatched.push_back(Instant::now());
+    }
+
+    /// Room may have opened outside the fleet (a gateway slot came back).
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Waiters by tier, for `/admission`: depth, the oldest wait, and per tenant.
+    pub fn view(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let waiting = self.waiting.lock();
+        let tiers: Vec<serde_json::Value> = Tier::ALL
+            .iter()
+            .map(|tier| {
+                let oldest = waiting
+                    .waiters()
+                    .filter(|w| w.tier == *tier)
+                    .map(|w| now.saturating_duration_since(w.item.arrived).as_secs_f64())
+                    .fold(0.0, f64::max);
+                let tenants: serde_json::Map<String, serde_json::Value> = waiting
+                    .tenants(*tier)
+                    .map(|(name, n)| (name.to_string(), n.into()))
+                    .collect();
+                serde_json::json!({
+                    "tier": tier.name(),
+                    "depth": waiting.depth(*tier),
+                    "oldest_wait_secs": oldest,
+                    "tenants": tenants,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "size": self.config.size,
+            "timeouts_secs": self.config.timeouts.map(|t| t.as_secs_f64()),
+            "tiers": tiers,
+        })
+    }
+
+    /// The dispatcher: sends waiters out as room opens, until `stop`.
+    pub async fn dispatch(
+        self: Arc<Self>,
+        fleet: Arc<Fleet>,
+        slots_free: impl Fn() -> bool + Send + 'static,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut changes = fleet.changes();
+        loop {
+            changes.borrow_and_update();
+            let snapshot = fleet.snapshot();
+            let ready = |w: &Waiting| {
+                slots_free() && snapshot.pools.get(&w.model).is_some_and(|p| p.has_room())
+            };
+            let next = self.waiting.lock().pop_first(ready);
+            if let Some((_, waiter)) = next {
+                self.count_depth();
+                let (ack, taken) = oneshot::channel();
+                if waiter.item.turn.send(Turn::Go(ack)).is_ok() {
+                    self.count_dispatch();
+                    // Until it has its worker, the room it was sent to is not counted yet.
+                    tokio::select! {
+                        _ = taken => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+                continue;
+            }
+            let next_room = {
+                let waiting = self.waiting.lock();
+                waiting
+                    .waiters()
+                    .filter_map(|w| snapshot.pools.get(&w.item.model)?.next_room())
+                    .min()
+            };
+            let room_at = async {
+                match next_room {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = self.kick.notified() => {}
+                () = fleet.freed() => {}
+                _ = changes.changed() => {}
+                () = room_at => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}

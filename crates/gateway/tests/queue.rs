@@ -1,0 +1,238 @@
+//! The gateway queue, black-box: a request that cannot go now waits in the gateway and goes the
+//! moment room opens, most urgent tier first; a full queue evicts the least urgent; a waiter
+//! times out, passes its deadline, or leaves with its client without reaching an engine.
+//!
+//! Room is made and taken with `--max-concurrent-requests 1`: a stream left open holds the one
+//! place, and dropping it frees it — an event the tests cause, never a timer they wait out.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use sluice_core::admission::Tier;
+use sluice_gateway::admit::QueueConfig;
+use tokio::task::JoinHandle;
+
+fn one_at_a_time(c: &mut Config, size: usize, timeouts: [u64; 3]) {
+    // Requests may ask for any tier: the default tenant's is the most urgent.
+    c.admission.default_tier = Tier::Interactive;
+    c.admission.max_concurrent = Some(1);
+    c.admission.queue = Some(QueueConfig {
+        size,
+        timeouts: timeouts.map(Duration::from_secs),
+        shed: false,
+        shed_retry_after: Duration::from_secs(10),
+    });
+}
+
+/// A stream holding the gateway's one place, its first chunk read.
+async fn hold(s: &Setup) -> hyper::Response<hyper::body::Incoming> {
+    open_stream(s, "a long answer", 4000).await
+}
+
+/// A chat request sent on its own task, with `headers`.
+fn spawn_chat(
+    s: &Setup,
+    tag: &str,
+    headers: &[(&'static str, &'static str)],
+) -> JoinHandle<Answer> {
+    let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+    let body = chat_body("test-model", tag, 2, false);
+    let headers = headers.to_vec();
+    tokio::spawn(async move { send(&client, "POST", &url, Some(&body), &headers).await })
+}
+
+/// The queue's depth in `tier`, as `/admission` shows it.
+async fn depth(s: &Setup, tier: usize) -> u64 {
+    let view = get_admin(&s.client, &s.url("/admission")).await.json();
+    view["queue"]["tiers"][tier]["depth"].as_u64().unwrap()
+}
+
+/// Reads `/admission` until the queue holds `n` in `tier` (the arrivals are on their own tasks).
+async fn until_depth(s: &Setup, tier: usize, n: u64) {
+    bounded("the queue's depth", async {
+        while depth(s, tier).await != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiter_goes_the_moment_room_opens_most_urgent_first() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 10, [30, 30, 30])
+    })
+    .await;
+    let engine = s.sims.engine(0).unwrap();
+    let holder = hold(&s).await;
+
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let record = |task: JoinHandle<Answer>, tag: &'static str| {
+        let order = order.clone();
+        tokio::spawn(async move {
+            let a = task.await.unwrap();
+            order.lock().push(tag);
+            a
+        })
+    };
+    let batch = record(
+        spawn_chat(&s, "b", &[("x-sluice-priority", "batch")]),
+        "batch",
+    );
+    until_depth(&s, 2, 1).await;
+    let chat = record(
+        spawn_chat(&s, "c", &[("x-sluice-priority", "interactive")]),
+        "interactive",
+    );
+    until_depth(&s, 0, 1).await;
+    assert_eq!(
+        engine.state().requests_received,
+        1,
+        "only the holder reached the engine"
+    );
+
+    drop(holder);
+    let (chat, batch) = (
+        bounded("chat", chat).await.unwrap(),
+        bounded("batch", batch).await.unwrap(),
+    );
+    assert_eq!(
+        (chat.status, batch.status),
+        (200, 200),
+        "{} {}",
+        chat.text(),
+        batch.text()
+    );
+    assert_eq!(*order.lock(), ["interactive", "batch"], "strict tiers");
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(r#"sluice_admission_wait_seconds_count{tier="batch"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_evicts_the_least_urgent_and_refuses_the_rest() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 1, [30, 30, 30])
+    })
+    .await;
+    let holder = hold(&s).await;
+    let batch = spawn_chat(&s, "b", &[("x-sluice-priority", "2")]);
+    until_depth(&s, 2, 1).await;
+    let chat = spawn_chat(&s, "c", &[("x-sluice-priority", "0")]);
+    let evicted = bounded("the eviction", batch).await.unwrap();
+    assert_eq!(evicted.status, 503);
+    assert_eq!(code(&evicted).as_deref(), Some("queue_evicted"));
+    assert!(evicted.headers.contains_key("retry-after"));
+    until_depth(&s, 0, 1).await;
+
+    let refused = spawn_chat(&s, "d", &[("x-sluice-priority", "batch")]);
+    let refused = bounded("the refusal", refused).await.unwrap();
+    assert_eq!(refused.status, 503);
+    assert_eq!(code(&refused).as_deref(), Some("queue_full"));
+
+    drop(holder);
+    assert_eq!(bounded("chat", chat).await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_waiter_times_out_passes_its_deadline_or_leaves_with_its_client_unseen_by_engines() {
+    // Batch waits 1 s at most; the others long enough never to time out here.
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 10, [60, 60, 1])
+    })
+    .await;
+    let engine = s.sims.engine(0).unwrap();
+    let holder = hold(&s).await;
+
+    let timed_out = spawn_chat(&s, "t", &[("x-sluice-priority", "batch")]);
+    let timed_out = bounded("the timeout", timed_out).await.unwrap();
+    assert_eq!(timed_out.status, 503);
+    assert_eq!(code(&timed_out).as_deref(), Some("queue_timeout"));
+
+    let late = spawn_chat(&s, "d", &[("x-request-deadline-ms", "1000")]);
+    let late = bounded("the deadline", late).await.unwrap();
+    assert_eq!(late.status, 504);
+    assert_eq!(code(&late).as_deref(), Some("deadline_exceeded"));
+
+    let leaving = spawn_chat(&s, "l", &[("x-sluice-priority", "agent")]);
+    until_depth(&s, 1, 1).await;
+    leaving.abort();
+    until_depth(&s, 1, 0).await;
+
+    drop(holder);
+    bounded("the abort", engine.until(|st| st.aborted == 1)).await;
+    let after = s.chat(&chat_body("test-model", "after", 2, false)).await;
+    assert_eq!(after.status, 200);
+    assert_eq!(
+        engine.state().requests_received,
+        2,
+        "none of the waiters that gave up reached the engine"
+    );
+}
+
+#[tokio::test]
+async fn with_shedding_a_batch_request_that_would_wait_is_refused_at_once() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 10, [30, 30, 30]);
+        if let Some(q) = &mut c.admission.queue {
+            q.shed = true;
+        }
+    })
+    .await;
+    let holder = hold(&s).await;
+    let batch = spawn_chat(&s, "b", &[("x-sluice-priority", "batch")]);
+    let batch = bounded("the refusal", batch).await.unwrap();
+    assert_eq!(batch.status, 503);
+    assert_eq!(code(&batch).as_deref(), Some("worker_overload_shed"));
+    // An interactive request still waits for its turn.
+    let chat = spawn_chat(&s, "c", &[("x-sluice-priority", "interactive")]);
+    until_depth(&s, 0, 1).await;
+    drop(holder);
+    assert_eq!(bounded("chat", chat).await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_request_for_a_fully_vetoed_pool_waits_and_goes_when_a_veto_lifts() {
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        c.load.interval = Duration::from_millis(50);
+        c.load.min_interval = Duration::from_millis(10);
+        c.admission.queue = Some(QueueConfig {
+            size: 10,
+            timeouts: [Duration::from_secs(30); 3],
+            shed: false,
+            shed_retry_after: Duration::from_secs(10),
+        });
+    })
+    .await;
+    let full = Fault::Report {
+        rank: None,
+        waiting: Some(100),
+        running: None,
+        kv_usage: None,
+    };
+    for i in 0..2 {
+        s.sims.engine(i).unwrap().fault(full.clone()).await.unwrap();
+    }
+    s.until_workers("every worker vetoed", |w| {
+        w.iter().all(|w| w["vetoes"]["overloaded"] == true)
+    })
+    .await;
+    let received = |s: &Setup| s.received().iter().sum::<u64>();
+    let before = received(&s);
+
+    let waiting = spawn_chat(&s, "w", &[]);
+    until_depth(&s, 1, 1).await;
+    assert_eq!(received(&s), before, "not steered onto a full engine");
+
+    // The second engine's queue drains: its next report lifts its veto, and the waiter goes.
+    s.sims.engine(1).unwrap().fault(Fault::Clear).await.unwrap();
+    let answer = bounded("the waiter", waiting).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(s.received()[1], 1, "it went to the worker that freed");
+}
