@@ -308,3 +308,37 @@ async fn the_worker_is_told_what_is_left_of_the_clients_deadline() {
     assert_eq!(bad.status, 400);
     assert_eq!(code(&bad).as_deref(), Some("invalid_header"));
 }
+
+#[tokio::test]
+async fn a_deadline_shorter_than_the_expected_first_token_is_refused_before_any_engine() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |_| {}).await;
+    let engine = s.sims.engine(0).unwrap();
+    let prompt = "lorem ipsum ".repeat(2000);
+    // A first long prompt teaches the gateway this worker's prefill rate.
+    let started = Instant::now();
+    let warm = s.chat(&chat_body("test-model", &prompt, 1, false)).await;
+    assert_eq!(warm.status, 200, "{}", warm.text());
+    let prefill = started.elapsed();
+    let seen = engine.state().requests_received;
+
+    // The same prompt with a quarter of that time to live cannot get its first token in time.
+    let budget = (prefill.as_millis() / 4).max(1).to_string();
+    let hopeless = chat_as(
+        &s,
+        &chat_body("test-model", &prompt, 1, false),
+        &[("x-request-deadline-ms", budget.as_str())],
+    )
+    .await;
+    assert_eq!(hopeless.status, 504, "{}", hopeless.text());
+    assert_eq!(code(&hopeless).as_deref(), Some("deadline_exceeded"));
+    assert_eq!(engine.state().requests_received, seen, "never forwarded");
+
+    // A short prompt with the same budget fits.
+    let short = chat_as(
+        &s,
+        &chat_body("test-model", "hi", 1, false),
+        &[("x-request-deadline-ms", "60000")],
+    )
+    .await;
+    assert_eq!(short.status, 200, "{}", short.text());
+}

@@ -31,6 +31,7 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
+use sluice_core::admission::deadline::{feasible, Expected};
 use sluice_core::admission::{Bucket, Refusal, Tier};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -298,6 +299,32 @@ impl Admit {
             ctx.admission.on_worker = Some(turn);
             waited = true;
         }
+    }
+
+    /// Whether the client's deadline can still be met on `pool`: the expected time to a first
+    /// token on its best worker must fit in what is left (seed 003's deadline-aware dropping).
+    /// Refused with 504 `deadline_exceeded` before any engine sees the request.
+    pub fn feasible(
+        &self,
+        ctx: &RequestContext,
+        pool: &crate::fleet::Pool,
+        prompt_tokens: u64,
+    ) -> Result<(), GatewayError> {
+        let Some(due) = ctx.admission.client_deadline else {
+            return Ok(());
+        };
+        let expected = Expected {
+            ttft: pool.expected_ttft(prompt_tokens).unwrap_or_default(),
+            per_token: None,
+        };
+        if feasible(Instant::now(), due, expected, 0) {
+            return Ok(());
+        }
+        let error = GatewayError::DeadlineExceeded {
+            budget: due.saturating_duration_since(ctx.started),
+        };
+        self.count_rejected(ctx, &error);
+        Err(error)
     }
 
     /// A gateway slot, if the cap leaves one (always true without the cap).

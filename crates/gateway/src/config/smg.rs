@@ -12,16 +12,14 @@ const DP: &str =
     "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
 const GRPC: &str =
     "sluice speaks HTTP to workers (no gRPC or ZMQ): give their HTTP URLs with --worker-urls; drop the flag";
-const JOBQ: &str =
-    "sluice registers workers directly, without a job queue; drop the flag";
+const JOBQ: &str = "sluice registers workers directly, without a job queue; drop the flag";
 const JWT: &str =
     "JWT/OIDC authentication is not supported: use --admin-api-key or --control-plane-api-keys";
 const KV: &str =
     "belongs to SMG's engine-event KV index, which sluice does not read: its cache_aware indexes the prompts it routed (--max-tree-size); drop the flag";
 const LL: &str =
     "sluice's least_load and power_of_two rank workers by the requests it has on them and their reported queues, with no such knob; drop the flag";
-const MCP: &str =
-    "sluice runs no MCP tools; drop the flag";
+const MCP: &str = "sluice runs no MCP tools; drop the flag";
 const MESH: &str =
     "sluice replicas do not coordinate yet: run them side by side behind an L4 balancer; drop the flag";
 const MM: &str =
@@ -32,8 +30,7 @@ const PD: &str =
     "prefill/decode (and encode) disaggregation is not supported yet: serve a unified fleet with --worker-urls";
 const PHASH: &str =
     "belongs to the prefix_hash policy, which sluice does not have: --policy cache_aware routes by prompt prefix";
-const RL: &str =
-    "sluice has no RL control plane; drop the flag";
+const RL: &str = "sluice has no RL control plane; drop the flag";
 const STICKY: &str =
     "belongs to SMG's manual policy and sticky sessions: --policy consistent_hash with --routing-key-headers keeps a session on one worker";
 const STORE: &str =
@@ -42,10 +39,8 @@ const TOK: &str =
     "sluice does not tokenize or apply chat templates (HTTP workers do); drop the flag";
 const TRACE: &str =
     "OpenTelemetry export is not supported: follow a request by its x-request-id, which sluice sends to the worker and writes in its logs and --access-log";
-const WARM: &str =
-    "sluice has no warm-up slice for new workers; drop the flag";
-const WASM: &str =
-    "sluice runs no WebAssembly plugins; drop the flag";
+const WARM: &str = "sluice has no warm-up slice for new workers; drop the flag";
+const WASM: &str = "sluice runs no WebAssembly plugins; drop the flag";
 
 /// SMG's refused flags (every spelling) and what to do instead.
 pub const REFUSED: &[(&str, &str)] = &[

@@ -101,6 +101,21 @@ impl Pool {
             .any(|w| w.is_routable() && w.veto_class().is_none())
     }
 
+    /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
+    /// its routable workers: the prompts waiting for prefill there, its own included, at the
+    /// prefill rate the gateway measured on that worker. `None` until a rate is measured.
+    pub fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
+        self.workers
+            .iter()
+            .filter(|w| w.is_routable())
+            .filter_map(|w| {
+                let rate = w.signals.heard().prefill_rate;
+                let tokens = w.traffic.pending_prefill_tokens() + prompt_tokens;
+                (rate > 0.0).then(|| Duration::from_secs_f64(tokens as f64 / rate))
+            })
+            .min()
+    }
+
     /// The earliest moment one of its workers' at-capacity vetoes ends, the one change of room no
     /// event announces.
     pub fn next_room(&self) -> Option<Instant> {

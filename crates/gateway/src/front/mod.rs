@@ -213,14 +213,22 @@ async fn serve(
         .route(&snapshot, &wants)
         .inspect_err(|_| name_model(ctx))?;
     ctx.model = Some(routed.pool.model.clone());
+    front
+        .admit
+        .feasible(ctx, routed.pool, wants.prompt_tokens)?;
     let fresh;
     let routed = if front.admit.wait_room(ctx, routed.pool).await? {
-        // It waited in the gateway queue: routed again, on the fleet as it is now.
+        // It waited in the gateway queue: routed again, on the fleet as it is now, and its
+        // deadline judged again.
         fresh = front.fleet.snapshot();
-        front
+        let routed = front
             .route
             .route(&fresh, &wants)
-            .inspect_err(|_| name_model(ctx))?
+            .inspect_err(|_| name_model(ctx))?;
+        front
+            .admit
+            .feasible(ctx, routed.pool, wants.prompt_tokens)?;
+        routed
     } else {
         routed
     };
