@@ -31,6 +31,8 @@ pub struct AdmissionConfig {
     pub max_concurrent: Option<u32>,
     /// Requests per second, gateway-wide.
     pub request_rate: Option<f64>,
+    /// `--default-deadline-ms-by-tier`: the deadline of a request of each tier that gives none.
+    pub tier_deadlines: [Option<std::time::Duration>; 3],
     /// The gateway queue, when `--queue-size` is above 0.
     pub queue: Option<super::queue::QueueConfig>,
 }

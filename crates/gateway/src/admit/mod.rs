@@ -74,6 +74,8 @@ pub struct Admit {
     request_timeout: Duration,
     tenants: Tenants,
     default_max_tokens: u64,
+    /// `--default-deadline-ms-by-tier`.
+    tier_deadlines: [Option<Duration>; 3],
     gateway: Gateway,
     queue: Option<Arc<GatewayQueue>>,
     metrics: Arc<AdmissionMetrics>,
@@ -96,6 +98,7 @@ impl Admit {
             request_timeout,
             tenants,
             default_max_tokens: config.default_max_tokens,
+            tier_deadlines: config.tier_deadlines,
             gateway: Gateway {
                 slots: config
                     .max_concurrent
@@ -165,7 +168,8 @@ impl Admit {
         ctx.admission.tenant = Some(tenant.id.clone());
         let tier = Tier::clamped(headers::asked_tier(asking.headers)?, tenant.tier);
         ctx.admission.tier = Some(tier);
-        if let Some(budget) = headers::client_budget(asking.headers)? {
+        let budget = headers::client_budget(asking.headers)?.or(self.tier_deadlines[tier.index()]);
+        if let Some(budget) = budget {
             let due = ctx.started + budget;
             ctx.admission.client_deadline = Some(due);
             ctx.admission.deadline = ctx.admission.deadline.min(due);

@@ -38,6 +38,7 @@ fn config(tenants: Vec<TenantConfig>) -> AdmissionConfig {
         default_max_tokens: 100,
         max_concurrent: None,
         request_rate: None,
+        tier_deadlines: [None; 3],
         queue: None,
     }
 }
@@ -303,4 +304,41 @@ fn every_refusal_of_admission_has_its_reason_series() {
     for refusal in refusals {
         assert!(REASONS.contains(&refusal.code()), "{}", refusal.code());
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tier_without_a_client_deadline_gets_its_default_one() {
+    let a = accounts();
+    let mut cfg = config(vec![]);
+    cfg.tier_deadlines = [Some(Duration::from_secs(5)), None, None];
+    let stage = admit(&cfg);
+    let mut chat = context(&a);
+    let h = headers(&[("x-sluice-priority", "agent")]);
+    assert_eq!(
+        stage.admit(&mut chat, &asking(&h, KeyOwner::Anyone)),
+        Ok(())
+    );
+    assert_eq!(
+        chat.admission.client_deadline, None,
+        "no default for the agent tier"
+    );
+    cfg.default_tier = Tier::Interactive;
+    let stage = admit(&cfg);
+    let mut urgent = context(&a);
+    assert_eq!(
+        stage.admit(&mut urgent, &asking(&HeaderMap::new(), KeyOwner::Anyone)),
+        Ok(())
+    );
+    assert_eq!(
+        urgent.admission.client_deadline,
+        Some(urgent.started + Duration::from_secs(5))
+    );
+    let mut own = context(&a);
+    let h = headers(&[("x-request-deadline-ms", "9000")]);
+    assert_eq!(stage.admit(&mut own, &asking(&h, KeyOwner::Anyone)), Ok(()));
+    assert_eq!(
+        own.admission.client_deadline,
+        Some(own.started + Duration::from_secs(9)),
+        "the client's own wins"
+    );
 }

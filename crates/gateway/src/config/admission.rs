@@ -2,6 +2,7 @@
 //! caps. Flags where SMG has them, `[[tenants]]` tables in the config file for the rest.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use axum::http::HeaderName;
 use clap::Args;
@@ -111,6 +112,13 @@ pub struct AdmissionSettings {
     #[arg(help_heading = "Admission")]
     pub queue_timeout_secs: f64,
 
+    /// Per-tier default deadlines, `INTERACTIVE,AGENT,BATCH` milliseconds (0: none), for requests
+    /// that send no `X-Request-Deadline-Ms`: they are then held to it as if they had.
+    #[arg(long, value_delimiter = ',', value_name = "MS")]
+    #[serde(default)]
+    #[arg(help_heading = "Admission")]
+    pub default_deadline_ms_by_tier: Vec<u64>,
+
     /// Per-tier queue timeouts, `INTERACTIVE,AGENT,BATCH` seconds (e.g. `5,30,120`); unset:
     /// --queue-timeout-secs for every tier.
     #[arg(long, value_delimiter = ',', value_name = "SECONDS")]
@@ -212,7 +220,21 @@ impl AdmissionSettings {
             }
         };
         let queue = self.queue(shedding)?;
+        let tier_deadlines = match self.default_deadline_ms_by_tier.as_slice() {
+            [] => [None; 3],
+            [a, b, c] => [*a, *b, *c].map(|ms| (ms > 0).then(|| Duration::from_millis(ms))),
+            other => {
+                return Err(invalid(
+                    "default-deadline-ms-by-tier",
+                    format!(
+                        "{} values: give three, INTERACTIVE,AGENT,BATCH",
+                        other.len()
+                    ),
+                ))
+            }
+        };
         Ok(AdmissionConfig {
+            tier_deadlines,
             queue,
             tenants,
             tenant_header,
