@@ -90,8 +90,8 @@ impl Admit {
     ) -> Self {
         let now = Instant::now();
         let burst = config.max_concurrent.unwrap_or(0);
-        let tenants = Tenants::new(config, now);
-        let metrics = AdmissionMetrics::register(registry, &tenants.labels());
+        let metrics = AdmissionMetrics::register(registry, &Tenants::labels(config));
+        let tenants = Tenants::new(config, now, &metrics);
         let queue = config.queue.clone().map(|q| GatewayQueue::new(q, registry));
         Self {
             queue,
@@ -142,18 +142,9 @@ impl Admit {
         if tenant.limited() {
             ctx.admission.rate_headers = Some(headers::rate_limits(&tenant, now));
         }
-        match &decided {
-            Ok(()) => self.metrics.count(&tenant.label, tier, "admitted"),
-            Err(error) => {
-                self.metrics.count(&tenant.label, tier, "rejected");
-                self.metrics
-                    .rejected
-                    .get_or_create(&RejectedLabels {
-                        tier: tier.name(),
-                        reason: error.code(),
-                    })
-                    .inc();
-            }
+        tenant.counters.count(tier, decided.is_ok());
+        if let Err(error) = &decided {
+            self.count_rejected(ctx, error);
         }
         decided
     }
@@ -166,6 +157,8 @@ impl Admit {
         now: Instant,
     ) -> Result<(), GatewayError> {
         ctx.admission.tenant = Some(tenant.id.clone());
+        // The tenant's until the request's own is known (a refusal is counted under it).
+        ctx.admission.tier = Some(tenant.tier);
         let tier = Tier::clamped(headers::asked_tier(asking.headers)?, tenant.tier);
         ctx.admission.tier = Some(tier);
         let budget = headers::client_budget(asking.headers)?.or(self.tier_deadlines[tier.index()]);
@@ -216,6 +209,10 @@ impl Admit {
         ctx.admission.metered = tenant.tokens.is_some();
         ctx.admission.weight = tenant.weight;
         ctx.admission.cost = tokens;
+        if !tenant.limited() {
+            // Nothing to settle.
+            return Ok(());
+        }
         ctx.admission.hold(Box::new(Spend {
             tenant: tenant.clone(),
             tokens: if tenant.tokens.is_some() { tokens } else { 0 },

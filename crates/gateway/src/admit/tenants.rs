@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
 use crate::http::KeyOwner;
-use crate::metrics::Label;
+use crate::metrics::{AdmissionMetrics, Label, TenantCounters};
 
 /// The label of tenants named by a trusted header but not configured: the metric families take
 /// configured names only, so a header cannot grow them without bound.
@@ -40,17 +40,21 @@ pub struct Tenant {
     pub requests: Option<Mutex<Bucket>>,
     pub max_concurrent: Option<u32>,
     in_flight: AtomicU32,
+    /// Its `sluice_tenant_requests_total` series.
+    pub counters: Arc<TenantCounters>,
 }
 
 impl Tenant {
-    fn configured(cfg: &TenantConfig, now: Instant) -> Self {
+    fn configured(cfg: &TenantConfig, now: Instant, metrics: &AdmissionMetrics) -> Self {
+        let label = Label::new(cfg.id.as_str());
         let bucket =
             |per_minute: Option<u64>| per_minute.map(|n| Mutex::new(Bucket::new(n, MINUTE, now)));
         Self {
             id: cfg.id.clone(),
             tier: cfg.tier,
             weight: cfg.weight,
-            label: Label::new(cfg.id.as_str()),
+            counters: metrics.for_tenant(&label),
+            label,
             tokens: bucket(cfg.tokens_per_minute),
             requests: bucket(cfg.requests_per_minute),
             max_concurrent: cfg.max_concurrent,
@@ -59,12 +63,13 @@ impl Tenant {
     }
 
     /// A tenant without limits: the default one, or one a trusted header names.
-    fn unlimited(id: TenantId, tier: Tier, label: Label) -> Self {
+    fn unlimited(id: TenantId, tier: Tier, label: Label, counters: Arc<TenantCounters>) -> Self {
         Self {
             id,
             tier,
             weight: 1.0,
             label,
+            counters,
             tokens: None,
             requests: None,
             max_concurrent: None,
@@ -130,15 +135,18 @@ pub struct Tenants {
     header: Option<HeaderName>,
     default_tier: Tier,
     other: Label,
+    other_counters: Arc<TenantCounters>,
 }
 
 impl Tenants {
-    pub fn new(config: &AdmissionConfig, now: Instant) -> Self {
+    pub fn new(config: &AdmissionConfig, now: Instant, metrics: &AdmissionMetrics) -> Self {
         let configured: Vec<Arc<Tenant>> = config
             .tenants
             .iter()
-            .map(|t| Arc::new(Tenant::configured(t, now)))
+            .map(|t| Arc::new(Tenant::configured(t, now, metrics)))
             .collect();
+        let default = Label::new(DEFAULT_TENANT);
+        let other = Label::new(OTHER_TENANT);
         Self {
             by_name: configured
                 .iter()
@@ -148,11 +156,13 @@ impl Tenants {
             default: Arc::new(Tenant::unlimited(
                 TenantId::new(DEFAULT_TENANT),
                 config.default_tier,
-                Label::new(DEFAULT_TENANT),
+                default.clone(),
+                metrics.for_tenant(&default),
             )),
             header: config.tenant_header.clone(),
             default_tier: config.default_tier,
-            other: Label::new(OTHER_TENANT),
+            other_counters: metrics.for_tenant(&other),
+            other,
         }
     }
 
@@ -173,6 +183,7 @@ impl Tenants {
                     TenantId::new(name),
                     self.default_tier,
                     self.other.clone(),
+                    self.other_counters.clone(),
                 )),
             };
         }
@@ -191,11 +202,19 @@ impl Tenants {
         self.configured.iter().chain(std::iter::once(&self.default))
     }
 
-    /// The metric labels tenants may take.
-    pub fn labels(&self) -> Vec<Label> {
-        self.all()
-            .map(|t| t.label.clone())
-            .chain(self.header.is_some().then(|| self.other.clone()))
+    /// The metric labels the tenants of `config` may take.
+    pub fn labels(config: &AdmissionConfig) -> Vec<Label> {
+        config
+            .tenants
+            .iter()
+            .map(|t| Label::new(t.id.as_str()))
+            .chain([Label::new(DEFAULT_TENANT)])
+            .chain(
+                config
+                    .tenant_header
+                    .is_some()
+                    .then(|| Label::new(OTHER_TENANT)),
+            )
             .collect()
     }
 }

@@ -115,13 +115,31 @@ impl AdmissionMetrics {
         Arc::new(m)
     }
 
-    pub fn count(&self, tenant: &Label, tier: Tier, outcome: &'static str) {
-        self.tenant_requests
-            .get_or_create(&TenantRequestLabels {
-                tenant: tenant.clone(),
-                tier: tier.name(),
-                outcome,
-            })
-            .inc();
+    /// A tenant's request counters, resolved once so no request builds a label set.
+    pub fn for_tenant(&self, tenant: &Label) -> Arc<TenantCounters> {
+        let counter = |tier: Tier, outcome| {
+            self.tenant_requests
+                .get_or_create(&TenantRequestLabels {
+                    tenant: tenant.clone(),
+                    tier: tier.name(),
+                    outcome,
+                })
+                .clone()
+        };
+        Arc::new(TenantCounters {
+            requests: Tier::ALL.map(|tier| [counter(tier, "admitted"), counter(tier, "rejected")]),
+        })
+    }
+}
+
+/// One tenant's `sluice_tenant_requests_total` series: by tier, admitted and rejected.
+#[derive(Debug)]
+pub struct TenantCounters {
+    requests: [[Counter; 2]; 3],
+}
+
+impl TenantCounters {
+    pub fn count(&self, tier: Tier, admitted: bool) {
+        self.requests[tier.index()][usize::from(!admitted)].inc();
     }
 }

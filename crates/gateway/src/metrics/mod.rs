@@ -9,7 +9,9 @@
 mod admission;
 mod exposition;
 
-pub use admission::{AdmissionMetrics, Label, RejectedLabels, TenantTokenLabels, REASONS};
+pub use admission::{
+    AdmissionMetrics, Label, RejectedLabels, TenantCounters, TenantTokenLabels, REASONS,
+};
 pub use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
 
 use std::sync::atomic::AtomicU64;
