@@ -236,3 +236,71 @@ async fn a_request_for_a_fully_vetoed_pool_waits_and_goes_when_a_veto_lifts() {
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(s.received()[1], 1, "it went to the worker that freed");
 }
+
+#[tokio::test]
+async fn a_noisy_tenant_waits_behind_a_quiet_ones_request_not_the_other_way() {
+    use sluice_core::TenantId;
+    use sluice_gateway::admit::TenantConfig;
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 50, [30, 30, 30]);
+        let tenant = |name: &str, key: &str| TenantConfig {
+            id: TenantId::new(name),
+            api_keys: vec![key.into()],
+            tier: Tier::Agent,
+            weight: 1.0,
+            tokens_per_minute: None,
+            requests_per_minute: None,
+            max_concurrent: None,
+        };
+        c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
+        c.api_keys = vec!["holder".into()];
+    })
+    .await;
+    let holder = {
+        let request = http::Request::post(s.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer holder")
+            .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
+                "test-model",
+                "a long answer",
+                4000,
+                true,
+            ))))
+            .unwrap();
+        let mut response = s.client.request(request).await.unwrap();
+        use http_body_util::BodyExt;
+        bounded("the first chunk", response.body_mut().frame()).await;
+        response
+    };
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let task = spawn_chat(&s, "n", &[("authorization", "Bearer kn")]);
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            assert_eq!(task.await.unwrap().status, 200);
+            order.lock().push(format!("noisy-{i}"));
+        }));
+        until_depth(&s, 1, i + 1).await;
+    }
+    let quiet = spawn_chat(&s, "q", &[("authorization", "Bearer kq")]);
+    let quiet_done = {
+        let order = order.clone();
+        tokio::spawn(async move {
+            assert_eq!(quiet.await.unwrap().status, 200);
+            order.lock().push("quiet".into());
+        })
+    };
+    until_depth(&s, 1, 9).await;
+    drop(holder);
+    bounded("the quiet tenant", quiet_done).await.unwrap();
+    for t in tasks {
+        bounded("the noisy tenant", t).await.unwrap();
+    }
+    let order = order.lock().clone();
+    let quiet_at = order.iter().position(|o| o == "quiet").unwrap();
+    assert!(
+        quiet_at <= 1,
+        "the quiet tenant's one request goes first or second, not after the eight: {order:?}"
+    );
+}
