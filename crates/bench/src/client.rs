@@ -47,6 +47,9 @@ pub struct Job {
     pub tenant: u32,
     /// Sent as the body's `priority` (lower is served first, as in vLLM).
     pub priority: i64,
+    /// Request headers saying who asks and how urgently: the tenant's key, the tier (see
+    /// `run::identity_headers`).
+    pub headers: Vec<(String, String)>,
 }
 
 impl Job {
@@ -108,7 +111,7 @@ pub async fn run(
     let mut rejected_after = None;
     loop {
         attempts += 1;
-        match attempt(http, url, body.clone()).await {
+        match attempt(http, url, body.clone(), &job.headers).await {
             Attempt::Answered {
                 ttft,
                 end,
@@ -161,17 +164,23 @@ pub async fn run(
     }
 }
 
-async fn attempt(http: &HttpClient, url: &str, body: Bytes) -> Attempt {
+async fn attempt(
+    http: &HttpClient,
+    url: &str,
+    body: Bytes,
+    headers: &[(String, String)],
+) -> Attempt {
     let refused = |status: u16, code: Option<String>, headers: HeaderMap| Attempt::Refused {
         status,
         code,
         at: Instant::now(),
         headers,
     };
-    let Ok(request) = Request::post(url)
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(body))
-    else {
+    let mut request = Request::post(url).header(CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let Ok(request) = request.body(Full::new(body)) else {
         return refused(0, Some("invalid_request".into()), HeaderMap::new());
     };
     let response = match http.request(request).await {
@@ -333,6 +342,7 @@ mod tests {
             output_tokens: 32,
             tenant: 3,
             priority: 1,
+            headers: Vec::new(),
         };
         let body: serde_json::Value = serde_json::from_str(&job.body("m", 9)).unwrap();
         assert_eq!(body["prompt"].as_str().unwrap().len(), 1024);

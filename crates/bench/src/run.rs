@@ -87,6 +87,8 @@ pub struct RunPlan {
     pub mix: Mix,
     pub tiers: Vec<Tier>,
     pub tenants: u32,
+    /// API keys, one per tenant in turn (tenant `i` sends `keys[i % len]`); none: no key.
+    pub tenant_keys: Vec<String>,
     pub client: ClientKind,
     /// A request with no answer by then counts as `client_timeout`.
     pub request_timeout: Duration,
@@ -134,14 +136,42 @@ pub fn jobs(plan: &RunPlan) -> Result<Vec<Job>, ArrivalError> {
                 output_tokens: shape.output_tokens,
                 tenant: rng.random_range(0..plan.tenants.max(1)),
                 priority: tier as i64,
+                headers: Vec::new(),
             }
         })
         .collect())
 }
 
+/// The headers that say who asks and how urgently: the tenant's key, and a tier named as sluice
+/// names them (`interactive`, `agent`, `batch`) in both sluice's and SMG's priority headers.
+pub fn identity_headers(plan: &RunPlan, job: &Job) -> Vec<(String, String)> {
+    let mut headers = Vec::new();
+    if !plan.tenant_keys.is_empty() {
+        let key = &plan.tenant_keys[job.tenant as usize % plan.tenant_keys.len()];
+        headers.push(("authorization".into(), format!("Bearer {key}")));
+    }
+    let smg = match plan.tiers.get(job.tier).map(|t| t.name.as_str()) {
+        Some("interactive") => Some("interactive"),
+        Some("agent") => Some("default"),
+        Some("batch") => Some("bulk"),
+        _ => None,
+    };
+    if let Some(smg) = smg {
+        headers.push((
+            "x-sluice-priority".into(),
+            plan.tiers[job.tier].name.clone(),
+        ));
+        headers.push(("x-smg-priority".into(), smg.into()));
+    }
+    headers
+}
+
 /// Runs the plan and sums it up.
 pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalError> {
-    let jobs = jobs(plan)?;
+    let mut jobs = jobs(plan)?;
+    for job in &mut jobs {
+        job.headers = identity_headers(plan, job);
+    }
     let http: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
         .build_http();
@@ -200,6 +230,7 @@ mod tests {
             mix: Mix::Chat,
             tiers: default_tiers(),
             tenants: 3,
+            tenant_keys: Vec::new(),
             client: ClientKind::None,
             request_timeout: Duration::from_secs(30),
         }
@@ -223,6 +254,33 @@ mod tests {
     }
 
     use Mix::Mixed;
+
+    #[test]
+    fn each_request_names_its_tenants_key_and_its_tier() {
+        let mut p = plan(String::new());
+        p.tenant_keys = vec!["ka".into(), "kb".into()];
+        let jobs = jobs(&p).unwrap();
+        for job in &jobs {
+            let headers = identity_headers(&p, job);
+            let key = format!("Bearer {}", p.tenant_keys[job.tenant as usize % 2]);
+            assert_eq!(headers[0], ("authorization".to_string(), key));
+            let (sluice, smg) = match job.tier {
+                0 => ("interactive", "interactive"),
+                _ => ("batch", "bulk"),
+            };
+            assert_eq!(
+                headers[1],
+                ("x-sluice-priority".to_string(), sluice.to_string())
+            );
+            assert_eq!(headers[2], ("x-smg-priority".to_string(), smg.to_string()));
+        }
+        p.tenant_keys.clear();
+        assert_eq!(
+            identity_headers(&p, &jobs[0]).len(),
+            2,
+            "no key without keys"
+        );
+    }
 
     #[tokio::test]
     async fn a_run_against_instant_engines_is_all_goodput() {

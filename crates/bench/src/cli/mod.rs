@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// Tenants the requests are spread over (the body's `user`).
     #[arg(long, default_value_t = 4)]
     pub tenants: u32,
+    /// API keys the tenants send, one per tenant in turn (`Authorization: Bearer`). Each request
+    /// also names its tier in `x-sluice-priority` and SMG's `x-smg-priority`.
+    #[arg(long, value_delimiter = ',', value_name = "KEY")]
+    pub tenant_keys: Vec<String>,
     /// Seed of the arrivals and the request shapes (a run's load is reproducible from it).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -271,6 +275,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         mix: args.mix,
         tiers: crate::run::default_tiers(),
         tenants: args.tenants,
+        tenant_keys: args.tenant_keys.clone(),
         client: args.client,
         request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
     };

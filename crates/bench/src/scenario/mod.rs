@@ -217,6 +217,7 @@ fn load_plan(plan: &ScenarioPlan, url: &str, schedule: Schedule, duration: Durat
         mix: plan.mix,
         tiers: wall_tiers(plan.time_scale),
         tenants: 4,
+        tenant_keys: Vec::new(),
         client: plan.client,
         request_timeout: give_up_after(plan.time_scale),
     }
