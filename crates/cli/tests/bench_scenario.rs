@@ -88,3 +88,50 @@ fn an_overload_sweep_with_a_given_capacity_measures_each_level() {
     assert!(dir.join("capacity.json").exists(), "C kept for later runs");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_tiered_overload_reports_each_tier_for_sluice_with_admission() {
+    let dir = out_dir("tiered");
+    let report = scenario(
+        &dir,
+        &[
+            "tiered-overload",
+            "--quick",
+            "--capacity",
+            "4",
+            "--window-secs",
+            "2",
+            "--configs",
+            "sluice-tiers",
+        ],
+    );
+    let points = report["points"].as_array().unwrap();
+    let shape: Vec<(&str, f64)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["config"].as_str().unwrap(),
+                p["offered"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("direct", 8.0),
+            ("direct", 24.0),
+            ("sluice-tiers", 8.0),
+            ("sluice-tiers", 24.0)
+        ]
+    );
+    for p in points {
+        let tiers: Vec<&str> = p["report"]["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(tiers, ["interactive", "agent", "batch"], "{p}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

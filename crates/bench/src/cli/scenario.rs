@@ -11,6 +11,10 @@ use crate::overhead::Template;
 pub enum ScenarioName {
     /// Capacity C from `direct`, then every configuration at 0.25x .. 4x C: goodput curves.
     OverloadSweep,
+    /// 1x .. 4x C with 20% interactive, 30% agent and 50% batch requests, each naming its tier:
+    /// per-tier attainment for sluice with admission (tiers, the gateway queue, shedding),
+    /// sluice-shed (no tiers) and direct.
+    TieredOverload,
     /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
     Spike,
     /// 0.5x C on 3 engines; one is killed with SIGKILL and started again later.
@@ -32,7 +36,9 @@ impl ScenarioName {
             ScenarioName::WorkerCrash => Some(Incident::WorkerCrash),
             ScenarioName::FrozenEngine => Some(Incident::FrozenEngine),
             ScenarioName::SlowWorker => Some(Incident::SlowWorker),
-            ScenarioName::OverloadSweep | ScenarioName::Overhead => None,
+            ScenarioName::OverloadSweep | ScenarioName::TieredOverload | ScenarioName::Overhead => {
+                None
+            }
         }
     }
 }
@@ -129,6 +135,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
         let capacity = crate::scenario::fleet_capacity(&plan).await?;
         let report = crate::scenario::timeline(&plan, incident, capacity, timing).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
+    } else if let ScenarioName::TieredOverload = args.name {
+        let report = crate::scenario::tiered_overload(&plan).await?;
+        print_report(args.json, &report, || report.table());
     } else {
         let report = crate::scenario::overload_sweep(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
@@ -139,6 +148,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
 fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError> {
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     let mut configs = crate::scenario::default_configs(&exe, args.time_scale);
+    if let ScenarioName::TieredOverload = args.name {
+        configs.push(crate::scenario::tiered_config(&exe, args.time_scale));
+    }
     for g in &args.gateways {
         configs.push(Template::parse(g)?);
     }
@@ -160,7 +172,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         return Err(BenchError::Positive("capacity"));
     }
     let engines = args.engines.unwrap_or(match args.name {
-        ScenarioName::OverloadSweep => 2,
+        ScenarioName::OverloadSweep | ScenarioName::TieredOverload => 2,
         _ => 3,
     });
     if engines == 0 {
@@ -186,6 +198,10 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             .split_whitespace()
             .map(String::from)
             .collect(),
+        tiers: match args.name {
+            ScenarioName::TieredOverload => crate::scenario::three_tiers(),
+            _ => crate::run::default_tiers(),
+        },
     })
 }
 

@@ -14,6 +14,7 @@
 mod fleet;
 mod plot;
 mod sweep;
+mod tiered;
 mod timeline;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ use serde::Serialize;
 
 pub use fleet::{EngineTotals, SimFleet};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
+pub use tiered::{three_tiers, tiered_config, tiered_overload, TieredReport};
 pub use timeline::{timeline, Incident, TimelineReport, Timing};
 
 use crate::arrivals::{ArrivalError, Process, Schedule};
@@ -32,7 +34,7 @@ use crate::overhead::{
     free_ports, loopback, on_path, wait_until_answering, OverheadError, Template,
 };
 use crate::procs::{Launch, Proc, ProcError};
-use crate::run::{default_tiers, execute, Mix, RunPlan};
+use crate::run::{execute, Mix, RunPlan};
 
 /// The model the simulated engines serve.
 pub const MODEL: &str = "llama-3.1-8b";
@@ -88,6 +90,8 @@ pub struct ScenarioPlan {
     pub out_dir: PathBuf,
     /// Extra `sluice sim` flags (engine size).
     pub engine_args: Vec<String>,
+    /// The requests' tiers, shares and objectives, in engine time.
+    pub tiers: Vec<Tier>,
 }
 
 /// The configurations: sluice three ways, and SMG when it is installed. sluice's load poll is
@@ -176,10 +180,12 @@ pub struct Point {
     pub engines: EngineTotals,
 }
 
-/// The tiers with objectives converted to wall time under `scale`.
-fn wall_tiers(scale: f64) -> Vec<Tier> {
+/// The plan's tiers with objectives converted to wall time under its scale.
+fn wall_tiers(plan: &ScenarioPlan) -> Vec<Tier> {
+    let scale = plan.time_scale;
     let wall = |d: Option<Duration>| d.map(|d| d.div_f64(scale));
-    default_tiers()
+    plan.tiers
+        .clone()
         .into_iter()
         .map(|t| Tier {
             slo: Slo {
@@ -194,8 +200,10 @@ fn wall_tiers(scale: f64) -> Vec<Tier> {
 
 /// How long the client waits for an answer: the batch tier's deadline (120 engine-seconds),
 /// after which no request can meet any objective, so waiting longer would only lengthen the run.
-fn give_up_after(scale: f64) -> Duration {
-    let longest = default_tiers()
+fn give_up_after(plan: &ScenarioPlan) -> Duration {
+    let scale = plan.time_scale;
+    let longest = plan
+        .tiers
         .iter()
         .filter_map(|t| t.slo.deadline)
         .max()
@@ -215,11 +223,11 @@ fn load_plan(plan: &ScenarioPlan, url: &str, schedule: Schedule, duration: Durat
         max_requests: usize::MAX,
         duration,
         mix: plan.mix,
-        tiers: wall_tiers(plan.time_scale),
+        tiers: wall_tiers(plan),
         tenants: 4,
         tenant_keys: Vec::new(),
         client: plan.client,
-        request_timeout: give_up_after(plan.time_scale),
+        request_timeout: give_up_after(plan),
     }
 }
 

@@ -24,7 +24,7 @@ pub struct SweepReport {
     pub svg: Option<PathBuf>,
 }
 
-fn attainment(p: &Point) -> f64 {
+pub(super) fn attainment(p: &Point) -> f64 {
     let r = &p.report;
     if r.requests == 0 {
         0.0
@@ -35,7 +35,7 @@ fn attainment(p: &Point) -> f64 {
 
 /// Doubles the rate until `direct` misses, then bisects between the last rate it served and the
 /// first it did not.
-async fn capacity(
+pub(super) async fn capacity(
     plan: &ScenarioPlan,
     fleet: &SimFleet,
     direct: &Gateway,

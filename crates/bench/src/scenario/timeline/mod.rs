@@ -211,7 +211,7 @@ async fn one_config(
             incident,
             scale: plan.time_scale,
             timing,
-            tiers: &wall_tiers(plan.time_scale),
+            tiers: &wall_tiers(plan),
         };
         Ok(run.row(&outcomes, &readings, fleet.totals().await))
     }

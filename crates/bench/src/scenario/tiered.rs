@@ -1,0 +1,160 @@
+//! `tiered-overload`: 1x .. 4x C with 20% interactive, 30% agent and 50% batch requests, each
+//! naming its tier (`x-sluice-priority`, and SMG's `x-smg-priority`). Per configuration and load:
+//! goodput against C, and each tier's share within its objectives — whether overload is spent on
+//! the requests that matter most.
+
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::sweep::{attainment, capacity};
+use super::{measure, Gateway, Point, ScenarioError, ScenarioPlan, SimFleet};
+use crate::goodput::{Slo, Tier};
+use crate::overhead::Template;
+
+/// The three tiers of seed 003, objectives in engine time.
+pub fn three_tiers() -> Vec<Tier> {
+    let chat = |name: &str, share: f64, ttft: u64| Tier {
+        name: name.into(),
+        share,
+        slo: Slo {
+            ttft: Some(Duration::from_secs(ttft)),
+            tpot: Some(Duration::from_millis(100)),
+            deadline: None,
+        },
+    };
+    vec![
+        chat("interactive", 0.2, 2),
+        chat("agent", 0.3, 5),
+        Tier {
+            name: "batch".into(),
+            share: 0.5,
+            slo: Slo {
+                deadline: Some(Duration::from_secs(120)),
+                ..Slo::default()
+            },
+        },
+    ]
+}
+
+/// sluice with admission: requests wait in the gateway queue by tier, each tier at most as long as
+/// its time-to-first-token objective allows (batch: its deadline), and waiting that cannot help is
+/// shed by tier. Timers in wall time under `time_scale`.
+pub fn tiered_config(exe: &Path, time_scale: f64) -> Template {
+    let scale = time_scale.max(1.0);
+    let poll = format!("{}", 10.0 / scale);
+    let timeouts = format!("{},{},{}", 2.0 / scale, 5.0 / scale, 120.0 / scale);
+    let argv = [
+        "--log-level",
+        "warn",
+        "--load-monitor-interval",
+        &poll,
+        "--worker-overload-shed",
+        "--default-priority",
+        "0",
+        "--queue-size",
+        "1024",
+        "--queue-timeout-by-tier",
+        &timeouts,
+    ];
+    crate::overhead::sluice_template("sluice-tiers", exe, &argv)
+}
+
+/// The scenario's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct TieredReport {
+    /// C, requests per engine-second (direct keeps >= 90% within the tiers' objectives).
+    pub capacity: f64,
+    pub levels: Vec<f64>,
+    pub time_scale: f64,
+    pub window_engine_secs: f64,
+    pub points: Vec<Point>,
+}
+
+pub async fn tiered_overload(plan: &ScenarioPlan) -> Result<TieredReport, ScenarioError> {
+    let levels = if plan.quick {
+        vec![1.0, 3.0]
+    } else {
+        vec![1.0, 2.0, 3.0, 4.0]
+    };
+    let fleet = SimFleet::start(plan).await?;
+    let result = run(plan, &fleet, &levels).await;
+    fleet.stop().await;
+    let (capacity, points) = result?;
+    Ok(TieredReport {
+        capacity,
+        levels,
+        time_scale: plan.time_scale,
+        window_engine_secs: plan.window.as_secs_f64(),
+        points,
+    })
+}
+
+/// C measured on `direct` with these tiers' objectives (a figure kept from another scenario was
+/// measured against other objectives), then every configuration at every level.
+async fn run(
+    plan: &ScenarioPlan,
+    fleet: &SimFleet,
+    levels: &[f64],
+) -> Result<(f64, Vec<Point>), ScenarioError> {
+    let mut c = plan.capacity;
+    let mut points = Vec::new();
+    for config in &plan.configs {
+        let gateway = Gateway::start(config, fleet, &plan.out_dir).await?;
+        let measured = async {
+            let cap = match c {
+                Some(cap) => cap,
+                None => capacity(plan, fleet, &gateway).await?,
+            };
+            c = Some(cap);
+            let mut mine = Vec::new();
+            for level in levels {
+                let mut p = measure(plan, fleet, &config.name, &gateway.url, level * cap).await?;
+                p.offered = level * cap;
+                mine.push(p);
+            }
+            Ok::<_, ScenarioError>(mine)
+        }
+        .await;
+        gateway.stop().await;
+        points.extend(measured?);
+    }
+    Ok((c.unwrap_or(0.0), points))
+}
+
+impl TieredReport {
+    /// Markdown: one row per configuration and load, a column per tier.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "capacity C = {:.2} requests per engine-second; time scale {}, {} engine-s per point\n\n\
+             | config | load | goodput / C | within SLO | interactive | agent | batch | rejected | reject p99 (ms) |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            self.capacity, self.time_scale, self.window_engine_secs
+        );
+        for p in &self.points {
+            let r = &p.report;
+            let tier = |name: &str| {
+                r.tiers
+                    .iter()
+                    .find(|t| t.name == name)
+                    .map_or("-".to_string(), |t| format!("{:.0}%", 100.0 * t.attainment))
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {:.1}x | {:.0}% | {:.0}% | {} | {} | {} | {:.0}% | {:.1} |",
+                p.config,
+                p.offered / self.capacity,
+                100.0 * p.goodput / self.capacity,
+                100.0 * attainment(p),
+                tier("interactive"),
+                tier("agent"),
+                tier("batch"),
+                100.0 * r.rejection_rate,
+                r.time_to_reject_p99 * 1e3,
+            );
+        }
+        out
+    }
+}
