@@ -178,6 +178,26 @@ impl Admit {
             });
         }
         ctx.admission.hold(Box::new(TenantSlot(tenant.clone())));
+        let out = asking.n.max(1) * asking.max_tokens.unwrap_or(self.default_max_tokens);
+        let tokens = asking.prompt_tokens + out;
+        ctx.admission.weight = tenant.weight;
+        ctx.admission.cost = tokens;
+        if !tenant.limited() {
+            // No budget to reserve from, nothing to settle.
+            return Ok(());
+        }
+        self.reserve(ctx, tenant, tokens, asking.prompt_tokens, now)
+    }
+
+    /// One request and `tokens` from the tenant's buckets, settled when the request ends.
+    fn reserve(
+        &self,
+        ctx: &mut RequestContext,
+        tenant: &Arc<Tenant>,
+        tokens: u64,
+        prompt_estimate: u64,
+        now: Instant,
+    ) -> Result<(), GatewayError> {
         let limited = |what, error: Refusal| match error {
             Refusal::NotYet { retry_after } => GatewayError::RateLimited {
                 tenant: tenant.id.to_string(),
@@ -186,37 +206,20 @@ impl Admit {
             },
             Refusal::TooBig { capacity } => GatewayError::RequestTooLarge {
                 tenant: tenant.id.to_string(),
-                needs: 0,
+                needs: if what == "tokens" { tokens } else { 1 },
                 limit: capacity,
             },
         };
         Tenant::reserve(&tenant.requests, 1, now).map_err(|e| limited("requests", e))?;
-        let out = asking.n.max(1) * asking.max_tokens.unwrap_or(self.default_max_tokens);
-        let tokens = asking.prompt_tokens + out;
         if let Err(refusal) = Tenant::reserve(&tenant.tokens, tokens, now) {
             Tenant::settle(&tenant.requests, 1, 0, now);
-            return Err(match limited("tokens", refusal) {
-                GatewayError::RequestTooLarge { tenant, limit, .. } => {
-                    GatewayError::RequestTooLarge {
-                        tenant,
-                        needs: tokens,
-                        limit,
-                    }
-                }
-                other => other,
-            });
+            return Err(limited("tokens", refusal));
         }
         ctx.admission.metered = tenant.tokens.is_some();
-        ctx.admission.weight = tenant.weight;
-        ctx.admission.cost = tokens;
-        if !tenant.limited() {
-            // Nothing to settle.
-            return Ok(());
-        }
         ctx.admission.hold(Box::new(Spend {
             tenant: tenant.clone(),
             tokens: if tenant.tokens.is_some() { tokens } else { 0 },
-            prompt_estimate: asking.prompt_tokens,
+            prompt_estimate,
             metrics: self.metrics.clone(),
         }));
         Ok(())

@@ -246,11 +246,24 @@ impl GatewayQueue {
         let timeout_at = arrived + self.config.timeouts[asker.tier.index()];
         let until = asker.deadline.map_or(timeout_at, |d| d.min(timeout_at));
         let turn = tokio::time::timeout_at(until, rx).await;
+        if turn.is_ok() {
+            // Out of the queue already: sent out, or evicted.
+            leave.ticket = None;
+        }
+        self.ended(turn, &asker, arrived, timeout_at)
+    }
+
+    /// What a wait that ended gives the request.
+    fn ended(
+        &self,
+        turn: Result<Result<Turn, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+        asker: &Asker,
+        arrived: Instant,
+        timeout_at: Instant,
+    ) -> Result<Dispatched, GatewayError> {
         let waited = arrived.elapsed();
         match turn {
             Ok(Ok(Turn::Go(ack))) => {
-                // The dispatcher took it out.
-                leave.ticket = None;
                 self.wait
                     .get_or_create(&TierLabel {
                         tier: asker.tier.name(),
@@ -258,12 +271,9 @@ impl GatewayQueue {
                     .observe(waited.as_secs_f64());
                 Ok(ack)
             }
-            Ok(Ok(Turn::Evicted)) | Ok(Err(_)) => {
-                leave.ticket = None;
-                Err(GatewayError::QueueEvicted {
-                    retry_after: self.retry_after(Instant::now()),
-                })
-            }
+            Ok(Ok(Turn::Evicted)) | Ok(Err(_)) => Err(GatewayError::QueueEvicted {
+                retry_after: self.retry_after(Instant::now()),
+            }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
                 Err(GatewayError::DeadlineExceeded { budget: waited })
             }

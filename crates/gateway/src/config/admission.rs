@@ -141,6 +141,32 @@ impl AdmissionSettings {
         shedding: &Shedding,
     ) -> Result<AdmissionConfig, ConfigError> {
         let default_tier = tier("default-priority", self.default_priority)?;
+        let tenants = self.tenants(default_tier, client_keys)?;
+        let tenant_header = self
+            .trust_tenant_header
+            .then(|| {
+                HeaderName::try_from(self.tenant_header_name.trim())
+                    .map_err(|e| invalid("tenant-header-name", e.to_string()))
+            })
+            .transpose()?;
+        Ok(AdmissionConfig {
+            tier_deadlines: self.tier_deadlines()?,
+            queue: self.queue(shedding)?,
+            tenants,
+            tenant_header,
+            default_tier,
+            default_max_tokens: self.default_max_tokens_estimate,
+            max_concurrent: self.max_concurrent()?,
+            request_rate: self.request_rate()?,
+        })
+    }
+
+    /// The file's tenants and those `--tenant-api-key` adds, each name and key used once.
+    fn tenants(
+        &self,
+        default_tier: Tier,
+        client_keys: &[String],
+    ) -> Result<Vec<TenantConfig>, ConfigError> {
         let mut tenants: Vec<TenantConfig> = Vec::new();
         for spec in &self.tenants {
             tenants.push(tenant(spec, default_tier)?);
@@ -191,58 +217,43 @@ impl AdmissionSettings {
                 }
             }
         }
-        let tenant_header = self
-            .trust_tenant_header
-            .then(|| {
-                HeaderName::try_from(self.tenant_header_name.trim())
-                    .map_err(|e| invalid("tenant-header-name", e.to_string()))
-            })
-            .transpose()?;
-        let max_concurrent = match self.max_concurrent_requests {
-            -1 => None,
-            n if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-            n => {
-                return Err(invalid(
-                    "max-concurrent-requests",
-                    format!("{n}: give at least 1, or -1 for no cap"),
-                ))
-            }
-        };
-        let request_rate = match self.rate_limit_tokens_per_second {
-            None => None,
-            Some(0.0) => None,
-            Some(r) if r.is_finite() && r > 0.0 => Some(r),
-            Some(r) => {
-                return Err(invalid(
-                    "rate-limit-tokens-per-second",
-                    format!("{r} is not a rate >= 0"),
-                ))
-            }
-        };
-        let queue = self.queue(shedding)?;
-        let tier_deadlines = match self.default_deadline_ms_by_tier.as_slice() {
-            [] => [None; 3],
-            [a, b, c] => [*a, *b, *c].map(|ms| (ms > 0).then(|| Duration::from_millis(ms))),
-            other => {
-                return Err(invalid(
-                    "default-deadline-ms-by-tier",
-                    format!(
-                        "{} values: give three, INTERACTIVE,AGENT,BATCH",
-                        other.len()
-                    ),
-                ))
-            }
-        };
-        Ok(AdmissionConfig {
-            tier_deadlines,
-            queue,
-            tenants,
-            tenant_header,
-            default_tier,
-            default_max_tokens: self.default_max_tokens_estimate,
-            max_concurrent,
-            request_rate,
-        })
+        Ok(tenants)
+    }
+
+    fn max_concurrent(&self) -> Result<Option<u32>, ConfigError> {
+        match self.max_concurrent_requests {
+            -1 => Ok(None),
+            n if n >= 1 => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
+            n => Err(invalid(
+                "max-concurrent-requests",
+                format!("{n}: give at least 1, or -1 for no cap"),
+            )),
+        }
+    }
+
+    fn request_rate(&self) -> Result<Option<f64>, ConfigError> {
+        match self.rate_limit_tokens_per_second {
+            None | Some(0.0) => Ok(None),
+            Some(r) if r.is_finite() && r > 0.0 => Ok(Some(r)),
+            Some(r) => Err(invalid(
+                "rate-limit-tokens-per-second",
+                format!("{r} is not a rate >= 0"),
+            )),
+        }
+    }
+
+    fn tier_deadlines(&self) -> Result<[Option<Duration>; 3], ConfigError> {
+        match self.default_deadline_ms_by_tier.as_slice() {
+            [] => Ok([None; 3]),
+            [a, b, c] => Ok([*a, *b, *c].map(|ms| (ms > 0).then(|| Duration::from_millis(ms)))),
+            other => Err(invalid(
+                "default-deadline-ms-by-tier",
+                format!(
+                    "{} values: give three, INTERACTIVE,AGENT,BATCH",
+                    other.len()
+                ),
+            )),
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
 use crate::forward::{Forwarder, Job};
-use crate::http::{discard, read_body, request_id, BodyLimits, Keys, REQUEST_ID};
+use crate::http::{discard, read_body, request_id, BodyLimits, KeyOwner, Keys, REQUEST_ID};
 use crate::route::{RouteStage, Wants};
 use crate::stream::{self, Answer};
 
@@ -180,6 +180,20 @@ async fn serve(
     };
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
+    admit_route_forward(front, ctx, route, parts, body, &facts, owner).await
+}
+
+/// The stages after the request was read: admit, route (waiting in the gateway queue if it must),
+/// forward.
+async fn admit_route_forward(
+    front: &Front,
+    ctx: &mut RequestContext,
+    route: ApiRoute,
+    parts: &Parts,
+    body: &Bytes,
+    facts: &RequestFacts<'_>,
+    owner: KeyOwner,
+) -> Result<Answer, GatewayError> {
     let asking = Asking {
         headers: &parts.headers,
         owner,
@@ -188,26 +202,14 @@ async fn serve(
         n: facts.n,
     };
     front.admit.admit(ctx, &asking)?;
-    let snapshot = front.fleet.snapshot();
-    let wants = Wants {
-        model: facts.model.as_deref(),
-        routing_key: front
-            .routing_key_headers
-            .iter()
-            .find_map(|name| parts.headers.get(name))
-            .map(HeaderValue::as_bytes)
-            .or(facts.user.as_deref().map(str::as_bytes)),
-        prompt: facts.prompt,
-        prompt_tokens: facts.prompt_tokens_estimate(),
-        stream: facts.stream,
-        n: facts.n,
-    };
+    let wants = wants(front, parts, facts);
     let name_model = |ctx: &mut RequestContext| {
         ctx.model = facts
             .model
             .as_deref()
             .map(|m| sluice_core::ModelName::new(reflected(m)));
     };
+    let snapshot = front.fleet.snapshot();
     let routed = front
         .route
         .route(&snapshot, &wants)
@@ -233,21 +235,41 @@ async fn serve(
         routed
     };
     ctx.model = Some(routed.pool.model.clone());
-    // The worker is told the model it serves: the one chosen for a request without one, or the
-    // one an alias names, spliced in (the rest of the body stays byte for byte).
-    let served = routed.pool.model.as_str();
-    let body = match (&facts.model, &facts.model_at) {
-        _ if !route.takes_model() => body.clone(),
-        (Some(asked), _) if asked == served => body.clone(),
-        (_, Some(at)) => with_model_at(body, at.clone(), served),
-        (_, None) => with_model(body, served),
-    };
+    let body = served_body(route, facts, body, routed.pool.model.as_str());
     let job = Job {
         parts,
         body: &body,
         routed: &routed,
     };
     front.forward.forward(ctx, job).await
+}
+
+/// What the route stage reads of a request.
+fn wants<'a>(front: &'a Front, parts: &'a Parts, facts: &'a RequestFacts<'a>) -> Wants<'a> {
+    Wants {
+        model: facts.model.as_deref(),
+        routing_key: front
+            .routing_key_headers
+            .iter()
+            .find_map(|name| parts.headers.get(name))
+            .map(HeaderValue::as_bytes)
+            .or(facts.user.as_deref().map(str::as_bytes)),
+        prompt: facts.prompt,
+        prompt_tokens: facts.prompt_tokens_estimate(),
+        stream: facts.stream,
+        n: facts.n,
+    }
+}
+
+/// The body the worker gets: told the model it serves — the one chosen for a request without
+/// one, or the one an alias names — spliced in; the rest stays byte for byte.
+fn served_body(route: ApiRoute, facts: &RequestFacts<'_>, body: &Bytes, served: &str) -> Bytes {
+    match (&facts.model, &facts.model_at) {
+        _ if !route.takes_model() => body.clone(),
+        (Some(asked), _) if asked == served => body.clone(),
+        (_, Some(at)) => with_model_at(body, at.clone(), served),
+        (_, None) => with_model(body, served),
+    }
 }
 
 /// `body` (a JSON object) with `"model":<model>` as its first field.

@@ -115,24 +115,37 @@ pub async fn serve(
             Some(acceptor) => {
                 let handshake = acceptor.accept(stream);
                 tokio::spawn(async move {
-                    let stream = tokio::select! {
-                        done = tokio::time::timeout(limits.header_read, handshake) => match done {
-                            Ok(Ok(stream)) => stream,
-                            Ok(Err(e)) => {
-                                debug!(error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                debug!("no TLS handshake within the header read timeout; closing");
-                                return;
-                            }
-                        },
-                        () = stopped(stop.clone()) => return,
-                    };
-                    serve_connection(stream, router, builder, limits, stop, slot).await;
+                    if let Some(stream) = handshake_within(handshake, &limits, &stop).await {
+                        serve_connection(stream, router, builder, limits, stop, slot).await;
+                    }
                 });
             }
         }
+    }
+}
+
+/// A TLS handshake, bounded like a request head (and by the stop); `None` if it failed.
+async fn handshake_within<S>(
+    handshake: tokio_rustls::Accept<S>,
+    limits: &Limits,
+    stop: &watch::Receiver<bool>,
+) -> Option<tokio_rustls::server::TlsStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::select! {
+        done = tokio::time::timeout(limits.header_read, handshake) => match done {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                debug!(error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                debug!("no TLS handshake within the header read timeout; closing");
+                None
+            }
+        },
+        () = stopped(stop.clone()) => None,
     }
 }
 
