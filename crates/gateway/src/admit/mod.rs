@@ -1,5 +1,5 @@
-//! The admit stage: whether a request may go on now, or is refused — and what it holds while it
-//! runs (seed 003, layer 1).
+//! The admit stage: whether a request may go on now, must wait in the gateway queue, or is
+//! refused — and what it holds while it runs (seed 003, layer 1).
 //!
 //! In order: the request's tenant (a trusted header, else its key's owner, else the default
 //! tenant) and tier (`x-sluice-priority` or SMG's `x-smg-priority`, never more urgent than the
@@ -7,9 +7,11 @@
 //! `X-Request-Deadline-Ms`); then the budgets, each taken in one step so concurrent requests
 //! cannot together overspend: the gateway-wide request rate and concurrency cap, the tenant's
 //! concurrency, requests per minute and tokens per minute (the prompt estimate plus the most it
-//! may generate, settled against what the response reports when it ends). A refusal is a typed
-//! `GatewayError`; whatever was taken is a `Hold` in the context, given back however the request
-//! ends.
+//! may generate, settled against what the response reports when it ends). Once the route stage has
+//! found the model's pool, a deadline that cannot be met is refused (`feasible`), and with
+//! `--queue-size` a request no worker can take now waits for its turn (`wait_room`). A refusal is
+//! a typed `GatewayError`; whatever was taken is a `Hold` in the context, given back however the
+//! request ends.
 //!
 //! ## Layout
 //!
