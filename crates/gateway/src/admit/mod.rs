@@ -286,6 +286,10 @@ impl Admit {
             if (waited || !must_wait) && self.take_slot(ctx, queue) {
                 return Ok(waited);
             }
+            // A turn whose slot another request took: the dispatcher, waiting for this request to
+            // take its worker, is let go before the request waits again (or it would wait for
+            // itself).
+            ctx.admission.on_worker = None;
             let asker = Asker {
                 tier: ctx.admission.tier.unwrap_or(Tier::Agent),
                 tenant: ctx
