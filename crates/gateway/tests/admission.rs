@@ -5,23 +5,7 @@
 mod common;
 
 use common::*;
-use http_body_util::BodyExt;
-use sluice_core::admission::Tier;
-use sluice_core::TenantId;
-use sluice_gateway::admit::TenantConfig;
 use tokio::time::Instant;
-
-fn tenant(name: &str, key: &str) -> TenantConfig {
-    TenantConfig {
-        id: TenantId::new(name),
-        api_keys: vec![key.into()],
-        tier: Tier::Agent,
-        weight: 1.0,
-        tokens_per_minute: None,
-        requests_per_minute: None,
-        max_concurrent: None,
-    }
-}
 
 /// A chat request with `headers`, answered in full.
 async fn chat_as(s: &Setup, body: &str, headers: &[(&str, &str)]) -> Answer {
@@ -33,30 +17,6 @@ async fn chat_as(s: &Setup, body: &str, headers: &[(&str, &str)]) -> Answer {
         headers,
     )
     .await
-}
-
-/// A streaming request with `headers` whose first chunk has arrived; the rest is left unread.
-async fn open_stream_as(
-    s: &Setup,
-    max_tokens: u32,
-    headers: &[(&str, &str)],
-) -> hyper::Response<hyper::body::Incoming> {
-    let mut request = http::Request::post(s.url("/v1/chat/completions"))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let body = chat_body("test-model", "a long answer", max_tokens, true);
-    let request = request
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-        .unwrap();
-    let mut response = s.client.request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    bounded("a first chunk", response.body_mut().frame())
-        .await
-        .unwrap()
-        .unwrap();
-    response
 }
 
 fn header(a: &Answer, name: &str) -> u64 {
@@ -161,7 +121,7 @@ async fn a_tenant_at_its_concurrency_waits_its_turn_others_do_not() {
     })
     .await;
     let mine = [("authorization", "Bearer k1")];
-    let stream = open_stream_as(&s, 4000, &mine).await;
+    let stream = open_stream_as(&s, "a long answer", 4000, &mine).await;
     let second = chat_as(&s, &chat_body("test-model", "hi", 2, false), &mine).await;
     assert_eq!(second.status, 429);
     assert_eq!(

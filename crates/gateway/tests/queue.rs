@@ -239,39 +239,19 @@ async fn a_request_for_a_fully_vetoed_pool_waits_and_goes_when_a_veto_lifts() {
 
 #[tokio::test]
 async fn a_noisy_tenant_waits_behind_a_quiet_ones_request_not_the_other_way() {
-    use sluice_core::TenantId;
-    use sluice_gateway::admit::TenantConfig;
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         one_at_a_time(c, 50, [30, 30, 30]);
-        let tenant = |name: &str, key: &str| TenantConfig {
-            id: TenantId::new(name),
-            api_keys: vec![key.into()],
-            tier: Tier::Agent,
-            weight: 1.0,
-            tokens_per_minute: None,
-            requests_per_minute: None,
-            max_concurrent: None,
-        };
         c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
         c.api_keys = vec!["holder".into()];
     })
     .await;
-    let holder = {
-        let request = http::Request::post(s.url("/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer holder")
-            .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
-                "test-model",
-                "a long answer",
-                4000,
-                true,
-            ))))
-            .unwrap();
-        let mut response = s.client.request(request).await.unwrap();
-        use http_body_util::BodyExt;
-        bounded("the first chunk", response.body_mut().frame()).await;
-        response
-    };
+    let holder = open_stream_as(
+        &s,
+        "a long answer",
+        4000,
+        &[("authorization", "Bearer holder")],
+    )
+    .await;
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..8 {

@@ -206,9 +206,23 @@ pub async fn open_stream(
     content: &str,
     max_tokens: u32,
 ) -> hyper::Response<hyper::body::Incoming> {
+    open_stream_as(s, content, max_tokens, &[]).await
+}
+
+/// `open_stream` with request `headers` (a tenant's key, a tier).
+pub async fn open_stream_as(
+    s: &Setup,
+    content: &str,
+    max_tokens: u32,
+    headers: &[(&str, &str)],
+) -> hyper::Response<hyper::body::Incoming> {
     use http_body_util::BodyExt;
-    let request = http::Request::post(s.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
+    let mut request = http::Request::post(s.url("/v1/chat/completions"))
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
         .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
             "test-model",
             content,
@@ -223,4 +237,17 @@ pub async fn open_stream(
         .unwrap()
         .unwrap();
     response
+}
+
+/// A configured tenant with one key, in the agent tier, weight 1 and no budgets.
+pub fn tenant(name: &str, key: &str) -> sluice_gateway::admit::TenantConfig {
+    sluice_gateway::admit::TenantConfig {
+        id: sluice_core::TenantId::new(name),
+        api_keys: vec![key.into()],
+        tier: sluice_core::admission::Tier::Agent,
+        weight: 1.0,
+        tokens_per_minute: None,
+        requests_per_minute: None,
+        max_concurrent: None,
+    }
 }
