@@ -35,7 +35,7 @@ pub(super) fn attainment(p: &Point) -> f64 {
 
 /// Doubles the rate until `direct` misses, then bisects between the last rate it served and the
 /// first it did not.
-pub(super) async fn capacity(
+async fn capacity(
     plan: &ScenarioPlan,
     fleet: &SimFleet,
     direct: &Gateway,
@@ -154,7 +154,11 @@ pub async fn overload_sweep(plan: &ScenarioPlan) -> Result<SweepReport, Scenario
         vec![0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
     };
     let fleet = SimFleet::start(plan).await?;
-    let result = sweep(plan, &fleet, &levels).await;
+    // C as given; a quick run reuses it from an earlier run on the same engines and load.
+    let known = plan
+        .capacity
+        .or_else(|| plan.quick.then(|| Memo::recall(plan)).flatten());
+    let result = sweep(plan, &fleet, &levels, known).await;
     fleet.stop().await;
     let (capacity, points) = result?;
     Memo::keep(plan, capacity)?;
@@ -170,15 +174,15 @@ pub async fn overload_sweep(plan: &ScenarioPlan) -> Result<SweepReport, Scenario
     })
 }
 
-async fn sweep(
+/// Every configuration at every level (multiples of C). C is `known`, or measured on the first
+/// configuration (`direct`).
+pub(super) async fn sweep(
     plan: &ScenarioPlan,
     fleet: &SimFleet,
     levels: &[f64],
+    known: Option<f64>,
 ) -> Result<(f64, Vec<Point>), ScenarioError> {
-    // C as given; a quick run reuses it from an earlier run on the same engines and load.
-    let mut capacity_c = plan
-        .capacity
-        .or_else(|| plan.quick.then(|| Memo::recall(plan)).flatten());
+    let mut capacity_c = known;
     let mut points = Vec::new();
     for config in &plan.configs {
         let gateway = Gateway::start(config, fleet, &plan.out_dir).await?;

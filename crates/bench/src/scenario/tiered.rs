@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::sweep::{attainment, capacity};
-use super::{measure, Gateway, Point, ScenarioError, ScenarioPlan, SimFleet};
+use super::sweep::{attainment, sweep};
+use super::{Point, ScenarioError, ScenarioPlan, SimFleet};
 use crate::goodput::{Slo, Tier};
 use crate::overhead::Template;
 
@@ -80,7 +80,9 @@ pub async fn tiered_overload(plan: &ScenarioPlan) -> Result<TieredReport, Scenar
         vec![1.0, 2.0, 3.0, 4.0]
     };
     let fleet = SimFleet::start(plan).await?;
-    let result = run(plan, &fleet, &levels).await;
+    // C measured against these tiers' objectives: a figure kept from another scenario was measured
+    // against others, so only a given one is used.
+    let result = sweep(plan, &fleet, &levels, plan.capacity).await;
     fleet.stop().await;
     let (capacity, points) = result?;
     Ok(TieredReport {
@@ -90,38 +92,6 @@ pub async fn tiered_overload(plan: &ScenarioPlan) -> Result<TieredReport, Scenar
         window_engine_secs: plan.window.as_secs_f64(),
         points,
     })
-}
-
-/// C measured on `direct` with these tiers' objectives (a figure kept from another scenario was
-/// measured against other objectives), then every configuration at every level.
-async fn run(
-    plan: &ScenarioPlan,
-    fleet: &SimFleet,
-    levels: &[f64],
-) -> Result<(f64, Vec<Point>), ScenarioError> {
-    let mut c = plan.capacity;
-    let mut points = Vec::new();
-    for config in &plan.configs {
-        let gateway = Gateway::start(config, fleet, &plan.out_dir).await?;
-        let measured = async {
-            let cap = match c {
-                Some(cap) => cap,
-                None => capacity(plan, fleet, &gateway).await?,
-            };
-            c = Some(cap);
-            let mut mine = Vec::new();
-            for level in levels {
-                let mut p = measure(plan, fleet, &config.name, &gateway.url, level * cap).await?;
-                p.offered = level * cap;
-                mine.push(p);
-            }
-            Ok::<_, ScenarioError>(mine)
-        }
-        .await;
-        gateway.stop().await;
-        points.extend(measured?);
-    }
-    Ok((c.unwrap_or(0.0), points))
 }
 
 impl TieredReport {
