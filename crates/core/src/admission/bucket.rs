@@ -101,6 +101,35 @@ impl Bucket {
     }
 }
 
+/// How a request that reserved tokens ended, as far as its settlement needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Spent {
+    /// A worker got the request (else the gateway answered it alone).
+    pub forwarded: bool,
+    /// The tokens its response reported (`usage`: prompt plus completion), when it did.
+    pub reported: Option<u64>,
+    /// Events of its stream, `[DONE]` aside.
+    pub events: u64,
+    /// Its client left before any answer.
+    pub left_unanswered: bool,
+}
+
+/// The tokens a request is charged at its end: what its response reported; else, for a stream,
+/// the prompt estimate and one token per event; a client that left before any answer, the prompt
+/// (its prefill may have run); else, when nothing says otherwise, all it reserved. A request the
+/// gateway answered alone used none.
+pub fn tokens_used(reserved: u64, prompt_estimate: u64, spent: Spent) -> u64 {
+    if !spent.forwarded {
+        return 0;
+    }
+    match spent.reported {
+        Some(tokens) => tokens,
+        None if spent.events > 0 => prompt_estimate + spent.events,
+        None if spent.left_unanswered => prompt_estimate,
+        None => reserved,
+    }
+}
+
 /// A duration as OpenAI writes it in `x-ratelimit-reset-*`: `20ms`, `1.5s`, `6m0s`, `1h2m3s`.
 pub fn reset_text(d: Duration) -> String {
     let ms = d.as_millis();
@@ -176,6 +205,40 @@ mod tests {
             (30, Duration::from_secs(30))
         );
         assert_eq!(b.level(t0 + Duration::from_secs(600)).remaining, 60);
+    }
+
+    #[test]
+    fn a_request_is_charged_what_it_reported_else_what_can_be_told() {
+        let forwarded = Spent {
+            forwarded: true,
+            ..Spent::default()
+        };
+        let charge = |spent| tokens_used(500, 40, spent);
+        assert_eq!(charge(Spent::default()), 0, "answered by the gateway alone");
+        assert_eq!(
+            charge(Spent {
+                reported: Some(123),
+                events: 9,
+                ..forwarded
+            }),
+            123
+        );
+        assert_eq!(
+            charge(Spent {
+                events: 9,
+                ..forwarded
+            }),
+            49,
+            "a stream without usage: prompt and one per event"
+        );
+        assert_eq!(
+            charge(Spent {
+                left_unanswered: true,
+                ..forwarded
+            }),
+            40
+        );
+        assert_eq!(charge(forwarded), 500, "nothing says otherwise");
     }
 
     #[test]

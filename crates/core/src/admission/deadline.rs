@@ -13,6 +13,18 @@ pub struct Expected {
     pub per_token: Option<Duration>,
 }
 
+/// The time a worker may take to a first token for a prompt of `prompt_tokens`: the prompts
+/// already waiting for its prefill, this one included, at its measured prefill rate (tokens per
+/// second). `None` until a rate is measured.
+pub fn expected_ttft(
+    waiting_prefill: u64,
+    prompt_tokens: u64,
+    prefill_rate: f64,
+) -> Option<Duration> {
+    (prefill_rate > 0.0)
+        .then(|| Duration::from_secs_f64((waiting_prefill + prompt_tokens) as f64 / prefill_rate))
+}
+
 /// Whether a request due by `deadline` can still be answered in full if sent now: the expected
 /// time to first token, plus `tokens` at the expected time per token when that is known, must
 /// fit in what is left.
@@ -29,6 +41,12 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_first_token_waits_for_the_prefill_ahead_of_it() {
+        assert_eq!(expected_ttft(3000, 1000, 8000.0), Some(500 * MS));
+        assert_eq!(expected_ttft(3000, 1000, 0.0), None, "no rate measured yet");
+    }
 
     #[test]
     fn the_first_token_and_the_generation_must_fit() {

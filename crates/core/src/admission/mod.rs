@@ -6,13 +6,15 @@
 //! - `tier` — the priority tiers and the headers that ask for them.
 //! - `bucket` — token and request buckets, reserved from at admission and settled at the end.
 //! - `queue` — the gateway queue's order: strict tiers, weighted fair tenants, earliest deadline.
+//! - `drain` — the queue's drain rate, expected waits, hopeless waits and when to come back.
 //! - `deadline` — whether a request can still answer within its client's deadline.
 
 pub mod bucket;
 pub mod deadline;
+pub mod drain;
 pub mod queue;
 pub mod tier;
 
-pub use bucket::{reset_text, Bucket, Level, Refusal};
+pub use bucket::{reset_text, tokens_used, Bucket, Level, Refusal, Spent};
 pub use queue::{FairQueue, Pushed, Ticket, Waiter};
 pub use tier::{Tier, UnknownTier};

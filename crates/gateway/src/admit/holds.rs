@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use sluice_core::admission::{tokens_used, Spent};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
@@ -41,20 +42,15 @@ pub struct Spend {
 }
 
 impl Spend {
-    /// The tokens the request used: what its response said; else, for a stream, the prompt
-    /// estimate and one token per event; else, when nothing says otherwise, all it reserved.
-    /// A request the gateway answered alone used none, and a client that left pays for what
-    /// was generated before it did.
+    /// The tokens the request is charged (`sluice_core::admission::tokens_used`).
     fn used(&self, ending: &Ending) -> u64 {
-        if !ending.forwarded {
-            return 0;
-        }
-        match ending.usage {
-            Some(usage) => usage.prompt + usage.completion,
-            None if ending.chunks > 0 => self.prompt_estimate + ending.chunks,
-            None if ending.cancelled && ending.status.is_none() => self.prompt_estimate,
-            None => self.tokens,
-        }
+        let spent = Spent {
+            forwarded: ending.forwarded,
+            reported: ending.usage.map(|u| u.prompt + u.completion),
+            events: ending.chunks,
+            left_unanswered: ending.cancelled && ending.status.is_none(),
+        };
+        tokens_used(self.tokens, self.prompt_estimate, spent)
     }
 }
 

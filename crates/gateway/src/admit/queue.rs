@@ -10,7 +10,6 @@
 //! to take its worker before looking again (so one freed place is not promised twice). A waiter
 //! that times out, passes its deadline or whose client leaves takes itself out.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use sluice_core::admission::drain::{self, DrainRate};
 use sluice_core::admission::{FairQueue, Pushed, Tier, Waiter};
 use sluice_core::{ModelName, TenantId};
 use tokio::sync::{oneshot, watch, Notify};
@@ -60,9 +60,6 @@ struct TierLabel {
     tier: &'static str,
 }
 
-/// Dispatches remembered for the drain rate.
-const RATE_WINDOW: usize = 64;
-
 /// The queue, shared by every request and its dispatcher.
 pub struct GatewayQueue {
     config: QueueConfig,
@@ -70,7 +67,7 @@ pub struct GatewayQueue {
     /// Wakes the dispatcher: an arrival, or a gateway slot given back.
     kick: Notify,
     /// Recent dispatches, for the drain rate.
-    dispatched: Mutex<VecDeque<Instant>>,
+    drained: Mutex<DrainRate>,
     depth: Family<TierLabel, Gauge>,
     wait: Family<TierLabel, Histogram>,
 }
@@ -121,7 +118,7 @@ impl GatewayQueue {
             config,
             waiting: Mutex::new(FairQueue::new(0)),
             kick: Notify::new(),
-            dispatched: Mutex::new(VecDeque::with_capacity(RATE_WINDOW)),
+            drained: Mutex::new(DrainRate::default()),
             depth: Family::default(),
             wait: Family::new_with_constructor(|| {
                 Histogram::new([
@@ -157,35 +154,19 @@ impl GatewayQueue {
         }
     }
 
-    /// Requests sent out per second lately; `None` before there is a measure.
-    fn drain_rate(&self, now: Instant) -> Option<f64> {
-        let dispatched = self.dispatched.lock();
-        let oldest = *dispatched.front()?;
-        let span = now.saturating_duration_since(oldest).as_secs_f64();
-        (dispatched.len() >= 2 && span > 0.0).then(|| dispatched.len() as f64 / span)
-    }
-
-    /// How long an arrival of `tier` may expect to wait: those ahead of it over the drain rate.
-    fn expected_wait(&self, tier: Tier, now: Instant) -> Option<Duration> {
-        let ahead = self.waiting.lock().ahead_of(tier) + 1;
-        let rate = self.drain_rate(now)?;
-        Some(Duration::from_secs_f64(ahead as f64 / rate))
-    }
-
-    /// When waiting is pointless, with `--worker-overload-shed`: a batch request is refused
-    /// rather than queued; a more urgent one when its expected wait outlives its tier's timeout.
+    /// With `--worker-overload-shed`, an arrival whose wait cannot help is refused at once
+    /// (`drain::hopeless`).
     fn arrival(&self, asker: &Asker, now: Instant) -> Result<(), GatewayError> {
         if !self.config.shed {
             return Ok(());
         }
-        let timeout = self.config.timeouts[asker.tier.index()];
-        let hopeless = match asker.tier {
-            Tier::Batch => true,
-            _ => self
-                .expected_wait(asker.tier, now)
-                .is_some_and(|w| w > timeout),
-        };
-        if hopeless {
+        let ahead = self.waiting.lock().ahead_of(asker.tier);
+        let expected = drain::expected_wait(ahead, self.drained.lock().per_sec(now));
+        if drain::hopeless(
+            asker.tier,
+            expected,
+            self.config.timeouts[asker.tier.index()],
+        ) {
             return Err(GatewayError::WorkerOverloadShed {
                 model: asker.model.clone(),
                 status: 503,
@@ -284,20 +265,10 @@ impl GatewayQueue {
         }
     }
 
-    /// How long a refused request should wait: the queue's length over its drain rate.
+    /// How long a refused request should wait (`drain::retry_after`).
     fn retry_after(&self, now: Instant) -> Duration {
-        let len = self.waiting.lock().len() as f64;
-        self.drain_rate(now).map_or(Duration::from_secs(1), |rate| {
-            Duration::from_secs_f64((len / rate).clamp(1.0, 60.0))
-        })
-    }
-
-    fn count_dispatch(&self) {
-        let mut dispatched = self.dispatched.lock();
-        if dispatched.len() == RATE_WINDOW {
-            dispatched.pop_front();
-        }
-        dispatched.push_back(Instant::now());
+        let waiting = self.waiting.lock().len();
+        drain::retry_after(waiting, self.drained.lock().per_sec(now))
     }
 
     /// Room may have opened outside the fleet (a gateway slot came back).
@@ -355,7 +326,7 @@ impl GatewayQueue {
                 self.count_depth();
                 let (ack, taken) = oneshot::channel();
                 if waiter.item.turn.send(Turn::Go(ack)).is_ok() {
-                    self.count_dispatch();
+                    self.drained.lock().record(Instant::now());
                     // Until it has its worker, the room it was sent to is not counted yet.
                     tokio::select! {
                         _ = taken => {}

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
+use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::health::{HealthState, HealthTransition};
 use sluice_core::prefix::PrefixIndex;
@@ -109,9 +110,11 @@ impl Pool {
             .iter()
             .filter(|w| w.is_routable())
             .filter_map(|w| {
-                let rate = w.signals.heard().prefill_rate;
-                let tokens = w.traffic.pending_prefill_tokens() + prompt_tokens;
-                (rate > 0.0).then(|| Duration::from_secs_f64(tokens as f64 / rate))
+                expected_ttft(
+                    w.traffic.pending_prefill_tokens(),
+                    prompt_tokens,
+                    w.signals.heard().prefill_rate,
+                )
             })
             .min()
     }
