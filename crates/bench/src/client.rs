@@ -106,6 +106,7 @@ pub async fn run(
 ) -> Outcome {
     let due = start + job.due;
     tokio::time::sleep_until(due).await;
+    let sent_late = due.elapsed();
     let body = Bytes::from(job.body(model, index));
     let mut attempts = 0u32;
     let mut rejected_after = None;
@@ -129,6 +130,7 @@ pub async fn run(
                     output_tokens: tokens,
                     attempts,
                     rejected_after,
+                    sent_late,
                 }
             }
             Attempt::Refused {
@@ -156,6 +158,7 @@ pub async fn run(
                         output_tokens: 0,
                         attempts,
                         rejected_after,
+                        sent_late,
                     };
                 };
                 tokio::time::sleep(wait).await;

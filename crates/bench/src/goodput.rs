@@ -52,6 +52,9 @@ pub struct Outcome {
     pub attempts: u32,
     /// From due to the first refusal, when the first attempt was refused.
     pub rejected_after: Option<Duration>,
+    /// How late the client sent it (from due): on a loaded machine the load generator's own
+    /// delay, part of what the client saw but not of what the gateway took.
+    pub sent_late: Duration,
 }
 
 impl Outcome {
@@ -88,6 +91,8 @@ pub struct TierReport {
     pub met_slo: u64,
     /// Met / requests.
     pub attainment: f64,
+    /// Its requests whose final answer was a refusal, by code (as `Report::rejections`).
+    pub rejections: BTreeMap<String, u64>,
 }
 
 /// A run's figures.
@@ -111,6 +116,8 @@ pub struct Report {
     pub rejection_rate: f64,
     /// Seconds from due to the first refusal, p99 over refused first attempts.
     pub time_to_reject_p99: f64,
+    /// The same from when the client sent the request (the load generator's delay left out).
+    pub time_to_reject_sent_p99: f64,
     /// Attempts per request (1.0: no client retried).
     pub retry_amplification: f64,
 }
@@ -127,15 +134,18 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
             completed: 0,
             met_slo: 0,
             attainment: 0.0,
+            rejections: BTreeMap::new(),
         })
         .collect();
     let (mut met, mut completed, mut attempts) = (0u64, 0u64, 0u64);
     let (mut ttfts, mut tpots, mut rejects) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rejects_sent = Vec::new();
     let mut rejections: BTreeMap<String, u64> = BTreeMap::new();
     for o in outcomes {
         attempts += u64::from(o.attempts.max(1));
         if let Some(r) = o.rejected_after {
             rejects.push(r.as_secs_f64());
+            rejects_sent.push(r.saturating_sub(o.sent_late).as_secs_f64());
         }
         let meets = tiers.get(o.tier).is_some_and(|t| o.meets(&t.slo));
         if let Some(t) = tier_reports.get_mut(o.tier) {
@@ -154,6 +164,9 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
                 (None, 0) => "no_answer".to_string(),
                 (None, status) => format!("status_{status}"),
             };
+            if let Some(t) = tier_reports.get_mut(o.tier) {
+                *t.rejections.entry(code.clone()).or_default() += 1;
+            }
             *rejections.entry(code).or_default() += 1;
         }
     }
@@ -174,6 +187,7 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
         rejection_rate: ratio(rejections.values().sum(), requests),
         rejections,
         time_to_reject_p99: percentile(&rejects, 0.99),
+        time_to_reject_sent_p99: percentile(&rejects_sent, 0.99),
         retry_amplification: if requests == 0 {
             1.0
         } else {
@@ -275,6 +289,7 @@ mod tests {
             output_tokens: tokens,
             attempts: 1,
             rejected_after: None,
+            sent_late: Duration::ZERO,
         }
     }
 
@@ -290,6 +305,7 @@ mod tests {
             output_tokens: 0,
             attempts: 1,
             rejected_after: Some(ms(after)),
+            sent_late: Duration::ZERO,
         }
     }
 
@@ -304,6 +320,7 @@ mod tests {
         let retried = Outcome {
             attempts: 3,
             rejected_after: Some(ms(2)),
+            sent_late: Duration::ZERO,
             ..served(0, 900, 1800, 10)
         };
         let cut = Outcome {

@@ -198,6 +198,7 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
                     output_tokens: 0,
                     attempts: 1,
                     rejected_after: None,
+                    sent_late: Duration::ZERO,
                 },
             }
         });

@@ -80,6 +80,13 @@ pub fn overload_verdict(report: &LoadReport, c: &Ceilings) -> Option<OverloadCau
 /// lets the waiting ceiling bound what joins its queue; it vetoes on its own only when the
 /// waiting ceiling is off. (Judged alone, per report, a full batch that sits at the KV ceiling
 /// shuts the worker until the next report while it drains to idle.)
+///
+/// That hope is right for requests that arrive one by one: an early poll checks it after a
+/// ceiling's worth. It is wrong for the gateway queue, which can release a backlog of hundreds in
+/// a millisecond into an engine whose last report showed room — measured: 194 waiting against a
+/// ceiling of 8. A held request loses nothing by waiting for the next report, so the queue judges
+/// warily (`Projection::Wary`): what was sent since a report with room waits beyond the room the
+/// report showed — the engine's running window (`learned_window`) less what was running.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueGate {
     /// Waiting requests the report showed (summed over ranks).
@@ -90,18 +97,55 @@ pub struct QueueGate {
     pub ceiling: Option<u64>,
     /// The report's mean KV usage was at or above its ceiling.
     pub kv_full: bool,
+    /// Requests the engine could still start at the report (its running window less those
+    /// running), when the window is known; none when saturated.
+    pub room: Option<u64>,
+}
+
+/// How a worker's waiting queue is projected between reports (see `QueueGate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Projection {
+    /// An engine whose report showed room starts whatever it gets: requests that arrive one by
+    /// one, checked by an early poll.
+    #[default]
+    Hopeful,
+    /// Only the room the report showed is room: requests released from the gateway queue.
+    Wary,
+}
+
+/// The engine's running window as reports reveal it: the most requests it ran while others
+/// waited (a queue means the window was full). `None` until such a report.
+pub fn learned_window(previous: Option<u64>, report: &LoadReport) -> Option<u64> {
+    if report.waiting() == 0 || report.running() == 0 {
+        return previous;
+    }
+    Some(previous.unwrap_or(0).max(report.running()))
 }
 
 impl QueueGate {
-    pub fn new(report: &LoadReport, ceilings: &Ceilings, pending_at_report: u64) -> Self {
-        Self {
+    /// The gate of `report`, given this gateway's requests without a first byte then and the
+    /// engine's running window, if learned.
+    pub fn new(
+        report: &LoadReport,
+        ceilings: &Ceilings,
+        pending_at_report: u64,
+        window: Option<u64>,
+    ) -> Self {
+        let mut gate = Self {
             waiting: report.waiting(),
             pending_at_report,
             ceiling: ceilings.waiting_requests,
             kv_full: ceilings
                 .token_usage
                 .is_some_and(|ceiling| report.mean_kv_usage() >= ceiling),
-        }
+            room: None,
+        };
+        gate.room = if gate.saturated() {
+            Some(0)
+        } else {
+            window.map(|w| w.saturating_sub(report.running()))
+        };
+        gate
     }
 
     /// The engine had no room at the report.
@@ -127,10 +171,27 @@ impl QueueGate {
         }
     }
 
+    /// The waiting queue now by the wary projection: whatever was sent since the report beyond
+    /// the room it showed waits (none known: none).
+    pub fn projected_wary(&self, pending_now: u64) -> u64 {
+        (self.waiting + pending_now)
+            .saturating_sub(self.pending_at_report)
+            .saturating_sub(self.room.unwrap_or(0))
+    }
+
     /// The worker should get no new request now.
     pub fn full(&self, pending_now: u64) -> bool {
+        self.full_by(pending_now, Projection::Hopeful)
+    }
+
+    /// The worker should get no new request now, by `projection`.
+    pub fn full_by(&self, pending_now: u64, projection: Projection) -> bool {
+        let projected = match projection {
+            Projection::Hopeful => self.projected(pending_now),
+            Projection::Wary => self.projected_wary(pending_now),
+        };
         match self.ceiling {
-            Some(c) => self.projected(pending_now) >= c,
+            Some(c) => projected >= c,
             None => self.kv_full,
         }
     }
@@ -317,7 +378,7 @@ mod tests {
             token_usage: None,
         };
         // The report: 8 waiting, while 10 of ours had no first byte.
-        let gate = QueueGate::new(&report(&[(8, 0.5)]), &ceilings, 10);
+        let gate = QueueGate::new(&report(&[(8, 0.5)]), &ceilings, 10, None);
         assert!(gate.full(10), "at the ceiling as reported");
         assert_eq!(gate.projected(9), 7, "one started since");
         assert!(!gate.full(9), "so one more may go");
@@ -336,9 +397,74 @@ mod tests {
             waiting_requests: Some(8),
             token_usage: Some(0.9),
         };
-        let idle = QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 0);
+        let idle = QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 0, None);
         assert!(!idle.saturated());
         assert!(!idle.full(50), "a burst into an idle engine is not a queue");
+    }
+
+    fn running(running: u64, waiting: u64) -> LoadReport {
+        LoadReport {
+            ranks: vec![RankLoad {
+                running,
+                waiting,
+                kv_usage: 0.5,
+                ..RankLoad::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn the_running_window_is_learned_from_reports_with_a_queue() {
+        assert_eq!(
+            learned_window(None, &running(40, 0)),
+            None,
+            "room: no window"
+        );
+        assert_eq!(learned_window(None, &running(64, 3)), Some(64));
+        assert_eq!(
+            learned_window(Some(64), &running(50, 9)),
+            Some(64),
+            "the most"
+        );
+        assert_eq!(learned_window(Some(64), &running(10, 0)), Some(64), "kept");
+        assert_eq!(
+            learned_window(None, &running(0, 5)),
+            None,
+            "nothing running"
+        );
+    }
+
+    #[test]
+    fn the_wary_projection_counts_only_the_room_a_report_showed() {
+        let ceilings = Ceilings {
+            waiting_requests: Some(8),
+            token_usage: None,
+        };
+        // 60 of a 64 window running, no queue, 2 of ours without a first byte.
+        let gate = QueueGate::new(&running(60, 0), &ceilings, 2, Some(64));
+        assert_eq!(gate.room, Some(4));
+        assert!(!gate.full(500), "hopeful: room is room");
+        assert_eq!(gate.projected_wary(2 + 4), 0, "four fit the window");
+        assert_eq!(gate.projected_wary(2 + 4 + 7), 7);
+        assert!(!gate.full_by(2 + 4 + 7, Projection::Wary));
+        assert!(
+            gate.full_by(2 + 4 + 8, Projection::Wary),
+            "then the ceiling"
+        );
+        let unknown = QueueGate::new(&running(60, 0), &ceilings, 2, None);
+        assert!(
+            unknown.full_by(2 + 8, Projection::Wary),
+            "no window known: no room counted"
+        );
+        let queued = QueueGate::new(&running(64, 5), &ceilings, 5, Some(64));
+        assert_eq!(queued.room, Some(0), "a queue leaves no room");
+        for pending in 0..20 {
+            assert_eq!(
+                queued.full_by(pending, Projection::Wary),
+                queued.full(pending),
+                "a saturated engine is judged alike"
+            );
+        }
     }
 
     #[test]
@@ -348,11 +474,11 @@ mod tests {
             token_usage: Some(0.9),
         };
         assert_eq!(
-            QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 3).early_poll_at(),
+            QueueGate::new(&report(&[(0, 0.2)]), &ceilings, 3, None).early_poll_at(),
             Some(11)
         );
         assert_eq!(
-            QueueGate::new(&report(&[(2, 0.2)]), &ceilings, 3).early_poll_at(),
+            QueueGate::new(&report(&[(2, 0.2)]), &ceilings, 3, None).early_poll_at(),
             None,
             "a queue: already judged per request"
         );
@@ -361,7 +487,7 @@ mod tests {
             token_usage: Some(0.9),
         };
         assert_eq!(
-            QueueGate::new(&report(&[(0, 0.2)]), &kv_only, 3).early_poll_at(),
+            QueueGate::new(&report(&[(0, 0.2)]), &kv_only, 3, None).early_poll_at(),
             None
         );
     }
@@ -372,7 +498,7 @@ mod tests {
             waiting_requests: Some(8),
             token_usage: Some(0.9),
         };
-        let full_batch = QueueGate::new(&report(&[(0, 0.9)]), &both, 2);
+        let full_batch = QueueGate::new(&report(&[(0, 0.9)]), &both, 2, None);
         assert!(full_batch.kv_full && full_batch.saturated(), "inclusive");
         assert!(!full_batch.full(2), "no queue yet");
         assert_eq!(full_batch.projected(2 + 8), 8, "what we send now waits");
@@ -381,8 +507,8 @@ mod tests {
             waiting_requests: None,
             token_usage: Some(0.9),
         };
-        assert!(QueueGate::new(&report(&[(0, 0.95)]), &kv_only, 0).full(0));
-        assert!(!QueueGate::new(&report(&[(0, 0.89)]), &kv_only, 0).full(0));
+        assert!(QueueGate::new(&report(&[(0, 0.95)]), &kv_only, 0, None).full(0));
+        assert!(!QueueGate::new(&report(&[(0, 0.89)]), &kv_only, 0, None).full(0));
         let off = QueueGate::new(
             &report(&[(30, 0.99)]),
             &Ceilings {
@@ -390,6 +516,7 @@ mod tests {
                 token_usage: None,
             },
             0,
+            None,
         );
         assert!(!off.full(30), "both ceilings off");
     }

@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::probes::{self, Probes};
 use crate::route::RouteStage;
 use crate::upstream::Upstream;
+use sluice_core::overload::Projection;
 
 /// Everything the listeners serve.
 pub struct App {
@@ -92,7 +93,12 @@ impl App {
                 fleet: fleet.clone(),
                 admit: admit.clone(),
                 route: RouteStage::new(config.policy, config.shedding, metrics.clone())
-                    .with_aliases(config.model_aliases.clone()),
+                    .with_aliases(config.model_aliases.clone())
+                    .with_projection(if admit.queue().is_some() {
+                        Projection::Wary
+                    } else {
+                        Projection::Hopeful
+                    }),
                 forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
                 accounts: Accounts {
                     metrics,

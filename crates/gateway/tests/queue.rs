@@ -284,3 +284,66 @@ async fn a_noisy_tenant_waits_behind_a_quiet_ones_request_not_the_other_way() {
         "the quiet tenant's one request goes first or second, not after the eight: {order:?}"
     );
 }
+
+#[tokio::test]
+async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.load.interval = Duration::from_millis(50);
+        c.load.min_interval = Duration::from_millis(10);
+        c.load.ceilings.waiting_requests = Some(2);
+        c.admission.queue = Some(QueueConfig {
+            size: 20,
+            timeouts: [Duration::from_secs(30); 3],
+            shed: false,
+            shed_retry_after: Duration::from_secs(10),
+        });
+    })
+    .await;
+    let engine = s.sims.engine(0).unwrap();
+    // A frozen engine starts nothing: what it is sent waits there, as its reports say.
+    engine.fault(Fault::Freeze).await.unwrap();
+    let running = |running| Fault::Report {
+        rank: None,
+        waiting: None,
+        running: Some(running),
+        kv_usage: None,
+    };
+    // Four running while three others (sent past the gateway) wait: its window is four, full.
+    engine.fault(running(4)).await.unwrap();
+    let url = format!("{}/v1/chat/completions", engine.url());
+    let others: Vec<_> = (0..3)
+        .map(|_| {
+            let (client, url) = (s.client.clone(), url.clone());
+            let body = chat_body("test-model", "x", 2, false);
+            tokio::spawn(async move { send(&client, "POST", &url, Some(&body), &[]).await })
+        })
+        .collect();
+    s.until_workers("the window learned and the worker full", |w| {
+        w[0]["vetoes"]["overloaded"] == true && w[0]["engine_load"]["running_window"] == 4
+    })
+    .await;
+    let waiters: Vec<_> = (0..10).map(|_| spawn_chat(&s, "w", &[])).collect();
+    until_depth(&s, 1, 10).await;
+    assert_eq!(s.received(), [3], "none steered onto a full engine");
+
+    // Three running and, once the others leave, no queue: room for one, and the waiting
+    // ceiling's two behind it. A hopeful reading of that report would release all ten at once.
+    engine.fault(running(3)).await.unwrap();
+    for other in others {
+        other.abort();
+    }
+    bounded("the others gone", engine.until(|e| e.waiting == 0)).await;
+    s.until_workers("the three it was given waiting there", |w| {
+        w[0]["vetoes"]["pending_requests"] == 3 && w[0]["engine_load"]["waiting"] == 3
+    })
+    .await;
+    assert_eq!(s.received(), [3 + 3]);
+    assert_eq!(depth(&s, 1).await, 7, "the rest wait in the gateway");
+
+    // Thawed, the engine serves what it holds, and the rest follow as room opens.
+    engine.fault(Fault::Clear).await.unwrap();
+    for waiter in waiters {
+        assert_eq!(bounded("a waiter", waiter).await.unwrap().status, 200);
+    }
+    assert_eq!(s.received(), [3 + 10]);
+}

@@ -29,6 +29,8 @@ pub struct LoadView {
     token_usage: f64,
     overload: Option<OverloadCause>,
     busy: bool,
+    /// The most requests it was seen running while others waited (`learned_window`).
+    running_window: Option<u64>,
     ranks: Vec<RankLoad>,
 }
 
@@ -45,6 +47,7 @@ impl LoadView {
             token_usage: load.report.mean_kv_usage(),
             overload: load.overload,
             busy: load.busy,
+            running_window: worker.vetoes.window(),
             ranks: load.report.ranks.clone(),
         })
     }
@@ -57,6 +60,9 @@ pub struct VetoView {
     /// The waiting queue as projected now from the last report and this gateway's requests
     /// sent and started since (what the ceiling is judged on, request by request).
     projected_waiting: u64,
+    /// The same as the gateway queue judges it: sent since the last report beyond the room that
+    /// report showed in the running window (`Projection::Wary`).
+    projected_waiting_wary: u64,
     /// This gateway's requests on the worker with no first byte yet.
     pending_requests: u64,
     busy: bool,
@@ -70,6 +76,9 @@ impl VetoView {
         Self {
             overloaded: v.overloaded(),
             projected_waiting: v.queue_gate().projected(worker.traffic.pending_requests()),
+            projected_waiting_wary: v
+                .queue_gate()
+                .projected_wary(worker.traffic.pending_requests()),
             pending_requests: worker.traffic.pending_requests(),
             busy: v.busy(),
             at_capacity: v.at_capacity(),

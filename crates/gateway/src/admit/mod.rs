@@ -284,6 +284,9 @@ impl Admit {
         loop {
             let must_wait = !slots_free() || !pool.has_room() || queue.has_waiters_for(&pool.model);
             if (waited || !must_wait) && self.take_slot(ctx, queue) {
+                if !waited {
+                    queue.went_direct(ctx.admission.tier.unwrap_or(Tier::Agent));
+                }
                 return Ok(waited);
             }
             // A turn whose slot another request took: the dispatcher, waiting for this request to

@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sluice_core::admission::drain::{self, DrainRate};
+use sluice_core::admission::drain::{self, QueueRates};
 use sluice_core::admission::{FairQueue, Pushed, Tier, Waiter};
 use sluice_core::{ModelName, TenantId};
 use tokio::sync::{oneshot, watch, Notify};
@@ -66,8 +66,8 @@ pub struct GatewayQueue {
     waiting: Mutex<FairQueue<Waiting>>,
     /// Wakes the dispatcher: an arrival, or a gateway slot given back.
     kick: Notify,
-    /// Recent dispatches, for the drain rate.
-    drained: Mutex<DrainRate>,
+    /// Recent dispatches and arrivals, for the expected wait and Retry-After.
+    rates: Mutex<QueueRates>,
     depth: Family<TierLabel, Gauge>,
     wait: Family<TierLabel, Histogram>,
 }
@@ -118,7 +118,7 @@ impl GatewayQueue {
             config,
             waiting: Mutex::new(FairQueue::new(0)),
             kick: Notify::new(),
-            drained: Mutex::new(DrainRate::default()),
+            rates: Mutex::new(QueueRates::default()),
             depth: Family::default(),
             wait: Family::new_with_constructor(|| {
                 Histogram::new([
@@ -161,7 +161,7 @@ impl GatewayQueue {
             return Ok(());
         }
         let ahead = self.waiting.lock().ahead_of(asker.tier);
-        let expected = drain::expected_wait(ahead, self.drained.lock().per_sec(now));
+        let expected = drain::likely_wait(ahead, self.rates.lock().tier_rate(asker.tier, now));
         if drain::hopeless(
             asker.tier,
             expected,
@@ -218,6 +218,7 @@ impl GatewayQueue {
                 })
             }
         };
+        self.rates.lock().arrived(asker.tier, arrived);
         self.count_depth();
         let mut leave = Leave {
             queue: self,
@@ -268,7 +269,17 @@ impl GatewayQueue {
     /// How long a refused request should wait (`drain::retry_after`).
     fn retry_after(&self, now: Instant) -> Duration {
         let waiting = self.waiting.lock().len();
-        drain::retry_after(waiting, self.drained.lock().per_sec(now))
+        drain::retry_after(waiting, self.rates.lock().drain(now))
+    }
+
+    /// A request of `tier` found room and went on without waiting: it took room as a waiter sent
+    /// out does, so it counts in the rates the expected wait is judged on (counting only the
+    /// waiters, a queue that most requests pass by would seem to drain slowly).
+    pub fn went_direct(&self, tier: Tier) {
+        let now = Instant::now();
+        let mut rates = self.rates.lock();
+        rates.arrived(tier, now);
+        rates.dispatched(now);
     }
 
     /// Room may have opened outside the fleet (a gateway slot came back).
@@ -326,7 +337,7 @@ impl GatewayQueue {
                 self.count_depth();
                 let (ack, taken) = oneshot::channel();
                 if waiter.item.turn.send(Turn::Go(ack)).is_ok() {
-                    self.drained.lock().record(Instant::now());
+                    self.rates.lock().dispatched(Instant::now());
                     // Until it has its worker, the room it was sent to is not counted yet.
                     tokio::select! {
                         _ = taken => {}

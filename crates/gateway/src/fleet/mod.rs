@@ -37,6 +37,7 @@ use serde::Serialize;
 use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::health::{HealthState, HealthTransition};
+use sluice_core::overload::Projection;
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
 use tokio::sync::watch;
@@ -95,11 +96,12 @@ pub struct Pool {
 
 impl Pool {
     /// Whether a request could go to one of its workers now without waiting: one is routable and
-    /// under every veto. The gateway queue holds requests while this is false.
+    /// under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
+    /// release many at once). The gateway queue holds requests while this is false.
     pub fn has_room(&self) -> bool {
         self.workers
             .iter()
-            .any(|w| w.is_routable() && w.veto_class().is_none())
+            .any(|w| w.is_routable() && w.veto_class_by(Projection::Wary).is_none())
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of

@@ -11,7 +11,7 @@ use arc_swap::ArcSwapOption;
 use serde::Serialize;
 use sluice_core::liveness::LivenessVeto;
 use sluice_core::load::LoadReport;
-use sluice_core::overload::{OverloadCause, QueueGate, VetoClass};
+use sluice_core::overload::{OverloadCause, Projection, QueueGate, VetoClass};
 use tokio::time::Instant;
 
 use super::atomic::{AtomicEnum, AtomicInstant};
@@ -34,18 +34,22 @@ pub struct EngineLoad {
     pub silent_since: Option<Instant>,
 }
 
+/// The queue gate's fields packed in one word: KV full in the top bit, then three counts of 21
+/// bits (a count saturates at 2^21 - 1, far past any ceiling): the room (plus one; 0 is
+/// unknown), the waiting queue, this gateway's requests without a first byte.
 const KV_FULL: u64 = 1 << 63;
-const WAITING_MAX: u64 = (1 << 31) - 1;
+const COUNT_BITS: u32 = 21;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 
 /// One worker's vetoes.
 #[derive(Debug)]
 pub struct Vetoes {
     /// The last report reached a ceiling (what logs, `/loads` and the gauge show).
     overloaded: AtomicBool,
-    /// The last report's queue gate in one word, so no reader sees half of a report: KV full in
-    /// the top bit, waiting in the rest of the high half, this gateway's requests without a first
-    /// byte at the report in the low half.
+    /// The last report's queue gate in one word, so no reader sees half of a report (`KV_FULL`).
     queue: AtomicU64,
+    /// The engine's running window as learned from its reports (`learned_window`); 0: unknown.
+    window: AtomicU64,
     /// The gate's ceiling; 0: off.
     queue_ceiling: AtomicU64,
     /// Pending requests at which the load monitor is asked for an early poll; `u64::MAX`: none.
@@ -68,6 +72,7 @@ impl Default for Vetoes {
         Self {
             overloaded: AtomicBool::new(false),
             queue: AtomicU64::new(0),
+            window: AtomicU64::new(0),
             queue_ceiling: AtomicU64::new(0),
             early_poll_at: AtomicU64::new(u64::MAX),
             early_poll: tokio::sync::Notify::new(),
@@ -85,11 +90,11 @@ impl Vetoes {
     /// The veto in force, if any, given how many of this gateway's requests on the worker have
     /// no first byte (`Worker::veto_class` passes it): doubt (liveness) outranks fullness, so the
     /// all-vetoed rule takes a merely full worker first.
-    pub fn class(&self, pending_now: u64) -> Option<VetoClass> {
+    pub fn class(&self, pending_now: u64, projection: Projection) -> Option<VetoClass> {
         if self.liveness.load().is_some() {
             return Some(VetoClass::Liveness);
         }
-        let full = self.queue_gate().full(pending_now)
+        let full = self.queue_gate().full_by(pending_now, projection)
             || self.busy.load(Ordering::Acquire)
             || self.at_capacity();
         full.then_some(VetoClass::Overload)
@@ -99,9 +104,11 @@ impl Vetoes {
     pub fn queue_gate(&self) -> QueueGate {
         let packed = self.queue.load(Ordering::Acquire);
         let ceiling = self.queue_ceiling.load(Ordering::Acquire);
+        let count = |at: u32| (packed >> at) & COUNT_MAX;
         QueueGate {
-            waiting: (packed >> 32) & WAITING_MAX,
-            pending_at_report: packed & u64::from(u32::MAX),
+            pending_at_report: count(0),
+            waiting: count(COUNT_BITS),
+            room: count(2 * COUNT_BITS).checked_sub(1),
             ceiling: (ceiling != 0).then_some(ceiling),
             kv_full: packed & KV_FULL != 0,
         }
@@ -110,8 +117,10 @@ impl Vetoes {
     fn set_queue_gate(&self, gate: QueueGate) {
         self.queue_ceiling
             .store(gate.ceiling.unwrap_or(0), Ordering::Release);
-        let packed = gate.waiting.min(WAITING_MAX) << 32
-            | gate.pending_at_report.min(u64::from(u32::MAX))
+        let room = gate.room.map_or(0, |r| r.min(COUNT_MAX - 1) + 1);
+        let packed = gate.pending_at_report.min(COUNT_MAX)
+            | gate.waiting.min(COUNT_MAX) << COUNT_BITS
+            | room << (2 * COUNT_BITS)
             | if gate.kv_full { KV_FULL } else { 0 };
         self.queue.store(packed, Ordering::Release);
         self.early_poll_at
@@ -182,6 +191,18 @@ impl Vetoes {
         self.load.load_full()
     }
 
+    /// The engine's running window, once a report showed it full.
+    pub fn window(&self) -> Option<u64> {
+        Some(self.window.load(Ordering::Acquire)).filter(|w| *w > 0)
+    }
+
+    /// Learns the window from a report (the load monitor, before it builds the report's gate).
+    pub(crate) fn learn_window(&self, report: &sluice_core::load::LoadReport) -> Option<u64> {
+        let window = sluice_core::overload::learned_window(self.window(), report);
+        self.window.store(window.unwrap_or(0), Ordering::Release);
+        window
+    }
+
     /// A report arrived (the load monitor), with its queue gate; returns the previous verdicts
     /// (overloaded, busy).
     pub(crate) fn report(&self, load: EngineLoad, gate: QueueGate) -> (bool, bool) {
@@ -230,19 +251,63 @@ mod tests {
         }
     }
 
+    impl Vetoes {
+        fn class_hopeful(&self, pending_now: u64) -> Option<VetoClass> {
+            self.class(pending_now, Projection::Hopeful)
+        }
+    }
+
+    #[test]
+    fn the_gate_with_its_room_is_read_back_whole() {
+        let v = Vetoes::default();
+        for room in [None, Some(0), Some(5), Some(COUNT_MAX + 7)] {
+            let gate = QueueGate {
+                room,
+                kv_full: true,
+                ..gate(3, 70_000)
+            };
+            v.report(load(None, false), gate);
+            let expected = QueueGate {
+                room: room.map(|r| r.min(COUNT_MAX - 1)),
+                ..gate
+            };
+            assert_eq!(v.queue_gate(), expected);
+        }
+    }
+
+    #[test]
+    fn a_worker_with_room_by_hope_can_be_full_by_wariness() {
+        let v = Vetoes::default();
+        v.report(
+            load(None, false),
+            QueueGate {
+                room: Some(2),
+                ..gate(0, 4)
+            },
+        );
+        assert_eq!(v.class_hopeful(4 + 10), None);
+        assert_eq!(v.class(4 + 9, Projection::Wary), None, "2 start, 7 wait");
+        assert_eq!(
+            v.class(4 + 10, Projection::Wary),
+            Some(VetoClass::Overload),
+            "2 start, 8 wait"
+        );
+    }
+
     fn gate(waiting: u64, pending_at_report: u64) -> QueueGate {
         QueueGate {
             waiting,
             pending_at_report,
             ceiling: Some(8),
             kv_full: false,
+            room: None,
         }
     }
 
     #[test]
     fn verdicts_come_and_go_with_reports() {
         let v = Vetoes::default();
-        assert_eq!(v.class(0), None);
+        assert_eq!(v.class_hopeful(0), None);
         let cause = OverloadCause::Waiting {
             waiting: 9,
             ceiling: 8,
@@ -251,10 +316,14 @@ mod tests {
             v.report(load(Some(cause), false), gate(9, 0)),
             (false, false)
         );
-        assert_eq!(v.class(0), Some(VetoClass::Overload));
+        assert_eq!(v.class_hopeful(0), Some(VetoClass::Overload));
         assert!(v.overloaded());
         assert_eq!(v.report(load(None, true), gate(0, 0)), (true, false));
-        assert_eq!(v.class(0), Some(VetoClass::Overload), "busy is full too");
+        assert_eq!(
+            v.class_hopeful(0),
+            Some(VetoClass::Overload),
+            "busy is full too"
+        );
         let saturated = QueueGate {
             kv_full: true,
             ..gate(0, 3)
@@ -262,17 +331,17 @@ mod tests {
         assert_eq!(v.report(load(None, false), saturated), (false, true));
         assert_eq!(v.queue_gate(), saturated, "packed and unpacked whole");
         assert_eq!(
-            v.class(3 + 7),
+            v.class_hopeful(3 + 7),
             None,
             "KV at its ceiling: what we send waits"
         );
         assert_eq!(
-            v.class(3 + 8),
+            v.class_hopeful(3 + 8),
             Some(VetoClass::Overload),
             "up to the waiting ceiling"
         );
         assert_eq!(v.clear_load(), (false, false));
-        assert_eq!(v.class(0), None);
+        assert_eq!(v.class_hopeful(0), None);
         assert_eq!(v.queue_gate(), QueueGate::default());
         assert!(v.load().is_none());
     }
@@ -286,9 +355,13 @@ mod tests {
         };
         v.report(load(Some(cause), false), gate(8, 12));
         assert_eq!(v.queue_gate(), gate(8, 12), "packed and unpacked whole");
-        assert_eq!(v.class(12), Some(VetoClass::Overload));
-        assert_eq!(v.class(11), None, "one of ours started: room for one");
-        assert_eq!(v.class(14), Some(VetoClass::Overload));
+        assert_eq!(v.class_hopeful(12), Some(VetoClass::Overload));
+        assert_eq!(
+            v.class_hopeful(11),
+            None,
+            "one of ours started: room for one"
+        );
+        assert_eq!(v.class_hopeful(14), Some(VetoClass::Overload));
         assert!(
             v.overloaded(),
             "the report's own verdict stands for logs and /loads"
@@ -300,10 +373,10 @@ mod tests {
         let v = Vetoes::default();
         v.report(load(None, true), gate(0, 0));
         v.set_liveness(Some(LivenessVeto::WedgedPile));
-        assert_eq!(v.class(0), Some(VetoClass::Liveness));
+        assert_eq!(v.class_hopeful(0), Some(VetoClass::Liveness));
         assert_eq!(v.liveness(), Some(LivenessVeto::WedgedPile));
         v.set_liveness(None);
-        assert_eq!(v.class(0), Some(VetoClass::Overload));
+        assert_eq!(v.class_hopeful(0), Some(VetoClass::Overload));
     }
 
     #[test]
@@ -337,11 +410,11 @@ mod tests {
     async fn an_at_capacity_answer_keeps_the_worker_out_briefly() {
         let v = Vetoes::default();
         v.at_capacity_for(Duration::from_secs(1));
-        assert_eq!(v.class(0), Some(VetoClass::Overload));
+        assert_eq!(v.class_hopeful(0), Some(VetoClass::Overload));
         tokio::time::advance(Duration::from_millis(999)).await;
         assert!(v.at_capacity());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(!v.at_capacity());
-        assert_eq!(v.class(0), None);
+        assert_eq!(v.class_hopeful(0), None);
     }
 }

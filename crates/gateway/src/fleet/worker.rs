@@ -8,7 +8,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use axum::http::HeaderValue;
 use sluice_core::breaker::{BreakerState, Outcome};
 use sluice_core::health::{Health, HealthState, HealthTransition};
-use sluice_core::overload::VetoClass;
+use sluice_core::overload::{Projection, VetoClass};
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
@@ -229,7 +229,13 @@ impl Worker {
 
     /// The veto in force on it now, if any.
     pub fn veto_class(&self) -> Option<VetoClass> {
-        self.vetoes.class(self.traffic.pending_requests())
+        self.veto_class_by(Projection::Hopeful)
+    }
+
+    /// The veto in force on it now, its queue projected by `projection`.
+    pub fn veto_class_by(&self, projection: Projection) -> Option<VetoClass> {
+        self.vetoes
+            .class(self.traffic.pending_requests(), projection)
     }
 
     /// Ready, and its circuit lets requests through: a request could use it now.
@@ -453,6 +459,7 @@ mod tests {
             pending_at_report: w.traffic.pending_requests(),
             ceiling: Some(4),
             kv_full: false,
+            room: Some(0),
         };
         w.vetoes.report(report, gate);
         assert_eq!(w.veto_class(), Some(VetoClass::Overload));

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::overload::{when_all_vetoed, AllVetoed, VetoClass, Vetoed};
+use sluice_core::overload::{when_all_vetoed, AllVetoed, Projection, VetoClass, Vetoed};
 use sluice_core::policy::{choose, Candidate, Draw, Policy, RouteInput};
 use sluice_core::prefix::block_hashes;
 use sluice_core::ModelName;
@@ -33,6 +33,9 @@ use crate::metrics::{Metrics, StageLabel};
 pub struct RouteStage {
     policy: Policy,
     shedding: Shedding,
+    /// How a worker's queue is projected between reports: warily with a gateway queue, whose
+    /// requests are released many at once (`Projection::Wary`).
+    projection: Projection,
     /// `--model-alias`: extra client-facing names, each for a served model.
     aliases: std::collections::HashMap<String, ModelName>,
     metrics: Arc<Metrics>,
@@ -66,9 +69,17 @@ impl RouteStage {
         Self {
             policy,
             shedding,
+            projection: Projection::Hopeful,
             aliases: std::collections::HashMap::new(),
             metrics,
         }
+    }
+
+    /// With a gateway queue: room is judged as the queue judges it (`Pool::has_room`), so a
+    /// request it releases goes where the room it was released for is.
+    pub fn with_projection(mut self, projection: Projection) -> Self {
+        self.projection = projection;
+        self
     }
 
     /// With `--model-alias` names: a request for an alias is served by its model's pool.
@@ -112,13 +123,7 @@ impl Routed<'_> {
     /// breaker permit, or the all-vetoed rule's answer.
     pub fn select(&self, tried: &[u64]) -> Result<Lease, GatewayError> {
         let stage = self.stage;
-        let selected = match select(
-            &stage.policy,
-            &stage.shedding,
-            self.pool,
-            &self.request,
-            tried,
-        ) {
+        let selected = match select(stage, self.pool, &self.request, tried) {
             Ok(selected) => selected,
             Err(e) => {
                 if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
@@ -137,7 +142,9 @@ impl Routed<'_> {
             None => {}
         }
         let worker = selected.lease.worker();
-        if stage.shedding.enabled && worker.veto_class() == Some(VetoClass::Overload) {
+        if stage.shedding.enabled
+            && worker.veto_class_by(stage.projection) == Some(VetoClass::Overload)
+        {
             // Flagged between selection and dispatch: shed rather than pick again.
             stage.count_shed("dispatch");
             return Err(GatewayError::OverloadedBeforeDispatch {
@@ -251,8 +258,7 @@ struct Selected {
 /// Picks a worker of `pool` for a request, skipping the workers (by key) in `tried`: the policy
 /// chooses among candidates without a veto; when there is none, the all-vetoed rule decides.
 fn select(
-    policy: &Policy,
-    shedding: &Shedding,
+    stage: &RouteStage,
     pool: &Pool,
     request: &RouteRequest,
     tried: &[u64],
@@ -261,8 +267,8 @@ fn select(
         .workers
         .iter()
         .filter(|w| w.is_routable() && !tried.contains(&w.key))
-        .partition(|w| w.veto_class().is_none());
-    if let Some(lease) = pick(policy, pool, request, free) {
+        .partition(|w| w.veto_class_by(stage.projection).is_none());
+    if let Some(lease) = pick(&stage.policy, pool, request, free) {
         return Ok(Selected {
             lease,
             fallback: None,
@@ -272,7 +278,7 @@ fn select(
         .workers
         .iter()
         .any(|w| !w.is_routable() && !tried.contains(&w.key));
-    fall_back(shedding, pool, request, tried, vetoed, others_out)
+    fall_back(stage, pool, request, tried, vetoed, others_out)
 }
 
 /// The policy's pick among `workers`, which must then get a permit from its circuit.
@@ -322,7 +328,7 @@ fn pick(
 
 /// No candidate without a veto: steer to the least loaded vetoed one, shed, or give up.
 fn fall_back(
-    shedding: &Shedding,
+    stage: &RouteStage,
     pool: &Pool,
     request: &RouteRequest,
     tried: &[u64],
@@ -335,13 +341,16 @@ fn fall_back(
             .map(|w| {
                 let load = w.vetoes.load();
                 Vetoed {
-                    class: w.veto_class().unwrap_or(VetoClass::Overload),
+                    class: w
+                        .veto_class_by(stage.projection)
+                        .unwrap_or(VetoClass::Overload),
                     waiting: load.as_ref().map_or(0, |l| l.report.waiting()),
                     kv_usage: load.as_ref().map_or(0.0, |l| l.report.mean_kv_usage()),
                     in_flight: w.in_flight(),
                 }
             })
             .collect();
+        let shedding = &stage.shedding;
         match when_all_vetoed(&candidates, shedding.enabled, others_out) {
             AllVetoed::Steer(i, class) => {
                 let worker = vetoed[i];

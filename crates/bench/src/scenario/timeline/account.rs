@@ -236,6 +236,7 @@ mod tests {
             output_tokens: 10,
             attempts: 1,
             rejected_after: None,
+            sent_late: Duration::ZERO,
         }
     }
 

@@ -71,7 +71,13 @@ impl Control {
             .load
             .ceilings_for(&worker.live().spec.overload);
         let overload = overload_verdict(&report, &ceilings);
-        let gate = QueueGate::new(&report, &ceilings, worker.traffic.pending_requests());
+        let window = worker.vetoes.learn_window(&report);
+        let gate = QueueGate::new(
+            &report,
+            &ceilings,
+            worker.traffic.pending_requests(),
+            window,
+        );
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = activity(&report, worker.traffic.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
