@@ -23,11 +23,16 @@ pub struct Slo {
     pub deadline: Option<Duration>,
 }
 
-/// A priority tier: its share of the requests and its objectives.
+/// A class of requests — a priority tier, or a tenant — its share of the requests and its
+/// objectives.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Tier {
     pub name: String,
     pub share: f64,
+    /// The tenant its requests name in SMG's tenant header (`x-smg-tenant-id`, which sluice
+    /// takes with `--trust-tenant-header`), when the class is one tenant's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub slo: Slo,
 }
 
@@ -260,6 +265,7 @@ mod tests {
             Tier {
                 name: "interactive".into(),
                 share: 0.8,
+                tenant: None,
                 slo: Slo {
                     ttft: Some(ms(1000)),
                     tpot: Some(ms(100)),
@@ -269,6 +275,7 @@ mod tests {
             Tier {
                 name: "batch".into(),
                 share: 0.2,
+                tenant: None,
                 slo: Slo {
                     deadline: Some(ms(60_000)),
                     ..Slo::default()

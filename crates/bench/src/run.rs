@@ -55,6 +55,7 @@ pub fn default_tiers() -> Vec<Tier> {
         Tier {
             name: "interactive".into(),
             share: 0.7,
+            tenant: None,
             slo: Slo {
                 ttft: Some(Duration::from_secs(2)),
                 tpot: Some(Duration::from_millis(100)),
@@ -64,6 +65,7 @@ pub fn default_tiers() -> Vec<Tier> {
         Tier {
             name: "batch".into(),
             share: 0.3,
+            tenant: None,
             slo: Slo {
                 deadline: Some(Duration::from_secs(120)),
                 ..Slo::default()
@@ -149,6 +151,9 @@ pub fn identity_headers(plan: &RunPlan, job: &Job) -> Vec<(String, String)> {
     if !plan.tenant_keys.is_empty() {
         let key = &plan.tenant_keys[job.tenant as usize % plan.tenant_keys.len()];
         headers.push(("authorization".into(), format!("Bearer {key}")));
+    }
+    if let Some(tenant) = plan.tiers.get(job.tier).and_then(|t| t.tenant.as_ref()) {
+        headers.push(("x-smg-tenant-id".into(), tenant.clone()));
     }
     let smg = match plan.tiers.get(job.tier).map(|t| t.name.as_str()) {
         Some("interactive") => Some("interactive"),

@@ -15,6 +15,9 @@ pub enum ScenarioName {
     /// per-tier attainment for sluice with admission (tiers, the gateway queue, shedding),
     /// sluice-shed (no tiers) and direct.
     TieredOverload,
+    /// Two tenants of equal weight: A offers ten times its share of C, B half of its own; per
+    /// tenant attainment for sluice with tenants (sluice-tenants), sluice-shed and direct.
+    NoisyTenant,
     /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
     Spike,
     /// 0.5x C on 3 engines; one is killed with SIGKILL and started again later.
@@ -36,9 +39,10 @@ impl ScenarioName {
             ScenarioName::WorkerCrash => Some(Incident::WorkerCrash),
             ScenarioName::FrozenEngine => Some(Incident::FrozenEngine),
             ScenarioName::SlowWorker => Some(Incident::SlowWorker),
-            ScenarioName::OverloadSweep | ScenarioName::TieredOverload | ScenarioName::Overhead => {
-                None
-            }
+            ScenarioName::OverloadSweep
+            | ScenarioName::TieredOverload
+            | ScenarioName::NoisyTenant
+            | ScenarioName::Overhead => None,
         }
     }
 }
@@ -138,6 +142,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     } else if let ScenarioName::TieredOverload = args.name {
         let report = crate::scenario::tiered_overload(&plan).await?;
         print_report(args.json, &report, || report.table());
+    } else if let ScenarioName::NoisyTenant = args.name {
+        let report = crate::scenario::noisy_tenant(&plan).await?;
+        print_report(args.json, &report, || report.table());
     } else {
         let report = crate::scenario::overload_sweep(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
@@ -148,8 +155,14 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
 fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError> {
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     let mut configs = crate::scenario::default_configs(&exe, args.time_scale);
-    if let ScenarioName::TieredOverload = args.name {
-        configs.push(crate::scenario::tiered_config(&exe, args.time_scale));
+    match args.name {
+        ScenarioName::TieredOverload => {
+            configs.push(crate::scenario::tiered_config(&exe, args.time_scale));
+        }
+        ScenarioName::NoisyTenant => {
+            configs.push(crate::scenario::tenants_config(&exe, args.time_scale));
+        }
+        _ => {}
     }
     for g in &args.gateways {
         configs.push(Template::parse(g)?);
@@ -172,7 +185,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         return Err(BenchError::Positive("capacity"));
     }
     let engines = args.engines.unwrap_or(match args.name {
-        ScenarioName::OverloadSweep | ScenarioName::TieredOverload => 2,
+        ScenarioName::OverloadSweep | ScenarioName::TieredOverload | ScenarioName::NoisyTenant => 2,
         _ => 3,
     });
     if engines == 0 {
@@ -200,6 +213,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             .collect(),
         tiers: match args.name {
             ScenarioName::TieredOverload => crate::scenario::three_tiers(),
+            ScenarioName::NoisyTenant => crate::scenario::two_tenants(),
             _ => crate::run::default_tiers(),
         },
     })

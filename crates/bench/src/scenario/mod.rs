@@ -12,6 +12,7 @@
 //! which the report says.
 
 mod fleet;
+mod noisy;
 mod plot;
 mod sweep;
 mod tiered;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use fleet::{EngineTotals, SimFleet};
+pub use noisy::{noisy_tenant, tenants_config, two_tenants};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
 pub use tiered::{three_tiers, tiered_config, tiered_overload, TieredReport};
 pub use timeline::{timeline, Incident, TimelineReport, Timing};

@@ -19,6 +19,7 @@ pub fn three_tiers() -> Vec<Tier> {
     let chat = |name: &str, share: f64, ttft: u64| Tier {
         name: name.into(),
         share,
+        tenant: None,
         slo: Slo {
             ttft: Some(Duration::from_secs(ttft)),
             tpot: Some(Duration::from_millis(100)),
@@ -31,6 +32,7 @@ pub fn three_tiers() -> Vec<Tier> {
         Tier {
             name: "batch".into(),
             share: 0.5,
+            tenant: None,
             slo: Slo {
                 deadline: Some(Duration::from_secs(120)),
                 ..Slo::default()
@@ -45,27 +47,41 @@ const ENGINE_TTFT_ALLOWANCE: f64 = 1.0;
 
 /// sluice with admission: requests wait in the gateway queue by tier, each tier at most its
 /// time-to-first-token objective less the engine's own time to a first token (batch: its
-/// deadline), and waiting that cannot help is shed by tier. Timers in wall time under
-/// `time_scale`.
+/// deadline), and waiting that cannot help is shed by tier. Every request may ask for any tier.
+/// Timers in wall time under `time_scale`.
 pub fn tiered_config(exe: &Path, time_scale: f64) -> Template {
+    admission_config(
+        "sluice-tiers",
+        exe,
+        time_scale,
+        &["--default-priority", "0"],
+    )
+}
+
+/// sluice with the gateway queue, shedding by tier, and `extra` flags.
+pub(super) fn admission_config(
+    name: &str,
+    exe: &Path,
+    time_scale: f64,
+    extra: &[&str],
+) -> Template {
     let scale = time_scale.max(1.0);
     let poll = format!("{}", 10.0 / scale);
     let wait = |objective: f64| (objective - ENGINE_TTFT_ALLOWANCE) / scale;
     let timeouts = format!("{},{},{}", wait(2.0), wait(5.0), 120.0 / scale);
-    let argv = [
+    let mut argv = vec![
         "--log-level",
         "warn",
         "--load-monitor-interval",
         &poll,
         "--worker-overload-shed",
-        "--default-priority",
-        "0",
         "--queue-size",
         "1024",
         "--queue-timeout-by-tier",
         &timeouts,
     ];
-    crate::overhead::sluice_template("sluice-tiers", exe, &argv)
+    argv.extend_from_slice(extra);
+    crate::overhead::sluice_template(name, exe, &argv)
 }
 
 /// The scenario's result.
@@ -85,9 +101,18 @@ pub async fn tiered_overload(plan: &ScenarioPlan) -> Result<TieredReport, Scenar
     } else {
         vec![1.0, 2.0, 3.0, 4.0]
     };
+    classes_at(plan, levels).await
+}
+
+/// Every configuration at each of `levels` x C, with the plan's classes of requests (tiers or
+/// tenants), reported per class.
+pub(super) async fn classes_at(
+    plan: &ScenarioPlan,
+    levels: Vec<f64>,
+) -> Result<TieredReport, ScenarioError> {
     let fleet = SimFleet::start(plan).await?;
-    // C measured against these tiers' objectives: a figure kept from another scenario was measured
-    // against others, so only a given one is used.
+    // C measured against these classes' objectives: a figure kept from another scenario was
+    // measured against others, so only a given one is used.
     let result = sweep(plan, &fleet, &levels, plan.capacity).await;
     fleet.stop().await;
     let (capacity, points) = result?;
@@ -101,32 +126,43 @@ pub async fn tiered_overload(plan: &ScenarioPlan) -> Result<TieredReport, Scenar
 }
 
 impl TieredReport {
-    /// Markdown: one row per configuration and load, a column per tier.
+    /// Markdown: one row per configuration and load, a column per class (tier or tenant) with
+    /// its share within its objectives.
     pub fn table(&self) -> String {
+        let classes: Vec<String> = self
+            .points
+            .first()
+            .map(|p| p.report.tiers.iter().map(|t| t.name.clone()).collect())
+            .unwrap_or_default();
         let mut out = format!(
             "capacity C = {:.2} requests per engine-second; time scale {}, {} engine-s per point\n\n\
-             | config | load | goodput / C | within SLO | interactive | agent | batch | rejected | reject p99 (ms) | from send (ms) |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-            self.capacity, self.time_scale, self.window_engine_secs
+             | config | load | goodput / C | within SLO | {} | rejected | reject p99 (ms) | from send (ms) |\n\
+             | --- | ---: | ---: | ---: | {}---: | ---: | ---: |\n",
+            self.capacity,
+            self.time_scale,
+            self.window_engine_secs,
+            classes.join(" | "),
+            "---: | ".repeat(classes.len()),
         );
         for p in &self.points {
             let r = &p.report;
-            let tier = |name: &str| {
-                r.tiers
-                    .iter()
-                    .find(|t| t.name == name)
-                    .map_or("-".to_string(), |t| format!("{:.0}%", 100.0 * t.attainment))
-            };
+            let per_class: Vec<String> = classes
+                .iter()
+                .map(|name| {
+                    r.tiers
+                        .iter()
+                        .find(|t| &t.name == name)
+                        .map_or("-".to_string(), |t| format!("{:.0}%", 100.0 * t.attainment))
+                })
+                .collect();
             let _ = writeln!(
                 out,
-                "| {} | {:.1}x | {:.0}% | {:.0}% | {} | {} | {} | {:.0}% | {:.1} | {:.1} |",
+                "| {} | {:.2}x | {:.0}% | {:.0}% | {} | {:.0}% | {:.1} | {:.1} |",
                 p.config,
                 p.offered / self.capacity,
                 100.0 * p.goodput / self.capacity,
                 100.0 * attainment(p),
-                tier("interactive"),
-                tier("agent"),
-                tier("batch"),
+                per_class.join(" | "),
                 100.0 * r.rejection_rate,
                 r.time_to_reject_p99 * 1e3,
                 r.time_to_reject_sent_p99 * 1e3,

@@ -7,23 +7,29 @@
 //! ahead over the drain rate alone promised agent requests at three times capacity a wait 2.5
 //! times too short: they were queued, and timed out instead of being refused at arrival.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::tier::Tier;
+use crate::TenantId;
 
-/// Events remembered for a rate. More would be steadier but slower to follow a surge: at 256
-/// (about a second at three times capacity on the bench's fleet) more requests timed out than at 64.
-const WINDOW: usize = 64;
+/// How far back a rate looks. Counted over a time span rather than over the last so many events:
+/// the queue releases requests in bursts as reports open room, and the last 64 of a burst span a
+/// moment, which read as a rate many times the real one (measured: a noisy tenant's requests were
+/// queued on it, and a third of them timed out).
+const SPAN: Duration = Duration::from_secs(2);
+
+/// Events remembered for a rate at most (a bound on memory at any rate).
+const MAX_EVENTS: usize = 4096;
 
 /// A refused client is told to come back after the queue's length over its rate, within these.
 const RETRY_AFTER_MIN: Duration = Duration::from_secs(1);
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
-/// The rate of one kind of event: the last `WINDOW` of them over the time since the oldest, so it
-/// decays while none come.
+/// The rate of one kind of event: those of the last `SPAN`, over the time since the oldest of
+/// them, so it decays while none come.
 #[derive(Debug, Clone, Default)]
 pub struct EventRate {
     recent: VecDeque<Instant>,
@@ -35,31 +41,64 @@ pub type DrainRate = EventRate;
 impl EventRate {
     /// One happened at `at`.
     pub fn record(&mut self, at: Instant) {
-        if self.recent.len() == WINDOW {
+        while self.recent.len() >= MAX_EVENTS
+            || self
+                .recent
+                .front()
+                .is_some_and(|t| at.saturating_duration_since(*t) > SPAN)
+        {
             self.recent.pop_front();
         }
         self.recent.push_back(at);
     }
 
-    /// Events per second over the remembered ones; `None` until two were.
+    /// Events per second over those of the last `SPAN`; `None` until two were.
     pub fn per_sec(&self, now: Instant) -> Option<f64> {
-        let oldest = *self.recent.front()?;
+        let stale = match now.checked_sub(SPAN) {
+            Some(horizon) => self.recent.partition_point(|t| *t < horizon),
+            None => 0,
+        };
+        let count = self.recent.len() - stale;
+        let oldest = *self.recent.get(stale)?;
         let span = now.saturating_duration_since(oldest).as_secs_f64();
-        (self.recent.len() >= 2 && span > 0.0).then(|| self.recent.len() as f64 / span)
+        (count >= 2 && span > 0.0).then(|| count as f64 / span)
     }
 }
 
-/// The queue's rates: waiters sent out, and arrivals that waited, by tier.
+/// Tenants whose own departures are remembered at most (a trusted tenant header can name any
+/// number); past it, the one served longest ago is forgotten.
+const TENANTS_REMEMBERED: usize = 1024;
+
+/// The queue's rates: requests that took room, arrivals by tier, and each tenant's departures.
 #[derive(Debug, Clone, Default)]
 pub struct QueueRates {
     drained: EventRate,
     arrived: [EventRate; 3],
+    tenants: HashMap<(Tier, TenantId), EventRate>,
 }
 
 impl QueueRates {
-    /// A waiter was sent out.
-    pub fn dispatched(&mut self, at: Instant) {
+    /// A request of `tenant` in `tier` took room: sent out of the queue, or on without waiting.
+    pub fn dispatched(&mut self, tier: Tier, tenant: &TenantId, at: Instant) {
         self.drained.record(at);
+        let key = (tier, tenant.clone());
+        if !self.tenants.contains_key(&key) && self.tenants.len() >= TENANTS_REMEMBERED {
+            let stalest = self
+                .tenants
+                .iter()
+                .min_by_key(|(_, rate)| rate.recent.back().copied())
+                .map(|(key, _)| key.clone());
+            if let Some(stalest) = stalest {
+                self.tenants.remove(&stalest);
+            }
+        }
+        self.tenants.entry(key).or_default().record(at);
+    }
+
+    /// How fast one tenant's requests of `tier` take room: the pace of its own line when it has
+    /// a backlog, whatever passes it (more urgent tiers, and the other tenants' fair shares).
+    pub fn tenant_rate(&self, tier: Tier, tenant: &TenantId, now: Instant) -> Option<f64> {
+        self.tenants.get(&(tier, tenant.clone()))?.per_sec(now)
     }
 
     /// A request of `tier` joined the queue.
@@ -130,13 +169,20 @@ mod tests {
         assert_eq!(rate.per_sec(t0), None);
         rate.record(t0);
         assert_eq!(rate.per_sec(t0 + 100 * MS), None, "one dispatch is no rate");
-        let last = WINDOW as u32 + 36;
-        for i in 1..=last {
+        for i in 1..=400u32 {
             rate.record(t0 + i * 10 * MS);
         }
-        // The last WINDOW, sent 10 ms apart, seen 10 ms after the last: 100 a second.
-        let r = rate.per_sec(t0 + (last + 1) * 10 * MS).unwrap();
-        assert!((r - 100.0).abs() < 1e-9, "{r}");
+        // 10 ms apart for four seconds, seen 10 ms after the last: the last two seconds' 200.
+        let r = rate.per_sec(t0 + 4010 * MS).unwrap();
+        assert!((r - 100.0).abs() < 1.0, "{r}");
+        // A burst of 64 in a millisecond, seen a second later, is 64 a second, not 64,000.
+        let mut burst = DrainRate::default();
+        for i in 0..64u32 {
+            burst.record(t0 + i * Duration::from_micros(15));
+        }
+        let r = burst.per_sec(t0 + 1000 * MS).unwrap();
+        assert!((r - 64.0).abs() < 0.1, "{r}");
+        assert_eq!(burst.per_sec(t0 + 3000 * MS), None, "gone past the span");
     }
 
     #[test]
@@ -149,8 +195,9 @@ mod tests {
             "nothing drained yet"
         );
         // Over one second: 100 sent out, 60 interactive and 90 agent arrivals.
+        let someone = TenantId::new("someone");
         for i in 0..100u32 {
-            rates.dispatched(t0 + i * 10 * MS);
+            rates.dispatched(Tier::Interactive, &someone, t0 + i * 10 * MS);
         }
         for i in 0..60u32 {
             rates.arrived(Tier::Interactive, t0 + i * 16 * MS);
@@ -176,6 +223,35 @@ mod tests {
             likely_wait(0, Some(0.0)),
             Duration::from_secs(3600)
         ));
+    }
+
+    #[test]
+    fn a_tenants_line_moves_at_its_own_pace_and_few_tenants_are_remembered() {
+        let t0 = Instant::now();
+        let mut rates = QueueRates::default();
+        let (heavy, quiet) = (TenantId::new("heavy"), TenantId::new("quiet"));
+        for i in 0..100u32 {
+            let tenant = if i % 4 == 0 { &heavy } else { &quiet };
+            rates.dispatched(Tier::Agent, tenant, t0 + i * 10 * MS);
+        }
+        let now = t0 + 1000 * MS;
+        let pace = rates.tenant_rate(Tier::Agent, &heavy, now).unwrap();
+        assert!((pace - 25.0).abs() < 1e-9, "a quarter of the drain: {pace}");
+        assert_eq!(
+            rates.tenant_rate(Tier::Batch, &heavy, now),
+            None,
+            "per tier"
+        );
+        for i in 0..TENANTS_REMEMBERED as u32 + 10 {
+            let tenant = TenantId::new(format!("t{i}"));
+            rates.dispatched(Tier::Agent, &tenant, now + i * MS);
+        }
+        assert!(rates.tenants.len() <= TENANTS_REMEMBERED);
+        assert_eq!(
+            rates.tenant_rate(Tier::Agent, &heavy, now),
+            None,
+            "the stalest are forgotten first"
+        );
     }
 
     #[test]

@@ -120,6 +120,57 @@ impl<T> FairQueue<T> {
             .sum()
     }
 
+    /// Waiters of `tenant` in `tier`.
+    pub fn waiting_of(&self, tier: Tier, tenant: &TenantId) -> usize {
+        self.tiers[tier.index()]
+            .tenants
+            .get(tenant)
+            .map_or(0, |t| t.waiting.len())
+    }
+
+    /// Waiters that would go before an arrival of `tier` from `tenant` (of `weight`): every
+    /// waiter of a more urgent tier, the tenant's own, and each other tenant's of the same tier
+    /// whose start tag comes before the arrival's. A quiet tenant's request starts at the tier's
+    /// clock, so a heavy tenant's backlog is not ahead of it, and judging its wait by the whole
+    /// tier would refuse the very request fairness lets through.
+    pub fn ahead_of_arrival(&self, tier: Tier, tenant: &TenantId, weight: f64) -> usize {
+        let urgent: usize = Tier::ALL[..tier.index()]
+            .iter()
+            .map(|t| self.depth(*t))
+            .sum();
+        let line = &self.tiers[tier.index()];
+        let advance = |cost: u64, weight: f64| cost.max(1) as f64 / weight.max(f64::MIN_POSITIVE);
+        let (own, starts_at) = match line.tenants.get(tenant) {
+            Some(t) => (
+                t.waiting.len(),
+                t.start.max(line.clock)
+                    + t.waiting
+                        .values()
+                        .map(|w| advance(w.cost, weight))
+                        .sum::<f64>(),
+            ),
+            None => (0, line.clock),
+        };
+        let others: usize = line
+            .tenants
+            .iter()
+            .filter(|(name, _)| *name != tenant)
+            .map(|(_, t)| {
+                let mut tag = t.start;
+                t.waiting
+                    .values()
+                    .take_while(|w| {
+                        // A tie goes to the earlier arrival.
+                        let before = tag <= starts_at;
+                        tag += advance(w.cost, w.weight);
+                        before
+                    })
+                    .count()
+            })
+            .sum();
+        urgent + own + others
+    }
+
     /// Queues `waiter`, evicting a less urgent one when full.
     pub fn push(&mut self, waiter: Waiter<T>) -> Pushed<T> {
         let evicted = if self.len() >= self.capacity {
@@ -254,6 +305,35 @@ mod tests {
             deadline: None,
             item,
         }
+    }
+
+    #[test]
+    fn a_quiet_tenants_arrival_has_only_the_heavy_ones_next_request_ahead() {
+        let mut q = FairQueue::new(100);
+        q.push(waiter(Tier::Interactive, "chat", 1.0, 100, 0));
+        for i in 1..=20 {
+            q.push(waiter(Tier::Agent, "heavy", 1.0, 100, i));
+        }
+        let quiet = TenantId::new("quiet");
+        let heavy = TenantId::new("heavy");
+        assert_eq!(
+            q.ahead_of_arrival(Tier::Agent, &quiet, 1.0),
+            1 + 1,
+            "the interactive one, and the heavy tenant's head (started at the clock too)"
+        );
+        assert_eq!(
+            q.ahead_of_arrival(Tier::Agent, &heavy, 1.0),
+            1 + 20,
+            "the heavy tenant waits behind its own backlog"
+        );
+        assert_eq!(
+            q.ahead_of_arrival(Tier::Agent, &heavy, 1.0),
+            q.ahead_of(Tier::Agent)
+        );
+        // Served in the order counted: the quiet arrival goes second in its tier.
+        q.push(waiter(Tier::Agent, "quiet", 1.0, 100, 99));
+        let order = drain(&mut q);
+        assert_eq!(&order[..3], &[0, 1, 99], "{order:?}");
     }
 
     fn drain(q: &mut FairQueue<u32>) -> Vec<u32> {

@@ -160,8 +160,26 @@ impl GatewayQueue {
         if !self.config.shed {
             return Ok(());
         }
-        let ahead = self.waiting.lock().ahead_of(asker.tier);
-        let expected = drain::likely_wait(ahead, self.rates.lock().tier_rate(asker.tier, now));
+        let (ahead, own) = {
+            let waiting = self.waiting.lock();
+            (
+                waiting.ahead_of_arrival(asker.tier, &asker.tenant, asker.weight),
+                waiting.waiting_of(asker.tier, &asker.tenant),
+            )
+        };
+        // Everything fairness puts before it, at the pace its tier moves; and, behind its own
+        // tenant's backlog, at the pace that tenant's line moves (others' shares pass it).
+        let expected = {
+            let rates = self.rates.lock();
+            let by_tier = drain::likely_wait(ahead, rates.tier_rate(asker.tier, now));
+            let by_own = (own > 0)
+                .then(|| {
+                    let pace = rates.tenant_rate(asker.tier, &asker.tenant, now);
+                    drain::likely_wait(own, pace)
+                })
+                .flatten();
+            by_tier.max(by_own)
+        };
         if drain::hopeless(
             asker.tier,
             expected,
@@ -275,11 +293,11 @@ impl GatewayQueue {
     /// A request of `tier` found room and went on without waiting: it took room as a waiter sent
     /// out does, so it counts in the rates the expected wait is judged on (counting only the
     /// waiters, a queue that most requests pass by would seem to drain slowly).
-    pub fn went_direct(&self, tier: Tier) {
+    pub fn went_direct(&self, tier: Tier, tenant: &TenantId) {
         let now = Instant::now();
         let mut rates = self.rates.lock();
         rates.arrived(tier, now);
-        rates.dispatched(now);
+        rates.dispatched(tier, tenant, now);
     }
 
     /// Room may have opened outside the fleet (a gateway slot came back).
@@ -337,7 +355,9 @@ impl GatewayQueue {
                 self.count_depth();
                 let (ack, taken) = oneshot::channel();
                 if waiter.item.turn.send(Turn::Go(ack)).is_ok() {
-                    self.rates.lock().dispatched(Instant::now());
+                    self.rates
+                        .lock()
+                        .dispatched(waiter.tier, &waiter.tenant, Instant::now());
                     // Until it has its worker, the room it was sent to is not counted yet.
                     tokio::select! {
                         _ = taken => {}

@@ -217,6 +217,7 @@ mod tests {
         vec![Tier {
             name: "interactive".into(),
             share: 1.0,
+            tenant: None,
             slo: Slo {
                 ttft: Some(s(1.0)),
                 ..Slo::default()
