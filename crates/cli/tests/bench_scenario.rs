@@ -135,3 +135,41 @@ fn the_tiered_overload_reports_each_tier_for_sluice_with_admission() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants() {
+    let dir = out_dir("noisy");
+    let report = scenario(
+        &dir,
+        &[
+            "noisy-tenant",
+            "--capacity",
+            "4",
+            "--window-secs",
+            "2",
+            "--configs",
+            "sluice-tenants",
+        ],
+    );
+    let points = report["points"].as_array().unwrap();
+    let configs: Vec<&str> = points
+        .iter()
+        .map(|p| p["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(configs, ["direct", "sluice-tenants"]);
+    for p in points {
+        assert_eq!(p["offered"], 8.0 * 5.25, "A's ten shares and B's half: {p}");
+        let tenants = p["report"]["tiers"].as_array().unwrap();
+        let names: Vec<&str> = tenants
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["tenant-a", "tenant-b"], "{p}");
+        let requests = |i: usize| tenants[i]["requests"].as_u64().unwrap();
+        assert!(
+            requests(0) > 10 * requests(1),
+            "A offers twenty times what B does: {p}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -61,8 +61,9 @@ pub struct ScenarioArgs {
     /// Engine seconds measured per point [default: 120, or 20 with --quick].
     #[arg(long)]
     pub window_secs: Option<f64>,
-    /// Configurations to measure: direct, sluice, sluice-shed, smg, or names from --gateway
-    /// [default: all that can run here; direct always runs first, it sets C].
+    /// Configurations to measure: direct, sluice, sluice-shed, smg, the scenario's own
+    /// (tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants), or names
+    /// from --gateway [default: all that can run here; direct always runs first, it sets C].
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Another gateway, `NAME=COMMAND` with `{port}` and `{workers}`. Repeatable.
@@ -158,6 +159,13 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
     match args.name {
         ScenarioName::TieredOverload => {
             configs.push(crate::scenario::tiered_config(&exe, args.time_scale));
+            if crate::overhead::on_path("smg") {
+                let engines = args.engines.unwrap_or(2);
+                configs.push(crate::scenario::smg_priority_config(
+                    engines,
+                    args.time_scale,
+                ));
+            }
         }
         ScenarioName::NoisyTenant => {
             configs.push(crate::scenario::tenants_config(&exe, args.time_scale));

@@ -26,7 +26,7 @@ use serde::Serialize;
 pub use fleet::{EngineTotals, SimFleet};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
-pub use tiered::{three_tiers, tiered_config, tiered_overload, TieredReport};
+pub use tiered::{smg_priority_config, three_tiers, tiered_config, tiered_overload, TieredReport};
 pub use timeline::{timeline, Incident, TimelineReport, Timing};
 
 use crate::arrivals::{ArrivalError, Process, Schedule};
