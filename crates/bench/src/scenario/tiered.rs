@@ -43,7 +43,7 @@ pub fn three_tiers() -> Vec<Tier> {
 
 /// What the engine itself takes to a first token with its waiting queue at the gateway's ceiling,
 /// in engine seconds, left out of each tier's time in the gateway queue.
-const ENGINE_TTFT_ALLOWANCE: f64 = 1.0;
+const ENGINE_TTFT_ALLOWANCE: f64 = 0.5;
 
 /// sluice with admission: requests wait in the gateway queue by tier, each tier at most its
 /// time-to-first-token objective less the engine's own time to a first token (batch: its

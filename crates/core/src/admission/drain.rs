@@ -7,13 +7,12 @@
 //! ahead over the drain rate alone promised agent requests at three times capacity a wait 2.5
 //! times too short: they were queued, and timed out instead of being refused at arrival.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::tier::Tier;
-use crate::TenantId;
 
 /// How far back a rate looks. Counted over a time span rather than over the last so many events:
 /// the queue releases requests in bursts as reports open room, and the last 64 of a burst span a
@@ -65,40 +64,17 @@ impl EventRate {
     }
 }
 
-/// Tenants whose own departures are remembered at most (a trusted tenant header can name any
-/// number); past it, the one served longest ago is forgotten.
-const TENANTS_REMEMBERED: usize = 1024;
-
-/// The queue's rates: requests that took room, arrivals by tier, and each tenant's departures.
+/// The queue's rates: requests that took room, and arrivals by tier.
 #[derive(Debug, Clone, Default)]
 pub struct QueueRates {
     drained: EventRate,
     arrived: [EventRate; 3],
-    tenants: HashMap<(Tier, TenantId), EventRate>,
 }
 
 impl QueueRates {
-    /// A request of `tenant` in `tier` took room: sent out of the queue, or on without waiting.
-    pub fn dispatched(&mut self, tier: Tier, tenant: &TenantId, at: Instant) {
+    /// A request took room: sent out of the queue, or on without waiting.
+    pub fn dispatched(&mut self, at: Instant) {
         self.drained.record(at);
-        let key = (tier, tenant.clone());
-        if !self.tenants.contains_key(&key) && self.tenants.len() >= TENANTS_REMEMBERED {
-            let stalest = self
-                .tenants
-                .iter()
-                .min_by_key(|(_, rate)| rate.recent.back().copied())
-                .map(|(key, _)| key.clone());
-            if let Some(stalest) = stalest {
-                self.tenants.remove(&stalest);
-            }
-        }
-        self.tenants.entry(key).or_default().record(at);
-    }
-
-    /// How fast one tenant's requests of `tier` take room: the pace of its own line when it has
-    /// a backlog, whatever passes it (more urgent tiers, and the other tenants' fair shares).
-    pub fn tenant_rate(&self, tier: Tier, tenant: &TenantId, now: Instant) -> Option<f64> {
-        self.tenants.get(&(tier, tenant.clone()))?.per_sec(now)
     }
 
     /// A request of `tier` joined the queue.
@@ -195,9 +171,8 @@ mod tests {
             "nothing drained yet"
         );
         // Over one second: 100 sent out, 60 interactive and 90 agent arrivals.
-        let someone = TenantId::new("someone");
         for i in 0..100u32 {
-            rates.dispatched(Tier::Interactive, &someone, t0 + i * 10 * MS);
+            rates.dispatched(t0 + i * 10 * MS);
         }
         for i in 0..60u32 {
             rates.arrived(Tier::Interactive, t0 + i * 16 * MS);
@@ -223,35 +198,6 @@ mod tests {
             likely_wait(0, Some(0.0)),
             Duration::from_secs(3600)
         ));
-    }
-
-    #[test]
-    fn a_tenants_line_moves_at_its_own_pace_and_few_tenants_are_remembered() {
-        let t0 = Instant::now();
-        let mut rates = QueueRates::default();
-        let (heavy, quiet) = (TenantId::new("heavy"), TenantId::new("quiet"));
-        for i in 0..100u32 {
-            let tenant = if i % 4 == 0 { &heavy } else { &quiet };
-            rates.dispatched(Tier::Agent, tenant, t0 + i * 10 * MS);
-        }
-        let now = t0 + 1000 * MS;
-        let pace = rates.tenant_rate(Tier::Agent, &heavy, now).unwrap();
-        assert!((pace - 25.0).abs() < 1e-9, "a quarter of the drain: {pace}");
-        assert_eq!(
-            rates.tenant_rate(Tier::Batch, &heavy, now),
-            None,
-            "per tier"
-        );
-        for i in 0..TENANTS_REMEMBERED as u32 + 10 {
-            let tenant = TenantId::new(format!("t{i}"));
-            rates.dispatched(Tier::Agent, &tenant, now + i * MS);
-        }
-        assert!(rates.tenants.len() <= TENANTS_REMEMBERED);
-        assert_eq!(
-            rates.tenant_rate(Tier::Agent, &heavy, now),
-            None,
-            "the stalest are forgotten first"
-        );
     }
 
     #[test]

@@ -120,14 +120,6 @@ impl<T> FairQueue<T> {
             .sum()
     }
 
-    /// Waiters of `tenant` in `tier`.
-    pub fn waiting_of(&self, tier: Tier, tenant: &TenantId) -> usize {
-        self.tiers[tier.index()]
-            .tenants
-            .get(tenant)
-            .map_or(0, |t| t.waiting.len())
-    }
-
     /// Waiters that would go before an arrival of `tier` from `tenant` (of `weight`): every
     /// waiter of a more urgent tier, the tenant's own, and each other tenant's of the same tier
     /// whose start tag comes before the arrival's. A quiet tenant's request starts at the tier's

@@ -285,9 +285,7 @@ impl Admit {
             let must_wait = !slots_free() || !pool.has_room() || queue.has_waiters_for(&pool.model);
             if (waited || !must_wait) && self.take_slot(ctx, queue) {
                 if !waited {
-                    let default = sluice_core::TenantId::new(DEFAULT_TENANT);
-                    let tenant = ctx.admission.tenant.as_ref().unwrap_or(&default);
-                    queue.went_direct(ctx.admission.tier.unwrap_or(Tier::Agent), tenant);
+                    queue.went_direct(ctx.admission.tier.unwrap_or(Tier::Agent));
                 }
                 return Ok(waited);
             }

@@ -66,6 +66,9 @@ pub struct GatewayQueue {
     waiting: Mutex<FairQueue<Waiting>>,
     /// Wakes the dispatcher: an arrival, or a gateway slot given back.
     kick: Notify,
+    /// The model of the waiter sent out and not yet on its worker: the room it was sent for is
+    /// its, so an arrival for that model waits rather than take it.
+    in_transit: Mutex<Option<ModelName>>,
     /// Recent dispatches and arrivals, for the expected wait and Retry-After.
     rates: Mutex<QueueRates>,
     depth: Family<TierLabel, Gauge>,
@@ -118,6 +121,7 @@ impl GatewayQueue {
             config,
             waiting: Mutex::new(FairQueue::new(0)),
             kick: Notify::new(),
+            in_transit: Mutex::new(None),
             rates: Mutex::new(QueueRates::default()),
             depth: Family::default(),
             wait: Family::new_with_constructor(|| {
@@ -160,26 +164,11 @@ impl GatewayQueue {
         if !self.config.shed {
             return Ok(());
         }
-        let (ahead, own) = {
-            let waiting = self.waiting.lock();
-            (
-                waiting.ahead_of_arrival(asker.tier, &asker.tenant, asker.weight),
-                waiting.waiting_of(asker.tier, &asker.tenant),
-            )
-        };
-        // Everything fairness puts before it, at the pace its tier moves; and, behind its own
-        // tenant's backlog, at the pace that tenant's line moves (others' shares pass it).
-        let expected = {
-            let rates = self.rates.lock();
-            let by_tier = drain::likely_wait(ahead, rates.tier_rate(asker.tier, now));
-            let by_own = (own > 0)
-                .then(|| {
-                    let pace = rates.tenant_rate(asker.tier, &asker.tenant, now);
-                    drain::likely_wait(own, pace)
-                })
-                .flatten();
-            by_tier.max(by_own)
-        };
+        let ahead = self
+            .waiting
+            .lock()
+            .ahead_of_arrival(asker.tier, &asker.tenant, asker.weight);
+        let expected = drain::likely_wait(ahead, self.rates.lock().tier_rate(asker.tier, now));
         if drain::hopeless(
             asker.tier,
             expected,
@@ -194,9 +183,13 @@ impl GatewayQueue {
         Ok(())
     }
 
-    /// Whether the queue holds anyone waiting for `model` (an arrival for it then waits too, so
-    /// it does not pass them).
+    /// Whether the queue holds anyone waiting for `model`, or one sent out that has not taken
+    /// its worker yet (an arrival for it then waits too, so it does not pass them or take the
+    /// room one was sent for).
     pub fn has_waiters_for(&self, model: &ModelName) -> bool {
+        if self.in_transit.lock().as_ref() == Some(model) {
+            return true;
+        }
         self.waiting
             .lock()
             .waiters()
@@ -293,11 +286,11 @@ impl GatewayQueue {
     /// A request of `tier` found room and went on without waiting: it took room as a waiter sent
     /// out does, so it counts in the rates the expected wait is judged on (counting only the
     /// waiters, a queue that most requests pass by would seem to drain slowly).
-    pub fn went_direct(&self, tier: Tier, tenant: &TenantId) {
+    pub fn went_direct(&self, tier: Tier) {
         let now = Instant::now();
         let mut rates = self.rates.lock();
         rates.arrived(tier, now);
-        rates.dispatched(tier, tenant, now);
+        rates.dispatched(now);
     }
 
     /// Room may have opened outside the fleet (a gateway slot came back).
@@ -354,16 +347,16 @@ impl GatewayQueue {
             if let Some((_, waiter)) = next {
                 self.count_depth();
                 let (ack, taken) = oneshot::channel();
+                *self.in_transit.lock() = Some(waiter.item.model.clone());
                 if waiter.item.turn.send(Turn::Go(ack)).is_ok() {
-                    self.rates
-                        .lock()
-                        .dispatched(waiter.tier, &waiter.tenant, Instant::now());
+                    self.rates.lock().dispatched(Instant::now());
                     // Until it has its worker, the room it was sent to is not counted yet.
                     tokio::select! {
                         _ = taken => {}
                         _ = stop.wait_for(|s| *s) => return,
                     }
                 }
+                *self.in_transit.lock() = None;
                 continue;
             }
             let next_room = {
