@@ -87,13 +87,14 @@ pub(super) fn admission_config(
 /// SMG 1.13 with its priority scheduler: every request may ask for any class (its header,
 /// `x-smg-priority`, is sent with sluice's), at most as many in flight as the fleet holds at its
 /// waiting ceilings (2 x 64 running + 8 waiting per engine), the rest in its queue for at most
-/// the agent tier's wait (SMG has one timeout for every class). Timers in wall time.
+/// the agent tier's wait (SMG has one timeout for every class, in whole seconds: rounded, at
+/// least 1). Timers in wall time.
 pub fn smg_priority_config(engines: usize, time_scale: f64) -> Template {
     let scale = time_scale.max(1.0);
     let mut smg = crate::overhead::smg_template();
     smg.name = "smg-priority".into();
     let in_flight = (engines * (64 + 8)).to_string();
-    let timeout = format!("{}", (5.0 - ENGINE_TTFT_ALLOWANCE) / scale);
+    let timeout = (((5.0 - ENGINE_TTFT_ALLOWANCE) / scale).round().max(1.0) as u64).to_string();
     smg.argv.extend(
         [
             "--priority-scheduler-enabled",
