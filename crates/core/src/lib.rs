@@ -9,6 +9,7 @@
 //!
 //! - `ids` — `WorkerId`, `ModelName`, `TenantId`.
 //! - `admission` — edge admission: tiers, token buckets, the fair gateway queue, deadlines.
+//! - `adaptive` — limits learned from latency: per-worker AIMD concurrency, CoDel on the queue.
 //! - `hash` — the specified hash (SipHash-1-3, pinned by test vectors) behind worker ids,
 //!   consistent hashing and prefix blocks.
 //! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
@@ -28,6 +29,7 @@
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
 //!   included), parsed strictly.
 
+pub mod adaptive;
 pub mod admission;
 pub mod breaker;
 pub mod hash;
