@@ -16,16 +16,21 @@ use sluice_core::admission::Tier;
 use sluice_gateway::admit::QueueConfig;
 use tokio::task::JoinHandle;
 
-fn one_at_a_time(c: &mut Config, size: usize, timeouts: [u64; 3]) {
-    // Requests may ask for any tier: the default tenant's is the most urgent.
-    c.admission.default_tier = Tier::Interactive;
-    c.admission.max_concurrent = Some(1);
-    c.admission.queue = Some(QueueConfig {
+/// A queue of `size` without shedding, each tier waiting at most its `timeouts` in seconds.
+fn queue(size: usize, timeouts: [u64; 3]) -> Option<QueueConfig> {
+    Some(QueueConfig {
         size,
         timeouts: timeouts.map(Duration::from_secs),
         shed: false,
         shed_retry_after: Duration::from_secs(10),
-    });
+    })
+}
+
+fn one_at_a_time(c: &mut Config, size: usize, timeouts: [u64; 3]) {
+    // Requests may ask for any tier: the default tenant's is the most urgent.
+    c.admission.default_tier = Tier::Interactive;
+    c.admission.max_concurrent = Some(1);
+    c.admission.queue = queue(size, timeouts);
 }
 
 /// A stream holding the gateway's one place, its first chunk read.
@@ -202,12 +207,7 @@ async fn a_request_for_a_fully_vetoed_pool_waits_and_goes_when_a_veto_lifts() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.load.interval = Duration::from_millis(50);
         c.load.min_interval = Duration::from_millis(10);
-        c.admission.queue = Some(QueueConfig {
-            size: 10,
-            timeouts: [Duration::from_secs(30); 3],
-            shed: false,
-            shed_retry_after: Duration::from_secs(10),
-        });
+        c.admission.queue = queue(10, [30, 30, 30]);
     })
     .await;
     let full = Fault::Report {
@@ -291,12 +291,7 @@ async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
         c.load.interval = Duration::from_millis(50);
         c.load.min_interval = Duration::from_millis(10);
         c.load.ceilings.waiting_requests = Some(2);
-        c.admission.queue = Some(QueueConfig {
-            size: 20,
-            timeouts: [Duration::from_secs(30); 3],
-            shed: false,
-            shed_retry_after: Duration::from_secs(10),
-        });
+        c.admission.queue = queue(20, [30, 30, 30]);
     })
     .await;
     let engine = s.sims.engine(0).unwrap();

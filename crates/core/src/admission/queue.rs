@@ -111,15 +111,6 @@ impl<T> FairQueue<T> {
         self.tiers[tier.index()].len
     }
 
-    /// Waiters that would go before an arrival of `tier`: every one of its tier and above (an
-    /// upper bound on its wait, fairness aside).
-    pub fn ahead_of(&self, tier: Tier) -> usize {
-        Tier::ALL[..=tier.index()]
-            .iter()
-            .map(|t| self.depth(*t))
-            .sum()
-    }
-
     /// Waiters that would go before an arrival of `tier` from `tenant` (of `weight`): every
     /// waiter of a more urgent tier, the tenant's own, and each other tenant's of the same tier
     /// whose start tag comes before the arrival's. A quiet tenant's request starts at the tier's
@@ -317,10 +308,6 @@ mod tests {
             q.ahead_of_arrival(Tier::Agent, &heavy, 1.0),
             1 + 20,
             "the heavy tenant waits behind its own backlog"
-        );
-        assert_eq!(
-            q.ahead_of_arrival(Tier::Agent, &heavy, 1.0),
-            q.ahead_of(Tier::Agent)
         );
         // Served in the order counted: the quiet arrival goes second in its tier.
         q.push(waiter(Tier::Agent, "quiet", 1.0, 100, 99));
