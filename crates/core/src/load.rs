@@ -57,6 +57,14 @@ impl LoadReport {
         self.ranks.iter().map(|r| r.running).sum()
     }
 
+    /// The running window over all ranks, when every rank reports its own (SGLang).
+    pub fn max_running(&self) -> Option<u64> {
+        if self.ranks.is_empty() {
+            return None;
+        }
+        self.ranks.iter().map(|r| r.max_running).sum()
+    }
+
     /// KV usage averaged over ranks (the token-usage signal): one saturated rank vetoes the
     /// worker only if it lifts the mean to the ceiling.
     pub fn mean_kv_usage(&self) -> f64 {

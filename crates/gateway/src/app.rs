@@ -183,6 +183,7 @@ fn control_and_fleet(
             startup_check_interval: config.startup_check_interval,
             startup_delay: config.startup_delay,
             startup_timeout: config.startup_timeout,
+            adaptive: config.adaptive,
         },
         upstream.clone(),
     );

@@ -198,6 +198,12 @@ pub enum GatewayError {
         waited: Duration,
         retry_after: Duration,
     },
+    /// CoDel cut its tier's standing queue at its head (it had waited longest).
+    #[error("The gateway's queue has stood too long for this request's tier; it was refused to shorten it ({waited:?} waited)")]
+    CodelDrop {
+        waited: Duration,
+        retry_after: Duration,
+    },
     /// `X-Request-Deadline-Ms` passed, or cannot be met.
     #[error("The request's deadline of {budget:?} cannot be met")]
     DeadlineExceeded { budget: Duration },
@@ -221,9 +227,11 @@ impl GatewayError {
             RateLimited { .. } | RequestTooLarge { .. } | TenantConcurrency { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            GatewayFull { .. } | QueueFull { .. } | QueueEvicted { .. } | QueueTimeout { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayFull { .. }
+            | QueueFull { .. }
+            | QueueEvicted { .. }
+            | QueueTimeout { .. }
+            | CodelDrop { .. } => StatusCode::SERVICE_UNAVAILABLE,
             DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             InvalidApiKey | InvalidAdminKey => StatusCode::UNAUTHORIZED,
             AdminDisabled => StatusCode::FORBIDDEN,
@@ -295,6 +303,7 @@ impl GatewayError {
             GatewayFull { .. } | QueueFull { .. } => "queue_full",
             QueueEvicted { .. } => "queue_evicted",
             QueueTimeout { .. } => "queue_timeout",
+            CodelDrop { .. } => "codel_drop",
             DeadlineExceeded { .. } => "deadline_exceeded",
         }
     }
@@ -338,6 +347,7 @@ impl GatewayError {
             | QueueFull { .. }
             | QueueEvicted { .. }
             | QueueTimeout { .. }
+            | CodelDrop { .. }
             | DeadlineExceeded { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
@@ -359,7 +369,8 @@ impl GatewayError {
             | GatewayError::GatewayFull { retry_after, .. }
             | GatewayError::QueueFull { retry_after }
             | GatewayError::QueueEvicted { retry_after }
-            | GatewayError::QueueTimeout { retry_after, .. } => Some(*retry_after),
+            | GatewayError::QueueTimeout { retry_after, .. }
+            | GatewayError::CodelDrop { retry_after, .. } => Some(*retry_after),
             GatewayError::TenantConcurrency { .. } => Some(Duration::from_secs(1)),
             // Bodies in hand are sent on within a request's first moments.
             GatewayError::BodyBuffersFull => Some(BODY_BUFFERS_RETRY_AFTER),

@@ -5,11 +5,13 @@
 //! Once per window the gateway hands in what it measured on the worker — time to first token per
 //! response and the gaps between tokens — and `decide` moves the limit: p95 ITL or p95 TTFT over
 //! its breach target → `limit x 0.85` (never under the floor); both under their healthy targets
-//! → `limit + 2` (never over the ceiling); otherwise, or with too few samples to judge, hold.
+//! → `limit + 2` (never over the ceiling) if the window used at least half the limit; otherwise, or with too few samples to judge, hold.
 //! The TTFT targets are off unless configured; a target that is off never breaches and is always
 //! healthy.
 
 use std::time::Duration;
+
+use super::buckets::Histogram;
 
 /// The factor of a decrease and the step of an increase (the seed's figures).
 const DECREASE: f64 = 0.85;
@@ -27,7 +29,7 @@ pub struct AimdConfig {
     /// p95 time to first token under which the limit may rise; `None`: off.
     pub ttft_healthy: Option<Duration>,
     /// Samples a window needs before it is judged.
-    pub min_samples: usize,
+    pub min_samples: u64,
     pub floor: u64,
     /// `None`: no ceiling.
     pub ceiling: Option<u64>,
@@ -50,10 +52,14 @@ impl Default for AimdConfig {
 /// What one window measured on a worker.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowSamples {
-    /// Time to first token, one per response.
-    pub ttft: Vec<Duration>,
+    /// Time to first token, one per streamed response.
+    pub ttft: Histogram,
     /// Gaps between tokens (a stream's events; a whole body's time over its tokens).
-    pub itl: Vec<Duration>,
+    pub itl: Histogram,
+    /// Responses measured: what the sample floor counts.
+    pub responses: u64,
+    /// The most of this gateway's requests in flight on the worker at once.
+    pub peak_in_flight: u64,
 }
 
 /// The window's figures, as shown in `/workers`.
@@ -61,8 +67,10 @@ pub struct WindowSamples {
 pub struct WindowStats {
     pub ttft_p95: Option<Duration>,
     pub itl_p95: Option<Duration>,
-    /// Responses that gave a time to first token.
-    pub samples: usize,
+    /// Responses measured.
+    pub samples: u64,
+    /// The most requests in flight at once.
+    pub peak_in_flight: u64,
 }
 
 /// Why the limit moved, or did not.
@@ -70,8 +78,12 @@ pub struct WindowStats {
 pub enum Decision {
     /// A p95 at or over its breach target.
     Decrease,
-    /// Both p95s under their healthy targets.
+    /// Both p95s under their healthy targets, with the limit in use.
     Increase,
+    /// Healthy, but the window never came near the limit (its peak in flight under half of it):
+    /// no evidence that more would be served as well, so a quiet worker's limit does not climb
+    /// without bound and then take many windows to come down.
+    Unused,
     /// Between the targets.
     Hold,
     /// Fewer samples than the window needs.
@@ -83,6 +95,7 @@ impl Decision {
         match self {
             Decision::Decrease => "decrease",
             Decision::Increase => "increase",
+            Decision::Unused => "unused",
             Decision::Hold => "hold",
             Decision::TooFewSamples => "too_few_samples",
         }
@@ -93,22 +106,12 @@ impl WindowSamples {
     /// The window's p95s and sample count.
     pub fn stats(&self) -> WindowStats {
         WindowStats {
-            ttft_p95: p95(&self.ttft),
-            itl_p95: p95(&self.itl),
-            samples: self.ttft.len(),
+            ttft_p95: self.ttft.quantile(0.95),
+            itl_p95: self.itl.quantile(0.95),
+            samples: self.responses,
+            peak_in_flight: self.peak_in_flight,
         }
     }
-}
-
-/// The 95th percentile (nearest rank) of `samples`; `None` when there are none.
-pub fn p95(samples: &[Duration]) -> Option<Duration> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    let rank = (0.95 * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 /// The limit after a window that measured `stats`.
@@ -133,6 +136,9 @@ pub fn decide(limit: u64, stats: &WindowStats, config: &AimdConfig) -> (u64, Dec
     }
     let healthy = under(stats.itl_p95, Some(config.itl_healthy))
         && under(stats.ttft_p95, config.ttft_healthy);
+    if healthy && stats.peak_in_flight.saturating_mul(2) < limit {
+        return (limit, Decision::Unused);
+    }
     if healthy {
         let higher = limit.saturating_add(INCREASE);
         return (
@@ -146,17 +152,28 @@ pub fn decide(limit: u64, stats: &WindowStats, config: &AimdConfig) -> (u64, Dec
     (limit, Decision::Hold)
 }
 
+/// Whether a request of `weight` sequences may go to a worker with `in_flight` of this gateway's
+/// already, under `limit` (`None`: no limit). An idle worker takes any request, so one asking for
+/// more sequences than the limit is served rather than refused for good.
+pub fn admits(limit: Option<u64>, in_flight: u64, weight: u64) -> bool {
+    match limit {
+        None => true,
+        Some(limit) => in_flight == 0 || in_flight.saturating_add(weight) <= limit,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
 
-    fn stats(itl_ms: u64, ttft_ms: u64, samples: usize) -> WindowStats {
+    fn stats(itl_ms: u64, ttft_ms: u64, samples: u64) -> WindowStats {
         WindowStats {
             ttft_p95: Some(Duration::from_millis(ttft_ms)),
             itl_p95: Some(Duration::from_millis(itl_ms)),
             samples,
+            peak_in_flight: 1000,
         }
     }
 
@@ -210,6 +227,16 @@ mod tests {
             (30, Decision::Hold),
             "TTFT not under its healthy target"
         );
+        let quiet = WindowStats {
+            peak_in_flight: 14,
+            ..stats(14, 5000, 20)
+        };
+        assert_eq!(decide(30, &quiet, &c), (30, Decision::Unused));
+        let used = WindowStats {
+            peak_in_flight: 15,
+            ..quiet
+        };
+        assert_eq!(decide(30, &used, &c), (32, Decision::Increase), "half used");
     }
 
     #[test]
@@ -233,22 +260,32 @@ mod tests {
     }
 
     #[test]
-    fn the_p95_is_the_nearest_rank() {
-        let samples: Vec<Duration> = (1..=100).map(|i| i * MS).collect();
-        assert_eq!(p95(&samples), Some(95 * MS));
-        assert_eq!(p95(&[7 * MS]), Some(7 * MS));
-        assert_eq!(p95(&[]), None);
-        let window = WindowSamples {
-            ttft: vec![MS; 3],
-            itl: samples,
+    fn the_limit_admits_up_to_itself_and_an_idle_worker_takes_anything() {
+        assert!(admits(None, 1000, 1));
+        assert!(admits(Some(4), 3, 1));
+        assert!(!admits(Some(4), 4, 1));
+        assert!(!admits(Some(4), 3, 2), "n=2 counts twice");
+        assert!(admits(Some(2), 0, 8), "idle: served, not refused for good");
+    }
+
+    #[test]
+    fn a_windows_stats_are_its_p95s_and_its_responses() {
+        let mut window = WindowSamples {
+            responses: 3,
+            ..WindowSamples::default()
         };
+        window.ttft.record(MS, 3);
+        for i in 1..=100 {
+            window.itl.record(i * MS, 1);
+        }
+        let stats = window.stats();
+        assert_eq!(stats.samples, 3);
+        assert_eq!(stats.ttft_p95, window.ttft.quantile(0.95));
+        assert!(stats.itl_p95.unwrap() > 95 * MS && stats.itl_p95.unwrap() < 107 * MS);
+        let empty = WindowSamples::default().stats();
         assert_eq!(
-            window.stats(),
-            WindowStats {
-                ttft_p95: Some(MS),
-                itl_p95: Some(95 * MS),
-                samples: 3
-            }
+            (empty.ttft_p95, empty.itl_p95, empty.samples),
+            (None, None, 0)
         );
     }
 }

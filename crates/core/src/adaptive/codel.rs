@@ -76,6 +76,12 @@ impl Codel {
         self.dropping
     }
 
+    /// Whether the head's sojourn has been seen at or above target since it was last below:
+    /// the interval that may end in dropping is running.
+    pub fn above_target(&self) -> bool {
+        self.first_above.is_some()
+    }
+
     /// Drops in the current (or last) dropping state.
     pub fn count(&self) -> u32 {
         self.count
@@ -118,12 +124,14 @@ impl Codel {
     }
 
     /// When the head should be looked at again even if nothing happens: the next drop while
-    /// dropping, or the end of the interval the sojourn has been above target for.
-    pub fn next_look(&self) -> Option<Instant> {
+    /// dropping, the end of the interval the sojourn has been above target for, or — for a head
+    /// waiting since `head_since` and not yet seen above target — when its sojourn reaches it.
+    pub fn next_look(&self, head_since: Option<Instant>) -> Option<Instant> {
         if self.dropping {
             Some(self.drop_next)
         } else {
             self.first_above
+                .or_else(|| head_since.map(|since| since + self.config.target))
         }
     }
 
@@ -176,10 +184,19 @@ mod tests {
         }
         assert_eq!(c.judge(50 * MS, t0 + 4950 * MS), HeadVerdict::Keep);
         assert!(!c.dropping());
-        assert_eq!(c.next_look(), None, "below target: nothing to watch for");
+        assert_eq!(
+            c.next_look(None),
+            None,
+            "below target and empty: nothing to watch for"
+        );
+        assert_eq!(
+            c.next_look(Some(t0)),
+            Some(t0 + c.config().target),
+            "a head is looked at again when its sojourn reaches the target"
+        );
         // Above again: a fresh interval starts.
         assert_eq!(c.judge(300 * MS, t0 + 5000 * MS), HeadVerdict::Keep);
-        assert_eq!(c.next_look(), Some(t0 + 10_000 * MS));
+        assert_eq!(c.next_look(None), Some(t0 + 10_000 * MS));
     }
 
     #[test]
@@ -200,7 +217,7 @@ mod tests {
         let mut at = start;
         for count in 1..=4u32 {
             let gap = (5000 * MS).div_f64(f64::from(count).sqrt());
-            let next = c.next_look().unwrap();
+            let next = c.next_look(None).unwrap();
             assert_eq!(next, at + gap, "drop {} follows the control law", count + 1);
             assert_eq!(
                 c.judge(250 * MS, next - MS),
@@ -221,7 +238,7 @@ mod tests {
         let mut now = t0 + 5000 * MS;
         assert_eq!(c.judge(250 * MS, now), HeadVerdict::Drop);
         for _ in 0..4 {
-            now = c.next_look().unwrap();
+            now = c.next_look(None).unwrap();
             assert_eq!(c.judge(250 * MS, now), HeadVerdict::Drop);
         }
         assert_eq!(c.count(), 5);
@@ -247,7 +264,7 @@ mod tests {
         let mut c = codel(t0);
         c.judge(250 * MS, t0);
         c.empty();
-        assert_eq!(c.next_look(), None);
+        assert_eq!(c.next_look(None), None);
         assert_eq!(
             c.judge(250 * MS, t0 + 5000 * MS),
             HeadVerdict::Keep,

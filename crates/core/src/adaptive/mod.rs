@@ -5,11 +5,14 @@
 //!
 //! - `aimd` — a worker's concurrency limit, moved once per window by the p95 of its time to
 //!   first token and inter-token latency (additive increase, multiplicative decrease).
+//! - `buckets` — latency samples as counts in log-linear buckets, and their quantiles.
 //! - `codel` — Controlled Delay on one tier of the gateway queue: head drops by the paper's
 //!   control law once the sojourn time has stood above target for a whole interval.
 
 pub mod aimd;
+pub mod buckets;
 pub mod codel;
 
-pub use aimd::{decide, AimdConfig, Decision, WindowSamples, WindowStats};
+pub use aimd::{admits, decide, AimdConfig, Decision, WindowSamples, WindowStats};
+pub use buckets::Histogram;
 pub use codel::{Codel, CodelConfig, HeadVerdict};

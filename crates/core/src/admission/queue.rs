@@ -254,6 +254,16 @@ impl<T> FairQueue<T> {
         Some((key.2, waiter))
     }
 
+    /// The waiter of `tier` that arrived first (CoDel's head: it has waited longest).
+    pub fn oldest(&self, tier: Tier) -> Option<(Ticket, &Waiter<T>)> {
+        self.tiers[tier.index()]
+            .tenants
+            .values()
+            .flat_map(|t| t.waiting.iter())
+            .min_by_key(|(key, _)| key.2)
+            .map(|(key, waiter)| (key.2, waiter))
+    }
+
     /// Every waiter, in no particular order.
     pub fn waiters(&self) -> impl Iterator<Item = &Waiter<T>> {
         self.tiers
@@ -420,6 +430,27 @@ mod tests {
         assert_eq!(q.pop_first(free).map(|(_, w)| w.item), Some(21));
         assert_eq!(q.pop_first(free).map(|(_, w)| w.item), None);
         assert_eq!(drain(&mut q), [10, 30], "the skipped keep their order");
+    }
+
+    #[test]
+    fn the_oldest_of_a_tier_is_its_first_arrival_whatever_the_order() {
+        let mut q = FairQueue::new(10);
+        assert!(q.oldest(Tier::Interactive).is_none());
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 0));
+        q.push(waiter(Tier::Interactive, "b", 1.0, 1, 1));
+        let mut urgent = waiter(Tier::Interactive, "b", 1.0, 1, 2);
+        urgent.deadline = Some(Instant::now());
+        q.push(urgent);
+        assert_eq!(q.oldest(Tier::Interactive).map(|(_, w)| w.item), Some(1));
+        assert_eq!(
+            q.pop().map(|(_, w)| w.item),
+            Some(2),
+            "the tenant's deadline goes first"
+        );
+        let (ticket, oldest) = q.oldest(Tier::Agent).unwrap();
+        assert_eq!(oldest.item, 0);
+        assert_eq!(q.remove(ticket).map(|w| w.item), Some(0));
+        assert!(q.oldest(Tier::Agent).is_none());
     }
 
     #[test]

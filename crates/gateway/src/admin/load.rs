@@ -53,6 +53,51 @@ impl LoadView {
     }
 }
 
+/// A worker's adaptive concurrency limit as shown (`--adaptive-concurrency`).
+#[derive(Serialize)]
+pub struct LimitView {
+    limit: u64,
+    /// It takes no new request now.
+    at_limit: bool,
+    /// The last window judged, once one is.
+    last_window: Option<WindowView>,
+}
+
+#[derive(Serialize)]
+struct WindowView {
+    /// `increase`, `decrease`, `hold`, `unused` (healthy, limit not approached) or
+    /// `too_few_samples`.
+    decision: &'static str,
+    /// The limit before the decision.
+    from: u64,
+    ttft_p95_ms: Option<f64>,
+    itl_p95_ms: Option<f64>,
+    /// Responses measured in the window.
+    samples: u64,
+    peak_in_flight: u64,
+    age_secs: f64,
+}
+
+impl LimitView {
+    pub fn of(worker: &Worker) -> Option<Self> {
+        let limit = worker.adaptive.limit()?;
+        let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+        Some(Self {
+            limit,
+            at_limit: worker.at_limit(1),
+            last_window: worker.adaptive.last().map(|w| WindowView {
+                decision: w.decision.as_str(),
+                from: w.from,
+                ttft_p95_ms: ms(w.stats.ttft_p95),
+                itl_p95_ms: ms(w.stats.itl_p95),
+                samples: w.stats.samples,
+                peak_in_flight: w.stats.peak_in_flight,
+                age_secs: Instant::now().saturating_duration_since(w.at).as_secs_f64(),
+            }),
+        })
+    }
+}
+
 /// Every veto in force on a worker.
 #[derive(Serialize)]
 pub struct VetoView {
@@ -93,6 +138,10 @@ struct WorkerLoad {
     status: &'static str,
     vetoes: VetoView,
     load: Option<LoadView>,
+    in_flight: u64,
+    /// Its adaptive concurrency limit, when on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency: Option<LimitView>,
 }
 
 #[derive(Serialize, Default)]
@@ -134,6 +183,8 @@ pub async fn loads(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Respo
                 status: w.status().as_str(),
                 vetoes: VetoView::of(w),
                 load,
+                in_flight: w.in_flight(),
+                concurrency: LimitView::of(w),
             }
         })
         .collect();

@@ -157,6 +157,9 @@ pub struct WorkerView {
     vetoes: load::VetoView,
     /// Its last load report, when the last poll gave one.
     engine_load: Option<load::LoadView>,
+    /// Its adaptive concurrency limit, when on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency: Option<load::LimitView>,
     spec: WorkerSpec,
 }
 
@@ -175,6 +178,7 @@ impl WorkerView {
             health: HealthView::of(admin, worker),
             vetoes: load::VetoView::of(worker),
             engine_load: load::LoadView::of(worker),
+            concurrency: load::LimitView::of(worker),
             circuit: CircuitView {
                 state: worker.breaker.state().as_str(),
                 consecutive_failures: worker.breaker.consecutive_failures(),

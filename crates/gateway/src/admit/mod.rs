@@ -19,8 +19,10 @@
 //! - `tenants` — the tenants at run time and how a request finds its own.
 //! - `holds` — slots and reservations, given back at the end.
 //! - `queue` — the gateway queue and its dispatcher (`--queue-size`).
+//! - `codel` — CoDel on each tier of the queue: a standing queue cut at its head.
 //! - `headers` — the request headers admission reads and the `x-ratelimit-*` it writes.
 
+mod codel;
 mod config;
 mod headers;
 mod holds;

@@ -9,6 +9,10 @@
 //! ran out — and sends out, one at a time, the first waiter whose model has room, waiting for it
 //! to take its worker before looking again (so one freed place is not promised twice). A waiter
 //! that times out, passes its deadline or whose client leaves takes itself out.
+//!
+//! Each tier also runs CoDel (`codel`): whenever the dispatcher looks, and when a tier's head
+//! reaches its target or its next drop is due, a standing queue is cut at its head (503
+//! `codel_drop`), while a burst that drains within the interval loses nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,12 +23,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use sluice_core::adaptive::CodelConfig;
 use sluice_core::admission::drain::{self, QueueRates};
 use sluice_core::admission::{FairQueue, Pushed, Tier, Waiter};
 use sluice_core::{ModelName, TenantId};
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 
+use super::codel::TierCodels;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
 
@@ -39,6 +45,8 @@ pub struct QueueConfig {
     pub shed: bool,
     /// Retry-After of a shed request: the load interval, when a vetoed worker is judged again.
     pub shed_retry_after: Duration,
+    /// CoDel per tier; `None`: off (`--disable-codel`).
+    pub codel: Option<[CodelConfig; 3]>,
 }
 
 /// How a waiter's turn comes.
@@ -47,6 +55,8 @@ enum Turn {
     Go(oneshot::Sender<()>),
     /// Made room for a more urgent arrival.
     Evicted,
+    /// Cut by its tier's CoDel, at the head of a standing queue.
+    Dropped,
 }
 
 struct Waiting {
@@ -71,6 +81,8 @@ pub struct GatewayQueue {
     in_transit: Mutex<Option<ModelName>>,
     /// Recent dispatches and arrivals, for the expected wait and Retry-After.
     rates: Mutex<QueueRates>,
+    /// Each tier's CoDel, unless `--disable-codel`.
+    codel: Option<TierCodels>,
     depth: Family<TierLabel, Gauge>,
     wait: Family<TierLabel, Histogram>,
 }
@@ -117,12 +129,14 @@ impl Drop for Leave<'_> {
 
 impl GatewayQueue {
     pub fn new(config: QueueConfig, registry: &mut Registry) -> Arc<Self> {
+        let codel = config.codel.map(|c| TierCodels::new(c, Instant::now()));
         let queue = Self {
             config,
             waiting: Mutex::new(FairQueue::new(0)),
             kick: Notify::new(),
             in_transit: Mutex::new(None),
             rates: Mutex::new(QueueRates::default()),
+            codel,
             depth: Family::default(),
             wait: Family::new_with_constructor(|| {
                 Histogram::new([
@@ -267,6 +281,10 @@ impl GatewayQueue {
             Ok(Ok(Turn::Evicted)) | Ok(Err(_)) => Err(GatewayError::QueueEvicted {
                 retry_after: self.retry_after(Instant::now()),
             }),
+            Ok(Ok(Turn::Dropped)) => Err(GatewayError::CodelDrop {
+                waited,
+                retry_after: self.retry_after(Instant::now()),
+            }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
                 Err(GatewayError::DeadlineExceeded { budget: waited })
             }
@@ -319,6 +337,7 @@ impl GatewayQueue {
                     "depth": waiting.depth(*tier),
                     "oldest_wait_secs": oldest,
                     "tenants": tenants,
+                    "codel": self.codel.as_ref().map(|c| c.view(*tier)),
                 })
             })
             .collect();
@@ -327,6 +346,21 @@ impl GatewayQueue {
             "timeouts_secs": self.config.timeouts.map(|t| t.as_secs_f64()),
             "tiers": tiers,
         })
+    }
+
+    /// Lets each tier's CoDel judge its head, refusing the heads it drops; returns when to look
+    /// again if nothing else happens.
+    fn cut_standing(&self) -> Option<Instant> {
+        let codel = self.codel.as_ref()?;
+        let (dropped, next_look) =
+            codel.cut(&mut self.waiting.lock(), |w| w.arrived, Instant::now());
+        if !dropped.is_empty() {
+            for waiter in dropped {
+                let _ = waiter.item.turn.send(Turn::Dropped);
+            }
+            self.count_depth();
+        }
+        next_look
     }
 
     /// The dispatcher: sends waiters out as room opens, until `stop`.
@@ -339,6 +373,7 @@ impl GatewayQueue {
         let mut changes = fleet.changes();
         loop {
             changes.borrow_and_update();
+            let codel_look = self.cut_standing();
             let snapshot = fleet.snapshot();
             let ready = |w: &Waiting| {
                 slots_free() && snapshot.pools.get(&w.model).is_some_and(|p| p.has_room())
@@ -364,6 +399,7 @@ impl GatewayQueue {
                 waiting
                     .waiters()
                     .filter_map(|w| snapshot.pools.get(&w.item.model)?.next_room())
+                    .chain(codel_look)
                     .min()
             };
             let room_at = async {

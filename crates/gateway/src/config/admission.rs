@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::http::HeaderName;
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use sluice_core::adaptive::CodelConfig;
 use sluice_core::admission::Tier;
 use sluice_core::TenantId;
 
@@ -139,6 +140,7 @@ impl AdmissionSettings {
         &self,
         client_keys: &[String],
         shedding: &Shedding,
+        codel: Option<[CodelConfig; 3]>,
     ) -> Result<AdmissionConfig, ConfigError> {
         let default_tier = tier("default-priority", self.default_priority)?;
         let tenants = self.tenants(default_tier, client_keys)?;
@@ -151,7 +153,7 @@ impl AdmissionSettings {
             .transpose()?;
         Ok(AdmissionConfig {
             tier_deadlines: self.tier_deadlines()?,
-            queue: self.queue(shedding)?,
+            queue: self.queue(shedding, codel)?,
             tenants,
             tenant_header,
             default_tier,
@@ -258,7 +260,11 @@ impl AdmissionSettings {
 }
 
 impl AdmissionSettings {
-    fn queue(&self, shedding: &Shedding) -> Result<Option<QueueConfig>, ConfigError> {
+    fn queue(
+        &self,
+        shedding: &Shedding,
+        codel: Option<[CodelConfig; 3]>,
+    ) -> Result<Option<QueueConfig>, ConfigError> {
         if self.queue_size == 0 {
             return Ok(None);
         }
@@ -285,6 +291,7 @@ impl AdmissionSettings {
             timeouts,
             shed: shedding.enabled,
             shed_retry_after: shedding.retry_after,
+            codel,
         }))
     }
 }

@@ -5,6 +5,7 @@
 //! then the file, then the flag's default. `Settings::validate` is the one place values are
 //! checked; everything downstream takes `Config` and re-checks nothing.
 
+mod adaptive;
 mod admission;
 mod checks;
 mod sections;
@@ -23,6 +24,7 @@ use serde::Deserialize;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::policy::Policy;
 
+pub use adaptive::AdaptiveSettings;
 pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec, DEFAULT_TENANT};
 pub use settings::Settings;
 
@@ -374,7 +376,12 @@ impl Settings {
                 )),
                 None => None,
             },
-            admission: self.admission.validate(&self.api_keys, &self.shedding()?)?,
+            admission: self.admission.validate(
+                &self.api_keys,
+                &self.shedding()?,
+                self.adaptive.codel()?,
+            )?,
+            adaptive: self.adaptive.limiter()?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
         })
@@ -440,6 +447,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Tenants, tiers and the gateway-wide caps.
     pub admission: AdmissionConfig,
+    /// `--adaptive-concurrency` and its settings; `None`: off.
+    pub adaptive: Option<crate::control::AdaptiveConfig>,
     pub access_log: Option<PathBuf>,
     /// `--prometheus-duration-buckets`; `None`: the defaults.
     pub duration_buckets: Option<Vec<f64>>,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
 
 /// How to run the gateway.
@@ -584,4 +585,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub admission: AdmissionSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub adaptive: AdaptiveSettings,
 }

@@ -9,12 +9,15 @@
 //!   state machine; failed workers removed under auto-recovery.
 //! - `load` — the load monitor: engine load polled (vLLM `/metrics`, SGLang `/v1/loads`), turned
 //!   into the overload and busy verdicts; the busy thresholds in force.
+//! - `adaptive` — the limiter: each worker's adaptive concurrency limit judged once per window
+//!   (`--adaptive-concurrency`).
 //! - `liveness` — one checker for the fleet: transport failures, silence and missing progress
 //!   turned into unreachable and wedged vetoes.
 //!
 //! `Control` holds what they share (the upstream client, their settings, the probe permits) and
 //! starts the per-worker loops for each registration (`fleet::Supervise`).
 
+mod adaptive;
 mod discover;
 mod health;
 mod liveness;
@@ -32,6 +35,7 @@ use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use tracing::info;
 
+pub use adaptive::AdaptiveConfig;
 pub use discover::{parse_models, DiscoverError};
 pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
 pub use liveness::CHECK_EVERY;
@@ -53,6 +57,8 @@ pub struct ControlSettings {
     /// `--worker-startup-timeout-secs`: how long a worker may stay unregistered before it is
     /// Failed; `None`: forever.
     pub startup_timeout: Option<Duration>,
+    /// `--adaptive-concurrency` and its settings; `None`: off.
+    pub adaptive: Option<AdaptiveConfig>,
 }
 
 /// What the control loops share.
@@ -115,7 +121,7 @@ impl Control {
 impl Supervise for Control {
     fn supervise(self: Arc<Self>, fleet: &Arc<Fleet>, worker: &Arc<Worker>) -> Vec<AbortHandle> {
         let weak = Arc::downgrade(fleet);
-        vec![
+        let mut tasks = vec![
             tokio::spawn(discover::register(
                 weak.clone(),
                 worker.clone(),
@@ -128,8 +134,13 @@ impl Supervise for Control {
                 self.clone(),
             ))
             .abort_handle(),
-            tokio::spawn(load::run_monitor(weak, worker.clone(), self)).abort_handle(),
-        ]
+        ];
+        if let Some(adaptive) = self.settings.adaptive {
+            tasks
+                .push(tokio::spawn(adaptive::run_limiter(worker.clone(), adaptive)).abort_handle());
+        }
+        tasks.push(tokio::spawn(load::run_monitor(weak, worker.clone(), self)).abort_handle());
+        tasks
     }
 }
 

@@ -1,5 +1,5 @@
 //! Per-worker gauges read from the fleet at scrape time, so they can never disagree with what
-//! routing sees: in-flight requests, circuit state, and which workers exist.
+//! routing sees: in-flight requests, adaptive limits, circuit state, and which workers exist.
 
 use std::sync::Arc;
 
@@ -36,6 +36,18 @@ impl Collector for FleetCollector {
         for w in &snapshot.workers {
             let labels = [("worker", w.id.as_str())];
             ConstGauge::new(w.in_flight() as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "worker_concurrency_limit",
+            "Each worker's adaptive concurrency limit (--adaptive-concurrency): this gateway's requests in flight on it at most",
+            None,
+            MetricType::Gauge,
+        )?;
+        for w in &snapshot.workers {
+            if let Some(limit) = w.adaptive.limit() {
+                let labels = [("worker", w.id.as_str())];
+                ConstGauge::new(limit as i64).encode(family.encode_family(&labels)?)?;
+            }
         }
         let mut family = encoder.encode_descriptor(
             "worker_circuit_state",

@@ -15,10 +15,12 @@
 //!   request's hold on it.
 //! - `veto`, `signals`, `breaker` — per-worker facts: why it gets no new request, what the
 //!   gateway hears from it, its circuit.
+//! - `adaptive` — its adaptive concurrency limit and the latency samples it is learned from.
 //! - `atomic` — the typed cells those facts live in (an enum, an instant).
 //! - `spec` — the worker spec of `--worker-urls` and the admin API.
 //! - `collector` — per-worker gauges read at scrape time.
 
+mod adaptive;
 mod atomic;
 mod breaker;
 mod collector;
@@ -45,11 +47,14 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+pub use adaptive::{AdaptiveLimit, LimitWindow};
 pub use atomic::{AtomicEnum, AtomicInstant, Packed};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
 pub use signals::{Heard, Signals};
-pub use spec::{HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec};
+pub use spec::{
+    AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
+};
 pub use veto::{EngineLoad, Vetoes};
 pub use worker::{
     HealthCell, Lease, LiveSpec, ModelCard, ProbeRecord, Traffic, Worker, WorkerInfo,
@@ -95,13 +100,13 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Whether a request could go to one of its workers now without waiting: one is routable and
-    /// under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
+    /// Whether a request could go to one of its workers now without waiting: one is routable,
+    /// under its adaptive limit and under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
     /// release many at once). The gateway queue holds requests while this is false.
     pub fn has_room(&self) -> bool {
-        self.workers
-            .iter()
-            .any(|w| w.is_routable() && w.veto_class_by(Projection::Wary).is_none())
+        self.workers.iter().any(|w| {
+            w.is_routable() && !w.at_limit(1) && w.veto_class_by(Projection::Wary).is_none()
+        })
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of

@@ -12,6 +12,7 @@ use sluice_core::overload::{Projection, VetoClass};
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
+use super::adaptive::AdaptiveLimit;
 use super::atomic::AtomicEnum;
 use super::breaker::{Permit, WorkerBreaker};
 use super::signals::Signals;
@@ -141,6 +142,32 @@ impl Traffic {
     pub fn pending_requests(&self) -> u64 {
         self.pending_requests.load(Ordering::Relaxed)
     }
+
+    /// Counts `weight` more in flight, unless `limits` refuses them (atomically: two requests
+    /// cannot both take the last place).
+    fn enter(&self, weight: u64, limits: &AdaptiveLimit) -> bool {
+        if !limits.measuring() {
+            self.in_flight.fetch_add(weight, Ordering::Relaxed);
+            return true;
+        }
+        match self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                limits.admits(n, weight).then_some(n + weight)
+            }) {
+            Ok(before) => {
+                limits.in_flight_now(before + weight);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// `weight` fewer in flight: room may have opened.
+    fn leave(&self, weight: u64) {
+        self.in_flight.fetch_sub(weight, Ordering::AcqRel);
+        self.freed.notify_one();
+    }
 }
 
 /// A registered worker. Its fields are grouped by the one writer of each group.
@@ -167,6 +194,9 @@ pub struct Worker {
     pub signals: Signals,
     /// Its circuit (the request path records outcomes, its timer reopens trials).
     pub breaker: Arc<WorkerBreaker>,
+    /// Its adaptive concurrency limit (the limiter loop) and the samples it is learned from (the
+    /// request path).
+    pub adaptive: AdaptiveLimit,
     pub metrics: WorkerMetrics,
 }
 
@@ -198,6 +228,7 @@ impl Worker {
             vetoes: Vetoes::default(),
             signals: Signals::default(),
             breaker,
+            adaptive: AdaptiveLimit::default(),
             metrics,
         }
     }
@@ -225,6 +256,12 @@ impl Worker {
 
     pub fn in_flight(&self) -> u64 {
         self.traffic.in_flight()
+    }
+
+    /// At its adaptive concurrency limit for a request of `weight`: it takes no such request now,
+    /// and is never steered to.
+    pub fn at_limit(&self, weight: u64) -> bool {
+        !self.adaptive.admits(self.in_flight(), weight)
     }
 
     /// The veto in force on it now, if any.
@@ -284,21 +321,26 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub fn new(worker: Arc<Worker>, permit: Permit, weight: u64) -> Self {
+    /// A hold on `worker` for a request of `weight` (its `n`): a place under its adaptive limit,
+    /// then a permit from its circuit; `None` when either refuses.
+    pub fn acquire(worker: &Arc<Worker>, weight: u64) -> Option<Self> {
         let weight = weight.max(1);
-        worker
-            .traffic
-            .in_flight
-            .fetch_add(weight, Ordering::Relaxed);
-        Self {
-            worker,
+        if !worker.traffic.enter(weight, &worker.adaptive) {
+            return None;
+        }
+        let Some(permit) = worker.breaker.try_admit() else {
+            worker.traffic.leave(weight);
+            return None;
+        };
+        Some(Self {
+            worker: worker.clone(),
             permit: Some(permit),
             weight,
             request: None,
             prefill: 0,
             pending: false,
             streaming: false,
-        }
+        })
     }
 
     /// Names the request this lease is for, in what its outcome logs.
@@ -395,14 +437,11 @@ impl Drop for Lease {
         if self.streaming {
             self.worker.signals.stream_ended();
         }
-        self.worker
-            .traffic
-            .in_flight
-            .fetch_sub(1, Ordering::Relaxed);
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);
         }
-        self.worker.traffic.freed.notify_one();
+        // A request of `n` counted `n` times in flight.
+        self.worker.traffic.leave(self.weight);
     }
 }
 
@@ -433,7 +472,7 @@ mod tests {
     }
 
     fn lease(w: &Arc<Worker>) -> Lease {
-        let mut lease = Lease::new(w.clone(), w.breaker.try_admit().unwrap(), 1);
+        let mut lease = Lease::acquire(w, 1).unwrap();
         lease.prefilling(100);
         lease
     }

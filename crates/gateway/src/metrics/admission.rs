@@ -49,12 +49,13 @@ pub struct TenantRequestLabels {
 }
 
 /// Every reason admission refuses for (the refusals' error codes).
-pub const REASONS: [&str; 8] = [
+pub const REASONS: [&str; 9] = [
     "invalid_header",
     "deadline_exceeded",
     "queue_full",
     "queue_evicted",
     "queue_timeout",
+    "codel_drop",
     "worker_overload_shed",
     "tenant_concurrency_exceeded",
     "rate_limit_exceeded",

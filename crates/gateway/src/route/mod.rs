@@ -6,6 +6,10 @@
 //! circuit breaker (a half-open circuit lets only a few trials through), and if it cannot, the
 //! next pick is made without it.
 //!
+//! A worker at its adaptive concurrency limit (`--adaptive-concurrency`) is out of the choice
+//! altogether, never a fallback: its limit is a cap. A pool whose every worker is at its limit
+//! answers 503 no_available_workers (with a gateway queue, the request waits there instead).
+//!
 //! Vetoed workers (overloaded, busy, at capacity, unreachable, wedged: see `fleet::Vetoes`) are
 //! not candidates while any unvetoed one remains — for every policy, hash-based ones included.
 //! When none remains, `sluice_core::overload::when_all_vetoed` decides: steer to the least loaded
@@ -263,10 +267,11 @@ fn select(
     request: &RouteRequest,
     tried: &[u64],
 ) -> Result<Selected, GatewayError> {
+    // A worker at its adaptive limit is neither a candidate nor a fallback: the limit is a cap.
     let (free, vetoed): (Vec<&Arc<Worker>>, Vec<&Arc<Worker>>) = pool
         .workers
         .iter()
-        .filter(|w| w.is_routable() && !tried.contains(&w.key))
+        .filter(|w| w.is_routable() && !tried.contains(&w.key) && !w.at_limit(request.weight))
         .partition(|w| w.veto_class_by(stage.projection).is_none());
     if let Some(lease) = pick(&stage.policy, pool, request, free) {
         return Ok(Selected {
@@ -312,14 +317,15 @@ fn pick(
         };
         let i = choose(policy, &candidates, &request.input, draw)?;
         let worker = workers[i];
-        if let Some(permit) = worker.breaker.try_admit() {
+        if let Some(lease) = Lease::acquire(worker, request.weight) {
             if policy.wants_prefix() && !request.blocks.is_empty() {
                 pool.state.prefix.lock().insert(&request.blocks, worker.key);
             }
             worker.metrics.selections.inc();
-            return Some(Lease::new(worker.clone(), permit, request.weight));
+            return Some(lease);
         }
-        // Its half-open trial is taken (or it just opened): choose among the others.
+        // Its half-open trial is taken (or it just opened), or another request took its last
+        // place under its limit: choose among the others.
         candidates.swap_remove(i);
         workers.swap_remove(i);
     }
@@ -354,10 +360,10 @@ fn fall_back(
         match when_all_vetoed(&candidates, shedding.enabled, others_out) {
             AllVetoed::Steer(i, class) => {
                 let worker = vetoed[i];
-                if let Some(permit) = worker.breaker.try_admit() {
+                if let Some(lease) = Lease::acquire(worker, request.weight) {
                     worker.metrics.selections.inc();
                     return Ok(Selected {
-                        lease: Lease::new(worker.clone(), permit, request.weight),
+                        lease,
                         fallback: Some(class),
                     });
                 }
@@ -377,13 +383,17 @@ fn fall_back(
 
 fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
     let (mut pending, mut unhealthy, mut draining, mut open, mut failed) = (0, 0, 0, 0, 0);
-    let (mut full, mut doubted) = (0, 0);
+    let (mut full, mut doubted, mut limited) = (0, 0, 0);
     for w in &pool.workers {
         if tried.contains(&w.key) {
             failed += 1;
             continue;
         }
         if w.is_routable() {
+            if w.at_limit(1) {
+                limited += 1;
+                continue;
+            }
             match w.veto_class() {
                 Some(VetoClass::Liveness) => doubted += 1,
                 _ => full += 1,
@@ -404,6 +414,7 @@ fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
         (open, "circuit open"),
         (full, "overloaded"),
         (doubted, "unreachable or wedged"),
+        (limited, "at their concurrency limit"),
         (failed, "already tried"),
     ]
     .iter()

@@ -22,6 +22,10 @@
 //!
 //! For a tenant whose token budget is settled at the end, the relay also reads what the response
 //! used (`meter`), and hands it to the context before the context ends.
+//!
+//! On a worker under an adaptive concurrency limit, a successful answer is a latency sample
+//! (`fleet::AdaptiveLimit`): a stream's time to its first event and the gaps between its events
+//! (events read together share their gap), a whole body's time over its completion tokens.
 
 mod meter;
 
@@ -106,15 +110,19 @@ struct EndOfStream {
 }
 
 impl EndOfStream {
-    /// Reads `chunk`'s events; `meter`, when the response is metered, sees each one.
-    fn feed(&mut self, chunk: &[u8], mut meter: Option<&mut Meter>) {
+    /// Reads `chunk`'s events; `meter`, when the response is metered, sees each one. Returns
+    /// the events that completed in it, `[DONE]` aside: the tokens it carried.
+    fn feed(&mut self, chunk: &[u8], mut meter: Option<&mut Meter>) -> u64 {
         let done = &mut self.done;
+        let mut tokens = 0;
         self.parser.feed(chunk, |event| {
             *done = event.data == b"[DONE]";
+            tokens += u64::from(!*done);
             if let Some(meter) = meter.as_deref_mut() {
                 meter.event(event.data);
             }
         });
+        tokens
     }
 
     /// The stream ended: whether its last event was `[DONE]`.
@@ -140,8 +148,11 @@ struct Relay {
     last_chunk: Option<Instant>,
     /// Read only for event streams.
     end: EndOfStream,
-    /// What the response used, when its tenant's tokens are settled at the end.
+    /// What the response used, when its tenant's tokens are settled at the end or its length
+    /// is measured.
     meter: Option<Box<Meter>>,
+    /// Its latencies are samples for the worker's adaptive limit.
+    measured: bool,
     state: State,
     /// The request's deadline, which covers the whole stream.
     deadline: Pin<Box<Sleep>>,
@@ -160,7 +171,11 @@ impl Relay {
         ctx: RequestContext,
     ) -> Self {
         let deadline = ctx.admission.deadline;
-        let meter = ctx.admission.metered.then(|| Box::new(Meter::new(sse)));
+        // A worker under an adaptive limit is measured on its successful answers; a whole body
+        // is read for its token count.
+        let measured = status == 200 && lease.worker().adaptive.measuring();
+        let meter =
+            (ctx.admission.metered || (measured && !sse)).then(|| Box::new(Meter::new(sse)));
         Self {
             inner,
             lease,
@@ -170,6 +185,7 @@ impl Relay {
             last_chunk: None,
             end: EndOfStream::default(),
             meter,
+            measured,
             state: State::Relaying,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             ctx: Some(ctx),
@@ -178,38 +194,64 @@ impl Relay {
 
     fn observe(&mut self, data: &Bytes) {
         let now = Instant::now();
-        self.lease.worker().signals.progress(now);
-        let metrics = &self.lease.worker().metrics;
-        match self.last_chunk {
+        let worker = self.lease.worker().clone();
+        worker.signals.progress(now);
+        let previous = self.last_chunk.replace(now);
+        match previous {
             None => {
                 let ttft = now - self.sent_at;
-                metrics.ttft.observe(ttft.as_secs_f64());
+                worker.metrics.ttft.observe(ttft.as_secs_f64());
                 self.lease.first_byte_after(ttft);
+                if self.sse && self.measured {
+                    worker.adaptive.first_token(ttft);
+                }
             }
-            Some(last) => metrics.inter_chunk.observe((now - last).as_secs_f64()),
+            Some(last) => worker
+                .metrics
+                .inter_chunk
+                .observe((now - last).as_secs_f64()),
         }
-        self.last_chunk = Some(now);
         if let Some(ctx) = &mut self.ctx {
             ctx.relayed(data.len());
         }
         if self.sse {
-            self.end.feed(data, self.meter.as_deref_mut());
+            let tokens = self.end.feed(data, self.meter.as_deref_mut());
+            if let (true, Some(last), 1..) = (self.measured, previous, tokens) {
+                // Events read together arrived, on average, evenly across the gap.
+                let gap = (now - last) / u32::try_from(tokens).unwrap_or(u32::MAX);
+                worker.adaptive.token_gaps(gap, tokens);
+            }
         } else if let Some(meter) = &mut self.meter {
             meter.body(data);
         }
     }
 
-    /// Gives the context what the response used, once, before it ends.
-    fn read_meter(&mut self) {
-        if let (Some(mut meter), Some(ctx)) = (self.meter.take(), self.ctx.as_mut()) {
-            let (usage, chunks) = meter.read();
-            ctx.metered(usage, chunks);
+    /// A whole body's time over its tokens, for the worker's adaptive limit.
+    fn measure_whole(&self, usage: Option<crate::context::Usage>) {
+        if let (true, false, Some(usage)) = (self.measured, self.sse, usage) {
+            let worker = self.lease.worker();
+            worker
+                .adaptive
+                .whole_response(self.sent_at.elapsed(), usage.completion);
         }
+    }
+
+    /// Gives the context what the response used, once, before it ends; returns it.
+    fn read_meter(&mut self) -> Option<crate::context::Usage> {
+        let (Some(mut meter), Some(ctx)) = (self.meter.take(), self.ctx.as_mut()) else {
+            return None;
+        };
+        let (usage, chunks) = meter.read();
+        ctx.metered(usage, chunks);
+        usage
     }
 
     /// The response is over: its context ends now (the lease stays until the relay goes).
     fn finish(&mut self, interrupted: bool) {
-        self.read_meter();
+        let usage = self.read_meter();
+        if !interrupted {
+            self.measure_whole(usage);
+        }
         if let Some(mut ctx) = self.ctx.take() {
             ctx.end(interrupted);
         }
@@ -292,7 +334,7 @@ impl Relay {
 impl Drop for Relay {
     /// The client left: what was generated until then is what the request used.
     fn drop(&mut self) {
-        self.read_meter();
+        let _ = self.read_meter();
     }
 }
 

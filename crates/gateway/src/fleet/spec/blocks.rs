@@ -1,6 +1,7 @@
-//! The spec's nested blocks (`health`, `overload`), validated field by field so an error names
-//! the field (`health.timeout_secs`).
+//! The spec's nested blocks (`health`, `overload`, `adaptive`), validated field by field so an
+//! error names the field (`health.timeout_secs`).
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{
@@ -48,6 +49,111 @@ pub(super) fn overload_block(object: &Map<String, Value>) -> Result<OverloadOver
         waiting_requests,
         token_usage,
     })
+}
+
+/// A worker's own adaptive-concurrency settings (the spec's `adaptive` block); unset fields follow
+/// the `--adaptive-*` flags. Each is a whole number of at least 1. Changed only by PUT.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AdaptiveOverrides {
+    /// `--adaptive-initial-limit`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial_limit: Option<u64>,
+    /// `--adaptive-min-limit`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_limit: Option<u64>,
+    /// `--adaptive-max-limit`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_limit: Option<u64>,
+    /// `--adaptive-itl-breach-ms`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub itl_breach_ms: Option<u64>,
+    /// `--adaptive-itl-healthy-ms`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub itl_healthy_ms: Option<u64>,
+    /// `--adaptive-ttft-breach-ms`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_breach_ms: Option<u64>,
+    /// `--adaptive-ttft-healthy-ms`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_healthy_ms: Option<u64>,
+}
+
+impl AdaptiveOverrides {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+const ADAPTIVE_FIELDS: &[&str] = &[
+    "initial_limit",
+    "min_limit",
+    "max_limit",
+    "itl_breach_ms",
+    "itl_healthy_ms",
+    "ttft_breach_ms",
+    "ttft_healthy_ms",
+];
+
+/// The `adaptive` block: whole numbers of at least 1; a floor over its ceiling, or a healthy
+/// target not under its breach target, is refused when both are given here.
+pub(super) fn adaptive_block(object: &Map<String, Value>) -> Result<AdaptiveOverrides, SpecError> {
+    let block = match object.get("adaptive") {
+        None | Some(Value::Null) => return Ok(AdaptiveOverrides::default()),
+        Some(Value::Object(block)) => block,
+        Some(_) => return Err(spec_error("adaptive", "must be an object")),
+    };
+    if let Some(unknown) = block
+        .keys()
+        .find(|k| !ADAPTIVE_FIELDS.contains(&k.as_str()))
+    {
+        return Err(spec_error(
+            &format!("adaptive.{unknown}"),
+            format!("unknown field (known: {})", ADAPTIVE_FIELDS.join(", ")),
+        ));
+    }
+    let whole = |name: &str| -> Result<Option<u64>, SpecError> {
+        match block.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().filter(|n| *n >= 1).map(Some).ok_or_else(|| {
+                spec_error(
+                    &format!("adaptive.{name}"),
+                    "must be a whole number of at least 1",
+                )
+            }),
+        }
+    };
+    let block = AdaptiveOverrides {
+        initial_limit: whole("initial_limit")?,
+        min_limit: whole("min_limit")?,
+        max_limit: whole("max_limit")?,
+        itl_breach_ms: whole("itl_breach_ms")?,
+        itl_healthy_ms: whole("itl_healthy_ms")?,
+        ttft_breach_ms: whole("ttft_breach_ms")?,
+        ttft_healthy_ms: whole("ttft_healthy_ms")?,
+    };
+    let ordered = |low: Option<u64>, high: Option<u64>, strict: bool| match (low, high) {
+        (Some(l), Some(h)) => l < h || (!strict && l == h),
+        _ => true,
+    };
+    if !ordered(block.min_limit, block.max_limit, false) {
+        return Err(spec_error(
+            "adaptive.min_limit",
+            "must not exceed max_limit",
+        ));
+    }
+    if !ordered(block.itl_healthy_ms, block.itl_breach_ms, true) {
+        return Err(spec_error(
+            "adaptive.itl_healthy_ms",
+            "must be under itl_breach_ms",
+        ));
+    }
+    if !ordered(block.ttft_healthy_ms, block.ttft_breach_ms, true) {
+        return Err(spec_error(
+            "adaptive.ttft_healthy_ms",
+            "must be under ttft_breach_ms",
+        ));
+    }
+    Ok(block)
 }
 
 /// The `health` block, each field validated and named (`health.timeout_secs`) when wrong.

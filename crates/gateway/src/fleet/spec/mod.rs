@@ -52,6 +52,10 @@ pub struct WorkerSpec {
     /// under `--disable-worker-overload-protection`. Changed only by PUT.
     #[serde(skip_serializing_if = "OverloadOverrides::is_empty")]
     pub overload: OverloadOverrides,
+    /// Its adaptive concurrency settings; unset fields follow the gateway's flags. Changed only
+    /// by PUT.
+    #[serde(skip_serializing_if = "AdaptiveOverrides::is_empty")]
+    pub adaptive: AdaptiveOverrides,
     /// How often its load is polled; its pool polls at the smallest of its workers' values.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_monitor_interval_secs: Option<f64>,
@@ -126,7 +130,8 @@ pub struct HealthPatch {
 mod blocks;
 mod url;
 
-use blocks::{health_patch, overload_block};
+pub use blocks::AdaptiveOverrides;
+use blocks::{adaptive_block, health_patch, overload_block};
 use url::normalize_url;
 
 const FIELDS: &[&str] = &[
@@ -137,6 +142,7 @@ const FIELDS: &[&str] = &[
     "labels",
     "health",
     "overload",
+    "adaptive",
     "load_monitor_interval_secs",
     "max_num_batched_tokens",
 ];
@@ -168,6 +174,7 @@ impl WorkerSpec {
             labels: BTreeMap::new(),
             health: HealthOverrides::default(),
             overload: OverloadOverrides::default(),
+            adaptive: AdaptiveOverrides::default(),
             load_monitor_interval_secs: None,
             max_num_batched_tokens: None,
         })
@@ -202,6 +209,7 @@ impl WorkerSpec {
                 None => HealthOverrides::default(),
             },
             overload: overload_block(&object)?,
+            adaptive: adaptive_block(&object)?,
             max_num_batched_tokens: match object.get("max_num_batched_tokens") {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
