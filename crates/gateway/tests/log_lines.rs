@@ -1,4 +1,5 @@
-//! What the gateway's log lines say, read from the log as an operator reads it.
+//! What the gateway's log lines say, read from the log as an operator reads it: the request that
+//! opened a circuit, the figures a concurrency limit was lowered on.
 //!
 //! This binary holds one test on purpose: tracing decides once per call site, process-wide,
 //! whether anyone listens. A log-reading test that shares its process with tests that hit the
@@ -46,7 +47,7 @@ impl Captured {
 }
 
 #[tokio::test]
-async fn the_request_that_opens_a_circuit_is_named_in_its_log_line() {
+async fn an_opened_circuit_names_its_request_and_a_lowered_limit_its_figures() {
     let captured = Captured::default();
     tracing::subscriber::set_global_default(
         tracing_subscriber::fmt()
@@ -95,4 +96,58 @@ async fn the_request_that_opens_a_circuit_is_named_in_its_log_line() {
         line.contains("request_id") && line.contains("req-9"),
         "{line}"
     );
+
+    limit_lowered(&captured).await;
+}
+
+/// A slowed engine's adaptive limit falls, and the log says so with the figures it fell on.
+async fn limit_lowered(captured: &Captured) {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        c.adaptive = Some(sluice_gateway::control::AdaptiveConfig {
+            window: Duration::from_millis(300),
+            aimd: sluice_core::adaptive::AimdConfig {
+                min_samples: 2,
+                ..Default::default()
+            },
+            initial_limit: 4,
+        });
+    })
+    .await;
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(Fault::Slow { factor: 8.0 })
+        .await
+        .unwrap();
+    let id = s.worker_id(0).await;
+    let url = s.url("/v1/chat/completions");
+    bounded("a lowered limit", async {
+        loop {
+            // Two streams at a time; after each pair, a look at the limit.
+            let body = chat_body("test-model", "slow answers", 8, true);
+            let (a, b) = tokio::join!(
+                send(&s.client, "POST", &url, Some(&body), &[]),
+                send(&s.client, "POST", &url, Some(&body), &[])
+            );
+            assert_eq!((a.status, b.status), (200, 200));
+            let worker = &s.workers().await[0];
+            if worker["concurrency"]["limit"].as_u64().unwrap() < 4 {
+                break;
+            }
+        }
+    })
+    .await;
+    let text = captured.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("concurrency limit lowered"))
+        .unwrap_or_else(|| panic!("no line says the limit was lowered:\n{text}"));
+    for field in [
+        format!("worker={id}"),
+        "from=4".into(),
+        "to=3".into(),
+        "itl_p95_ms=".into(),
+    ] {
+        assert!(line.contains(&field), "{field} in {line}");
+    }
 }

@@ -406,3 +406,129 @@ fn tenants_come_from_the_file_and_smgs_tenant_keys_from_flags() {
     assert!(unknown.contains("burst"), "{unknown}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn adaptive_concurrency_is_opt_in_with_the_seeds_targets() {
+    assert_eq!(validated(&[]).unwrap().adaptive, None);
+    let on = validated(&["--adaptive-concurrency"])
+        .unwrap()
+        .adaptive
+        .unwrap();
+    assert_eq!(on.window, Duration::from_secs(10));
+    assert_eq!(on.aimd, sluice_core::adaptive::AimdConfig::default());
+    assert_eq!(on.initial_limit, 32);
+    let tuned = validated(&[
+        "--adaptive-concurrency",
+        "--adaptive-ttft-breach-ms",
+        "2000",
+        "--adaptive-ttft-healthy-ms",
+        "800",
+        "--adaptive-max-limit",
+        "64",
+        "--adaptive-min-limit",
+        "2",
+        "--adaptive-window-secs",
+        "5",
+    ])
+    .unwrap()
+    .adaptive
+    .unwrap();
+    assert_eq!(tuned.aimd.ttft_breach, Some(Duration::from_secs(2)));
+    assert_eq!(tuned.aimd.ttft_healthy, Some(Duration::from_millis(800)));
+    assert_eq!((tuned.aimd.floor, tuned.aimd.ceiling), (2, Some(64)));
+    assert_eq!(tuned.window, Duration::from_secs(5));
+    for (bad, setting) in [
+        (
+            &["--adaptive-itl-healthy-ms", "30"][..],
+            "--adaptive-itl-healthy-ms",
+        ),
+        (
+            &[
+                "--adaptive-ttft-breach-ms",
+                "500",
+                "--adaptive-ttft-healthy-ms",
+                "500",
+            ][..],
+            "--adaptive-ttft-healthy-ms",
+        ),
+        (
+            &["--adaptive-min-limit", "8", "--adaptive-max-limit", "4"][..],
+            "--adaptive-max-limit",
+        ),
+        (
+            &["--adaptive-window-secs", "0"][..],
+            "--adaptive-window-secs",
+        ),
+    ] {
+        let mut args = vec!["--adaptive-concurrency"];
+        args.extend_from_slice(bad);
+        let err = validated(&args).unwrap_err().to_string();
+        assert!(err.starts_with(setting), "{bad:?}: {err}");
+    }
+}
+
+#[test]
+fn codel_runs_on_the_queue_with_per_tier_targets_unless_disabled() {
+    let codel = |args: &[&str]| {
+        let mut all = vec!["--queue-size", "10"];
+        all.extend_from_slice(args);
+        validated(&all).map(|c| c.admission.queue.unwrap().codel)
+    };
+    let targets = |configs: [sluice_core::adaptive::CodelConfig; 3]| {
+        configs.map(|c| (c.target.as_millis(), c.interval.as_millis()))
+    };
+    assert_eq!(
+        targets(codel(&[]).unwrap().unwrap()),
+        [(200, 5000), (1000, 5000), (5000, 5000)],
+        "the seed's targets, 100 ms x 50"
+    );
+    assert_eq!(
+        targets(
+            codel(&["--codel-target-ms", "300", "--codel-interval-ms", "2000"])
+                .unwrap()
+                .unwrap()
+        ),
+        [(300, 2000); 3],
+        "one target for every tier"
+    );
+    assert_eq!(
+        targets(
+            codel(&["--codel-target-ms-by-tier", "50,100,150"])
+                .unwrap()
+                .unwrap()
+        ),
+        [(50, 5000), (100, 5000), (150, 5000)]
+    );
+    assert_eq!(codel(&["--disable-codel"]).unwrap(), None);
+    for bad in [
+        &["--codel-target-ms-by-tier", "1,2"][..],
+        &["--codel-interval-ms", "0"][..],
+        &["--codel-target-ms", "0"][..],
+    ] {
+        let err = codel(bad).unwrap_err().to_string();
+        assert!(err.starts_with("--codel"), "{bad:?}: {err}");
+    }
+}
+
+#[test]
+fn the_adaptive_settings_come_from_the_config_file_too() {
+    let dir = std::env::temp_dir().join(format!("sluice-adaptive-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.toml");
+    std::fs::write(
+        &path,
+        "queue_size = 4\nadaptive_concurrency = true\nadaptive_itl_breach_ms = 40\n\
+         codel_target_ms_by_tier = [100, 500, 2000]\ncodel_interval_ms = 3000\n",
+    )
+    .unwrap();
+    let config = load_args(&["sluice", "--config", path.to_str().unwrap()])
+        .unwrap()
+        .validate()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let adaptive = config.adaptive.unwrap();
+    assert_eq!(adaptive.aimd.itl_breach, Duration::from_millis(40));
+    let codel = config.admission.queue.unwrap().codel.unwrap();
+    assert_eq!(codel[2].target, Duration::from_secs(2));
+    assert_eq!(codel[0].interval, Duration::from_secs(3));
+}

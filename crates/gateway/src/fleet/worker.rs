@@ -478,6 +478,32 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_of_n_sequences_counts_and_gives_back_n() {
+        let w = worker();
+        let lease = Lease::acquire(&w, 3).unwrap();
+        assert_eq!(w.in_flight(), 3);
+        drop(lease);
+        assert_eq!(w.in_flight(), 0, "it left 1 of 3 before");
+    }
+
+    #[test]
+    fn under_a_limit_a_lease_takes_a_place_or_none() {
+        let w = worker();
+        w.adaptive.set_limit(2);
+        let first = Lease::acquire(&w, 1).unwrap();
+        assert!(Lease::acquire(&w, 2).is_none(), "n=2 would pass the limit");
+        let second = Lease::acquire(&w, 1).unwrap();
+        assert!(w.at_limit(1));
+        assert!(Lease::acquire(&w, 1).is_none());
+        assert_eq!(w.in_flight(), 2, "a refused lease leaves nothing behind");
+        drop((first, second));
+        assert!(
+            Lease::acquire(&w, 5).is_some(),
+            "an idle worker takes any request"
+        );
+    }
+
+    #[test]
     fn leases_count_requests_without_a_first_byte_and_the_queue_veto_follows_them() {
         let w = worker();
         let mut started = lease(&w);

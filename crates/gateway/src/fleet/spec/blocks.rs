@@ -217,3 +217,41 @@ pub(super) fn health_patch(object: &Map<String, Value>) -> Result<Option<HealthP
         drain_settle_secs: seconds("drain_settle_secs", 0.0)?,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::WorkerSpec;
+
+    #[test]
+    fn an_adaptive_block_sets_a_workers_own_limits_and_targets() {
+        let spec = WorkerSpec::parse(
+            br#"{"url":"http://x:1","adaptive":{"initial_limit":16,"max_limit":48,"itl_breach_ms":40,"itl_healthy_ms":20}}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.adaptive.initial_limit, Some(16));
+        assert_eq!(spec.adaptive.max_limit, Some(48));
+        assert_eq!(spec.adaptive.itl_breach_ms, Some(40));
+        assert_eq!(spec.adaptive.ttft_breach_ms, None);
+        let shown = serde_json::to_value(&spec).unwrap();
+        assert_eq!(shown["adaptive"]["itl_healthy_ms"], 20);
+        for (block, field) in [
+            (r#"{"initial_limit":0}"#, "adaptive.initial_limit"),
+            (r#"{"itl_breach_ms":2.5}"#, "adaptive.itl_breach_ms"),
+            (r#"{"min_limit":9,"max_limit":8}"#, "adaptive.min_limit"),
+            (
+                r#"{"itl_breach_ms":20,"itl_healthy_ms":20}"#,
+                "adaptive.itl_healthy_ms",
+            ),
+            (
+                r#"{"ttft_breach_ms":900,"ttft_healthy_ms":1000}"#,
+                "adaptive.ttft_healthy_ms",
+            ),
+            (r#"{"limit":3}"#, "adaptive.limit"),
+            ("[]", "adaptive"),
+        ] {
+            let body = format!(r#"{{"url":"http://x:1","adaptive":{block}}}"#);
+            let e = WorkerSpec::parse(body.as_bytes()).unwrap_err();
+            assert_eq!(e.field, field, "{block}: {e}");
+        }
+    }
+}
