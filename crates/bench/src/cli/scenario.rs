@@ -62,8 +62,10 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub window_secs: Option<f64>,
     /// Configurations to measure: direct, sluice, sluice-shed, smg, the scenario's own
-    /// (tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants), or names
-    /// from --gateway [default: all that can run here; direct always runs first, it sets C].
+    /// (tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants; slow-worker:
+    /// sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue, sluice-codel,
+    /// sluice-adaptive), or names from --gateway [default: all that can run here; direct always
+    /// runs first, it sets C].
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Another gateway, `NAME=COMMAND` with `{port}` and `{workers}`. Repeatable.
@@ -170,7 +172,15 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         ScenarioName::NoisyTenant => {
             configs.push(crate::scenario::tenants_config(&exe, args.time_scale));
         }
-        _ => {}
+        name => {
+            if let Some(incident) = name.incident() {
+                configs.extend(crate::scenario::incident_configs(
+                    incident,
+                    &exe,
+                    args.time_scale,
+                ));
+            }
+        }
     }
     for g in &args.gateways {
         configs.push(Template::parse(g)?);

@@ -4,13 +4,15 @@
 //! Configurations are named command templates (see `overhead::Template`), so any gateway can be
 //! measured: `direct` (sluice in round robin with every protection off: the naive fleet),
 //! `sluice` (its defaults), `sluice-shed` (defaults plus `--worker-overload-shed`), and `smg`
-//! when it is on the PATH.
+//! when it is on the PATH; scenarios add their own (`adaptive`: limits learned from latency and
+//! CoDel on the gateway queue, for the slow-worker and spike incidents).
 //!
 //! The engines run a real-GPU profile with `--time-scale`: their clock runs that many times
 //! faster than the wall clock, so a sweep finishes in minutes. Objectives and rates are stated in
 //! engine time and converted for the run; the gateways' own timers (polls, probes) are not scaled,
 //! which the report says.
 
+mod adaptive;
 mod fleet;
 mod noisy;
 mod plot;
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use adaptive::{controlled_config, incident_configs, Controls};
 pub use fleet::{EngineTotals, SimFleet};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};

@@ -32,27 +32,27 @@ pub struct AdaptiveSettings {
     #[arg(help_heading = "Adaptive control")]
     pub adaptive_window_secs: f64,
 
-    /// p95 inter-token latency at or over which a worker's limit falls.
-    #[arg(long, default_value_t = 25, value_name = "MS")]
+    /// p95 inter-token latency at or over which a worker's limit falls (fractions allowed).
+    #[arg(long, default_value_t = 25.0, value_name = "MS")]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_itl_breach_ms: u64,
+    pub adaptive_itl_breach_ms: f64,
 
     /// p95 inter-token latency under which a worker's limit may rise.
-    #[arg(long, default_value_t = 15, value_name = "MS")]
+    #[arg(long, default_value_t = 15.0, value_name = "MS")]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_itl_healthy_ms: u64,
+    pub adaptive_itl_healthy_ms: f64,
 
     /// p95 time to first token at or over which a worker's limit falls. Unset: not judged.
     #[arg(long, value_name = "MS")]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_ttft_breach_ms: Option<u64>,
+    pub adaptive_ttft_breach_ms: Option<f64>,
 
     /// p95 time to first token a worker's limit needs under it to rise. Unset: not judged.
     #[arg(long, value_name = "MS")]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_ttft_healthy_ms: Option<u64>,
+    pub adaptive_ttft_healthy_ms: Option<f64>,
 
     /// Responses a window needs before it is judged; fewer hold the limit.
     #[arg(long, default_value_t = 20)]
@@ -108,6 +108,20 @@ pub struct AdaptiveSettings {
     pub codel_interval_ms: u64,
 }
 
+/// A positive number of milliseconds (fractions allowed: benchmarks scale targets with a sped-up
+/// engine clock).
+fn millis(setting: &'static str, ms: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(ms / 1000.0)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            invalid(
+                setting,
+                format!("{ms} is not a positive number of milliseconds"),
+            )
+        })
+}
+
 fn default_codel_targets() -> Vec<u64> {
     CODEL_TARGETS_MS.to_vec()
 }
@@ -148,14 +162,19 @@ impl AdaptiveSettings {
         if self.adaptive_initial_limit == 0 {
             return Err(invalid("adaptive-initial-limit", "must be at least 1"));
         }
-        let ms = Duration::from_millis;
         Ok(Some(AdaptiveConfig {
             window,
             aimd: AimdConfig {
-                itl_breach: ms(self.adaptive_itl_breach_ms),
-                itl_healthy: ms(self.adaptive_itl_healthy_ms),
-                ttft_breach: self.adaptive_ttft_breach_ms.map(ms),
-                ttft_healthy: self.adaptive_ttft_healthy_ms.map(ms),
+                itl_breach: millis("adaptive-itl-breach-ms", self.adaptive_itl_breach_ms)?,
+                itl_healthy: millis("adaptive-itl-healthy-ms", self.adaptive_itl_healthy_ms)?,
+                ttft_breach: self
+                    .adaptive_ttft_breach_ms
+                    .map(|ms| millis("adaptive-ttft-breach-ms", ms))
+                    .transpose()?,
+                ttft_healthy: self
+                    .adaptive_ttft_healthy_ms
+                    .map(|ms| millis("adaptive-ttft-healthy-ms", ms))
+                    .transpose()?,
                 min_samples: self.adaptive_min_samples,
                 floor,
                 ceiling: self.adaptive_max_limit,
