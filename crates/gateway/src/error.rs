@@ -198,12 +198,10 @@ pub enum GatewayError {
         waited: Duration,
         retry_after: Duration,
     },
-    /// CoDel cut its tier's standing queue at its head (it had waited longest).
-    #[error("The gateway's queue has stood too long for this request's tier; it was refused to shorten it ({waited:?} waited)")]
-    CodelDrop {
-        waited: Duration,
-        retry_after: Duration,
-    },
+    /// CoDel is cutting its tier's standing queue: it was the head (it had waited longest), or
+    /// it arrived expecting to wait past the tier's target.
+    #[error("The gateway's queue for this request's tier has stood past its target; the request was refused to shorten it")]
+    CodelDrop { retry_after: Duration },
     /// `X-Request-Deadline-Ms` passed, or cannot be met.
     #[error("The request's deadline of {budget:?} cannot be met")]
     DeadlineExceeded { budget: Duration },

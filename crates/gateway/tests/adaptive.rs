@@ -357,6 +357,16 @@ async fn a_standing_queue_is_cut_at_its_head_with_codel_drop() {
         "the state shows the cut: {tier}"
     );
     assert!(codel_drops(&s).await >= 1.0);
+    assert_eq!(tier["codel"]["dropping"], true, "{tier}");
+    // While it is cut, an arrival that would wait past the target is refused at once.
+    let late = s.chat(&chat_body("test-model", "late", 2, false)).await;
+    assert_eq!(
+        code(&late).as_deref(),
+        Some("codel_drop"),
+        "{}",
+        late.text()
+    );
+    assert!(others.iter().all(|o| !o.is_finished()));
 
     // Room opens: what is left goes.
     drop(held);

@@ -11,7 +11,10 @@
 //! not met with a slow start each time.
 //!
 //! Drops are at the head, as in the paper (the seed's probabilistic drops at arrival are
-//! replaced): the head has waited longest, so refusing it frees the most waiting time.
+//! replaced): the head has waited longest, so refusing it frees the most waiting time. While
+//! dropping, an arrival expected to wait past the target is refused as well (`admits`): LLM
+//! clients do not slow down after a refusal as TCP senders do after a drop, and against a
+//! steady excess the control law alone lets the queue stand (measured in docs/benchmarks.md).
 
 use std::time::Duration;
 
@@ -123,6 +126,17 @@ impl Codel {
         HeadVerdict::Drop
     }
 
+    /// Whether an arrival expected to wait `expected` may join the queue. While dropping, one
+    /// expected to wait past the target is refused at once: the control law's pace rises only
+    /// with the square root of its drops, which is enough for senders that slow down after a
+    /// drop (TCP, for which it was made) but not for clients that keep sending at the same rate,
+    /// whose excess it would let stand. Without an estimate (nothing left the queue lately) a
+    /// standing queue is not moving, and the arrival is refused too. Outside the dropping state
+    /// every arrival may join.
+    pub fn admits(&self, expected: Option<Duration>) -> bool {
+        !self.dropping || expected.is_some_and(|wait| wait <= self.config.target)
+    }
+
     /// When the head should be looked at again even if nothing happens: the next drop while
     /// dropping, the end of the interval the sojourn has been above target for, or — for a head
     /// waiting since `head_since` and not yet seen above target — when its sojourn reaches it.
@@ -172,6 +186,26 @@ mod tests {
             },
             now,
         )
+    }
+
+    #[test]
+    fn while_dropping_an_arrival_that_would_wait_past_the_target_is_refused() {
+        let t0 = Instant::now();
+        let mut c = codel(t0);
+        assert!(
+            c.admits(Some(10_000 * MS)),
+            "not dropping: the queue takes it"
+        );
+        c.judge(300 * MS, t0);
+        assert_eq!(c.judge(300 * MS, t0 + 5000 * MS), HeadVerdict::Drop);
+        assert!(!c.admits(Some(201 * MS)));
+        assert!(c.admits(Some(200 * MS)), "within the target");
+        assert!(
+            !c.admits(None),
+            "no estimate: nothing leaves the standing queue"
+        );
+        c.judge(100 * MS, t0 + 5100 * MS);
+        assert!(c.admits(Some(10_000 * MS)), "the state left");
     }
 
     #[test]

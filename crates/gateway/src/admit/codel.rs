@@ -72,6 +72,16 @@ impl TierCodels {
         (dropped, next_look)
     }
 
+    /// Whether `tier`'s queue is being cut now.
+    pub(super) fn dropping(&self, tier: Tier) -> bool {
+        self.tiers.lock()[tier.index()].dropping()
+    }
+
+    /// Whether an arrival of `tier` expected to wait `expected` may join (`Codel::admits`).
+    pub(super) fn admits(&self, tier: Tier, expected: Option<std::time::Duration>) -> bool {
+        self.tiers.lock()[tier.index()].admits(expected)
+    }
+
     pub(super) fn view(&self, tier: Tier) -> CodelView {
         let tiers = self.tiers.lock();
         let codel = &tiers[tier.index()];

@@ -12,7 +12,8 @@
 //!
 //! Each tier also runs CoDel (`codel`): whenever the dispatcher looks, and when a tier's head
 //! reaches its target or its next drop is due, a standing queue is cut at its head (503
-//! `codel_drop`), while a burst that drains within the interval loses nothing.
+//! `codel_drop`), and while it is cut, an arrival that would wait past the target is refused the
+//! same way; a burst that drains within the interval loses nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,10 +173,12 @@ impl GatewayQueue {
         }
     }
 
-    /// With `--worker-overload-shed`, an arrival whose wait cannot help is refused at once
-    /// (`drain::hopeless`).
+    /// An arrival that cannot help by waiting is refused at once: with `--worker-overload-shed`,
+    /// one whose wait is hopeless (`drain::hopeless`); while its tier's CoDel is dropping, one
+    /// expected to wait past the tier's target (`Codel::admits`).
     fn arrival(&self, asker: &Asker, now: Instant) -> Result<(), GatewayError> {
-        if !self.config.shed {
+        let dropping = self.codel.as_ref().filter(|c| c.dropping(asker.tier));
+        if !self.config.shed && dropping.is_none() {
             return Ok(());
         }
         let ahead = self
@@ -183,11 +186,20 @@ impl GatewayQueue {
             .lock()
             .ahead_of_arrival(asker.tier, &asker.tenant, asker.weight);
         let expected = drain::likely_wait(ahead, self.rates.lock().tier_rate(asker.tier, now));
-        if drain::hopeless(
-            asker.tier,
-            expected,
-            self.config.timeouts[asker.tier.index()],
-        ) {
+        if let Some(codel) = dropping {
+            if !codel.admits(asker.tier, expected) {
+                return Err(GatewayError::CodelDrop {
+                    retry_after: self.retry_after(now),
+                });
+            }
+        }
+        if self.config.shed
+            && drain::hopeless(
+                asker.tier,
+                expected,
+                self.config.timeouts[asker.tier.index()],
+            )
+        {
             return Err(GatewayError::WorkerOverloadShed {
                 model: asker.model.clone(),
                 status: 503,
@@ -282,7 +294,6 @@ impl GatewayQueue {
                 retry_after: self.retry_after(Instant::now()),
             }),
             Ok(Ok(Turn::Dropped)) => Err(GatewayError::CodelDrop {
-                waited,
                 retry_after: self.retry_after(Instant::now()),
             }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {

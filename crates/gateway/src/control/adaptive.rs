@@ -95,8 +95,8 @@ pub async fn run_limiter(worker: Arc<Worker>, flags: AdaptiveConfig) {
                 worker = %worker.id,
                 from = limit,
                 to = next,
-                itl_p95_ms = stats.itl_p95.map(|d| d.as_millis() as u64),
-                ttft_p95_ms = stats.ttft_p95.map(|d| d.as_millis() as u64),
+                itl_p95_ms = stats.itl_p95.map(tenths_of_ms),
+                ttft_p95_ms = stats.ttft_p95.map(tenths_of_ms),
                 samples = stats.samples,
                 "concurrency limit lowered: latency over its breach target"
             );
@@ -110,6 +110,11 @@ pub async fn run_limiter(worker: Arc<Worker>, flags: AdaptiveConfig) {
         worker.adaptive.judged(window, next);
         limit = next;
     }
+}
+
+/// Milliseconds to a tenth, as the log line shows them.
+fn tenths_of_ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
 #[cfg(test)]

@@ -137,6 +137,8 @@ pub struct Row {
     pub refused: u64,
     /// Of the requests due during the incident and completed, engine seconds.
     pub ttft_p99_during: f64,
+    /// Time per output token after the first, of the same requests, engine seconds.
+    pub tpot_p99_during: f64,
     /// Wall seconds from the fault to the last request the target got (`None`: never).
     pub excluded_after: Option<f64>,
     /// Wall seconds from the restore to the target's first request after it.
@@ -338,6 +340,11 @@ impl Run<'_> {
             .filter(|o| o.status == 200 && o.completed)
             .filter_map(|o| o.ttft.map(|t| t.as_secs_f64() * scale))
             .collect();
+        let tpots: Vec<f64> = during
+            .iter()
+            .filter(|o| o.status == 200 && o.completed)
+            .filter_map(|o| o.tpot().map(|t| t.as_secs_f64() * scale))
+            .collect();
         let arrived = arrivals(readings);
         let (excluded, share_of_target) = if incident.counter_readable() {
             (
@@ -357,6 +364,7 @@ impl Run<'_> {
             failed: count(outcomes, Fate::Failed),
             refused: count(outcomes, Fate::Refused),
             ttft_p99_during: crate::stats::percentile(&ttfts, 0.99),
+            tpot_p99_during: crate::stats::percentile(&tpots, 0.99),
             excluded_after: excluded,
             rejoined_after: (incident != Incident::Spike)
                 .then(|| rejoined_after(&arrived, &phases))

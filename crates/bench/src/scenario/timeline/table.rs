@@ -60,7 +60,7 @@ impl TimelineReport {
         };
         let _ = writeln!(
             out,
-            "| config | requests | within SLO | within SLO during | failed | refused | TTFT p99 during (engine s) |{} recovered after (s) | preemptions | wasted tokens | late engine steps |",
+            "| config | requests | within SLO | within SLO during | failed | refused | TTFT p99 during (engine s) | TPOT p99 during (engine ms) |{} recovered after (s) | preemptions | wasted tokens | late engine steps |",
             if target {
                 format!(" {excluded} | rejoined after (s) | target's share during |")
             } else {
@@ -69,13 +69,13 @@ impl TimelineReport {
         );
         let _ = writeln!(
             out,
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |{} ---: | ---: | ---: | ---: |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{} ---: | ---: | ---: | ---: |",
             if target { " ---: | ---: | ---: |" } else { "" }
         );
         for r in &self.rows {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0}% | {:.0}% | {} | {} | {:.2} |{} {} | {} | {} | {:.1}% |",
+                "| {} | {} | {:.0}% | {:.0}% | {} | {} | {:.2} | {:.0} |{} {} | {} | {} | {:.1}% |",
                 r.config,
                 r.requests,
                 100.0 * r.attainment,
@@ -83,6 +83,7 @@ impl TimelineReport {
                 r.failed,
                 r.refused,
                 r.ttft_p99_during,
+                1000.0 * r.tpot_p99_during,
                 if target {
                     format!(
                         " {} | {} | {} |",
