@@ -381,3 +381,35 @@ async fn a_standing_queue_is_cut_at_its_head_with_codel_drop() {
         vec![1 + statuses.iter().filter(|s| **s == 200).count() as u64]
     );
 }
+
+#[tokio::test]
+async fn whole_answers_are_measured_by_their_time_over_their_tokens() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        adaptive(c, Duration::from_secs(1), 4, 8, None)
+    })
+    .await;
+    for i in 0..4 {
+        let answer = s
+            .chat(&chat_body("test-model", &format!("whole {i}"), 6, false))
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    // A window those four fell in is judged within a second (they may straddle two), and its
+    // figures stay in view for a second.
+    let judged = bounded("a window with the answers", async {
+        loop {
+            let view = concurrency(&s, 0).await;
+            if view["last_window"]["samples"].as_u64().unwrap_or(0) > 0 {
+                return view;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let window = &judged["last_window"];
+    assert!(window["itl_p95_ms"].as_f64().unwrap() > 0.0, "{judged}");
+    assert!(
+        window["ttft_p95_ms"].is_null(),
+        "a whole answer has no first token of its own: {judged}"
+    );
+}

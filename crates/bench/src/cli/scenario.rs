@@ -64,7 +64,7 @@ pub struct ScenarioArgs {
     /// Configurations to measure: direct, sluice, sluice-shed, smg, the scenario's own
     /// (tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants; slow-worker:
     /// sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue, sluice-codel,
-    /// sluice-adaptive), or names from --gateway [default: all that can run here; direct always
+    /// sluice-adaptive, sluice-adaptive-slo), or names from --gateway [default: all that can run here; direct always
     /// runs first, it sets C].
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,

@@ -141,16 +141,22 @@ pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
+/// Listening ports are looked for below the kernel's ephemeral range (32768 and up by default):
+/// a run's hundreds of thousands of client connections leave their ports in TIME_WAIT for a
+/// minute, and a port taken from that range (`bind` to port 0) can find none free — a spike run
+/// failed so after two configurations.
+const LISTEN_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
 /// A port nothing listens on now (and, for `span` > 1, the ports after it too).
 pub(crate) fn free_ports(span: u16) -> Result<u16, OverheadError> {
     let mut last_error = std::io::Error::other("no free run of ports");
-    for _ in 0..64 {
-        let first = TcpListener::bind(loopback(0)).map_err(OverheadError::Port)?;
-        let base = first.local_addr().map_err(OverheadError::Port)?.port();
-        let rest: Result<Vec<_>, _> = (1..span)
-            .map(|i| TcpListener::bind(loopback(base.saturating_add(i))))
+    let width = LISTEN_PORTS.end - LISTEN_PORTS.start - span.max(1);
+    for _ in 0..256 {
+        let base = LISTEN_PORTS.start + rand::random::<u16>() % width;
+        let run: Result<Vec<_>, _> = (0..span.max(1))
+            .map(|i| TcpListener::bind(loopback(base + i)))
             .collect();
-        match rest {
+        match run {
             Ok(_) => return Ok(base),
             Err(e) => last_error = e,
         }

@@ -13,16 +13,18 @@ use crate::overhead::Template;
 /// The seed's CoDel targets for tiers 0, 1 and 2, and its interval, in engine milliseconds.
 const CODEL_TARGETS_MS: [f64; 3] = [200.0, 1000.0, 5000.0];
 const CODEL_INTERVAL_MS: f64 = 5000.0;
-/// The seed's inter-token targets and window, in engine time.
-const ITL_BREACH_MS: f64 = 25.0;
-const ITL_HEALTHY_MS: f64 = 15.0;
+/// The seed's inter-token targets (breach, healthy) and window, in engine time.
+pub const SEED_ITL_MS: (f64, f64) = (25.0, 15.0);
+/// Inter-token targets at the scenarios' own objective (100 ms per output token): a breach at it,
+/// healthy well under it.
+pub const SLO_ITL_MS: (f64, f64) = (100.0, 60.0);
 const WINDOW_SECS: f64 = 10.0;
 /// The engines' running window (`--max-num-seqs 64` of the scenarios' engines): where a limit
 /// starts, as an operator of vLLM, whose metrics do not carry it, would set it.
 const RUNNING_WINDOW: &str = "64";
 
 /// What a configuration adds to plain sluice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Controls {
     /// `--policy round_robin` instead of the default cache-aware policy.
     pub round_robin: bool,
@@ -30,8 +32,9 @@ pub struct Controls {
     pub queue: bool,
     /// CoDel on the queue's tiers.
     pub codel: bool,
-    /// Adaptive concurrency limits.
-    pub adaptive: bool,
+    /// Adaptive concurrency limits, with these inter-token targets (breach, healthy) in engine
+    /// milliseconds.
+    pub adaptive: Option<(f64, f64)>,
 }
 
 /// sluice with `controls`, its load poll and every adaptive target scaled to the engines' clock.
@@ -65,15 +68,15 @@ pub fn controlled_config(name: &str, exe: &Path, time_scale: f64, controls: Cont
             add(&["--disable-codel"]);
         }
     }
-    if controls.adaptive {
+    if let Some((breach, healthy)) = controls.adaptive {
         add(&[
             "--adaptive-concurrency",
             "--adaptive-window-secs",
             &format!("{}", WINDOW_SECS / scale),
             "--adaptive-itl-breach-ms",
-            &wall_ms(ITL_BREACH_MS),
+            &wall_ms(breach),
             "--adaptive-itl-healthy-ms",
-            &wall_ms(ITL_HEALTHY_MS),
+            &wall_ms(healthy),
             "--adaptive-initial-limit",
             RUNNING_WINDOW,
         ]);
@@ -83,18 +86,19 @@ pub fn controlled_config(name: &str, exe: &Path, time_scale: f64, controls: Cont
 }
 
 /// The configurations the incident scenarios add: for a slow worker, limits with and without
-/// round robin; for a spike, the queue without CoDel, with it, and with limits too.
+/// round robin; for a spike, the queue without CoDel, with it, and with limits too (at the
+/// seed's inter-token targets, and at the scenarios' objective).
 pub fn incident_configs(incident: super::Incident, exe: &Path, time_scale: f64) -> Vec<Template> {
     let none = Controls {
         round_robin: false,
         queue: false,
         codel: false,
-        adaptive: false,
+        adaptive: None,
     };
     let all = Controls {
         queue: true,
         codel: true,
-        adaptive: true,
+        adaptive: Some(SEED_ITL_MS),
         ..none
     };
     let named: Vec<(&str, Controls)> = match incident {
@@ -132,6 +136,13 @@ pub fn incident_configs(incident: super::Incident, exe: &Path, time_scale: f64) 
                 },
             ),
             ("sluice-adaptive", all),
+            (
+                "sluice-adaptive-slo",
+                Controls {
+                    adaptive: Some(SLO_ITL_MS),
+                    ..all
+                },
+            ),
         ],
         _ => Vec::new(),
     };
@@ -155,7 +166,7 @@ mod tests {
                 round_robin: true,
                 queue: true,
                 codel: true,
-                adaptive: true,
+                adaptive: Some(SEED_ITL_MS),
             },
         );
         let argv = t.argv.join(" ");

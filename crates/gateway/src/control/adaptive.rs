@@ -38,7 +38,8 @@ impl Default for AdaptiveConfig {
 }
 
 impl AdaptiveConfig {
-    /// The settings for a worker, its spec's `adaptive` block over the flags.
+    /// The settings for a worker, its spec's `adaptive` block over the flags (a new spec is a new
+    /// registration, whose limiter starts again).
     pub fn for_worker(&self, own: &AdaptiveOverrides) -> Self {
         let ms = Duration::from_millis;
         let aimd = AimdConfig {
@@ -51,9 +52,9 @@ impl AdaptiveConfig {
             ..self.aimd
         };
         Self {
+            window: own.window_secs.map_or(self.window, Duration::from_secs_f64),
             aimd,
             initial_limit: own.initial_limit.unwrap_or(self.initial_limit),
-            ..*self
         }
     }
 
@@ -128,6 +129,7 @@ mod tests {
             itl_breach_ms: Some(40),
             ttft_healthy_ms: Some(500),
             max_limit: Some(8),
+            window_secs: Some(2.5),
             ..AdaptiveOverrides::default()
         };
         let mine = flags.for_worker(&own);
@@ -137,6 +139,7 @@ mod tests {
         assert_eq!(mine.aimd.ttft_breach, None);
         assert_eq!((mine.aimd.floor, mine.aimd.ceiling), (1, Some(8)));
         assert_eq!(mine.initial_limit, 32);
+        assert_eq!(mine.window, Duration::from_millis(2500));
         assert_eq!(flags.for_worker(&AdaptiveOverrides::default()), flags);
     }
 }

@@ -194,22 +194,21 @@ impl Relay {
 
     fn observe(&mut self, data: &Bytes) {
         let now = Instant::now();
-        let worker = self.lease.worker().clone();
-        worker.signals.progress(now);
+        self.lease.worker().signals.progress(now);
         let previous = self.last_chunk.replace(now);
         match previous {
             None => {
                 let ttft = now - self.sent_at;
-                worker.metrics.ttft.observe(ttft.as_secs_f64());
+                self.lease.worker().metrics.ttft.observe(ttft.as_secs_f64());
                 self.lease.first_byte_after(ttft);
                 if self.sse && self.measured {
-                    worker.adaptive.first_token(ttft);
+                    self.lease.worker().adaptive.first_token(ttft);
                 }
             }
-            Some(last) => worker
-                .metrics
-                .inter_chunk
-                .observe((now - last).as_secs_f64()),
+            Some(last) => {
+                let gap = (now - last).as_secs_f64();
+                self.lease.worker().metrics.inter_chunk.observe(gap);
+            }
         }
         if let Some(ctx) = &mut self.ctx {
             ctx.relayed(data.len());
@@ -219,7 +218,7 @@ impl Relay {
             if let (true, Some(last), 1..) = (self.measured, previous, tokens) {
                 // Events read together arrived, on average, evenly across the gap.
                 let gap = (now - last) / u32::try_from(tokens).unwrap_or(u32::MAX);
-                worker.adaptive.token_gaps(gap, tokens);
+                self.lease.worker().adaptive.token_gaps(gap, tokens);
             }
         } else if let Some(meter) = &mut self.meter {
             meter.body(data);
@@ -229,8 +228,8 @@ impl Relay {
     /// A whole body's time over its tokens, for the worker's adaptive limit.
     fn measure_whole(&self, usage: Option<crate::context::Usage>) {
         if let (true, false, Some(usage)) = (self.measured, self.sse, usage) {
-            let worker = self.lease.worker();
-            worker
+            self.lease
+                .worker()
                 .adaptive
                 .whole_response(self.sent_at.elapsed(), usage.completion);
         }

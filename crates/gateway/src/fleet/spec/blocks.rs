@@ -52,9 +52,13 @@ pub(super) fn overload_block(object: &Map<String, Value>) -> Result<OverloadOver
 }
 
 /// A worker's own adaptive-concurrency settings (the spec's `adaptive` block); unset fields follow
-/// the `--adaptive-*` flags. Each is a whole number of at least 1. Changed only by PUT.
+/// the `--adaptive-*` flags. Each is a whole number of at least 1 but the window. Changed only
+/// by PUT.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct AdaptiveOverrides {
+    /// `--adaptive-window-secs` (from 0.1 to 3600, fractions allowed)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_secs: Option<f64>,
     /// `--adaptive-initial-limit`
     #[serde(skip_serializing_if = "Option::is_none")]
     pub initial_limit: Option<u64>,
@@ -85,6 +89,7 @@ impl AdaptiveOverrides {
 }
 
 const ADAPTIVE_FIELDS: &[&str] = &[
+    "window_secs",
     "initial_limit",
     "min_limit",
     "max_limit",
@@ -122,7 +127,21 @@ pub(super) fn adaptive_block(object: &Map<String, Value>) -> Result<AdaptiveOver
             }),
         }
     };
+    let window_secs = match block.get("window_secs") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|x| (0.1..=3600.0).contains(x))
+                .ok_or_else(|| {
+                    spec_error(
+                        "adaptive.window_secs",
+                        "must be a number of seconds from 0.1 to 3600",
+                    )
+                })?,
+        ),
+    };
     let block = AdaptiveOverrides {
+        window_secs,
         initial_limit: whole("initial_limit")?,
         min_limit: whole("min_limit")?,
         max_limit: whole("max_limit")?,
@@ -225,10 +244,11 @@ mod tests {
     #[test]
     fn an_adaptive_block_sets_a_workers_own_limits_and_targets() {
         let spec = WorkerSpec::parse(
-            br#"{"url":"http://x:1","adaptive":{"initial_limit":16,"max_limit":48,"itl_breach_ms":40,"itl_healthy_ms":20}}"#,
+            br#"{"url":"http://x:1","adaptive":{"window_secs":2.5,"initial_limit":16,"max_limit":48,"itl_breach_ms":40,"itl_healthy_ms":20}}"#,
         )
         .unwrap();
         assert_eq!(spec.adaptive.initial_limit, Some(16));
+        assert_eq!(spec.adaptive.window_secs, Some(2.5));
         assert_eq!(spec.adaptive.max_limit, Some(48));
         assert_eq!(spec.adaptive.itl_breach_ms, Some(40));
         assert_eq!(spec.adaptive.ttft_breach_ms, None);
@@ -236,6 +256,7 @@ mod tests {
         assert_eq!(shown["adaptive"]["itl_healthy_ms"], 20);
         for (block, field) in [
             (r#"{"initial_limit":0}"#, "adaptive.initial_limit"),
+            (r#"{"window_secs":0}"#, "adaptive.window_secs"),
             (r#"{"itl_breach_ms":2.5}"#, "adaptive.itl_breach_ms"),
             (r#"{"min_limit":9,"max_limit":8}"#, "adaptive.min_limit"),
             (
