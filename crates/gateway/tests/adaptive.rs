@@ -413,3 +413,55 @@ async fn whole_answers_are_measured_by_their_time_over_their_tokens() {
         "a whole answer has no first token of its own: {judged}"
     );
 }
+
+#[tokio::test]
+async fn a_limit_starts_at_the_running_window_sglang_reports_and_at_the_flag_for_vllm() {
+    let tune = |c: &mut Config| {
+        adaptive(c, Duration::from_millis(200), 1_000, 8, None);
+        c.load.interval = Duration::from_millis(50);
+        c.load.min_interval = Duration::from_millis(10);
+    };
+    // SGLang's `/v1/loads` carries `max_running_requests` (the sim reports its --max-num-seqs).
+    let sglang = start(1, timed(Flavor::Sglang, 1.0), tune).await;
+    let window = sglang
+        .sims
+        .engine(0)
+        .unwrap()
+        .engine()
+        .unwrap()
+        .config()
+        .max_num_seqs;
+    let followed = bounded("the limit to follow the engine's window", async {
+        loop {
+            let view = concurrency(&sglang, 0).await;
+            if view["limit"] != 8 {
+                return view;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(
+        followed["limit"].as_u64(),
+        Some(u64::from(window)),
+        "{followed}"
+    );
+
+    // vLLM's metrics do not carry it: the flag's figure stands.
+    let vllm = start(1, timed(Flavor::Vllm, 1.0), tune).await;
+    let judged = bounded("a window judged after a load report", async {
+        loop {
+            let worker = vllm.workers().await.remove(0);
+            let report_age = worker["engine_load"]["age_secs"].as_f64();
+            let window_age = worker["concurrency"]["last_window"]["age_secs"].as_f64();
+            if let (Some(report), Some(window)) = (report_age, window_age) {
+                if window < report {
+                    return worker;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(judged["concurrency"]["limit"], 8, "{judged}");
+}
