@@ -22,6 +22,7 @@
 //! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
 //!   the cache-aware policy.
 //! - `breaker` — the per-worker circuit breaker state machine.
+//! - `degrade` — the degradation ladder: the pressure level and each step's rewrite of a body.
 //! - `health` — the worker health state machine (Pending / Ready / NotReady / Failed /
 //!   Draining) that probes drive.
 //! - `retry` — which failed attempts may be retried, and the backoff before each retry.
@@ -32,6 +33,7 @@
 pub mod adaptive;
 pub mod admission;
 pub mod breaker;
+pub mod degrade;
 pub mod hash;
 pub mod health;
 pub mod ids;
