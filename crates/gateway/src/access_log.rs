@@ -45,6 +45,9 @@ pub struct AccessRecord {
     pub cancelled: bool,
     /// The worker failed mid-response.
     pub interrupted: bool,
+    /// What the degradation ladder did to it, as `x-sluice-degraded` says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
 }
 
 /// The sending side, cloned into every request.

@@ -87,6 +87,10 @@ impl App {
             &mut registry,
         ));
         let probes = Probes::new(fleet.clone(), draining.clone());
+        let degrade = config
+            .degradation
+            .clone()
+            .map(|c| crate::degrade::Degrader::new(c, &mut registry));
         let app = App {
             cors: config.cors.as_ref().map(cors_layer),
             front: Arc::new(Front {
@@ -113,6 +117,7 @@ impl App {
                 routing_key_headers: config.routing_key_headers.clone(),
                 request_id_headers: config.request_id_headers.clone(),
                 draining: draining.clone(),
+                degrade: degrade.clone(),
             }),
             admin: Arc::new(Admin {
                 fleet: fleet.clone(),
@@ -121,6 +126,7 @@ impl App {
                 reads_open: config.admin_reads_open,
                 body_read_timeout: config.body_read_timeout,
                 admit,
+                degrade,
             }),
             probes: probes.clone(),
             registry: Arc::new(registry),

@@ -202,6 +202,12 @@ pub enum GatewayError {
     /// it arrived expecting to wait past the tier's target.
     #[error("The gateway's queue for this request's tier has stood past its target; the request was refused to shorten it")]
     CodelDrop { retry_after: Duration },
+    /// The degradation ladder's hard shedding refuses this tier at the level in force.
+    #[error("The gateway is shedding {tier} requests under load; retry later")]
+    DegradationShed {
+        tier: &'static str,
+        retry_after: Duration,
+    },
     /// `X-Request-Deadline-Ms` passed, or cannot be met.
     #[error("The request's deadline of {budget:?} cannot be met")]
     DeadlineExceeded { budget: Duration },
@@ -229,7 +235,8 @@ impl GatewayError {
             | QueueFull { .. }
             | QueueEvicted { .. }
             | QueueTimeout { .. }
-            | CodelDrop { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | CodelDrop { .. }
+            | DegradationShed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             InvalidApiKey | InvalidAdminKey => StatusCode::UNAUTHORIZED,
             AdminDisabled => StatusCode::FORBIDDEN,
@@ -302,6 +309,7 @@ impl GatewayError {
             QueueEvicted { .. } => "queue_evicted",
             QueueTimeout { .. } => "queue_timeout",
             CodelDrop { .. } => "codel_drop",
+            DegradationShed { .. } => "degradation_shed",
             DeadlineExceeded { .. } => "deadline_exceeded",
         }
     }
@@ -346,6 +354,7 @@ impl GatewayError {
             | QueueEvicted { .. }
             | QueueTimeout { .. }
             | CodelDrop { .. }
+            | DegradationShed { .. }
             | DeadlineExceeded { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
@@ -368,7 +377,8 @@ impl GatewayError {
             | GatewayError::QueueFull { retry_after }
             | GatewayError::QueueEvicted { retry_after }
             | GatewayError::QueueTimeout { retry_after, .. }
-            | GatewayError::CodelDrop { retry_after, .. } => Some(*retry_after),
+            | GatewayError::CodelDrop { retry_after, .. }
+            | GatewayError::DegradationShed { retry_after, .. } => Some(*retry_after),
             GatewayError::TenantConcurrency { .. } => Some(Duration::from_secs(1)),
             // Bodies in hand are sent on within a request's first moments.
             GatewayError::BodyBuffersFull => Some(BODY_BUFFERS_RETRY_AFTER),

@@ -110,6 +110,14 @@ impl Gateway {
                 stop_rx.clone(),
             ));
         }
+        if let Some(degrade) = &app.front.degrade {
+            // The ladder's level, moved until the listeners stop.
+            listeners.spawn(degrade.clone().run(
+                app.front.admit.queue().cloned(),
+                fleet.clone(),
+                stop_rx.clone(),
+            ));
+        }
         listeners.spawn(http::serve(
             listener,
             tls,

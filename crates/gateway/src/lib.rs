@@ -17,6 +17,8 @@
 //!   runs the stages. Also `/v1/models`.
 //! - `admit` — whether a request goes on now; today it admits all and sets the deadline. Edge
 //!   admission (tenants, tiers, buckets, the queue) lands here.
+//! - `degrade` — the degradation ladder: the level from the pressure, and what it does to a
+//!   request (hard shedding, a cascade, a rewritten body).
 //! - `route` — the model's pool, the candidates a request could use, the policy's pick and its
 //!   breaker permit, the all-vetoed rule (steer or shed).
 //! - `forward` — safe retries with backoff and a budget, through the routed pool.
@@ -55,6 +57,7 @@ mod app;
 pub mod config;
 pub mod context;
 pub mod control;
+pub mod degrade;
 pub mod error;
 pub mod fleet;
 pub mod forward;

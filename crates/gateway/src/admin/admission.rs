@@ -71,6 +71,7 @@ pub async fn admission(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> R
         "tenants": tenants,
         "gateway": admin.admit.gateway_view(),
         "queue": admin.admit.queue().map(|q| q.view()),
+        "degradation": admin.degrade.as_ref().map(|d| d.view()),
     }))
     .into_response()
 }

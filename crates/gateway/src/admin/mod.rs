@@ -53,6 +53,8 @@ pub struct Admin {
     pub body_read_timeout: std::time::Duration,
     /// The admit stage, whose tenants `/admission` shows.
     pub admit: Arc<crate::admit::Admit>,
+    /// The degradation ladder, whose level `/admission` shows.
+    pub degrade: Option<Arc<crate::degrade::Degrader>>,
 }
 
 impl Admin {

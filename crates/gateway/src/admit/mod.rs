@@ -357,7 +357,9 @@ impl Admit {
         }
     }
 
-    fn count_rejected(&self, ctx: &RequestContext, error: &GatewayError) {
+    /// Counts a refusal in `sluice_admission_rejected_total` (by the request's tier and the
+    /// error's code).
+    pub(crate) fn count_rejected(&self, ctx: &RequestContext, error: &GatewayError) {
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         self.metrics
             .rejected

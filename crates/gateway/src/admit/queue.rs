@@ -359,6 +359,24 @@ impl GatewayQueue {
         })
     }
 
+    /// The longest any waiter now in the queue has waited.
+    pub fn oldest_wait(&self, now: Instant) -> Duration {
+        let waiting = self.waiting.lock();
+        Tier::ALL
+            .iter()
+            .filter_map(|tier| waiting.oldest(*tier))
+            .map(|(_, w)| now.saturating_duration_since(w.item.arrived))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Which tiers' CoDel is dropping (interactive, agent, batch).
+    pub fn codel_dropping(&self) -> [bool; 3] {
+        self.codel
+            .as_ref()
+            .map_or([false; 3], |c| Tier::ALL.map(|t| c.dropping(t)))
+    }
+
     /// Lets each tier's CoDel judge its head, refusing the heads it drops; returns when to look
     /// again if nothing else happens.
     fn cut_standing(&self) -> Option<Instant> {

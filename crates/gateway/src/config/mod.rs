@@ -8,6 +8,7 @@
 mod adaptive;
 mod admission;
 mod checks;
+mod degradation;
 mod sections;
 mod settings;
 pub mod smg;
@@ -26,6 +27,9 @@ use sluice_core::policy::Policy;
 
 pub use adaptive::AdaptiveSettings;
 pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec, DEFAULT_TENANT};
+pub use degradation::{
+    CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
+};
 pub use settings::Settings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
@@ -150,7 +154,7 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
 }
 
 /// Settings only the config file can give (tables, not flags).
-const FILE_ONLY_KEYS: [&str; 1] = ["tenants"];
+const FILE_ONLY_KEYS: [&str; 3] = ["tenants", "degradation", "cascade"];
 
 /// Where `key = ...` stands in a TOML text, 1-based (line 1, column 1 if it is not found).
 fn position_of_key(text: &str, key: &str) -> (usize, usize) {
@@ -382,6 +386,7 @@ impl Settings {
                 self.adaptive.codel()?,
             )?,
             adaptive: self.adaptive.limiter()?,
+            degradation: self.degradation.validate(self.adaptive.codel()?)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
         })
@@ -449,6 +454,8 @@ pub struct Config {
     pub admission: AdmissionConfig,
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<crate::control::AdaptiveConfig>,
+    /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
+    pub degradation: Option<crate::degrade::DegradationConfig>,
     pub access_log: Option<PathBuf>,
     /// `--prometheus-duration-buckets`; `None`: the defaults.
     pub duration_buckets: Option<Vec<f64>>,

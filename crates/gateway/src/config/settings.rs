@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
+use super::degradation::DegradationSettings;
 
 /// How to run the gateway.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -589,4 +590,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub adaptive: AdaptiveSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub degradation: DegradationSettings,
 }

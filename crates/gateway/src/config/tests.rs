@@ -532,3 +532,100 @@ fn the_adaptive_settings_come_from_the_config_file_too() {
     assert_eq!(codel[2].target, Duration::from_secs(2));
     assert_eq!(codel[0].interval, Duration::from_secs(3));
 }
+
+/// The config from a file's `text` (written to a temporary file).
+fn from_file(name: &str, text: &str) -> Result<Config, ConfigError> {
+    let dir = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, text).unwrap();
+    let loaded = load_args(&["sluice", "--config", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    loaded?.validate()
+}
+
+#[test]
+fn the_degradation_ladder_comes_from_the_file_step_by_step() {
+    use crate::degrade::StepKind;
+    assert_eq!(
+        validated(&[]).unwrap().degradation,
+        None,
+        "off unless configured"
+    );
+    let ladder = from_file(
+        "ladder",
+        r#"
+queue_size = 8
+codel_interval_ms = 3000
+[degradation]
+shed = true
+[[degradation.reasoning]]
+model = "qwen3"
+switch = "budget"
+budget_tokens = 256
+[[degradation.prune]]
+tiers = [2]
+token_budget = 4000
+[[degradation.clamp]]
+tiers = [1, 2]
+[[cascade]]
+from = "llama-70b"
+to = "llama-8b"
+"#,
+    )
+    .unwrap()
+    .degradation
+    .unwrap();
+    assert!(ladder.shed);
+    assert_eq!(
+        ladder.interval,
+        Duration::from_secs(3),
+        "the CoDel interval"
+    );
+    assert_eq!(
+        ladder.reference,
+        Duration::from_millis(200),
+        "the interactive target"
+    );
+    let kinds: Vec<(u8, &str)> = ladder
+        .steps
+        .iter()
+        .map(|s| (s.kind.level(), s.kind.name()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (1, "reasoning"),
+            (2, "cascade"),
+            (3, "prune"),
+            (4, "max_tokens")
+        ]
+    );
+    assert_eq!(
+        ladder.steps[3].kind,
+        StepKind::Clamp(512),
+        "the default cap"
+    );
+    assert_eq!(
+        ladder.steps[1].scope.tiers,
+        [Tier::Agent, Tier::Batch],
+        "a cascade spares the interactive tier unless told"
+    );
+    for (bad, says) in [
+        (
+            "[[degradation.reasoning]]\nmodel = \"m\"\nswitch = \"maybe\"\n",
+            "switch",
+        ),
+        (
+            "[[degradation.reasoning]]\nmodel = \"m\"\nswitch = \"budget\"\n",
+            "budget_tokens",
+        ),
+        ("[[degradation.clamp]]\ntiers = [3]\n", "tier 3"),
+        ("[[degradation.clamp]]\nmax_tokens = 0\n", "max_tokens"),
+        ("[[cascade]]\nfrom = \"a\"\nto = \"a\"\n", "itself"),
+        ("[degradation]\ninterval_secs = 0\n", "interval_secs"),
+    ] {
+        let err = from_file("bad-ladder", bad).unwrap_err().to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}

@@ -64,6 +64,8 @@ pub struct RequestContext {
     pub model: Option<ModelName>,
     pub stream: bool,
     pub admission: Admission,
+    /// What the degradation ladder did to it (`x-sluice-degraded`).
+    pub degraded: crate::degrade::Plan,
     phase: Phase,
     /// The worker of the latest attempt.
     worker: Option<WorkerId>,
@@ -109,6 +111,7 @@ impl RequestContext {
             model: None,
             stream: false,
             admission: Admission::new(started),
+            degraded: crate::degrade::Plan::default(),
             phase: Phase::Received,
             worker: None,
             attempts: 0,
@@ -210,6 +213,7 @@ impl RequestContext {
             bytes: ending.bytes,
             cancelled: ending.cancelled,
             interrupted: ending.interrupted,
+            degraded: (!self.degraded.notes.is_empty()).then(|| self.degraded.notes.join(", ")),
         }
     }
 }

@@ -31,6 +31,7 @@ use crate::forward::{Forwarder, Job};
 use crate::http::{discard, read_body, request_id, BodyLimits, KeyOwner, Keys, REQUEST_ID};
 use crate::route::{RouteStage, Wants};
 use crate::stream::{self, Answer};
+use sluice_core::admission::Tier;
 
 /// What the gateway accepts of a request's own numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,8 @@ pub struct Front {
     pub routing_key_headers: Vec<HeaderName>,
     /// Set when shutdown begins: new requests are refused.
     pub draining: Arc<AtomicBool>,
+    /// The degradation ladder, when steps are configured.
+    pub degrade: Option<Arc<crate::degrade::Degrader>>,
 }
 
 impl Front {
@@ -123,6 +126,7 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
     let mut body = Some(body);
     let served = serve(front, &mut ctx, route, &parts, &mut body).await;
     let rate_limits = ctx.admission.rate_headers.take();
+    let degraded = degraded_header(&ctx.degraded);
     let mut response = match served {
         Ok(answer) => stream::relay(answer, ctx),
         Err(error) => {
@@ -140,7 +144,20 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
         // A tenant with budgets sees them on every answer, as OpenAI's clients expect.
         headers.extend(limits);
     }
+    if let Some(degraded) = degraded {
+        headers.insert(DEGRADED, degraded);
+    }
     response
+}
+
+/// What the degradation ladder did to a request, on its response.
+pub const DEGRADED: HeaderName = HeaderName::from_static("x-sluice-degraded");
+
+fn degraded_header(plan: &crate::degrade::Plan) -> Option<HeaderValue> {
+    if plan.notes.is_empty() {
+        return None;
+    }
+    HeaderValue::try_from(plan.notes.join(", ")).ok()
 }
 
 /// The stages in order: front's own checks, admit, route, forward.
@@ -194,15 +211,9 @@ async fn admit_route_forward(
     facts: &RequestFacts<'_>,
     owner: KeyOwner,
 ) -> Result<Answer, GatewayError> {
-    let asking = Asking {
-        headers: &parts.headers,
-        owner,
-        prompt_tokens: facts.prompt_tokens_estimate(),
-        max_tokens: facts.max_tokens,
-        n: facts.n,
-    };
-    front.admit.admit(ctx, &asking)?;
-    let wants = wants(front, parts, facts);
+    let (tier, degrade) = admit(front, ctx, route, parts, facts, owner)?;
+    let asked = wants(front, parts, facts);
+    let (mut wants, mut cascade) = cascaded(degrade, tier, asked);
     let name_model = |ctx: &mut RequestContext| {
         ctx.model = facts
             .model
@@ -220,8 +231,9 @@ async fn admit_route_forward(
         .feasible(ctx, routed.pool, wants.prompt_tokens)?;
     let fresh;
     let routed = if front.admit.wait_room(ctx, routed.pool).await? {
-        // It waited in the gateway queue: routed again, on the fleet as it is now, and its
-        // deadline judged again.
+        // It waited in the gateway queue: routed again, on the fleet as it is now and at the
+        // ladder's level now, and its deadline judged again.
+        (wants, cascade) = cascaded(degrade, tier, asked);
         fresh = front.fleet.snapshot();
         let routed = front
             .route
@@ -235,13 +247,87 @@ async fn admit_route_forward(
         routed
     };
     ctx.model = Some(routed.pool.model.clone());
-    let body = served_body(route, facts, body, routed.pool.model.as_str());
+    let sending = Sending {
+        route,
+        facts,
+        body,
+        served: routed.pool.model.as_str(),
+        tier,
+        cascade,
+    };
+    let body = sending.body(degrade, ctx);
     let job = Job {
         parts,
         body: &body,
         routed: &routed,
     };
     front.forward.forward(ctx, job).await
+}
+
+/// The admit stage, then the ladder's hard shedding: the request's tier, and the ladder when it
+/// may change the request.
+fn admit<'f>(
+    front: &'f Front,
+    ctx: &mut RequestContext,
+    route: ApiRoute,
+    parts: &Parts,
+    facts: &RequestFacts<'_>,
+    owner: KeyOwner,
+) -> Result<(Tier, Option<&'f crate::degrade::Degrader>), GatewayError> {
+    let asking = Asking {
+        headers: &parts.headers,
+        owner,
+        prompt_tokens: facts.prompt_tokens_estimate(),
+        max_tokens: facts.max_tokens,
+        n: facts.n,
+    };
+    front.admit.admit(ctx, &asking)?;
+    let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+    let degrade = front.degrade.as_deref().filter(|_| route.takes_model());
+    if let Some(degrade) = degrade {
+        degrade
+            .shed(tier)
+            .inspect_err(|e| front.admit.count_rejected(ctx, e))?;
+    }
+    Ok((tier, degrade))
+}
+
+/// A request about to be sent to a worker of the `served` model.
+struct Sending<'a> {
+    route: ApiRoute,
+    facts: &'a RequestFacts<'a>,
+    body: &'a Bytes,
+    served: &'a str,
+    tier: Tier,
+    /// The model the ladder sent it to instead of the one it asked for.
+    cascade: Option<&'a str>,
+}
+
+impl Sending<'_> {
+    /// The body to send, as the ladder leaves it: re-serialised only when a step changed it,
+    /// otherwise as it came (its model named as served).
+    fn body(&self, degrade: Option<&crate::degrade::Degrader>, ctx: &mut RequestContext) -> Bytes {
+        let Some(degrade) = degrade else {
+            return served_body(self.route, self.facts, self.body, self.served);
+        };
+        if let Some(to) = self.cascade {
+            degrade.cascaded(self.tier, to, &mut ctx.degraded);
+        }
+        degrade
+            .rewrite(self.tier, self.served, self.body, &mut ctx.degraded)
+            .unwrap_or_else(|| served_body(self.route, self.facts, self.body, self.served))
+    }
+}
+
+/// `wants` sent to another model when the ladder cascades it at the level now.
+fn cascaded<'a>(
+    degrade: Option<&'a crate::degrade::Degrader>,
+    tier: Tier,
+    wants: Wants<'a>,
+) -> (Wants<'a>, Option<&'a str>) {
+    let to = degrade.and_then(|d| d.cascade(tier, wants.model?));
+    let model = to.or(wants.model);
+    (Wants { model, ..wants }, to)
 }
 
 /// What the route stage reads of a request.

@@ -49,13 +49,14 @@ pub struct TenantRequestLabels {
 }
 
 /// Every reason admission refuses for (the refusals' error codes).
-pub const REASONS: [&str; 9] = [
+pub const REASONS: [&str; 10] = [
     "invalid_header",
     "deadline_exceeded",
     "queue_full",
     "queue_evicted",
     "queue_timeout",
     "codel_drop",
+    "degradation_shed",
     "worker_overload_shed",
     "tenant_concurrency_exceeded",
     "rate_limit_exceeded",

@@ -1,0 +1,247 @@
+//! The degradation ladder (seed 003; docs/degradation.md): under pressure, requests are asked to
+//! cost the engines less before anyone is refused.
+//!
+//! One task owns the level (`run`): it reads the pressure a few times an interval — the gateway
+//! queue's oldest wait, CoDel's state, the share of the fleet vetoed — and moves the level by
+//! `sluice_core::degrade::Ladder` (up at once, down a step per interval held). The request path
+//! reads the level from one atomic and asks `plan` which steps apply to its tier and model; a
+//! request none applies to is sent on byte for byte. The rewrites themselves are pure
+//! (`sluice_core::degrade::rewrite`).
+//!
+//! ## Layout
+//!
+//! - `apply` — what a request gets at the level in force: a refusal (hard shedding), a cascade,
+//!   its body rewritten.
+
+mod apply;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use sluice_core::admission::Tier;
+use sluice_core::degrade::{level_of, Ladder, Pressure, PruneBudget, ReasoningSwitch};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::info;
+
+pub use apply::Plan;
+
+use crate::admit::GatewayQueue;
+use crate::fleet::Fleet;
+
+/// Where a step applies: its models (all when `None`) and tiers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scope {
+    pub models: Option<Vec<String>>,
+    pub tiers: Vec<Tier>,
+}
+
+impl Scope {
+    fn covers(&self, tier: Tier, model: &str) -> bool {
+        self.tiers.contains(&tier)
+            && self
+                .models
+                .as_ref()
+                .is_none_or(|models| models.iter().any(|m| m == model))
+    }
+}
+
+/// What a step does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepKind {
+    /// 1: reasoning off or capped.
+    Reasoning(ReasoningSwitch),
+    /// 2: to this model.
+    Cascade(String),
+    /// 3: old turns dropped.
+    Prune(PruneBudget),
+    /// 4: `max_tokens` capped.
+    Clamp(u64),
+}
+
+impl StepKind {
+    /// The level it applies from.
+    pub fn level(&self) -> u8 {
+        match self {
+            StepKind::Reasoning(_) => 1,
+            StepKind::Cascade(_) => 2,
+            StepKind::Prune(_) => 3,
+            StepKind::Clamp(_) => 4,
+        }
+    }
+
+    /// Its name in `x-sluice-degraded` and `sluice_degraded_total{step}`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepKind::Reasoning(_) => "reasoning",
+            StepKind::Cascade(_) => "cascade",
+            StepKind::Prune(_) => "prune",
+            StepKind::Clamp(_) => "max_tokens",
+        }
+    }
+}
+
+/// One configured step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub scope: Scope,
+    pub kind: StepKind,
+}
+
+/// The ladder, checked (`config` builds it from the file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DegradationConfig {
+    pub steps: Vec<Step>,
+    /// Step 5: tier 2 refused at level 5, tier 1 too at level 6.
+    pub shed: bool,
+    /// How long a level holds before it may fall a step.
+    pub interval: Duration,
+    /// The queue's oldest wait that is level 1.
+    pub reference: Duration,
+}
+
+/// Readings per interval: the level follows pressure within a fifth of an interval.
+const READINGS_PER_INTERVAL: u32 = 5;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepTier {
+    step: &'static str,
+    tier: &'static str,
+}
+
+/// The ladder at run time.
+#[derive(Debug)]
+pub struct Degrader {
+    config: DegradationConfig,
+    level: AtomicU8,
+    /// The last reading, for `/admission`.
+    last: parking_lot::Mutex<Option<Pressure>>,
+    degraded: Family<StepTier, Counter>,
+    level_gauge: Gauge,
+}
+
+impl Degrader {
+    pub fn new(config: DegradationConfig, registry: &mut Registry) -> Arc<Self> {
+        let degraded = Family::<StepTier, Counter>::default();
+        for step in ["reasoning", "cascade", "prune", "max_tokens", "shed"] {
+            for tier in Tier::ALL {
+                let _ = degraded.get_or_create(&StepTier {
+                    step,
+                    tier: tier.name(),
+                });
+            }
+        }
+        let level_gauge = Gauge::default();
+        registry.register(
+            "degraded",
+            "Requests degraded by the ladder, by step and tier (shed: refused by its hard shedding)",
+            degraded.clone(),
+        );
+        registry.register(
+            "degradation_level",
+            "The degradation ladder's level: 0 none, 1 reasoning, 2 cascade, 3 prune, 4 clamp, 5 tier 2 shed, 6 tier 1 shed",
+            level_gauge.clone(),
+        );
+        Arc::new(Self {
+            config,
+            level: AtomicU8::new(0),
+            last: parking_lot::Mutex::new(None),
+            degraded,
+            level_gauge,
+        })
+    }
+
+    pub fn level(&self) -> u8 {
+        self.level.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, step: &'static str, tier: Tier) {
+        self.degraded
+            .get_or_create(&StepTier {
+                step,
+                tier: tier.name(),
+            })
+            .inc();
+    }
+
+    /// The level and the reading it follows, for `/admission`.
+    pub fn view(&self) -> serde_json::Value {
+        let last = *self.last.lock();
+        serde_json::json!({
+            "level": self.level(),
+            "interval_secs": self.config.interval.as_secs_f64(),
+            "reference_delay_ms": self.config.reference.as_secs_f64() * 1000.0,
+            "pressure": last.map(|p| serde_json::json!({
+                "queue_delay_ms": p.queue_delay.as_secs_f64() * 1000.0,
+                "vetoed_share": p.vetoed_share,
+                "codel_dropping": p.codel_dropping,
+            })),
+        })
+    }
+
+    /// Owns the level until `stop`: reads the pressure and moves the level.
+    pub async fn run(
+        self: Arc<Self>,
+        queue: Option<Arc<GatewayQueue>>,
+        fleet: Arc<Fleet>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut ladder = Ladder::new(self.config.interval, Instant::now());
+        let every = self.config.interval / READINGS_PER_INTERVAL;
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let now = Instant::now();
+            let pressure = Pressure {
+                queue_delay: queue
+                    .as_ref()
+                    .map_or(Duration::ZERO, |q| q.oldest_wait(now)),
+                vetoed_share: vetoed_share(&fleet),
+                codel_dropping: queue.as_ref().map_or([false; 3], |q| q.codel_dropping()),
+            };
+            let before = ladder.level();
+            let level = ladder.observe(level_of(&pressure, self.config.reference), now);
+            *self.last.lock() = Some(pressure);
+            self.level.store(level, Ordering::Relaxed);
+            self.level_gauge.set(i64::from(level));
+            if level != before {
+                info!(
+                    from = before,
+                    to = level,
+                    queue_delay_ms = pressure.queue_delay.as_millis() as u64,
+                    vetoed_share = pressure.vetoed_share,
+                    codel_dropping = ?pressure.codel_dropping,
+                    "degradation level changed"
+                );
+            }
+        }
+    }
+}
+
+/// The share of the fleet's routable workers that take no new request now: vetoed, or at their
+/// concurrency limit.
+fn vetoed_share(fleet: &Fleet) -> f64 {
+    let snapshot = fleet.snapshot();
+    let (mut routable, mut out) = (0usize, 0usize);
+    for w in snapshot.workers.iter().filter(|w| w.is_routable()) {
+        routable += 1;
+        if w.veto_class().is_some() || w.at_limit(1) {
+            out += 1;
+        }
+    }
+    if routable == 0 {
+        0.0
+    } else {
+        out as f64 / routable as f64
+    }
+}

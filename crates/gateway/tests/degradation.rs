@@ -1,0 +1,223 @@
+//! The degradation ladder, black-box: under pressure a request reaches the engine shortened —
+//! reasoning switched off, sent to the smaller model, its `max_tokens` clamped — and its answer
+//! names each step; without pressure its body reaches the engine byte for byte.
+//!
+//! The engines here echo the body they received, so the test reads exactly what an engine got.
+//! Pressure is made with the gateway queue: one place (`--max-concurrent-requests 1`) held by a
+//! request the engine answers only when told, and a reference delay of 1 ms, so a waiter soon
+//! stands at the top of the queue-delay scale.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing;
+use axum::Router;
+use bytes::Bytes;
+use common::*;
+use sluice_core::adaptive::CodelConfig;
+use sluice_gateway::admit::QueueConfig;
+use sluice_gateway::config::{
+    CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, ReasoningSpec,
+};
+use tokio::sync::Notify;
+
+/// An engine serving `model` that answers a chat with the body it received as its content; a
+/// body that mentions "hold" is answered only once `release` is told.
+async fn echo_engine(model: &'static str, release: Arc<Notify>) -> String {
+    let chat = routing::post(move |body: Bytes| {
+        let release = release.clone();
+        async move {
+            let text = String::from_utf8_lossy(&body).to_string();
+            if text.contains("hold") {
+                release.notified().await;
+            }
+            axum::Json(serde_json::json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "model": model,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            }))
+        }
+    });
+    let models = routing::get(move || async move {
+        axum::Json(
+            serde_json::json!({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "vllm"}]}),
+        )
+    });
+    let app = Router::new()
+        .route("/v1/chat/completions", chat)
+        .route("/v1/models", models);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// A ladder that disables reasoning on `big`, cascades `big` to `small`, and clamps output to
+/// 64 tokens, its level judged from a 1 ms reference delay.
+fn ladder() -> DegradationSettings {
+    DegradationSettings {
+        degradation: Some(DegradationSpec {
+            interval_secs: Some(5.0),
+            reference_delay_ms: Some(1),
+            shed: false,
+            reasoning: vec![ReasoningSpec {
+                model: "small".into(),
+                switch: "disable".into(),
+                effort: None,
+                budget_field: None,
+                budget_tokens: None,
+                tiers: None,
+            }],
+            prune: vec![],
+            clamp: vec![ClampSpec {
+                models: None,
+                tiers: None,
+                max_tokens: Some(64),
+            }],
+        }),
+        cascade: vec![CascadeSpec {
+            from: "big".into(),
+            to: "small".into(),
+            tiers: None,
+        }],
+    }
+}
+
+async fn gateway(urls: &[String]) -> (Gateway, HttpClient) {
+    let mut settings = sluice_gateway::Settings::defaults();
+    settings.port = 0;
+    settings.worker_urls = urls.to_vec();
+    settings.degradation = ladder();
+    let mut config = settings.validate().unwrap();
+    config.admin_api_key = Some(ADMIN_KEY.into());
+    config.admission.max_concurrent = Some(1);
+    config.admission.queue = Some(QueueConfig {
+        size: 10,
+        timeouts: [Duration::from_secs(60); 3],
+        shed: false,
+        shed_retry_after: Duration::from_secs(1),
+        codel: None::<[CodelConfig; 3]>,
+    });
+    let gateway = Gateway::start(config).await.unwrap();
+    let c = client();
+    until_workers(&gateway, &c, "ready", |w| w.len() == 2 && all_ready(w)).await;
+    (gateway, c)
+}
+
+fn chat(content: &str) -> String {
+    format!(
+        r#"{{"model": "big", "messages": [{{"role": "user", "content": "{content}"}}], "max_tokens": 4000}}"#
+    )
+}
+
+/// What the engine received, as it echoed it.
+fn received(answer: &Answer) -> serde_json::Value {
+    let content = answer.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    serde_json::from_str(&content).unwrap()
+}
+
+#[tokio::test]
+async fn without_pressure_the_body_reaches_the_engine_byte_for_byte() {
+    let release = Arc::new(Notify::new());
+    let urls = [
+        echo_engine("big", release.clone()).await,
+        echo_engine("small", release.clone()).await,
+    ];
+    let (gateway, c) = gateway(&urls).await;
+    let body = chat("hello");
+    let answer = post(&c, &format!("{}/v1/chat/completions", gateway.url()), &body).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let echoed = answer.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(echoed, body, "byte for byte");
+    assert!(!answer.headers.contains_key("x-sluice-degraded"));
+    let view = get_admin(&c, &format!("{}/admission", gateway.url()))
+        .await
+        .json();
+    assert_eq!(view["degradation"]["level"], 0);
+}
+
+#[tokio::test]
+async fn under_pressure_the_engine_gets_the_shortened_request_and_the_answer_names_each_step() {
+    let release = Arc::new(Notify::new());
+    let urls = [
+        echo_engine("big", release.clone()).await,
+        echo_engine("small", release.clone()).await,
+    ];
+    let (gateway, c) = gateway(&urls).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    // The one place, held.
+    let holder = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { post(&c, &url, &chat("hold")).await })
+    };
+    let admission = format!("{}/admission", gateway.url());
+    bounded("the holder to take the place", async {
+        loop {
+            let view = get_admin(&c, &admission).await.json();
+            if view["gateway"]["in_flight_under_cap"] == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // A waiter: the queue's delay climbs past 16 x 1 ms, the top of its scale.
+    let waiter = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { post(&c, &url, &chat("shorten me")).await })
+    };
+    let level = bounded("the ladder to reach level 4", async {
+        loop {
+            let view = get_admin(&c, &admission).await.json();
+            let level = view["degradation"]["level"].as_u64().unwrap();
+            if level >= 4 {
+                return level;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(level >= 4);
+    // Room opens: the waiter goes, at the level the ladder holds (for at least 5 s).
+    release.notify_waiters();
+    let answer = bounded("the waiter's answer", waiter).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(
+        answer.json()["model"],
+        "small",
+        "the answer names the model that served it"
+    );
+    let got = received(&answer);
+    assert_eq!(got["model"], "small", "cascaded");
+    assert_eq!(got["max_tokens"], 64, "clamped");
+    assert_eq!(
+        got["chat_template_kwargs"]["enable_thinking"], false,
+        "reasoning switched off in the form the small model's engine honours"
+    );
+    assert_eq!(got["messages"][0]["content"], "shorten me");
+    let header = answer.headers["x-sluice-degraded"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    for step in ["cascade=small", "reasoning=off", "max_tokens=64"] {
+        assert!(header.contains(step), "{step} in {header}");
+    }
+    let holder = bounded("the holder's answer", holder).await.unwrap();
+    assert_eq!(holder.status, 200);
+    let metrics = get(&c, &format!("{}/metrics", gateway.url())).await.text();
+    for step in ["cascade", "reasoning", "max_tokens"] {
+        let line = format!("sluice_degraded_total{{step=\"{step}\",tier=\"agent\"}} 1");
+        assert!(metrics.contains(&line), "{line}");
+    }
+    assert!(metrics.contains("sluice_degradation_level "));
+}
