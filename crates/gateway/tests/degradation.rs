@@ -23,6 +23,7 @@ use sluice_gateway::config::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, ReasoningSpec,
 };
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 /// An engine serving `model` that answers a chat with the body it received as its content; a
 /// body that mentions "hold" is answered only once `release` is told.
@@ -56,14 +57,14 @@ async fn echo_engine(model: &'static str, release: Arc<Notify>) -> String {
     url
 }
 
-/// A ladder that disables reasoning on `big`, cascades `big` to `small`, and clamps output to
-/// 64 tokens, its level judged from a 1 ms reference delay.
-fn ladder() -> DegradationSettings {
+/// A ladder that disables reasoning on `small`, cascades `big` to `small`, clamps output to 64
+/// tokens, and sheds by tier when `shed`, its level judged from a 1 ms reference delay.
+fn ladder(shed: bool) -> DegradationSettings {
     DegradationSettings {
         degradation: Some(DegradationSpec {
             interval_secs: Some(5.0),
             reference_delay_ms: Some(1),
-            shed: false,
+            shed,
             reasoning: vec![ReasoningSpec {
                 model: "small".into(),
                 switch: "disable".into(),
@@ -87,11 +88,11 @@ fn ladder() -> DegradationSettings {
     }
 }
 
-async fn gateway(urls: &[String]) -> (Gateway, HttpClient) {
+async fn gateway(urls: &[String], shed: bool) -> (Gateway, HttpClient) {
     let mut settings = sluice_gateway::Settings::defaults();
     settings.port = 0;
     settings.worker_urls = urls.to_vec();
-    settings.degradation = ladder();
+    settings.degradation = ladder(shed);
     let mut config = settings.validate().unwrap();
     config.admin_api_key = Some(ADMIN_KEY.into());
     config.admission.max_concurrent = Some(1);
@@ -106,6 +107,43 @@ async fn gateway(urls: &[String]) -> (Gateway, HttpClient) {
     let c = client();
     until_workers(&gateway, &c, "ready", |w| w.len() == 2 && all_ready(w)).await;
     (gateway, c)
+}
+
+/// One request holding the gateway's one place and another waiting, until the ladder's level is
+/// at least `level`: the holder's and the waiter's answers to come.
+async fn under_pressure(
+    gateway: &Gateway,
+    c: &HttpClient,
+    level: u64,
+) -> (JoinHandle<Answer>, JoinHandle<Answer>) {
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let admission = format!("{}/admission", gateway.url());
+    let holder = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { post(&c, &url, &chat("hold")).await })
+    };
+    bounded("the holder to take the place", async {
+        while get_admin(c, &admission).await.json()["gateway"]["in_flight_under_cap"] != 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // A waiter: the queue's delay climbs past 16 x 1 ms, the top of its scale.
+    let waiter = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { post(&c, &url, &chat("shorten me")).await })
+    };
+    bounded("the ladder's level", async {
+        loop {
+            let view = get_admin(c, &admission).await.json();
+            if view["degradation"]["level"].as_u64().unwrap() >= level {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    (holder, waiter)
 }
 
 fn chat(content: &str) -> String {
@@ -130,7 +168,7 @@ async fn without_pressure_the_body_reaches_the_engine_byte_for_byte() {
         echo_engine("big", release.clone()).await,
         echo_engine("small", release.clone()).await,
     ];
-    let (gateway, c) = gateway(&urls).await;
+    let (gateway, c) = gateway(&urls, false).await;
     let body = chat("hello");
     let answer = post(&c, &format!("{}/v1/chat/completions", gateway.url()), &body).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
@@ -153,41 +191,9 @@ async fn under_pressure_the_engine_gets_the_shortened_request_and_the_answer_nam
         echo_engine("big", release.clone()).await,
         echo_engine("small", release.clone()).await,
     ];
-    let (gateway, c) = gateway(&urls).await;
+    let (gateway, c) = gateway(&urls, false).await;
     let url = format!("{}/v1/chat/completions", gateway.url());
-    // The one place, held.
-    let holder = {
-        let (c, url) = (c.clone(), url.clone());
-        tokio::spawn(async move { post(&c, &url, &chat("hold")).await })
-    };
-    let admission = format!("{}/admission", gateway.url());
-    bounded("the holder to take the place", async {
-        loop {
-            let view = get_admin(&c, &admission).await.json();
-            if view["gateway"]["in_flight_under_cap"] == 1 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    // A waiter: the queue's delay climbs past 16 x 1 ms, the top of its scale.
-    let waiter = {
-        let (c, url) = (c.clone(), url.clone());
-        tokio::spawn(async move { post(&c, &url, &chat("shorten me")).await })
-    };
-    let level = bounded("the ladder to reach level 4", async {
-        loop {
-            let view = get_admin(&c, &admission).await.json();
-            let level = view["degradation"]["level"].as_u64().unwrap();
-            if level >= 4 {
-                return level;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    assert!(level >= 4);
+    let (holder, waiter) = under_pressure(&gateway, &c, 4).await;
     // Room opens: the waiter goes, at the level the ladder holds (for at least 5 s).
     release.notify_waiters();
     let answer = bounded("the waiter's answer", waiter).await.unwrap();
@@ -220,4 +226,47 @@ async fn under_pressure_the_engine_gets_the_shortened_request_and_the_answer_nam
         assert!(metrics.contains(&line), "{line}");
     }
     assert!(metrics.contains("sluice_degradation_level "));
+}
+
+#[tokio::test]
+async fn at_level_five_batch_requests_are_refused_at_arrival_and_agent_ones_are_not() {
+    let release = Arc::new(Notify::new());
+    let urls = [
+        echo_engine("big", release.clone()).await,
+        echo_engine("small", release.clone()).await,
+    ];
+    let (gateway, c) = gateway(&urls, true).await;
+    let (holder, waiter) = under_pressure(&gateway, &c, 5).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let batch = send(
+        &c,
+        "POST",
+        &url,
+        Some(&chat("later")),
+        &[("x-sluice-priority", "batch")],
+    )
+    .await;
+    assert_eq!(batch.status, 503, "{}", batch.text());
+    assert_eq!(code(&batch).as_deref(), Some("degradation_shed"));
+    assert!(batch.headers.contains_key("retry-after"));
+    release.notify_waiters();
+    for task in [holder, waiter] {
+        assert_eq!(bounded("an answer", task).await.unwrap().status, 200);
+    }
+    let interactive = send(
+        &c,
+        "POST",
+        &url,
+        Some(&chat("now")),
+        &[("x-sluice-priority", "interactive")],
+    )
+    .await;
+    assert_eq!(
+        interactive.status, 200,
+        "the interactive tier is never shed"
+    );
+    let metrics = get(&c, &format!("{}/metrics", gateway.url())).await.text();
+    assert!(metrics.contains("sluice_degraded_total{step=\"shed\",tier=\"batch\"} 1"));
+    assert!(metrics
+        .contains("sluice_admission_rejected_total{tier=\"batch\",reason=\"degradation_shed\"} 1"));
 }
