@@ -90,6 +90,14 @@ pub struct EngineArgs {
     /// Fraction of KV blocks that must stay free after admitting a request (vLLM V1: 0; V0: 0.01).
     #[arg(long, default_value_t = DEFAULT_WATERMARK)]
     pub kv_watermark: f64,
+    /// A reasoning model: chat answers start with `reasoning_content` deltas (vLLM's reasoning
+    /// parser), shortened by `chat_template_kwargs.enable_thinking=false`, `reasoning_effort` and
+    /// `thinking_token_budget`.
+    #[arg(long)]
+    pub reasoning: bool,
+    /// With --reasoning: the median thinking length in tokens (log-normal around it).
+    #[arg(long, default_value_t = 1000)]
+    pub reasoning_median_tokens: u32,
     /// Require `Authorization: Bearer <key>` on the OpenAI routes.
     #[arg(long)]
     pub api_key: Option<String>,
@@ -129,6 +137,7 @@ impl EngineArgs {
         cfg.request_queue_limit = self.request_queue_limit;
         cfg.api_key = self.api_key.clone();
         cfg.watermark = self.kv_watermark;
+        cfg.reasoning = self.reasoning.then_some(self.reasoning_median_tokens);
         cfg.validate()?;
         Ok(cfg)
     }

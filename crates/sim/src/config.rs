@@ -61,6 +61,8 @@ pub struct EngineConfig {
     pub api_key: Option<String>,
     /// Fraction of KV blocks kept free at admission.
     pub watermark: f64,
+    /// `--reasoning`: the model thinks about this many tokens (median) before it answers.
+    pub reasoning: Option<u32>,
 }
 
 /// A setting that cannot work, named so the user knows which flag to fix.
@@ -108,6 +110,7 @@ impl EngineConfig {
             request_queue_limit: DEFAULT_REQUEST_QUEUE_LIMIT,
             api_key: None,
             watermark: DEFAULT_WATERMARK,
+            reasoning: None,
             profile,
         }
     }

@@ -30,6 +30,7 @@ pub mod engine;
 pub mod faults;
 pub mod fleet;
 pub mod profile;
+pub mod reasoning;
 pub mod request;
 pub mod scheduler;
 mod server;

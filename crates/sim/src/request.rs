@@ -99,6 +99,8 @@ struct Body {
     ignore_eos: bool,
     #[serde(default)]
     seed: Option<u64>,
+    #[serde(flatten)]
+    thinking: crate::reasoning::ThinkingFields,
 }
 
 /// One prompt of a request: its size and a fingerprint of its content.
@@ -125,6 +127,8 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     /// The request's own `seed`, mixed into the answer length.
     pub seed: Option<u64>,
+    /// What it asks of a reasoning model's thinking.
+    pub thinking: crate::reasoning::ThinkingAsk,
 }
 
 /// FNV-1a: a stable fingerprint, so answer lengths do not change between builds.
@@ -250,6 +254,7 @@ impl GenerationRequest {
             min_tokens: body.min_tokens.unwrap_or(0),
             ignore_eos: body.ignore_eos,
             seed: body.seed,
+            thinking: body.thinking.ask(),
         })
     }
 
@@ -260,32 +265,67 @@ impl GenerationRequest {
 
     /// Every choice to generate, prompt by prompt, with its answer length decided.
     pub fn choices(&self, engine_seed: u64, median: f64, max_model_len: u32) -> Vec<SeqSpec> {
-        let mut out = Vec::with_capacity(self.prompts.len() * self.n as usize);
+        self.choices_thinking(engine_seed, median, None, max_model_len)
+            .0
+    }
+
+    /// Every choice to generate, and how many of each one's first tokens are thinking, for a
+    /// model that thinks `reasoning` tokens (median) before it answers. Thinking comes out of the
+    /// same `max_tokens`.
+    pub fn choices_thinking(
+        &self,
+        engine_seed: u64,
+        median: f64,
+        reasoning: Option<u32>,
+        max_model_len: u32,
+    ) -> (Vec<SeqSpec>, Vec<u32>) {
+        let capacity = self.prompts.len() * self.n as usize;
+        let (mut out, mut thinking) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
+        let thinks = self.route == Route::Chat && self.thinking.enabled;
         for prompt in &self.prompts {
             let room = max_model_len.saturating_sub(prompt.tokens).max(1);
             let limit = self.max_tokens.unwrap_or(room).min(room);
             for choice in 0..self.n {
+                let thought = match reasoning.filter(|_| thinks) {
+                    Some(median) => {
+                        let drawn = natural_length(
+                            engine_seed ^ THINKING_SALT,
+                            self.seed,
+                            prompt.fingerprint,
+                            choice,
+                            f64::from(median) * self.thinking.scale,
+                        );
+                        self.thinking.budget.map_or(drawn, |b| drawn.min(b))
+                    }
+                    None => 0,
+                };
                 let natural = if self.ignore_eos {
                     u32::MAX
                 } else {
                     natural_length(engine_seed, self.seed, prompt.fingerprint, choice, median)
                         .max(self.min_tokens)
+                        .saturating_add(thought)
                 };
                 let (output_tokens, finish) = if natural <= limit {
                     (natural, FinishReason::Stop)
                 } else {
                     (limit, FinishReason::Length)
                 };
+                let output_tokens = output_tokens.max(1);
+                thinking.push(thought.min(output_tokens));
                 out.push(SeqSpec {
                     prompt_tokens: prompt.tokens,
-                    output_tokens: output_tokens.max(1),
+                    output_tokens,
                     finish,
                 });
             }
         }
-        out
+        (out, thinking)
     }
 }
+
+/// Mixed into the seed of a thinking length, so it is drawn apart from the answer's.
+const THINKING_SALT: u64 = 0x7468_696e_6b69_6e67;
 
 /// The length the model would answer with if nothing stopped it.
 fn natural_length(
@@ -433,5 +473,40 @@ mod tests {
         .unwrap()
         .choices(7, 200.0, 8192);
         assert_eq!(exact[0].output_tokens, 33);
+    }
+
+    #[test]
+    fn a_reasoning_model_thinks_first_unless_told_not_to_and_within_max_tokens() {
+        let chat = |extra: &str| {
+            parse(
+                Route::Chat,
+                &format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"why?"}}]{extra}}}"#
+                ),
+            )
+            .unwrap()
+        };
+        let thought = |req: &GenerationRequest| req.choices_thinking(7, 50.0, Some(400), 8192);
+        let (specs, thinking) = thought(&chat(""));
+        assert!(
+            thinking[0] > 0 && specs[0].output_tokens > thinking[0],
+            "thinks, then answers"
+        );
+        let (_, none) = chat("").choices_thinking(7, 50.0, None, 8192);
+        assert_eq!(none, [0], "not a reasoning model");
+        let off = thought(&chat(
+            r#","chat_template_kwargs":{"enable_thinking":false}"#,
+        ));
+        assert_eq!(off.1, [0], "switched off");
+        assert!(off.0[0].output_tokens < specs[0].output_tokens);
+        let (_, capped) = thought(&chat(r#","thinking_token_budget":5"#));
+        assert_eq!(capped, [thinking[0].min(5)]);
+        let (tight, cut) = thought(&chat(r#","max_tokens":3"#));
+        assert_eq!(tight[0].output_tokens, 3, "thinking counts in max_tokens");
+        assert_eq!(cut, [3.min(thinking[0])]);
+        let (_, completion) = parse(Route::Completions, r#"{"model":"m","prompt":"why?"}"#)
+            .unwrap()
+            .choices_thinking(7, 50.0, Some(400), 8192);
+        assert_eq!(completion, [0], "completions do not think");
     }
 }

@@ -334,3 +334,62 @@ async fn an_api_key_guards_the_openai_routes_only() {
     assert_eq!(get(&c, &format!("{base}/health")).await.status, 200);
     assert_eq!(get(&c, &format!("{base}/metrics")).await.status, 200);
 }
+
+#[tokio::test]
+async fn a_reasoning_model_streams_its_thought_before_its_answer_unless_switched_off() {
+    let mut cfg = instant(Flavor::Vllm);
+    cfg.reasoning = Some(40);
+    let fleet = fleet(cfg).await;
+    let url = format!("{}/v1/chat/completions", fleet.urls()[0]);
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "model": "test-model", "messages": [{"role": "user", "content": "think"}],
+            "stream": true, "stream_options": {"include_usage": true}, "max_tokens": 4000,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body.to_string()
+    };
+    let deltas = |answer: &Answer| -> Vec<&'static str> {
+        answer
+            .events()
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|c| {
+                let delta = &c["choices"][0]["delta"];
+                if delta["reasoning_content"].is_string() {
+                    Some("thought")
+                } else if delta["content"].as_str().is_some_and(|t| !t.is_empty()) {
+                    Some("answer")
+                } else {
+                    None
+                }
+            })
+            .collect()
+    };
+    let thinking = post(&client(), &url, &ask(json!({}))).await;
+    let kinds = deltas(&thinking);
+    let first_answer = kinds.iter().position(|k| *k == "answer").unwrap();
+    assert!(first_answer > 0, "thought first: {kinds:?}");
+    assert!(kinds[first_answer..].iter().all(|k| *k == "answer"));
+    let off = post(
+        &client(),
+        &url,
+        &ask(json!({"chat_template_kwargs": {"enable_thinking": false}})),
+    )
+    .await;
+    assert!(
+        deltas(&off).iter().all(|k| *k == "answer"),
+        "enable_thinking=false: no thought"
+    );
+    let whole = post(
+        &client(),
+        &url,
+        &json!({"model": "test-model", "messages": [{"role": "user", "content": "think"}]})
+            .to_string(),
+    )
+    .await
+    .json();
+    assert!(whole["choices"][0]["message"]["reasoning_content"].is_string());
+}

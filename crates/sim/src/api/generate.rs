@@ -56,6 +56,7 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         request,
         submission,
         ticket,
+        thinking,
         expected_tokens,
     } = match admitted {
         Ok(admitted) => admitted,
@@ -75,7 +76,8 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         st.response_id(route),
         st.created,
         &request.model,
-    );
+    )
+    .thinking(thinking);
     let held = Held {
         _load: load,
         _ticket: ticket,
@@ -116,6 +118,8 @@ struct Admitted {
     request: GenerationRequest,
     submission: Submission,
     ticket: Option<GateTicket>,
+    /// Each choice's first tokens that are thinking (`--reasoning`).
+    thinking: Vec<u32>,
     /// Output tokens the engine will generate, over every choice.
     expected_tokens: u64,
 }
@@ -148,9 +152,10 @@ async fn admit(
         ticket.slot().await;
         engine.notify_changed();
     }
-    let choices = request.choices(
+    let (choices, thinking) = request.choices_thinking(
         cfg.seed,
         cfg.profile.output_median_tokens,
+        cfg.reasoning,
         cfg.max_model_len,
     );
     let submission = engine.submit(&choices).map_err(|e| match e {
@@ -161,6 +166,7 @@ async fn admit(
         request,
         submission,
         ticket,
+        thinking,
         expected_tokens: choices.iter().map(|c| u64::from(c.output_tokens)).sum(),
     })
 }

@@ -21,6 +21,8 @@ pub struct Renderer {
     /// The model name as a JSON string literal, for hand-formatted chunks.
     model_json: String,
     prefix: String,
+    /// Each choice's first tokens that are thinking (`reasoning_content`).
+    thinking: Vec<u32>,
 }
 
 /// Token counts for the usage object.
@@ -48,7 +50,20 @@ impl Renderer {
             model: model.to_string(),
             model_json,
             prefix,
+            thinking: Vec::new(),
         }
+    }
+
+    /// With each choice's first `thinking` tokens rendered as `reasoning_content`.
+    pub fn thinking(mut self, thinking: Vec<u32>) -> Self {
+        self.thinking = thinking;
+        self
+    }
+
+    fn thinks(&self, choice: u32, index: u32) -> bool {
+        self.thinking
+            .get(choice as usize)
+            .is_some_and(|t| index < *t)
     }
 
     /// Chat streams open each choice with the assistant's role.
@@ -65,11 +80,18 @@ impl Renderer {
     pub fn token(&self, out: &mut String, choice: u32, index: u32) {
         let text = token_text(choice, index);
         match self.route {
-            Route::Chat => write!(
-                out,
-                "{}{choice},\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
-                self.prefix
-            ),
+            Route::Chat => {
+                let field = if self.thinks(choice, index) {
+                    "reasoning_content"
+                } else {
+                    "content"
+                };
+                write!(
+                    out,
+                    "{}{choice},\"delta\":{{\"{field}\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                    self.prefix
+                )
+            }
             Route::Completions => write!(
                 out,
                 "{}{choice},\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
@@ -121,11 +143,17 @@ impl Renderer {
             .iter()
             .enumerate()
             .map(|(index, &(tokens, reason))| {
-                let text: String = (0..tokens).map(|i| token_text(index as u32, i)).collect();
+                let thought = self.thinking.get(index).copied().unwrap_or(0).min(tokens);
+                let text: String = (thought..tokens)
+                    .map(|i| token_text(index as u32, i))
+                    .collect();
                 let mut choice = match self.route {
                     Route::Chat => json!({
                         "index": index,
-                        "message": {"role": "assistant", "content": text, "tool_calls": []},
+                        "message": {"role": "assistant", "content": text, "tool_calls": [],
+                                    "reasoning_content": (thought > 0).then(|| (0..thought)
+                                        .map(|i| token_text(index as u32, i))
+                                        .collect::<String>())},
                         "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null,
                     }),
                     Route::Completions => json!({
