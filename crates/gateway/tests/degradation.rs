@@ -192,7 +192,6 @@ async fn under_pressure_the_engine_gets_the_shortened_request_and_the_answer_nam
         echo_engine("small", release.clone()).await,
     ];
     let (gateway, c) = gateway(&urls, false).await;
-    let url = format!("{}/v1/chat/completions", gateway.url());
     let (holder, waiter) = under_pressure(&gateway, &c, 4).await;
     // Room opens: the waiter goes, at the level the ladder holds (for at least 5 s).
     release.notify_waiters();
