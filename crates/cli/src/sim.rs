@@ -27,8 +27,29 @@ pub struct SimArgs {
     /// (all engines when no index is given). Repeatable.
     #[arg(long = "fault", value_name = "[ENGINE=]JSON")]
     pub faults: Vec<String>,
+    /// More engines serving another model, `MODEL=PROFILE:ENGINES`, e.g.
+    /// `llama-3.1-8b=llama3-8b-h100:2` beside a 70B fleet: they follow the --engines engines (on
+    /// the next ports), with this command's other engine flags (not --reasoning). Repeatable.
+    #[arg(long = "also-serve", value_name = "MODEL=PROFILE:ENGINES")]
+    pub also_serve: Vec<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// Parses `MODEL=PROFILE:ENGINES`.
+fn parse_also(spec: &str) -> anyhow::Result<(String, String, usize)> {
+    let bad = || anyhow::anyhow!("--also-serve {spec:?}: expected MODEL=PROFILE:ENGINES");
+    let (model, rest) = spec.split_once('=').ok_or_else(bad)?;
+    let (profile, engines) = rest.rsplit_once(':').ok_or_else(bad)?;
+    let engines: usize = engines.trim().parse().map_err(|_| bad())?;
+    if model.trim().is_empty() || engines == 0 {
+        return Err(bad());
+    }
+    Ok((
+        model.trim().to_string(),
+        profile.trim().to_string(),
+        engines,
+    ))
 }
 
 /// Parses `[ENGINE=]JSON`.
@@ -50,16 +71,23 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         .iter()
         .map(|f| parse_fault(f))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut also = Vec::new();
+    for spec in &args.also_serve {
+        let (model, profile, engines) = parse_also(spec)?;
+        also.push((engines, args.engine.config_for(&model, &profile)?));
+    }
     let fleet = SimFleet::start(FleetConfig {
         engines: args.engines,
         host: args.host,
         port: args.port,
         engine: engine.clone(),
+        also,
         faults,
     })
     .await?;
     let fleet = Arc::new(fleet);
     for slot in fleet.engines() {
+        let engine = slot.config();
         tracing::info!(
             engine = slot.index(),
             url = %slot.url(),
@@ -67,6 +95,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             model = %engine.model,
             profile = engine.profile.name,
             time_scale = engine.time_scale,
+            reasoning = engine.reasoning.is_some(),
             "engine listening"
         );
     }
@@ -123,5 +152,16 @@ mod tests {
         let (target, fault) = parse_fault(r#"{"kind":"freeze"}"#).unwrap();
         assert_eq!((target, fault), (None, Fault::Freeze));
         assert!(parse_fault("melt").is_err());
+    }
+
+    #[test]
+    fn another_model_is_model_profile_and_engines() {
+        assert_eq!(
+            parse_also("llama-3.1-8b=llama3-8b-h100:2").unwrap(),
+            ("llama-3.1-8b".into(), "llama3-8b-h100".into(), 2)
+        );
+        for bad in ["llama", "m=p", "m=p:0", "=p:1", "m=p:x"] {
+            assert!(parse_also(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -105,13 +105,21 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     pub fn config(&self) -> Result<EngineConfig, ArgsError> {
-        let profile = Profile::named(&self.profile)
-            .ok_or_else(|| ArgsError::UnknownProfile(self.profile.clone()))?;
+        let mut cfg = self.config_for(&self.model, &self.profile)?;
+        cfg.reasoning = self.reasoning.then_some(self.reasoning_median_tokens);
+        Ok(cfg)
+    }
+
+    /// An engine of another model and profile with these flags' other settings (not
+    /// `--reasoning`, which is the main model's): `--also-serve`.
+    pub fn config_for(&self, model: &str, profile: &str) -> Result<EngineConfig, ArgsError> {
+        let profile = Profile::named(profile)
+            .ok_or_else(|| ArgsError::UnknownProfile(profile.to_string()))?;
         let flavor = match self.flavor {
             FlavorArg::Vllm => Flavor::Vllm,
             FlavorArg::Sglang => Flavor::Sglang,
         };
-        let mut cfg = EngineConfig::new(flavor, self.model.clone(), profile);
+        let mut cfg = EngineConfig::new(flavor, model, profile);
         cfg.time_scale = self.time_scale;
         cfg.seed = self.seed;
         cfg.max_num_seqs = self.max_num_seqs.unwrap_or(cfg.max_num_seqs);
@@ -137,7 +145,6 @@ impl EngineArgs {
         cfg.request_queue_limit = self.request_queue_limit;
         cfg.api_key = self.api_key.clone();
         cfg.watermark = self.kv_watermark;
-        cfg.reasoning = self.reasoning.then_some(self.reasoning_median_tokens);
         cfg.validate()?;
         Ok(cfg)
     }

@@ -28,6 +28,9 @@ pub struct FleetConfig {
     /// Port of the first engine; the others take the next ports. 0 gives each an ephemeral port.
     pub port: u16,
     pub engine: EngineConfig,
+    /// More engines after those, each group serving another model (`--also-serve`): a fleet of
+    /// two models of different sizes, so a gateway has somewhere to cascade to.
+    pub also: Vec<(usize, EngineConfig)>,
     /// Faults applied at startup: to one engine (`Some(index)`) or to all.
     pub faults: Vec<(Option<usize>, Fault)>,
 }
@@ -40,8 +43,26 @@ impl FleetConfig {
             host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
             engine,
+            also: Vec::new(),
             faults: Vec::new(),
         }
+    }
+
+    /// And `engines` more serving `engine`'s model.
+    pub fn also(mut self, engines: usize, engine: EngineConfig) -> Self {
+        self.also.push((engines, engine));
+        self
+    }
+
+    /// Each engine's configuration, in order.
+    fn each(&self) -> Vec<Arc<EngineConfig>> {
+        let main = Arc::new(self.engine.clone());
+        let mut all = vec![main; self.engines];
+        for (count, cfg) in &self.also {
+            let cfg = Arc::new(cfg.clone());
+            all.extend(std::iter::repeat_n(cfg, *count));
+        }
+        all
     }
 }
 
@@ -112,6 +133,11 @@ pub struct EngineState {
 }
 
 impl EngineSlot {
+    /// What it runs: its model, profile and flags.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
     pub fn index(&self) -> usize {
         self.index
     }
@@ -271,9 +297,12 @@ impl SimFleet {
     /// Validates the configuration, binds every engine and starts them.
     pub async fn start(cfg: FleetConfig) -> Result<Self, FleetError> {
         cfg.engine.validate()?;
-        let engine_cfg = Arc::new(cfg.engine.clone());
-        let mut slots = Vec::with_capacity(cfg.engines);
-        for index in 0..cfg.engines {
+        for (_, other) in &cfg.also {
+            other.validate()?;
+        }
+        let each = cfg.each();
+        let mut slots = Vec::with_capacity(each.len());
+        for (index, engine_cfg) in each.into_iter().enumerate() {
             let port = if cfg.port == 0 {
                 0
             } else {
@@ -284,11 +313,11 @@ impl SimFleet {
                 addr: SocketAddr::new(cfg.host, port),
                 source,
             })?;
-            let (faults, _) = watch::channel(FaultSet::new(cfg.engine.dp_size));
+            let (faults, _) = watch::channel(FaultSet::new(engine_cfg.dp_size));
             let slot = Arc::new(EngineSlot {
                 index,
                 addr,
-                cfg: engine_cfg.clone(),
+                cfg: engine_cfg,
                 totals: Arc::new(Totals::default()),
                 faults,
                 running: parking_lot::Mutex::new(None),

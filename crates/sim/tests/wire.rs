@@ -393,3 +393,30 @@ async fn a_reasoning_model_streams_its_thought_before_its_answer_unless_switched
     .json();
     assert!(whole["choices"][0]["message"]["reasoning_content"].is_string());
 }
+
+#[tokio::test]
+async fn one_fleet_serves_two_models_of_different_profiles() {
+    let big = {
+        let mut cfg = instant(Flavor::Vllm);
+        cfg.model = "big".into();
+        cfg
+    };
+    let mut small = sluice_sim::EngineConfig::new(
+        Flavor::Vllm,
+        "small",
+        sluice_sim::profile::Profile::named("llama3-8b-h100").unwrap(),
+    );
+    small.time_scale = 1000.0;
+    let fleet = sluice_sim::SimFleet::start(sluice_sim::FleetConfig::local(1, big).also(2, small))
+        .await
+        .unwrap();
+    let urls = fleet.urls();
+    assert_eq!(urls.len(), 3);
+    let served: Vec<String> = futures_util::future::join_all(urls.iter().map(|url| async move {
+        let models = get(&client(), &format!("{url}/v1/models")).await.json();
+        models["data"][0]["id"].as_str().unwrap().to_string()
+    }))
+    .await;
+    assert_eq!(served, ["big", "small", "small"]);
+    assert_eq!(fleet.engines()[2].config().profile.name, "llama3-8b-h100");
+}
