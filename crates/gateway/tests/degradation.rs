@@ -105,7 +105,10 @@ async fn gateway(urls: &[String], shed: bool) -> (Gateway, HttpClient) {
     });
     let gateway = Gateway::start(config).await.unwrap();
     let c = client();
-    until_workers(&gateway, &c, "ready", |w| w.len() == 2 && all_ready(w)).await;
+    until_workers(&gateway, &c, "ready", |w| {
+        w.len() == urls.len() && all_ready(w)
+    })
+    .await;
     (gateway, c)
 }
 
@@ -268,4 +271,23 @@ async fn at_level_five_batch_requests_are_refused_at_arrival_and_agent_ones_are_
     assert!(metrics.contains("sluice_degraded_total{step=\"shed\",tier=\"batch\"} 1"));
     assert!(metrics
         .contains("sluice_admission_rejected_total{tier=\"batch\",reason=\"degradation_shed\"} 1"));
+}
+
+#[tokio::test]
+async fn a_cascade_to_a_model_nobody_serves_is_not_taken() {
+    let release = Arc::new(Notify::new());
+    let urls = [echo_engine("big", release.clone()).await];
+    let (gateway, c) = gateway(&urls, false).await;
+    let (holder, waiter) = under_pressure(&gateway, &c, 4).await;
+    release.notify_waiters();
+    let answer = bounded("the waiter's answer", waiter).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(received(&answer)["model"], "big");
+    let header = answer.headers["x-sluice-degraded"].to_str().unwrap();
+    assert!(!header.contains("cascade"), "{header}");
+    assert!(
+        header.contains("max_tokens=64"),
+        "the other steps still apply: {header}"
+    );
+    assert_eq!(bounded("the holder", holder).await.unwrap().status, 200);
 }

@@ -213,14 +213,14 @@ async fn admit_route_forward(
 ) -> Result<Answer, GatewayError> {
     let (tier, degrade) = admit(front, ctx, route, parts, facts, owner)?;
     let asked = wants(front, parts, facts);
-    let (mut wants, mut cascade) = cascaded(degrade, tier, asked);
+    let snapshot = front.fleet.snapshot();
+    let (mut wants, mut cascade) = cascaded(degrade, tier, asked, &snapshot);
     let name_model = |ctx: &mut RequestContext| {
         ctx.model = facts
             .model
             .as_deref()
             .map(|m| sluice_core::ModelName::new(reflected(m)));
     };
-    let snapshot = front.fleet.snapshot();
     let routed = front
         .route
         .route(&snapshot, &wants)
@@ -233,8 +233,8 @@ async fn admit_route_forward(
     let routed = if front.admit.wait_room(ctx, routed.pool).await? {
         // It waited in the gateway queue: routed again, on the fleet as it is now and at the
         // ladder's level now, and its deadline judged again.
-        (wants, cascade) = cascaded(degrade, tier, asked);
         fresh = front.fleet.snapshot();
+        (wants, cascade) = cascaded(degrade, tier, asked, &fresh);
         let routed = front
             .route
             .route(&fresh, &wants)
@@ -319,13 +319,17 @@ impl Sending<'_> {
     }
 }
 
-/// `wants` sent to another model when the ladder cascades it at the level now.
+/// `wants` sent to another model when the ladder cascades it at the level now — and only if
+/// that model has workers: a cascade never turns a request that could be served into a 404.
 fn cascaded<'a>(
     degrade: Option<&'a crate::degrade::Degrader>,
     tier: Tier,
     wants: Wants<'a>,
+    snapshot: &crate::fleet::Snapshot,
 ) -> (Wants<'a>, Option<&'a str>) {
-    let to = degrade.and_then(|d| d.cascade(tier, wants.model?));
+    let to = degrade
+        .and_then(|d| d.cascade(tier, wants.model?))
+        .filter(|to| snapshot.pools.contains_key(*to));
     let model = to.or(wants.model);
     (Wants { model, ..wants }, to)
 }
