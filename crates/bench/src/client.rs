@@ -36,6 +36,18 @@ const SDK_RETRIES: u32 = 2;
 /// The longest server-requested wait the SDK honors.
 const SDK_MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// What a run's requests are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Api {
+    /// Completions of exactly the job's output length (`ignore_eos`): the engine's work is the
+    /// workload's, whatever the gateway does.
+    #[default]
+    Completions,
+    /// Chat requests answered at the model's own length (a reasoning model thinks first), up to
+    /// `max_tokens`: what a gateway that shortens requests can shorten.
+    Chat { max_tokens: u32 },
+}
+
 /// One request of a run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -53,25 +65,38 @@ pub struct Job {
 }
 
 impl Job {
-    /// A streaming completion with usage, exactly `output_tokens` long (`ignore_eos`); the
-    /// prompt is text of 4 bytes per token, distinct per request.
-    pub fn body(&self, model: &str, index: usize) -> String {
+    /// The request body for `api`: a streaming completion with usage, exactly `output_tokens`
+    /// long (`ignore_eos`), or a streaming chat answered at the model's length; the prompt is
+    /// text of 4 bytes per token, distinct per request.
+    pub fn body(&self, api: Api, model: &str, index: usize) -> String {
         let mut prompt = format!("r{index} ");
         let target = self.prompt_tokens as usize * 4;
         while prompt.len() < target {
             prompt.push_str("lorem ");
         }
         prompt.truncate(target.max(1));
-        serde_json::json!({
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": self.output_tokens,
-            "ignore_eos": true,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-            "priority": self.priority,
-            "user": format!("tenant-{}", self.tenant),
-        })
+        let user = format!("tenant-{}", self.tenant);
+        match api {
+            Api::Completions => serde_json::json!({
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": self.output_tokens,
+                "ignore_eos": true,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "priority": self.priority,
+                "user": user,
+            }),
+            Api::Chat { max_tokens } => serde_json::json!({
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "priority": self.priority,
+                "user": user,
+            }),
+        }
         .to_string()
     }
 }
@@ -98,7 +123,7 @@ enum Attempt {
 pub async fn run(
     http: &HttpClient,
     url: &str,
-    model: &str,
+    (api, model): (Api, &str),
     index: usize,
     job: &Job,
     kind: ClientKind,
@@ -107,7 +132,7 @@ pub async fn run(
     let due = start + job.due;
     tokio::time::sleep_until(due).await;
     let sent_late = due.elapsed();
-    let body = Bytes::from(job.body(model, index));
+    let body = Bytes::from(job.body(api, model, index));
     let mut attempts = 0u32;
     let mut rejected_after = None;
     loop {
@@ -238,9 +263,17 @@ async fn read_stream(mut body: hyper::body::Incoming) -> Attempt {
             if let Some(n) = json["usage"]["completion_tokens"].as_u64() {
                 usage = Some(n as u32);
             }
-            let has_text = json["choices"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["text"].as_str().is_some()));
+            // A completion's text, or a chat delta's content or thinking (a reasoning model's
+            // first token is its first thought).
+            let has_text = json["choices"].as_array().is_some_and(|c| {
+                c.iter().any(|c| {
+                    c["text"].as_str().is_some()
+                        || c["delta"]["content"]
+                            .as_str()
+                            .is_some_and(|t| !t.is_empty())
+                        || c["delta"]["reasoning_content"].as_str().is_some()
+                })
+            });
             if has_text {
                 counted += 1;
                 ttft.get_or_insert_with(Instant::now);
@@ -347,7 +380,8 @@ mod tests {
             priority: 1,
             headers: Vec::new(),
         };
-        let body: serde_json::Value = serde_json::from_str(&job.body("m", 9)).unwrap();
+        let body: serde_json::Value =
+            serde_json::from_str(&job.body(Api::Completions, "m", 9)).unwrap();
         assert_eq!(body["prompt"].as_str().unwrap().len(), 1024);
         assert!(body["prompt"].as_str().unwrap().starts_with("r9 "));
         assert_eq!(body["max_tokens"], 32);

@@ -94,6 +94,8 @@ pub struct RunPlan {
     pub client: ClientKind,
     /// A request with no answer by then counts as `client_timeout`.
     pub request_timeout: Duration,
+    /// Completions of exact lengths, or chats at the model's length.
+    pub api: crate::client::Api,
 }
 
 /// The jobs of a run, drawn from its seed: when each is due, its tier, shape and tenant.
@@ -186,10 +188,10 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
     let mut running = JoinSet::new();
     for (index, job) in jobs.into_iter().enumerate() {
         let (http, url, model) = (http.clone(), url.clone(), model.clone());
-        let (kind, timeout) = (plan.client, plan.request_timeout);
+        let (kind, timeout, api) = (plan.client, plan.request_timeout, plan.api);
         running.spawn(async move {
             let due = start + job.due;
-            let sent = client::run(&http, &url, &model, index, &job, kind, start);
+            let sent = client::run(&http, &url, (api, &model), index, &job, kind, start);
             match tokio::time::timeout_at(due + timeout, sent).await {
                 Ok(outcome) => outcome,
                 Err(_) => Outcome {
@@ -239,6 +241,7 @@ mod tests {
             tenant_keys: Vec::new(),
             client: ClientKind::None,
             request_timeout: Duration::from_secs(30),
+            api: crate::client::Api::Completions,
         }
     }
 

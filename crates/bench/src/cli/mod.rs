@@ -278,6 +278,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         tenant_keys: args.tenant_keys.clone(),
         client: args.client,
         request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
+        api: crate::client::Api::Completions,
     };
     let (_, report) = crate::run::execute(&plan).await?;
     print_report(args.json, &report, || report.table());

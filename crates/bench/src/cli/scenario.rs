@@ -18,6 +18,9 @@ pub enum ScenarioName {
     /// Two tenants of equal weight: A offers ten times its share of C, B half of its own; per
     /// tenant attainment for sluice with tenants (sluice-tenants), sluice-shed and direct.
     NoisyTenant,
+    /// A reasoning 70B model and an 8B beside it, chats for the 70B at 1x .. 4x C in three
+    /// tiers: the degradation ladder on (sluice-ladder) against off (sluice-tiers), direct, SMG.
+    Degradation,
     /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
     Spike,
     /// 0.5x C on 3 engines; one is killed with SIGKILL and started again later.
@@ -42,6 +45,7 @@ impl ScenarioName {
             ScenarioName::OverloadSweep
             | ScenarioName::TieredOverload
             | ScenarioName::NoisyTenant
+            | ScenarioName::Degradation
             | ScenarioName::Overhead => None,
         }
     }
@@ -148,6 +152,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     } else if let ScenarioName::NoisyTenant = args.name {
         let report = crate::scenario::noisy_tenant(&plan).await?;
         print_report(args.json, &report, || report.table());
+    } else if let ScenarioName::Degradation = args.name {
+        let report = crate::scenario::degradation(&plan).await?;
+        print_report(args.json, &report, || report.table());
     } else {
         let report = crate::scenario::overload_sweep(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
@@ -171,6 +178,13 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         }
         ScenarioName::NoisyTenant => {
             configs.push(crate::scenario::tenants_config(&exe, args.time_scale));
+        }
+        ScenarioName::Degradation => {
+            // Against the same gateway without the ladder, not against the plain defaults.
+            configs.retain(|t| t.name == "direct" || t.name == "smg");
+            let own = crate::scenario::degradation_configs(&exe, args.time_scale, &args.out)
+                .map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+            configs.extend(own);
         }
         name => {
             if let Some(incident) = name.incident() {
@@ -203,7 +217,10 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         return Err(BenchError::Positive("capacity"));
     }
     let engines = args.engines.unwrap_or(match args.name {
-        ScenarioName::OverloadSweep | ScenarioName::TieredOverload | ScenarioName::NoisyTenant => 2,
+        ScenarioName::OverloadSweep
+        | ScenarioName::TieredOverload
+        | ScenarioName::NoisyTenant
+        | ScenarioName::Degradation => 2,
         _ => 3,
     });
     if engines == 0 {
@@ -229,8 +246,18 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             .split_whitespace()
             .map(String::from)
             .collect(),
+        fleet: match args.name {
+            ScenarioName::Degradation => crate::scenario::degradation_shape(engines),
+            _ => crate::scenario::FleetShape::default(),
+        },
+        api: match args.name {
+            ScenarioName::Degradation => crate::scenario::degradation_api(),
+            _ => crate::client::Api::Completions,
+        },
         tiers: match args.name {
-            ScenarioName::TieredOverload => crate::scenario::three_tiers(),
+            ScenarioName::TieredOverload | ScenarioName::Degradation => {
+                crate::scenario::three_tiers()
+            }
             ScenarioName::NoisyTenant => crate::scenario::two_tenants(),
             _ => crate::run::default_tiers(),
         },

@@ -79,6 +79,38 @@ struct Engine {
     before_kill: EngineTotals,
 }
 
+/// What a scenario's engines serve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetShape {
+    /// The model the plan's engines serve, its profile, and more `sluice sim` flags for them.
+    pub model: String,
+    pub profile: String,
+    pub extra: Vec<String>,
+    /// More engines after them serving another model: how many, its model and its profile.
+    pub also: Option<(usize, String, String)>,
+}
+
+impl Default for FleetShape {
+    fn default() -> Self {
+        Self {
+            model: MODEL.into(),
+            profile: "llama3-8b-h100".into(),
+            extra: Vec::new(),
+            also: None,
+        }
+    }
+}
+
+impl FleetShape {
+    /// Engine `i`'s model, profile and own flags, the plan's `engines` first.
+    fn of(&self, i: usize, engines: usize) -> (&str, &str, &[String]) {
+        match &self.also {
+            Some((_, model, profile)) if i >= engines => (model, profile, &[]),
+            _ => (&self.model, &self.profile, &self.extra),
+        }
+    }
+}
+
 pub struct SimFleet {
     engines: Vec<Engine>,
     pub workers: Vec<String>,
@@ -88,11 +120,15 @@ pub struct SimFleet {
     time_scale: f64,
     seed: u64,
     engine_args: Vec<String>,
+    shape: FleetShape,
+    /// The plan's engines (the others serve the shape's other model).
+    main: usize,
 }
 
 impl SimFleet {
     pub async fn start(plan: &ScenarioPlan) -> Result<Self, ScenarioError> {
-        let ports = free_ports(2 * plan.engines as u16)?;
+        let total = plan.engines + plan.fleet.also.as_ref().map_or(0, |(n, _, _)| *n);
+        let ports = free_ports(2 * total as u16)?;
         let mut fleet = Self {
             engines: Vec::new(),
             workers: Vec::new(),
@@ -102,8 +138,10 @@ impl SimFleet {
             time_scale: plan.time_scale,
             seed: plan.seed,
             engine_args: plan.engine_args.clone(),
+            shape: plan.fleet.clone(),
+            main: plan.engines,
         };
-        for i in 0..plan.engines {
+        for i in 0..total {
             let port = ports + 2 * i as u16;
             fleet.engines.push(Engine {
                 proc: None,
@@ -119,13 +157,14 @@ impl SimFleet {
 
     async fn launch(&mut self, i: usize) -> Result<(), ScenarioError> {
         let engine = &self.engines[i];
+        let (model, profile, own) = self.shape.of(i, self.main);
         let argv: Vec<String> = [
             self.exe.display().to_string(),
             "sim".to_string(),
             "--profile".into(),
-            "llama3-8b-h100".into(),
+            profile.into(),
             "--model".into(),
-            MODEL.into(),
+            model.into(),
             "--port".into(),
             engine.port.to_string(),
             "--control-port".into(),
@@ -137,6 +176,7 @@ impl SimFleet {
         ]
         .into_iter()
         .chain(self.engine_args.iter().cloned())
+        .chain(own.iter().cloned())
         .collect();
         let mut proc = Proc::spawn(Launch {
             name: &format!("engine-{i}"),

@@ -13,6 +13,7 @@
 //! which the report says.
 
 mod adaptive;
+mod degradation;
 mod fleet;
 mod noisy;
 mod plot;
@@ -26,14 +27,17 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use adaptive::{controlled_config, incident_configs, Controls};
-pub use fleet::{EngineTotals, SimFleet};
+pub use degradation::{
+    api as degradation_api, configs as degradation_configs, degradation, shape as degradation_shape,
+};
+pub use fleet::{EngineTotals, FleetShape, SimFleet};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
 pub use tiered::{smg_priority_config, three_tiers, tiered_config, tiered_overload, TieredReport};
 pub use timeline::{timeline, Incident, TimelineReport, Timing};
 
 use crate::arrivals::{ArrivalError, Process, Schedule};
-use crate::client::ClientKind;
+use crate::client::{Api, ClientKind};
 use crate::goodput::{Report, Slo, Tier};
 use crate::overhead::{
     free_ports, loopback, on_path, wait_until_answering, OverheadError, Template,
@@ -97,6 +101,10 @@ pub struct ScenarioPlan {
     pub engine_args: Vec<String>,
     /// The requests' tiers, shares and objectives, in engine time.
     pub tiers: Vec<Tier>,
+    /// What the engines serve (the requests ask for its model).
+    pub fleet: FleetShape,
+    /// Completions of exact lengths, or chats at the model's length.
+    pub api: Api,
 }
 
 /// The configurations: sluice three ways, and SMG when it is installed. sluice's load poll is
@@ -219,9 +227,14 @@ fn give_up_after(plan: &ScenarioPlan) -> Duration {
 /// The scenario's load against `url`: arrivals on `schedule` (wall requests per second) for
 /// `duration` of wall time, with the plan's mix, client and seed and the tiers in wall time.
 fn load_plan(plan: &ScenarioPlan, url: &str, schedule: Schedule, duration: Duration) -> RunPlan {
+    let path = match plan.api {
+        Api::Completions => "/v1/completions",
+        Api::Chat { .. } => "/v1/chat/completions",
+    };
     RunPlan {
-        url: format!("{url}/v1/completions"),
-        model: MODEL.into(),
+        url: format!("{url}{path}"),
+        model: plan.fleet.model.clone(),
+        api: plan.api,
         schedule,
         process: Process::Poisson,
         seed: plan.seed,
