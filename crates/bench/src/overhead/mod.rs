@@ -118,8 +118,13 @@ pub async fn run(plan: &OverheadPlan) -> Result<OverheadReport, OverheadError> {
 }
 
 fn small_shot() -> Shot {
+    hello_shot(MODEL)
+}
+
+/// A one-token chat for `model`.
+fn hello_shot(model: &str) -> Shot {
     let body = format!(
-        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Say hello."}}],"max_tokens":1}}"#
+        r#"{{"model":"{model}","messages":[{{"role":"user","content":"Say hello."}}],"max_tokens":1}}"#
     );
     Shot {
         path: "/v1/chat/completions",
@@ -201,7 +206,16 @@ pub(crate) async fn wait_until_answering(
     proc: &mut Proc,
     addr: SocketAddr,
 ) -> Result<(), OverheadError> {
-    let shot = small_shot();
+    wait_until_serving(proc, addr, MODEL).await
+}
+
+/// Waits until the process at `addr` answers a one-token chat for `model`.
+pub(crate) async fn wait_until_serving(
+    proc: &mut Proc,
+    addr: SocketAddr,
+    model: &str,
+) -> Result<(), OverheadError> {
+    let shot = hello_shot(model);
     let give_up = Instant::now() + STARTUP_LIMIT;
     loop {
         if load::answers(addr, &shot).await {

@@ -15,7 +15,7 @@ use sluice_sim::Fault;
 
 use super::{ScenarioError, ScenarioPlan, MODEL};
 use crate::client::HttpClient;
-use crate::overhead::{free_ports, loopback, wait_until_answering};
+use crate::overhead::{free_ports, loopback, wait_until_serving};
 use crate::procs::{Launch, Proc};
 
 /// Engine totals that show wasted work, and whether the engines kept their clock.
@@ -184,7 +184,8 @@ impl SimFleet {
             core: None,
             log_dir: &self.log_dir,
         })?;
-        wait_until_answering(&mut proc, loopback(engine.port)).await?;
+        let model = self.shape.of(i, self.main).0.to_string();
+        wait_until_serving(&mut proc, loopback(engine.port), &model).await?;
         self.engines[i].proc = Some(proc);
         Ok(())
     }
