@@ -413,3 +413,41 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     assert_eq!(a.status, 200, "the queue started: room again");
     assert_eq!(last_report(), report_at, "without another report");
 }
+
+/// A worker whose last report found it full is polled again soon after one of its requests ends,
+/// not at the next interval: with the next poll an hour away, the veto lifts once the request
+/// that went to it (the fleet's least loaded, all being full) is done.
+#[tokio::test]
+async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
+    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    sims.engine(0).unwrap().fault(pin_kv(0.99)).await.unwrap();
+    let mut config = Config::local(&sims.urls());
+    fast_load(&mut config);
+    config.load.interval = Duration::from_secs(3600);
+    let gateway = Gateway::start(config).await.unwrap();
+    let client = client();
+    until_workers(&gateway, &client, "workers ready", all_ready).await;
+    let s = Setup {
+        sims,
+        gateway,
+        client,
+    };
+    let id = s.worker_id(0).await;
+    until_overloaded(&s, &id, "vetoed by its first report", true).await;
+    s.sims.engine(0).unwrap().fault(Fault::Clear).await.unwrap();
+
+    let a = s.chat(&chat_body("test-model", "on a full fleet", 2, false)).await;
+    assert_eq!(a.status, 200, "steered to the least loaded: {:?}", a.body);
+    until_overloaded(&s, &id, "the veto lifted by an early report", false).await;
+}
+
+fn pin_kv(kv_usage: f64) -> Fault {
+    Fault::Report {
+        rank: None,
+        waiting: None,
+        running: None,
+        kv_usage: Some(kv_usage),
+    }
+}

@@ -137,7 +137,18 @@ impl Vetoes {
         }
     }
 
-    /// Resolves when a request asked for an early poll (`pending_rose`).
+    /// A request on the worker ended. When the last report found the worker full, its end freed
+    /// some of what the report counted, so the load monitor is asked for an early poll: the veto
+    /// lifts as soon as the engine has room, not an interval later (with the gateway queue on,
+    /// its waiters would otherwise wait out the interval — longer than an interactive tier's
+    /// timeout at the default 10 s). At most one poll per the load monitor's `EARLY_POLL_SPACING` follows.
+    pub(crate) fn request_ended(&self) {
+        if self.overloaded.load(Ordering::Relaxed) || self.busy.load(Ordering::Relaxed) {
+            self.early_poll.notify_one();
+        }
+    }
+
+    /// Resolves when a request asked for an early poll (`pending_rose`, `request_ended`).
     pub(crate) async fn early_poll_wanted(&self) {
         self.early_poll.notified().await;
     }

@@ -442,6 +442,7 @@ impl Drop for Lease {
         }
         // A request of `n` counted `n` times in flight.
         self.worker.traffic.leave(self.weight);
+        self.worker.vetoes.request_ended();
     }
 }
 
