@@ -58,12 +58,12 @@ async fn echo_engine(model: &'static str, release: Arc<Notify>) -> String {
 }
 
 /// A ladder that disables reasoning on `small`, cascades `big` to `small`, clamps output to 64
-/// tokens, and sheds by tier when `shed`, its level judged from a 1 ms reference delay.
+/// tokens, and sheds by tier when `shed`, its level judged from a 1 ms reference delay for every tier.
 fn ladder(shed: bool) -> DegradationSettings {
     DegradationSettings {
         degradation: Some(DegradationSpec {
             interval_secs: Some(5.0),
-            reference_delay_ms: Some(1),
+            reference_delay_ms_by_tier: Some(vec![1; 3]),
             shed,
             reasoning: vec![ReasoningSpec {
                 model: "small".into(),
@@ -290,4 +290,41 @@ async fn a_cascade_to_a_model_nobody_serves_is_not_taken() {
         "the other steps still apply: {header}"
     );
     assert_eq!(bounded("the holder", holder).await.unwrap().status, 200);
+}
+
+/// The veto share is read per model: the big model's only engine over its waiting ceiling is the
+/// big model's whole fleet full — level 3 — however idle the small model's engine beside it (the
+/// whole fleet's share would be a half: level 1).
+#[tokio::test]
+async fn a_model_whose_workers_are_all_full_is_level_three_beside_an_idle_one() {
+    let engine = |model: &str| {
+        let mut cfg = instant(Flavor::Vllm);
+        cfg.model = model.into();
+        cfg
+    };
+    let mut fleet = FleetConfig::local(1, engine("big"));
+    fleet.also.push((1, engine("small")));
+    fleet.faults.push((
+        Some(0),
+        Fault::Report {
+            rank: None,
+            waiting: Some(8),
+            running: None,
+            kv_usage: None,
+        },
+    ));
+    let sims = SimFleet::start(fleet).await.unwrap();
+    let (gateway, c) = gateway(&sims.urls(), false).await;
+    let admission = format!("{}/admission", gateway.url());
+    let view = bounded("level 3", async {
+        loop {
+            let view = get_admin(&c, &admission).await.json();
+            if view["degradation"]["level"] == 3 {
+                return view;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(view["degradation"]["pressure"]["vetoed_share"], 1.0);
 }

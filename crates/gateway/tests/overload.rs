@@ -438,7 +438,9 @@ async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
     until_overloaded(&s, &id, "vetoed by its first report", true).await;
     s.sims.engine(0).unwrap().fault(Fault::Clear).await.unwrap();
 
-    let a = s.chat(&chat_body("test-model", "on a full fleet", 2, false)).await;
+    let a = s
+        .chat(&chat_body("test-model", "on a full fleet", 2, false))
+        .await;
     assert_eq!(a.status, 200, "steered to the least loaded: {:?}", a.body);
     until_overloaded(&s, &id, "the veto lifted by an early report", false).await;
 }

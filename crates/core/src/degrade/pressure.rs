@@ -5,18 +5,23 @@
 //!
 //! | signal | 1 | 2 | 3 | 4 | 5 | 6 |
 //! | --- | --- | --- | --- | --- | --- | --- |
-//! | the gateway queue's oldest wait, over the reference delay | >= 1x | >= 2x | >= 4x | >= 8x | >= 16x | |
-//! | the share of the fleet's routable workers vetoed as full | >= 1/2 | >= 3/4 | all | | | |
+//! | a tier's oldest wait in the gateway queue, over that tier's reference delay | >= 1x | >= 2x | >= 4x | >= 8x | >= 16x | |
+//! | the share of a model's routable workers vetoed as full, for the model worst off | >= 1/2 | >= 3/4 | all | | | |
 //! | CoDel | | | | a tier dropping | the agent or interactive tier dropping | the interactive tier dropping |
 //!
-//! The reference delay is the interactive tier's CoDel target (200 ms) unless configured: a queue
-//! that holds the most urgent requests that long is the first sign that demand exceeds the fleet.
-//! A fleet that is all vetoed but has no queue reaches level 3 (a shorter answer is the only
-//! help it can get); levels 4 and up need the queue to show that shortening did not suffice.
+//! A tier's reference delay is its CoDel target (200 ms, 1 s, 5 s) unless configured: a queue that
+//! holds a tier's requests that long is the first sign that demand exceeds the fleet, and each
+//! doubling is one more step. Each tier against its own reference, so batch work waiting the
+//! seconds it is allowed to wait is not read as pressure. The veto share is per model: a model
+//! whose every worker is full is under pressure however idle another model's workers are. A fleet
+//! all vetoed but with no queue reaches level 3 (a shorter answer is the only help it can get);
+//! levels 4 and up need the queue to show that shortening did not suffice.
 //!
 //! The level rises at once and falls one step at a time, each only after the level above it held
-//! for a whole interval (`Ladder`), so a ladder that flaps between two readings does not flap the
-//! requests' bodies.
+//! for a hold time with no reading at or above it (`Ladder`). The hold starts at the interval and
+//! is damped against flapping: a level called back within the hold after it fell (the step was
+//! still carrying the load, and undoing it brought the pressure back) doubles the hold, up to 16
+//! intervals; each whole hold at level 0 halves it again, down to the interval.
 
 use std::time::Duration;
 
@@ -28,10 +33,11 @@ pub const MAX_LEVEL: u8 = 6;
 /// What the gateway sees, at one reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pressure {
-    /// The longest any request now in the gateway queue has waited (zero when empty or none).
-    pub queue_delay: Duration,
-    /// Routable workers vetoed as full (overloaded, busy, at capacity, at their limit), over
-    /// the routable workers; 0 when there are none.
+    /// The longest any request of each tier (interactive, agent, batch) now in the gateway queue
+    /// has waited (zero when none).
+    pub queue_delay: [Duration; 3],
+    /// For the model worst off, its routable workers vetoed as full (overloaded, busy, at
+    /// capacity, at their limit) over its routable workers; 0 when there are none.
     pub vetoed_share: f64,
     /// Which tiers' CoDel is dropping: interactive, agent, batch.
     pub codel_dropping: [bool; 3],
@@ -40,25 +46,35 @@ pub struct Pressure {
 impl Pressure {
     /// No pressure at all.
     pub const CALM: Pressure = Pressure {
-        queue_delay: Duration::ZERO,
+        queue_delay: [Duration::ZERO; 3],
         vetoed_share: 0.0,
         codel_dropping: [false; 3],
     };
 }
 
-/// The level one reading calls for, `reference` being the queue delay of level 1.
-pub fn level_of(p: &Pressure, reference: Duration) -> u8 {
-    let delay = if reference.is_zero() || p.queue_delay.is_zero() {
+/// The level one tier's oldest wait calls for: 1 at its reference, one more per doubling, up to 5.
+fn delay_level(delay: Duration, reference: Duration) -> u8 {
+    if reference.is_zero() || delay.is_zero() {
+        return 0;
+    }
+    let ratio = delay.as_secs_f64() / reference.as_secs_f64();
+    if ratio < 1.0 {
         0
     } else {
-        let ratio = p.queue_delay.as_secs_f64() / reference.as_secs_f64();
         // 1x → 1, 2x → 2, 4x → 3, 8x → 4, 16x → 5.
-        if ratio < 1.0 {
-            0
-        } else {
-            (ratio.log2().floor() as u8).saturating_add(1).min(5)
-        }
-    };
+        (ratio.log2().floor() as u8).saturating_add(1).min(5)
+    }
+}
+
+/// The level one reading calls for, `references` being each tier's queue delay of level 1.
+pub fn level_of(p: &Pressure, references: [Duration; 3]) -> u8 {
+    let delay = p
+        .queue_delay
+        .iter()
+        .zip(references)
+        .map(|(d, r)| delay_level(*d, r))
+        .max()
+        .unwrap_or(0);
     let vetoed = match p.vetoed_share {
         s if s >= 1.0 => 3,
         s if s >= 0.75 => 2,
@@ -74,21 +90,30 @@ pub fn level_of(p: &Pressure, reference: Duration) -> u8 {
     delay.max(vetoed).max(codel).min(MAX_LEVEL)
 }
 
+/// The hold of a level never grows past this many intervals.
+const MAX_HOLD_INTERVALS: u32 = 16;
+
 /// The level in force, with hysteresis.
 #[derive(Debug, Clone)]
 pub struct Ladder {
     interval: Duration,
+    /// How long a level holds, with no reading at or above it, before it falls a step.
+    hold: Duration,
     level: u8,
     /// Since when the level in force has been called for without a reading above it.
     since: Instant,
+    /// When the level last fell, until a reading calls it back up.
+    fell_at: Option<Instant>,
 }
 
 impl Ladder {
     pub fn new(interval: Duration, now: Instant) -> Self {
         Self {
             interval,
+            hold: interval,
             level: 0,
             since: now,
+            fell_at: None,
         }
     }
 
@@ -96,15 +121,33 @@ impl Ladder {
         self.level
     }
 
+    /// How long the level in force must hold before it may fall.
+    pub fn hold(&self) -> Duration {
+        self.hold
+    }
+
     /// A reading that calls for `wanted` at `now`: the level rises to it at once; it falls one
-    /// step once the level has held a whole interval with no reading at or above it.
+    /// step once the level has held for the hold with no reading at or above it.
     pub fn observe(&mut self, wanted: u8, now: Instant) -> u8 {
         let wanted = wanted.min(MAX_LEVEL);
-        if wanted >= self.level {
+        if wanted > self.level {
+            if let Some(fell) = self.fell_at.take() {
+                if now.saturating_duration_since(fell) < self.hold {
+                    self.hold = (self.hold * 2).min(self.interval * MAX_HOLD_INTERVALS);
+                }
+            }
             self.level = wanted;
             self.since = now;
-        } else if now.saturating_duration_since(self.since) >= self.interval {
-            self.level -= 1;
+        } else if wanted == self.level && self.level > 0 {
+            self.since = now;
+        } else if now.saturating_duration_since(self.since) >= self.hold {
+            if self.level == 0 {
+                // Calm for a whole hold: the falls that led here stood.
+                self.hold = (self.hold / 2).max(self.interval);
+            } else {
+                self.level -= 1;
+                self.fell_at = Some(now);
+            }
             self.since = now;
         }
         self.level
@@ -116,14 +159,23 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
-    const REF: Duration = Duration::from_millis(200);
+    /// The tiers' default CoDel targets.
+    const REFS: [Duration; 3] = [
+        Duration::from_millis(200),
+        Duration::from_secs(1),
+        Duration::from_secs(5),
+    ];
 
-    fn reading(delay_ms: u64, vetoed: f64, codel: [bool; 3]) -> Pressure {
+    fn reading(delays_ms: [u64; 3], vetoed: f64, codel: [bool; 3]) -> Pressure {
         Pressure {
-            queue_delay: Duration::from_millis(delay_ms),
+            queue_delay: delays_ms.map(Duration::from_millis),
             vetoed_share: vetoed,
             codel_dropping: codel,
         }
+    }
+
+    fn interactive(delay_ms: u64) -> Pressure {
+        reading([delay_ms, 0, 0], 0.0, [false; 3])
     }
 
     #[test]
@@ -131,28 +183,33 @@ mod tests {
         let none = [false; 3];
         let table: &[(Pressure, u8)] = &[
             (Pressure::CALM, 0),
-            (reading(199, 0.0, none), 0),
-            (reading(200, 0.0, none), 1),
-            (reading(399, 0.0, none), 1),
-            (reading(400, 0.0, none), 2),
-            (reading(800, 0.0, none), 3),
-            (reading(1600, 0.0, none), 4),
-            (reading(3200, 0.0, none), 5),
-            (reading(60_000, 0.0, none), 5),
-            (reading(0, 0.49, none), 0),
-            (reading(0, 0.5, none), 1),
-            (reading(0, 0.75, none), 2),
-            (reading(0, 1.0, none), 3),
-            (reading(0, 0.0, [false, false, true]), 4),
-            (reading(0, 0.0, [false, true, true]), 5),
-            (reading(0, 0.0, [true, false, false]), 6),
-            (reading(400, 1.0, [false, false, true]), 4),
-            (reading(3200, 1.0, none), 5),
+            (interactive(199), 0),
+            (interactive(200), 1),
+            (interactive(399), 1),
+            (interactive(400), 2),
+            (interactive(800), 3),
+            (interactive(1600), 4),
+            (interactive(3200), 5),
+            (interactive(60_000), 5),
+            // Each tier against its own reference.
+            (reading([0, 999, 4999], 0.0, none), 0),
+            (reading([0, 0, 5000], 0.0, none), 1),
+            (reading([0, 2000, 0], 0.0, none), 2),
+            (reading([100, 1000, 20_000], 0.0, none), 3),
+            (reading([0; 3], 0.49, none), 0),
+            (reading([0; 3], 0.5, none), 1),
+            (reading([0; 3], 0.75, none), 2),
+            (reading([0; 3], 1.0, none), 3),
+            (reading([0; 3], 0.0, [false, false, true]), 4),
+            (reading([0; 3], 0.0, [false, true, true]), 5),
+            (reading([0; 3], 0.0, [true, false, false]), 6),
+            (reading([400, 0, 0], 1.0, [false, false, true]), 4),
+            (reading([3200, 0, 0], 1.0, none), 5),
         ];
         for (p, level) in table {
-            assert_eq!(level_of(p, REF), *level, "{p:?}");
+            assert_eq!(level_of(p, REFS), *level, "{p:?}");
         }
-        assert_eq!(level_of(&reading(5000, 0.0, [false; 3]), Duration::ZERO), 0);
+        assert_eq!(level_of(&interactive(5000), [Duration::ZERO; 3]), 0);
     }
 
     #[test]
@@ -171,7 +228,63 @@ mod tests {
         );
         assert_eq!(ladder.observe(0, t0 + 14_998 * MS), 3);
         assert_eq!(ladder.observe(0, t0 + 14_999 * MS), 2);
-        assert_eq!(ladder.observe(6, t0 + 15_000 * MS), 6);
-        assert_eq!(ladder.observe(9, t0 + 15_000 * MS), MAX_LEVEL, "capped");
+        assert_eq!(ladder.observe(9, t0 + 20_000 * MS), MAX_LEVEL, "capped");
+    }
+
+    #[test]
+    fn a_level_called_back_soon_after_it_fell_holds_longer_next_time() {
+        let t0 = Instant::now();
+        let interval = 1000 * MS;
+        let mut ladder = Ladder::new(interval, t0);
+        ladder.observe(2, t0);
+        assert_eq!(ladder.observe(0, t0 + 1000 * MS), 1);
+        // Undoing step 2 brought the pressure back within the hold: the hold doubles.
+        assert_eq!(ladder.observe(2, t0 + 1500 * MS), 2);
+        assert_eq!(ladder.hold(), 2000 * MS);
+        assert_eq!(
+            ladder.observe(0, t0 + 3499 * MS),
+            2,
+            "held for the longer hold"
+        );
+        assert_eq!(ladder.observe(0, t0 + 3500 * MS), 1);
+        assert_eq!(ladder.observe(0, t0 + 5500 * MS), 0);
+        // Again within the hold after the last fall: 4 s; and never past 16 intervals.
+        ladder.observe(2, t0 + 6000 * MS);
+        assert_eq!(ladder.hold(), 4000 * MS);
+        let mut t = t0 + 6000 * MS;
+        for _ in 0..10 {
+            t += ladder.hold() + MS;
+            assert_eq!(ladder.observe(1, t), 1);
+            t += MS;
+            assert_eq!(ladder.observe(2, t), 2);
+        }
+        assert_eq!(ladder.hold(), 16 * interval, "capped");
+        // A rise long after the last fall leaves the hold alone.
+        t += ladder.hold();
+        assert_eq!(ladder.observe(0, t), 1);
+        assert_eq!(ladder.observe(2, t + 20 * interval), 2);
+        assert_eq!(ladder.hold(), 16 * interval);
+    }
+
+    #[test]
+    fn each_calm_hold_at_level_zero_halves_the_hold_down_to_the_interval() {
+        let t0 = Instant::now();
+        let interval = 1000 * MS;
+        let mut ladder = Ladder::new(interval, t0);
+        ladder.observe(1, t0);
+        ladder.observe(0, t0 + 1000 * MS);
+        ladder.observe(1, t0 + 1100 * MS);
+        ladder.observe(0, t0 + 3100 * MS);
+        ladder.observe(1, t0 + 3200 * MS);
+        assert_eq!(ladder.hold(), 4000 * MS);
+        assert_eq!(ladder.observe(0, t0 + 7200 * MS), 0);
+        assert_eq!(ladder.observe(0, t0 + 11_199 * MS), 0);
+        assert_eq!(ladder.hold(), 4000 * MS, "not yet a whole hold at 0");
+        ladder.observe(0, t0 + 11_200 * MS);
+        assert_eq!(ladder.hold(), 2000 * MS);
+        ladder.observe(0, t0 + 13_200 * MS);
+        ladder.observe(0, t0 + 14_200 * MS);
+        ladder.observe(0, t0 + 99_000 * MS);
+        assert_eq!(ladder.hold(), interval, "never under the interval");
     }
 }

@@ -359,15 +359,16 @@ impl GatewayQueue {
         })
     }
 
-    /// The longest any waiter now in the queue has waited.
-    pub fn oldest_wait(&self, now: Instant) -> Duration {
+    /// The longest any waiter of each tier now in the queue has waited (interactive, agent,
+    /// batch).
+    pub fn oldest_waits(&self, now: Instant) -> [Duration; 3] {
         let waiting = self.waiting.lock();
-        Tier::ALL
-            .iter()
-            .filter_map(|tier| waiting.oldest(*tier))
-            .map(|(_, w)| now.saturating_duration_since(w.item.arrived))
-            .max()
-            .unwrap_or_default()
+        Tier::ALL.map(|tier| {
+            waiting
+                .oldest(tier)
+                .map(|(_, w)| now.saturating_duration_since(w.item.arrived))
+                .unwrap_or_default()
+        })
     }
 
     /// Which tiers' CoDel is dropping (interactive, agent, batch).

@@ -30,15 +30,18 @@ pub struct DegradationSettings {
 
 impl DegradationSettings {
     /// The ladder, when configured; `codel` gives the defaults of its interval and reference
-    /// delay (the CoDel interval and the interactive tier's target).
+    /// delays (the CoDel interval and each tier's target).
     pub(super) fn validate(
         &self,
         codel: Option<[sluice_core::adaptive::CodelConfig; 3]>,
     ) -> Result<Option<DegradationConfig>, ConfigError> {
-        let (interval, reference) = codel
-            .map_or((Duration::from_secs(5), Duration::from_millis(200)), |c| {
-                (c[0].interval, c[0].target)
-            });
+        let (interval, reference) = codel.map_or(
+            (
+                Duration::from_secs(5),
+                [200, 1000, 5000].map(Duration::from_millis),
+            ),
+            |c| (c[0].interval, c.map(|t| t.target)),
+        );
         match (&self.degradation, self.cascade.is_empty()) {
             (None, true) => Ok(None),
             (spec, _) => {
@@ -57,9 +60,10 @@ pub struct DegradationSpec {
     /// How long a level holds before it may fall a step [default: the CoDel interval, 5 s].
     #[serde(default)]
     pub interval_secs: Option<f64>,
-    /// The gateway queue's oldest wait that is level 1 [default: the interactive CoDel target].
+    /// Each tier's oldest wait in the gateway queue that is level 1, interactive, agent and
+    /// batch [default: the tiers' CoDel targets].
     #[serde(default)]
-    pub reference_delay_ms: Option<u64>,
+    pub reference_delay_ms_by_tier: Option<Vec<u64>>,
     /// Step 5: refuse tier 2 at level 5, tier 1 too at level 6.
     #[serde(default)]
     pub shed: bool,
@@ -169,7 +173,7 @@ impl DegradationSpec {
         &self,
         cascades: &[CascadeSpec],
         codel_interval: Duration,
-        reference: Duration,
+        reference: [Duration; 3],
     ) -> Result<Option<DegradationConfig>, ConfigError> {
         let mut steps = Vec::new();
         for r in &self.reasoning {
@@ -258,6 +262,7 @@ impl DegradationSpec {
                     )
                 })?,
         };
+        let references = self.references().unwrap_or(Ok(reference))?;
         if steps.is_empty() && !self.shed {
             return Ok(None);
         }
@@ -265,9 +270,23 @@ impl DegradationSpec {
             steps,
             shed: self.shed,
             interval,
-            reference: self
-                .reference_delay_ms
-                .map_or(reference, Duration::from_millis),
+            references,
         }))
+    }
+}
+
+impl DegradationSpec {
+    /// `reference_delay_ms_by_tier`, when given: three positive delays.
+    fn references(&self) -> Option<Result<[Duration; 3], ConfigError>> {
+        let given = self.reference_delay_ms_by_tier.as_ref()?;
+        Some(match given.as_slice() {
+            [a, b, c] if given.iter().all(|ms| *ms > 0) => {
+                Ok([*a, *b, *c].map(Duration::from_millis))
+            }
+            _ => Err(invalid(
+                "degradation.reference_delay_ms_by_tier",
+                "must be three positive delays in milliseconds: interactive, agent, batch",
+            )),
+        })
     }
 }

@@ -583,9 +583,9 @@ to = "llama-8b"
         "the CoDel interval"
     );
     assert_eq!(
-        ladder.reference,
-        Duration::from_millis(200),
-        "the interactive target"
+        ladder.references,
+        [200, 1000, 5000].map(Duration::from_millis),
+        "the tiers' CoDel targets"
     );
     let kinds: Vec<(u8, &str)> = ladder
         .steps
@@ -611,6 +611,14 @@ to = "llama-8b"
         [Tier::Agent, Tier::Batch],
         "a cascade spares the interactive tier unless told"
     );
+    let given = from_file(
+        "references",
+        "[degradation]\nshed = true\nreference_delay_ms_by_tier = [50, 250, 1250]\n",
+    )
+    .unwrap()
+    .degradation
+    .unwrap();
+    assert_eq!(given.references, [50, 250, 1250].map(Duration::from_millis));
     for (bad, says) in [
         (
             "[[degradation.reasoning]]\nmodel = \"m\"\nswitch = \"maybe\"\n",
@@ -624,6 +632,14 @@ to = "llama-8b"
         ("[[degradation.clamp]]\nmax_tokens = 0\n", "max_tokens"),
         ("[[cascade]]\nfrom = \"a\"\nto = \"a\"\n", "itself"),
         ("[degradation]\ninterval_secs = 0\n", "interval_secs"),
+        (
+            "[degradation]\nreference_delay_ms_by_tier = [200, 1000]\n",
+            "reference_delay_ms_by_tier",
+        ),
+        (
+            "[degradation]\nreference_delay_ms_by_tier = [0, 1000, 5000]\n",
+            "reference_delay_ms_by_tier",
+        ),
     ] {
         let err = from_file("bad-ladder", bad).unwrap_err().to_string();
         assert!(err.contains(says), "{bad}: {err}");

@@ -100,10 +100,10 @@ pub struct DegradationConfig {
     pub steps: Vec<Step>,
     /// Step 5: tier 2 refused at level 5, tier 1 too at level 6.
     pub shed: bool,
-    /// How long a level holds before it may fall a step.
+    /// How long a level holds before it may fall a step (the hold grows if it flaps).
     pub interval: Duration,
-    /// The queue's oldest wait that is level 1.
-    pub reference: Duration,
+    /// Each tier's oldest wait in the queue that is level 1 (interactive, agent, batch).
+    pub references: [Duration; 3],
 }
 
 /// Readings per interval: the level follows pressure within a fifth of an interval.
@@ -120,8 +120,8 @@ struct StepTier {
 pub struct Degrader {
     config: DegradationConfig,
     level: AtomicU8,
-    /// The last reading, for `/admission`.
-    last: parking_lot::Mutex<Option<Pressure>>,
+    /// The last reading and the ladder's hold then, for `/admission`.
+    last: parking_lot::Mutex<(Option<Pressure>, Duration)>,
     degraded: Family<StepTier, Counter>,
     level_gauge: Gauge,
 }
@@ -148,10 +148,11 @@ impl Degrader {
             "The degradation ladder's level: 0 none, 1 reasoning, 2 cascade, 3 prune, 4 clamp, 5 tier 2 shed, 6 tier 1 shed",
             level_gauge.clone(),
         );
+        let hold = config.interval;
         Arc::new(Self {
             config,
             level: AtomicU8::new(0),
-            last: parking_lot::Mutex::new(None),
+            last: parking_lot::Mutex::new((None, hold)),
             degraded,
             level_gauge,
         })
@@ -172,13 +173,14 @@ impl Degrader {
 
     /// The level and the reading it follows, for `/admission`.
     pub fn view(&self) -> serde_json::Value {
-        let last = *self.last.lock();
+        let (last, hold) = *self.last.lock();
         serde_json::json!({
             "level": self.level(),
             "interval_secs": self.config.interval.as_secs_f64(),
-            "reference_delay_ms": self.config.reference.as_secs_f64() * 1000.0,
+            "hold_secs": hold.as_secs_f64(),
+            "reference_delay_ms_by_tier": self.config.references.map(millis),
             "pressure": last.map(|p| serde_json::json!({
-                "queue_delay_ms": p.queue_delay.as_secs_f64() * 1000.0,
+                "queue_delay_ms_by_tier": p.queue_delay.map(millis),
                 "vetoed_share": p.vetoed_share,
                 "codel_dropping": p.codel_dropping,
             })),
@@ -205,22 +207,23 @@ impl Degrader {
             let pressure = Pressure {
                 queue_delay: queue
                     .as_ref()
-                    .map_or(Duration::ZERO, |q| q.oldest_wait(now)),
+                    .map_or([Duration::ZERO; 3], |q| q.oldest_waits(now)),
                 vetoed_share: vetoed_share(&fleet),
                 codel_dropping: queue.as_ref().map_or([false; 3], |q| q.codel_dropping()),
             };
             let before = ladder.level();
-            let level = ladder.observe(level_of(&pressure, self.config.reference), now);
-            *self.last.lock() = Some(pressure);
+            let level = ladder.observe(level_of(&pressure, self.config.references), now);
+            *self.last.lock() = (Some(pressure), ladder.hold());
             self.level.store(level, Ordering::Relaxed);
             self.level_gauge.set(i64::from(level));
             if level != before {
                 info!(
                     from = before,
                     to = level,
-                    queue_delay_ms = pressure.queue_delay.as_millis() as u64,
+                    queue_delay_ms_by_tier = ?pressure.queue_delay.map(|d| d.as_millis() as u64),
                     vetoed_share = pressure.vetoed_share,
                     codel_dropping = ?pressure.codel_dropping,
+                    hold_secs = ladder.hold().as_secs_f64(),
                     "degradation level changed"
                 );
             }
@@ -228,20 +231,31 @@ impl Degrader {
     }
 }
 
-/// The share of the fleet's routable workers that take no new request now: vetoed, or at their
-/// concurrency limit.
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// For the model worst off, the share of its routable workers that take no new request now:
+/// vetoed, or at their concurrency limit. Per model, since a model whose workers are all full is
+/// under pressure however idle another model's are.
 fn vetoed_share(fleet: &Fleet) -> f64 {
     let snapshot = fleet.snapshot();
-    let (mut routable, mut out) = (0usize, 0usize);
-    for w in snapshot.workers.iter().filter(|w| w.is_routable()) {
-        routable += 1;
-        if w.veto_class().is_some() || w.at_limit(1) {
-            out += 1;
-        }
-    }
-    if routable == 0 {
-        0.0
-    } else {
-        out as f64 / routable as f64
-    }
+    snapshot
+        .pools
+        .values()
+        .map(|pool| {
+            let (mut routable, mut out) = (0usize, 0usize);
+            for w in pool.workers.iter().filter(|w| w.is_routable()) {
+                routable += 1;
+                if w.veto_class().is_some() || w.at_limit(1) {
+                    out += 1;
+                }
+            }
+            if routable == 0 {
+                0.0
+            } else {
+                out as f64 / routable as f64
+            }
+        })
+        .fold(0.0, f64::max)
 }
