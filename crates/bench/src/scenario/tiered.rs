@@ -164,8 +164,8 @@ impl TieredReport {
             .unwrap_or_default();
         let mut out = format!(
             "capacity C = {:.2} requests per engine-second; time scale {}, {} engine-s per point\n\n\
-             | config | load | goodput / C | within SLO | {} | rejected | reject p99 (ms) | from send (ms) |\n\
-             | --- | ---: | ---: | ---: | {}---: | ---: | ---: |\n",
+             | config | load | goodput / C | within SLO | {} | rejected | reject p99 (ms) | from send (ms) | late engine steps |\n\
+             | --- | ---: | ---: | ---: | {}---: | ---: | ---: | ---: |\n",
             self.capacity,
             self.time_scale,
             self.window_engine_secs,
@@ -185,7 +185,7 @@ impl TieredReport {
                 .collect();
             let _ = writeln!(
                 out,
-                "| {} | {:.2}x | {:.0}% | {:.0}% | {} | {:.0}% | {:.1} | {:.1} |",
+                "| {} | {:.2}x | {:.0}% | {:.0}% | {} | {:.0}% | {:.1} | {:.1} | {:.1}% |",
                 p.config,
                 p.offered / self.capacity,
                 100.0 * p.goodput / self.capacity,
@@ -194,6 +194,7 @@ impl TieredReport {
                 100.0 * r.rejection_rate,
                 r.time_to_reject_p99 * 1e3,
                 r.time_to_reject_sent_p99 * 1e3,
+                100.0 * p.engines.late_share(),
             );
         }
         out

@@ -18,7 +18,9 @@
 //! levels 4 and up need the queue to show that shortening did not suffice.
 //!
 //! The level rises at once and falls one step at a time, each only after the level above it held
-//! for a hold time with no reading at or above it (`Ladder`). The hold starts at the interval and
+//! for a hold time with no reading at or above it (`Ladder`). The shedding levels (5 and 6) hold
+//! for a fixed, shorter time: refusing is the costliest step. The others' hold starts at the
+//! interval and
 //! is damped against flapping: a level called back within the hold after it fell (the step was
 //! still carrying the load, and undoing it brought the pressure back) doubles the hold, up to 16
 //! intervals; each whole hold at level 0 halves it again, down to the interval.
@@ -93,10 +95,16 @@ pub fn level_of(p: &Pressure, references: [Duration; 3]) -> u8 {
 /// The hold of a level never grows past this many intervals.
 const MAX_HOLD_INTERVALS: u32 = 16;
 
+/// The first level that refuses requests (hard shedding).
+pub const SHED_FROM: u8 = 5;
+
 /// The level in force, with hysteresis.
 #[derive(Debug, Clone)]
 pub struct Ladder {
     interval: Duration,
+    /// How long a shedding level holds: refusing is the costliest step, so it is left sooner
+    /// and never damped.
+    shed_hold: Duration,
     /// How long a level holds, with no reading at or above it, before it falls a step.
     hold: Duration,
     level: u8,
@@ -107,9 +115,10 @@ pub struct Ladder {
 }
 
 impl Ladder {
-    pub fn new(interval: Duration, now: Instant) -> Self {
+    pub fn new(interval: Duration, shed_hold: Duration, now: Instant) -> Self {
         Self {
             interval,
+            shed_hold,
             hold: interval,
             level: 0,
             since: now,
@@ -121,13 +130,22 @@ impl Ladder {
         self.level
     }
 
-    /// How long the level in force must hold before it may fall.
+    /// How long a level that does not shed must hold before it may fall.
     pub fn hold(&self) -> Duration {
         self.hold
     }
 
+    /// How long the level in force must hold before it may fall.
+    fn hold_now(&self) -> Duration {
+        if self.level >= SHED_FROM {
+            self.shed_hold
+        } else {
+            self.hold
+        }
+    }
+
     /// A reading that calls for `wanted` at `now`: the level rises to it at once; it falls one
-    /// step once the level has held for the hold with no reading at or above it.
+    /// step once the level has held for its hold with no reading at or above it.
     pub fn observe(&mut self, wanted: u8, now: Instant) -> u8 {
         let wanted = wanted.min(MAX_LEVEL);
         if wanted > self.level {
@@ -140,7 +158,7 @@ impl Ladder {
             self.since = now;
         } else if wanted == self.level && self.level > 0 {
             self.since = now;
-        } else if now.saturating_duration_since(self.since) >= self.hold {
+        } else if now.saturating_duration_since(self.since) >= self.hold_now() {
             if self.level == 0 {
                 // Calm for a whole hold: the falls that led here stood.
                 self.hold = (self.hold / 2).max(self.interval);
@@ -216,7 +234,7 @@ mod tests {
     fn the_level_rises_at_once_and_falls_a_step_per_interval_held() {
         let t0 = Instant::now();
         let interval = 5000 * MS;
-        let mut ladder = Ladder::new(interval, t0);
+        let mut ladder = Ladder::new(interval, interval, t0);
         assert_eq!(ladder.observe(4, t0), 4, "at once");
         assert_eq!(ladder.observe(1, t0 + 4999 * MS), 4, "held for an interval");
         assert_eq!(ladder.observe(1, t0 + 5000 * MS), 3, "one step");
@@ -235,7 +253,7 @@ mod tests {
     fn a_level_called_back_soon_after_it_fell_holds_longer_next_time() {
         let t0 = Instant::now();
         let interval = 1000 * MS;
-        let mut ladder = Ladder::new(interval, t0);
+        let mut ladder = Ladder::new(interval, interval, t0);
         ladder.observe(2, t0);
         assert_eq!(ladder.observe(0, t0 + 1000 * MS), 1);
         // Undoing step 2 brought the pressure back within the hold: the hold doubles.
@@ -270,7 +288,7 @@ mod tests {
     fn each_calm_hold_at_level_zero_halves_the_hold_down_to_the_interval() {
         let t0 = Instant::now();
         let interval = 1000 * MS;
-        let mut ladder = Ladder::new(interval, t0);
+        let mut ladder = Ladder::new(interval, interval, t0);
         ladder.observe(1, t0);
         ladder.observe(0, t0 + 1000 * MS);
         ladder.observe(1, t0 + 1100 * MS);
@@ -286,5 +304,20 @@ mod tests {
         ladder.observe(0, t0 + 14_200 * MS);
         ladder.observe(0, t0 + 99_000 * MS);
         assert_eq!(ladder.hold(), interval, "never under the interval");
+    }
+
+    #[test]
+    fn shedding_levels_hold_their_own_shorter_time() {
+        let t0 = Instant::now();
+        let mut ladder = Ladder::new(4000 * MS, 1000 * MS, t0);
+        assert_eq!(ladder.observe(6, t0), 6);
+        assert_eq!(ladder.observe(0, t0 + 1000 * MS), 5);
+        assert_eq!(ladder.observe(0, t0 + 2000 * MS), 4);
+        assert_eq!(
+            ladder.observe(0, t0 + 5999 * MS),
+            4,
+            "a quality step holds longer"
+        );
+        assert_eq!(ladder.observe(0, t0 + 6000 * MS), 3);
     }
 }

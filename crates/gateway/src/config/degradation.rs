@@ -29,26 +29,31 @@ pub struct DegradationSettings {
 }
 
 impl DegradationSettings {
-    /// The ladder, when configured; `codel` gives the defaults of its interval and reference
-    /// delays (the CoDel interval and each tier's target).
+    /// The ladder, when configured. Its reference delays default to the tiers' CoDel targets;
+    /// its interval to the CoDel interval or two load-monitor intervals, whichever is longer: a
+    /// fall is judged by the fleet's vetoes, which only a load report refreshes, so a level must
+    /// hold until reports have seen the fleet without its step. The shedding levels hold for the
+    /// CoDel interval.
     pub(super) fn validate(
         &self,
         codel: Option<[sluice_core::adaptive::CodelConfig; 3]>,
+        load_interval: Duration,
     ) -> Result<Option<DegradationConfig>, ConfigError> {
-        let (interval, reference) = codel.map_or(
+        let (codel_interval, reference) = codel.map_or(
             (
                 Duration::from_secs(5),
                 [200, 1000, 5000].map(Duration::from_millis),
             ),
             |c| (c[0].interval, c.map(|t| t.target)),
         );
+        let interval = codel_interval.max(load_interval * 2);
         match (&self.degradation, self.cascade.is_empty()) {
             (None, true) => Ok(None),
-            (spec, _) => {
-                spec.clone()
-                    .unwrap_or_default()
-                    .validate(&self.cascade, interval, reference)
-            }
+            (spec, _) => spec.clone().unwrap_or_default().validate(
+                &self.cascade,
+                [interval, codel_interval],
+                reference,
+            ),
         }
     }
 }
@@ -172,7 +177,7 @@ impl DegradationSpec {
     pub(super) fn validate(
         &self,
         cascades: &[CascadeSpec],
-        codel_interval: Duration,
+        [default_interval, shed_interval]: [Duration; 2],
         reference: [Duration; 3],
     ) -> Result<Option<DegradationConfig>, ConfigError> {
         let mut steps = Vec::new();
@@ -251,7 +256,7 @@ impl DegradationSpec {
             });
         }
         let interval = match self.interval_secs {
-            None => codel_interval,
+            None => default_interval,
             Some(secs) => Duration::try_from_secs_f64(secs)
                 .ok()
                 .filter(|d| !d.is_zero())
@@ -270,6 +275,7 @@ impl DegradationSpec {
             steps,
             shed: self.shed,
             interval,
+            shed_interval: shed_interval.min(interval),
             references,
         }))
     }

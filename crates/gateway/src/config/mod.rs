@@ -386,7 +386,9 @@ impl Settings {
                 self.adaptive.codel()?,
             )?,
             adaptive: self.adaptive.limiter()?,
-            degradation: self.degradation.validate(self.adaptive.codel()?)?,
+            degradation: self
+                .degradation
+                .validate(self.adaptive.codel()?, self.load()?.interval)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
         })

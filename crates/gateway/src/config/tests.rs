@@ -557,6 +557,7 @@ fn the_degradation_ladder_comes_from_the_file_step_by_step() {
         r#"
 queue_size = 8
 codel_interval_ms = 3000
+load_monitor_interval = 1
 [degradation]
 shed = true
 [[degradation.reasoning]]
@@ -580,7 +581,7 @@ to = "llama-8b"
     assert_eq!(
         ladder.interval,
         Duration::from_secs(3),
-        "the CoDel interval"
+        "the CoDel interval, over two load-monitor intervals"
     );
     assert_eq!(
         ladder.references,
@@ -619,6 +620,16 @@ to = "llama-8b"
     .degradation
     .unwrap();
     assert_eq!(given.references, [50, 250, 1250].map(Duration::from_millis));
+    assert_eq!(
+        given.interval,
+        Duration::from_secs(20),
+        "two load-monitor intervals (10 s), over the CoDel interval (5 s)"
+    );
+    assert_eq!(
+        given.shed_interval,
+        Duration::from_secs(5),
+        "shedding holds the CoDel interval"
+    );
     for (bad, says) in [
         (
             "[[degradation.reasoning]]\nmodel = \"m\"\nswitch = \"maybe\"\n",

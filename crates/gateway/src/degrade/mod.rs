@@ -102,6 +102,8 @@ pub struct DegradationConfig {
     pub shed: bool,
     /// How long a level holds before it may fall a step (the hold grows if it flaps).
     pub interval: Duration,
+    /// How long a shedding level (5, 6) holds.
+    pub shed_interval: Duration,
     /// Each tier's oldest wait in the queue that is level 1 (interactive, agent, batch).
     pub references: [Duration; 3],
 }
@@ -177,6 +179,7 @@ impl Degrader {
         serde_json::json!({
             "level": self.level(),
             "interval_secs": self.config.interval.as_secs_f64(),
+            "shed_interval_secs": self.config.shed_interval.as_secs_f64(),
             "hold_secs": hold.as_secs_f64(),
             "reference_delay_ms_by_tier": self.config.references.map(millis),
             "pressure": last.map(|p| serde_json::json!({
@@ -194,8 +197,9 @@ impl Degrader {
         fleet: Arc<Fleet>,
         mut stop: watch::Receiver<bool>,
     ) {
-        let mut ladder = Ladder::new(self.config.interval, Instant::now());
-        let every = self.config.interval / READINGS_PER_INTERVAL;
+        let (interval, shed) = (self.config.interval, self.config.shed_interval);
+        let mut ladder = Ladder::new(interval, shed, Instant::now());
+        let every = interval.min(shed) / READINGS_PER_INTERVAL;
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
