@@ -250,7 +250,11 @@ async fn at_level_five_batch_requests_are_refused_at_arrival_and_agent_ones_are_
     .await;
     assert_eq!(batch.status, 503, "{}", batch.text());
     assert_eq!(code(&batch).as_deref(), Some("degradation_shed"));
-    assert!(batch.headers.contains_key("retry-after"));
+    assert_eq!(
+        batch.headers["retry-after"].to_str().unwrap(),
+        "5",
+        "the shedding hold: the CoDel interval"
+    );
     release.notify_waiters();
     for task in [holder, waiter] {
         assert_eq!(bounded("an answer", task).await.unwrap().status, 200);

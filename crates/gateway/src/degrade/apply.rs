@@ -36,7 +36,7 @@ impl Degrader {
             self.count("shed", tier);
             return Err(GatewayError::DegradationShed {
                 tier: tier.name(),
-                retry_after: self.config.interval,
+                retry_after: self.config.shed_interval,
             });
         }
         Ok(())
