@@ -23,7 +23,10 @@
 //! interval and
 //! is damped against flapping: a level called back within the hold after it fell (the step was
 //! still carrying the load, and undoing it brought the pressure back) doubles the hold, up to 16
-//! intervals; each whole hold at level 0 halves it again, down to the interval.
+//! intervals; each whole hold at level 0 halves it again, down to the interval. A level with a
+//! step of its own is undone in two halves: after its hold, half the requests pass its step
+//! (`released`), and only after another hold does it fall — so the load a step diverted comes
+//! back half at a time, and pressure at the half takes the release back.
 
 use std::time::Duration;
 
@@ -102,6 +105,10 @@ pub const SHED_FROM: u8 = 5;
 #[derive(Debug, Clone)]
 pub struct Ladder {
     interval: Duration,
+    /// Bit `l` set: level `l` has a step of its own, so it is released before it falls.
+    steps: u8,
+    /// Half the requests pass the top level's step (a level is undone in two halves).
+    released: bool,
     /// How long a shedding level holds: refusing is the costliest step, so it is left sooner
     /// and never damped.
     shed_hold: Duration,
@@ -115,9 +122,13 @@ pub struct Ladder {
 }
 
 impl Ladder {
-    pub fn new(interval: Duration, shed_hold: Duration, now: Instant) -> Self {
+    /// `steps`: bit `l` set when level `l` has a step of its own (levels with none fall
+    /// without a release).
+    pub fn new(interval: Duration, shed_hold: Duration, steps: u8, now: Instant) -> Self {
         Self {
             interval,
+            steps,
+            released: false,
             shed_hold,
             hold: interval,
             level: 0,
@@ -128,6 +139,11 @@ impl Ladder {
 
     pub fn level(&self) -> u8 {
         self.level
+    }
+
+    /// Whether half the requests now pass the top level's step: the level is being undone.
+    pub fn released(&self) -> bool {
+        self.released
     }
 
     /// How long a level that does not shed must hold before it may fall.
@@ -144,16 +160,23 @@ impl Ladder {
         }
     }
 
-    /// A reading that calls for `wanted` at `now`: the level rises to it at once; it falls one
-    /// step once the level has held for its hold with no reading at or above it.
+    /// A reading that calls for `wanted` at `now`: the level rises to it at once. Once a level
+    /// with a step of its own (not a shedding one) has held for its hold with no reading at or
+    /// above it, half the requests pass that step (`released`); after another such hold the
+    /// level falls a step. Levels without a step, and the shedding ones, fall at once.
     pub fn observe(&mut self, wanted: u8, now: Instant) -> u8 {
         let wanted = wanted.min(MAX_LEVEL);
-        if wanted > self.level {
-            if let Some(fell) = self.fell_at.take() {
-                if now.saturating_duration_since(fell) < self.hold {
-                    self.hold = (self.hold * 2).min(self.interval * MAX_HOLD_INTERVALS);
-                }
+        if wanted > self.level || (wanted == self.level && self.released) {
+            // Undoing (part of) a step brought the pressure back soon: the step was carrying
+            // the load.
+            let fell_soon = self
+                .fell_at
+                .take()
+                .is_some_and(|fell| now.saturating_duration_since(fell) < self.hold);
+            if self.released || fell_soon {
+                self.hold = (self.hold * 2).min(self.interval * MAX_HOLD_INTERVALS);
             }
+            self.released = false;
             self.level = wanted;
             self.since = now;
         } else if wanted == self.level && self.level > 0 {
@@ -162,8 +185,14 @@ impl Ladder {
             if self.level == 0 {
                 // Calm for a whole hold: the falls that led here stood.
                 self.hold = (self.hold / 2).max(self.interval);
+            } else if self.level < SHED_FROM
+                && self.steps & (1 << self.level) != 0
+                && !self.released
+            {
+                self.released = true;
             } else {
                 self.level -= 1;
+                self.released = false;
                 self.fell_at = Some(now);
             }
             self.since = now;
@@ -234,7 +263,7 @@ mod tests {
     fn the_level_rises_at_once_and_falls_a_step_per_interval_held() {
         let t0 = Instant::now();
         let interval = 5000 * MS;
-        let mut ladder = Ladder::new(interval, interval, t0);
+        let mut ladder = Ladder::new(interval, interval, 0, t0);
         assert_eq!(ladder.observe(4, t0), 4, "at once");
         assert_eq!(ladder.observe(1, t0 + 4999 * MS), 4, "held for an interval");
         assert_eq!(ladder.observe(1, t0 + 5000 * MS), 3, "one step");
@@ -253,7 +282,7 @@ mod tests {
     fn a_level_called_back_soon_after_it_fell_holds_longer_next_time() {
         let t0 = Instant::now();
         let interval = 1000 * MS;
-        let mut ladder = Ladder::new(interval, interval, t0);
+        let mut ladder = Ladder::new(interval, interval, 0, t0);
         ladder.observe(2, t0);
         assert_eq!(ladder.observe(0, t0 + 1000 * MS), 1);
         // Undoing step 2 brought the pressure back within the hold: the hold doubles.
@@ -288,7 +317,7 @@ mod tests {
     fn each_calm_hold_at_level_zero_halves_the_hold_down_to_the_interval() {
         let t0 = Instant::now();
         let interval = 1000 * MS;
-        let mut ladder = Ladder::new(interval, interval, t0);
+        let mut ladder = Ladder::new(interval, interval, 0, t0);
         ladder.observe(1, t0);
         ladder.observe(0, t0 + 1000 * MS);
         ladder.observe(1, t0 + 1100 * MS);
@@ -309,7 +338,7 @@ mod tests {
     #[test]
     fn shedding_levels_hold_their_own_shorter_time() {
         let t0 = Instant::now();
-        let mut ladder = Ladder::new(4000 * MS, 1000 * MS, t0);
+        let mut ladder = Ladder::new(4000 * MS, 1000 * MS, 0b1_0000, t0);
         assert_eq!(ladder.observe(6, t0), 6);
         assert_eq!(ladder.observe(0, t0 + 1000 * MS), 5);
         assert_eq!(ladder.observe(0, t0 + 2000 * MS), 4);
@@ -318,6 +347,34 @@ mod tests {
             4,
             "a quality step holds longer"
         );
-        assert_eq!(ladder.observe(0, t0 + 6000 * MS), 3);
+        assert_eq!(ladder.observe(0, t0 + 6000 * MS), 4);
+        assert!(ladder.released(), "and is undone in two halves");
+        assert_eq!(ladder.observe(0, t0 + 10_000 * MS), 3);
+    }
+
+    #[test]
+    fn a_level_with_a_step_is_undone_in_two_halves() {
+        let t0 = Instant::now();
+        let interval = 1000 * MS;
+        // Steps at levels 1 and 2; none at 3.
+        let mut ladder = Ladder::new(interval, interval, 0b110, t0);
+        assert_eq!(ladder.observe(3, t0), 3);
+        assert_eq!(
+            ladder.observe(0, t0 + 1000 * MS),
+            2,
+            "no step at 3: falls at once"
+        );
+        assert!(!ladder.released());
+        assert_eq!(ladder.observe(0, t0 + 2000 * MS), 2);
+        assert!(ladder.released(), "half the requests pass the cascade");
+        assert_eq!(ladder.observe(0, t0 + 2999 * MS), 2);
+        assert_eq!(ladder.observe(0, t0 + 3000 * MS), 1, "then it falls");
+        assert!(!ladder.released());
+        // Pressure back at a released level: the release is taken back and the hold doubles.
+        assert_eq!(ladder.observe(0, t0 + 4000 * MS), 1);
+        assert!(ladder.released());
+        assert_eq!(ladder.observe(1, t0 + 4500 * MS), 1);
+        assert!(!ladder.released());
+        assert_eq!(ladder.hold(), 2000 * MS);
     }
 }

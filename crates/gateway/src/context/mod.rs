@@ -52,6 +52,13 @@ pub struct Accounts {
     pub in_flight: Arc<InFlight>,
 }
 
+/// What the degradation ladder did to a request: the notes of `x-sluice-degraded`, in the order
+/// the steps applied.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Degraded {
+    pub notes: Vec<String>,
+}
+
 /// One request, from arrival to the end of its response.
 #[derive(Debug)]
 pub struct RequestContext {
@@ -65,7 +72,7 @@ pub struct RequestContext {
     pub stream: bool,
     pub admission: Admission,
     /// What the degradation ladder did to it (`x-sluice-degraded`).
-    pub degraded: crate::degrade::Plan,
+    pub degraded: Degraded,
     phase: Phase,
     /// The worker of the latest attempt.
     worker: Option<WorkerId>,
@@ -111,7 +118,7 @@ impl RequestContext {
             model: None,
             stream: false,
             admission: Admission::new(started),
-            degraded: crate::degrade::Plan::default(),
+            degraded: Degraded::default(),
             phase: Phase::Received,
             worker: None,
             attempts: 0,

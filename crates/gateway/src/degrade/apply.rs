@@ -7,18 +7,15 @@ use serde_json::Value;
 use sluice_core::admission::Tier;
 use sluice_core::degrade::{clamp_output, prune_context, reasoning};
 
-use super::{Degrader, StepKind};
+use super::{Degrader, Step, StepKind};
+use crate::context::Degraded;
 use crate::error::GatewayError;
 
 /// The first level of hard shedding (tier 2), and the one that sheds tier 1 too.
 const SHED_BATCH: u8 = 5;
 const SHED_AGENT: u8 = 6;
-
-/// What the ladder did to one request: the notes of `x-sluice-degraded`.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Plan {
-    pub notes: Vec<String>,
-}
+/// The cascade's level.
+const CASCADE: u8 = 2;
 
 impl Degrader {
     /// Step 5: a request of `tier` refused at arrival while the level sheds it.
@@ -44,17 +41,22 @@ impl Degrader {
 
     /// Step 2: the model a request of `tier` for `model` goes to instead, at this level.
     pub fn cascade(&self, tier: Tier, model: &str) -> Option<&str> {
-        if self.level() < StepKind::Cascade(String::new()).level() {
+        let level = self.level();
+        if level < CASCADE {
             return None;
         }
-        self.config.steps.iter().find_map(|step| match &step.kind {
+        let to = self.config.steps.iter().find_map(|step| match &step.kind {
             StepKind::Cascade(to) if step.scope.covers(tier, model) => Some(to.as_str()),
             _ => None,
-        })
+        })?;
+        if level == CASCADE && self.passes_top_step() {
+            return None;
+        }
+        Some(to)
     }
 
     /// Counts a cascade that was taken, and its note.
-    pub fn cascaded(&self, tier: Tier, to: &str, plan: &mut Plan) {
+    pub fn cascaded(&self, tier: Tier, to: &str, plan: &mut Degraded) {
         self.count("cascade", tier);
         plan.notes.push(format!("cascade={to}"));
     }
@@ -62,14 +64,33 @@ impl Degrader {
     /// Steps 1, 3 and 4 on the body of a request of `tier` served by `model`: the body
     /// re-serialised, with `model` as its model, when a step changed it; `None` otherwise (it is
     /// then sent as it came).
-    pub fn rewrite(&self, tier: Tier, model: &str, body: &[u8], plan: &mut Plan) -> Option<Bytes> {
+    pub fn rewrite(
+        &self,
+        tier: Tier,
+        model: &str,
+        body: &[u8],
+        plan: &mut Degraded,
+    ) -> Option<Bytes> {
         let level = self.level();
+        let applies =
+            |s: &&Step| s.scope.covers(tier, model) && !matches!(s.kind, StepKind::Cascade(_));
+        let top_applies = self
+            .config
+            .steps
+            .iter()
+            .filter(applies)
+            .any(|s| s.kind.level() == level);
+        let level = if top_applies && self.passes_top_step() {
+            level - 1
+        } else {
+            level
+        };
         let mut steps = self
             .config
             .steps
             .iter()
-            .filter(|s| s.kind.level() <= level && s.scope.covers(tier, model))
-            .filter(|s| !matches!(s.kind, StepKind::Cascade(_)))
+            .filter(applies)
+            .filter(|s| s.kind.level() <= level)
             .peekable();
         steps.peek()?;
         let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(body) else {
@@ -94,5 +115,72 @@ impl Degrader {
         }
         object.insert("model".into(), Value::String(model.into()));
         serde_json::to_vec(&object).ok().map(Bytes::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use prometheus_client::registry::Registry;
+    use sluice_core::degrade::ReasoningSwitch;
+
+    use super::*;
+    use crate::degrade::{DegradationConfig, Scope};
+
+    fn ladder() -> Arc<Degrader> {
+        let scope = Scope {
+            models: None,
+            tiers: vec![Tier::Agent],
+        };
+        let steps = vec![
+            Step {
+                scope: scope.clone(),
+                kind: StepKind::Reasoning(ReasoningSwitch::Disable),
+            },
+            Step {
+                scope,
+                kind: StepKind::Cascade("small".into()),
+            },
+        ];
+        let config = DegradationConfig {
+            steps,
+            shed: false,
+            interval: Duration::from_secs(5),
+            shed_interval: Duration::from_secs(5),
+            references: [Duration::from_millis(200); 3],
+        };
+        Degrader::new(config, &mut Registry::default())
+    }
+
+    #[test]
+    fn a_released_level_lets_every_other_request_pass_its_own_step_only() {
+        let d = ladder();
+        d.level.store(2, Ordering::Relaxed);
+        assert_eq!(d.cascade(Tier::Agent, "big"), Some("small"));
+        d.released.store(true, Ordering::Relaxed);
+        let taken: Vec<bool> = (0..4)
+            .map(|_| d.cascade(Tier::Agent, "big").is_some())
+            .collect();
+        assert_eq!(taken, [false, true, false, true]);
+        assert_eq!(d.cascade(Tier::Interactive, "big"), None, "not its tier");
+        // The step below the released one applies to every request.
+        let body = br#"{"model":"big","messages":[]}"#;
+        for _ in 0..2 {
+            let mut notes = Degraded::default();
+            assert!(d.rewrite(Tier::Agent, "big", body, &mut notes).is_some());
+            assert_eq!(notes.notes, ["reasoning=off"]);
+        }
+        // At level 1 released, the reasoning step itself passes every other request.
+        d.level.store(1, Ordering::Relaxed);
+        let rewritten: Vec<bool> = (0..4)
+            .map(|_| {
+                d.rewrite(Tier::Agent, "big", body, &mut Degraded::default())
+                    .is_some()
+            })
+            .collect();
+        assert_eq!(rewritten.iter().filter(|r| **r).count(), 2);
     }
 }

@@ -15,7 +15,7 @@
 
 mod apply;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,8 +29,6 @@ use sluice_core::degrade::{level_of, Ladder, Pressure, PruneBudget, ReasoningSwi
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
-
-pub use apply::Plan;
 
 use crate::admit::GatewayQueue;
 use crate::fleet::Fleet;
@@ -122,6 +120,11 @@ struct StepTier {
 pub struct Degrader {
     config: DegradationConfig,
     level: AtomicU8,
+    /// Half the requests pass the top level's step (`Ladder::released`).
+    released: AtomicBool,
+    /// Counts the requests the top level's step could apply to while released: every other one
+    /// passes it.
+    draws: AtomicU64,
     /// The last reading and the ladder's hold then, for `/admission`.
     last: parking_lot::Mutex<(Option<Pressure>, Duration)>,
     degraded: Family<StepTier, Counter>,
@@ -154,6 +157,8 @@ impl Degrader {
         Arc::new(Self {
             config,
             level: AtomicU8::new(0),
+            released: AtomicBool::new(false),
+            draws: AtomicU64::new(0),
             last: parking_lot::Mutex::new((None, hold)),
             degraded,
             level_gauge,
@@ -162,6 +167,20 @@ impl Degrader {
 
     pub fn level(&self) -> u8 {
         self.level.load(Ordering::Relaxed)
+    }
+
+    /// Whether this request passes the top level's step: while the level is released, every
+    /// other request the step would apply to.
+    fn passes_top_step(&self) -> bool {
+        self.released.load(Ordering::Relaxed) && self.draws.fetch_add(1, Ordering::Relaxed) % 2 == 0
+    }
+
+    /// Bit `l` set when level `l` has a configured step.
+    fn levels_with_steps(&self) -> u8 {
+        self.config
+            .steps
+            .iter()
+            .fold(0, |mask, s| mask | 1 << s.kind.level())
     }
 
     fn count(&self, step: &'static str, tier: Tier) {
@@ -178,6 +197,7 @@ impl Degrader {
         let (last, hold) = *self.last.lock();
         serde_json::json!({
             "level": self.level(),
+            "released": self.released.load(Ordering::Relaxed),
             "interval_secs": self.config.interval.as_secs_f64(),
             "shed_interval_secs": self.config.shed_interval.as_secs_f64(),
             "hold_secs": hold.as_secs_f64(),
@@ -198,7 +218,7 @@ impl Degrader {
         mut stop: watch::Receiver<bool>,
     ) {
         let (interval, shed) = (self.config.interval, self.config.shed_interval);
-        let mut ladder = Ladder::new(interval, shed, Instant::now());
+        let mut ladder = Ladder::new(interval, shed, self.levels_with_steps(), Instant::now());
         let every = interval.min(shed) / READINGS_PER_INTERVAL;
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -219,6 +239,13 @@ impl Degrader {
             let level = ladder.observe(level_of(&pressure, self.config.references), now);
             *self.last.lock() = (Some(pressure), ladder.hold());
             self.level.store(level, Ordering::Relaxed);
+            let released = ladder.released();
+            if self.released.swap(released, Ordering::Relaxed) != released && released {
+                info!(
+                    level,
+                    "degradation level released: half the requests pass its step"
+                );
+            }
             self.level_gauge.set(i64::from(level));
             if level != before {
                 info!(

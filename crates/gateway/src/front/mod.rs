@@ -153,7 +153,7 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
 /// What the degradation ladder did to a request, on its response.
 pub const DEGRADED: HeaderName = HeaderName::from_static("x-sluice-degraded");
 
-fn degraded_header(plan: &crate::degrade::Plan) -> Option<HeaderValue> {
+fn degraded_header(plan: &crate::context::Degraded) -> Option<HeaderValue> {
     if plan.notes.is_empty() {
         return None;
     }
