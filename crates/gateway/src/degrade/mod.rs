@@ -1,12 +1,13 @@
 //! The degradation ladder (seed 003; docs/degradation.md): under pressure, requests are asked to
 //! cost the engines less before anyone is refused.
 //!
-//! One task owns the level (`run`): it reads the pressure a few times an interval — the gateway
-//! queue's oldest wait, CoDel's state, the share of the fleet vetoed — and moves the level by
-//! `sluice_core::degrade::Ladder` (up at once, down a step per interval held). The request path
-//! reads the level from one atomic and asks `plan` which steps apply to its tier and model; a
-//! request none applies to is sent on byte for byte. The rewrites themselves are pure
-//! (`sluice_core::degrade::rewrite`).
+//! One task owns the level (`run`): it reads the pressure a few times an interval — each tier's
+//! oldest wait in the gateway queue, CoDel's state, the share of the worst-off model's workers
+//! vetoed — and moves the level by `sluice_core::degrade::Ladder` (up at once; down a step per
+//! hold, a level with a step of its own first released to half the requests). The request path
+//! reads the level and the release from two atomics and asks `shed`, `cascade` and `rewrite`
+//! which steps apply to its tier and model; a request none applies to is sent on byte for byte.
+//! The rewrites themselves are pure (`sluice_core::degrade::rewrite`).
 //!
 //! ## Layout
 //!
