@@ -24,9 +24,10 @@
 //! is damped against flapping: a level called back within the hold after it fell (the step was
 //! still carrying the load, and undoing it brought the pressure back) doubles the hold, up to 16
 //! intervals; each whole hold at level 0 halves it again, down to the interval. A level with a
-//! step of its own is undone in two halves: after its hold, half the requests pass its step
-//! (`released`), and only after another hold does it fall — so the load a step diverted comes
-//! back half at a time, and pressure at the half takes the release back.
+//! step of its own is undone a quarter at a time: after its hold, a quarter of the requests pass
+//! its step (`released`), after another a half, then three quarters, and only then does it fall
+//! — so the load a step diverted comes back a share at a time, and pressure back at any share
+//! takes the release back.
 
 use std::time::Duration;
 
@@ -101,14 +102,24 @@ const MAX_HOLD_INTERVALS: u32 = 16;
 /// The first level that refuses requests (hard shedding).
 pub const SHED_FROM: u8 = 5;
 
+/// A level with a step is undone in this many shares of its requests.
+pub const RELEASE_SHARES: u8 = 4;
+
+/// Whether the request drawn `draw`-th (a counter over the requests the top step applies to)
+/// passes the top level's step while `released` quarters of them do.
+pub fn passes_release(released: u8, draw: u64) -> bool {
+    draw % u64::from(RELEASE_SHARES) < u64::from(released)
+}
+
 /// The level in force, with hysteresis.
 #[derive(Debug, Clone)]
 pub struct Ladder {
     interval: Duration,
     /// Bit `l` set: level `l` has a step of its own, so it is released before it falls.
     steps: u8,
-    /// Half the requests pass the top level's step (a level is undone in two halves).
-    released: bool,
+    /// Quarters of the requests that pass the top level's step (a level is undone a quarter
+    /// at a time).
+    released: u8,
     /// How long a shedding level holds: refusing is the costliest step, so it is left sooner
     /// and never damped.
     shed_hold: Duration,
@@ -128,7 +139,7 @@ impl Ladder {
         Self {
             interval,
             steps,
-            released: false,
+            released: 0,
             shed_hold,
             hold: interval,
             level: 0,
@@ -141,8 +152,9 @@ impl Ladder {
         self.level
     }
 
-    /// Whether half the requests now pass the top level's step: the level is being undone.
-    pub fn released(&self) -> bool {
+    /// How many quarters of the requests now pass the top level's step (0: none; the level is
+    /// being undone otherwise).
+    pub fn released(&self) -> u8 {
         self.released
     }
 
@@ -162,21 +174,22 @@ impl Ladder {
 
     /// A reading that calls for `wanted` at `now`: the level rises to it at once. Once a level
     /// with a step of its own (not a shedding one) has held for its hold with no reading at or
-    /// above it, half the requests pass that step (`released`); after another such hold the
-    /// level falls a step. Levels without a step, and the shedding ones, fall at once.
+    /// above it, a quarter of the requests pass that step (`released`), then a half, then three
+    /// quarters, each after another such hold, and then the level falls a step. Levels without a
+    /// step, and the shedding ones, fall at once.
     pub fn observe(&mut self, wanted: u8, now: Instant) -> u8 {
         let wanted = wanted.min(MAX_LEVEL);
-        if wanted > self.level || (wanted == self.level && self.released) {
+        if wanted > self.level || (wanted == self.level && self.released > 0) {
             // Undoing (part of) a step brought the pressure back soon: the step was carrying
             // the load.
             let fell_soon = self
                 .fell_at
                 .take()
                 .is_some_and(|fell| now.saturating_duration_since(fell) < self.hold);
-            if self.released || fell_soon {
+            if self.released > 0 || fell_soon {
                 self.hold = (self.hold * 2).min(self.interval * MAX_HOLD_INTERVALS);
             }
-            self.released = false;
+            self.released = 0;
             self.level = wanted;
             self.since = now;
         } else if wanted == self.level && self.level > 0 {
@@ -187,12 +200,12 @@ impl Ladder {
                 self.hold = (self.hold / 2).max(self.interval);
             } else if self.level < SHED_FROM
                 && self.steps & (1 << self.level) != 0
-                && !self.released
+                && self.released < RELEASE_SHARES - 1
             {
-                self.released = true;
+                self.released += 1;
             } else {
                 self.level -= 1;
-                self.released = false;
+                self.released = 0;
                 self.fell_at = Some(now);
             }
             self.since = now;
@@ -348,33 +361,44 @@ mod tests {
             "a quality step holds longer"
         );
         assert_eq!(ladder.observe(0, t0 + 6000 * MS), 4);
-        assert!(ladder.released(), "and is undone in two halves");
-        assert_eq!(ladder.observe(0, t0 + 10_000 * MS), 3);
+        assert_eq!(ladder.released(), 1, "and is undone a quarter at a time");
+        assert_eq!(ladder.observe(0, t0 + 10_000 * MS), 4);
+        assert_eq!(ladder.observe(0, t0 + 14_000 * MS), 4);
+        assert_eq!(ladder.observe(0, t0 + 18_000 * MS), 3);
     }
 
     #[test]
-    fn a_level_with_a_step_is_undone_in_two_halves() {
+    fn a_level_with_a_step_is_undone_a_quarter_at_a_time() {
         let t0 = Instant::now();
         let interval = 1000 * MS;
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         // Steps at levels 1 and 2; none at 3.
         let mut ladder = Ladder::new(interval, interval, 0b110, t0);
         assert_eq!(ladder.observe(3, t0), 3);
         assert_eq!(
-            ladder.observe(0, t0 + 1000 * MS),
+            ladder.observe(0, at(1000)),
             2,
             "no step at 3: falls at once"
         );
-        assert!(!ladder.released());
-        assert_eq!(ladder.observe(0, t0 + 2000 * MS), 2);
-        assert!(ladder.released(), "half the requests pass the cascade");
-        assert_eq!(ladder.observe(0, t0 + 2999 * MS), 2);
-        assert_eq!(ladder.observe(0, t0 + 3000 * MS), 1, "then it falls");
-        assert!(!ladder.released());
+        assert_eq!(ladder.released(), 0);
+        for (ms, quarters) in [(2000, 1), (3000, 2), (4000, 3)] {
+            assert_eq!(ladder.observe(0, at(ms)), 2);
+            assert_eq!(ladder.released(), quarters, "at {ms} ms");
+        }
+        assert_eq!(ladder.observe(0, at(4999)), 2);
+        assert_eq!(ladder.observe(0, at(5000)), 1, "then it falls");
+        assert_eq!(ladder.released(), 0);
         // Pressure back at a released level: the release is taken back and the hold doubles.
-        assert_eq!(ladder.observe(0, t0 + 4000 * MS), 1);
-        assert!(ladder.released());
-        assert_eq!(ladder.observe(1, t0 + 4500 * MS), 1);
-        assert!(!ladder.released());
+        assert_eq!(ladder.observe(0, at(6000)), 1);
+        assert_eq!(ladder.released(), 1);
+        assert_eq!(ladder.observe(1, at(6500)), 1);
+        assert_eq!(ladder.released(), 0);
         assert_eq!(ladder.hold(), 2000 * MS);
+    }
+
+    #[test]
+    fn the_released_share_of_draws_passes() {
+        let passing = |released| (0..8).filter(|d| passes_release(released, *d)).count();
+        assert_eq!([0, 1, 2, 3].map(passing), [0, 2, 4, 6]);
     }
 }

@@ -156,15 +156,15 @@ mod tests {
     }
 
     #[test]
-    fn a_released_level_lets_every_other_request_pass_its_own_step_only() {
+    fn a_released_level_lets_its_share_of_requests_pass_its_own_step_only() {
         let d = ladder();
         d.level.store(2, Ordering::Relaxed);
         assert_eq!(d.cascade(Tier::Agent, "big"), Some("small"));
-        d.released.store(true, Ordering::Relaxed);
+        d.released.store(2, Ordering::Relaxed);
         let taken: Vec<bool> = (0..4)
             .map(|_| d.cascade(Tier::Agent, "big").is_some())
             .collect();
-        assert_eq!(taken, [false, true, false, true]);
+        assert_eq!(taken, [false, false, true, true], "half pass the cascade");
         assert_eq!(d.cascade(Tier::Interactive, "big"), None, "not its tier");
         // The step below the released one applies to every request.
         let body = br#"{"model":"big","messages":[]}"#;
@@ -173,7 +173,7 @@ mod tests {
             assert!(d.rewrite(Tier::Agent, "big", body, &mut notes).is_some());
             assert_eq!(notes.notes, ["reasoning=off"]);
         }
-        // At level 1 released, the reasoning step itself passes every other request.
+        // At level 1 released by a half, the reasoning step itself passes half the requests.
         d.level.store(1, Ordering::Relaxed);
         let rewritten: Vec<bool> = (0..4)
             .map(|_| {

@@ -4,8 +4,8 @@
 //! One task owns the level (`run`): it reads the pressure a few times an interval — each tier's
 //! oldest wait in the gateway queue, CoDel's state, the share of the worst-off model's workers
 //! vetoed — and moves the level by `sluice_core::degrade::Ladder` (up at once; down a step per
-//! hold, a level with a step of its own first released to half the requests). The request path
-//! reads the level and the release from two atomics and asks `shed`, `cascade` and `rewrite`
+//! hold, a level with a step of its own first released to a growing share of the requests). The
+//! request path reads the level and the release from two atomics and asks `shed`, `cascade` and `rewrite`
 //! which steps apply to its tier and model; a request none applies to is sent on byte for byte.
 //! The rewrites themselves are pure (`sluice_core::degrade::rewrite`).
 //!
@@ -16,7 +16,7 @@
 
 mod apply;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use sluice_core::admission::Tier;
-use sluice_core::degrade::{level_of, Ladder, Pressure, PruneBudget, ReasoningSwitch};
+use sluice_core::degrade::{
+    level_of, passes_release, Ladder, Pressure, PruneBudget, ReasoningSwitch,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
@@ -121,10 +123,10 @@ struct StepTier {
 pub struct Degrader {
     config: DegradationConfig,
     level: AtomicU8,
-    /// Half the requests pass the top level's step (`Ladder::released`).
-    released: AtomicBool,
-    /// Counts the requests the top level's step could apply to while released: every other one
-    /// passes it.
+    /// Quarters of the requests that pass the top level's step (`Ladder::released`).
+    released: AtomicU8,
+    /// Counts the requests the top level's step could apply to while released
+    /// (`passes_release`).
     draws: AtomicU64,
     /// The last reading and the ladder's hold then, for `/admission`.
     last: parking_lot::Mutex<(Option<Pressure>, Duration)>,
@@ -158,7 +160,7 @@ impl Degrader {
         Arc::new(Self {
             config,
             level: AtomicU8::new(0),
-            released: AtomicBool::new(false),
+            released: AtomicU8::new(0),
             draws: AtomicU64::new(0),
             last: parking_lot::Mutex::new((None, hold)),
             degraded,
@@ -170,10 +172,11 @@ impl Degrader {
         self.level.load(Ordering::Relaxed)
     }
 
-    /// Whether this request passes the top level's step: while the level is released, every
-    /// other request the step would apply to.
+    /// Whether this request passes the top level's step: while the level is released, the
+    /// released share of the requests the step would apply to.
     fn passes_top_step(&self) -> bool {
-        self.released.load(Ordering::Relaxed) && self.draws.fetch_add(1, Ordering::Relaxed) % 2 == 0
+        let released = self.released.load(Ordering::Relaxed);
+        released > 0 && passes_release(released, self.draws.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Bit `l` set when level `l` has a configured step.
@@ -198,7 +201,7 @@ impl Degrader {
         let (last, hold) = *self.last.lock();
         serde_json::json!({
             "level": self.level(),
-            "released": self.released.load(Ordering::Relaxed),
+            "released_quarters": self.released.load(Ordering::Relaxed),
             "interval_secs": self.config.interval.as_secs_f64(),
             "shed_interval_secs": self.config.shed_interval.as_secs_f64(),
             "hold_secs": hold.as_secs_f64(),
@@ -241,10 +244,11 @@ impl Degrader {
             *self.last.lock() = (Some(pressure), ladder.hold());
             self.level.store(level, Ordering::Relaxed);
             let released = ladder.released();
-            if self.released.swap(released, Ordering::Relaxed) != released && released {
+            if self.released.swap(released, Ordering::Relaxed) < released {
                 info!(
                     level,
-                    "degradation level released: half the requests pass its step"
+                    released_quarters = released,
+                    "degradation level released: a share of the requests pass its step"
                 );
             }
             self.level_gauge.set(i64::from(level));
