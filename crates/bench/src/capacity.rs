@@ -143,6 +143,7 @@ fn virtual_level(engine: &EngineConfig, plan: &CapacityPlan, concurrency: u32) -
             prompt_tokens: shape.prompt_tokens.min(engine.max_model_len - 1),
             output_tokens: shape.output_tokens,
             finish: FinishReason::Length,
+            prefix: std::sync::Arc::from([]),
         });
         arrivals.insert(id, (now, false));
     };

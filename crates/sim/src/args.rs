@@ -101,6 +101,10 @@ pub struct EngineArgs {
     /// Require `Authorization: Bearer <key>` on the OpenAI routes.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Turn off automatic prefix caching (on by default, as in vLLM V1): every prompt is
+    /// prefilled whole, even when its leading blocks were computed before.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
 }
 
 impl EngineArgs {
@@ -145,6 +149,7 @@ impl EngineArgs {
         cfg.request_queue_limit = self.request_queue_limit;
         cfg.api_key = self.api_key.clone();
         cfg.watermark = self.kv_watermark;
+        cfg.prefix_caching = !self.no_prefix_caching;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -63,6 +63,8 @@ pub struct EngineConfig {
     pub watermark: f64,
     /// `--reasoning`: the model thinks about this many tokens (median) before it answers.
     pub reasoning: Option<u32>,
+    /// Automatic prefix caching, on by default as in vLLM V1 (`--no-prefix-caching`).
+    pub prefix_caching: bool,
 }
 
 /// A setting that cannot work, named so the user knows which flag to fix.
@@ -111,6 +113,7 @@ impl EngineConfig {
             api_key: None,
             watermark: DEFAULT_WATERMARK,
             reasoning: None,
+            prefix_caching: true,
             profile,
         }
     }

@@ -123,6 +123,11 @@ pub struct EngineState {
     pub tokens_generated: u64,
     pub tokens_delivered: u64,
     pub wasted_tokens: u64,
+    /// Compute spent on the requests it holds now: wasted if the process is killed.
+    pub work_in_flight: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found there.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
     pub steps: u64,
     pub late_steps: u64,
     /// Requests inside the worker-side cap, when `--engine-request-limit` is set.
@@ -272,6 +277,9 @@ impl EngineSlot {
             tokens_generated: load(&t.tokens_generated),
             tokens_delivered: load(&t.tokens_delivered),
             wasted_tokens: load(&t.wasted_tokens),
+            work_in_flight: sum(|r| r.work_in_flight),
+            prefix_queries: load(&t.prefix_queries),
+            prefix_hits: load(&t.prefix_hits),
             steps: load(&t.steps),
             late_steps: load(&t.late_steps),
             engine_requests: gate.map(|g| g.0),

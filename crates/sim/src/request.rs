@@ -1,10 +1,15 @@
 //! OpenAI request bodies as the engine reads them: how many prompt tokens, how many choices,
 //! how long each answer will be, and how it is streamed.
 //!
-//! Prompt tokens are counted exactly from token-id arrays and by a fixed rule from text (one token
-//! per 4 bytes, plus a few tokens of chat template per message). An answer's natural length is
+//! Prompt tokens are taken from token-id arrays and made from text by a fixed rule: one token per
+//! 4 bytes (the bytes themselves are its id), plus a few tokens of chat template around each
+//! message. The ids matter only for prefix caching: two prompts that share a system prompt or a
+//! conversation's history share their leading tokens, as a real tokenizer would make them share
+//! (a message is tokenized on its own, so what follows it cannot change its tokens). An answer's natural length is
 //! drawn from a log-normal around the profile's median, seeded by the engine seed and the request
 //! itself, so the same request to the same engine always gets the same answer.
+
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
@@ -15,9 +20,11 @@ use crate::scheduler::FinishReason;
 
 /// Bytes of text per prompt token.
 pub const BYTES_PER_TOKEN: usize = 4;
-/// Template tokens around each chat message, and to prime the assistant's turn.
-const TOKENS_PER_MESSAGE: u32 = 4;
-const TOKENS_TO_PRIME_REPLY: u32 = 3;
+/// Template tokens around each chat message (two before, two after), and to prime the
+/// assistant's turn; ids above any 4-byte text token's that real text would make.
+const MESSAGE_OPEN: [u32; 2] = [0xFFFF_FF00, 0xFFFF_FF01];
+const MESSAGE_CLOSE: [u32; 2] = [0xFFFF_FF02, 0xFFFF_FF03];
+const PRIME_REPLY: [u32; 3] = [0xFFFF_FF00, 0xFFFF_FF04, 0xFFFF_FF01];
 /// Spread of the natural answer length (sigma of its logarithm).
 const OUTPUT_LEN_SIGMA: f64 = 0.9;
 
@@ -103,11 +110,12 @@ struct Body {
     thinking: crate::reasoning::ThinkingFields,
 }
 
-/// One prompt of a request: its size and a fingerprint of its content.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One prompt of a request: its size, its token ids and a fingerprint of its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prompt {
     pub tokens: u32,
     pub fingerprint: u64,
+    pub ids: Arc<[u32]>,
 }
 
 /// A parsed generation request.
@@ -140,8 +148,17 @@ fn fingerprint(bytes: &[u8], state: u64) -> u64 {
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
-fn text_tokens(bytes: usize) -> u32 {
-    u32::try_from(bytes.div_ceil(BYTES_PER_TOKEN)).unwrap_or(u32::MAX)
+/// Text's tokens: each 4 bytes (the last padded with zeros) is one token, its id those bytes.
+fn text_ids(bytes: &[u8], ids: &mut Vec<u32>) {
+    ids.extend(bytes.chunks(BYTES_PER_TOKEN).map(|chunk| {
+        let mut id = [0u8; BYTES_PER_TOKEN];
+        id[..chunk.len()].copy_from_slice(chunk);
+        u32::from_le_bytes(id)
+    }));
+}
+
+fn count(ids: &[u32]) -> u32 {
+    u32::try_from(ids.len()).unwrap_or(u32::MAX)
 }
 
 fn chat_prompt(messages: &[Message]) -> Result<Prompt, RequestError> {
@@ -151,27 +168,31 @@ fn chat_prompt(messages: &[Message]) -> Result<Prompt, RequestError> {
             rule: "a non-empty list",
         });
     }
-    let mut tokens = TOKENS_TO_PRIME_REPLY;
+    let mut ids = Vec::new();
     let mut hash = FNV_OFFSET;
+    let mut text = Vec::new();
     for message in messages {
-        let mut bytes = message.role.len();
+        text.clear();
+        text.extend_from_slice(message.role.as_bytes());
         hash = fingerprint(message.role.as_bytes(), hash);
-        let texts: Vec<&str> = match &message.content {
+        let parts: Vec<&str> = match &message.content {
             None => vec![],
             Some(Content::Text(text)) => vec![text.as_str()],
             Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
         };
-        for text in texts {
-            bytes += text.len();
-            hash = fingerprint(text.as_bytes(), hash);
+        for part in parts {
+            text.extend_from_slice(part.as_bytes());
+            hash = fingerprint(part.as_bytes(), hash);
         }
-        tokens = tokens
-            .saturating_add(TOKENS_PER_MESSAGE)
-            .saturating_add(text_tokens(bytes));
+        ids.extend_from_slice(&MESSAGE_OPEN);
+        text_ids(&text, &mut ids);
+        ids.extend_from_slice(&MESSAGE_CLOSE);
     }
+    ids.extend_from_slice(&PRIME_REPLY);
     Ok(Prompt {
-        tokens,
+        tokens: count(&ids),
         fingerprint: hash,
+        ids: ids.into(),
     })
 }
 
@@ -180,15 +201,19 @@ fn token_prompt(ids: &[u32]) -> Prompt {
         .iter()
         .fold(FNV_OFFSET, |h, id| fingerprint(&id.to_le_bytes(), h));
     Prompt {
-        tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        tokens: count(ids),
         fingerprint: hash,
+        ids: ids.into(),
     }
 }
 
 fn text_prompt(text: &str) -> Prompt {
+    let mut ids = Vec::with_capacity(text.len().div_ceil(BYTES_PER_TOKEN));
+    text_ids(text.as_bytes(), &mut ids);
     Prompt {
-        tokens: text_tokens(text.len()),
+        tokens: count(&ids),
         fingerprint: fingerprint(text.as_bytes(), FNV_OFFSET),
+        ids: ids.into(),
     }
 }
 
@@ -314,6 +339,7 @@ impl GenerationRequest {
                 let output_tokens = output_tokens.max(1);
                 thinking.push(thought.min(output_tokens));
                 out.push(SeqSpec {
+                    prompt: prompt.ids.clone(),
                     prompt_tokens: prompt.tokens,
                     output_tokens,
                     finish,

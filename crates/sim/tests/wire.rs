@@ -420,3 +420,81 @@ async fn one_fleet_serves_two_models_of_different_profiles() {
     assert_eq!(served, ["big", "small", "small"]);
     assert_eq!(fleet.engines()[2].config().profile.name, "llama3-8b-h100");
 }
+
+/// Two chats with the same long system prompt and different questions.
+async fn two_chats_sharing_a_system_prompt(c: &HttpClient, base: &str) {
+    let system = "You are a careful assistant. ".repeat(40);
+    for question in ["What is a KV cache?", "Why share a prefix?"] {
+        let body = json!({"model": "test-model", "max_tokens": 2, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": question}]});
+        let answer = post(c, &format!("{base}/v1/chat/completions"), &body.to_string()).await;
+        assert_eq!(answer.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn vllm_counts_prefix_cache_queries_and_hits_in_tokens() {
+    let fleet = fleet(instant(Flavor::Vllm)).await;
+    let base = &fleet.urls()[0];
+    let c = client();
+    two_chats_sharing_a_system_prompt(&c, base).await;
+    let metrics = parse_metrics(&get(&c, &format!("{base}/metrics")).await.text());
+    let queries = value_of(&metrics, "vllm:prefix_cache_queries_total", "engine", "0").unwrap();
+    let hits = value_of(&metrics, "vllm:prefix_cache_hits_total", "engine", "0").unwrap();
+    // "system" + 1,160 bytes = 292 tokens after 2 of template: 18 full blocks of 16 are shared.
+    assert_eq!(hits, 18.0 * 16.0);
+    assert!(
+        queries > 2.0 * 294.0,
+        "both prompts are looked up whole: {queries}"
+    );
+    assert_eq!(
+        value_of(
+            &metrics,
+            "vllm:cache_config_info",
+            "enable_prefix_caching",
+            "True"
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn sglang_reports_its_cache_hit_rate_and_an_engine_without_prefix_caching_hits_nothing() {
+    let sglang = fleet(instant(Flavor::Sglang)).await;
+    let base = &sglang.urls()[0];
+    let c = client();
+    two_chats_sharing_a_system_prompt(&c, base).await;
+    let loads = get(&c, &format!("{base}/v1/loads")).await.json();
+    let rate = loads["loads"][0]["cache_hit_rate"].as_f64().unwrap();
+    assert!(
+        rate > 0.4 && rate < 0.5,
+        "288 of about 600 prompt tokens: {rate}"
+    );
+    let legacy = get(&c, &format!("{base}/get_load")).await.json();
+    assert_eq!(legacy[0]["cache_hit_rate"].as_f64(), Some(rate));
+    let metrics = parse_metrics(&get(&c, &format!("{base}/metrics")).await.text());
+    assert_eq!(
+        value_of(&metrics, "sglang:cache_hit_rate", "engine", "0"),
+        Some(rate)
+    );
+
+    let mut cfg = instant(Flavor::Vllm);
+    cfg.prefix_caching = false;
+    let off = fleet(cfg).await;
+    let base = &off.urls()[0];
+    two_chats_sharing_a_system_prompt(&c, base).await;
+    let metrics = parse_metrics(&get(&c, &format!("{base}/metrics")).await.text());
+    assert_eq!(
+        value_of(&metrics, "vllm:prefix_cache_hits_total", "engine", "0"),
+        Some(0.0)
+    );
+    assert_eq!(
+        value_of(
+            &metrics,
+            "vllm:cache_config_info",
+            "enable_prefix_caching",
+            "False"
+        ),
+        Some(1.0)
+    );
+}

@@ -18,11 +18,16 @@ use crate::client::HttpClient;
 use crate::overhead::{free_ports, loopback, wait_until_serving};
 use crate::procs::{Launch, Proc};
 
-/// Engine totals that show wasted work, and whether the engines kept their clock.
+/// Engine totals that show wasted work, prefix caching, and whether the engines kept their clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct EngineTotals {
     pub preemptions: u64,
+    /// Work thrown away: aborted and recomputed requests', and that of the requests an engine
+    /// held when it was killed.
     pub wasted_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found there.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
     pub aborted: u64,
     pub steps: u64,
     /// Steps that ended after their simulated time: this machine, not the engine model, set the
@@ -36,6 +41,8 @@ impl EngineTotals {
         Self {
             preemptions: read("preemptions"),
             wasted_tokens: read("wasted_tokens"),
+            prefix_queries: read("prefix_queries"),
+            prefix_hits: read("prefix_hits"),
             aborted: read("aborted"),
             steps: read("steps"),
             late_steps: read("late_steps"),
@@ -46,6 +53,8 @@ impl EngineTotals {
         Self {
             preemptions: f(self.preemptions, other.preemptions),
             wasted_tokens: f(self.wasted_tokens, other.wasted_tokens),
+            prefix_queries: f(self.prefix_queries, other.prefix_queries),
+            prefix_hits: f(self.prefix_hits, other.prefix_hits),
             aborted: f(self.aborted, other.aborted),
             steps: f(self.steps, other.steps),
             late_steps: f(self.late_steps, other.late_steps),
@@ -190,12 +199,15 @@ impl SimFleet {
         Ok(())
     }
 
-    /// SIGKILL to engine `i`: its connections reset and its port refuses.
+    /// SIGKILL to engine `i`: its connections reset and its port refuses. The work it held
+    /// (by its last report, read just before) is lost with the process: it counts as wasted.
     pub async fn kill(&mut self, i: usize) {
         let state = self.state(i).await;
         let engine = &mut self.engines[i];
         if let Some(state) = state {
-            engine.before_kill = engine.before_kill.plus(EngineTotals::of(&state));
+            let mut totals = EngineTotals::of(&state);
+            totals.wasted_tokens += state["work_in_flight"].as_u64().unwrap_or(0);
+            engine.before_kill = engine.before_kill.plus(totals);
         }
         if let Some(proc) = engine.proc.take() {
             proc.kill().await;

@@ -94,6 +94,7 @@ pub(super) async fn sglang_health(State(st): State<Arc<ApiState>>) -> StatusCode
         return StatusCode::OK;
     }
     let probe = [SeqSpec {
+        prompt: Arc::from([]),
         prompt_tokens: 1,
         output_tokens: 1,
         finish: FinishReason::Length,
@@ -138,7 +139,7 @@ fn sglang_rank_load(
         "max_total_num_tokens": total_tokens,
         "token_usage": usage,
         "gen_throughput": view.gen_throughput,
-        "cache_hit_rate": 0.0,
+        "cache_hit_rate": view.cache_hit_rate,
         "max_running_requests": cfg.max_num_seqs,
     })
 }
@@ -199,6 +200,7 @@ pub(super) async fn sglang_get_load(State(st): State<Arc<ApiState>>) -> Response
                 "num_reqs": running + waiting,
                 "num_waiting_reqs": waiting,
                 "num_tokens": (usage * total_tokens as f64).round() as u64,
+                "cache_hit_rate": view.cache_hit_rate,
             })
         })
         .collect();

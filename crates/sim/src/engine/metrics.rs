@@ -104,6 +104,9 @@ pub struct EngineMetrics {
     kv_usage: Family<RankLabels, FloatGauge>,
     used_tokens: Family<RankLabels, FloatGauge>,
     gen_throughput: Family<RankLabels, FloatGauge>,
+    cache_hit_rate: Family<RankLabels, FloatGauge>,
+    prefix_queries: Family<RankLabels, FloatCounter>,
+    prefix_hits: Family<RankLabels, FloatCounter>,
     preemptions: Family<RankLabels, FloatCounter>,
     prompt_tokens: Family<RankLabels, FloatCounter>,
     generation_tokens: Family<RankLabels, FloatCounter>,
@@ -127,7 +130,7 @@ impl EngineMetrics {
             })
             .collect();
         let histograms = || Histograms::new_with_constructor(latency_histogram as fn() -> _);
-        let m = Self {
+        let mut m = Self {
             registry: Registry::default(),
             counters: vec![
                 names.preemptions,
@@ -142,6 +145,9 @@ impl EngineMetrics {
             kv_usage: Family::default(),
             used_tokens: Family::default(),
             gen_throughput: Family::default(),
+            cache_hit_rate: Family::default(),
+            prefix_queries: Family::default(),
+            prefix_hits: Family::default(),
             preemptions: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
@@ -204,7 +210,8 @@ impl EngineMetrics {
                     info.get_or_create(&CacheConfigLabels {
                         block_size: cfg.block_size.to_string(),
                         num_gpu_blocks: cfg.num_gpu_blocks.to_string(),
-                        enable_prefix_caching: "False".into(),
+                        enable_prefix_caching: if cfg.prefix_caching { "True" } else { "False" }
+                            .into(),
                         gpu_memory_utilization: "0.9".into(),
                         engine: rank.to_string(),
                     })
@@ -215,6 +222,18 @@ impl EngineMetrics {
                     "Information of the KV cache config",
                     info,
                 );
+                reg.register(
+                    "vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    m.prefix_queries.clone(),
+                );
+                reg.register(
+                    "vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    m.prefix_hits.clone(),
+                );
+                m.counters
+                    .extend(["vllm:prefix_cache_queries", "vllm:prefix_cache_hits"]);
             }
             Flavor::Sglang => {
                 reg.register(
@@ -226,6 +245,11 @@ impl EngineMetrics {
                     "sglang:gen_throughput",
                     "Generation throughput (tokens/s)",
                     m.gen_throughput.clone(),
+                );
+                reg.register(
+                    "sglang:cache_hit_rate",
+                    "The prefix cache hit rate",
+                    m.cache_hit_rate.clone(),
                 );
             }
         }
@@ -270,6 +294,15 @@ impl EngineMetrics {
             .inc_by(preemptions as f64);
     }
 
+    /// Adds prompt tokens looked up in the prefix cache and those found there.
+    pub fn prefix_lookups(&self, rank: usize, queries: u64, hits: u64) {
+        let labels = self.rank(rank);
+        self.prefix_queries
+            .get_or_create(labels)
+            .inc_by(queries as f64);
+        self.prefix_hits.get_or_create(labels).inc_by(hits as f64);
+    }
+
     /// The Prometheus text for the ranks' current state, with any pinned report applied.
     pub fn render(&self, ranks: &[RankView], pinned: &[PinnedLoad]) -> String {
         for (i, view) in ranks.iter().enumerate() {
@@ -288,6 +321,9 @@ impl EngineMetrics {
             self.gen_throughput
                 .get_or_create(labels)
                 .set(view.gen_throughput);
+            self.cache_hit_rate
+                .get_or_create(labels)
+                .set(view.cache_hit_rate);
         }
         let mut open_metrics = String::new();
         // Writing into a String cannot fail.

@@ -22,6 +22,7 @@ pub use stats::{RankGauges, RankView, Totals};
 
 use crate::config::EngineConfig;
 use crate::faults::FaultSet;
+use crate::scheduler::prefix::block_hashes;
 use crate::scheduler::{FinishReason, NewSeq, Scheduler, SeqId};
 use rank::{RankCommand, RankContext, Subscriber};
 
@@ -39,8 +40,10 @@ pub enum EventKind {
 }
 
 /// One choice to generate.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SeqSpec {
+    /// The prompt's token ids, for the prefix cache (empty: nothing to share).
+    pub prompt: Arc<[u32]>,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
     pub finish: FinishReason,
@@ -191,13 +194,17 @@ impl Engine {
         let commands = self.ranks[rank].commands.clone();
         let arrived = Instant::now();
         let mut ids = Vec::with_capacity(choices.len());
+        // The choices of one prompt share its tokens: hash them once.
+        let mut hashed = PromptHashes::default();
         for (choice, spec) in choices.iter().enumerate() {
             let id = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
+            let prefix = hashed.of(&spec.prompt, self.cfg.prefix_caching, self.cfg.block_size);
             let seq = NewSeq {
                 id,
                 prompt_tokens: spec.prompt_tokens,
                 output_tokens: spec.output_tokens,
                 finish: spec.finish,
+                prefix,
             };
             let subscriber = Subscriber {
                 events: tx.clone(),
@@ -267,5 +274,31 @@ pub struct LoadGuard(Arc<AtomicU64>);
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The block hashes of the last prompt seen, so the `n` choices of one request
+/// hash its tokens once.
+#[derive(Default)]
+struct PromptHashes {
+    tokens: Option<Arc<[u32]>>,
+    hashes: Option<Arc<[u64]>>,
+}
+
+impl PromptHashes {
+    fn of(&mut self, prompt: &Arc<[u32]>, caching: bool, block_size: u32) -> Arc<[u64]> {
+        if let (Some(tokens), Some(hashes)) = (&self.tokens, &self.hashes) {
+            if Arc::ptr_eq(tokens, prompt) {
+                return hashes.clone();
+            }
+        }
+        let prefix: Arc<[u64]> = if caching {
+            block_hashes(prompt, block_size).into()
+        } else {
+            Arc::from([])
+        };
+        self.tokens = Some(prompt.clone());
+        self.hashes = Some(prefix.clone());
+        prefix
     }
 }

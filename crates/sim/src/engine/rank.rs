@@ -95,15 +95,43 @@ impl Pacer {
     }
 }
 
-/// One-second window for SGLang's `gen_throughput`.
+/// Prompt tokens SGLang's `cache_hit_rate` is taken over, about: past it, the older half is
+/// forgotten, so the rate follows the traffic of the last minutes and does not wait on a clock.
+const HIT_RATE_TOKENS: u64 = 1 << 16;
+
+/// A one-second window for SGLang's `gen_throughput`, and the recent prompt tokens for its
+/// `cache_hit_rate`.
 struct Throughput {
     since: Instant,
     tokens: u64,
     rate: f64,
+    queried: u64,
+    hit: u64,
+    hit_rate: f64,
 }
 
 impl Throughput {
-    fn add(&mut self, tokens: u64, now: Instant) {
+    fn new() -> Self {
+        Self {
+            since: Instant::now(),
+            tokens: 0,
+            rate: 0.0,
+            queried: 0,
+            hit: 0,
+            hit_rate: 0.0,
+        }
+    }
+
+    fn add(&mut self, tokens: u64, queried: u64, hit: u64, now: Instant) {
+        self.queried += queried;
+        self.hit += hit;
+        if self.queried > 0 {
+            self.hit_rate = self.hit as f64 / self.queried as f64;
+        }
+        if self.queried > HIT_RATE_TOKENS {
+            self.queried /= 2;
+            self.hit /= 2;
+        }
         self.tokens += tokens;
         let elapsed = now - self.since;
         if elapsed >= Duration::from_secs(1) {
@@ -122,11 +150,7 @@ pub(crate) async fn run(
     let mut subscribers: HashMap<SeqId, Subscriber> = HashMap::new();
     let mut pacer = Pacer::new(ctx.time_scale);
     let mut published = scheduler.counters();
-    let mut throughput = Throughput {
-        since: Instant::now(),
-        tokens: 0,
-        rate: 0.0,
-    };
+    let mut throughput = Throughput::new();
     publish(&scheduler, &ctx, &mut published, &mut throughput);
     loop {
         // Apply whatever arrived during the last step.
@@ -255,8 +279,15 @@ fn publish(
         now.tokens_generated - published.tokens_generated,
         now.preemptions - published.preemptions,
     );
+    let (queried, hit) = (
+        now.prefix_queries - published.prefix_queries,
+        now.prefix_hits - published.prefix_hits,
+    );
+    ctx.metrics.prefix_lookups(ctx.index, queried, hit);
     throughput.add(
         now.tokens_generated - published.tokens_generated,
+        queried,
+        hit,
         Instant::now(),
     );
     *published = now;
@@ -268,7 +299,9 @@ fn publish(
         kv_blocks_used: u64::from(pool.used()),
         kv_blocks_total: u64::from(pool.total()),
         pending_prefill_tokens: scheduler.pending_prefill_tokens(),
+        work_in_flight: scheduler.work_in_flight(),
         gen_throughput: throughput.rate,
+        cache_hit_rate: throughput.hit_rate,
     });
     ctx.published.notify_waiters();
 }

@@ -20,8 +20,12 @@ pub struct RankGauges {
     pub kv_blocks_total: AtomicU64,
     /// Prompt tokens not yet prefilled (waiting or running).
     pub pending_prefill_tokens: AtomicU64,
+    /// Compute spent on the live sequences (lost if the process dies now).
+    pub work_in_flight: AtomicU64,
     /// Tokens generated per second over the last second, as an f64's bits.
     pub gen_throughput_bits: AtomicU64,
+    /// Share of recently admitted prompt tokens found in the prefix cache, as an f64's bits.
+    pub cache_hit_rate_bits: AtomicU64,
 }
 
 /// A consistent-enough copy of one rank's gauges.
@@ -33,7 +37,10 @@ pub struct RankView {
     pub kv_blocks_used: u64,
     pub kv_blocks_total: u64,
     pub pending_prefill_tokens: u64,
+    pub work_in_flight: u64,
     pub gen_throughput: f64,
+    /// SGLang's `cache_hit_rate`: of the prompt tokens admitted lately, the share found cached.
+    pub cache_hit_rate: f64,
 }
 
 impl RankView {
@@ -56,7 +63,9 @@ impl RankGauges {
             kv_blocks_used: load(&self.kv_blocks_used),
             kv_blocks_total: load(&self.kv_blocks_total),
             pending_prefill_tokens: load(&self.pending_prefill_tokens),
+            work_in_flight: load(&self.work_in_flight),
             gen_throughput: f64::from_bits(load(&self.gen_throughput_bits)),
+            cache_hit_rate: f64::from_bits(load(&self.cache_hit_rate_bits)),
         }
     }
 
@@ -68,7 +77,9 @@ impl RankGauges {
         store(&self.kv_blocks_used, view.kv_blocks_used);
         store(&self.kv_blocks_total, view.kv_blocks_total);
         store(&self.pending_prefill_tokens, view.pending_prefill_tokens);
+        store(&self.work_in_flight, view.work_in_flight);
         store(&self.gen_throughput_bits, view.gen_throughput.to_bits());
+        store(&self.cache_hit_rate_bits, view.cache_hit_rate.to_bits());
     }
 }
 
@@ -85,6 +96,9 @@ pub struct Totals {
     /// Tokens handed to a client that was still listening.
     pub tokens_delivered: AtomicU64,
     pub wasted_tokens: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache at admission, and those found there.
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
     /// Requests refused by the engine itself (queue full, at capacity, injected errors).
     pub rejected: AtomicU64,
     /// Steps the engine loop started later than the modelled clock wanted by more than a
@@ -115,5 +129,11 @@ impl Totals {
             before.tokens_generated,
         );
         add(&self.wasted_tokens, now.wasted_tokens, before.wasted_tokens);
+        add(
+            &self.prefix_queries,
+            now.prefix_queries,
+            before.prefix_queries,
+        );
+        add(&self.prefix_hits, now.prefix_hits, before.prefix_hits);
     }
 }

@@ -5,14 +5,17 @@
 //! then the waiting queue, all within `max_num_batched_tokens` and `max_num_seqs`. A request is
 //! admitted only when the free KV blocks cover its whole prompt plus a watermark; decoding takes a
 //! new block every `block_size` tokens, and when none is free a victim chosen by the eviction
-//! policy is preempted (recompute, swap or truncate). The step's cost comes from the step-time model
-//! `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read (+ PCIe transfers)`.
+//! policy is preempted (recompute, swap or truncate). With prefix caching, an admitted prompt's
+//! leading blocks already in the cache are shared instead of prefilled (`prefix`). The step's cost
+//! comes from the step-time model `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read (+ PCIe
+//! transfers)`, so a cached block costs no prefill.
 //!
 //! Nothing here knows about time passing or HTTP: the engine loop calls `step`, waits the returned
 //! duration, and delivers the returned events. That keeps every scheduling decision testable on a
 //! plain `for` loop.
 
 mod blocks;
+pub mod prefix;
 mod seq;
 #[cfg(test)]
 mod tests;
@@ -23,6 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use blocks::{blocks_for, BlockPool};
+use prefix::{Acquired, PrefixCache};
 pub use seq::{FinishReason, NewSeq, Phase, Seq, SeqId};
 
 /// What happens to a running request evicted to free KV blocks.
@@ -116,6 +120,10 @@ pub struct Counters {
     pub tokens_generated: u64,
     /// Prefill and decode work spent on requests later aborted, or recomputed after preemption.
     pub wasted_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache at admission (vLLM's
+    /// `prefix_cache_queries`), and those found there (`prefix_cache_hits`).
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +137,7 @@ enum Work {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     pool: BlockPool,
+    cache: PrefixCache,
     seqs: HashMap<SeqId, Seq>,
     /// The running batch, in admission order.
     running: Vec<SeqId>,
@@ -146,6 +155,7 @@ impl Scheduler {
         Self {
             cfg,
             pool,
+            cache: PrefixCache::default(),
             seqs: HashMap::new(),
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -169,12 +179,12 @@ impl Scheduler {
     /// Removes a sequence wherever it is and frees its blocks; its work so far is wasted.
     /// Returns false when the sequence is unknown (already finished).
     pub fn abort(&mut self, id: SeqId) -> bool {
-        let Some(seq) = self.seqs.remove(&id) else {
+        let Some(mut seq) = self.seqs.remove(&id) else {
             return false;
         };
         match seq.phase {
             Phase::Running => {
-                self.pool.give_back(seq.blocks);
+                return_blocks(&mut self.pool, &mut self.cache, &mut seq);
                 self.running.retain(|r| *r != id);
             }
             Phase::Waiting => self.waiting.retain(|r| *r != id),
@@ -201,6 +211,10 @@ impl Scheduler {
         &self.pool
     }
 
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
     pub fn counters(&self) -> Counters {
         self.counters
     }
@@ -222,6 +236,11 @@ impl Scheduler {
     /// Sequences in the running batch, in admission order.
     pub fn running(&self) -> impl Iterator<Item = &Seq> {
         self.running.iter().filter_map(|id| self.seqs.get(id))
+    }
+
+    /// Compute (tokens) spent on the live sequences: what a crash now would waste.
+    pub fn work_in_flight(&self) -> u64 {
+        self.seqs.values().map(|s| s.work).sum()
     }
 
     /// Prompt tokens not yet prefilled, waiting or running (Dynamo's `active_prefill_tokens`).
@@ -280,7 +299,7 @@ impl Scheduler {
                 continue;
             }
             let need = blocks_for(seq.computed + 1, self.cfg.block_size).saturating_sub(seq.blocks);
-            if need == 0 || self.pool.try_take(need) {
+            if need == 0 || take_blocks(&mut self.pool, &mut self.cache, need) {
                 seq.blocks += need;
                 *budget -= 1;
                 plan.push((id, Work::Decode));
@@ -326,7 +345,8 @@ impl Scheduler {
         let Some(seq) = self.seqs.get_mut(&id) else {
             return;
         };
-        self.pool.give_back(seq.blocks);
+        let held = seq.blocks;
+        return_blocks(&mut self.pool, &mut self.cache, seq);
         match self.cfg.preemption {
             Preemption::Recompute => {
                 self.counters.wasted_tokens += seq.work;
@@ -339,6 +359,8 @@ impl Scheduler {
                 events.push(SeqEvent::Preempted(id));
             }
             Preemption::Swap => {
+                // Its copy in host memory is its own; the cached blocks stay behind, evictable.
+                seq.blocks = held;
                 *transferred_blocks += seq.blocks;
                 seq.phase = Phase::Swapped;
                 self.swapped.push_back(id);
@@ -380,7 +402,9 @@ impl Scheduler {
                 }
             };
             let need = seq.blocks + extra;
-            if self.pool.free() < need + self.cfg.watermark_blocks || !self.pool.try_take(need) {
+            if self.pool.free() < need + self.cfg.watermark_blocks
+                || !take_blocks(&mut self.pool, &mut self.cache, need)
+            {
                 break;
             }
             *transferred_blocks += seq.blocks;
@@ -409,9 +433,25 @@ impl Scheduler {
                 continue;
             };
             let need = blocks_for(seq.prefill_target, self.cfg.block_size);
-            if self.pool.free() < need + self.cfg.watermark_blocks || !self.pool.try_take(need) {
+            // At least the last prompt token is computed, as in vLLM, even on a full hit.
+            let hashed = (seq.prefill_target.saturating_sub(1) / self.cfg.block_size.max(1))
+                .min(seq.prefix.len() as u32);
+            let (hits, revived) = self.cache.lookup(&seq.prefix[..hashed as usize]);
+            let fresh = need - hits;
+            if self.pool.free() < fresh + revived + self.cfg.watermark_blocks {
                 break;
             }
+            for hash in &seq.prefix[..hits as usize] {
+                if self.cache.acquire(*hash) == Some(Acquired::Revived) {
+                    self.pool.try_take(1);
+                }
+            }
+            let taken = take_blocks(&mut self.pool, &mut self.cache, fresh);
+            debug_assert!(taken, "the free blocks were counted above");
+            self.counters.prefix_queries += u64::from(seq.prefill_target);
+            self.counters.prefix_hits += u64::from(hits * self.cfg.block_size);
+            seq.shared = hits;
+            seq.computed = hits * self.cfg.block_size;
             self.waiting.pop_front();
             self.admissions += 1;
             seq.admitted_at = self.admissions;
@@ -451,6 +491,9 @@ impl Scheduler {
             seq.computed += computed_now;
             seq.work += u64::from(computed_now);
             kv_read += u64::from(seq.computed);
+            if matches!(work, Work::Prefill(_)) {
+                cache_computed(&mut self.pool, &mut self.cache, seq, self.cfg.block_size);
+            }
             if seq.is_prefilling() {
                 continue;
             }
@@ -463,8 +506,8 @@ impl Scheduler {
             }
         }
         for id in finished {
-            if let Some(seq) = self.seqs.remove(&id) {
-                self.pool.give_back(seq.blocks);
+            if let Some(mut seq) = self.seqs.remove(&id) {
+                return_blocks(&mut self.pool, &mut self.cache, &mut seq);
                 self.counters.finished += 1;
             }
             self.running.retain(|r| *r != id);
@@ -499,5 +542,47 @@ impl Scheduler {
             .chain(self.swapped.iter())
             .copied()
             .collect()
+    }
+}
+
+/// Takes `n` free blocks, evicting the least recently released cached ones as needed, so the
+/// evictable blocks never outnumber the free ones.
+fn take_blocks(pool: &mut BlockPool, cache: &mut PrefixCache, n: u32) -> bool {
+    if !pool.try_take(n) {
+        return false;
+    }
+    cache.shrink_to(pool.free());
+    true
+}
+
+/// Returns a sequence's blocks: its own to the pool, its shared ones to the cache (which frees
+/// them once nobody holds them, keeping them cached until evicted). The last block is released
+/// first, as vLLM frees a request's blocks, so eviction eats a prefix from its tail and what is
+/// left of it can still be hit.
+fn return_blocks(pool: &mut BlockPool, cache: &mut PrefixCache, seq: &mut Seq) {
+    pool.give_back(seq.blocks - seq.shared);
+    for hash in seq.prefix[..seq.shared as usize].iter().rev() {
+        if cache.release(*hash) {
+            pool.give_back(1);
+        }
+    }
+    seq.blocks = 0;
+    seq.shared = 0;
+}
+
+/// Caches the prompt blocks a prefill step completed. A block computed by two requests at once
+/// is cached once: the later one drops its copy and shares the cached block.
+fn cache_computed(pool: &mut BlockPool, cache: &mut PrefixCache, seq: &mut Seq, block_size: u32) {
+    let full =
+        (seq.computed.min(seq.prompt_tokens) / block_size.max(1)).min(seq.prefix.len() as u32);
+    while seq.shared < full {
+        let hash = seq.prefix[seq.shared as usize];
+        if !cache.register(hash) {
+            if cache.acquire(hash) == Some(Acquired::Revived) {
+                pool.try_take(1);
+            }
+            pool.give_back(1);
+        }
+        seq.shared += 1;
     }
 }

@@ -1,5 +1,7 @@
 //! One sequence (one choice of one request) as the scheduler sees it.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 /// Identifies a sequence inside one engine; unique for the engine's lifetime.
@@ -35,6 +37,9 @@ pub struct NewSeq {
     pub output_tokens: u32,
     /// How the sequence ends once `output_tokens` are generated.
     pub finish: FinishReason,
+    /// The chained hashes of the prompt's full KV blocks (`prefix::block_hashes`); empty when
+    /// prefix caching is off.
+    pub prefix: Arc<[u64]>,
 }
 
 /// Where a sequence is in its life.
@@ -69,6 +74,11 @@ pub struct Seq {
     pub admitted_at: u64,
     /// Compute (tokens) spent on this sequence that is not yet written off as wasted.
     pub work: u64,
+    /// The prompt's block hashes, for the prefix cache.
+    pub prefix: Arc<[u64]>,
+    /// Leading prompt blocks held as references on the prefix cache (counted among `blocks`);
+    /// the rest of `blocks` are its own.
+    pub shared: u32,
 }
 
 impl Seq {
@@ -85,6 +95,8 @@ impl Seq {
             blocks: 0,
             admitted_at: 0,
             work: 0,
+            prefix: new.prefix,
+            shared: 0,
         }
     }
 

@@ -1,8 +1,10 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
 
 use super::*;
+use std::collections::HashMap;
 
 fn cost() -> StepCost {
     StepCost {
@@ -33,6 +35,7 @@ fn seq(id: u64, prompt: u32, output: u32) -> NewSeq {
         prompt_tokens: prompt,
         output_tokens: output,
         finish: FinishReason::Stop,
+        prefix: Arc::from([]),
     }
 }
 
@@ -57,8 +60,134 @@ fn preempted(step: &Step) -> Vec<u64> {
         .collect()
 }
 
-fn held_by_running(s: &Scheduler) -> u32 {
-    s.running().map(|q| q.blocks).sum()
+/// A prompt of `len` tokens whose first `shared` tokens are the same for every `family`.
+fn prompt_of(family: u32, unique: u64, shared: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| {
+            if i < shared {
+                family * 1000 + i
+            } else {
+                (unique as u32) << 16 | i
+            }
+        })
+        .collect()
+}
+
+fn cached_seq(id: u64, tokens: &[u32], output: u32, block_size: u32) -> NewSeq {
+    NewSeq {
+        prefix: prefix::block_hashes(tokens, block_size).into(),
+        ..seq(id, tokens.len() as u32, output)
+    }
+}
+
+fn run_to_end(s: &mut Scheduler) -> Vec<Step> {
+    std::iter::from_fn(|| s.step()).collect()
+}
+
+/// Blocks in use are the running requests' own blocks plus the cached blocks they hold, each
+/// cached block held by exactly the requests that share it, and never more evictable than free.
+fn check_blocks(s: &Scheduler) -> Result<(), TestCaseError> {
+    let own: u32 = s.running().map(|q| q.blocks - q.shared).sum();
+    prop_assert_eq!(s.pool().used(), own + s.prefix_cache().referenced());
+    let mut holders: HashMap<u64, u32> = HashMap::new();
+    for q in s.running() {
+        for hash in &q.prefix[..q.shared as usize] {
+            *holders.entry(*hash).or_default() += 1;
+        }
+    }
+    for (hash, n) in holders {
+        prop_assert_eq!(s.prefix_cache().refs(hash), Some(n));
+    }
+    prop_assert!(s.prefix_cache().evictable() <= s.pool().free());
+    Ok(())
+}
+
+#[test]
+fn a_prompt_whose_leading_blocks_are_cached_prefills_only_the_rest() {
+    let mut s = Scheduler::new(config(100, 16));
+    let first = prompt_of(1, 1, 64, 70);
+    s.add(cached_seq(0, &first, 2, 16));
+    assert_eq!(run_to_end(&mut s)[0].prefill_tokens, 70);
+    let second = prompt_of(1, 2, 64, 90);
+    s.add(cached_seq(1, &second, 2, 16));
+    let steps = run_to_end(&mut s);
+    assert_eq!(
+        steps[0].prefill_tokens,
+        90 - 64,
+        "four shared blocks are not prefilled"
+    );
+    assert!(steps[0].duration < Duration::from_millis(1) + Duration::from_micros(10 * 27));
+    let c = s.counters();
+    assert_eq!((c.prefix_queries, c.prefix_hits), (160, 64));
+    assert_eq!(c.prompt_tokens_computed, 70 + 26);
+}
+
+#[test]
+fn a_whole_cached_prompt_still_computes_its_last_block() {
+    let mut s = Scheduler::new(config(100, 16));
+    let tokens = prompt_of(1, 1, 64, 64);
+    s.add(cached_seq(0, &tokens, 1, 16));
+    run_to_end(&mut s);
+    s.add(cached_seq(1, &tokens, 1, 16));
+    assert_eq!(s.step().unwrap().prefill_tokens, 16);
+}
+
+#[test]
+fn running_requests_share_cached_blocks_and_count_them_once() {
+    let mut s = Scheduler::new(config(100, 16));
+    s.add(cached_seq(0, &prompt_of(1, 1, 64, 64), 50, 16));
+    s.step();
+    assert_eq!(s.pool().used(), 4);
+    s.add(cached_seq(1, &prompt_of(1, 2, 64, 80), 50, 16));
+    s.step();
+    assert_eq!(
+        s.pool().used(),
+        4 + 1 + 1,
+        "the shared four, the second's fifth, the first's block for its decode"
+    );
+    assert_eq!(
+        s.prefix_cache().referenced(),
+        4 + 1,
+        "its own full block is cached too"
+    );
+    check_blocks(&s).unwrap();
+    s.abort(SeqId(0));
+    s.abort(SeqId(1));
+    assert_eq!(s.pool().used(), 0);
+    assert_eq!(
+        s.prefix_cache().evictable(),
+        5,
+        "their prompts' full blocks stay cached"
+    );
+}
+
+#[test]
+fn new_demand_evicts_the_least_recently_released_cached_blocks() {
+    let mut s = Scheduler::new(config(8, 16));
+    s.add(cached_seq(0, &prompt_of(1, 1, 64, 64), 1, 16));
+    run_to_end(&mut s);
+    s.add(cached_seq(1, &prompt_of(2, 2, 64, 64), 1, 16));
+    run_to_end(&mut s);
+    assert_eq!(s.prefix_cache().evictable(), 8);
+    // Needs six blocks: the oldest released (family 1's) go first.
+    s.add(cached_seq(2, &prompt_of(3, 3, 96, 96), 1, 16));
+    run_to_end(&mut s);
+    s.add(cached_seq(3, &prompt_of(2, 4, 64, 80), 1, 16));
+    assert_eq!(
+        s.step().unwrap().prefill_tokens,
+        80 - 32,
+        "family 2 kept its two newest blocks"
+    );
+}
+
+#[test]
+fn without_block_hashes_nothing_is_shared() {
+    let mut s = Scheduler::new(config(100, 16));
+    for id in 0..2 {
+        s.add(seq(id, 64, 1));
+        assert_eq!(run_to_end(&mut s)[0].prefill_tokens, 64);
+    }
+    assert_eq!(s.counters().prefix_hits, 0);
 }
 
 #[test]
@@ -341,14 +470,22 @@ fn kv_reads_make_long_contexts_decode_slower() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Add { prompt: u32, output: u32 },
+    Add {
+        prompt: u32,
+        output: u32,
+        family: u32,
+    },
     Abort(u64),
     Step,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (1u32..200, 1u32..200).prop_map(|(prompt, output)| Op::Add { prompt, output }),
+        (1u32..200, 1u32..200, 0u32..4).prop_map(|(prompt, output, family)| Op::Add {
+            prompt,
+            output,
+            family
+        }),
         (0u64..40).prop_map(Op::Abort),
         Just(Op::Step),
         Just(Op::Step),
@@ -372,7 +509,7 @@ fn policy() -> impl Strategy<Value = (Preemption, Eviction)> {
 
 proptest! {
     #[test]
-    fn blocks_in_use_always_equal_the_blocks_running_requests_hold(
+    fn blocks_in_use_always_equal_the_blocks_running_requests_hold_once(
         ops in prop::collection::vec(op(), 1..300),
         (preemption, eviction) in policy(),
         max_num_seqs in 1u32..16,
@@ -394,8 +531,13 @@ proptest! {
         let mut next = 0;
         for op in ops {
             match op {
-                Op::Add { prompt, output } => {
-                    s.add(seq(next, prompt, output));
+                Op::Add { prompt, output, family } => {
+                    // Family 0 is uncached; the others share their first 100 tokens.
+                    if family == 0 {
+                        s.add(seq(next, prompt, output));
+                    } else {
+                        s.add(cached_seq(next, &prompt_of(family, next, 100, prompt), output, 16));
+                    }
                     next += 1;
                 }
                 Op::Abort(id) => {
@@ -405,7 +547,7 @@ proptest! {
                     s.step();
                 }
             }
-            prop_assert_eq!(s.pool().used(), held_by_running(&s));
+            check_blocks(&s)?;
             prop_assert!(s.pool().used() <= s.pool().total());
             prop_assert!(s.running_len() <= max_num_seqs as usize);
             prop_assert_eq!(
