@@ -56,6 +56,8 @@ pub struct Job {
     pub tier: usize,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
+    /// What the prompt says (and shares with other requests).
+    pub prompt: crate::prompts::Prompt,
     pub tenant: u32,
     /// Sent as the body's `priority` (lower is served first, as in vLLM).
     pub priority: i64,
@@ -66,20 +68,14 @@ pub struct Job {
 
 impl Job {
     /// The request body for `api`: a streaming completion with usage, exactly `output_tokens`
-    /// long (`ignore_eos`), or a streaming chat answered at the model's length; the prompt is
-    /// text of 4 bytes per token, distinct per request.
-    pub fn body(&self, api: Api, model: &str, index: usize) -> String {
-        let mut prompt = format!("r{index} ");
-        let target = self.prompt_tokens as usize * 4;
-        while prompt.len() < target {
-            prompt.push_str("lorem ");
-        }
-        prompt.truncate(target.max(1));
+    /// long (`ignore_eos`), its prompt the parts' text one after the other; or a streaming chat
+    /// answered at the model's length, a message per part.
+    pub fn body(&self, api: Api, model: &str) -> String {
         let user = format!("tenant-{}", self.tenant);
         match api {
             Api::Completions => serde_json::json!({
                 "model": model,
-                "prompt": prompt,
+                "prompt": self.prompt.text(),
                 "max_tokens": self.output_tokens,
                 "ignore_eos": true,
                 "stream": true,
@@ -89,7 +85,7 @@ impl Job {
             }),
             Api::Chat { max_tokens } => serde_json::json!({
                 "model": model,
-                "messages": [{"role": "user", "content": prompt}],
+                "messages": self.prompt.messages(),
                 "max_tokens": max_tokens,
                 "stream": true,
                 "stream_options": {"include_usage": true},
@@ -124,7 +120,6 @@ pub async fn run(
     http: &HttpClient,
     url: &str,
     (api, model): (Api, &str),
-    index: usize,
     job: &Job,
     kind: ClientKind,
     start: Instant,
@@ -132,7 +127,7 @@ pub async fn run(
     let due = start + job.due;
     tokio::time::sleep_until(due).await;
     let sent_late = due.elapsed();
-    let body = Bytes::from(job.body(api, model, index));
+    let body = Bytes::from(job.body(api, model));
     let mut attempts = 0u32;
     let mut rejected_after = None;
     loop {
@@ -371,22 +366,38 @@ mod tests {
 
     #[test]
     fn bodies_carry_the_shape() {
+        let prompt = crate::prompts::Prompt {
+            parts: vec![crate::prompts::Part {
+                role: crate::prompts::Role::User,
+                seed: 9,
+                tokens: 256,
+            }],
+            conversation: 1,
+        };
         let job = Job {
             due: Duration::ZERO,
             tier: 0,
             prompt_tokens: 256,
             output_tokens: 32,
+            prompt: prompt.clone(),
             tenant: 3,
             priority: 1,
             headers: Vec::new(),
         };
         let body: serde_json::Value =
-            serde_json::from_str(&job.body(Api::Completions, "m", 9)).unwrap();
+            serde_json::from_str(&job.body(Api::Completions, "m")).unwrap();
         assert_eq!(body["prompt"].as_str().unwrap().len(), 1024);
-        assert!(body["prompt"].as_str().unwrap().starts_with("r9 "));
+        assert_eq!(body["prompt"].as_str().unwrap(), prompt.text());
         assert_eq!(body["max_tokens"], 32);
         assert_eq!(body["stream"], true);
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!(body["user"], "tenant-3");
+        let chat: serde_json::Value =
+            serde_json::from_str(&job.body(Api::Chat { max_tokens: 64 }, "m")).unwrap();
+        assert_eq!(
+            chat["messages"],
+            serde_json::json!([{"role": "user", "content": prompt.text()}])
+        );
+        assert_eq!(chat["max_tokens"], 64);
     }
 }

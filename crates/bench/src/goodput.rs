@@ -125,6 +125,9 @@ pub struct Report {
     pub time_to_reject_sent_p99: f64,
     /// Attempts per request (1.0: no client retried).
     pub retry_amplification: f64,
+    /// Share of prompt tokens in blocks an earlier request of the run already began with
+    /// (`prompts::sharing`): the ceiling of any prefix cache's hit rate on this load.
+    pub prefix_sharing: f64,
 }
 
 /// Sums up `outcomes` of a run that offered them over `window`.
@@ -198,6 +201,7 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
         } else {
             attempts as f64 / requests as f64
         },
+        prefix_sharing: 0.0,
     }
 }
 
@@ -221,6 +225,11 @@ impl Report {
             self.rejection_rate * 100.0,
             self.time_to_reject_p99 * 1e3,
             self.retry_amplification,
+        );
+        let _ = writeln!(
+            out,
+            "\nprompt tokens shared with an earlier request: {:.1}%",
+            self.prefix_sharing * 100.0
         );
         let _ = writeln!(out, "\n| tier | requests | completed | within SLO | attainment |\n| --- | ---: | ---: | ---: | ---: |");
         for t in &self.tiers {

@@ -16,6 +16,7 @@
 //! - `procs` — the processes a benchmark starts (own process groups, stopped by PID) and their
 //!   CPU and memory from `/proc`.
 //! - `workload` — seeded request shapes.
+//! - `prompts` — the prompts of each mix, and the share of their tokens they repeat.
 //! - `stats` — percentiles.
 //! - `client` — one open-loop request as a client sends it: no retries, or the OpenAI SDK's.
 //! - `cli` — the `sluice bench` subcommands.
@@ -28,6 +29,7 @@ pub mod goodput;
 pub mod http_capacity;
 pub mod overhead;
 pub mod procs;
+pub mod prompts;
 pub mod run;
 pub mod scenario;
 pub mod stats;

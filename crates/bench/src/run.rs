@@ -15,38 +15,31 @@ use tokio::time::Instant;
 use crate::arrivals::{arrivals, ArrivalError, Process, Schedule};
 use crate::client::{self, ClientKind, HttpClient, Job};
 use crate::goodput::{summarize, Outcome, Report, Slo, Tier};
-use crate::workload::{ShapeSource, Workload};
+use crate::prompts::PromptSource;
 
-/// Named request-length mixes.
+/// Named request mixes: their lengths, and what their prompts share (`prompts::sharing` gives
+/// the figure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Mix {
-    /// Prompts around 256 tokens, answers around 256.
+    /// Prompts around 256 tokens, answers around 256; no two prompts share a prefix.
     Chat,
-    /// Prompts around 4096 tokens, answers around 512.
+    /// Prompts around 4096 tokens, answers around 512; nothing shared.
     Summarize,
-    /// Half chat, half summarize.
+    /// Half chat, half summarize; nothing shared.
     Mixed,
-}
-
-fn chat() -> Workload {
-    Workload {
-        prompt_min: 128,
-        prompt_max: 384,
-        output_median: 256.0,
-        output_sigma: 0.5,
-        output_max: 512,
-    }
-}
-
-fn summarize_mix() -> Workload {
-    Workload {
-        prompt_min: 3072,
-        prompt_max: 5120,
-        output_median: 512.0,
-        output_sigma: 0.5,
-        output_max: 1024,
-    }
+    /// Multi-turn chat: 32 conversations open at once, each of 2 to 8 turns; every turn resends
+    /// the conversation's system prompt (128-512 tokens) and history, then a new message
+    /// (64-256), and names its conversation in `x-session-id`.
+    Sessions,
+    /// Questions (64-256 tokens) under one of 12 system prompts (1024-3072) that every tenant
+    /// shares.
+    SystemPrompt,
+    /// RAG: short questions (32-128 tokens, answers around 128) about one of 32 documents
+    /// (3072-6144 tokens), the popular ones asked about most (Zipf).
+    Rag,
+    /// 40% sessions, 30% system-prompt, 30% rag.
+    Shared,
 }
 
 /// The default tiers: interactive work with latency objectives and batch work with a deadline.
@@ -108,22 +101,12 @@ pub fn jobs(plan: &RunPlan) -> Result<Vec<Job>, ArrivalError> {
         plan.duration,
     )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed ^ 0x5eed);
-    let mut chat_shapes = ShapeSource::new(chat(), plan.seed.wrapping_add(1));
-    let mut long_shapes = ShapeSource::new(summarize_mix(), plan.seed.wrapping_add(2));
+    let mut prompts = PromptSource::new(plan.mix, plan.seed);
     let total: f64 = plan.tiers.iter().map(|t| t.share.max(0.0)).sum();
     Ok(due
         .into_iter()
         .map(|due| {
-            let long = match plan.mix {
-                Mix::Chat => false,
-                Mix::Summarize => true,
-                Mix::Mixed => rng.random_bool(0.5),
-            };
-            let shape = if long {
-                long_shapes.next_shape()
-            } else {
-                chat_shapes.next_shape()
-            };
+            let drawn = prompts.next_prompt();
             let mut pick = rng.random::<f64>() * total;
             let tier = plan
                 .tiers
@@ -136,8 +119,9 @@ pub fn jobs(plan: &RunPlan) -> Result<Vec<Job>, ArrivalError> {
             Job {
                 due,
                 tier,
-                prompt_tokens: shape.prompt_tokens,
-                output_tokens: shape.output_tokens,
+                prompt_tokens: drawn.prompt.tokens(),
+                output_tokens: drawn.output_tokens,
+                prompt: drawn.prompt,
                 tenant: rng.random_range(0..plan.tenants.max(1)),
                 priority: tier as i64,
                 headers: Vec::new(),
@@ -147,9 +131,13 @@ pub fn jobs(plan: &RunPlan) -> Result<Vec<Job>, ArrivalError> {
 }
 
 /// The headers that say who asks and how urgently: the tenant's key, and a tier named as sluice
-/// names them (`interactive`, `agent`, `batch`) in both sluice's and SMG's priority headers.
+/// names them (`interactive`, `agent`, `batch`) in both sluice's and SMG's priority headers; and
+/// the conversation the request belongs to, `x-session-id` (sluice's default routing key).
 pub fn identity_headers(plan: &RunPlan, job: &Job) -> Vec<(String, String)> {
-    let mut headers = Vec::new();
+    let mut headers = vec![(
+        "x-session-id".to_string(),
+        format!("{:016x}", job.prompt.conversation),
+    )];
     if !plan.tenant_keys.is_empty() {
         let key = &plan.tenant_keys[job.tenant as usize % plan.tenant_keys.len()];
         headers.push(("authorization".into(), format!("Bearer {key}")));
@@ -179,6 +167,7 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
     for job in &mut jobs {
         job.headers = identity_headers(plan, job);
     }
+    let prefix_sharing = crate::prompts::sharing(jobs.iter().map(|j| &j.prompt));
     let http: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
         .build_http();
@@ -186,12 +175,12 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
     let model: Arc<str> = plan.model.clone().into();
     let start = Instant::now() + Duration::from_millis(20);
     let mut running = JoinSet::new();
-    for (index, job) in jobs.into_iter().enumerate() {
+    for job in jobs {
         let (http, url, model) = (http.clone(), url.clone(), model.clone());
         let (kind, timeout, api) = (plan.client, plan.request_timeout, plan.api);
         running.spawn(async move {
             let due = start + job.due;
-            let sent = client::run(&http, &url, (api, &model), index, &job, kind, start);
+            let sent = client::run(&http, &url, (api, &model), &job, kind, start);
             match tokio::time::timeout_at(due + timeout, sent).await {
                 Ok(outcome) => outcome,
                 Err(_) => Outcome {
@@ -216,7 +205,10 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
             outcomes.push(outcome);
         }
     }
-    let report = summarize(&outcomes, &plan.tiers, plan.duration);
+    let report = Report {
+        prefix_sharing,
+        ..summarize(&outcomes, &plan.tiers, plan.duration)
+    };
     Ok((outcomes, report))
 }
 
@@ -271,22 +263,24 @@ mod tests {
         let jobs = jobs(&p).unwrap();
         for job in &jobs {
             let headers = identity_headers(&p, job);
+            let session = format!("{:016x}", job.prompt.conversation);
+            assert_eq!(headers[0], ("x-session-id".to_string(), session));
             let key = format!("Bearer {}", p.tenant_keys[job.tenant as usize % 2]);
-            assert_eq!(headers[0], ("authorization".to_string(), key));
+            assert_eq!(headers[1], ("authorization".to_string(), key));
             let (sluice, smg) = match job.tier {
                 0 => ("interactive", "interactive"),
                 _ => ("batch", "bulk"),
             };
             assert_eq!(
-                headers[1],
+                headers[2],
                 ("x-sluice-priority".to_string(), sluice.to_string())
             );
-            assert_eq!(headers[2], ("x-smg-priority".to_string(), smg.to_string()));
+            assert_eq!(headers[3], ("x-smg-priority".to_string(), smg.to_string()));
         }
         p.tenant_keys.clear();
         assert_eq!(
             identity_headers(&p, &jobs[0]).len(),
-            2,
+            3,
             "no key without keys"
         );
     }
@@ -310,5 +304,47 @@ mod tests {
         );
         assert_eq!(report.rejection_rate, 0.0);
         assert_eq!(report.retry_amplification, 1.0);
+    }
+
+    /// The engine's prefix-cache counters, read from its `/metrics`.
+    async fn prefix_counters(base: &str) -> (f64, f64) {
+        let text = testkit::get(&testkit::client(), &format!("{base}/metrics"))
+            .await
+            .text();
+        let value = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (
+            value("vllm:prefix_cache_queries_total"),
+            value("vllm:prefix_cache_hits_total"),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_run_of_conversations_hits_the_engines_prefix_cache_as_much_as_it_shares() {
+        let sims = testkit::fleet(testkit::instant(Flavor::Vllm)).await;
+        let base = sims.urls()[0].clone();
+        let mut p = plan(format!("{base}/v1/completions"));
+        p.mix = Mix::Sessions;
+        p.max_requests = 200;
+        p.schedule = Schedule::constant(200.0);
+        let (outcomes, report) = execute(&p).await.unwrap();
+        assert!(outcomes.iter().all(|o| o.status == 200 && o.completed));
+        let (queries, hits) = prefix_counters(&base).await;
+        let total: u32 = jobs(&p).unwrap().iter().map(|j| j.prompt_tokens).sum();
+        assert_eq!(queries, f64::from(total), "every prompt token is a query");
+        let hit_rate = hits / queries;
+        assert!(report.prefix_sharing > 0.5, "{}", report.prefix_sharing);
+        // One engine with room for all of it hits what the load shares, bar the engine's rule
+        // that a prompt computes at least its last token.
+        assert!(
+            hit_rate <= report.prefix_sharing && hit_rate > report.prefix_sharing - 0.02,
+            "hit rate {hit_rate}, sharing {}",
+            report.prefix_sharing
+        );
     }
 }
