@@ -20,9 +20,9 @@ fn fast(c: &mut Config) {
     c.load.interval = Duration::from_millis(50);
     c.load.min_interval = Duration::from_millis(10);
     c.load.poll_timeout = Duration::from_millis(200);
-    c.liveness.wedge = WEDGE;
-    c.liveness.stall = Duration::from_millis(300);
-    c.liveness.stale = Duration::from_secs(1);
+    c.liveness.as_mut().expect("on by default").wedge = WEDGE;
+    c.liveness.as_mut().expect("on by default").stall = Duration::from_millis(300);
+    c.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
 }
 
 /// The reason `/workers` gives a worker's liveness veto, in the terms of
@@ -190,7 +190,7 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
 ) {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast(c);
-        c.liveness.unresponsive = Duration::from_millis(300);
+        c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_millis(300);
     })
     .await;
     let id = s.worker_id(0).await;

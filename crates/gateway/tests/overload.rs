@@ -356,7 +356,7 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
         c.load.interval = Duration::from_secs(3600);
         c.load.ceilings.waiting_requests = Some(2);
         c.shedding.enabled = true;
-        c.liveness.wedge = Duration::from_secs(60);
+        c.liveness.as_mut().expect("on by default").wedge = Duration::from_secs(60);
     })
     .await;
     let id = s.worker_id(0).await;

@@ -447,7 +447,8 @@ pub struct Config {
     pub health: HealthConfig,
     pub load: LoadConfig,
     pub shedding: Shedding,
-    pub liveness: LivenessConfig,
+    /// `None` with `--disable-liveness-checks`.
+    pub liveness: Option<LivenessConfig>,
     /// The dedicated probe listener (`--health-check-port`).
     pub health_listen: Option<SocketAddr>,
     pub shutdown_grace: Duration,

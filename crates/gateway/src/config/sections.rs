@@ -289,12 +289,14 @@ impl Settings {
         })
     }
 
-    pub(super) fn liveness(&self) -> Result<LivenessConfig, ConfigError> {
-        Ok(LivenessConfig {
+    /// The liveness thresholds, or none with `--disable-liveness-checks`.
+    pub(super) fn liveness(&self) -> Result<Option<LivenessConfig>, ConfigError> {
+        let cfg = LivenessConfig {
             stall: seconds("worker-stall-secs", self.worker_stall_secs)?,
             wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
             stale: seconds("worker-stale-secs", self.worker_stale_secs)?,
             unresponsive: seconds("worker-unresponsive-secs", self.worker_unresponsive_secs)?,
-        })
+        };
+        Ok((!self.disable_liveness_checks).then_some(cfg))
     }
 }

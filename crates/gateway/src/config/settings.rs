@@ -502,6 +502,14 @@ pub struct Settings {
     #[arg(help_heading = "Liveness")]
     pub worker_unresponsive_secs: f64,
 
+    /// No liveness vetoes at all (unreachable, stale, wedged, unresponsive): a worker that is
+    /// gone or stuck stays in rotation until health checks or the circuit breaker take it out,
+    /// if they are on. For a naive baseline in benchmarks, not for production.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Liveness")]
+    pub disable_liveness_checks: bool,
+
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]
     #[arg(help_heading = "Listener")]

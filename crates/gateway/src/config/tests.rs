@@ -216,10 +216,11 @@ fn overload_defaults_follow_the_seeds() {
     assert_eq!(c.load.ceilings.waiting_requests, Some(8));
     assert_eq!(c.load.ceilings.token_usage, Some(0.8));
     assert!(!c.load.busy.any(), "busy checks are off unless set");
-    assert_eq!(c.liveness, LivenessConfig::default());
-    assert_eq!(c.liveness.stall, Duration::from_secs(2));
-    assert_eq!(c.liveness.wedge, Duration::from_secs(3));
-    assert_eq!(c.liveness.stale, Duration::from_secs(15));
+    let liveness = c.liveness.expect("liveness checks are on unless turned off");
+    assert_eq!(liveness, LivenessConfig::default());
+    assert_eq!(liveness.stall, Duration::from_secs(2));
+    assert_eq!(liveness.wedge, Duration::from_secs(3));
+    assert_eq!(liveness.stale, Duration::from_secs(15));
     assert!(!c.shedding.enabled);
     assert_eq!(c.shedding.status, 503);
     assert_eq!(c.shedding.retry_after, Duration::from_secs(10));
@@ -655,4 +656,15 @@ to = "llama-8b"
         let err = from_file("bad-ladder", bad).unwrap_err().to_string();
         assert!(err.contains(says), "{bad}: {err}");
     }
+}
+
+#[test]
+fn liveness_checks_are_on_unless_turned_off_whatever_their_thresholds() {
+    assert!(validated(&[]).unwrap().liveness.is_some());
+    let off = validated(&["--disable-liveness-checks", "--worker-stall-secs", "0"]).unwrap();
+    assert_eq!(off.liveness, None);
+    assert!(
+        validated(&["--disable-liveness-checks", "--worker-wedge-secs", "-1"]).is_err(),
+        "the thresholds are still checked"
+    );
 }

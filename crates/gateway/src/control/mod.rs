@@ -49,7 +49,8 @@ use crate::upstream::{self, GetError, Upstream};
 pub struct ControlSettings {
     pub health: HealthConfig,
     pub load: LoadConfig,
-    pub liveness: LivenessConfig,
+    /// `None`: no liveness checker (`--disable-liveness-checks`).
+    pub liveness: Option<LivenessConfig>,
     /// How often a worker that has not answered `/v1/models` is asked again.
     pub startup_check_interval: Duration,
     /// `--worker-startup-delay`: the wait before a new worker is first asked.
@@ -87,12 +88,12 @@ impl Control {
         })
     }
 
-    /// Starts the fleet-wide loops (the liveness checker); they end with the fleet.
+    /// Starts the fleet-wide loops (the liveness checker, unless turned off); they end with the
+    /// fleet.
     pub fn watch(&self, fleet: &Arc<Fleet>) {
-        tokio::spawn(liveness::run_checker(
-            Arc::downgrade(fleet),
-            self.settings.liveness,
-        ));
+        if let Some(cfg) = self.settings.liveness {
+            tokio::spawn(liveness::run_checker(Arc::downgrade(fleet), cfg));
+        }
     }
 
     /// The health settings in force for `worker`.
