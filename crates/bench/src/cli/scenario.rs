@@ -66,7 +66,8 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub window_secs: Option<f64>,
     /// Configurations to measure: direct, sluice, sluice-shed, smg, the scenario's own
-    /// (tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants; slow-worker:
+    /// (incidents: direct-unreachable, the naive fleet that still leaves out a worker it cannot
+    /// reach; tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants; slow-worker:
     /// sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue, sluice-codel,
     /// sluice-adaptive, sluice-adaptive-slo), or names from --gateway [default: all that can run here; direct always
     /// runs first, it sets C].
@@ -188,6 +189,11 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         }
         name => {
             if let Some(incident) = name.incident() {
+                configs.push(crate::scenario::quiet_sluice(
+                    "direct-unreachable",
+                    &exe,
+                    &crate::scenario::naive_flags(true),
+                ));
                 configs.extend(crate::scenario::incident_configs(
                     incident,
                     &exe,

@@ -2,7 +2,8 @@
 //! configuration under test and the load, and tears everything down (processes stopped by PID).
 //!
 //! Configurations are named command templates (see `overhead::Template`), so any gateway can be
-//! measured: `direct` (sluice in round robin with every protection off: the naive fleet),
+//! measured: `direct` (sluice in round robin with every protection and veto off: the naive
+//! fleet; `direct-unreachable`, in the incident scenarios, keeps the unreachable veto),
 //! `sluice` (its defaults), `sluice-shed` (defaults plus `--worker-overload-shed`), and `smg`
 //! when it is on the PATH; scenarios add their own (`adaptive`: limits learned from latency and
 //! CoDel on the gateway queue, for the slow-worker and spike incidents).
@@ -112,31 +113,9 @@ pub struct ScenarioPlan {
 /// engine time, as it would be at full speed; SMG runs with its defaults.
 pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     let poll = format!("{}", 10.0 / time_scale.max(1.0));
-    // Only warnings: a log line per veto is kept, one per request is not.
-    let sluice = |name: &str, extra: &[&str]| {
-        let argv: Vec<&str> = ["--log-level", "warn"]
-            .iter()
-            .chain(extra)
-            .copied()
-            .collect();
-        crate::overhead::sluice_template(name, exe, &argv)
-    };
+    let sluice = |name: &str, extra: &[&str]| quiet_sluice(name, exe, extra);
     let mut configs = vec![
-        sluice(
-            "direct",
-            &[
-                "--policy",
-                "round_robin",
-                "--disable-worker-overload-protection",
-                "--disable-health-check",
-                "--disable-circuit-breaker",
-                "--disable-retries",
-                "--worker-wedge-secs",
-                "0",
-                "--worker-stale-secs",
-                "0",
-            ],
-        ),
+        sluice("direct", &naive_flags(false)),
         sluice("sluice", &["--load-monitor-interval", &poll]),
         sluice(
             "sluice-shed",
@@ -147,6 +126,39 @@ pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         configs.push(crate::overhead::smg_template());
     }
     configs
+}
+
+/// sluice with `extra` flags, logging only warnings: a log line per veto is kept, one per
+/// request is not.
+pub fn quiet_sluice(name: &str, exe: &Path, extra: &[&str]) -> Template {
+    let argv: Vec<&str> = ["--log-level", "warn"]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    crate::overhead::sluice_template(name, exe, &argv)
+}
+
+/// The flags of a gateway that only spreads requests: round robin, no retries, no health checks,
+/// no circuit breaker, no overload or liveness vetoes. With `keep_unreachable`, the liveness
+/// checker stays on without its wedge and stale rules, so a worker whose connections fail is
+/// left out after 2 s of silence (and an unresponsive one after 5 s): the `direct` of earlier
+/// runs, kept as `direct-unreachable` for the incident scenarios.
+pub fn naive_flags(keep_unreachable: bool) -> Vec<&'static str> {
+    let mut flags = vec![
+        "--policy",
+        "round_robin",
+        "--disable-worker-overload-protection",
+        "--disable-health-check",
+        "--disable-circuit-breaker",
+        "--disable-retries",
+    ];
+    if keep_unreachable {
+        flags.extend(["--worker-wedge-secs", "0", "--worker-stale-secs", "0"]);
+    } else {
+        flags.push("--disable-liveness-checks");
+    }
+    flags
 }
 
 /// A gateway configuration, running.
