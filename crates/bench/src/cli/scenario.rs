@@ -21,6 +21,11 @@ pub enum ScenarioName {
     /// A reasoning 70B model and an 8B beside it, chats for the 70B at 1x .. 4x C in three
     /// tiers: the degradation ladder on (sluice-ladder) against off (sluice-tiers), direct, SMG.
     Degradation,
+    /// One trace (--mix, shared prefixes by default) through every routing policy at 0.8x and
+    /// 1.2x C, each point from cold caches on 4 engines: sluice's round_robin, least_load,
+    /// power_of_two, consistent_hash (on x-session-id) and cache_aware, SMG's round_robin and
+    /// cache_aware; prefix hit rate per engine, TTFT, goodput, evenness.
+    Routing,
     /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
     Spike,
     /// 0.5x C on 3 engines; one is killed with SIGKILL and started again later.
@@ -46,6 +51,7 @@ impl ScenarioName {
             | ScenarioName::TieredOverload
             | ScenarioName::NoisyTenant
             | ScenarioName::Degradation
+            | ScenarioName::Routing
             | ScenarioName::Overhead => None,
         }
     }
@@ -67,16 +73,19 @@ pub struct ScenarioArgs {
     pub window_secs: Option<f64>,
     /// Configurations to measure: direct, sluice, sluice-shed, smg, the scenario's own
     /// (incidents: direct-unreachable, the naive fleet that still leaves out a worker it cannot
-    /// reach; tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants; slow-worker:
-    /// sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue, sluice-codel,
-    /// sluice-adaptive, sluice-adaptive-slo), or names from --gateway [default: all that can run here; direct always
-    /// runs first, it sets C].
+    /// reach; tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants;
+    /// slow-worker: sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue,
+    /// sluice-codel, sluice-adaptive, sluice-adaptive-slo; routing: direct and only its own,
+    /// sluice-round-robin, sluice-least-load, sluice-power-of-two, sluice-consistent-hash,
+    /// sluice-cache-aware, smg-round-robin, smg-cache-aware), or names from --gateway [default:
+    /// all that can run here; direct always runs first, it sets C].
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// Another gateway, `NAME=COMMAND` with `{port}` and `{workers}`. Repeatable.
     #[arg(long = "gateway", value_name = "NAME=COMMAND")]
     pub gateways: Vec<String>,
-    /// Simulated engines [default: 2 for overload-sweep, 3 for the incident scenarios].
+    /// Simulated engines [default: 2 for overload-sweep, tiered-overload, noisy-tenant and
+    /// degradation, 4 for routing, 3 for the incident scenarios].
     #[arg(long)]
     pub engines: Option<usize>,
     /// Requests per engine-second one engine serves within objectives, instead of measuring it
@@ -91,9 +100,9 @@ pub struct ScenarioArgs {
     /// How the client reacts to refusals.
     #[arg(long, value_enum, default_value = "none")]
     pub client: crate::client::ClientKind,
-    /// Request lengths.
-    #[arg(long, value_enum, default_value = "chat")]
-    pub mix: crate::run::Mix,
+    /// Request lengths and what the prompts share [default: chat; shared for routing].
+    #[arg(long, value_enum)]
+    pub mix: Option<crate::run::Mix>,
     /// Seed of the arrivals, the request shapes and the engines (a run's load is reproducible
     /// from it).
     #[arg(long, default_value_t = 0)]
@@ -156,6 +165,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     } else if let ScenarioName::Degradation = args.name {
         let report = crate::scenario::degradation(&plan).await?;
         print_report(args.json, &report, || report.table());
+    } else if let ScenarioName::Routing = args.name {
+        let report = crate::scenario::routing(&plan).await?;
+        print_report(args.json, &report, || report.table() + &plot(&report.svg));
     } else {
         let report = crate::scenario::overload_sweep(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
@@ -179,6 +191,9 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         }
         ScenarioName::NoisyTenant => {
             configs.push(crate::scenario::tenants_config(&exe, args.time_scale));
+        }
+        ScenarioName::Routing => {
+            configs = crate::scenario::routing_configs(&exe, args.time_scale);
         }
         ScenarioName::Degradation => {
             // Against the same gateway without the ladder, not against the plain defaults.
@@ -227,6 +242,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         | ScenarioName::TieredOverload
         | ScenarioName::NoisyTenant
         | ScenarioName::Degradation => 2,
+        ScenarioName::Routing => 4,
         _ => 3,
     });
     if engines == 0 {
@@ -242,7 +258,10 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         engines,
         seed: args.seed,
         client: args.client,
-        mix: args.mix,
+        mix: args.mix.unwrap_or(match args.name {
+            ScenarioName::Routing => crate::run::Mix::Shared,
+            _ => crate::run::Mix::Chat,
+        }),
         quick: args.quick,
         capacity: args.capacity.map(|per_engine| per_engine * engines as f64),
         sluice_exe: exe,

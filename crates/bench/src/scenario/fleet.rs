@@ -21,6 +21,8 @@ use crate::procs::{Launch, Proc};
 /// Engine totals that show wasted work, prefix caching, and whether the engines kept their clock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct EngineTotals {
+    /// Requests received.
+    pub requests: u64,
     pub preemptions: u64,
     /// Work thrown away: aborted and recomputed requests', and that of the requests an engine
     /// held when it was killed.
@@ -39,6 +41,7 @@ impl EngineTotals {
     fn of(state: &serde_json::Value) -> Self {
         let read = |field: &str| state[field].as_u64().unwrap_or(0);
         Self {
+            requests: read("requests_received"),
             preemptions: read("preemptions"),
             wasted_tokens: read("wasted_tokens"),
             prefix_queries: read("prefix_queries"),
@@ -51,6 +54,7 @@ impl EngineTotals {
 
     fn zip(self, other: Self, f: impl Fn(u64, u64) -> u64) -> Self {
         Self {
+            requests: f(self.requests, other.requests),
             preemptions: f(self.preemptions, other.preemptions),
             wasted_tokens: f(self.wasted_tokens, other.wasted_tokens),
             prefix_queries: f(self.prefix_queries, other.prefix_queries),
@@ -67,6 +71,15 @@ impl EngineTotals {
 
     pub fn since(self, before: Self) -> Self {
         self.zip(before, u64::saturating_sub)
+    }
+
+    /// Share of prompt tokens found in the prefix cache (0 without any).
+    pub fn hit_rate(&self) -> f64 {
+        if self.prefix_queries == 0 {
+            0.0
+        } else {
+            self.prefix_hits as f64 / self.prefix_queries as f64
+        }
     }
 
     /// Share of the engines' steps that ran late (0 without steps).
@@ -253,14 +266,23 @@ impl SimFleet {
 
     /// The totals summed over the engines and their earlier lives.
     pub async fn totals(&self) -> EngineTotals {
-        let mut t = EngineTotals::default();
+        self.per_engine()
+            .await
+            .into_iter()
+            .fold(EngineTotals::default(), EngineTotals::plus)
+    }
+
+    /// Each engine's totals, over its earlier lives too.
+    pub async fn per_engine(&self) -> Vec<EngineTotals> {
+        let mut all = Vec::with_capacity(self.engines.len());
         for (i, engine) in self.engines.iter().enumerate() {
-            t = t.plus(engine.before_kill);
+            let mut t = engine.before_kill;
             if let Some(s) = self.state(i).await {
                 t = t.plus(EngineTotals::of(&s));
             }
+            all.push(t);
         }
-        t
+        all
     }
 
     /// Waits until no engine holds work, so one point's queue does not leak into the next.
@@ -300,13 +322,17 @@ mod tests {
     #[test]
     fn totals_add_across_lives_and_subtract_across_points() {
         let state = serde_json::json!({"preemptions": 2, "wasted_tokens": 40, "aborted": 1,
-            "steps": 1000, "late_steps": 15, "running": 3});
+            "steps": 1000, "late_steps": 15, "running": 3, "requests_received": 9,
+            "prefix_queries": 400, "prefix_hits": 100});
         let one = EngineTotals::of(&state);
         assert_eq!(one.late_share(), 0.015);
+        assert_eq!(one.hit_rate(), 0.25);
+        assert_eq!(one.requests, 9);
         let two = one.plus(one);
         assert_eq!((two.preemptions, two.steps, two.late_steps), (4, 2000, 30));
         assert_eq!(two.since(one), one);
         assert_eq!(one.since(two), EngineTotals::default(), "never below zero");
         assert_eq!(EngineTotals::default().late_share(), 0.0);
+        assert_eq!(EngineTotals::default().hit_rate(), 0.0);
     }
 }

@@ -18,6 +18,7 @@ mod degradation;
 mod fleet;
 mod noisy;
 mod plot;
+mod routing;
 mod sweep;
 mod tiered;
 mod timeline;
@@ -33,6 +34,7 @@ pub use degradation::{
 };
 pub use fleet::{EngineTotals, FleetShape, SimFleet};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants};
+pub use routing::{configs as routing_configs, routing, RoutingReport};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
 pub use tiered::{smg_priority_config, three_tiers, tiered_config, tiered_overload, TieredReport};
 pub use timeline::{timeline, Incident, TimelineReport, Timing};

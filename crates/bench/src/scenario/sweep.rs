@@ -40,13 +40,28 @@ async fn capacity(
     fleet: &SimFleet,
     direct: &Gateway,
 ) -> Result<f64, ScenarioError> {
+    search_capacity(plan, |rate| {
+        measure(plan, fleet, "direct", &direct.url, rate)
+    })
+    .await
+}
+
+/// The capacity search over any way of measuring a rate (`probe`).
+pub(super) async fn search_capacity<F, Fut>(
+    plan: &ScenarioPlan,
+    mut probe: F,
+) -> Result<f64, ScenarioError>
+where
+    F: FnMut(f64) -> Fut,
+    Fut: std::future::Future<Output = Result<Point, ScenarioError>>,
+{
     let mut served = 0.0;
     let mut missed = None;
     // A small engine serves a few requests per engine-second; start near there (a quick run
     // starts higher, at the cost of a coarser figure for very small engines).
     let mut rate = if plan.quick { 16.0 } else { 4.0 };
     for _ in 0..12 {
-        let p = measure(plan, fleet, "direct", &direct.url, rate).await?;
+        let p = probe(rate).await?;
         tracing::info!(rate, attainment = attainment(&p), "capacity probe");
         if attainment(&p) >= CAPACITY_ATTAINMENT {
             served = rate;
@@ -62,7 +77,7 @@ async fn capacity(
     let mut low = served;
     for _ in 0..if plan.quick { 1 } else { 3 } {
         let mid = (low + high) / 2.0;
-        let p = measure(plan, fleet, "direct", &direct.url, mid).await?;
+        let p = probe(mid).await?;
         tracing::info!(rate = mid, attainment = attainment(&p), "capacity probe");
         if attainment(&p) >= CAPACITY_ATTAINMENT {
             low = mid;
@@ -76,7 +91,7 @@ async fn capacity(
 /// C per engine, remembered in the output directory with what it depends on, so that an incident
 /// scenario run after a sweep (or after another incident) need not search again.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
-struct Memo {
+pub(super) struct Memo {
     engine_args: Vec<String>,
     mix: crate::run::Mix,
     time_scale: f64,
@@ -100,7 +115,7 @@ impl Memo {
     }
 
     /// The remembered C of `plan`'s fleet, if it was measured for the same engines and load.
-    fn recall(plan: &ScenarioPlan) -> Option<f64> {
+    pub(super) fn recall(plan: &ScenarioPlan) -> Option<f64> {
         let text = std::fs::read(Self::path(plan)).ok()?;
         let memo: Memo = serde_json::from_slice(&text).ok()?;
         (Memo {
@@ -110,7 +125,7 @@ impl Memo {
             .then_some(memo.per_engine * plan.engines as f64)
     }
 
-    fn keep(plan: &ScenarioPlan, capacity: f64) -> Result<(), ScenarioError> {
+    pub(super) fn keep(plan: &ScenarioPlan, capacity: f64) -> Result<(), ScenarioError> {
         let path = Self::path(plan);
         let json =
             serde_json::to_vec_pretty(&Memo::new(plan, capacity)).expect("a memo serializes");

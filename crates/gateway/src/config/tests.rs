@@ -216,7 +216,9 @@ fn overload_defaults_follow_the_seeds() {
     assert_eq!(c.load.ceilings.waiting_requests, Some(8));
     assert_eq!(c.load.ceilings.token_usage, Some(0.8));
     assert!(!c.load.busy.any(), "busy checks are off unless set");
-    let liveness = c.liveness.expect("liveness checks are on unless turned off");
+    let liveness = c
+        .liveness
+        .expect("liveness checks are on unless turned off");
     assert_eq!(liveness, LivenessConfig::default());
     assert_eq!(liveness.stall, Duration::from_secs(2));
     assert_eq!(liveness.wedge, Duration::from_secs(3));

@@ -128,7 +128,10 @@ impl Control {
         let in_hand = report.running() + report.waiting() > 0;
         let since = stalled_since(previous.as_ref(), report.progress_tokens(), in_hand);
         // Without liveness checks no wedge bound applies: a zero bound never calls it silent.
-        let wedge = self.settings.liveness.map_or(std::time::Duration::ZERO, |l| l.wedge);
+        let wedge = self
+            .settings
+            .liveness
+            .map_or(std::time::Duration::ZERO, |l| l.wedge);
         worker
             .signals
             .set_engine_silent(engine_silent(since, now, wedge));

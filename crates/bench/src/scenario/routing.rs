@@ -1,0 +1,300 @@
+//! `sluice bench scenario routing`: what each routing policy is worth on one fleet and one trace.
+//!
+//! Every point starts from cold: a fresh fleet (empty prefix caches) and a fresh gateway, so no
+//! policy inherits the cache another one warmed (the trace is the same for all, from the seed,
+//! so a warm cache would favour whoever ran second). C is measured the same way, on `direct`.
+//! Per point: goodput, TTFT, the engines' prefix-cache hit rate (overall and per engine) and how
+//! evenly the requests spread (the busiest engine's share against the mean).
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::sweep::{attainment, search_capacity, Memo};
+use super::{
+    measure, plot, quiet_sluice, EngineTotals, Gateway, Point, ScenarioError, ScenarioPlan,
+    SimFleet,
+};
+use crate::overhead::Template;
+
+/// The loads measured, as multiples of C: below capacity, and past it.
+pub const LOADS: [f64; 2] = [0.8, 1.2];
+
+/// The policies compared, each sluice with its defaults otherwise (load poll scaled with the
+/// engines' clock), then SMG's round robin and cache-aware when SMG is installed. `direct` comes
+/// first: it sets C.
+pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
+    let poll = format!("{}", 10.0 / time_scale.max(1.0));
+    let mut configs = vec![quiet_sluice("direct", exe, &super::naive_flags(false))];
+    for policy in [
+        "round_robin",
+        "least_load",
+        "power_of_two",
+        "consistent_hash",
+        "cache_aware",
+    ] {
+        let name = format!("sluice-{}", policy.replace('_', "-"));
+        let flags = ["--load-monitor-interval", &poll, "--policy", policy];
+        configs.push(quiet_sluice(&name, exe, &flags));
+    }
+    if crate::overhead::on_path("smg") {
+        for policy in ["round_robin", "cache_aware"] {
+            let mut smg = crate::overhead::smg_template();
+            smg.name = format!("smg-{}", policy.replace('_', "-"));
+            for arg in smg.argv.iter_mut().filter(|a| *a == "round_robin") {
+                *arg = policy.into();
+            }
+            configs.push(smg);
+        }
+    }
+    configs
+}
+
+/// One configuration at one load, and what each engine saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoutingPoint {
+    pub point: Point,
+    pub per_engine: Vec<EngineTotals>,
+}
+
+impl RoutingPoint {
+    /// The busiest engine's requests over the mean (1.0: perfectly even).
+    pub fn busiest_over_mean(&self) -> f64 {
+        let counts: Vec<f64> = self.per_engine.iter().map(|e| e.requests as f64).collect();
+        let mean = counts.iter().sum::<f64>() / counts.len().max(1) as f64;
+        let max = counts.iter().copied().fold(0.0, f64::max);
+        if mean > 0.0 {
+            max / mean
+        } else {
+            0.0
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RoutingReport {
+    pub mix: crate::run::Mix,
+    /// Share of the trace's prompt tokens an earlier request already began with.
+    pub prefix_sharing: f64,
+    pub capacity: f64,
+    pub engines: usize,
+    pub time_scale: f64,
+    pub window_engine_secs: f64,
+    pub points: Vec<RoutingPoint>,
+    pub svg: Option<PathBuf>,
+}
+
+/// Measures `config` at `rate` on a fleet and gateway of its own, stopped after.
+async fn cold_point(
+    plan: &ScenarioPlan,
+    config: &Template,
+    rate: f64,
+) -> Result<RoutingPoint, ScenarioError> {
+    let fleet = SimFleet::start(plan).await?;
+    let measured = async {
+        let gateway = Gateway::start(config, &fleet, &plan.out_dir).await?;
+        let point = measure(plan, &fleet, &config.name, &gateway.url, rate).await;
+        gateway.stop().await;
+        Ok::<_, ScenarioError>(RoutingPoint {
+            point: point?,
+            per_engine: fleet.per_engine().await,
+        })
+    }
+    .await;
+    fleet.stop().await;
+    measured
+}
+
+pub async fn routing(plan: &ScenarioPlan) -> Result<RoutingReport, ScenarioError> {
+    let direct = plan
+        .configs
+        .iter()
+        .find(|t| t.name == "direct")
+        .ok_or(ScenarioError::NoDirect)?;
+    let capacity = match plan.capacity.or_else(|| Memo::recall(plan)) {
+        Some(c) => c,
+        None => {
+            let c = search_capacity(plan, |rate| async move {
+                Ok(cold_point(plan, direct, rate).await?.point)
+            })
+            .await?;
+            Memo::keep(plan, c)?;
+            c
+        }
+    };
+    let mut points = Vec::new();
+    for config in &plan.configs {
+        for load in LOADS {
+            let mut p = cold_point(plan, config, load * capacity).await?;
+            tracing::info!(
+                config = %config.name,
+                load,
+                goodput = p.point.goodput,
+                hit_rate = p.point.engines.hit_rate(),
+                "routing point"
+            );
+            p.point.offered = load * capacity;
+            points.push(p);
+        }
+    }
+    let prefix_sharing = points
+        .first()
+        .map_or(0.0, |p| p.point.report.prefix_sharing);
+    let svg = plan
+        .out_dir
+        .join(format!("routing-{}.svg", mix_name(plan.mix)));
+    draw(&svg, capacity, &points)?;
+    Ok(RoutingReport {
+        mix: plan.mix,
+        prefix_sharing,
+        capacity,
+        engines: plan.engines,
+        time_scale: plan.time_scale,
+        window_engine_secs: plan.window.as_secs_f64(),
+        points,
+        svg: Some(svg),
+    })
+}
+
+fn mix_name(mix: crate::run::Mix) -> String {
+    serde_json::to_value(mix)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// Goodput against load, one line per configuration.
+fn draw(path: &Path, capacity: f64, points: &[RoutingPoint]) -> Result<(), ScenarioError> {
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for p in points {
+        let at = (p.point.offered / capacity, p.point.goodput);
+        match lines.iter_mut().find(|(name, _)| *name == p.point.config) {
+            Some((_, line)) => line.push(at),
+            None => lines.push((p.point.config.clone(), vec![at])),
+        }
+    }
+    plot::draw(
+        path,
+        &plot::Chart {
+            caption: "Goodput by routing policy",
+            x_desc: "offered load (x capacity C of direct)",
+            y_desc: "goodput (requests per engine-second within SLO)",
+            lines: &lines,
+            band: None,
+            y_floor: capacity,
+        },
+    )
+}
+
+impl RoutingReport {
+    /// Markdown: one row per configuration and load.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "mix {}: {:.0}% of prompt tokens shared with an earlier request; {} engines; \
+             C = {:.2} requests per engine-second (direct keeps >= 90% within SLO); time scale \
+             {}, {} engine-s per point, every point from cold caches\n\n\
+             | config | load | goodput (req/s) | goodput / offered | within SLO | TTFT p50 / p99 (s) | prefix hit rate | per engine | busiest / mean | preemptions | rejected |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n",
+            mix_name(self.mix),
+            100.0 * self.prefix_sharing,
+            self.engines,
+            self.capacity,
+            self.time_scale,
+            self.window_engine_secs
+        );
+        for p in &self.points {
+            let (point, r) = (&p.point, &p.point.report);
+            let per_engine: Vec<String> = p
+                .per_engine
+                .iter()
+                .map(|e| format!("{:.0}", 100.0 * e.hit_rate()))
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | {:.1}x | {:.2} | {:.0}% | {:.0}% | {:.2} / {:.2} | {:.0}% | {} | {:.2} | {} | {:.0}% |",
+                point.config,
+                point.offered / self.capacity,
+                point.goodput,
+                100.0 * point.goodput / point.offered.max(f64::MIN_POSITIVE),
+                100.0 * attainment(point),
+                r.ttft_p50 * self.time_scale,
+                r.ttft_p99 * self.time_scale,
+                100.0 * point.engines.hit_rate(),
+                per_engine.join(" / "),
+                p.busiest_over_mean(),
+                point.engines.preemptions,
+                100.0 * r.rejection_rate,
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(requests: u64, queries: u64, hits: u64) -> EngineTotals {
+        EngineTotals {
+            requests,
+            prefix_queries: queries,
+            prefix_hits: hits,
+            ..EngineTotals::default()
+        }
+    }
+
+    #[test]
+    fn every_policy_is_compared_and_direct_comes_first() {
+        let configs = configs(Path::new("/bin/sluice"), 4.0);
+        assert_eq!(configs[0].name, "direct");
+        for policy in [
+            "round_robin",
+            "least_load",
+            "power_of_two",
+            "consistent_hash",
+            "cache_aware",
+        ] {
+            let name = format!("sluice-{}", policy.replace('_', "-"));
+            let config = configs.iter().find(|c| c.name == name).expect(&name);
+            let at = config.argv.iter().position(|a| a == "--policy").unwrap();
+            assert_eq!(config.argv[at + 1], policy);
+        }
+        for smg in configs.iter().filter(|c| c.name.starts_with("smg-")) {
+            let policy = smg.name.trim_start_matches("smg-").replace('-', "_");
+            assert!(smg.argv.contains(&policy), "{:?}", smg.argv);
+        }
+    }
+
+    #[test]
+    fn evenness_is_the_busiest_engine_over_the_mean() {
+        let mut point = RoutingPoint {
+            point: Point {
+                config: "x".into(),
+                offered: 1.0,
+                goodput: 1.0,
+                report: crate::goodput::summarize(&[], &[], std::time::Duration::from_secs(1)),
+                engines: EngineTotals::default(),
+            },
+            per_engine: vec![engine(10, 100, 50), engine(30, 100, 0)],
+        };
+        assert_eq!(point.busiest_over_mean(), 1.5);
+        point.per_engine = vec![engine(0, 0, 0); 2];
+        assert_eq!(point.busiest_over_mean(), 0.0, "nothing served");
+        assert!(
+            RoutingReport {
+                mix: crate::run::Mix::Shared,
+                prefix_sharing: 0.88,
+                capacity: 1.0,
+                engines: 2,
+                time_scale: 4.0,
+                window_engine_secs: 60.0,
+                points: vec![point],
+                svg: None,
+            }
+            .table()
+            .contains("mix shared: 88%"),
+            "the table names the mix and its sharing"
+        );
+    }
+}
