@@ -52,6 +52,13 @@ impl EngineTotals {
         }
     }
 
+    /// The totals of an engine about to be killed: what it held in flight is wasted too.
+    fn at_kill(state: &serde_json::Value) -> Self {
+        let mut totals = Self::of(state);
+        totals.wasted_tokens += state["work_in_flight"].as_u64().unwrap_or(0);
+        totals
+    }
+
     fn zip(self, other: Self, f: impl Fn(u64, u64) -> u64) -> Self {
         Self {
             requests: f(self.requests, other.requests),
@@ -218,9 +225,7 @@ impl SimFleet {
         let state = self.state(i).await;
         let engine = &mut self.engines[i];
         if let Some(state) = state {
-            let mut totals = EngineTotals::of(&state);
-            totals.wasted_tokens += state["work_in_flight"].as_u64().unwrap_or(0);
-            engine.before_kill = engine.before_kill.plus(totals);
+            engine.before_kill = engine.before_kill.plus(EngineTotals::at_kill(&state));
         }
         if let Some(proc) = engine.proc.take() {
             proc.kill().await;
@@ -334,5 +339,11 @@ mod tests {
         assert_eq!(one.since(two), EngineTotals::default(), "never below zero");
         assert_eq!(EngineTotals::default().late_share(), 0.0);
         assert_eq!(EngineTotals::default().hit_rate(), 0.0);
+        let killed = serde_json::json!({"wasted_tokens": 40, "work_in_flight": 500});
+        assert_eq!(
+            EngineTotals::at_kill(&killed).wasted_tokens,
+            540,
+            "the work a SIGKILL takes with it is wasted"
+        );
     }
 }

@@ -194,8 +194,8 @@ impl RoutingReport {
             "mix {}: {:.0}% of prompt tokens shared with an earlier request; {} engines; \
              C = {:.2} requests per engine-second (direct keeps >= 90% within SLO); time scale \
              {}, {} engine-s per point, every point from cold caches\n\n\
-             | config | load | goodput (req/s) | goodput / offered | within SLO | TTFT p50 / p99 (s) | prefix hit rate | per engine | busiest / mean | preemptions | rejected |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n",
+             | config | load | goodput (req/s) | goodput / arrived | within SLO | TTFT p50 / p99 (s) | prefix hit rate | per engine | busiest / mean | preemptions | rejected | late engine steps |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n",
             mix_name(self.mix),
             100.0 * self.prefix_sharing,
             self.engines,
@@ -212,11 +212,11 @@ impl RoutingReport {
                 .collect();
             let _ = writeln!(
                 out,
-                "| {} | {:.1}x | {:.2} | {:.0}% | {:.0}% | {:.2} / {:.2} | {:.0}% | {} | {:.2} | {} | {:.0}% |",
+                "| {} | {:.1}x | {:.2} | {:.0}% | {:.0}% | {:.2} / {:.2} | {:.0}% | {} | {:.2} | {} | {:.0}% | {:.1}% |",
                 point.config,
                 point.offered / self.capacity,
                 point.goodput,
-                100.0 * point.goodput / point.offered.max(f64::MIN_POSITIVE),
+                100.0 * r.goodput_rps / r.offered_rps.max(f64::MIN_POSITIVE),
                 100.0 * attainment(point),
                 r.ttft_p50 * self.time_scale,
                 r.ttft_p99 * self.time_scale,
@@ -225,6 +225,7 @@ impl RoutingReport {
                 p.busiest_over_mean(),
                 point.engines.preemptions,
                 100.0 * r.rejection_rate,
+                100.0 * point.engines.late_share(),
             );
         }
         out

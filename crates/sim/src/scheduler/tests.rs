@@ -566,3 +566,22 @@ proptest! {
         prop_assert_eq!(s.seqs.len(), 0);
     }
 }
+
+#[test]
+fn work_in_flight_is_what_the_live_sequences_computed_and_leaves_with_them() {
+    let mut s = Scheduler::new(config(100, 16));
+    s.add(seq(0, 10, 5));
+    s.add(seq(1, 20, 1));
+    assert_eq!(s.work_in_flight(), 0, "nothing computed yet");
+    s.step().unwrap();
+    // Both prompts prefilled (sampling each first token); sequence 1 is done.
+    assert_eq!(s.work_in_flight(), 10);
+    s.step().unwrap();
+    assert_eq!(s.work_in_flight(), 11, "one decoded token more");
+    assert!(s.abort(SeqId(0)));
+    assert_eq!(
+        s.work_in_flight(),
+        0,
+        "an aborted sequence's work is wasted, not in flight"
+    );
+}
