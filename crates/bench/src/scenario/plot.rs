@@ -19,6 +19,23 @@ pub struct Chart<'a> {
     pub y_floor: f64,
 }
 
+/// Goodput against offered load (as multiples of `capacity`), one line per configuration in
+/// the order they first appear.
+pub fn lines_by_config<'a>(
+    points: impl IntoIterator<Item = &'a super::Point>,
+    capacity: f64,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for p in points {
+        let at = (p.offered / capacity, p.goodput);
+        match lines.iter_mut().find(|(name, _)| *name == p.config) {
+            Some((_, line)) => line.push(at),
+            None => lines.push((p.config.clone(), vec![at])),
+        }
+    }
+    lines
+}
+
 pub fn draw(path: &Path, c: &Chart<'_>) -> Result<(), ScenarioError> {
     let plot = |e: &dyn std::fmt::Display| ScenarioError::Plot(e.to_string());
     let points = || c.lines.iter().flat_map(|(_, l)| l.iter());

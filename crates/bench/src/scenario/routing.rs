@@ -21,27 +21,35 @@ use crate::overhead::Template;
 /// The loads measured, as multiples of C: below capacity, and past it.
 pub const LOADS: [f64; 2] = [0.8, 1.2];
 
+/// sluice's policies, by their `--policy` names.
+const POLICIES: [&str; 5] = [
+    "round_robin",
+    "least_load",
+    "power_of_two",
+    "consistent_hash",
+    "cache_aware",
+];
+
+/// The configuration name of a gateway running `policy`.
+fn config_name(gateway: &str, policy: &str) -> String {
+    format!("{gateway}-{}", policy.replace('_', "-"))
+}
+
 /// The policies compared, each sluice with its defaults otherwise (load poll scaled with the
 /// engines' clock), then SMG's round robin and cache-aware when SMG is installed. `direct` comes
 /// first: it sets C.
 pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     let poll = format!("{}", 10.0 / time_scale.max(1.0));
     let mut configs = vec![quiet_sluice("direct", exe, &super::naive_flags(false))];
-    for policy in [
-        "round_robin",
-        "least_load",
-        "power_of_two",
-        "consistent_hash",
-        "cache_aware",
-    ] {
-        let name = format!("sluice-{}", policy.replace('_', "-"));
+    for policy in POLICIES {
+        let name = config_name("sluice", policy);
         let flags = ["--load-monitor-interval", &poll, "--policy", policy];
         configs.push(quiet_sluice(&name, exe, &flags));
     }
     if crate::overhead::on_path("smg") {
         for policy in ["round_robin", "cache_aware"] {
             let mut smg = crate::overhead::smg_template();
-            smg.name = format!("smg-{}", policy.replace('_', "-"));
+            smg.name = config_name("smg", policy);
             for arg in smg.argv.iter_mut().filter(|a| *a == "round_robin") {
                 *arg = policy.into();
             }
@@ -166,14 +174,7 @@ fn mix_name(mix: crate::run::Mix) -> String {
 
 /// Goodput against load, one line per configuration.
 fn draw(path: &Path, capacity: f64, points: &[RoutingPoint]) -> Result<(), ScenarioError> {
-    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for p in points {
-        let at = (p.point.offered / capacity, p.point.goodput);
-        match lines.iter_mut().find(|(name, _)| *name == p.point.config) {
-            Some((_, line)) => line.push(at),
-            None => lines.push((p.point.config.clone(), vec![at])),
-        }
-    }
+    let lines = plot::lines_by_config(points.iter().map(|p| &p.point), capacity);
     plot::draw(
         path,
         &plot::Chart {
@@ -249,14 +250,8 @@ mod tests {
     fn every_policy_is_compared_and_direct_comes_first() {
         let configs = configs(Path::new("/bin/sluice"), 4.0);
         assert_eq!(configs[0].name, "direct");
-        for policy in [
-            "round_robin",
-            "least_load",
-            "power_of_two",
-            "consistent_hash",
-            "cache_aware",
-        ] {
-            let name = format!("sluice-{}", policy.replace('_', "-"));
+        for policy in POLICIES {
+            let name = config_name("sluice", policy);
             let config = configs.iter().find(|c| c.name == name).expect(&name);
             let at = config.argv.iter().position(|a| a == "--policy").unwrap();
             assert_eq!(config.argv[at + 1], policy);

@@ -224,14 +224,7 @@ pub(super) async fn sweep(
 
 /// Goodput against offered load (as multiples of C), one line per configuration.
 fn draw(path: &Path, capacity: f64, points: &[Point]) -> Result<(), ScenarioError> {
-    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for p in points {
-        let at = (p.offered / capacity, p.goodput);
-        match lines.iter_mut().find(|(name, _)| *name == p.config) {
-            Some((_, line)) => line.push(at),
-            None => lines.push((p.config.clone(), vec![at])),
-        }
-    }
+    let lines = plot::lines_by_config(points, capacity);
     plot::draw(
         path,
         &plot::Chart {
