@@ -170,13 +170,13 @@ async fn chat(http: &HttpClient, addr: &str, model: &str, headers: &[(&str, &str
 
 /// Launch lines as SMG users write them, with every "works" flag of the page among them.
 #[rustfmt::skip]
-fn launch_lines(worker: &str, log_dir: &str, certs: &certs::Certs) -> Vec<Vec<String>> {
+fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs) -> Vec<Vec<String>> {
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
     let (ca, server_cert, server_key) = (path(&certs.ca), path(&certs.server_cert), path(&certs.server_key));
     let (client_cert, client_key) = (path(&certs.client_cert), path(&certs.client_key));
     // The worker requires the key: SMG's --api-key is also the key it is sent.
     let common = ["--host", "127.0.0.1", "--port", "0", "--worker-urls", worker, "--api-key", "secret"];
-    let lines: [&[&str]; 5] = [
+    let lines: [&[&str]; 6] = [
         // A keyed fleet behind a cache-aware gateway, with its logs, metrics and CORS.
         &[
             "--control-plane-api-keys", "k1:ops:admin:admin-secret",
@@ -262,10 +262,20 @@ fn launch_lines(worker: &str, log_dir: &str, certs: &certs::Certs) -> Vec<Vec<St
             "--client-cert-path", &client_cert,
             "--client-key-path", &client_key,
         ],
+        // The worker listed in a file instead of --worker-urls.
+        &[
+            "--discovery-provider", "file",
+            "--discovery-file", listing,
+            "--discovery-check-interval-secs", "30",
+        ],
     ];
     lines
         .iter()
-        .map(|extra| common.iter().chain(extra.iter()).map(|s| s.to_string()).collect())
+        .map(|extra| {
+            let from_file = extra.contains(&"--discovery-file");
+            let common = common.iter().enumerate().filter(|(at, _)| !(from_file && (4..6).contains(at)));
+            common.map(|(_, s)| s).chain(extra.iter()).map(|s| s.to_string()).collect()
+        })
         .collect()
 }
 
@@ -280,7 +290,15 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
     let worker = fleet.urls()[0].clone();
     let log_dir = std::env::temp_dir().join(format!("sluice-smg-launch-{}", std::process::id()));
     let certs = certs::Certs::make("smg-launch");
-    let lines = launch_lines(&worker, log_dir.to_str().unwrap(), &certs);
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let listing = log_dir.join("workers.json");
+    std::fs::write(&listing, format!("[\"{worker}\"]")).unwrap();
+    let lines = launch_lines(
+        &worker,
+        log_dir.to_str().unwrap(),
+        listing.to_str().unwrap(),
+        &certs,
+    );
 
     let used: BTreeSet<&str> = lines
         .iter()

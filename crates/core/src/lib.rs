@@ -22,6 +22,8 @@
 //! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
 //!   the cache-aware policy.
 //! - `breaker` — the per-worker circuit breaker state machine.
+//! - `discovery` — what a discovery source's new listing changes in the fleet (add, replace,
+//!   remove).
 //! - `degrade` — the degradation ladder: the pressure level and each step's rewrite of a body.
 //! - `health` — the worker health state machine (Pending / Ready / NotReady / Failed /
 //!   Draining) that probes drive.
@@ -34,6 +36,7 @@ pub mod adaptive;
 pub mod admission;
 pub mod breaker;
 pub mod degrade;
+pub mod discovery;
 pub mod hash;
 pub mod health;
 pub mod ids;

@@ -20,7 +20,7 @@ use crate::app::{App, Assembled};
 use crate::config::Config;
 use crate::context::InFlight;
 use crate::error::GatewayError;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, Origin};
 use crate::http;
 use crate::probes::ProbeListener;
 
@@ -36,6 +36,8 @@ pub enum StartError {
     AccessLog(#[from] AccessLogError),
     #[error("--worker-urls: {0}")]
     Worker(GatewayError),
+    #[error("--discovery-file: {0}")]
+    Discovery(#[from] crate::control::discovery::ListingError),
 }
 
 /// How a shutdown ended.
@@ -86,7 +88,9 @@ impl Gateway {
             access_log_writer,
         } = App::assemble(&config).await?;
         for spec in config.workers.iter().cloned() {
-            fleet.add(spec).map_err(StartError::Worker)?;
+            fleet
+                .add(spec, Origin::WorkerUrls)
+                .map_err(StartError::Worker)?;
         }
 
         let limits = config.connection_limits();
@@ -102,6 +106,13 @@ impl Gateway {
             .clone()
             .map(tokio_rustls::TlsAcceptor::from);
         let scheme = if tls.is_some() { "https" } else { "http" };
+        crate::control::discovery::start(
+            &config.discovery,
+            &fleet,
+            &app.admin.control,
+            &stop_rx,
+            &mut listeners,
+        )?;
         if let Some(queue) = app.front.admit.queue() {
             // The gateway queue's dispatcher, stopped with the listeners.
             listeners.spawn(queue.clone().dispatch(

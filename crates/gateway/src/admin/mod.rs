@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crate::control::Control;
 use crate::error::GatewayError;
-use crate::fleet::{Fleet, Removal, SpecError, Worker, WorkerPatch, WorkerSpec};
+use crate::fleet::{Fleet, Origin, Removal, SpecError, Worker, WorkerPatch, WorkerSpec};
 use crate::http::{discard, read_body, BodyLimits, Keys};
 
 /// Largest worker spec accepted.
@@ -145,6 +145,8 @@ impl HealthView {
 pub struct WorkerView {
     id: String,
     url: String,
+    /// Who registered it: `worker_urls`, `api`, `discovery_file`, `dns` or `kubernetes`.
+    source: Origin,
     status: HealthState,
     /// A request could be sent to it now (Ready and circuit not open).
     routable: bool,
@@ -171,6 +173,7 @@ impl WorkerView {
         Self {
             id: worker.id.to_string(),
             url: spec.url.clone(),
+            source: worker.origin,
             status: worker.status(),
             routable: worker.is_routable(),
             http2: worker.endpoint.http2,
@@ -200,7 +203,12 @@ async fn list(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<B
         .iter()
         .map(|w| WorkerView::of(&admin, w))
         .collect();
-    axum::Json(serde_json::json!({"total": workers.len(), "workers": workers})).into_response()
+    let mut view = serde_json::json!({"total": workers.len(), "workers": workers});
+    let sources = admin.control.sources();
+    if !sources.is_empty() {
+        view["discovery"] = serde_json::json!(sources);
+    }
+    axum::Json(view).into_response()
 }
 
 async fn show(
@@ -257,7 +265,7 @@ fn accepted(admin: &Admin, worker: &Worker) -> Response<Body> {
 }
 
 async fn create(State(admin): State<Arc<Admin>>, request: Request) -> Response<Body> {
-    register(&admin, request, |fleet, spec| fleet.add(spec)).await
+    register(&admin, request, |fleet, spec| fleet.add(spec, Origin::Api)).await
 }
 
 async fn replace(
@@ -265,7 +273,10 @@ async fn replace(
     Path(id): Path<String>,
     request: Request,
 ) -> Response<Body> {
-    register(&admin, request, |fleet, spec| fleet.replace(&id, spec)).await
+    register(&admin, request, |fleet, spec| {
+        fleet.replace(&id, spec, Origin::Api)
+    })
+    .await
 }
 
 /// POST and PUT: a validated spec, registered by `how`, answered 202 with its `Location`.

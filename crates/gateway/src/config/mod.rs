@@ -9,6 +9,7 @@ mod adaptive;
 mod admission;
 mod checks;
 mod degradation;
+mod discovery;
 mod sections;
 mod settings;
 pub mod smg;
@@ -30,6 +31,7 @@ pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec
 pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
+pub use discovery::DiscoverySettings;
 pub use settings::Settings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
@@ -391,6 +393,7 @@ impl Settings {
                 .validate(self.adaptive.codel()?, self.load()?.interval)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
+            discovery: self.discovery.validate()?,
         })
     }
 }
@@ -445,6 +448,8 @@ pub struct Config {
     /// `--worker-startup-timeout-secs`; `None`: wait forever.
     pub startup_timeout: Option<Duration>,
     pub health: HealthConfig,
+    /// `--discovery-file`, `--discovery-dns`.
+    pub discovery: crate::control::discovery::DiscoveryConfig,
     pub load: LoadConfig,
     pub shedding: Shedding,
     /// `None` with `--disable-liveness-checks`.

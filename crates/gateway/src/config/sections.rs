@@ -94,9 +94,11 @@ impl Settings {
             },
             endpoint: endpoint.clone(),
             disabled: self.disable_health_check,
-            // With no service discovery to register a removed worker again, removal would
-            // shrink a static fleet for good: off unless asked for.
-            remove_unhealthy: self.remove_unhealthy_workers.unwrap_or(false),
+            // Seed 004: the default follows discovery. Without a source to register a removed
+            // worker again, removal would shrink a static fleet for good.
+            remove_unhealthy: self
+                .remove_unhealthy_workers
+                .unwrap_or(self.discovery.any()),
         })
     }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
 use super::degradation::DegradationSettings;
+use super::discovery::DiscoverySettings;
 
 /// How to run the gateway.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -380,8 +381,9 @@ pub struct Settings {
     pub disable_health_check: bool,
 
     /// Remove workers that reach Failed. Off, they stay registered and probed, and rejoin in
-    /// place once they answer again. Alone, the flag means true [default: off, as there is no
-    /// service discovery to register a removed worker again].
+    /// place once they answer again. Alone, the flag means true [default: on with service
+    /// discovery, which registers a removed worker again once its health endpoint answers; off
+    /// without, so a static fleet does not shrink for good].
     #[arg(
         long,
         visible_alias = "worker-auto-recovery",
@@ -395,7 +397,7 @@ pub struct Settings {
     #[arg(help_heading = "Health checks")]
     pub remove_unhealthy_workers: Option<bool>,
 
-    /// Keep failed workers registered and probed (the default).
+    /// Keep failed workers registered and probed (the default without service discovery).
     #[arg(
         long,
         visible_alias = "no-worker-auto-recovery",
@@ -602,4 +604,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub degradation: DegradationSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub discovery: DiscoverySettings,
 }

@@ -7,7 +7,7 @@
 //! (crates/cli/tests/smg_launch.rs keeps the two in step).
 
 const DISC: &str =
-    "worker discovery (Kubernetes, file) is not supported yet: list workers with --worker-urls or add them with POST /workers";
+    "Kubernetes pod discovery is not built yet: list the pods behind a headless Service with --discovery-dns NAME:PORT, or workers in --discovery-file";
 const DP: &str =
     "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
 const GRPC: &str =
@@ -132,7 +132,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--prefill-queue-size", PD),
     ("--prefill-queue-timeout-secs", PD),
     ("--service-discovery", DISC),
-    ("--discovery-provider", DISC),
     ("--selector", DISC),
     ("--service-discovery-port", DISC),
     ("--service-discovery-namespace", DISC),
@@ -143,8 +142,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--decode-selector", PD),
     ("--router-selector", MESH),
     ("--model-id-from", DISC),
-    ("--discovery-file", DISC),
-    ("--discovery-check-interval-secs", DISC),
     (
         "--jemalloc-prof-dir",
         "sluice is not built with jemalloc heap profiling; drop the flag",

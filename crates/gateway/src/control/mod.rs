@@ -13,12 +13,15 @@
 //!   (`--adaptive-concurrency`).
 //! - `liveness` — one checker for the fleet: transport failures, silence and missing progress
 //!   turned into unreachable and wedged vetoes.
+//! - `discovery` — workers registered, re-registered and drained as a source lists them
+//!   (`--discovery-file`, `--discovery-dns`).
 //!
 //! `Control` holds what they share (the upstream client, their settings, the probe permits) and
 //! starts the per-worker loops for each registration (`fleet::Supervise`).
 
 mod adaptive;
 mod discover;
+pub mod discovery;
 mod health;
 mod liveness;
 mod load;
@@ -70,6 +73,8 @@ pub struct Control {
     probe_permits: Arc<Semaphore>,
     /// The busy thresholds in force (`POST /busy_threshold` swaps them).
     busy: ArcSwap<BusyThresholds>,
+    /// Each discovery source's view, written by that source's task alone.
+    sources: parking_lot::Mutex<Vec<Option<discovery::SourceView>>>,
 }
 
 impl std::fmt::Debug for Control {
@@ -85,7 +90,24 @@ impl Control {
             busy: ArcSwap::from_pointee(settings.load.busy),
             settings,
             probe_permits: Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT)),
+            sources: parking_lot::Mutex::default(),
         })
+    }
+
+    /// Records what discovery source `slot` last did; whether that changed anything.
+    fn show_source(&self, slot: usize, view: discovery::SourceView) -> bool {
+        let mut sources = self.sources.lock();
+        if sources.len() <= slot {
+            sources.resize(slot + 1, None);
+        }
+        let changed = sources[slot].as_ref() != Some(&view);
+        sources[slot] = Some(view);
+        changed
+    }
+
+    /// What each discovery source last did (`GET /workers`).
+    pub fn sources(&self) -> Vec<discovery::SourceView> {
+        self.sources.lock().iter().flatten().cloned().collect()
     }
 
     /// Starts the fleet-wide loops (the liveness checker, unless turned off); they end with the

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use axum::http::HeaderValue;
 use serde::Serialize;
 use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::breaker::BreakerConfig;
@@ -57,11 +58,12 @@ pub use spec::{
 };
 pub use veto::{EngineLoad, Vetoes};
 pub use worker::{
-    HealthCell, Lease, LiveSpec, ModelCard, ProbeRecord, Traffic, Worker, WorkerInfo,
+    HealthCell, Lease, LiveSpec, ModelCard, Origin, ProbeRecord, Traffic, Worker, WorkerInfo,
 };
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::upstream::Endpoint;
 
 /// What the fleet needs to create workers.
 #[derive(Debug, Clone)]
@@ -271,7 +273,11 @@ impl Fleet {
     }
 
     /// Registers a worker; it is `Pending` until it answers `/v1/models`.
-    pub fn add(self: &Arc<Self>, spec: WorkerSpec) -> Result<Arc<Worker>, GatewayError> {
+    pub fn add(
+        self: &Arc<Self>,
+        spec: WorkerSpec,
+        origin: Origin,
+    ) -> Result<Arc<Worker>, GatewayError> {
         let mut registry = self.registry.lock();
         if let Some(existing) = registry
             .entries
@@ -284,11 +290,11 @@ impl Fleet {
             });
         }
         let id = unique_id(&registry, &spec.url);
-        let entry = self.start_worker(id, spec);
+        let entry = self.start_worker(id, spec, origin);
         let worker = entry.worker.clone();
         registry.entries.push(entry);
         self.publish(&mut registry);
-        info!(worker = %worker.id, url = %worker.live().spec.url, "worker registered");
+        info!(worker = %worker.id, url = %worker.live().spec.url, origin = origin.as_str(), "worker registered");
         Ok(worker)
     }
 
@@ -297,6 +303,7 @@ impl Fleet {
         self: &Arc<Self>,
         id: &str,
         spec: WorkerSpec,
+        origin: Origin,
     ) -> Result<Arc<Worker>, GatewayError> {
         let mut registry = self.registry.lock();
         if let Some(other) = registry
@@ -317,7 +324,7 @@ impl Fleet {
             return Err(not_found(id));
         };
         let id = registry.entries[at].worker.id.clone();
-        let entry = self.start_worker(id, spec);
+        let entry = self.start_worker(id, spec, origin);
         let worker = entry.worker.clone();
         registry.entries[at] = entry;
         self.publish(&mut registry);
@@ -440,7 +447,7 @@ impl Fleet {
         }
     }
 
-    fn start_worker(self: &Arc<Self>, id: WorkerId, mut spec: WorkerSpec) -> Entry {
+    fn start_worker(self: &Arc<Self>, id: WorkerId, mut spec: WorkerSpec, origin: Origin) -> Entry {
         if spec.api_key.is_none() {
             spec.api_key.clone_from(&self.settings.default_worker_key);
         }
@@ -453,6 +460,7 @@ impl Fleet {
         let worker = Arc::new(Worker::new(
             id.clone(),
             spec,
+            origin,
             self.settings.http2_default,
             breaker.clone(),
             self.metrics.for_worker(id.as_str(), self.settings.policy),
@@ -462,6 +470,22 @@ impl Fleet {
         let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];
         tasks.extend(self.supervisor.clone().supervise(self, &worker));
         Entry { worker, tasks }
+    }
+
+    /// How a worker of `spec` would be reached, and with which authorization, were it registered
+    /// now (discovery asks a removed worker's health endpoint before registering it again).
+    pub fn reach(&self, spec: &WorkerSpec) -> (Endpoint, Option<HeaderValue>) {
+        let mut spec = spec.clone();
+        if spec.api_key.is_none() {
+            spec.api_key.clone_from(&self.settings.default_worker_key);
+        }
+        let (scheme, authority) = spec.endpoint();
+        let endpoint = Endpoint {
+            scheme,
+            authority,
+            http2: spec.http2.unwrap_or(self.settings.http2_default),
+        };
+        (endpoint, LiveSpec::new(spec).authorization)
     }
 
     /// Rebuilds the snapshot from the registry.

@@ -45,6 +45,35 @@ pub struct WorkerInfo {
     pub models: Vec<ModelCard>,
 }
 
+/// Where a registration came from, as `GET /workers` shows it. A discovery source changes only
+/// the workers it registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// `--worker-urls`.
+    WorkerUrls,
+    /// `POST` or `PUT /workers`.
+    Api,
+    /// `--discovery-file`.
+    DiscoveryFile,
+    /// `--discovery-dns`.
+    Dns,
+    /// `--service-discovery`.
+    Kubernetes,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::WorkerUrls => "worker_urls",
+            Origin::Api => "api",
+            Origin::DiscoveryFile => "discovery_file",
+            Origin::Dns => "dns",
+            Origin::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 /// The spec and what is derived from it, replaced together by `PATCH`.
 #[derive(Debug)]
 pub struct LiveSpec {
@@ -54,7 +83,7 @@ pub struct LiveSpec {
 }
 
 impl LiveSpec {
-    fn new(spec: WorkerSpec) -> Self {
+    pub(crate) fn new(spec: WorkerSpec) -> Self {
         let authorization = spec.api_key.as_ref().and_then(|k| {
             let mut v = HeaderValue::try_from(format!("Bearer {k}")).ok()?;
             v.set_sensitive(true);
@@ -179,6 +208,8 @@ pub struct Worker {
     pub key: u64,
     /// Where it is reached (fixed: a new URL is a new registration).
     pub endpoint: Endpoint,
+    /// Who registered it (fixed: a `PUT` is a new registration).
+    pub origin: Origin,
     /// The parts of the spec `PATCH` may change, swapped whole (the admin API).
     live: ArcSwap<LiveSpec>,
     /// What it said about itself at registration (discovery).
@@ -204,6 +235,7 @@ impl Worker {
     pub fn new(
         id: WorkerId,
         spec: WorkerSpec,
+        origin: Origin,
         http2_default: bool,
         breaker: Arc<WorkerBreaker>,
         metrics: WorkerMetrics,
@@ -218,6 +250,7 @@ impl Worker {
                 authority,
                 http2: spec.http2.unwrap_or(http2_default),
             },
+            origin,
             live: ArcSwap::from_pointee(LiveSpec::new(spec)),
             info: ArcSwapOption::empty(),
             health: HealthCell::new(),
@@ -465,6 +498,7 @@ mod tests {
         Arc::new(Worker::new(
             WorkerId::new("w"),
             spec,
+            Origin::Api,
             false,
             breaker,
             metrics,

@@ -275,6 +275,67 @@ fn auto_recovery_takes_every_spelling() {
 }
 
 #[test]
+fn discovery_turns_auto_recovery_on_unless_told_otherwise() {
+    let remove = |args: &[&str]| validated(args).unwrap().health.remove_unhealthy;
+    assert!(remove(&["--discovery-file", "workers.json"]));
+    assert!(remove(&["--discovery-dns", "vllm.llm:8000"]));
+    assert!(!remove(&[
+        "--discovery-file",
+        "workers.json",
+        "--no-remove-unhealthy-workers"
+    ]));
+    assert!(!remove(&[
+        "--discovery-dns",
+        "vllm.llm:8000",
+        "--remove-unhealthy-workers=false"
+    ]));
+}
+
+#[test]
+fn discovery_sources_are_checked() {
+    let c = validated(&[
+        "--discovery-provider",
+        "file",
+        "--discovery-file",
+        "w.toml",
+        "--discovery-check-interval-secs",
+        "5",
+    ])
+    .unwrap();
+    let file = c.discovery.file.unwrap();
+    assert_eq!(file.path, std::path::Path::new("w.toml"));
+    assert_eq!(file.every, Duration::from_secs(5));
+    assert!(c.discovery.dns.is_none());
+    let dns = validated(&["--discovery-dns", "vllm.llm.svc:8000"])
+        .unwrap()
+        .discovery
+        .dns
+        .unwrap();
+    assert_eq!((dns.name.as_str(), dns.port), ("vllm.llm.svc", 8000));
+    assert_eq!(dns.every, Duration::from_secs(30), "SMG's default interval");
+    let refused: &[(&[&str], &str)] = &[
+        (&["--discovery-provider", "file"], "needs --discovery-file"),
+        (&["--discovery-provider", "dns"], "needs --discovery-dns"),
+        (&["--discovery-provider", "kubernetes"], "--discovery-dns"),
+        (&["--discovery-provider", "consul"], "not one of"),
+        (&["--discovery-dns", "vllm"], "NAME:PORT"),
+        (
+            &[
+                "--discovery-file",
+                "w.json",
+                "--discovery-check-interval-secs",
+                "0",
+            ],
+            "--discovery-check-interval-secs",
+        ),
+    ];
+    for (args, says) in refused {
+        let e = validated(args).unwrap_err().to_string();
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+}
+
+#[test]
 fn invalid_values_name_their_setting() {
     let cases: &[(&[&str], &str)] = &[
         (&["--policy", "fastest"], "--policy"),
