@@ -23,6 +23,7 @@ use crate::http::{self, Keys};
 use crate::metrics::Metrics;
 use crate::probes::{self, Probes};
 use crate::route::RouteStage;
+use crate::shared::Shared;
 use crate::upstream::Upstream;
 use sluice_core::overload::Projection;
 
@@ -37,6 +38,15 @@ pub struct App {
     pub registry: Arc<Registry>,
 }
 
+/// Why the app could not be assembled.
+#[derive(Debug, thiserror::Error)]
+pub enum AssembleError {
+    #[error(transparent)]
+    AccessLog(#[from] AccessLogError),
+    #[error(transparent)]
+    Shared(#[from] crate::shared::SharedError),
+}
+
 /// An assembled gateway before it listens: the app, and what starting and stopping it needs.
 pub(crate) struct Assembled {
     pub app: App,
@@ -46,11 +56,13 @@ pub(crate) struct Assembled {
     /// OpenAI requests in flight, which shutdown waits for.
     pub in_flight: Arc<InFlight>,
     pub access_log_writer: Option<AccessLogWriter>,
+    /// The state shared with the other replicas (`--redis-url`), whose task the gateway runs.
+    pub shared: Option<Arc<Shared>>,
 }
 
 impl App {
     /// Everything `config` describes, wired together; no worker registered, nothing listening.
-    pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AccessLogError> {
+    pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AssembleError> {
         let mut registry = Registry::with_prefix("sluice");
         let metrics = match &config.duration_buckets {
             Some(buckets) => Metrics::register_with(&mut registry, buckets),
@@ -81,10 +93,15 @@ impl App {
                 .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
                 .collect(),
         };
+        let shared = match &config.shared {
+            Some(c) => Some(Shared::new(c, &mut registry)?),
+            None => None,
+        };
         let admit = Arc::new(Admit::new(
             config.request_timeout,
             &config.admission,
             &mut registry,
+            shared.as_deref(),
         ));
         let probes = Probes::new(fleet.clone(), draining.clone());
         let degrade = config
@@ -137,6 +154,7 @@ impl App {
             draining,
             in_flight,
             access_log_writer,
+            shared,
         })
     }
 

@@ -184,6 +184,9 @@ pub enum GatewayError {
         why: &'static str,
         retry_after: Duration,
     },
+    /// The limits are shared through Redis, Redis is away, and `--redis-fail-open` is off.
+    #[error("The gateway cannot check its shared limits right now; retry shortly")]
+    SharedStateUnavailable,
     /// The gateway queue is full of requests at least as urgent.
     #[error("The gateway's queue is full; retry shortly")]
     QueueFull { retry_after: Duration },
@@ -232,6 +235,7 @@ impl GatewayError {
                 StatusCode::TOO_MANY_REQUESTS
             }
             GatewayFull { .. }
+            | SharedStateUnavailable
             | QueueFull { .. }
             | QueueEvicted { .. }
             | QueueTimeout { .. }
@@ -306,6 +310,7 @@ impl GatewayError {
             RateLimited { .. } | RequestTooLarge { .. } => "rate_limit_exceeded",
             TenantConcurrency { .. } => "tenant_concurrency_exceeded",
             GatewayFull { .. } | QueueFull { .. } => "queue_full",
+            SharedStateUnavailable => "shared_state_unavailable",
             QueueEvicted { .. } => "queue_evicted",
             QueueTimeout { .. } => "queue_timeout",
             CodelDrop { .. } => "codel_drop",
@@ -350,6 +355,7 @@ impl GatewayError {
             | WorkerOverloadShed { .. }
             | OverloadedBeforeDispatch { .. }
             | GatewayFull { .. }
+            | SharedStateUnavailable
             | QueueFull { .. }
             | QueueEvicted { .. }
             | QueueTimeout { .. }
@@ -379,7 +385,9 @@ impl GatewayError {
             | GatewayError::QueueTimeout { retry_after, .. }
             | GatewayError::CodelDrop { retry_after, .. }
             | GatewayError::DegradationShed { retry_after, .. } => Some(*retry_after),
-            GatewayError::TenantConcurrency { .. } => Some(Duration::from_secs(1)),
+            GatewayError::TenantConcurrency { .. } | GatewayError::SharedStateUnavailable => {
+                Some(Duration::from_secs(1))
+            }
             // Bodies in hand are sent on within a request's first moments.
             GatewayError::BodyBuffersFull => Some(BODY_BUFFERS_RETRY_AFTER),
             _ => None,

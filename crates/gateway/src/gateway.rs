@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::access_log::{AccessLogError, AccessLogWriter};
-use crate::app::{App, Assembled};
+use crate::access_log::AccessLogWriter;
+use crate::app::{App, AssembleError, Assembled};
 use crate::config::Config;
 use crate::context::InFlight;
 use crate::error::GatewayError;
@@ -33,7 +33,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    AccessLog(#[from] AccessLogError),
+    Assemble(#[from] AssembleError),
     #[error("--worker-urls: {0}")]
     Worker(GatewayError),
     #[error("--discovery-file: {0}")]
@@ -86,7 +86,12 @@ impl Gateway {
             draining,
             in_flight,
             access_log_writer,
+            shared,
         } = App::assemble(&config).await?;
+        if let Some(shared) = &shared {
+            // Before serving, so the first requests already spend the shared budgets.
+            shared.connect().await;
+        }
         for spec in config.workers.iter().cloned() {
             fleet
                 .add(spec, Origin::WorkerUrls)
@@ -113,6 +118,9 @@ impl Gateway {
             &stop_rx,
             &mut listeners,
         )?;
+        if let Some(shared) = shared {
+            listeners.spawn(shared.run(stop_rx.clone()));
+        }
         if let Some(queue) = app.front.admit.queue() {
             // The gateway queue's dispatcher, stopped with the listeners.
             listeners.spawn(queue.clone().dispatch(

@@ -15,8 +15,8 @@
 //! - `front` — the OpenAI routes: draining, the API key, the content type, the body limit, the
 //!   JSON facts routing needs (`parse`); bad input ends here. It makes the request's context and
 //!   runs the stages. Also `/v1/models`.
-//! - `admit` — whether a request goes on now; today it admits all and sets the deadline. Edge
-//!   admission (tenants, tiers, buckets, the queue) lands here.
+//! - `admit` — whether a request goes on now: tenants, tiers, deadlines, budgets and caps, the
+//!   gateway queue.
 //! - `degrade` — the degradation ladder: the level from the pressure, and what it does to a
 //!   request (hard shedding, a cascade, a rewritten body).
 //! - `route` — the model's pool, the candidates a request could use, the policy's pick and its
@@ -32,7 +32,9 @@
 //! - `fleet` — the registry and its snapshot; each worker's facts grouped by their one writer
 //!   (health, traffic, vetoes, signals, circuit), in typed atomic cells.
 //! - `control` — the loops that own facts about workers: registration, the health prober, the load
-//!   monitor, the liveness checker.
+//!   monitor, the liveness checker, service discovery.
+//! - `shared` — budgets and caps shared with the other replicas through Redis (`--redis-url`),
+//!   below `admit`, which spends them.
 //! - `upstream` — the HTTP client to workers, at the bottom: used by `forward` and `control`,
 //!   importing nothing above it. `tls` beside it: the certificates both ways.
 //!
@@ -67,6 +69,7 @@ pub mod http;
 pub mod metrics;
 pub mod probes;
 pub mod route;
+pub mod shared;
 pub mod stream;
 pub mod tls;
 pub mod upstream;

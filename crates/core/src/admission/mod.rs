@@ -8,11 +8,13 @@
 //! - `queue` — the gateway queue's order: strict tiers, weighted fair tenants, earliest deadline.
 //! - `drain` — the queue's drain rate, expected waits, hopeless waits and when to come back.
 //! - `deadline` — whether a request can still answer within its client's deadline.
+//! - `shared` — a replica's share of budgets and caps several replicas spend together.
 
 pub mod bucket;
 pub mod deadline;
 pub mod drain;
 pub mod queue;
+pub mod shared;
 pub mod tier;
 
 pub use bucket::{reset_text, tokens_used, Bucket, Level, Refusal, Spent};

@@ -10,6 +10,7 @@ use super::queue::GatewayQueue;
 use super::tenants::Tenant;
 use crate::context::{Ending, Hold};
 use crate::metrics::{AdmissionMetrics, TenantTokenLabels};
+use crate::shared::SharedSlots;
 
 /// A place under `--max-concurrent-requests`; given back, it may let a queued request go.
 pub struct GatewaySlot(pub OwnedSemaphorePermit, pub Option<Arc<GatewayQueue>>);
@@ -17,6 +18,18 @@ pub struct GatewaySlot(pub OwnedSemaphorePermit, pub Option<Arc<GatewayQueue>>);
 impl Hold for GatewaySlot {
     fn release(self: Box<Self>, _: &Ending) {
         drop(self.0);
+        if let Some(queue) = &self.1 {
+            queue.kick();
+        }
+    }
+}
+
+/// A place under `--max-concurrent-requests` shared with the other replicas.
+pub struct SharedGatewaySlot(pub Arc<SharedSlots>, pub Option<Arc<GatewayQueue>>);
+
+impl Hold for SharedGatewaySlot {
+    fn release(self: Box<Self>, _: &Ending) {
+        self.0.leave();
         if let Some(queue) = &self.1 {
             queue.kick();
         }

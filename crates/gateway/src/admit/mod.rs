@@ -18,10 +18,12 @@
 //! - `config` — what admission is configured with (built by `crate::config`).
 //! - `tenants` — the tenants at run time and how a request finds its own.
 //! - `holds` — slots and reservations, given back at the end.
+//! - `budget` — a budget or cap kept locally or shared with the other replicas (`--redis-url`).
 //! - `queue` — the gateway queue and its dispatcher (`--queue-size`).
 //! - `codel` — CoDel on each tier of the queue: a standing queue cut at its head.
 //! - `headers` — the request headers admission reads and the `x-ratelimit-*` it writes.
 
+mod budget;
 mod codel;
 mod config;
 mod headers;
@@ -33,10 +35,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use sluice_core::admission::deadline::{feasible, Expected};
-use sluice_core::admission::{Bucket, Refusal, Tier};
+use sluice_core::admission::{Refusal, Tier};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -48,7 +49,9 @@ use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::http::KeyOwner;
 use crate::metrics::{AdmissionMetrics, RejectedLabels};
-use holds::{GatewaySlot, Spend, TenantSlot};
+use crate::shared::{Shared, SharedSlots, Short};
+use budget::{not_yet, Budget};
+use holds::{GatewaySlot, SharedGatewaySlot, Spend, TenantSlot};
 
 /// What admission reads of a request.
 #[derive(Debug, Clone, Copy)]
@@ -62,13 +65,28 @@ pub struct Asking<'a> {
     pub n: u64,
 }
 
+/// `--max-concurrent-requests`: this gateway's own, or shared with the other replicas.
+#[derive(Debug)]
+enum Slots {
+    Local(Arc<Semaphore>),
+    Shared(Arc<SharedSlots>),
+}
+
 /// The gateway-wide caps.
 #[derive(Debug)]
 struct Gateway {
     /// `--max-concurrent-requests`, and the cap it was set to.
-    slots: Option<(Arc<Semaphore>, u32)>,
+    slots: Option<(Slots, u32)>,
     /// `--rate-limit-tokens-per-second` (requests per second).
-    rate: Option<Mutex<Bucket>>,
+    rate: Option<Budget>,
+}
+
+/// A refusal for want of the shared state (`--redis-fail-open=false` with Redis away).
+fn unavailable(short: Short, refused: impl FnOnce(Refusal) -> GatewayError) -> GatewayError {
+    match short {
+        Short::Refused(refusal) => refused(refusal),
+        Short::Unavailable => GatewayError::SharedStateUnavailable,
+    }
 }
 
 /// The admit stage, shared by every request.
@@ -87,16 +105,31 @@ pub struct Admit {
 
 impl Admit {
     /// The stage for `config`, its metric families registered in `registry`.
+    /// The stage for `config`, its metric families registered in `registry`; its budgets and
+    /// caps shared through `shared` when given.
     pub fn new(
         request_timeout: Duration,
         config: &AdmissionConfig,
         registry: &mut Registry,
+        shared: Option<&Shared>,
     ) -> Self {
         let now = Instant::now();
         let burst = config.max_concurrent.unwrap_or(0);
         let metrics = AdmissionMetrics::register(registry, &Tenants::labels(config));
-        let tenants = Tenants::new(config, now, &metrics);
+        let tenants = Tenants::new(config, now, &metrics, shared);
         let queue = config.queue.clone().map(|q| GatewayQueue::new(q, registry));
+        let slots = config.max_concurrent.map(|n| {
+            let slots = match shared {
+                Some(shared) => Slots::Shared(shared.slots("gateway:concurrent", u64::from(n))),
+                None => Slots::Local(Arc::new(Semaphore::new(n as usize))),
+            };
+            (slots, n)
+        });
+        if let (Some(shared), Some(queue)) = (shared, &queue) {
+            // A grown grant is room the queue's dispatcher cannot see otherwise.
+            let queue = queue.clone();
+            shared.on_room(move || queue.kick());
+        }
         Self {
             queue,
             request_timeout,
@@ -104,14 +137,12 @@ impl Admit {
             default_max_tokens: config.default_max_tokens,
             tier_deadlines: config.tier_deadlines,
             gateway: Gateway {
-                slots: config
-                    .max_concurrent
-                    .map(|n| (Arc::new(Semaphore::new(n as usize)), n)),
+                slots,
                 rate: config.request_rate.map(|per_sec| {
                     // Bursting up to the concurrency cap, as SMG's does; a second's worth without.
                     let burst = u64::from(burst).max(per_sec.ceil() as u64).max(1);
                     let period = Duration::from_secs_f64(burst as f64 / per_sec);
-                    Mutex::new(Bucket::new(burst, period, now))
+                    Budget::new(shared, "gateway:rate", burst, period, now)
                 }),
             },
             metrics,
@@ -128,20 +159,27 @@ impl Admit {
         serde_json::json!({
             "max_concurrent_requests": self.gateway.slots.as_ref().map(|(_, cap)| cap),
             "in_flight_under_cap": self.gateway.slots.as_ref()
-                .map(|(slots, cap)| *cap as usize - slots.available_permits()),
+                .map(|(slots, cap)| match slots {
+                    Slots::Local(s) => (*cap as usize - s.available_permits()) as u64,
+                    Slots::Shared(s) => s.in_use(),
+                }),
             "requests_per_second": self.gateway.rate.as_ref().map(|r| {
-                let level = r.lock().level(now);
+                let level = r.level(now);
                 serde_json::json!({"burst": level.limit, "remaining": level.remaining})
             }),
         })
     }
 
     /// Admits `ctx` now or refuses it, setting what admission decides for it.
-    pub fn admit(&self, ctx: &mut RequestContext, asking: &Asking<'_>) -> Result<(), GatewayError> {
+    pub async fn admit(
+        &self,
+        ctx: &mut RequestContext,
+        asking: &Asking<'_>,
+    ) -> Result<(), GatewayError> {
         let now = Instant::now();
         ctx.admission.deadline = ctx.started + self.request_timeout;
         let tenant = self.tenants.of(asking.headers, asking.owner);
-        let decided = self.decide(ctx, &tenant, asking, now);
+        let decided = self.decide(ctx, &tenant, asking, now).await;
         let tier = ctx.admission.tier.unwrap_or(tenant.tier);
         if tenant.limited() {
             ctx.admission.rate_headers = Some(headers::rate_limits(&tenant, now));
@@ -153,7 +191,7 @@ impl Admit {
         decided
     }
 
-    fn decide(
+    async fn decide(
         &self,
         ctx: &mut RequestContext,
         tenant: &Arc<Tenant>,
@@ -174,8 +212,12 @@ impl Admit {
                 return Err(GatewayError::DeadlineExceeded { budget });
             }
         }
-        self.take_gateway(ctx, now)?;
-        if !tenant.enter() {
+        self.take_gateway(ctx, now).await?;
+        let entered = tenant
+            .enter()
+            .await
+            .map_err(|short| unavailable(short, |_| GatewayError::SharedStateUnavailable))?;
+        if !entered {
             return Err(GatewayError::TenantConcurrency {
                 tenant: tenant.id.to_string(),
                 limit: tenant.max_concurrent.unwrap_or(0),
@@ -191,10 +233,11 @@ impl Admit {
             return Ok(());
         }
         self.reserve(ctx, tenant, tokens, asking.prompt_tokens, now)
+            .await
     }
 
     /// One request and `tokens` from the tenant's buckets, settled when the request ends.
-    fn reserve(
+    async fn reserve(
         &self,
         ctx: &mut RequestContext,
         tenant: &Arc<Tenant>,
@@ -214,10 +257,12 @@ impl Admit {
                 limit: capacity,
             },
         };
-        Tenant::reserve(&tenant.requests, 1, now).map_err(|e| limited("requests", e))?;
-        if let Err(refusal) = Tenant::reserve(&tenant.tokens, tokens, now) {
+        Tenant::reserve(&tenant.requests, 1, now)
+            .await
+            .map_err(|short| unavailable(short, |e| limited("requests", e)))?;
+        if let Err(short) = Tenant::reserve(&tenant.tokens, tokens, now).await {
             Tenant::settle(&tenant.requests, 1, 0, now);
-            return Err(limited("tokens", refusal));
+            return Err(unavailable(short, |e| limited("tokens", e)));
         }
         ctx.admission.metered = tenant.tokens.is_some();
         ctx.admission.hold(Box::new(Spend {
@@ -230,33 +275,44 @@ impl Admit {
     }
 
     /// The gateway-wide request rate and concurrency cap.
-    fn take_gateway(&self, ctx: &mut RequestContext, now: Instant) -> Result<(), GatewayError> {
+    async fn take_gateway(
+        &self,
+        ctx: &mut RequestContext,
+        now: Instant,
+    ) -> Result<(), GatewayError> {
         if let Some(rate) = &self.gateway.rate {
-            if let Err(refusal) = rate.lock().reserve(1, now) {
-                let retry_after = match refusal {
-                    Refusal::NotYet { retry_after } => retry_after,
-                    Refusal::TooBig { .. } => Duration::from_secs(1),
-                };
-                return Err(GatewayError::GatewayFull {
+            rate.reserve(1, now).await.map_err(|short| {
+                unavailable(short, |refusal| GatewayError::GatewayFull {
                     why: "its request rate",
-                    retry_after,
-                });
-            }
+                    retry_after: not_yet(refusal),
+                })
+            })?;
         }
         if self.queue.is_some() {
             // Taken when the request may go (`wait_room`): it waits for one rather than refused.
             return Ok(());
         }
-        if let Some((slots, _)) = &self.gateway.slots {
-            let permit =
-                slots
-                    .clone()
-                    .try_acquire_owned()
-                    .map_err(|_| GatewayError::GatewayFull {
-                        why: "its concurrent requests",
-                        retry_after: Duration::from_secs(1),
-                    })?;
-            ctx.admission.hold(Box::new(GatewaySlot(permit, None)));
+        let full = GatewayError::GatewayFull {
+            why: "its concurrent requests",
+            retry_after: Duration::from_secs(1),
+        };
+        match &self.gateway.slots {
+            None => {}
+            Some((Slots::Local(slots), _)) => {
+                let permit = slots.clone().try_acquire_owned().map_err(|_| full)?;
+                ctx.admission.hold(Box::new(GatewaySlot(permit, None)));
+            }
+            Some((Slots::Shared(slots), _)) => {
+                let entered = slots
+                    .enter()
+                    .await
+                    .map_err(|_| GatewayError::SharedStateUnavailable)?;
+                if !entered {
+                    return Err(full);
+                }
+                ctx.admission
+                    .hold(Box::new(SharedGatewaySlot(slots.clone(), None)));
+            }
         }
         Ok(())
     }
@@ -267,8 +323,18 @@ impl Admit {
 
     /// Whether `--max-concurrent-requests` leaves room (always, without the cap).
     pub fn slots_free(&self) -> impl Fn() -> bool + Send + 'static {
-        let slots = self.gateway.slots.as_ref().map(|(s, _)| s.clone());
-        move || slots.as_ref().is_none_or(|s| s.available_permits() > 0)
+        let local = match &self.gateway.slots {
+            Some((Slots::Local(s), _)) => Some(s.clone()),
+            _ => None,
+        };
+        let shared = match &self.gateway.slots {
+            Some((Slots::Shared(s), _)) => Some(s.clone()),
+            _ => None,
+        };
+        move || {
+            local.as_ref().is_none_or(|s| s.available_permits() > 0)
+                && shared.as_ref().is_none_or(|s| s.has_free())
+        }
     }
 
     /// With the gateway queue: waits, if it must, until `pool` has room for the request and the
@@ -344,16 +410,28 @@ impl Admit {
 
     /// A gateway slot, if the cap leaves one (always true without the cap).
     fn take_slot(&self, ctx: &mut RequestContext, queue: &Arc<GatewayQueue>) -> bool {
-        let Some((slots, _)) = &self.gateway.slots else {
-            return true;
-        };
-        match slots.clone().try_acquire_owned() {
-            Ok(permit) => {
-                ctx.admission
-                    .hold(Box::new(GatewaySlot(permit, Some(queue.clone()))));
-                true
+        match &self.gateway.slots {
+            None => true,
+            Some((Slots::Local(slots), _)) => match slots.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    ctx.admission
+                        .hold(Box::new(GatewaySlot(permit, Some(queue.clone()))));
+                    true
+                }
+                Err(_) => false,
+            },
+            Some((Slots::Shared(slots), _)) => {
+                // Redis away with --redis-fail-open off: no slot, the request waits (its
+                // deadline, or CoDel, ends the wait).
+                if slots.try_enter().unwrap_or(false) {
+                    ctx.admission.hold(Box::new(SharedGatewaySlot(
+                        slots.clone(),
+                        Some(queue.clone()),
+                    )));
+                    return true;
+                }
+                false
             }
-            Err(_) => false,
         }
     }
 

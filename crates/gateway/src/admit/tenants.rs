@@ -2,7 +2,8 @@
 //!
 //! Each configured tenant's buckets and concurrency count have one writer at a time: a bucket is
 //! changed only under its own lock, in one step per reservation or settlement, and the count only
-//! by compare-and-swap — so requests admitted at once can never together pass a limit.
+//! by compare-and-swap — so requests admitted at once can never together pass a limit. With
+//! `--redis-url` the budgets and the cap are shared with the other replicas (`admit::budget`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,14 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName};
-use parking_lot::Mutex;
-use sluice_core::admission::{Bucket, Level, Refusal, Tier};
+use sluice_core::admission::{Level, Tier};
 use sluice_core::TenantId;
 use tokio::time::Instant;
 
+use super::budget::{Budget, Cap};
 use super::config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
 use crate::http::KeyOwner;
 use crate::metrics::{AdmissionMetrics, Label, TenantCounters};
+use crate::shared::{Shared, Short};
 
 /// The label of tenants named by a trusted header but not configured: the metric families take
 /// configured names only, so a header cannot grow them without bound.
@@ -36,28 +38,40 @@ pub struct Tenant {
     pub weight: f64,
     /// Its metric label: its name when configured, `other` otherwise.
     pub label: Label,
-    pub tokens: Option<Mutex<Bucket>>,
-    pub requests: Option<Mutex<Bucket>>,
+    pub tokens: Option<Budget>,
+    pub requests: Option<Budget>,
     pub max_concurrent: Option<u32>,
+    cap: Option<Cap>,
+    /// Its requests in flight on this gateway.
     in_flight: AtomicU32,
     /// Its `sluice_tenant_requests_total` series.
     pub counters: Arc<TenantCounters>,
 }
 
 impl Tenant {
-    fn configured(cfg: &TenantConfig, now: Instant, metrics: &AdmissionMetrics) -> Self {
+    fn configured(
+        cfg: &TenantConfig,
+        now: Instant,
+        metrics: &AdmissionMetrics,
+        shared: Option<&Shared>,
+    ) -> Self {
         let label = Label::new(cfg.id.as_str());
-        let bucket =
-            |per_minute: Option<u64>| per_minute.map(|n| Mutex::new(Bucket::new(n, MINUTE, now)));
+        let bucket = |kind: &str, per_minute: Option<u64>| {
+            let name = format!("tenant:{}:{kind}", cfg.id);
+            per_minute.map(|n| Budget::new(shared, &name, n, MINUTE, now))
+        };
         Self {
             id: cfg.id.clone(),
             tier: cfg.tier,
             weight: cfg.weight,
             counters: metrics.for_tenant(&label),
             label,
-            tokens: bucket(cfg.tokens_per_minute),
-            requests: bucket(cfg.requests_per_minute),
+            tokens: bucket("tokens", cfg.tokens_per_minute),
+            requests: bucket("requests", cfg.requests_per_minute),
             max_concurrent: cfg.max_concurrent,
+            cap: cfg
+                .max_concurrent
+                .map(|n| Cap::new(shared, &format!("tenant:{}:concurrent", cfg.id), n)),
             in_flight: AtomicU32::new(0),
         }
     }
@@ -73,6 +87,7 @@ impl Tenant {
             tokens: None,
             requests: None,
             max_concurrent: None,
+            cap: None,
             in_flight: AtomicU32::new(0),
         }
     }
@@ -87,42 +102,39 @@ impl Tenant {
     }
 
     /// Takes a concurrency slot, unless the tenant is at its limit.
-    pub fn enter(&self) -> bool {
-        let Some(max) = self.max_concurrent else {
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
-            return true;
-        };
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok()
+    pub async fn enter(&self) -> Result<bool, Short> {
+        if let Some(cap) = &self.cap {
+            if !cap.enter().await? {
+                return Ok(false);
+            }
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
     }
 
     pub fn leave(&self) {
+        if let Some(cap) = &self.cap {
+            cap.leave();
+        }
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Takes `amount` from `bucket`, if the tenant has that bucket.
-    pub fn reserve(
-        bucket: &Option<Mutex<Bucket>>,
-        amount: u64,
-        now: Instant,
-    ) -> Result<(), Refusal> {
-        match bucket {
-            Some(b) => b.lock().reserve(amount, now),
+    /// Takes `amount` from `budget`, if the tenant has that budget.
+    pub async fn reserve(budget: &Option<Budget>, amount: u64, now: Instant) -> Result<(), Short> {
+        match budget {
+            Some(b) => b.reserve(amount, now).await,
             None => Ok(()),
         }
     }
 
-    pub fn settle(bucket: &Option<Mutex<Bucket>>, reserved: u64, used: u64, now: Instant) {
-        if let Some(b) = bucket {
-            b.lock().settle(reserved, used, now);
+    pub fn settle(budget: &Option<Budget>, reserved: u64, used: u64, now: Instant) {
+        if let Some(b) = budget {
+            b.settle(reserved, used, now);
         }
     }
 
-    pub fn level(bucket: &Option<Mutex<Bucket>>, now: Instant) -> Option<Level> {
-        bucket.as_ref().map(|b| b.lock().level(now))
+    pub fn level(budget: &Option<Budget>, now: Instant) -> Option<Level> {
+        budget.as_ref().map(|b| b.level(now))
     }
 }
 
@@ -139,11 +151,16 @@ pub struct Tenants {
 }
 
 impl Tenants {
-    pub fn new(config: &AdmissionConfig, now: Instant, metrics: &AdmissionMetrics) -> Self {
+    pub fn new(
+        config: &AdmissionConfig,
+        now: Instant,
+        metrics: &AdmissionMetrics,
+        shared: Option<&Shared>,
+    ) -> Self {
         let configured: Vec<Arc<Tenant>> = config
             .tenants
             .iter()
-            .map(|t| Arc::new(Tenant::configured(t, now, metrics)))
+            .map(|t| Arc::new(Tenant::configured(t, now, metrics, shared)))
             .collect();
         let default = Label::new(DEFAULT_TENANT);
         let other = Label::new(OTHER_TENANT);

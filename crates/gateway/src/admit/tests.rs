@@ -44,7 +44,12 @@ fn config(tenants: Vec<TenantConfig>) -> AdmissionConfig {
 }
 
 fn admit(config: &AdmissionConfig) -> Admit {
-    Admit::new(Duration::from_secs(600), config, &mut Registry::default())
+    Admit::new(
+        Duration::from_secs(600),
+        config,
+        &mut Registry::default(),
+        None,
+    )
 }
 
 fn asking(headers: &HeaderMap, owner: KeyOwner) -> Asking<'_> {
@@ -81,7 +86,9 @@ async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earl
     let arrived = ctx.started;
     tokio::time::advance(Duration::from_secs(3)).await;
     assert_eq!(
-        stage.admit(&mut ctx, &asking(&HeaderMap::new(), KeyOwner::Anyone)),
+        stage
+            .admit(&mut ctx, &asking(&HeaderMap::new(), KeyOwner::Anyone))
+            .await,
         Ok(())
     );
     assert_eq!(
@@ -96,7 +103,10 @@ async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earl
 
     let mut ctx = context(&a);
     let h = headers(&[("x-request-deadline-ms", "5000")]);
-    assert_eq!(stage.admit(&mut ctx, &asking(&h, KeyOwner::Anyone)), Ok(()));
+    assert_eq!(
+        stage.admit(&mut ctx, &asking(&h, KeyOwner::Anyone)).await,
+        Ok(())
+    );
     assert_eq!(ctx.admission.deadline, ctx.started + Duration::from_secs(5));
     assert!(ctx.admission.cut_by_client());
 
@@ -104,12 +114,14 @@ async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earl
     tokio::time::advance(Duration::from_millis(20)).await;
     let h = headers(&[("x-request-deadline-ms", "10")]);
     assert!(matches!(
-        stage.admit(&mut late, &asking(&h, KeyOwner::Anyone)),
+        stage.admit(&mut late, &asking(&h, KeyOwner::Anyone)).await,
         Err(GatewayError::DeadlineExceeded { .. })
     ));
     let bad = headers(&[("x-request-deadline-ms", "soon")]);
     assert!(matches!(
-        stage.admit(&mut context(&a), &asking(&bad, KeyOwner::Anyone)),
+        stage
+            .admit(&mut context(&a), &asking(&bad, KeyOwner::Anyone))
+            .await,
         Err(GatewayError::InvalidHeader { .. })
     ));
 }
@@ -121,37 +133,40 @@ async fn a_request_gets_its_tenants_tier_or_a_less_urgent_one() {
         tenant("chat", Tier::Interactive),
         tenant("jobs", Tier::Batch),
     ]));
-    let tier_of = |h: HeaderMap, owner| {
+    let tier_of = async |h: HeaderMap, owner| {
         let mut ctx = context(&a);
         stage
             .admit(&mut ctx, &asking(&h, owner))
+            .await
             .map(|()| ctx.admission.tier)
     };
     assert_eq!(
-        tier_of(HeaderMap::new(), KeyOwner::Tenant(0)),
+        tier_of(HeaderMap::new(), KeyOwner::Tenant(0)).await,
         Ok(Some(Tier::Interactive))
     );
     assert_eq!(
         tier_of(
             headers(&[("x-sluice-priority", "batch")]),
             KeyOwner::Tenant(0)
-        ),
+        )
+        .await,
         Ok(Some(Tier::Batch))
     );
     assert_eq!(
-        tier_of(headers(&[("x-sluice-priority", "0")]), KeyOwner::Tenant(1)),
+        tier_of(headers(&[("x-sluice-priority", "0")]), KeyOwner::Tenant(1)).await,
         Ok(Some(Tier::Batch)),
         "clamped to the tenant's"
     );
     assert_eq!(
-        tier_of(headers(&[("x-smg-priority", "bulk")]), KeyOwner::Anyone),
+        tier_of(headers(&[("x-smg-priority", "bulk")]), KeyOwner::Anyone).await,
         Ok(Some(Tier::Batch))
     );
     assert!(matches!(
         tier_of(
             headers(&[("x-sluice-priority", "urgent")]),
             KeyOwner::Anyone
-        ),
+        )
+        .await,
         Err(GatewayError::InvalidHeader {
             header: "x-sluice-priority",
             ..
@@ -171,7 +186,9 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
     // 10 prompt + 40 out = 50 reserved of 120.
     let mut first = context(&a);
     assert_eq!(
-        stage.admit(&mut first, &asking(&h, KeyOwner::Tenant(0))),
+        stage
+            .admit(&mut first, &asking(&h, KeyOwner::Tenant(0)))
+            .await,
         Ok(())
     );
     let rate = first.admission.rate_headers.clone().unwrap();
@@ -180,11 +197,16 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
     assert_eq!(rate["x-ratelimit-remaining-requests"], "59");
     let mut second = context(&a);
     assert_eq!(
-        stage.admit(&mut second, &asking(&h, KeyOwner::Tenant(0))),
+        stage
+            .admit(&mut second, &asking(&h, KeyOwner::Tenant(0)))
+            .await,
         Ok(())
     );
     let mut third = context(&a);
-    match stage.admit(&mut third, &asking(&h, KeyOwner::Tenant(0))) {
+    match stage
+        .admit(&mut third, &asking(&h, KeyOwner::Tenant(0)))
+        .await
+    {
         // 20 left, 50 needed: 30 tokens at 2 a second.
         Err(GatewayError::RateLimited {
             what: "tokens",
@@ -218,7 +240,7 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
     let mut big = asking(&h, KeyOwner::Tenant(0));
     big.max_tokens = Some(1000);
     assert!(matches!(
-        stage.admit(&mut huge, &big),
+        stage.admit(&mut huge, &big).await,
         Err(GatewayError::RequestTooLarge {
             needs: 1010,
             limit: 120,
@@ -240,32 +262,38 @@ async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
     for _ in 0..2 {
         let mut ctx = context(&a);
         assert_eq!(
-            stage.admit(&mut ctx, &asking(&h, KeyOwner::Tenant(0))),
+            stage
+                .admit(&mut ctx, &asking(&h, KeyOwner::Tenant(0)))
+                .await,
             Ok(())
         );
         held.push(ctx);
     }
     let mut over = context(&a);
     assert!(matches!(
-        stage.admit(&mut over, &asking(&h, KeyOwner::Tenant(0))),
+        stage
+            .admit(&mut over, &asking(&h, KeyOwner::Tenant(0)))
+            .await,
         Err(GatewayError::TenantConcurrency { limit: 2, .. })
     ));
     drop(over);
     let mut other = context(&a);
     assert_eq!(
-        stage.admit(&mut other, &asking(&h, KeyOwner::Anyone)),
+        stage.admit(&mut other, &asking(&h, KeyOwner::Anyone)).await,
         Ok(())
     );
     let mut full = context(&a);
     assert!(matches!(
-        stage.admit(&mut full, &asking(&h, KeyOwner::Anyone)),
+        stage.admit(&mut full, &asking(&h, KeyOwner::Anyone)).await,
         Err(GatewayError::GatewayFull { .. })
     ));
     drop(full);
     held.clear();
     let mut again = context(&a);
     assert_eq!(
-        stage.admit(&mut again, &asking(&h, KeyOwner::Tenant(0))),
+        stage
+            .admit(&mut again, &asking(&h, KeyOwner::Tenant(0)))
+            .await,
         Ok(()),
         "slots came back"
     );
@@ -315,7 +343,7 @@ async fn a_tier_without_a_client_deadline_gets_its_default_one() {
     let mut chat = context(&a);
     let h = headers(&[("x-sluice-priority", "agent")]);
     assert_eq!(
-        stage.admit(&mut chat, &asking(&h, KeyOwner::Anyone)),
+        stage.admit(&mut chat, &asking(&h, KeyOwner::Anyone)).await,
         Ok(())
     );
     assert_eq!(
@@ -326,7 +354,9 @@ async fn a_tier_without_a_client_deadline_gets_its_default_one() {
     let stage = admit(&cfg);
     let mut urgent = context(&a);
     assert_eq!(
-        stage.admit(&mut urgent, &asking(&HeaderMap::new(), KeyOwner::Anyone)),
+        stage
+            .admit(&mut urgent, &asking(&HeaderMap::new(), KeyOwner::Anyone))
+            .await,
         Ok(())
     );
     assert_eq!(
@@ -335,7 +365,10 @@ async fn a_tier_without_a_client_deadline_gets_its_default_one() {
     );
     let mut own = context(&a);
     let h = headers(&[("x-request-deadline-ms", "9000")]);
-    assert_eq!(stage.admit(&mut own, &asking(&h, KeyOwner::Anyone)), Ok(()));
+    assert_eq!(
+        stage.admit(&mut own, &asking(&h, KeyOwner::Anyone)).await,
+        Ok(())
+    );
     assert_eq!(
         own.admission.client_deadline,
         Some(own.started + Duration::from_secs(9)),

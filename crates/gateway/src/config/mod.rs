@@ -10,6 +10,7 @@ mod admission;
 mod checks;
 mod degradation;
 mod discovery;
+mod replicas;
 mod sections;
 mod settings;
 pub mod smg;
@@ -32,6 +33,7 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
+pub use replicas::ReplicaSettings;
 pub use settings::Settings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
@@ -394,6 +396,7 @@ impl Settings {
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
             discovery: self.discovery.validate()?,
+            shared: self.replicas.validate()?,
         })
     }
 }
@@ -450,6 +453,8 @@ pub struct Config {
     pub health: HealthConfig,
     /// `--discovery-file`, `--discovery-dns`.
     pub discovery: crate::control::discovery::DiscoveryConfig,
+    /// `--redis-url`: budgets and caps shared with the other replicas.
+    pub shared: Option<crate::shared::SharedConfig>,
     pub load: LoadConfig,
     pub shedding: Shedding,
     /// `None` with `--disable-liveness-checks`.

@@ -11,6 +11,7 @@ use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
 use super::degradation::DegradationSettings;
 use super::discovery::DiscoverySettings;
+use super::replicas::ReplicaSettings;
 
 /// How to run the gateway.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -608,4 +609,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub discovery: DiscoverySettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub replicas: ReplicaSettings,
 }

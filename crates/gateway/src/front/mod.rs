@@ -211,7 +211,7 @@ async fn admit_route_forward(
     facts: &RequestFacts<'_>,
     owner: KeyOwner,
 ) -> Result<Answer, GatewayError> {
-    let (tier, degrade) = admit(front, ctx, route, parts, facts, owner)?;
+    let (tier, degrade) = admit(front, ctx, route, parts, facts, owner).await?;
     let asked = wants(front, parts, facts);
     let snapshot = front.fleet.snapshot();
     let (mut wants, mut cascade) = cascaded(degrade, tier, asked, &snapshot);
@@ -266,7 +266,7 @@ async fn admit_route_forward(
 
 /// The admit stage, then the ladder's hard shedding: the request's tier, and the ladder when it
 /// may change the request.
-fn admit<'f>(
+async fn admit<'f>(
     front: &'f Front,
     ctx: &mut RequestContext,
     route: ApiRoute,
@@ -281,7 +281,7 @@ fn admit<'f>(
         max_tokens: facts.max_tokens,
         n: facts.n,
     };
-    front.admit.admit(ctx, &asking)?;
+    front.admit.admit(ctx, &asking).await?;
     let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
     let degrade = front.degrade.as_deref().filter(|_| route.takes_model());
     if let Some(degrade) = degrade {

@@ -49,7 +49,7 @@ pub struct TenantRequestLabels {
 }
 
 /// Every reason admission refuses for (the refusals' error codes).
-pub const REASONS: [&str; 10] = [
+pub const REASONS: [&str; 11] = [
     "invalid_header",
     "deadline_exceeded",
     "queue_full",
@@ -60,6 +60,7 @@ pub const REASONS: [&str; 10] = [
     "worker_overload_shed",
     "tenant_concurrency_exceeded",
     "rate_limit_exceeded",
+    "shared_state_unavailable",
 ];
 
 /// Admission's families.

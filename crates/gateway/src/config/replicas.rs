@@ -1,0 +1,59 @@
+//! Running several replicas: the Redis they share budgets and caps through.
+
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::checks::invalid;
+use super::ConfigError;
+use crate::shared::SharedConfig;
+
+/// Replica flags (`sluice serve --help`, "Replicas").
+#[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
+pub struct ReplicaSettings {
+    /// Share tenant budgets and caps, --rate-limit-tokens-per-second and
+    /// --max-concurrent-requests with every replica naming the same Redis
+    /// (redis://[user:password@]host:port[/db]). Each replica claims budget in chunks and holds
+    /// a lease on its slots, so most requests need no round trip.
+    #[arg(long, value_name = "URL")]
+    #[serde(default)]
+    #[arg(help_heading = "Replicas")]
+    pub redis_url: Option<String>,
+
+    /// While Redis cannot be reached, admit on local limits (each replica the global limit over
+    /// the replicas it last counted); false refuses requests a shared limit applies to with 503
+    /// `shared_state_unavailable`. Alone, the flag means true.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value_t = true,
+        value_name = "BOOL"
+    )]
+    #[arg(help_heading = "Replicas")]
+    pub redis_fail_open: bool,
+
+    /// The longest a request waits on Redis; slower counts as unreachable.
+    #[arg(long, default_value_t = 50, value_name = "MS")]
+    #[arg(help_heading = "Replicas")]
+    pub redis_timeout_ms: u64,
+}
+
+impl ReplicaSettings {
+    pub(super) fn validate(&self) -> Result<Option<SharedConfig>, ConfigError> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        redis::Client::open(url.as_str()).map_err(|e| invalid("redis-url", e.to_string()))?;
+        if self.redis_timeout_ms == 0 {
+            return Err(invalid("redis-timeout-ms", "must be at least 1"));
+        }
+        Ok(Some(SharedConfig {
+            url: url.clone(),
+            fail_open: self.redis_fail_open,
+            timeout: Duration::from_millis(self.redis_timeout_ms),
+        }))
+    }
+}

@@ -1,0 +1,204 @@
+//! State several gateway replicas share through Redis (`--redis-url`): tenant budgets and
+//! concurrency caps, the gateway-wide request rate and `--max-concurrent-requests`.
+//!
+//! Decisions stay local: a replica claims budget in chunks and holds a grant of slots, so a
+//! request is admitted without a round trip unless its replica has run short (then one call,
+//! bounded by `--redis-timeout-ms`). The atomic steps run in Redis as scripts, so replicas
+//! claiming at once never together take more than a budget holds. One task per gateway beats
+//! four times a second: it gives back what the replica does not need, renews its leases,
+//! counts the live replicas, and — while Redis is away — reconnects, then reconciles what was
+//! spent apart before shared limits resume.
+//!
+//! ## Layout
+//!
+//! - `store` — the connection, the scripts, up or down, the replica count.
+//! - `budget` — a shared rate budget, and its local form while Redis is away.
+//! - `slots` — a shared concurrency cap under leases.
+
+mod budget;
+mod slots;
+mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::warn;
+
+pub use budget::{SharedBudget, Short};
+pub use slots::SharedSlots;
+pub use store::{Store, StoreError, LEASE};
+
+/// `--redis-url` and how to use it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedConfig {
+    pub url: String,
+    /// `--redis-fail-open`: local limits (a share each) while Redis is away, instead of refusing.
+    pub fail_open: bool,
+    /// `--redis-timeout-ms`: the longest a request waits on Redis.
+    pub timeout: Duration,
+}
+
+/// Why `--redis-url` cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("--redis-url: {0}")]
+pub struct SharedError(#[from] redis::RedisError);
+
+/// How often the shared state's task beats.
+const BEAT: Duration = Duration::from_millis(250);
+/// How often the replica renews its place in the count (well inside `LEASE`).
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The shared state of one gateway replica.
+pub struct Shared {
+    store: Arc<Store>,
+    budgets: Mutex<Vec<Arc<SharedBudget>>>,
+    caps: Mutex<Vec<Arc<SharedSlots>>>,
+    /// Called when a beat grew a grant: room for requests waiting in the gateway queue.
+    on_room: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// The shared state of `config`, not connected yet (`connect`), its metrics registered.
+    pub fn new(config: &SharedConfig, registry: &mut Registry) -> Result<Arc<Self>, SharedError> {
+        let client = redis::Client::open(config.url.as_str())?;
+        Ok(Arc::new(Self {
+            store: Arc::new(Store::new(
+                client,
+                config.timeout,
+                config.fail_open,
+                registry,
+            )),
+            budgets: Mutex::default(),
+            caps: Mutex::default(),
+            on_room: Mutex::default(),
+        }))
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// A budget of `capacity` per `period`, shared under `name`.
+    pub fn budget(&self, name: &str, capacity: u64, period: Duration) -> Arc<SharedBudget> {
+        let budget = Arc::new(SharedBudget::new(
+            self.store.clone(),
+            name,
+            capacity,
+            period,
+        ));
+        self.budgets.lock().push(budget.clone());
+        budget
+    }
+
+    /// A concurrency cap of `cap`, shared under `name`.
+    pub fn slots(&self, name: &str, cap: u64) -> Arc<SharedSlots> {
+        let slots = Arc::new(SharedSlots::new(self.store.clone(), name, cap));
+        self.caps.lock().push(slots.clone());
+        slots
+    }
+
+    /// Calls `f` whenever a beat may have opened room under a cap.
+    pub fn on_room(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.on_room.lock().push(Box::new(f));
+    }
+
+    /// Connects before the gateway serves, so its first requests see the shared limits; if
+    /// Redis does not answer, the gateway starts on local limits and the task keeps trying.
+    pub async fn connect(&self) {
+        if !self.rejoin(true).await {
+            warn!("Redis does not answer at startup: limits are local until it does");
+        }
+    }
+
+    /// Connects (if need be), reconciles and resumes the shared limits. Whether it did.
+    async fn rejoin(&self, first: bool) -> bool {
+        if !self.store.connected() && !self.store.connect().await {
+            return false;
+        }
+        if self.store.heartbeat().await.is_err() {
+            return false;
+        }
+        let budgets: Vec<_> = self.budgets.lock().clone();
+        for budget in budgets {
+            if !budget.reconcile().await {
+                return false;
+            }
+        }
+        let caps: Vec<_> = self.caps.lock().clone();
+        for cap in caps {
+            if !cap.renew(0).await {
+                return false;
+            }
+        }
+        self.store.came_back(first);
+        true
+    }
+
+    /// Beats until `stop`.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(BEAT);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut next_heartbeat = Instant::now();
+        let mut next_connect = Instant::now();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let now = Instant::now();
+            if !self.store.up() {
+                if now < next_connect {
+                    continue;
+                }
+                next_connect = now + HEARTBEAT;
+                if !self.rejoin(false).await {
+                    continue;
+                }
+                self.room();
+            }
+            if now >= next_heartbeat {
+                next_heartbeat = now + HEARTBEAT;
+                let _ = self.store.heartbeat().await;
+            }
+            self.beat(now).await;
+        }
+    }
+
+    /// Gives back surplus budget and renews every grant (the headroom topped up, the lease
+    /// extended).
+    async fn beat(&self, now: Instant) {
+        let budgets: Vec<_> = self.budgets.lock().clone();
+        for budget in budgets {
+            budget.give_back(now).await;
+        }
+        let caps: Vec<_> = self.caps.lock().clone();
+        let mut grew = false;
+        for cap in caps {
+            let before = cap.has_free();
+            if cap.renew(0).await && !before && cap.has_free() {
+                grew = true;
+            }
+        }
+        if grew {
+            self.room();
+        }
+    }
+
+    fn room(&self) {
+        for f in self.on_room.lock().iter() {
+            f();
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! A concurrency cap every replica shares (a tenant's `max_concurrent`, the gateway's
+//! `--max-concurrent-requests`).
+//!
+//! Each replica holds a grant in Redis — its running requests and a little headroom — under a
+//! lease it renews every beat: a replica that dies stops renewing, and its slots come back to
+//! the others when the lease runs out (`store::LEASE`). A request takes a free slot of the grant
+//! without a round trip; when there is none, one bounded call asks for more. While Redis is
+//! away, a replica admits up to its share of the cap.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sluice_core::admission::shared::{chunk, share, Grant};
+
+use super::budget::Short;
+use super::store::Store;
+
+/// One shared cap.
+#[derive(Debug)]
+pub struct SharedSlots {
+    store: Arc<Store>,
+    key: String,
+    cap: u64,
+    grant: Mutex<Grant>,
+}
+
+/// Why no slot was taken.
+pub type Full = Short;
+
+impl SharedSlots {
+    pub fn new(store: Arc<Store>, name: &str, cap: u64) -> Self {
+        Self {
+            key: store.key(name),
+            store,
+            cap,
+            grant: Mutex::new(Grant::default()),
+        }
+    }
+
+    fn headroom(&self) -> u64 {
+        chunk(self.cap, self.store.replicas())
+    }
+
+    /// Takes a slot without waiting: from the grant, or (Redis away) the local share.
+    pub fn try_enter(&self) -> Result<bool, Full> {
+        let mut grant = self.grant.lock();
+        if self.store.up() {
+            return Ok(grant.enter());
+        }
+        if !self.store.fail_open {
+            return Err(Short::Unavailable);
+        }
+        if grant.in_use < share(self.cap, self.store.replicas()) {
+            grant.in_use += 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Takes a slot, asking Redis for a larger grant (one bounded call) when the grant is full.
+    /// `Ok(false)`: the cap is reached.
+    pub async fn enter(&self) -> Result<bool, Full> {
+        if self.try_enter()? {
+            return Ok(true);
+        }
+        if !self.store.up() {
+            return Ok(false);
+        }
+        self.renew(1).await;
+        self.try_enter()
+    }
+
+    pub fn leave(&self) {
+        self.grant.lock().leave();
+    }
+
+    /// Whether a slot is free now, without asking Redis.
+    pub fn has_free(&self) -> bool {
+        let grant = self.grant.lock();
+        if self.store.up() {
+            grant.in_use < grant.granted
+        } else {
+            self.store.fail_open && grant.in_use < share(self.cap, self.store.replicas())
+        }
+    }
+
+    /// Requests running under the cap on this replica.
+    pub fn in_use(&self) -> u64 {
+        self.grant.lock().in_use
+    }
+
+    /// Sets the grant to the running requests, `more` about to start and the headroom, as far
+    /// as the cap allows (and renews the lease). Whether Redis answered.
+    pub async fn renew(&self, more: u64) -> bool {
+        let (want, floor) = {
+            let grant = self.grant.lock();
+            (grant.wanted(more, self.headroom()), grant.in_use)
+        };
+        match self.store.grant(&self.key, self.cap, want, floor).await {
+            Ok(granted) => {
+                self.grant.lock().granted = granted;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The connection to Redis, the scripts run there, and whether it is reachable.
+//!
+//! Every call is bounded by `--redis-timeout-ms`; one that fails or runs out marks the store
+//! down (logged once, `sluice_redis_fallback_total` counted) and drops the connection, and the
+//! store's task connects again once a second until a `PING` answers. Budgets and caps read `up`
+//! to choose between their shared and their local form.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use redis::aio::MultiplexedConnection;
+use redis::Script;
+use tracing::{info, warn};
+
+/// Why a call did not get an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not connected")]
+    Down,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Takes from a shared bucket (refilled by Redis's clock), first charging or refunding
+/// `charge`; gives what it holds up to `want`, never more. KEYS: the bucket. ARGV: capacity,
+/// refill per second, want, charge. Returns the amount given and the level left (as text: Lua
+/// numbers reach a client as integers).
+const CLAIM: &str = r"
+local cap = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local charge = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local v = redis.call('HMGET', KEYS[1], 'level', 'at')
+local level = tonumber(v[1]) or cap
+local at = tonumber(v[2]) or now
+level = math.min(cap, level + math.max(0, now - at) * rate)
+level = math.min(cap, level - charge)
+local give = 0
+if level >= 1 then give = math.min(want, math.floor(level)) end
+level = level - give
+redis.call('HSET', KEYS[1], 'level', tostring(level), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate * 1000) + 60000)
+return {give, tostring(level)}
+";
+
+/// Sets this replica's grant under a shared cap, after forgetting replicas whose lease ran out:
+/// what it wants, as far as the cap leaves room, and never less than `floor` (its requests
+/// already running). KEYS: the grants (hash), their leases (sorted set of expiry times).
+/// ARGV: replica, cap, want, floor, lease in ms. Returns the grant.
+const GRANT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('HDEL', KEYS[1], r)
+  redis.call('ZREM', KEYS[2], r)
+end
+local mine = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local total = 0
+for _, n in ipairs(redis.call('HVALS', KEYS[1])) do total = total + tonumber(n) end
+local room = tonumber(ARGV[2]) - (total - mine)
+local grant = math.max(tonumber(ARGV[4]), math.min(tonumber(ARGV[3]), room))
+if grant > 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], grant)
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]) * 2)
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]) * 2)
+return grant
+";
+
+/// Renews this replica's lease among the replicas and counts the live ones. KEYS: the
+/// replicas (sorted set of expiry times). ARGV: replica, lease in ms.
+const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// How long a replica's lease (its grants, its place in the count) lives without renewal.
+pub const LEASE: Duration = Duration::from_secs(10);
+
+/// The Redis side of the shared state.
+pub struct Store {
+    client: redis::Client,
+    connection: ArcSwapOption<MultiplexedConnection>,
+    /// This replica's name in Redis (random per process).
+    pub replica: String,
+    /// Prepended to every key.
+    prefix: String,
+    timeout: Duration,
+    pub fail_open: bool,
+    up: AtomicBool,
+    /// Live replicas as Redis last counted them (1 until it has).
+    replicas: AtomicU32,
+    scripts: Scripts,
+    fallbacks: Counter,
+    up_gauge: Gauge,
+}
+
+struct Scripts {
+    claim: Script,
+    grant: Script,
+    heartbeat: Script,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("replica", &self.replica)
+            .field("up", &self.up())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// A store for `client`, not connected yet (the task connects it); its metrics registered.
+    pub fn new(
+        client: redis::Client,
+        timeout: Duration,
+        fail_open: bool,
+        registry: &mut Registry,
+    ) -> Self {
+        let fallbacks = Counter::default();
+        registry.register(
+            "redis_fallback",
+            "Switches to local limits because Redis could not be reached in time",
+            fallbacks.clone(),
+        );
+        let up_gauge = Gauge::default();
+        registry.register(
+            "redis_up",
+            "1 while the shared state in Redis is in use, 0 while limits are local",
+            up_gauge.clone(),
+        );
+        Self {
+            client,
+            connection: ArcSwapOption::empty(),
+            replica: format!("{:016x}", rand::random::<u64>()),
+            prefix: "sluice:".into(),
+            timeout,
+            fail_open,
+            up: AtomicBool::new(false),
+            replicas: AtomicU32::new(1),
+            scripts: Scripts {
+                claim: Script::new(CLAIM),
+                grant: Script::new(GRANT),
+                heartbeat: Script::new(HEARTBEAT),
+            },
+            fallbacks,
+            up_gauge,
+        }
+    }
+
+    pub fn up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed).max(1)
+    }
+
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// Runs `call` on the connection, bounded; a failure marks the store down.
+    async fn bounded<T>(
+        &self,
+        call: impl AsyncFnOnce(MultiplexedConnection) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        let Some(connection) = self.connection.load_full() else {
+            return Err(StoreError::Down);
+        };
+        let result = match tokio::time::timeout(self.timeout, call((*connection).clone())).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => StoreError::Redis(e),
+            Err(_) => StoreError::Timeout(self.timeout),
+        };
+        self.went_down(&result);
+        Err(result)
+    }
+
+    fn went_down(&self, why: &StoreError) {
+        self.connection.store(None);
+        if self.up.swap(false, Ordering::AcqRel) {
+            self.fallbacks.inc();
+            self.up_gauge.set(0);
+            if self.fail_open {
+                warn!(error = %why, "Redis unreachable: limits are local (each replica a share of the global) until it answers again");
+            } else {
+                warn!(error = %why, "Redis unreachable: requests that need it are refused until it answers again (--redis-fail-open=false)");
+            }
+        }
+    }
+
+    /// `CLAIM` on bucket `key`: (given, level left).
+    pub async fn claim(
+        &self,
+        key: &str,
+        capacity: u64,
+        rate: f64,
+        want: u64,
+        charge: i64,
+    ) -> Result<(u64, f64), StoreError> {
+        let (given, level): (u64, String) = self
+            .bounded(async |mut c| {
+                self.scripts
+                    .claim
+                    .key(key)
+                    .arg(capacity)
+                    .arg(rate)
+                    .arg(want)
+                    .arg(charge)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok((given, level.parse().unwrap_or(0.0)))
+    }
+
+    /// `GRANT` on cap `key`: the grant now held.
+    pub async fn grant(
+        &self,
+        key: &str,
+        cap: u64,
+        want: u64,
+        floor: u64,
+    ) -> Result<u64, StoreError> {
+        let leases = format!("{key}:leases");
+        self.bounded(async |mut c| {
+            self.scripts
+                .grant
+                .key(key)
+                .key(&leases)
+                .arg(&self.replica)
+                .arg(cap)
+                .arg(want)
+                .arg(floor)
+                .arg(LEASE.as_millis() as u64)
+                .invoke_async(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// Renews this replica's lease and learns how many are live.
+    pub async fn heartbeat(&self) -> Result<u32, StoreError> {
+        let key = self.key("replicas");
+        let live: u32 = self
+            .bounded(async |mut c| {
+                self.scripts
+                    .heartbeat
+                    .key(&key)
+                    .arg(&self.replica)
+                    .arg(LEASE.as_millis() as u64)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        self.replicas.store(live.max(1), Ordering::Relaxed);
+        Ok(live)
+    }
+
+    /// Connects and checks Redis answers; `true` when it does (the store is not marked up
+    /// yet: the caller reconciles first, then calls `came_back`).
+    pub async fn connect(&self) -> bool {
+        let attempt = async {
+            let mut connection = self.client.get_multiplexed_async_connection().await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await?;
+            Ok::<_, redis::RedisError>(connection)
+        };
+        match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), attempt).await {
+            Ok(Ok(connection)) => {
+                self.connection.store(Some(Arc::new(connection)));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Redis answers again and what was spent apart is reconciled: shared limits resume.
+    pub fn came_back(&self, first: bool) {
+        if !self.up.swap(true, Ordering::AcqRel) {
+            self.up_gauge.set(1);
+            if first {
+                info!(replica = %self.replica, "shared state in Redis in use");
+            } else {
+                info!(replica = %self.replica, "Redis answers again: shared limits resume, what was spent apart reconciled");
+            }
+        }
+    }
+
+    /// Whether the store has a connection (it may not be marked up yet).
+    pub fn connected(&self) -> bool {
+        self.connection.load().is_some()
+    }
+}
