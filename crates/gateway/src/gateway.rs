@@ -56,6 +56,8 @@ pub struct Gateway {
     scheme: &'static str,
     metrics_addr: Option<SocketAddr>,
     probe_listener: Option<ProbeListener>,
+    /// Whether the shared limits are in use (`--redis-url`).
+    shared_state: Option<watch::Receiver<crate::shared::SharedState>>,
     fleet: Arc<Fleet>,
     /// Set when shutdown begins.
     draining: Arc<AtomicBool>,
@@ -118,6 +120,7 @@ impl Gateway {
             &stop_rx,
             &mut listeners,
         )?;
+        let shared_state = shared.as_ref().map(|s| s.changes());
         if let Some(shared) = shared {
             listeners.spawn(shared.run(stop_rx.clone()));
         }
@@ -182,6 +185,7 @@ impl Gateway {
             scheme,
             metrics_addr,
             probe_listener,
+            shared_state,
             fleet,
             draining,
             in_flight,
@@ -222,6 +226,12 @@ impl Gateway {
     /// again, instead of polling them.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.fleet.changes()
+    }
+
+    /// With `--redis-url`: changes when Redis goes away or comes back (the same facts as
+    /// `sluice_redis_up` and `sluice_redis_fallback_total`), something to await.
+    pub fn shared_state(&self) -> Option<watch::Receiver<crate::shared::SharedState>> {
+        self.shared_state.clone()
     }
 
     /// OpenAI requests in flight.

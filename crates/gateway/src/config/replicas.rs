@@ -54,6 +54,7 @@ impl ReplicaSettings {
             url: url.clone(),
             fail_open: self.redis_fail_open,
             timeout: Duration::from_millis(self.redis_timeout_ms),
+            lease: crate::shared::LEASE,
         }))
     }
 }

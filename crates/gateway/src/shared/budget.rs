@@ -38,6 +38,9 @@ struct State {
     apart: Option<Bucket>,
     /// Spent from `apart`, to charge when Redis is back.
     spent_apart: u64,
+    /// The last claim found the shared bucket short until then: requests are refused without
+    /// asking again (under overload, the refused cost no round trip).
+    dry_until: Option<Instant>,
 }
 
 /// One shared budget.
@@ -48,6 +51,9 @@ pub struct SharedBudget {
     capacity: u64,
     period: Duration,
     state: Mutex<State>,
+    /// One claim at a time: requests short at once wait for it rather than each claiming (which
+    /// would pull the whole budget to the replica that asked first).
+    claiming: tokio::sync::Mutex<()>,
 }
 
 impl SharedBudget {
@@ -64,7 +70,9 @@ impl SharedBudget {
                 level: capacity as f64,
                 apart: None,
                 spent_apart: 0,
+                dry_until: None,
             }),
+            claiming: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -85,14 +93,18 @@ impl SharedBudget {
             }));
         }
         if self.store.up() {
-            let want = {
-                let mut state = self.state.lock();
-                if state.allowance.take(amount) {
-                    state.last_spent = now;
-                    return Ok(());
-                }
-                state.allowance.to_claim(amount, self.chunk())
-            };
+            if self.take(amount, now) {
+                return Ok(());
+            }
+            if let Some(retry_after) = self.dry(now) {
+                return Err(Short::Refused(Refusal::NotYet { retry_after }));
+            }
+            let _claiming = self.claiming.lock().await;
+            if self.take(amount, now) {
+                // The claim this request waited for covered it.
+                return Ok(());
+            }
+            let want = self.state.lock().allowance.to_claim(amount, self.chunk());
             let claimed = self
                 .store
                 .claim(&self.key, self.capacity, self.rate(), want, 0);
@@ -101,6 +113,22 @@ impl SharedBudget {
             }
         }
         self.reserve_apart(amount, now)
+    }
+
+    /// How long the shared bucket is known to stay short.
+    fn dry(&self, now: Instant) -> Option<Duration> {
+        let until = self.state.lock().dry_until?;
+        (until > now).then(|| until - now)
+    }
+
+    /// Spends from what this replica holds, if it covers `amount`.
+    fn take(&self, amount: u64, now: Instant) -> bool {
+        let mut state = self.state.lock();
+        if state.allowance.take(amount) {
+            state.last_spent = now;
+            return true;
+        }
+        false
     }
 
     fn claimed(&self, amount: u64, given: u64, level: f64, now: Instant) -> Result<(), Short> {
@@ -113,9 +141,9 @@ impl SharedBudget {
         }
         // What it holds stays its own (the next request may fit); the rest refills.
         let missing = amount as f64 - state.allowance.held() as f64 - level;
-        Err(Short::Refused(Refusal::NotYet {
-            retry_after: Duration::from_secs_f64(missing.max(1.0) / self.rate()),
-        }))
+        let retry_after = Duration::from_secs_f64(missing.max(1.0) / self.rate());
+        state.dry_until = Some(now + retry_after);
+        Err(Short::Refused(Refusal::NotYet { retry_after }))
     }
 
     fn reserve_apart(&self, amount: u64, now: Instant) -> Result<(), Short> {

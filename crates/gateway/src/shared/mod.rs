@@ -13,7 +13,7 @@
 //!
 //! - `store` — the connection, the scripts, up or down, the replica count.
 //! - `budget` — a shared rate budget, and its local form while Redis is away.
-//! - `slots` — a shared concurrency cap under leases.
+//! - `slots` — a shared concurrency cap, each replica's grant valid while its lease lives.
 
 mod budget;
 mod slots;
@@ -30,7 +30,10 @@ use tracing::warn;
 
 pub use budget::{SharedBudget, Short};
 pub use slots::SharedSlots;
-pub use store::{Store, StoreError, LEASE};
+pub use store::{SharedState, Store, StoreError};
+
+/// How long a replica's grants and its place in the count live without renewal.
+pub const LEASE: Duration = Duration::from_secs(10);
 
 /// `--redis-url` and how to use it.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +43,8 @@ pub struct SharedConfig {
     pub fail_open: bool,
     /// `--redis-timeout-ms`: the longest a request waits on Redis.
     pub timeout: Duration,
+    /// How long a replica's grants outlive its last renewal (`LEASE`; shorter in tests).
+    pub lease: Duration,
 }
 
 /// Why `--redis-url` cannot be used.
@@ -49,7 +54,7 @@ pub struct SharedError(#[from] redis::RedisError);
 
 /// How often the shared state's task beats.
 const BEAT: Duration = Duration::from_millis(250);
-/// How often the replica renews its place in the count (well inside `LEASE`).
+/// How often the replica renews its lease at most (and at least four times per lease).
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The shared state of one gateway replica.
@@ -74,12 +79,7 @@ impl Shared {
     pub fn new(config: &SharedConfig, registry: &mut Registry) -> Result<Arc<Self>, SharedError> {
         let client = redis::Client::open(config.url.as_str())?;
         Ok(Arc::new(Self {
-            store: Arc::new(Store::new(
-                client,
-                config.timeout,
-                config.fail_open,
-                registry,
-            )),
+            store: Arc::new(Store::new(client, config, registry)),
             budgets: Mutex::default(),
             caps: Mutex::default(),
             on_room: Mutex::default(),
@@ -114,10 +114,16 @@ impl Shared {
         self.on_room.lock().push(Box::new(f));
     }
 
+    /// Changes whenever Redis goes away or comes back.
+    pub fn changes(&self) -> watch::Receiver<SharedState> {
+        self.store.changes()
+    }
+
     /// Connects before the gateway serves, so its first requests see the shared limits; if
     /// Redis does not answer, the gateway starts on local limits and the task keeps trying.
     pub async fn connect(&self) {
         if !self.rejoin(true).await {
+            self.store.fell_back_at_start();
             warn!("Redis does not answer at startup: limits are local until it does");
         }
     }
@@ -150,6 +156,7 @@ impl Shared {
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(BEAT);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let heartbeat = (self.store.lease() / 4).min(HEARTBEAT);
         let mut next_heartbeat = Instant::now();
         let mut next_connect = Instant::now();
         loop {
@@ -169,7 +176,7 @@ impl Shared {
                 self.room();
             }
             if now >= next_heartbeat {
-                next_heartbeat = now + HEARTBEAT;
+                next_heartbeat = now + heartbeat;
                 let _ = self.store.heartbeat().await;
             }
             self.beat(now).await;

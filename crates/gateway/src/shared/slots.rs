@@ -1,16 +1,20 @@
 //! A concurrency cap every replica shares (a tenant's `max_concurrent`, the gateway's
 //! `--max-concurrent-requests`).
 //!
-//! Each replica holds a grant in Redis — its running requests and a little headroom — under a
-//! lease it renews every beat: a replica that dies stops renewing, and its slots come back to
-//! the others when the lease runs out (`store::LEASE`). A request takes a free slot of the grant
-//! without a round trip; when there is none, one bounded call asks for more. While Redis is
-//! away, a replica admits up to its share of the cap.
+//! Each replica holds a grant in Redis — its running requests, and some headroom on a large cap
+//! — that counts only while the replica's lease lives (renewed by its heartbeat): a replica that
+//! dies stops renewing, and its slots come back to the others when the lease runs out
+//! (`SharedConfig::lease`). A request takes a free slot of the grant without a round trip; when
+//! there is none, one bounded call asks for more. Every beat sets the grant back to what is
+//! running (and the headroom). While Redis is away, a replica admits up to its share of the cap.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use sluice_core::admission::shared::{chunk, share, Grant};
+use sluice_core::admission::shared::{share, Grant};
+
+/// A replica's headroom is this fraction of its share of a cap.
+const CHUNK_OF_SHARE: u64 = 8;
 
 use super::budget::Short;
 use super::store::Store;
@@ -22,6 +26,9 @@ pub struct SharedSlots {
     key: String,
     cap: u64,
     grant: Mutex<Grant>,
+    /// One renewal at a time, so an answer computed from an older count never overwrites a
+    /// newer grant.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 /// Why no slot was taken.
@@ -34,11 +41,14 @@ impl SharedSlots {
             store,
             cap,
             grant: Mutex::new(Grant::default()),
+            renewing: tokio::sync::Mutex::new(()),
         }
     }
 
+    /// Free slots a replica keeps: an eighth of its share, none on a small cap (where an idle
+    /// replica's headroom would keep the others from slots they need).
     fn headroom(&self) -> u64 {
-        chunk(self.cap, self.store.replicas())
+        self.cap / (CHUNK_OF_SHARE * u64::from(self.store.replicas()))
     }
 
     /// Takes a slot without waiting: from the grant, or (Redis away) the local share.
@@ -66,6 +76,12 @@ impl SharedSlots {
         if !self.store.up() {
             return Ok(false);
         }
+        // Holding the renewal, so the slot asked for is not given away by a beat in between.
+        let renewing = self.renewing.lock().await;
+        if self.try_enter()? {
+            return Ok(true);
+        }
+        drop(renewing);
         self.renew(1).await;
         self.try_enter()
     }
@@ -92,6 +108,7 @@ impl SharedSlots {
     /// Sets the grant to the running requests, `more` about to start and the headroom, as far
     /// as the cap allows (and renews the lease). Whether Redis answered.
     pub async fn renew(&self, more: u64) -> bool {
+        let _renewing = self.renewing.lock().await;
         let (want, floor) = {
             let grant = self.grant.lock();
             (grant.wanted(more, self.headroom()), grant.in_use)

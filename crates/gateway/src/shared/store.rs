@@ -15,7 +15,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
+use tokio::sync::watch;
 use tracing::{info, warn};
+
+use super::SharedConfig;
 
 /// Why a call did not get an answer.
 #[derive(Debug, thiserror::Error)]
@@ -52,36 +55,39 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate * 1000) + 60000)
 return {give, tostring(level)}
 ";
 
-/// Sets this replica's grant under a shared cap, after forgetting replicas whose lease ran out:
-/// what it wants, as far as the cap leaves room, and never less than `floor` (its requests
-/// already running). KEYS: the grants (hash), their leases (sorted set of expiry times).
-/// ARGV: replica, cap, want, floor, lease in ms. Returns the grant.
+/// Sets this replica's grant under a shared cap: what it wants, as far as the cap leaves room
+/// beside the grants of live replicas (those of replicas whose lease ran out are dropped), and
+/// never less than `floor` (its requests already running). KEYS: the grants (hash), the live
+/// replicas (sorted set of lease expiry times). ARGV: replica, cap, want, floor, lease in ms.
+/// Returns the grant.
 const GRANT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
-  redis.call('HDEL', KEYS[1], r)
-  redis.call('ZREM', KEYS[2], r)
+local grants = redis.call('HGETALL', KEYS[1])
+local others = 0
+for i = 1, #grants, 2 do
+  local r = grants[i]
+  local lease = tonumber(redis.call('ZSCORE', KEYS[2], r) or '0')
+  if lease <= now then
+    redis.call('HDEL', KEYS[1], r)
+  elseif r ~= ARGV[1] then
+    others = others + tonumber(grants[i + 1])
+  end
 end
-local mine = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-local total = 0
-for _, n in ipairs(redis.call('HVALS', KEYS[1])) do total = total + tonumber(n) end
-local room = tonumber(ARGV[2]) - (total - mine)
+local room = tonumber(ARGV[2]) - others
 local grant = math.max(tonumber(ARGV[4]), math.min(tonumber(ARGV[3]), room))
 if grant > 0 then
   redis.call('HSET', KEYS[1], ARGV[1], grant)
-  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 else
   redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
 end
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]) * 2)
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[5]) * 2)
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]) * 4)
 return grant
 ";
 
-/// Renews this replica's lease among the replicas and counts the live ones. KEYS: the
-/// replicas (sorted set of expiry times). ARGV: replica, lease in ms.
+/// Renews this replica's lease — its place in the count, and what makes its grants count — and
+/// counts the live replicas. KEYS: the replicas (sorted set of lease expiry times). ARGV:
+/// replica, lease in ms.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -90,9 +96,6 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
 return redis.call('ZCARD', KEYS[1])
 ";
-
-/// How long a replica's lease (its grants, its place in the count) lives without renewal.
-pub const LEASE: Duration = Duration::from_secs(10);
 
 /// The Redis side of the shared state.
 pub struct Store {
@@ -103,6 +106,8 @@ pub struct Store {
     /// Prepended to every key.
     prefix: String,
     timeout: Duration,
+    /// How long its grants and its place in the count outlive the last renewal.
+    lease: Duration,
     pub fail_open: bool,
     up: AtomicBool,
     /// Live replicas as Redis last counted them (1 until it has).
@@ -110,6 +115,17 @@ pub struct Store {
     scripts: Scripts,
     fallbacks: Counter,
     up_gauge: Gauge,
+    /// `up` and the switches to local limits so far, for whoever awaits a change.
+    state: watch::Sender<SharedState>,
+}
+
+/// Whether the shared limits are in use, and how often the gateway fell back from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedState {
+    pub up: bool,
+    pub fallbacks: u64,
+    /// Live replicas as Redis last counted them.
+    pub replicas: u32,
 }
 
 struct Scripts {
@@ -129,12 +145,7 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// A store for `client`, not connected yet (the task connects it); its metrics registered.
-    pub fn new(
-        client: redis::Client,
-        timeout: Duration,
-        fail_open: bool,
-        registry: &mut Registry,
-    ) -> Self {
+    pub fn new(client: redis::Client, config: &SharedConfig, registry: &mut Registry) -> Self {
         let fallbacks = Counter::default();
         registry.register(
             "redis_fallback",
@@ -152,8 +163,9 @@ impl Store {
             connection: ArcSwapOption::empty(),
             replica: format!("{:016x}", rand::random::<u64>()),
             prefix: "sluice:".into(),
-            timeout,
-            fail_open,
+            timeout: config.timeout,
+            lease: config.lease,
+            fail_open: config.fail_open,
             up: AtomicBool::new(false),
             replicas: AtomicU32::new(1),
             scripts: Scripts {
@@ -163,11 +175,26 @@ impl Store {
             },
             fallbacks,
             up_gauge,
+            state: watch::channel(SharedState {
+                replicas: 1,
+                ..SharedState::default()
+            })
+            .0,
         }
+    }
+
+    /// Changes whenever Redis goes away or comes back.
+    pub fn changes(&self) -> watch::Receiver<SharedState> {
+        self.state.subscribe()
     }
 
     pub fn up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// How long this replica's lease outlives its last renewal.
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 
     pub fn replicas(&self) -> u32 {
@@ -200,6 +227,10 @@ impl Store {
         if self.up.swap(false, Ordering::AcqRel) {
             self.fallbacks.inc();
             self.up_gauge.set(0);
+            self.state.send_modify(|s| {
+                s.up = false;
+                s.fallbacks += 1;
+            });
             if self.fail_open {
                 warn!(error = %why, "Redis unreachable: limits are local (each replica a share of the global) until it answers again");
             } else {
@@ -241,17 +272,17 @@ impl Store {
         want: u64,
         floor: u64,
     ) -> Result<u64, StoreError> {
-        let leases = format!("{key}:leases");
+        let replicas = self.key("replicas");
         self.bounded(async |mut c| {
             self.scripts
                 .grant
                 .key(key)
-                .key(&leases)
+                .key(&replicas)
                 .arg(&self.replica)
                 .arg(cap)
                 .arg(want)
                 .arg(floor)
-                .arg(LEASE.as_millis() as u64)
+                .arg(self.lease.as_millis() as u64)
                 .invoke_async(&mut c)
                 .await
         })
@@ -267,12 +298,15 @@ impl Store {
                     .heartbeat
                     .key(&key)
                     .arg(&self.replica)
-                    .arg(LEASE.as_millis() as u64)
+                    .arg(self.lease.as_millis() as u64)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
-        self.replicas.store(live.max(1), Ordering::Relaxed);
+        let live = live.max(1);
+        if self.replicas.swap(live, Ordering::Relaxed) != live {
+            self.state.send_modify(|s| s.replicas = live);
+        }
         Ok(live)
     }
 
@@ -299,12 +333,19 @@ impl Store {
     pub fn came_back(&self, first: bool) {
         if !self.up.swap(true, Ordering::AcqRel) {
             self.up_gauge.set(1);
+            self.state.send_modify(|s| s.up = true);
             if first {
                 info!(replica = %self.replica, "shared state in Redis in use");
             } else {
                 info!(replica = %self.replica, "Redis answers again: shared limits resume, what was spent apart reconciled");
             }
         }
+    }
+
+    /// Redis did not answer at startup: counted as a switch to local limits.
+    pub fn fell_back_at_start(&self) {
+        self.fallbacks.inc();
+        self.state.send_modify(|s| s.fallbacks += 1);
     }
 
     /// Whether the store has a connection (it may not be marked up yet).

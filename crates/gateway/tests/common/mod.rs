@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod certs;
+pub mod redis;
 
 pub use serde_json::Value;
 pub use sluice_gateway::{Config, Gateway};
