@@ -122,7 +122,7 @@ impl Gateway {
         )?;
         let shared_state = shared.as_ref().map(|s| s.changes());
         if let Some(shared) = shared {
-            listeners.spawn(shared.run(stop_rx.clone()));
+            listeners.spawn(shared.run(Arc::downgrade(&fleet), stop_rx.clone()));
         }
         if let Some(queue) = app.front.admit.queue() {
             // The gateway queue's dispatcher, stopped with the listeners.

@@ -252,3 +252,44 @@ async fn a_dead_replicas_slots_return_when_its_lease_runs_out() {
     drop(streams);
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn each_replica_counts_the_others_requests_waiting_on_a_worker() {
+    let redis = RedisServer::start();
+    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    let a = replica(&sims, &redis, 6000, true).await;
+    let b = replica(&sims, &redis, 6000, true).await;
+    for g in [&a, &b] {
+        until_state(g, "both counted", |s| s.up && s.replicas == 2).await;
+    }
+    // The engine stops answering: A's requests wait for a first byte that does not come.
+    sims.engine(0).unwrap().fault(Fault::Hang).await.unwrap();
+    let url = format!("{}/v1/chat/completions", a.url());
+    let waiting: Vec<_> = (0..3)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let body = chat_body("test-model", &format!("q{i}"), 1, false);
+                send(
+                    &client(),
+                    "POST",
+                    &url,
+                    Some(&body),
+                    &[("authorization", "Bearer acme-key")],
+                )
+                .await
+            })
+        })
+        .collect();
+    let view = until_view(&b, &client(), "A's requests seen from B", "/workers", |v| {
+        v["workers"][0]["vetoes"]["pending_elsewhere"] == 3
+    })
+    .await;
+    let vetoes = &view["workers"][0]["vetoes"];
+    assert_eq!(vetoes["pending_requests"], 0, "none of B's own: {vetoes}");
+    for request in waiting {
+        request.abort();
+    }
+}

@@ -98,18 +98,26 @@ impl LimitView {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Every veto in force on a worker.
 #[derive(Serialize)]
 pub struct VetoView {
     overloaded: bool,
-    /// The waiting queue as projected now from the last report and this gateway's requests
-    /// sent and started since (what the ceiling is judged on, request by request).
+    /// The waiting queue as projected now from the last report and the requests sent and
+    /// started since, this gateway's and (with `--redis-url`) the other replicas' — what the
+    /// ceiling is judged on, request by request.
     projected_waiting: u64,
     /// The same as the gateway queue judges it: sent since the last report beyond the room that
     /// report showed in the running window (`Projection::Wary`).
     projected_waiting_wary: u64,
     /// This gateway's requests on the worker with no first byte yet.
     pending_requests: u64,
+    /// The other replicas', as Redis last said (`--redis-url`; refreshed four times a second).
+    #[serde(skip_serializing_if = "is_zero")]
+    pending_elsewhere: u64,
     busy: bool,
     at_capacity: bool,
     liveness: Option<LivenessVeto>,
@@ -120,11 +128,14 @@ impl VetoView {
         let v = &worker.vetoes;
         Self {
             overloaded: v.overloaded(),
-            projected_waiting: v.queue_gate().projected(worker.traffic.pending_requests()),
+            projected_waiting: v
+                .queue_gate()
+                .projected(worker.traffic.pending_everywhere()),
             projected_waiting_wary: v
                 .queue_gate()
-                .projected_wary(worker.traffic.pending_requests()),
+                .projected_wary(worker.traffic.pending_everywhere()),
             pending_requests: worker.traffic.pending_requests(),
+            pending_elsewhere: worker.traffic.pending_elsewhere(),
             busy: v.busy(),
             at_capacity: v.at_capacity(),
             liveness: v.liveness(),

@@ -154,6 +154,9 @@ pub struct Traffic {
     /// Requests that have no first byte yet: the overload veto projects the engine's queue with
     /// it between load reports.
     pending_requests: AtomicU64,
+    /// The other replicas' requests with no first byte on this worker, as Redis last said
+    /// (`--redis-url`). Written only by the shared state's task, not by `Lease`.
+    elsewhere: AtomicU64,
     /// Told, fleet-wide, whenever a request stops waiting on a worker or ends: room may have
     /// opened for a request waiting in the gateway queue.
     freed: Arc<tokio::sync::Notify>,
@@ -170,6 +173,23 @@ impl Traffic {
 
     pub fn pending_requests(&self) -> u64 {
         self.pending_requests.load(Ordering::Relaxed)
+    }
+
+    /// The other replicas' requests with no first byte on the worker.
+    pub fn pending_elsewhere(&self) -> u64 {
+        self.elsewhere.load(Ordering::Relaxed)
+    }
+
+    /// Every replica's requests with no first byte on the worker: what its queue is projected
+    /// with between reports.
+    pub fn pending_everywhere(&self) -> u64 {
+        self.pending_requests() + self.pending_elsewhere()
+    }
+
+    /// The shared state's task heard how many the other replicas have pending; whether that
+    /// changed.
+    pub fn set_pending_elsewhere(&self, n: u64) -> bool {
+        self.elsewhere.swap(n, Ordering::Relaxed) != n
     }
 
     /// Counts `weight` more in flight, unless `limits` refuses them (atomically: two requests
@@ -305,7 +325,7 @@ impl Worker {
     /// The veto in force on it now, its queue projected by `projection`.
     pub fn veto_class_by(&self, projection: Projection) -> Option<VetoClass> {
         self.vetoes
-            .class(self.traffic.pending_requests(), projection)
+            .class(self.traffic.pending_everywhere(), projection)
     }
 
     /// Ready, and its circuit lets requests through: a request could use it now.
@@ -584,5 +604,39 @@ mod tests {
         assert_eq!(w.traffic.pending_requests(), 0);
         assert_eq!(w.traffic.pending_prefill_tokens(), 0);
         assert_eq!(w.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_other_replicas_pending_requests_fill_the_projected_queue_too() {
+        let w = worker();
+        let report = EngineLoad {
+            report: LoadReport::default(),
+            source: "/metrics",
+            at: Instant::now(),
+            overload: None,
+            busy: false,
+            silent_since: None,
+        };
+        // A report: 2 waiting under a ceiling of 4, nobody's request pending then.
+        let gate = QueueGate {
+            waiting: 2,
+            pending_at_report: w.traffic.pending_everywhere(),
+            ceiling: Some(4),
+            kv_full: false,
+            room: Some(0),
+        };
+        w.vetoes.report(report, gate);
+        let mine = lease(&w);
+        assert_eq!(w.veto_class(), None, "3 of 4");
+        assert!(w.traffic.set_pending_elsewhere(1));
+        assert_eq!(
+            w.veto_class(),
+            Some(VetoClass::Overload),
+            "another replica's request makes 4"
+        );
+        assert!(!w.traffic.set_pending_elsewhere(1), "unchanged");
+        w.traffic.set_pending_elsewhere(0);
+        assert_eq!(w.veto_class(), None);
+        drop(mine);
     }
 }

@@ -1,12 +1,14 @@
 //! State several gateway replicas share through Redis (`--redis-url`): tenant budgets and
-//! concurrency caps, the gateway-wide request rate and `--max-concurrent-requests`.
+//! concurrency caps, the gateway-wide request rate and `--max-concurrent-requests`, and each
+//! replica's requests waiting for a first byte on each worker.
 //!
 //! Decisions stay local: a replica claims budget in chunks and holds a grant of slots, so a
 //! request is admitted without a round trip unless its replica has run short (then one call,
 //! bounded by `--redis-timeout-ms`). The atomic steps run in Redis as scripts, so replicas
 //! claiming at once never together take more than a budget holds. One task per gateway beats
 //! four times a second: it gives back what the replica does not need, renews its leases,
-//! counts the live replicas, and — while Redis is away — reconnects, then reconciles what was
+//! counts the live replicas, publishes its pending requests per worker and learns the others'
+//! (so the overload veto projects every replica's requests), and — while Redis is away — reconnects, then reconciles what was
 //! spent apart before shared limits resume.
 //!
 //! ## Layout
@@ -19,7 +21,7 @@ mod budget;
 mod slots;
 mod store;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -29,6 +31,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::warn;
 
 pub use budget::{SharedBudget, Short};
+
+use crate::fleet::Fleet;
 pub use slots::SharedSlots;
 pub use store::{SharedState, Store, StoreError};
 
@@ -152,8 +156,8 @@ impl Shared {
         true
     }
 
-    /// Beats until `stop`.
-    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    /// Beats until `stop`, sharing the pending requests on `fleet`'s workers.
+    pub async fn run(self: Arc<Self>, fleet: Weak<Fleet>, mut stop: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(BEAT);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let heartbeat = (self.store.lease() / 4).min(HEARTBEAT);
@@ -165,7 +169,11 @@ impl Shared {
                 _ = stop.changed() => return,
             }
             let now = Instant::now();
+            let Some(fleet) = fleet.upgrade() else {
+                return;
+            };
             if !self.store.up() {
+                forget_elsewhere(&fleet);
                 if now < next_connect {
                     continue;
                 }
@@ -180,6 +188,32 @@ impl Shared {
                 let _ = self.store.heartbeat().await;
             }
             self.beat(now).await;
+            self.share_pending(&fleet).await;
+        }
+    }
+
+    /// Tells Redis this replica's requests with no first byte on each worker and learns the
+    /// others': the projected queues count every replica's requests, not this one's alone.
+    async fn share_pending(&self, fleet: &Fleet) {
+        let snapshot = fleet.snapshot();
+        if snapshot.workers.is_empty() {
+            return;
+        }
+        let mine: Vec<(&str, u64)> = snapshot
+            .workers
+            .iter()
+            .map(|w| (w.id.as_str(), w.traffic.pending_requests()))
+            .collect();
+        let Ok(others) = self.store.pending(&mine).await else {
+            forget_elsewhere(fleet);
+            return;
+        };
+        let mut changed = false;
+        for (worker, n) in snapshot.workers.iter().zip(others) {
+            changed |= worker.traffic.set_pending_elsewhere(n);
+        }
+        if changed {
+            fleet.announce();
         }
     }
 
@@ -207,5 +241,17 @@ impl Shared {
         for f in self.on_room.lock().iter() {
             f();
         }
+    }
+}
+
+/// With Redis away nothing is known of the other replicas' requests: they count as none, as
+/// before sharing (a stale count would keep vetoing a worker they have left).
+fn forget_elsewhere(fleet: &Fleet) {
+    let mut changed = false;
+    for worker in &fleet.snapshot().workers {
+        changed |= worker.traffic.set_pending_elsewhere(0);
+    }
+    if changed {
+        fleet.announce();
     }
 }

@@ -85,6 +85,39 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]) * 4)
 return grant
 ";
 
+/// Publishes this replica's requests with no first byte on each worker and sums the other live
+/// replicas'. KEYS: the replicas (sorted set of lease expiry times), then one hash per worker.
+/// ARGV: replica, lease in ms, then one count per worker. Returns one sum per worker.
+const PENDING: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local sums = {}
+for k = 2, #KEYS do
+  local mine = tonumber(ARGV[k + 1])
+  if mine > 0 then
+    redis.call('HSET', KEYS[k], ARGV[1], mine)
+    redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[2]) * 4)
+  else
+    redis.call('HDEL', KEYS[k], ARGV[1])
+  end
+  local others = 0
+  local counts = redis.call('HGETALL', KEYS[k])
+  for i = 1, #counts, 2 do
+    local r = counts[i]
+    if r ~= ARGV[1] then
+      local lease = tonumber(redis.call('ZSCORE', KEYS[1], r) or '0')
+      if lease > now then
+        others = others + tonumber(counts[i + 1])
+      else
+        redis.call('HDEL', KEYS[k], r)
+      end
+    end
+  end
+  sums[k - 1] = others
+end
+return sums
+";
+
 /// Renews this replica's lease — its place in the count, and what makes its grants count — and
 /// counts the live replicas. KEYS: the replicas (sorted set of lease expiry times). ARGV:
 /// replica, lease in ms.
@@ -132,6 +165,7 @@ struct Scripts {
     claim: Script,
     grant: Script,
     heartbeat: Script,
+    pending: Script,
 }
 
 impl std::fmt::Debug for Store {
@@ -172,6 +206,7 @@ impl Store {
                 claim: Script::new(CLAIM),
                 grant: Script::new(GRANT),
                 heartbeat: Script::new(HEARTBEAT),
+                pending: Script::new(PENDING),
             },
             fallbacks,
             up_gauge,
@@ -285,6 +320,24 @@ impl Store {
                 .arg(self.lease.as_millis() as u64)
                 .invoke_async(&mut c)
                 .await
+        })
+        .await
+    }
+
+    /// Publishes `mine` (worker id, this replica's requests with no first byte there) and
+    /// returns the other replicas' on each, in the same order.
+    pub async fn pending(&self, mine: &[(&str, u64)]) -> Result<Vec<u64>, StoreError> {
+        let replicas = self.key("replicas");
+        self.bounded(async |mut c| {
+            let mut call = self.scripts.pending.key(&replicas);
+            for (worker, _) in mine {
+                call.key(self.key(&format!("pending:{worker}")));
+            }
+            call.arg(&self.replica).arg(self.lease.as_millis() as u64);
+            for (_, n) in mine {
+                call.arg(*n);
+            }
+            call.invoke_async(&mut c).await
         })
         .await
     }

@@ -75,7 +75,7 @@ impl Control {
         let gate = QueueGate::new(
             &report,
             &ceilings,
-            worker.traffic.pending_requests(),
+            worker.traffic.pending_everywhere(),
             window,
         );
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
