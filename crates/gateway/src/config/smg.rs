@@ -21,7 +21,7 @@ const LL: &str =
     "sluice's least_load and power_of_two rank workers by the requests it has on them and their reported queues, with no such knob; drop the flag";
 const MCP: &str = "sluice runs no MCP tools; drop the flag";
 const MESH: &str =
-    "sluice replicas do not coordinate yet: run them side by side behind an L4 balancer; drop the flag";
+    "sluice replicas share their limits through Redis, not a mesh: run them behind an L4 balancer with the same --redis-url; drop the flag";
 const MM: &str =
     "sluice does not fetch or preprocess media: image and audio inputs reach the engine as the client sent them; drop the flag";
 const PARSER: &str =
