@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -84,6 +85,9 @@ fn every_manifest_survives_k8s_openapis_types_whole() {
             "Deployment" => round_trip::<Deployment>(doc),
             "Service" => round_trip::<Service>(doc),
             "ConfigMap" => round_trip::<ConfigMap>(doc),
+            "ServiceAccount" => round_trip::<ServiceAccount>(doc),
+            "Role" => round_trip::<Role>(doc),
+            "RoleBinding" => round_trip::<RoleBinding>(doc),
             other => panic!("{file}: a {other}, which this test does not know: add it"),
         }
         .unwrap_or_else(|e| panic!("{file}: not a valid {kind}: {e}"));
@@ -92,7 +96,7 @@ fn every_manifest_survives_k8s_openapis_types_whole() {
         assert!(lost.is_empty(), "{file} ({kind}): {lost:#?}");
         kinds.push(kind);
     }
-    for needed in ["Deployment", "Service", "ConfigMap"] {
+    for needed in ["Deployment", "Service", "ConfigMap", "Role", "RoleBinding"] {
         assert!(kinds.contains(&needed), "no {needed} in {kinds:?}");
     }
 }
@@ -143,7 +147,24 @@ fn the_gateways_arguments_and_config_file_are_valid_settings() {
     let valid = valid.unwrap_or_else(|e| panic!("the container's settings: {e}"));
     assert_eq!(valid.admission.tenants.len(), 2, "the ConfigMap's tenants");
     assert!(valid.shared.is_some(), "replicas share through Redis");
-    assert!(valid.discovery.dns.is_some(), "workers found by DNS");
+    let kubernetes = valid
+        .discovery
+        .kubernetes
+        .as_ref()
+        .expect("workers found as pods");
+    assert_eq!(kubernetes.selector, "app=vllm");
+    assert_eq!(kubernetes.namespace.as_deref(), Some("default"));
+    assert_eq!(pod.service_account_name.as_deref(), Some("sluice"));
+    let role: Role =
+        serde_json::from_value(find(&docs, "Role", "sluice-discovery").clone()).unwrap();
+    let rule = &role.rules.as_ref().unwrap()[0];
+    assert_eq!(rule.resources.as_deref(), Some(&["pods".to_string()][..]));
+    for verb in ["get", "list", "watch"] {
+        assert!(
+            rule.verbs.contains(&verb.to_string()),
+            "the Role lets it {verb} pods"
+        );
+    }
 
     // The probes the kubelet uses are the gateway's probe port and paths.
     let port = container.ports.as_ref().unwrap();

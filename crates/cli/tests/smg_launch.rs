@@ -14,6 +14,9 @@ use sluice_gateway::config::smg;
 
 #[path = "../../gateway/tests/common/certs.rs"]
 mod certs;
+#[path = "../../gateway/tests/common/kube_api.rs"]
+#[allow(dead_code)]
+mod kube_api;
 use sluice_sim::testkit::{client, instant, send, HttpClient};
 use sluice_sim::{Flavor, FleetConfig, SimFleet};
 
@@ -87,10 +90,13 @@ struct Launched {
 }
 
 impl Launched {
-    fn start(args: &[String]) -> Self {
+    /// `kubeconfig`: what `--service-discovery` reads its API server from.
+    fn start(args: &[String], kubeconfig: &std::path::Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .arg("serve")
             .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -171,12 +177,13 @@ async fn chat(http: &HttpClient, addr: &str, model: &str, headers: &[(&str, &str
 /// Launch lines as SMG users write them, with every "works" flag of the page among them.
 #[rustfmt::skip]
 fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs) -> Vec<Vec<String>> {
+    let worker_port = worker.rsplit(':').next().unwrap().to_string();
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
     let (ca, server_cert, server_key) = (path(&certs.ca), path(&certs.server_cert), path(&certs.server_key));
     let (client_cert, client_key) = (path(&certs.client_cert), path(&certs.client_key));
     // The worker requires the key: SMG's --api-key is also the key it is sent.
     let common = ["--host", "127.0.0.1", "--port", "0", "--worker-urls", worker, "--api-key", "secret"];
-    let lines: [&[&str]; 6] = [
+    let lines: [&[&str]; 7] = [
         // A keyed fleet behind a cache-aware gateway, with its logs, metrics and CORS.
         &[
             "--control-plane-api-keys", "k1:ops:admin:admin-secret",
@@ -268,12 +275,20 @@ fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs
             "--discovery-file", listing,
             "--discovery-check-interval-secs", "30",
         ],
+        // The worker found as a Ready pod through the (fake) Kubernetes API.
+        &[
+            "--service-discovery",
+            "--selector", "app=vllm",
+            "--service-discovery-port", &worker_port,
+            "--service-discovery-namespace", "llm",
+            "--model-id-from", "label:model",
+        ],
     ];
     lines
         .iter()
         .map(|extra| {
-            let from_file = extra.contains(&"--discovery-file");
-            let common = common.iter().enumerate().filter(|(at, _)| !(from_file && (4..6).contains(at)));
+            let discovered = extra.contains(&"--discovery-file") || extra.contains(&"--service-discovery");
+            let common = common.iter().enumerate().filter(|(at, _)| !(discovered && (4..6).contains(at)));
             common.map(|(_, s)| s).chain(extra.iter()).map(|s| s.to_string()).collect()
         })
         .collect()
@@ -299,6 +314,18 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
         listing.to_str().unwrap(),
         &certs,
     );
+    // The API server --service-discovery asks, named by a kubeconfig: one Ready pod, the worker.
+    let api = runtime.block_on(kube_api::FakeApi::start());
+    api.set("vllm-0", "127.0.0.1", true);
+    let kubeconfig = log_dir.join("kubeconfig");
+    let config = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+         clusters:\n- name: fake\n  cluster:\n    server: {}\n\
+         contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+         users:\n- name: fake\n  user: {{}}\n",
+        api.url()
+    );
+    std::fs::write(&kubeconfig, config).unwrap();
 
     let used: BTreeSet<&str> = lines
         .iter()
@@ -314,7 +341,7 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
 
     let http = client();
     for (i, line) in lines.iter().enumerate() {
-        let mut gateway = Launched::start(line);
+        let mut gateway = Launched::start(line, &kubeconfig);
         let addr = gateway.serving();
         if line.iter().any(|a| a == "--tls-cert-path") {
             // Spoken to over HTTPS in crates/gateway/tests/tls.rs; here, that it says so.

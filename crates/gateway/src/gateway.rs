@@ -36,8 +36,8 @@ pub enum StartError {
     Assemble(#[from] AssembleError),
     #[error("--worker-urls: {0}")]
     Worker(GatewayError),
-    #[error("--discovery-file: {0}")]
-    Discovery(#[from] crate::control::discovery::ListingError),
+    #[error(transparent)]
+    Discovery(#[from] crate::control::discovery::DiscoveryError),
 }
 
 /// How a shutdown ended.
@@ -119,7 +119,8 @@ impl Gateway {
             &app.admin.control,
             &stop_rx,
             &mut listeners,
-        )?;
+        )
+        .await?;
         let shared_state = shared.as_ref().map(|s| s.changes());
         if let Some(shared) = shared {
             listeners.spawn(shared.run(Arc::downgrade(&fleet), stop_rx.clone()));

@@ -10,14 +10,16 @@ use serde::{Deserialize, Serialize};
 use super::checks::{invalid, positive_seconds};
 use super::ConfigError;
 use crate::control::discovery::{
-    parse_target, DiscoveryConfig, DnsConfig, FileConfig, SystemResolver,
+    parse_target, Cluster, DiscoveryConfig, DnsConfig, FileConfig, KubeConfig, ModelFrom,
+    SystemResolver,
 };
 
 /// Service-discovery flags (`sluice serve --help`, "Service discovery").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
 pub struct DiscoverySettings {
-    /// Which discovery to run: `file` (needs --discovery-file) or `dns` (needs
-    /// --discovery-dns). Optional: giving the source's own flag is enough.
+    /// Which discovery to run: `kubernetes` (as --service-discovery), `file` (needs
+    /// --discovery-file) or `dns` (needs --discovery-dns). Optional: giving the source's own
+    /// flag is enough.
     #[arg(long, value_name = "PROVIDER")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
@@ -42,6 +44,39 @@ pub struct DiscoverySettings {
     #[arg(help_heading = "Service discovery")]
     pub discovery_dns: Option<String>,
 
+    /// Watch the pods --selector matches through the Kubernetes API (in-cluster service
+    /// account, else the kubeconfig): each Ready pod with an IP is a worker at
+    /// http://POD_IP:--service-discovery-port; one that stops being Ready or goes is drained.
+    /// Needs get, list and watch on pods.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Service discovery")]
+    pub service_discovery: bool,
+
+    /// The pods' labels, KEY=VALUE (several after one flag, or the flag repeated).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    #[serde(default)]
+    #[arg(help_heading = "Service discovery")]
+    pub selector: Vec<String>,
+
+    /// The port every discovered pod serves on.
+    #[arg(long, default_value_t = 80)]
+    #[arg(help_heading = "Service discovery")]
+    pub service_discovery_port: u16,
+
+    /// The namespace to watch. Unset: every namespace (needs cluster-wide permissions).
+    #[arg(long, value_name = "NAMESPACE")]
+    #[serde(default)]
+    #[arg(help_heading = "Service discovery")]
+    pub service_discovery_namespace: Option<String>,
+
+    /// Each discovered worker's model from pod metadata: `namespace`, `label:KEY` or
+    /// `annotation:KEY`. Unset: the model the worker lists at /v1/models.
+    #[arg(long, value_name = "SOURCE")]
+    #[serde(default)]
+    #[arg(help_heading = "Service discovery")]
+    pub model_id_from: Option<String>,
+
     /// Seconds between periodic rereads of --discovery-file (also reread as soon as it changes)
     /// and between lookups of --discovery-dns.
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
@@ -52,7 +87,12 @@ pub struct DiscoverySettings {
 impl DiscoverySettings {
     /// Some source registers workers.
     pub(super) fn any(&self) -> bool {
-        self.discovery_file.is_some() || self.discovery_dns.is_some()
+        self.kubernetes() || self.discovery_file.is_some() || self.discovery_dns.is_some()
+    }
+
+    /// Kubernetes discovery, by either spelling.
+    fn kubernetes(&self) -> bool {
+        self.service_discovery || self.discovery_provider.as_deref() == Some("kubernetes")
     }
 
     pub(super) fn validate(&self) -> Result<DiscoveryConfig, ConfigError> {
@@ -68,17 +108,11 @@ impl DiscoverySettings {
             Some("dns") if self.discovery_dns.is_none() => {
                 return Err(invalid("discovery-provider", "dns needs --discovery-dns"))
             }
-            Some("file" | "dns") => {}
-            Some("kubernetes") => {
-                return Err(invalid(
-                    "discovery-provider",
-                    "Kubernetes discovery is not built yet: list the pods behind a headless Service with --discovery-dns NAME:PORT",
-                ))
-            }
+            Some("file" | "dns" | "kubernetes") => {}
             Some(other) => {
                 return Err(invalid(
                     "discovery-provider",
-                    format!("'{other}' is not one of file, dns"),
+                    format!("'{other}' is not one of kubernetes, file, dns"),
                 ))
             }
         }
@@ -100,6 +134,45 @@ impl DiscoverySettings {
                 .clone()
                 .map(|path| FileConfig { path, every }),
             dns,
+            kubernetes: self.kubernetes_config()?,
         })
+    }
+
+    fn kubernetes_config(&self) -> Result<Option<KubeConfig>, ConfigError> {
+        if !self.kubernetes() {
+            return Ok(None);
+        }
+        if self.selector.is_empty() {
+            return Err(invalid(
+                "selector",
+                "Kubernetes discovery needs the pods' labels, e.g. --selector app=vllm",
+            ));
+        }
+        let mut labels = Vec::new();
+        for pair in self.selector.iter().flat_map(|s| s.split(',')) {
+            match pair.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => {
+                    labels.push(format!("{}={}", k.trim(), v.trim()))
+                }
+                _ => return Err(invalid("selector", format!("'{pair}' is not KEY=VALUE"))),
+            }
+        }
+        if self.service_discovery_port == 0 {
+            return Err(invalid("service-discovery-port", "must be a port, not 0"));
+        }
+        let model_from = match &self.model_id_from {
+            Some(text) => Some(
+                text.parse::<ModelFrom>()
+                    .map_err(|e| invalid("model-id-from", e))?,
+            ),
+            None => None,
+        };
+        Ok(Some(KubeConfig {
+            selector: labels.join(","),
+            port: self.service_discovery_port,
+            namespace: self.service_discovery_namespace.clone(),
+            model_from,
+            cluster: Cluster::Infer,
+        }))
     }
 }

@@ -7,7 +7,7 @@
 //! (crates/cli/tests/smg_launch.rs keeps the two in step).
 
 const DISC: &str =
-    "Kubernetes pod discovery is not built yet: list the pods behind a headless Service with --discovery-dns NAME:PORT, or workers in --discovery-file";
+    "sluice reads no KV-transfer metadata from pods (it serves a unified fleet, not prefill/decode pairs); drop the flag";
 const DP: &str =
     "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
 const GRPC: &str =
@@ -131,17 +131,12 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--prefill-max-inflight-requests-per-worker", PD),
     ("--prefill-queue-size", PD),
     ("--prefill-queue-timeout-secs", PD),
-    ("--service-discovery", DISC),
-    ("--selector", DISC),
-    ("--service-discovery-port", DISC),
-    ("--service-discovery-namespace", DISC),
     ("--kv-connector-annotation", DISC),
     ("--kv-engine-id-annotation", DISC),
     ("--encode-selector", PD),
     ("--prefill-selector", PD),
     ("--decode-selector", PD),
     ("--router-selector", MESH),
-    ("--model-id-from", DISC),
     (
         "--jemalloc-prof-dir",
         "sluice is not built with jemalloc heap profiling; drop the flag",

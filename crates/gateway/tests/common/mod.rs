@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod certs;
+pub mod kube_api;
 pub mod redis;
 
 pub use serde_json::Value;

@@ -316,7 +316,18 @@ fn discovery_sources_are_checked() {
     let refused: &[(&[&str], &str)] = &[
         (&["--discovery-provider", "file"], "needs --discovery-file"),
         (&["--discovery-provider", "dns"], "needs --discovery-dns"),
-        (&["--discovery-provider", "kubernetes"], "--discovery-dns"),
+        (&["--discovery-provider", "kubernetes"], "--selector"),
+        (&["--service-discovery", "--selector", "app"], "KEY=VALUE"),
+        (
+            &[
+                "--service-discovery",
+                "--selector",
+                "a=b",
+                "--model-id-from",
+                "pod",
+            ],
+            "--model-id-from",
+        ),
         (&["--discovery-provider", "consul"], "not one of"),
         (&["--discovery-dns", "vllm"], "NAME:PORT"),
         (
@@ -333,6 +344,29 @@ fn discovery_sources_are_checked() {
         let e = validated(args).unwrap_err().to_string();
         assert!(e.contains(says), "{args:?}: {e}");
     }
+    let k8s = validated(&[
+        "--service-discovery",
+        "--selector",
+        "app=vllm",
+        "tier=gpu",
+        "--service-discovery-namespace",
+        "llm",
+        "--model-id-from",
+        "label:model",
+    ])
+    .unwrap();
+    assert!(
+        k8s.health.remove_unhealthy,
+        "auto-recovery follows discovery"
+    );
+    let k8s = k8s.discovery.kubernetes.unwrap();
+    assert_eq!(k8s.selector, "app=vllm,tier=gpu");
+    assert_eq!(k8s.port, 80, "SMG's default port");
+    assert_eq!(k8s.namespace.as_deref(), Some("llm"));
+    assert_eq!(
+        k8s.model_from,
+        Some(crate::control::discovery::ModelFrom::Label("model".into()))
+    );
 }
 
 #[test]

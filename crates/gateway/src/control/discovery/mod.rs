@@ -1,5 +1,5 @@
-//! Service discovery: workers listed by a source (a file, DNS) registered, re-registered and
-//! drained as the listing changes.
+//! Service discovery: workers listed by a source (a file, DNS, Kubernetes) registered,
+//! re-registered and drained as the listing changes.
 //!
 //! Each source runs in one task. Once a second it may produce a new listing (the file changed,
 //! the DNS answer is due); `Reconciler` turns the difference from the last listing into fleet
@@ -16,9 +16,12 @@
 //!   every `--discovery-check-interval-secs`.
 //! - `dns` — `--discovery-dns NAME:PORT`: every address the name resolves to, re-resolved every
 //!   `--discovery-check-interval-secs`; the resolver is injectable.
+//! - `kubernetes` — `--service-discovery`: Ready pods matching `--selector`, watched through the
+//!   API server (kube-rs's watcher: list, then watch, relisting when the watch is too old).
 
 mod dns;
 mod file;
+mod kubernetes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -34,6 +37,7 @@ use tracing::{debug, info, warn};
 
 pub use dns::{parse_target, DnsConfig, DnsSource, Resolve, SystemResolver};
 pub use file::{parse_listing, FileConfig, FileSource, ListingError};
+pub use kubernetes::{worker_of, Cluster, KubeConfig, KubeError, KubeSource, ModelFrom};
 
 use super::Control;
 use crate::error::GatewayError;
@@ -46,18 +50,28 @@ pub type Listing = BTreeMap<String, WorkerSpec>;
 /// How often a source is asked for news and removed workers are noticed.
 const TEND_EVERY: Duration = Duration::from_secs(1);
 
-/// The sources configured (`--discovery-file`, `--discovery-dns`).
+/// The sources configured (`--discovery-file`, `--discovery-dns`, `--service-discovery`).
 #[derive(Debug, Clone, Default)]
 pub struct DiscoveryConfig {
     pub file: Option<FileConfig>,
     pub dns: Option<DnsConfig>,
+    pub kubernetes: Option<KubeConfig>,
 }
 
 impl DiscoveryConfig {
     /// Some source registers workers (auto-recovery then defaults on).
     pub fn any(&self) -> bool {
-        self.file.is_some() || self.dns.is_some()
+        self.file.is_some() || self.dns.is_some() || self.kubernetes.is_some()
     }
+}
+
+/// Why discovery could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("--discovery-file: {0}")]
+    Listing(#[from] ListingError),
+    #[error("--service-discovery: {0}")]
+    Kubernetes(#[from] KubeError),
 }
 
 /// What one look at a source found.
@@ -98,14 +112,15 @@ pub struct SourceView {
 }
 
 /// Starts every configured source in `tasks`; they stop with `stop`. The discovery file is read
-/// first, and a gateway given one it cannot use does not start.
-pub fn start(
+/// and the Kubernetes client built first: a gateway given a file it cannot use, or no
+/// credentials for the API server, does not start.
+pub async fn start(
     config: &DiscoveryConfig,
     fleet: &Arc<Fleet>,
     control: &Arc<Control>,
     stop: &watch::Receiver<bool>,
     tasks: &mut tokio::task::JoinSet<()>,
-) -> Result<(), ListingError> {
+) -> Result<(), DiscoveryError> {
     let weak = Arc::downgrade(fleet);
     let mut slot = 0;
     if let Some(file) = &config.file {
@@ -115,7 +130,18 @@ pub fn start(
         slot += 1;
     }
     if let Some(dns) = &config.dns {
-        let driver = Driver::new(DnsSource::new(dns.clone()), weak, control.clone(), slot);
+        let driver = Driver::new(
+            DnsSource::new(dns.clone()),
+            weak.clone(),
+            control.clone(),
+            slot,
+        );
+        tasks.spawn(driver.run(None, stop.clone()));
+        slot += 1;
+    }
+    if let Some(kubernetes) = &config.kubernetes {
+        let source = KubeSource::start(kubernetes.clone()).await?;
+        let driver = Driver::new(source, weak, control.clone(), slot);
         tasks.spawn(driver.run(None, stop.clone()));
     }
     Ok(())

@@ -1,0 +1,303 @@
+//! `--service-discovery`: the pods `--selector` matches, watched through the Kubernetes API.
+//!
+//! kube-rs's watcher lists the pods, then watches them from the list's resource version; a
+//! dropped watch is resumed, and a resource version the server no longer has (410 Gone) is met
+//! with a fresh list, swapped in whole once complete — so a listing is never built from half a
+//! relist. A pod is a worker while it is Ready, has an IP and is not being deleted:
+//! `http://POD_IP:--service-discovery-port`, its model from `--model-id-from` when given. A pod
+//! that stops being Ready, or goes, leaves the listing and its worker drains.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use axum::http::Uri;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use super::{Listing, Look, Source};
+use crate::fleet::{Origin, WorkerSpec};
+
+/// Where a pod's model name comes from (`--model-id-from`, SMG's flag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelFrom {
+    Namespace,
+    Label(String),
+    Annotation(String),
+}
+
+impl std::str::FromStr for ModelFrom {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            None if text == "namespace" => Ok(ModelFrom::Namespace),
+            Some(("label", key)) if !key.is_empty() => Ok(ModelFrom::Label(key.to_string())),
+            Some(("annotation", key)) if !key.is_empty() => {
+                Ok(ModelFrom::Annotation(key.to_string()))
+            }
+            _ => Err(format!(
+                "'{text}' is not namespace, label:KEY or annotation:KEY"
+            )),
+        }
+    }
+}
+
+/// Which API server to ask.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cluster {
+    /// The pod's service account inside a cluster, else the kubeconfig (as kubectl finds it).
+    Infer,
+    /// A plain-HTTP API server at this address, without credentials (tests).
+    At(Uri),
+}
+
+/// `--service-discovery` and its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeConfig {
+    /// `--selector`, as a label selector (`app=vllm,tier=gpu`).
+    pub selector: String,
+    /// `--service-discovery-port`: the port every pod serves on.
+    pub port: u16,
+    /// `--service-discovery-namespace`; every namespace when unset.
+    pub namespace: Option<String>,
+    pub model_from: Option<ModelFrom>,
+    pub cluster: Cluster,
+}
+
+/// Why the watch could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("no Kubernetes credentials: {0}")]
+    Config(#[from] kube::config::InferConfigError),
+    #[error("cannot build a Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// The worker a pod is now, if it is one.
+pub fn worker_of(pod: &Pod, config: &KubeConfig) -> Option<WorkerSpec> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
+    if !ready {
+        return None;
+    }
+    let url = format!("http://{}", SocketAddr::new(ip, config.port));
+    let mut spec = WorkerSpec::from_url(&url, None).ok()?;
+    spec.model_id = match &config.model_from {
+        None => None,
+        Some(ModelFrom::Namespace) => pod.metadata.namespace.clone(),
+        Some(ModelFrom::Label(key)) => pod.metadata.labels.as_ref()?.get(key).cloned(),
+        Some(ModelFrom::Annotation(key)) => pod.metadata.annotations.as_ref()?.get(key).cloned(),
+    };
+    Some(spec)
+}
+
+/// The pods' listing, kept by a watch task.
+pub struct KubeSource {
+    target: String,
+    listing: watch::Receiver<Listing>,
+    error: watch::Receiver<Option<String>>,
+    task: AbortHandle,
+}
+
+impl Drop for KubeSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl KubeSource {
+    /// Connects (credentials are read now: missing ones stop the start) and starts watching.
+    pub async fn start(config: KubeConfig) -> Result<Self, KubeError> {
+        let client = match &config.cluster {
+            Cluster::Infer => Client::try_default().await?,
+            Cluster::At(uri) => Client::try_from(kube::Config::new(uri.clone()))?,
+        };
+        let pods: Api<Pod> = match &config.namespace {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
+        };
+        let target = format!(
+            "pods {} in {}",
+            config.selector,
+            config.namespace.as_deref().unwrap_or("every namespace")
+        );
+        let (listing_tx, listing) = watch::channel(Listing::new());
+        let (error_tx, error) = watch::channel(None);
+        let task = tokio::spawn(watch_pods(pods, config, listing_tx, error_tx)).abort_handle();
+        Ok(Self {
+            target,
+            listing,
+            error,
+            task,
+        })
+    }
+}
+
+/// Follows the pods and publishes the listing they make after each change (from the first
+/// complete list on), and the watch's last error (cleared by the next event).
+async fn watch_pods(
+    pods: Api<Pod>,
+    config: KubeConfig,
+    listing: watch::Sender<Listing>,
+    error: watch::Sender<Option<String>>,
+) {
+    let watch_config = watcher::Config::default().labels(&config.selector);
+    let mut events = watcher::watcher(pods, watch_config)
+        .default_backoff()
+        .boxed();
+    let mut known: BTreeMap<String, Pod> = BTreeMap::new();
+    let mut relisting: Option<BTreeMap<String, Pod>> = None;
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                error.send_replace(Some(e.to_string()));
+                continue;
+            }
+        };
+        error.send_if_modified(|e| e.take().is_some());
+        match event {
+            Event::Apply(pod) => {
+                known.insert(key(&pod), pod);
+            }
+            Event::Delete(pod) => {
+                known.remove(&key(&pod));
+            }
+            Event::Init => relisting = Some(BTreeMap::new()),
+            Event::InitApply(pod) => {
+                relisting.get_or_insert_default().insert(key(&pod), pod);
+            }
+            Event::InitDone => {
+                known = relisting.take().unwrap_or_default();
+                listed = true;
+            }
+        }
+        if listed {
+            let now: Listing = known
+                .values()
+                .filter_map(|pod| worker_of(pod, &config))
+                .map(|spec| (spec.url.clone(), spec))
+                .collect();
+            listing.send_if_modified(|before| {
+                let changed = *before != now;
+                *before = now;
+                changed
+            });
+        }
+    }
+}
+
+fn key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+impl Source for KubeSource {
+    const ORIGIN: Origin = Origin::Kubernetes;
+
+    fn target(&self) -> String {
+        self.target.clone()
+    }
+
+    async fn poll(&mut self, _asked: bool) -> Look {
+        if self.listing.has_changed().unwrap_or(false) {
+            return Look::Listed(self.listing.borrow_and_update().clone());
+        }
+        if self.error.has_changed().unwrap_or(false) {
+            if let Some(e) = self.error.borrow_and_update().clone() {
+                return Look::Failed(e);
+            }
+        }
+        Look::Unchanged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn config(model_from: Option<ModelFrom>) -> KubeConfig {
+        KubeConfig {
+            selector: "app=vllm".into(),
+            port: 8000,
+            namespace: Some("llm".into()),
+            model_from,
+            cluster: Cluster::Infer,
+        }
+    }
+
+    fn pod(ip: Option<&str>, ready: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("vllm-0".into()),
+                namespace: Some("llm".into()),
+                labels: Some([("model".to_string(), "llama-3.1-8b".to_string())].into()),
+                annotations: Some([("sluice/model".to_string(), "m".to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            status: Some(PodStatus {
+                pod_ip: ip.map(str::to_string),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn a_ready_pod_with_an_ip_is_a_worker_on_the_discovery_port() {
+        let spec = worker_of(&pod(Some("10.1.2.3"), "True"), &config(None)).unwrap();
+        assert_eq!(spec.url, "http://10.1.2.3:8000");
+        assert_eq!(spec.model_id, None);
+        let v6 = worker_of(&pod(Some("fd00::7"), "True"), &config(None)).unwrap();
+        assert_eq!(v6.url, "http://[fd00::7]:8000");
+    }
+
+    #[test]
+    fn a_pod_not_ready_without_an_ip_or_being_deleted_is_not() {
+        assert!(worker_of(&pod(Some("10.1.2.3"), "False"), &config(None)).is_none());
+        assert!(worker_of(&pod(None, "True"), &config(None)).is_none());
+        let mut leaving = pod(Some("10.1.2.3"), "True");
+        leaving.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(worker_of(&leaving, &config(None)).is_none());
+    }
+
+    #[test]
+    fn the_model_comes_from_a_label_an_annotation_or_the_namespace() {
+        let model = |from: &str| {
+            let from = from.parse().unwrap();
+            worker_of(&pod(Some("10.1.2.3"), "True"), &config(Some(from)))
+                .unwrap()
+                .model_id
+        };
+        assert_eq!(model("label:model").as_deref(), Some("llama-3.1-8b"));
+        assert_eq!(model("annotation:sluice/model").as_deref(), Some("m"));
+        assert_eq!(model("namespace").as_deref(), Some("llm"));
+        assert_eq!(model("label:absent"), None);
+        assert!("label:".parse::<ModelFrom>().is_err());
+        assert!("pod".parse::<ModelFrom>().is_err());
+    }
+}

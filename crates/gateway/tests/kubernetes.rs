@@ -1,0 +1,111 @@
+//! Kubernetes discovery against a fake API server speaking list-and-watch: Ready pods become
+//! workers and leave when they stop being Ready or go; the watch survives being dropped, a
+//! resource version too old (a fresh list, swapped in whole), and a pod that flaps.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use common::kube_api::FakeApi;
+use common::*;
+use sluice_gateway::control::discovery::{Cluster, KubeConfig, ModelFrom};
+
+/// One engine at each of 127.0.0.2 and 127.0.0.3, on the same port (as pods of one Deployment
+/// all serve on one).
+async fn pods_engines() -> (SimFleet, SimFleet, u16) {
+    let at = |last: u8, port: u16| FleetConfig {
+        host: IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+        port,
+        ..FleetConfig::local(1, instant(Flavor::Vllm))
+    };
+    let first = SimFleet::start(at(2, 0)).await.unwrap();
+    let port: u16 = first.urls()[0].rsplit(':').next().unwrap().parse().unwrap();
+    let second = SimFleet::start(at(3, port)).await.unwrap();
+    (first, second, port)
+}
+
+fn urls(workers: &[Value]) -> Vec<String> {
+    let mut urls: Vec<String> = workers
+        .iter()
+        .map(|w| w["url"].as_str().unwrap().to_string())
+        .collect();
+    urls.sort();
+    urls
+}
+
+#[tokio::test]
+async fn ready_pods_are_workers_through_dropped_watches_expired_versions_and_flapping() {
+    let (_a, _b, port) = pods_engines().await;
+    let (url_a, url_b) = (
+        format!("http://127.0.0.2:{port}"),
+        format!("http://127.0.0.3:{port}"),
+    );
+    let api = FakeApi::start().await;
+    api.set("vllm-a", "127.0.0.2", true);
+    api.set("vllm-b", "127.0.0.3", false);
+    let mut config = Config::local(&[]);
+    config.discovery.kubernetes = Some(KubeConfig {
+        selector: "app=vllm".into(),
+        port,
+        namespace: Some("llm".into()),
+        model_from: Some(ModelFrom::Label("model".into())),
+        cluster: Cluster::At(api.url().parse().unwrap()),
+    });
+    config.drain_settle = Duration::ZERO;
+    let gateway = Gateway::start(config).await.unwrap();
+    let client = client();
+    let only = |url: &str| {
+        let url = url.to_string();
+        move |w: &[Value]| urls(w) == [url.clone()] && all_ready(w)
+    };
+
+    let workers = until_workers(&gateway, &client, "the Ready pod", only(&url_a)).await;
+    assert_eq!(workers[0]["source"], "kubernetes");
+    assert_eq!(
+        workers[0]["spec"]["model_id"], "test-model",
+        "from the label"
+    );
+    assert_eq!(api.selector(), "app=vllm");
+    let both = |w: &[Value]| urls(w).len() == 2 && all_ready(w);
+    api.set("vllm-b", "127.0.0.3", true);
+    until_workers(&gateway, &client, "the second pod Ready", both).await;
+
+    // The server ends the watch; the client watches again from where it was.
+    let (watches, lists) = api.served();
+    api.drop_watches();
+    api.until_watches(watches + 1).await;
+    api.set("vllm-a", "127.0.0.2", false);
+    until_workers(&gateway, &client, "A not Ready", only(&url_b)).await;
+    assert_eq!(api.served().1, lists, "resumed without listing again");
+
+    // History expired: the resumed watch gets 410 Gone, and the client lists again. What
+    // changed meanwhile arrives with the list.
+    let (watches, lists) = api.served();
+    api.expire_history();
+    api.delete("vllm-b");
+    api.set("vllm-a", "127.0.0.2", true);
+    until_workers(&gateway, &client, "the relisted pods", only(&url_a)).await;
+    assert!(api.served().1 > lists, "listed again after 410");
+    api.until_watches(watches + 2).await;
+
+    // A pod flapping: each change followed, and B keeps its id.
+    api.set("vllm-b", "127.0.0.3", true);
+    let workers = until_workers(&gateway, &client, "B back", both).await;
+    let id_b = workers.iter().find(|w| w["url"] == url_b).unwrap()["id"].clone();
+    for _ in 0..2 {
+        api.set("vllm-b", "127.0.0.3", false);
+        until_workers(&gateway, &client, "B not Ready", only(&url_a)).await;
+        api.set("vllm-b", "127.0.0.3", true);
+        let workers = until_workers(&gateway, &client, "B Ready", both).await;
+        let again = workers.iter().find(|w| w["url"] == url_b).unwrap();
+        assert_eq!(again["id"], id_b, "the same id each time");
+    }
+    let view = get_admin(&client, &format!("{}/workers", gateway.url()))
+        .await
+        .json();
+    assert_eq!(view["discovery"][0]["source"], "kubernetes");
+    assert!(view["discovery"][0]["error"].is_null(), "{view}");
+    gateway.shutdown().await;
+}
