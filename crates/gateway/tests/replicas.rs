@@ -13,7 +13,7 @@ use common::redis::RedisServer;
 use common::*;
 use futures_util::future::join_all;
 use sluice_core::admission::shared::chunk;
-use sluice_gateway::shared::{SharedConfig, SharedState};
+use sluice_gateway::shared::{RedisTls, SharedConfig, SharedState};
 
 /// Short, so a dead replica's slots come back within the test.
 const LEASE: Duration = Duration::from_secs(1);
@@ -41,6 +41,7 @@ async fn replica_of(
         // Generous: a loaded test machine must not read as Redis away.
         timeout: Duration::from_secs(1),
         lease: LEASE,
+        tls: None,
     });
     let gateway = Gateway::start(config).await.unwrap();
     until_workers(&gateway, &client(), "the worker ready", all_ready).await;
@@ -254,7 +255,7 @@ async fn a_dead_replicas_slots_return_when_its_lease_runs_out() {
 }
 
 #[tokio::test]
-async fn each_replica_counts_the_others_requests_waiting_on_a_worker() {
+async fn each_replica_counts_the_others_requests_on_a_worker() {
     let redis = RedisServer::start();
     let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
         .await
@@ -289,7 +290,48 @@ async fn each_replica_counts_the_others_requests_waiting_on_a_worker() {
     .await;
     let vetoes = &view["workers"][0]["vetoes"];
     assert_eq!(vetoes["pending_requests"], 0, "none of B's own: {vetoes}");
+    assert_eq!(vetoes["in_flight_elsewhere"], 3, "in flight on A: {vetoes}");
     for request in waiting {
         request.abort();
     }
+}
+
+#[tokio::test]
+async fn a_redis_over_tls_is_trusted_through_the_gateways_ca_and_only_then() {
+    let certs = common::certs::Certs::make("redis-tls");
+    let redis = RedisServer::start_tls(&certs);
+    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    let start = |roots: Option<Vec<u8>>| {
+        let mut config = Config::local(&sims.urls());
+        let mut acme = tenant("acme", "acme-key");
+        acme.requests_per_minute = Some(600);
+        config.admission.tenants = vec![acme];
+        config.shared = Some(SharedConfig {
+            url: format!("rediss://127.0.0.1:{}", redis.port),
+            fail_open: true,
+            timeout: Duration::from_secs(1),
+            lease: LEASE,
+            tls: Some(RedisTls {
+                roots,
+                identity: None,
+            }),
+        });
+        Gateway::start(config)
+    };
+    let trusted = start(Some(std::fs::read(&certs.ca).unwrap()))
+        .await
+        .unwrap();
+    let state = until_state(&trusted, "shared limits over TLS", |s| s.up).await;
+    assert_eq!(state.fallbacks, 0);
+    until_workers(&trusted, &client(), "the worker ready", all_ready).await;
+    assert_eq!(burst(&[&trusted], 5).await, [5]);
+    trusted.shutdown().await;
+
+    // Without the test's CA, the server's certificate is not trusted: local limits.
+    let untrusted = start(None).await.unwrap();
+    let state = until_state(&untrusted, "local limits", |s| s.fallbacks > 0).await;
+    assert!(!state.up);
+    untrusted.shutdown().await;
 }

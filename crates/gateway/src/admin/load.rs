@@ -118,6 +118,9 @@ pub struct VetoView {
     /// The other replicas', as Redis last said (`--redis-url`; refreshed four times a second).
     #[serde(skip_serializing_if = "is_zero")]
     pending_elsewhere: u64,
+    /// The other replicas' requests in flight on the worker, likewise.
+    #[serde(skip_serializing_if = "is_zero")]
+    in_flight_elsewhere: u64,
     busy: bool,
     at_capacity: bool,
     liveness: Option<LivenessVeto>,
@@ -136,6 +139,7 @@ impl VetoView {
                 .projected_wary(worker.traffic.pending_everywhere()),
             pending_requests: worker.traffic.pending_requests(),
             pending_elsewhere: worker.traffic.pending_elsewhere(),
+            in_flight_elsewhere: worker.traffic.in_flight_elsewhere(),
             busy: v.busy(),
             at_capacity: v.at_capacity(),
             liveness: v.liveness(),

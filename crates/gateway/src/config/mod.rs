@@ -396,7 +396,12 @@ impl Settings {
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
             discovery: self.discovery.validate()?,
-            shared: self.replicas.validate()?,
+            shared: self.replicas.validate(
+                &self.ca_cert_paths,
+                self.client_cert_path
+                    .as_deref()
+                    .zip(self.client_key_path.as_deref()),
+            )?,
         })
     }
 }

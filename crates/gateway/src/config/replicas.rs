@@ -1,5 +1,6 @@
 //! Running several replicas: the Redis they share budgets and caps through.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
@@ -7,15 +8,16 @@ use serde::{Deserialize, Serialize};
 
 use super::checks::invalid;
 use super::ConfigError;
-use crate::shared::SharedConfig;
+use crate::shared::{RedisTls, SharedConfig};
 
 /// Replica flags (`sluice serve --help`, "Replicas").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
 pub struct ReplicaSettings {
     /// Share tenant budgets and caps, --rate-limit-tokens-per-second and
     /// --max-concurrent-requests with every replica naming the same Redis
-    /// (redis://[user:password@]host:port[/db]). Each replica claims budget in chunks and holds
-    /// a lease on its slots, so most requests need no round trip.
+    /// (redis://[user:password@]host:port[/db]; rediss:// over TLS, trusting --ca-cert-paths
+    /// when given and showing --client-cert-path to a Redis that asks). Each replica claims
+    /// budget in chunks and holds a lease on its slots, so most requests need no round trip.
     #[arg(long, value_name = "URL")]
     #[serde(default)]
     #[arg(help_heading = "Replicas")]
@@ -42,11 +44,21 @@ pub struct ReplicaSettings {
 }
 
 impl ReplicaSettings {
-    pub(super) fn validate(&self) -> Result<Option<SharedConfig>, ConfigError> {
+    /// `ca` and `identity`: the TLS files of the flags that name them, used for `rediss://`.
+    pub(super) fn validate(
+        &self,
+        ca: &[PathBuf],
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<Option<SharedConfig>, ConfigError> {
         let Some(url) = &self.redis_url else {
             return Ok(None);
         };
         redis::Client::open(url.as_str()).map_err(|e| invalid("redis-url", e.to_string()))?;
+        let tls = if url.starts_with("rediss://") && (!ca.is_empty() || identity.is_some()) {
+            Some(redis_tls(ca, identity)?)
+        } else {
+            None
+        };
         if self.redis_timeout_ms == 0 {
             return Err(invalid("redis-timeout-ms", "must be at least 1"));
         }
@@ -55,6 +67,29 @@ impl ReplicaSettings {
             fail_open: self.redis_fail_open,
             timeout: Duration::from_millis(self.redis_timeout_ms),
             lease: crate::shared::LEASE,
+            tls,
         }))
     }
+}
+
+/// The PEM files for a Redis over TLS, read now (a missing one stops the start).
+fn redis_tls(ca: &[PathBuf], identity: Option<(&Path, &Path)>) -> Result<RedisTls, ConfigError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let mut roots = Vec::new();
+    for path in ca {
+        roots.extend(read(path)?);
+        roots.push(b'\n');
+    }
+    Ok(RedisTls {
+        roots: (!roots.is_empty()).then_some(roots),
+        identity: match identity {
+            Some((cert, key)) => Some((read(cert)?, read(key)?)),
+            None => None,
+        },
+    })
 }

@@ -154,9 +154,10 @@ pub struct Traffic {
     /// Requests that have no first byte yet: the overload veto projects the engine's queue with
     /// it between load reports.
     pending_requests: AtomicU64,
-    /// The other replicas' requests with no first byte on this worker, as Redis last said
-    /// (`--redis-url`). Written only by the shared state's task, not by `Lease`.
-    elsewhere: AtomicU64,
+    /// The other replicas' requests with no first byte on this worker, and in flight on it, as
+    /// Redis last said (`--redis-url`). Written only by the shared state's task, not by `Lease`.
+    pending_elsewhere: AtomicU64,
+    in_flight_elsewhere: AtomicU64,
     /// Told, fleet-wide, whenever a request stops waiting on a worker or ends: room may have
     /// opened for a request waiting in the gateway queue.
     freed: Arc<tokio::sync::Notify>,
@@ -177,7 +178,12 @@ impl Traffic {
 
     /// The other replicas' requests with no first byte on the worker.
     pub fn pending_elsewhere(&self) -> u64 {
-        self.elsewhere.load(Ordering::Relaxed)
+        self.pending_elsewhere.load(Ordering::Relaxed)
+    }
+
+    /// The other replicas' requests in flight on the worker.
+    pub fn in_flight_elsewhere(&self) -> u64 {
+        self.in_flight_elsewhere.load(Ordering::Relaxed)
     }
 
     /// Every replica's requests with no first byte on the worker: what its queue is projected
@@ -186,10 +192,12 @@ impl Traffic {
         self.pending_requests() + self.pending_elsewhere()
     }
 
-    /// The shared state's task heard how many the other replicas have pending; whether that
-    /// changed.
-    pub fn set_pending_elsewhere(&self, n: u64) -> bool {
-        self.elsewhere.swap(n, Ordering::Relaxed) != n
+    /// The shared state's task heard how many requests the other replicas have pending and in
+    /// flight on the worker; whether that changed.
+    pub fn set_elsewhere(&self, pending: u64, in_flight: u64) -> bool {
+        let was_pending = self.pending_elsewhere.swap(pending, Ordering::Relaxed);
+        let was_in_flight = self.in_flight_elsewhere.swap(in_flight, Ordering::Relaxed);
+        (was_pending, was_in_flight) != (pending, in_flight)
     }
 
     /// Counts `weight` more in flight, unless `limits` refuses them (atomically: two requests
@@ -309,6 +317,12 @@ impl Worker {
 
     pub fn in_flight(&self) -> u64 {
         self.traffic.in_flight()
+    }
+
+    /// Every replica's requests in flight on it (this one's alone without `--redis-url`): the
+    /// load the policies and the all-vetoed rule compare.
+    pub fn load_everywhere(&self) -> u64 {
+        self.traffic.in_flight() + self.traffic.in_flight_elsewhere()
     }
 
     /// At its adaptive concurrency limit for a request of `weight`: it takes no such request now,
@@ -628,14 +642,15 @@ mod tests {
         w.vetoes.report(report, gate);
         let mine = lease(&w);
         assert_eq!(w.veto_class(), None, "3 of 4");
-        assert!(w.traffic.set_pending_elsewhere(1));
+        assert!(w.traffic.set_elsewhere(1, 1));
+        assert_eq!(w.load_everywhere(), 2, "its request and the other's");
         assert_eq!(
             w.veto_class(),
             Some(VetoClass::Overload),
             "another replica's request makes 4"
         );
-        assert!(!w.traffic.set_pending_elsewhere(1), "unchanged");
-        w.traffic.set_pending_elsewhere(0);
+        assert!(!w.traffic.set_elsewhere(1, 1), "unchanged");
+        w.traffic.set_elsewhere(0, 0);
         assert_eq!(w.veto_class(), None);
         drop(mine);
     }

@@ -297,7 +297,7 @@ fn pick(
         .iter()
         .map(|w| Candidate {
             key: w.key,
-            load: w.in_flight(),
+            load: w.load_everywhere(),
             prefix_match: 0,
         })
         .collect();
@@ -352,7 +352,7 @@ fn fall_back(
                         .unwrap_or(VetoClass::Overload),
                     waiting: load.as_ref().map_or(0, |l| l.report.waiting()),
                     kv_usage: load.as_ref().map_or(0.0, |l| l.report.mean_kv_usage()),
-                    in_flight: w.in_flight(),
+                    in_flight: w.load_everywhere(),
                 }
             })
             .collect();

@@ -7,8 +7,9 @@
 //! bounded by `--redis-timeout-ms`). The atomic steps run in Redis as scripts, so replicas
 //! claiming at once never together take more than a budget holds. One task per gateway beats
 //! four times a second: it gives back what the replica does not need, renews its leases,
-//! counts the live replicas, publishes its pending requests per worker and learns the others'
-//! (so the overload veto projects every replica's requests), and — while Redis is away — reconnects, then reconciles what was
+//! counts the live replicas, publishes its requests per worker (waiting for a first byte, and
+//! in flight) and learns the others' (so the overload veto projects, and the policies weigh,
+//! every replica's requests), and — while Redis is away — reconnects, then reconciles what was
 //! spent apart before shared limits resume.
 //!
 //! ## Layout
@@ -49,6 +50,27 @@ pub struct SharedConfig {
     pub timeout: Duration,
     /// How long a replica's grants outlive its last renewal (`LEASE`; shorter in tests).
     pub lease: Duration,
+    /// For `rediss://`: the CAs and client certificate of `--ca-cert-paths`,
+    /// `--client-cert-path` and `--client-key-path`, when given.
+    pub tls: Option<RedisTls>,
+}
+
+/// Certificates for a Redis reached over TLS, as PEM.
+#[derive(Clone, PartialEq)]
+pub struct RedisTls {
+    /// CAs trusted instead of the system's.
+    pub roots: Option<Vec<u8>>,
+    /// The client certificate and key shown to a Redis that asks for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("roots", &self.roots.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
 }
 
 /// Why `--redis-url` cannot be used.
@@ -81,7 +103,22 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// The shared state of `config`, not connected yet (`connect`), its metrics registered.
     pub fn new(config: &SharedConfig, registry: &mut Registry) -> Result<Arc<Self>, SharedError> {
-        let client = redis::Client::open(config.url.as_str())?;
+        let client = match &config.tls {
+            None => redis::Client::open(config.url.as_str())?,
+            Some(tls) => redis::Client::build_with_tls(
+                config.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: tls
+                        .identity
+                        .clone()
+                        .map(|(cert, key)| redis::ClientTlsConfig {
+                            client_cert: cert,
+                            client_key: key,
+                        }),
+                    root_cert: tls.roots.clone(),
+                },
+            )?,
+        };
         Ok(Arc::new(Self {
             store: Arc::new(Store::new(client, config, registry)),
             budgets: Mutex::default(),
@@ -188,29 +225,33 @@ impl Shared {
                 let _ = self.store.heartbeat().await;
             }
             self.beat(now).await;
-            self.share_pending(&fleet).await;
+            self.share_traffic(&fleet).await;
         }
     }
 
-    /// Tells Redis this replica's requests with no first byte on each worker and learns the
-    /// others': the projected queues count every replica's requests, not this one's alone.
-    async fn share_pending(&self, fleet: &Fleet) {
+    /// Tells Redis this replica's requests on each worker (with no first byte yet, and in flight)
+    /// and learns the others': the projected queues and the policies' loads count every
+    /// replica's requests, not this one's alone.
+    async fn share_traffic(&self, fleet: &Fleet) {
         let snapshot = fleet.snapshot();
         if snapshot.workers.is_empty() {
             return;
         }
-        let mine: Vec<(&str, u64)> = snapshot
+        let mine: Vec<(&str, u64, u64)> = snapshot
             .workers
             .iter()
-            .map(|w| (w.id.as_str(), w.traffic.pending_requests()))
+            .map(|w| {
+                let t = &w.traffic;
+                (w.id.as_str(), t.pending_requests(), t.in_flight())
+            })
             .collect();
-        let Ok(others) = self.store.pending(&mine).await else {
+        let Ok(others) = self.store.share(&mine).await else {
             forget_elsewhere(fleet);
             return;
         };
         let mut changed = false;
-        for (worker, n) in snapshot.workers.iter().zip(others) {
-            changed |= worker.traffic.set_pending_elsewhere(n);
+        for (worker, (pending, in_flight)) in snapshot.workers.iter().zip(others) {
+            changed |= worker.traffic.set_elsewhere(pending, in_flight);
         }
         if changed {
             fleet.announce();
@@ -249,7 +290,7 @@ impl Shared {
 fn forget_elsewhere(fleet: &Fleet) {
     let mut changed = false;
     for worker in &fleet.snapshot().workers {
-        changed |= worker.traffic.set_pending_elsewhere(0);
+        changed |= worker.traffic.set_elsewhere(0, 0);
     }
     if changed {
         fleet.announce();

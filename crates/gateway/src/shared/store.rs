@@ -85,35 +85,40 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]) * 4)
 return grant
 ";
 
-/// Publishes this replica's requests with no first byte on each worker and sums the other live
-/// replicas'. KEYS: the replicas (sorted set of lease expiry times), then one hash per worker.
-/// ARGV: replica, lease in ms, then one count per worker. Returns one sum per worker.
-const PENDING: &str = r"
+/// Publishes this replica's requests on each worker — with no first byte yet, and in flight —
+/// and sums the other live replicas'. KEYS: the replicas (sorted set of lease expiry times),
+/// then one hash per worker (replica -> "pending:in_flight"). ARGV: replica, lease in ms, then
+/// two counts per worker. Returns two sums per worker, flattened.
+const SHARE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local sums = {}
 for k = 2, #KEYS do
-  local mine = tonumber(ARGV[k + 1])
-  if mine > 0 then
-    redis.call('HSET', KEYS[k], ARGV[1], mine)
+  local pending = tonumber(ARGV[2 * k - 1])
+  local in_flight = tonumber(ARGV[2 * k])
+  if pending + in_flight > 0 then
+    redis.call('HSET', KEYS[k], ARGV[1], pending .. ':' .. in_flight)
     redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[2]) * 4)
   else
     redis.call('HDEL', KEYS[k], ARGV[1])
   end
-  local others = 0
+  local other_pending, other_in_flight = 0, 0
   local counts = redis.call('HGETALL', KEYS[k])
   for i = 1, #counts, 2 do
     local r = counts[i]
     if r ~= ARGV[1] then
       local lease = tonumber(redis.call('ZSCORE', KEYS[1], r) or '0')
       if lease > now then
-        others = others + tonumber(counts[i + 1])
+        local p, f = string.match(counts[i + 1], '(%d+):(%d+)')
+        other_pending = other_pending + tonumber(p)
+        other_in_flight = other_in_flight + tonumber(f)
       else
         redis.call('HDEL', KEYS[k], r)
       end
     end
   end
-  sums[k - 1] = others
+  sums[2 * k - 3] = other_pending
+  sums[2 * k - 2] = other_in_flight
 end
 return sums
 ";
@@ -165,7 +170,7 @@ struct Scripts {
     claim: Script,
     grant: Script,
     heartbeat: Script,
-    pending: Script,
+    share: Script,
 }
 
 impl std::fmt::Debug for Store {
@@ -206,7 +211,7 @@ impl Store {
                 claim: Script::new(CLAIM),
                 grant: Script::new(GRANT),
                 heartbeat: Script::new(HEARTBEAT),
-                pending: Script::new(PENDING),
+                share: Script::new(SHARE),
             },
             fallbacks,
             up_gauge,
@@ -324,22 +329,27 @@ impl Store {
         .await
     }
 
-    /// Publishes `mine` (worker id, this replica's requests with no first byte there) and
-    /// returns the other replicas' on each, in the same order.
-    pub async fn pending(&self, mine: &[(&str, u64)]) -> Result<Vec<u64>, StoreError> {
+    /// Publishes `mine` (worker id, this replica's requests there with no first byte, and in
+    /// flight) and returns the other replicas' counts on each, in the same order.
+    pub async fn share(&self, mine: &[(&str, u64, u64)]) -> Result<Vec<(u64, u64)>, StoreError> {
         let replicas = self.key("replicas");
-        self.bounded(async |mut c| {
-            let mut call = self.scripts.pending.key(&replicas);
-            for (worker, _) in mine {
-                call.key(self.key(&format!("pending:{worker}")));
-            }
-            call.arg(&self.replica).arg(self.lease.as_millis() as u64);
-            for (_, n) in mine {
-                call.arg(*n);
-            }
-            call.invoke_async(&mut c).await
-        })
-        .await
+        let sums: Vec<u64> = self
+            .bounded(async |mut c| {
+                let mut call = self.scripts.share.key(&replicas);
+                for (worker, _, _) in mine {
+                    call.key(self.key(&format!("traffic:{worker}")));
+                }
+                call.arg(&self.replica).arg(self.lease.as_millis() as u64);
+                for (_, pending, in_flight) in mine {
+                    call.arg(*pending).arg(*in_flight);
+                }
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(sums
+            .chunks(2)
+            .map(|c| (c[0], c.get(1).copied().unwrap_or(0)))
+            .collect())
     }
 
     /// Renews this replica's lease and learns how many are live.

@@ -9,6 +9,8 @@ use std::time::Duration;
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
+    /// How it listens: plain TCP on `port`, or TLS there with these files.
+    tls: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -22,6 +24,29 @@ impl RedisServer {
         let mut server = Self {
             child: None,
             port: free_port(),
+            tls: Vec::new(),
+        };
+        server.restart();
+        server
+    }
+
+    /// A fresh server speaking TLS only, with `certs`' server certificate; clients need not
+    /// show one.
+    pub fn start_tls(certs: &super::certs::Certs) -> Self {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let mut server = Self {
+            child: None,
+            port: free_port(),
+            tls: vec![
+                "--tls-cert-file".into(),
+                path(&certs.server_cert),
+                "--tls-key-file".into(),
+                path(&certs.server_key),
+                "--tls-ca-cert-file".into(),
+                path(&certs.ca),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
         };
         server.restart();
         server
@@ -33,8 +58,16 @@ impl RedisServer {
 
     /// Starts the server (again) on its port, empty, and returns once it says it is ready.
     pub fn restart(&mut self) {
+        let port = self.port.to_string();
+        let listen: &[&str] = if self.tls.is_empty() {
+            &["--port", &port]
+        } else {
+            &["--port", "0", "--tls-port", &port]
+        };
         let mut child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(listen)
+            .args(["--bind", "127.0.0.1"])
+            .args(&self.tls)
             .args(["--save", "", "--appendonly", "no", "--logfile", ""])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
