@@ -11,8 +11,9 @@
 //!
 //! ## Layout
 //!
-//! - `worker` — one registered worker, its fields grouped by their one writer, and `Lease`, a
-//!   request's hold on it.
+//! - `worker` — one registered worker, its fields grouped by their one writer.
+//! - `traffic` — this gateway's requests on a worker (`Traffic`, and other replicas' as Redis
+//!   tells), and `Lease`, a request's hold on it, which alone moves its counts.
 //! - `veto`, `signals`, `breaker` — per-worker facts: why it gets no new request, what the
 //!   gateway hears from it, its circuit.
 //! - `adaptive` — its adaptive concurrency limit and the latency samples it is learned from.
@@ -26,6 +27,7 @@ mod breaker;
 mod collector;
 mod signals;
 mod spec;
+mod traffic;
 mod veto;
 mod worker;
 
@@ -56,10 +58,9 @@ pub use signals::{Heard, Signals};
 pub use spec::{
     AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
 };
+pub use traffic::{Lease, Traffic};
 pub use veto::{EngineLoad, Vetoes};
-pub use worker::{
-    HealthCell, Lease, LiveSpec, ModelCard, Origin, ProbeRecord, Traffic, Worker, WorkerInfo,
-};
+pub use worker::{HealthCell, LiveSpec, ModelCard, Origin, ProbeRecord, Worker, WorkerInfo};
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;

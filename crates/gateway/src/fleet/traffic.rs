@@ -1,0 +1,251 @@
+//! This gateway's requests on a worker: the counts (`Traffic`) and each request's hold on the
+//! worker (`Lease`), which alone moves them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use sluice_core::breaker::Outcome;
+use tokio::time::Instant;
+
+use super::adaptive::AdaptiveLimit;
+use super::breaker::Permit;
+use super::worker::Worker;
+
+/// This gateway's requests on a worker, moved only by `Lease` (the request path).
+#[derive(Debug, Default)]
+pub struct Traffic {
+    /// Requests in flight.
+    in_flight: AtomicU64,
+    /// Estimated prompt tokens of requests that have no first byte yet (waiting or in prefill).
+    pending_prefill: AtomicU64,
+    /// Requests that have no first byte yet: the overload veto projects the engine's queue with
+    /// it between load reports.
+    pending_requests: AtomicU64,
+    /// The other replicas' requests with no first byte on this worker, and in flight on it, as
+    /// Redis last said (`--redis-url`). Written only by the shared state's task, not by `Lease`.
+    pending_elsewhere: AtomicU64,
+    in_flight_elsewhere: AtomicU64,
+    /// Told, fleet-wide, whenever a request stops waiting on a worker or ends: room may have
+    /// opened for a request waiting in the gateway queue.
+    freed: Arc<tokio::sync::Notify>,
+}
+
+impl Traffic {
+    /// No request yet; `freed` is told whenever one stops waiting or ends.
+    pub fn new(freed: Arc<tokio::sync::Notify>) -> Self {
+        Self {
+            freed,
+            ..Self::default()
+        }
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.pending_prefill.load(Ordering::Relaxed)
+    }
+
+    pub fn pending_requests(&self) -> u64 {
+        self.pending_requests.load(Ordering::Relaxed)
+    }
+
+    /// The other replicas' requests with no first byte on the worker.
+    pub fn pending_elsewhere(&self) -> u64 {
+        self.pending_elsewhere.load(Ordering::Relaxed)
+    }
+
+    /// The other replicas' requests in flight on the worker.
+    pub fn in_flight_elsewhere(&self) -> u64 {
+        self.in_flight_elsewhere.load(Ordering::Relaxed)
+    }
+
+    /// Every replica's requests with no first byte on the worker: what its queue is projected
+    /// with between reports.
+    pub fn pending_everywhere(&self) -> u64 {
+        self.pending_requests() + self.pending_elsewhere()
+    }
+
+    /// The shared state's task heard how many requests the other replicas have pending and in
+    /// flight on the worker; whether that changed.
+    pub fn set_elsewhere(&self, pending: u64, in_flight: u64) -> bool {
+        let was_pending = self.pending_elsewhere.swap(pending, Ordering::Relaxed);
+        let was_in_flight = self.in_flight_elsewhere.swap(in_flight, Ordering::Relaxed);
+        (was_pending, was_in_flight) != (pending, in_flight)
+    }
+
+    /// Counts `weight` more in flight, unless `limits` refuses them (atomically: two requests
+    /// cannot both take the last place).
+    fn enter(&self, weight: u64, limits: &AdaptiveLimit) -> bool {
+        if !limits.measuring() {
+            self.in_flight.fetch_add(weight, Ordering::Relaxed);
+            return true;
+        }
+        match self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                limits.admits(n, weight).then_some(n + weight)
+            }) {
+            Ok(before) => {
+                limits.in_flight_now(before + weight);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// `weight` fewer in flight: room may have opened.
+    fn leave(&self, weight: u64) {
+        self.in_flight.fetch_sub(weight, Ordering::AcqRel);
+        self.freed.notify_one();
+    }
+}
+
+/// One request's hold on a worker: counts it in flight and holds its breaker permit until an
+/// outcome is settled. Dropped without an outcome (the client left), it hands the permit back.
+///
+/// A request asking for `n` choices counts `n` times in the worker's load (in flight, waiting for
+/// a first byte): the engine runs it as `n` sequences and reports them so.
+#[derive(Debug)]
+pub struct Lease {
+    worker: Arc<Worker>,
+    permit: Option<Permit>,
+    /// The request's `n`: how many sequences it is on the worker.
+    weight: u64,
+    /// The request's id, named in the log line of a circuit transition it causes.
+    request: Option<HeaderValue>,
+    /// Prompt tokens counted in the worker's pending prefill until the first byte.
+    prefill: u64,
+    /// Counted in the worker's pending requests until the first byte.
+    pending: bool,
+    /// Counted in the worker's pile of streams.
+    streaming: bool,
+}
+
+impl Lease {
+    /// A hold on `worker` for a request of `weight` (its `n`): a place under its adaptive limit,
+    /// then a permit from its circuit; `None` when either refuses.
+    pub fn acquire(worker: &Arc<Worker>, weight: u64) -> Option<Self> {
+        let weight = weight.max(1);
+        if !worker.traffic.enter(weight, &worker.adaptive) {
+            return None;
+        }
+        let Some(permit) = worker.breaker.try_admit() else {
+            worker.traffic.leave(weight);
+            return None;
+        };
+        Some(Self {
+            worker: worker.clone(),
+            permit: Some(permit),
+            weight,
+            request: None,
+            prefill: 0,
+            pending: false,
+            streaming: false,
+        })
+    }
+
+    /// Names the request this lease is for, in what its outcome logs.
+    pub fn for_request(&mut self, id: &HeaderValue) {
+        self.request = Some(id.clone());
+    }
+
+    /// Counts the request in the worker's pile of streams until the lease ends.
+    pub fn streaming(&mut self) {
+        if !self.streaming {
+            self.streaming = true;
+            self.worker.signals.stream_started(Instant::now());
+        }
+    }
+
+    /// Counts the request, and its prompt, as waiting for prefill on the worker until
+    /// `first_byte`.
+    pub fn prefilling(&mut self, prompt_tokens: u64) {
+        self.first_byte();
+        self.pending = true;
+        let before = self
+            .worker
+            .traffic
+            .pending_requests
+            .fetch_add(self.weight, Ordering::Relaxed);
+        self.worker
+            .vetoes
+            .pending_rose(before, before + self.weight);
+        if before == 0 {
+            self.worker.signals.unanswered_from(Instant::now());
+        }
+        self.prefill = prompt_tokens;
+        self.worker
+            .traffic
+            .pending_prefill
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+    }
+
+    /// The first byte came `ttft` after the request was sent: a prefill-rate sample, and the
+    /// prompt is no longer waiting.
+    pub fn first_byte_after(&mut self, ttft: std::time::Duration) {
+        self.worker.signals.prefill_sample(self.prefill, ttft);
+        if let Some(still) = self.no_longer_pending() {
+            self.worker.signals.answered(Instant::now(), still);
+        }
+        self.first_byte();
+    }
+
+    /// The worker answered (or the request ended): the prompt is no longer waiting for prefill.
+    pub fn first_byte(&mut self) {
+        if self.no_longer_pending() == Some(0) {
+            self.worker.signals.none_unanswered();
+        }
+        let tokens = std::mem::take(&mut self.prefill);
+        if tokens > 0 {
+            self.worker
+                .traffic
+                .pending_prefill
+                .fetch_sub(tokens, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the request out of the worker's pending count, if it was in it: how many remain.
+    fn no_longer_pending(&mut self) -> Option<u64> {
+        if !std::mem::take(&mut self.pending) {
+            return None;
+        }
+        let before = self
+            .worker
+            .traffic
+            .pending_requests
+            .fetch_sub(self.weight, Ordering::Relaxed);
+        self.worker.traffic.freed.notify_one();
+        Some(before.saturating_sub(self.weight))
+    }
+
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// Counts the request's outcome in the worker's breaker (once; later calls do nothing).
+    pub fn settle(&mut self, outcome: Outcome) {
+        if let Some(permit) = self.permit.take() {
+            self.worker
+                .breaker
+                .record(permit, outcome, self.request.as_ref());
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.first_byte();
+        if self.streaming {
+            self.worker.signals.stream_ended();
+        }
+        if let Some(permit) = self.permit.take() {
+            self.worker.breaker.release(permit);
+        }
+        // A request of `n` counted `n` times in flight.
+        self.worker.traffic.leave(self.weight);
+        self.worker.vetoes.request_ended();
+    }
+}
