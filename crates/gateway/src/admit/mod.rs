@@ -104,7 +104,6 @@ pub struct Admit {
 }
 
 impl Admit {
-    /// The stage for `config`, its metric families registered in `registry`.
     /// The stage for `config`, its metric families registered in `registry`; its budgets and
     /// caps shared through `shared` when given.
     pub fn new(
