@@ -331,7 +331,12 @@ mod tests {
         let mut p = plan(format!("{base}/v1/completions"));
         p.mix = Mix::Sessions;
         p.max_requests = 200;
-        p.schedule = Schedule::constant(200.0);
+        // Evenly spaced and far apart next to an instant engine's answer: a turn never arrives
+        // before the one it continues has been prefilled (Poisson gaps at 200/s did, on a loaded
+        // machine, and found its prefix not yet cached).
+        p.schedule = Schedule::constant(50.0);
+        p.process = Process::Gamma { burstiness: 1000.0 };
+        p.duration = Duration::from_secs(5);
         let (outcomes, report) = execute(&p).await.unwrap();
         assert!(outcomes.iter().all(|o| o.status == 200 && o.completed));
         let (queries, hits) = prefix_counters(&base).await;
