@@ -22,6 +22,8 @@
 //! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
 //!   the cache-aware policy.
 //! - `breaker` — the per-worker circuit breaker state machine.
+//! - `pd_window` — prefill/decode disaggregation's decode admission window: dispatch, wait or
+//!   shed, and which waiter a freed room goes to.
 //! - `discovery` — what a discovery source's new listing changes in the fleet (add, replace,
 //!   remove).
 //! - `degrade` — the degradation ladder: the pressure level and each step's rewrite of a body.
@@ -43,6 +45,7 @@ pub mod ids;
 pub mod liveness;
 pub mod load;
 pub mod overload;
+pub mod pd_window;
 pub mod policy;
 pub mod prefix;
 pub mod prom_text;
