@@ -5,10 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
 
 use sluice_gateway::config::smg;
 
@@ -17,6 +14,9 @@ mod certs;
 #[path = "../../gateway/tests/common/kube_api.rs"]
 #[allow(dead_code)]
 mod kube_api;
+#[path = "common/launched.rs"]
+mod launched;
+use launched::Launched;
 use sluice_sim::testkit::{client, instant, send, HttpClient};
 use sluice_sim::{Flavor, FleetConfig, SimFleet};
 
@@ -82,76 +82,19 @@ fn every_refused_flag_is_refused_with_what_to_use_instead() {
     }
 }
 
-/// `sluice serve` with `args`, its stderr lines read on a thread of their own.
-struct Launched {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    said: Vec<String>,
-}
-
-impl Launched {
-    /// `kubeconfig`: what `--service-discovery` reads its API server from.
-    fn start(args: &[String], kubeconfig: &std::path::Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
+/// The gateway's address, once it is listening and its worker is ready (in either order).
+fn serving(gateway: &mut Launched) -> String {
+    let (mut addr, mut ready) = (None, false);
+    while addr.is_none() || !ready {
+        let (listening, up) = gateway.until("listening and a ready worker", |l| {
+            let listening = field(l, "addr").filter(|_| l.contains("sluice gateway listening"));
+            let up = field(l, "to").as_deref() == Some("ready");
+            (listening.is_some() || up).then_some((listening, up))
         });
-        Self {
-            child,
-            lines,
-            said: Vec::new(),
-        }
+        addr = addr.or(listening);
+        ready |= up;
     }
-
-    /// The first line `pick` takes something from; bounded, and failing with all it said.
-    fn until<T>(&mut self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
-        loop {
-            let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("no {what}; it said:\n{}", self.said.join("\n")));
-            self.said.push(line.clone());
-            if let Some(found) = pick(&line) {
-                return found;
-            }
-        }
-    }
-
-    /// The gateway's address, once it is listening and its worker is ready (in either order).
-    fn serving(&mut self) -> String {
-        let (mut addr, mut ready) = (None, false);
-        while addr.is_none() || !ready {
-            let (listening, up) = self.until("listening and a ready worker", |l| {
-                let listening = field(l, "addr").filter(|_| l.contains("sluice gateway listening"));
-                let up = field(l, "to").as_deref() == Some("ready");
-                (listening.is_some() || up).then_some((listening, up))
-            });
-            addr = addr.or(listening);
-            ready |= up;
-        }
-        addr.unwrap()
-    }
-}
-
-impl Drop for Launched {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    addr.unwrap()
 }
 
 /// A field of a log line, text (`key=value`) or JSON (`"fields": {"key": ...}`).
@@ -341,8 +284,10 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
 
     let http = client();
     for (i, line) in lines.iter().enumerate() {
-        let mut gateway = Launched::start(line, &kubeconfig);
-        let addr = gateway.serving();
+        // --service-discovery reads its API server from the kubeconfig, never from a cluster.
+        let env = [("KUBECONFIG", kubeconfig.as_os_str())];
+        let mut gateway = Launched::start(line, &env);
+        let addr = serving(&mut gateway);
         if line.iter().any(|a| a == "--tls-cert-path") {
             // Spoken to over HTTPS in crates/gateway/tests/tls.rs; here, that it says so.
             let https = gateway.said.iter().any(|l| {

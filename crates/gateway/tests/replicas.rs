@@ -201,24 +201,8 @@ async fn without_fail_open_a_lost_redis_refuses_with_a_clear_503() {
 
 /// A streaming request of tenant acme, once its first chunk has arrived (it then holds its slot).
 async fn open_stream_on(gateway: &Gateway) -> hyper::Response<hyper::body::Incoming> {
-    use http_body_util::BodyExt;
-    let request = http::Request::post(format!("{}/v1/chat/completions", gateway.url()))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer acme-key")
-        .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
-            "test-model",
-            "a long answer",
-            4000,
-            true,
-        ))))
-        .unwrap();
-    let mut response = client().request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    bounded("a first chunk", response.body_mut().frame())
-        .await
-        .unwrap()
-        .unwrap();
-    response
+    let auth = [("authorization", "Bearer acme-key")];
+    open_stream_at(&client(), gateway, "a long answer", 4000, &auth).await
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ mod checks;
 mod degradation;
 mod discovery;
 mod replicas;
+mod resilience;
 mod sections;
 mod settings;
 pub mod smg;
@@ -34,6 +35,7 @@ pub use degradation::{
 };
 pub use discovery::DiscoverySettings;
 pub use replicas::ReplicaSettings;
+pub use resilience::ResilienceSettings;
 pub use settings::Settings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
@@ -300,8 +302,8 @@ impl Settings {
                     .map_err(|e| invalid("worker-urls", e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let retry = self.retry()?;
-        let breaker = self.breaker()?;
+        let retry = self.resilience.retry()?;
+        let breaker = self.resilience.breaker()?;
         Ok(Config {
             listen: SocketAddr::new(host, self.port),
             workers,

@@ -1,19 +1,18 @@
 //! The settings of each subsystem — policy, health checks, load monitoring and overload
-//! protection, shedding, liveness, TLS — built from `Settings` and checked as a whole.
+//! protection, shedding, liveness, TLS — built from `Settings` and checked as a whole (retries and
+//! breakers: `resilience`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::breaker::{BreakerConfig, FailureRate};
 use sluice_core::health::Thresholds;
 use sluice_core::liveness::LivenessConfig;
 use sluice_core::overload::Ceilings;
 use sluice_core::policy::{CacheAware, Policy};
-use sluice_core::retry::Backoff;
 
 use super::checks::{at_least, fraction, invalid, positive_count, positive_seconds, seconds};
-use super::{ConfigError, RequestLimits, RetryConfig, Settings};
+use super::{ConfigError, RequestLimits, Settings};
 use crate::control::{busy_thresholds, HealthConfig, LoadConfig};
 use crate::route::Shedding;
 use crate::tls::{self, Identity};
@@ -199,70 +198,6 @@ impl Settings {
                 source,
             }
         })
-    }
-
-    pub(super) fn retry(&self) -> Result<RetryConfig, ConfigError> {
-        Ok(RetryConfig {
-            max_retries: if self.disable_retries {
-                0
-            } else {
-                self.retry_max_retries.saturating_sub(1)
-            },
-            backoff: Backoff {
-                initial: Duration::from_millis(self.retry_initial_backoff_ms),
-                multiplier: at_least(
-                    "retry-backoff-multiplier",
-                    self.retry_backoff_multiplier,
-                    1.0,
-                )?,
-                max: Duration::from_millis(self.retry_max_backoff_ms),
-                jitter: fraction("retry-jitter-factor", self.retry_jitter_factor)?,
-            },
-            status_codes: match self
-                .retry_status_codes
-                .iter()
-                .find(|code| !(400..=599).contains(*code))
-            {
-                Some(code) => {
-                    return Err(invalid(
-                        "retry-status-codes",
-                        format!("{code} is not an error status"),
-                    ))
-                }
-                None => self.retry_status_codes.clone(),
-            },
-            budget_percent: at_least("retry-budget-percent", self.retry_budget_percent, 0.0)?,
-            budget_min_per_sec: self.retry_budget_min_per_sec,
-        })
-    }
-
-    pub(super) fn breaker(&self) -> Result<Option<BreakerConfig>, ConfigError> {
-        let failure_rate = (self.cb_min_requests > 0)
-            .then(|| -> Result<FailureRate, ConfigError> {
-                let rate = self.cb_failure_rate;
-                if !(rate > 0.0 && rate <= 1.0) {
-                    return Err(invalid(
-                        "cb-failure-rate",
-                        format!("{rate} is not a share of outcomes in (0, 1]"),
-                    ));
-                }
-                Ok(FailureRate {
-                    rate,
-                    min_requests: self.cb_min_requests,
-                    window: positive_seconds(
-                        "cb-window-duration-secs",
-                        self.cb_window_duration_secs,
-                    )?,
-                })
-            })
-            .transpose()?;
-        Ok((!self.disable_circuit_breaker).then_some(BreakerConfig {
-            failure_threshold: positive_count("cb-failure-threshold", self.cb_failure_threshold)?,
-            success_threshold: positive_count("cb-success-threshold", self.cb_success_threshold)?,
-            open_timeout: seconds("cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
-            half_open_trials: self.cb_success_threshold,
-            failure_rate,
-        }))
     }
 
     /// `--max-buffered-body-bytes`: at least one body of the largest size, and in a semaphore's

@@ -340,14 +340,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn leases_count_requests_without_a_first_byte_and_the_queue_veto_follows_them() {
-        let w = worker();
-        let mut started = lease(&w);
-        let mut held: Vec<Lease> = (0..2).map(|_| lease(&w)).collect();
-        assert_eq!(w.traffic.pending_requests(), 3);
-        assert_eq!(w.traffic.pending_prefill_tokens(), 300);
-        // A report: 4 waiting (the ceiling) while 3 of ours had no first byte.
+    /// A load report of `waiting` under a waiting ceiling of 4, taken with `pending` requests
+    /// unanswered.
+    fn reported(w: &Worker, waiting: u64, pending: u64) {
         let report = EngineLoad {
             report: LoadReport::default(),
             source: "/metrics",
@@ -357,13 +352,24 @@ mod tests {
             silent_since: None,
         };
         let gate = QueueGate {
-            waiting: 4,
-            pending_at_report: w.traffic.pending_requests(),
+            waiting,
+            pending_at_report: pending,
             ceiling: Some(4),
             kv_full: false,
             room: Some(0),
         };
         w.vetoes.report(report, gate);
+    }
+
+    #[test]
+    fn leases_count_requests_without_a_first_byte_and_the_queue_veto_follows_them() {
+        let w = worker();
+        let mut started = lease(&w);
+        let mut held: Vec<Lease> = (0..2).map(|_| lease(&w)).collect();
+        assert_eq!(w.traffic.pending_requests(), 3);
+        assert_eq!(w.traffic.pending_prefill_tokens(), 300);
+        // A report: 4 waiting (the ceiling) while 3 of ours had no first byte.
+        reported(&w, 4, w.traffic.pending_requests());
         assert_eq!(w.veto_class(), Some(VetoClass::Overload));
         started.first_byte();
         started.first_byte();
@@ -391,23 +397,8 @@ mod tests {
     #[test]
     fn the_other_replicas_pending_requests_fill_the_projected_queue_too() {
         let w = worker();
-        let report = EngineLoad {
-            report: LoadReport::default(),
-            source: "/metrics",
-            at: Instant::now(),
-            overload: None,
-            busy: false,
-            silent_since: None,
-        };
         // A report: 2 waiting under a ceiling of 4, nobody's request pending then.
-        let gate = QueueGate {
-            waiting: 2,
-            pending_at_report: w.traffic.pending_everywhere(),
-            ceiling: Some(4),
-            kv_full: false,
-            room: Some(0),
-        };
-        w.vetoes.report(report, gate);
+        reported(&w, 2, w.traffic.pending_everywhere());
         let mine = lease(&w);
         assert_eq!(w.veto_class(), None, "3 of 4");
         assert!(w.traffic.set_elsewhere(1, 1));

@@ -218,9 +218,20 @@ pub async fn open_stream_as(
     max_tokens: u32,
     headers: &[(&str, &str)],
 ) -> hyper::Response<hyper::body::Incoming> {
+    open_stream_at(&s.client, &s.gateway, content, max_tokens, headers).await
+}
+
+/// A streaming chat request through `gateway`, returned once its first chunk has arrived.
+pub async fn open_stream_at(
+    client: &HttpClient,
+    gateway: &Gateway,
+    content: &str,
+    max_tokens: u32,
+    headers: &[(&str, &str)],
+) -> hyper::Response<hyper::body::Incoming> {
     use http_body_util::BodyExt;
-    let mut request = http::Request::post(s.url("/v1/chat/completions"))
-        .header("content-type", "application/json");
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let mut request = http::Request::post(url).header("content-type", "application/json");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -232,7 +243,7 @@ pub async fn open_stream_as(
             true,
         ))))
         .unwrap();
-    let mut response = s.client.request(request).await.unwrap();
+    let mut response = client.request(request).await.unwrap();
     assert_eq!(response.status(), 200);
     bounded("a first chunk", response.body_mut().frame())
         .await

@@ -183,7 +183,7 @@ fn the_file_fills_in_and_the_command_line_wins() {
     assert_eq!(s.port, 9100, "the flag wins");
     assert_eq!(s.policy, "least_load", "the file fills in");
     assert_eq!(s.worker_urls, vec!["http://127.0.0.1:1"]);
-    assert_eq!(s.cb_failure_threshold, 10, "defaults stay");
+    assert_eq!(s.resilience.cb_failure_threshold, 10, "defaults stay");
 
     // What --print-config prints loads back to the same settings.
     let printed = s.to_toml().unwrap();
