@@ -19,6 +19,10 @@ pub struct SimArgs {
     /// Port of the first engine.
     #[arg(long, default_value_t = 8001)]
     pub port: u16,
+    /// With --pd-role prefill: the first engine's bootstrap server port (the others take the
+    /// next ports), SGLang's `--disaggregation-bootstrap-port`; 0 picks free ports.
+    #[arg(long, default_value_t = 8998)]
+    pub disaggregation_bootstrap_port: u16,
     /// Port of the control listener (`GET /engines`, `POST /engines/{i}/fault`,
     /// `GET /engines/{i}/state`); off when not given.
     #[arg(long)]
@@ -80,6 +84,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         engines: args.engines,
         host: args.host,
         port: args.port,
+        bootstrap_port: args.disaggregation_bootstrap_port,
         engine: engine.clone(),
         also,
         faults,
@@ -98,6 +103,13 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             reasoning = engine.reasoning.is_some(),
             "engine listening"
         );
+        if let Some(addr) = slot.bootstrap_addr() {
+            tracing::info!(
+                engine = slot.index(),
+                bootstrap_port = addr.port(),
+                "bootstrap server listening"
+            );
+        }
     }
     if let Some(port) = args.control_port {
         let addr = SocketAddr::new(args.host, port);

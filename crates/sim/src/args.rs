@@ -5,7 +5,7 @@ use clap::{Args, ValueEnum};
 
 use crate::config::{ConfigError, DEFAULT_REQUEST_QUEUE_LIMIT, DEFAULT_WATERMARK};
 use crate::profile::PROFILE_NAMES;
-use crate::{EngineConfig, Eviction, Flavor, Preemption, Profile};
+use crate::{EngineConfig, Eviction, Flavor, PdRole, Preemption, Profile};
 
 /// Flags that do not make an engine.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +20,12 @@ pub enum ArgsError {
 pub enum FlavorArg {
     Vllm,
     Sglang,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum PdRoleArg {
+    Prefill,
+    Decode,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -105,6 +111,16 @@ pub struct EngineArgs {
     /// prefilled whole, even when its leading blocks were computed before.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Serve one half of disaggregated requests, as SGLang's `--disaggregation-mode`: `prefill`
+    /// (computes the prompt once a decode engine claims the request's bootstrap room, failing it
+    /// at the bootstrap deadline) or `decode` (admits within its running window, claims the room
+    /// at the prefill's bootstrap server, and generates without prefilling).
+    #[arg(long, value_enum)]
+    pub pd_role: Option<PdRoleArg>,
+    /// How long a prefill engine waits for the decode engine to claim a request, in engine
+    /// seconds (SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT).
+    #[arg(long, default_value_t = crate::pd::DEFAULT_BOOTSTRAP_TIMEOUT_SECS)]
+    pub pd_bootstrap_timeout_secs: f64,
 }
 
 impl EngineArgs {
@@ -150,6 +166,11 @@ impl EngineArgs {
         cfg.api_key = self.api_key.clone();
         cfg.watermark = self.kv_watermark;
         cfg.prefix_caching = !self.no_prefix_caching;
+        cfg.pd_role = self.pd_role.map(|role| match role {
+            PdRoleArg::Prefill => PdRole::Prefill,
+            PdRoleArg::Decode => PdRole::Decode,
+        });
+        cfg.bootstrap_timeout_secs = self.pd_bootstrap_timeout_secs;
         cfg.validate()?;
         Ok(cfg)
     }

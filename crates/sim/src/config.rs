@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::pd::{PdRole, DEFAULT_BOOTSTRAP_TIMEOUT_SECS};
 use crate::profile::Profile;
 use crate::scheduler::{blocks_for, Eviction, Preemption, SchedulerConfig};
 
@@ -65,6 +66,10 @@ pub struct EngineConfig {
     pub reasoning: Option<u32>,
     /// Automatic prefix caching, on by default as in vLLM V1 (`--no-prefix-caching`).
     pub prefix_caching: bool,
+    /// The half of disaggregated requests it serves (`--pd-role`); `None`: whole requests.
+    pub pd_role: Option<PdRole>,
+    /// A prefill engine's bootstrap deadline, in engine seconds.
+    pub bootstrap_timeout_secs: f64,
 }
 
 /// A setting that cannot work, named so the user knows which flag to fix.
@@ -78,6 +83,8 @@ pub enum ConfigError {
     },
     #[error("--time-scale must be a positive number, got {0}")]
     TimeScale(f64),
+    #[error("--pd-bootstrap-timeout-secs must be a positive number, got {0}")]
+    BootstrapTimeout(f64),
     #[error("--kv-watermark must be a fraction in [0, 1), got {0}")]
     Watermark(f64),
     #[error(
@@ -114,6 +121,8 @@ impl EngineConfig {
             watermark: DEFAULT_WATERMARK,
             reasoning: None,
             prefix_caching: true,
+            pd_role: None,
+            bootstrap_timeout_secs: DEFAULT_BOOTSTRAP_TIMEOUT_SECS,
             profile,
         }
     }
@@ -148,6 +157,9 @@ impl EngineConfig {
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
             return Err(ConfigError::TimeScale(self.time_scale));
         }
+        if !(self.bootstrap_timeout_secs.is_finite() && self.bootstrap_timeout_secs > 0.0) {
+            return Err(ConfigError::BootstrapTimeout(self.bootstrap_timeout_secs));
+        }
         if !(0.0..1.0).contains(&self.watermark) {
             return Err(ConfigError::Watermark(self.watermark));
         }
@@ -161,6 +173,11 @@ impl EngineConfig {
             });
         }
         Ok(())
+    }
+
+    /// The bootstrap deadline in host time.
+    pub fn bootstrap_deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.bootstrap_timeout_secs / self.time_scale)
     }
 
     /// The scheduler settings of one rank.

@@ -17,6 +17,7 @@ use crate::api::{self, ApiState};
 use crate::config::{ConfigError, EngineConfig};
 use crate::engine::{Engine, RankView, Totals};
 use crate::faults::{Fault, FaultError, FaultSet};
+use crate::pd::{self, Disagg, PdRole};
 use crate::server;
 
 /// How to start a fleet.
@@ -27,6 +28,9 @@ pub struct FleetConfig {
     pub host: IpAddr,
     /// Port of the first engine; the others take the next ports. 0 gives each an ephemeral port.
     pub port: u16,
+    /// Port of the first prefill engine's bootstrap server (`--pd-role prefill`); the others
+    /// take the next ports. 0 gives each an ephemeral port.
+    pub bootstrap_port: u16,
     pub engine: EngineConfig,
     /// More engines after those, each group serving another model (`--also-serve`): a fleet of
     /// two models of different sizes, so a gateway has somewhere to cascade to.
@@ -42,6 +46,7 @@ impl FleetConfig {
             engines,
             host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
+            bootstrap_port: 0,
             engine,
             also: Vec::new(),
             faults: Vec::new(),
@@ -89,12 +94,16 @@ struct Incarnation {
     kill: watch::Sender<bool>,
     /// The accept loop; it owns the listener, so the port is free once it has ended.
     server: tokio::task::JoinHandle<()>,
+    /// A prefill engine's bootstrap server, killed with it.
+    bootstrap: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// One engine's place in the fleet.
 pub struct EngineSlot {
     index: usize,
     addr: SocketAddr,
+    /// A prefill engine's bootstrap server.
+    bootstrap: Option<SocketAddr>,
     cfg: Arc<EngineConfig>,
     totals: Arc<Totals>,
     faults: watch::Sender<FaultSet>,
@@ -135,6 +144,12 @@ pub struct EngineState {
     pub queued_requests: Option<u32>,
     pub ranks: Vec<RankView>,
     pub faults: FaultSet,
+    /// The half of disaggregated requests it serves, if any.
+    pub pd_role: Option<PdRole>,
+    /// A prefill engine's requests failed because no decode engine claimed them in time.
+    pub bootstrap_timeouts: u64,
+    /// A decode engine's requests failed because their KV never came.
+    pub transfer_failures: u64,
 }
 
 impl EngineSlot {
@@ -149,6 +164,11 @@ impl EngineSlot {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// A prefill engine's bootstrap server (`--pd-role prefill`).
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.bootstrap
     }
 
     /// `http://host:port`, what a gateway is given.
@@ -178,7 +198,11 @@ impl EngineSlot {
                     let _ = f.apply(&Fault::Clear);
                 });
                 let listener = bind(self.addr).await?;
-                self.launch(listener)
+                let bootstrap = match self.bootstrap {
+                    Some(addr) => Some(bind(addr).await?),
+                    None => None,
+                };
+                self.launch(listener, bootstrap)
             }
             standing => {
                 let mut result = Ok(());
@@ -194,6 +218,9 @@ impl EngineSlot {
     pub async fn crash(&self) {
         if let Some(incarnation) = self.stop() {
             let _ = incarnation.server.await;
+            if let Some(bootstrap) = incarnation.bootstrap {
+                let _ = bootstrap.await;
+            }
             incarnation.engine.stopped().await;
             self.changed.notify_waiters();
         }
@@ -208,7 +235,11 @@ impl EngineSlot {
         Some(incarnation)
     }
 
-    fn launch(&self, listener: TcpListener) -> Result<(), FleetError> {
+    fn launch(
+        &self,
+        listener: TcpListener,
+        bootstrap: Option<TcpListener>,
+    ) -> Result<(), FleetError> {
         let mut running = self.running.lock();
         if running.is_some() {
             return Err(FleetError::AlreadyRunning(self.index));
@@ -221,6 +252,15 @@ impl EngineSlot {
         ));
         let router = api::router(Arc::new(ApiState::new(engine.clone())));
         let (kill, killed) = watch::channel(false);
+        let bootstrap = match (bootstrap, engine.disagg()) {
+            (Some(listener), Some(Disagg::Prefill(rooms))) => Some(tokio::spawn(server::serve(
+                listener,
+                pd::bootstrap::router(rooms.clone()),
+                self.faults.subscribe(),
+                killed.clone(),
+            ))),
+            _ => None,
+        };
         let server = tokio::spawn(server::serve(
             listener,
             router,
@@ -231,6 +271,7 @@ impl EngineSlot {
             engine,
             kill,
             server,
+            bootstrap,
         });
         Ok(())
     }
@@ -286,8 +327,31 @@ impl EngineSlot {
             queued_requests: gate.map(|g| g.1),
             ranks,
             faults: self.faults.borrow().clone(),
+            pd_role: self.cfg.pd_role,
+            bootstrap_timeouts: load(&t.bootstrap_timeouts),
+            transfer_failures: load(&t.transfer_failures),
         }
     }
+}
+
+/// The `n`th port after `first`; 0 stays 0 (ephemeral).
+fn nth_port(first: u16, n: u16) -> u16 {
+    if first == 0 {
+        0
+    } else {
+        first.saturating_add(n)
+    }
+}
+
+/// A listener on `host:port` and the address it got.
+async fn listen(host: IpAddr, port: u16) -> Result<(TcpListener, SocketAddr), FleetError> {
+    let wanted = SocketAddr::new(host, port);
+    let listener = bind(wanted).await?;
+    let addr = listener.local_addr().map_err(|source| FleetError::Bind {
+        addr: wanted,
+        source,
+    })?;
+    Ok((listener, addr))
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, FleetError> {
@@ -310,28 +374,29 @@ impl SimFleet {
         }
         let each = cfg.each();
         let mut slots = Vec::with_capacity(each.len());
+        let mut prefills = 0u16;
         for (index, engine_cfg) in each.into_iter().enumerate() {
-            let port = if cfg.port == 0 {
-                0
+            let (listener, addr) = listen(cfg.host, nth_port(cfg.port, index as u16)).await?;
+            let (bootstrap, bootstrap_addr) = if engine_cfg.pd_role == Some(PdRole::Prefill) {
+                let port = nth_port(cfg.bootstrap_port, prefills);
+                prefills += 1;
+                let (listener, addr) = listen(cfg.host, port).await?;
+                (Some(listener), Some(addr))
             } else {
-                cfg.port.saturating_add(index as u16)
+                (None, None)
             };
-            let listener = bind(SocketAddr::new(cfg.host, port)).await?;
-            let addr = listener.local_addr().map_err(|source| FleetError::Bind {
-                addr: SocketAddr::new(cfg.host, port),
-                source,
-            })?;
             let (faults, _) = watch::channel(FaultSet::new(engine_cfg.dp_size));
             let slot = Arc::new(EngineSlot {
                 index,
                 addr,
+                bootstrap: bootstrap_addr,
                 cfg: engine_cfg,
                 totals: Arc::new(Totals::default()),
                 faults,
                 running: parking_lot::Mutex::new(None),
                 changed: Arc::new(tokio::sync::Notify::new()),
             });
-            slot.launch(listener)?;
+            slot.launch(listener, bootstrap)?;
             slots.push(slot);
         }
         let fleet = Self { slots };

@@ -14,6 +14,8 @@
 //!   lock-free gauges the HTTP side reads.
 //! - `request` — OpenAI request bodies: prompt token counts, choices, answer lengths.
 //! - `api` — the HTTP routes of each flavor, their error shapes and SSE rendering.
+//! - `pd` — prefill/decode disaggregation (`--pd-role`): bootstrap rooms and deadlines on the
+//!   prefill side, the running window and the claim on the decode side.
 //! - `server` — the accept loop that can crash for real (connections reset).
 //! - `faults` — injectable faults and the standing fault set.
 //! - `fleet` — several engines in one process, crash and restart, ground-truth state.
@@ -29,6 +31,7 @@ pub mod control;
 pub mod engine;
 pub mod faults;
 pub mod fleet;
+pub mod pd;
 pub mod profile;
 pub mod reasoning;
 pub mod request;
@@ -39,5 +42,6 @@ pub mod testkit;
 pub use config::{EngineConfig, Flavor};
 pub use faults::{Fault, LoadEndpointMode};
 pub use fleet::{EngineSlot, EngineState, FleetConfig, FleetError, SimFleet};
+pub use pd::PdRole;
 pub use profile::Profile;
 pub use scheduler::{Eviction, Preemption};

@@ -108,6 +108,12 @@ struct Body {
     seed: Option<u64>,
     #[serde(flatten)]
     thinking: crate::reasoning::ThinkingFields,
+    #[serde(default)]
+    bootstrap_host: Option<String>,
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
+    #[serde(default)]
+    bootstrap_room: Option<u64>,
 }
 
 /// One prompt of a request: its size, its token ids and a fingerprint of its content.
@@ -137,6 +143,11 @@ pub struct GenerationRequest {
     pub seed: Option<u64>,
     /// What it asks of a reasoning model's thinking.
     pub thinking: crate::reasoning::ThinkingAsk,
+    /// SGLang's disaggregation fields, which a gateway adds: the prefill engine's bootstrap
+    /// server (`bootstrap_port` is null when it has none) and the room both halves share.
+    pub bootstrap_host: Option<String>,
+    pub bootstrap_port: Option<u16>,
+    pub bootstrap_room: Option<u64>,
 }
 
 /// FNV-1a: a stable fingerprint, so answer lengths do not change between builds.
@@ -280,6 +291,9 @@ impl GenerationRequest {
             ignore_eos: body.ignore_eos,
             seed: body.seed,
             thinking: body.thinking.ask(),
+            bootstrap_host: body.bootstrap_host,
+            bootstrap_port: body.bootstrap_port,
+            bootstrap_room: body.bootstrap_room,
         })
     }
 
@@ -343,6 +357,7 @@ impl GenerationRequest {
                     prompt_tokens: prompt.tokens,
                     output_tokens,
                     finish,
+                    preloaded: 0,
                 });
             }
         }

@@ -31,6 +31,9 @@ pub enum ApiError {
     Internal,
     #[error("Unauthorized")]
     Unauthorized,
+    /// A disaggregated request whose halves did not meet.
+    #[error("KV transfer failed: {0}")]
+    Disaggregation(crate::pd::Failure),
 }
 
 impl ApiError {
@@ -42,7 +45,7 @@ impl ApiError {
             ApiError::AtCapacity => {
                 StatusCode::from_u16(STATUS_OVERLOADED).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
-            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Internal | ApiError::Disaggregation(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
         }
     }
@@ -53,7 +56,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "NotFoundError",
             ApiError::QueueFull => "ServiceUnavailableError",
             ApiError::AtCapacity => "OverloadedError",
-            ApiError::Internal => "InternalServerError",
+            ApiError::Internal | ApiError::Disaggregation(_) => "InternalServerError",
             ApiError::Unauthorized => "AuthenticationError",
         }
     }

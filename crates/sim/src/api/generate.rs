@@ -14,10 +14,13 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
+use tokio::sync::OwnedSemaphorePermit;
+
 use super::errors::ApiError;
 use super::sse::{Renderer, Usage};
-use super::{authorize, ApiState};
-use crate::engine::{EventKind, GateTicket, LoadGuard, Submission, SubmitError};
+use super::{authorize, pd, ApiState};
+use crate::engine::{EventKind, GateTicket, LoadGuard, SeqSpec, Submission, SubmitError};
+use crate::pd::Disagg;
 use crate::request::{GenerationRequest, Route};
 use crate::scheduler::FinishReason;
 
@@ -41,6 +44,19 @@ pub(super) async fn completions(
 struct Held {
     _load: LoadGuard,
     _ticket: Option<GateTicket>,
+    /// A decode engine's running slots.
+    _window: Option<OwnedSemaphorePermit>,
+}
+
+/// The answer to a request that failed, counted when the engine itself refused it.
+pub(super) fn refuse(st: &ApiState, error: ApiError) -> Response {
+    if matches!(
+        error,
+        ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal
+    ) {
+        st.engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
+    }
+    error.respond(st.engine.config().flavor)
 }
 
 async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -51,24 +67,20 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         .totals()
         .requests_received
         .fetch_add(1, Ordering::Relaxed);
+    if let Some(Disagg::Prefill(rooms)) = engine.disagg() {
+        return pd::prefill(route, st, rooms, headers, body, load).await;
+    }
     let admitted = admit(route, st, headers, body).await;
     let Admitted {
         request,
         submission,
         ticket,
+        window,
         thinking,
         expected_tokens,
     } = match admitted {
         Ok(admitted) => admitted,
-        Err(error) => {
-            if matches!(
-                error,
-                ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal
-            ) {
-                engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
-            }
-            return error.respond(flavor);
-        }
+        Err(error) => return refuse(st, error),
     };
     let renderer = Renderer::new(
         route,
@@ -81,6 +93,7 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
     let held = Held {
         _load: load,
         _ticket: ticket,
+        _window: window,
     };
     let usage = Usage {
         prompt_tokens: request
@@ -118,6 +131,7 @@ struct Admitted {
     request: GenerationRequest,
     submission: Submission,
     ticket: Option<GateTicket>,
+    window: Option<OwnedSemaphorePermit>,
     /// Each choice's first tokens that are thinking (`--reasoning`).
     thinking: Vec<u32>,
     /// Output tokens the engine will generate, over every choice.
@@ -131,6 +145,47 @@ async fn admit(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Admitted, ApiError> {
+    let engine = &st.engine;
+    let cfg = engine.config();
+    let (request, ticket) = checked(route, st, headers, body).await?;
+    let (mut choices, thinking) = request.choices_thinking(
+        cfg.seed,
+        cfg.profile.output_median_tokens,
+        cfg.reasoning,
+        cfg.max_model_len,
+    );
+    let window = match engine.disagg() {
+        Some(Disagg::Decode(side)) => {
+            Some(pd::decode_half(st, side, &request, &mut choices).await?)
+        }
+        _ => None,
+    };
+    let submission = submit(st, &choices)?;
+    Ok(Admitted {
+        request,
+        submission,
+        ticket,
+        window,
+        thinking,
+        expected_tokens: choices.iter().map(|c| u64::from(c.output_tokens)).sum(),
+    })
+}
+
+pub(super) fn submit(st: &ApiState, choices: &[SeqSpec]) -> Result<Submission, ApiError> {
+    st.engine.submit(choices).map_err(|e| match e {
+        SubmitError::QueueFull { .. } => ApiError::QueueFull,
+        SubmitError::ShutDown => ApiError::Internal,
+    })
+}
+
+/// The checks a real engine makes before a request enters it, in its order (auth, body,
+/// model, context length), then the injected errors and the worker-side cap.
+pub(super) async fn checked(
+    route: Route,
+    st: &ApiState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(GenerationRequest, Option<GateTicket>), ApiError> {
     let engine = &st.engine;
     let cfg = engine.config();
     authorize(cfg, headers)?;
@@ -152,23 +207,7 @@ async fn admit(
         ticket.slot().await;
         engine.notify_changed();
     }
-    let (choices, thinking) = request.choices_thinking(
-        cfg.seed,
-        cfg.profile.output_median_tokens,
-        cfg.reasoning,
-        cfg.max_model_len,
-    );
-    let submission = engine.submit(&choices).map_err(|e| match e {
-        SubmitError::QueueFull { .. } => ApiError::QueueFull,
-        SubmitError::ShutDown => ApiError::Internal,
-    })?;
-    Ok(Admitted {
-        request,
-        submission,
-        ticket,
-        thinking,
-        expected_tokens: choices.iter().map(|c| u64::from(c.output_tokens)).sum(),
-    })
+    Ok((request, ticket))
 }
 
 /// A prompt longer than the context, or a prompt plus `max_tokens` over it, is a 400.

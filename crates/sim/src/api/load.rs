@@ -98,6 +98,7 @@ pub(super) async fn sglang_health(State(st): State<Arc<ApiState>>) -> StatusCode
         prompt_tokens: 1,
         output_tokens: 1,
         finish: FinishReason::Length,
+        preloaded: 0,
     }];
     let Ok(mut submission) = engine.submit(&probe) else {
         return StatusCode::SERVICE_UNAVAILABLE;

@@ -16,6 +16,7 @@ mod embed;
 mod errors;
 mod generate;
 mod load;
+mod pd;
 mod sse;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -22,6 +22,7 @@ pub use stats::{RankGauges, RankView, Totals};
 
 use crate::config::EngineConfig;
 use crate::faults::FaultSet;
+use crate::pd::Disagg;
 use crate::scheduler::prefix::block_hashes;
 use crate::scheduler::{FinishReason, NewSeq, Scheduler, SeqId};
 use rank::{RankCommand, RankContext, Subscriber};
@@ -47,6 +48,8 @@ pub struct SeqSpec {
     pub prompt_tokens: u32,
     pub output_tokens: u32,
     pub finish: FinishReason,
+    /// Prompt tokens whose KV arrives computed from a prefill engine.
+    pub preloaded: u32,
 }
 
 /// Why the engine refused a request.
@@ -78,6 +81,8 @@ pub struct Engine {
     server_load: Arc<AtomicU64>,
     progress: Arc<parking_lot::Mutex<Instant>>,
     published: Arc<tokio::sync::Notify>,
+    /// Its half of disaggregated requests (`--pd-role`).
+    disagg: Option<Disagg>,
 }
 
 impl Engine {
@@ -116,7 +121,12 @@ impl Engine {
         let gate = cfg
             .engine_request_limit
             .map(|n| AdmissionGate::new(n, cfg.request_queue_limit));
+        let disagg = cfg.pd_role.map(|role| {
+            let window = cfg.max_num_seqs.saturating_mul(cfg.dp_size);
+            Disagg::new(role, window, cfg.bootstrap_deadline())
+        });
         Self {
+            disagg,
             cfg,
             ranks,
             metrics,
@@ -150,9 +160,19 @@ impl Engine {
         self.gate.as_ref()
     }
 
-    /// Each rank's state as it last published it.
+    /// Each rank's state as it last published it. A decode engine's requests waiting for a
+    /// running slot are counted as waiting on its first rank.
     pub fn ranks(&self) -> Vec<RankView> {
-        self.ranks.iter().map(|r| r.gauges.view()).collect()
+        let mut views: Vec<RankView> = self.ranks.iter().map(|r| r.gauges.view()).collect();
+        if let (Some(first), Some(disagg)) = (views.first_mut(), &self.disagg) {
+            first.waiting += disagg.waiting();
+        }
+        views
+    }
+
+    /// Its half of disaggregated requests, if it serves one.
+    pub fn disagg(&self) -> Option<&Disagg> {
+        self.disagg.as_ref()
     }
 
     /// Wakes whoever awaits a change of the engine's state (see `EngineSlot::until`).
@@ -205,6 +225,7 @@ impl Engine {
                 output_tokens: spec.output_tokens,
                 finish: spec.finish,
                 prefix,
+                preloaded: spec.preloaded,
             };
             let subscriber = Subscriber {
                 events: tx.clone(),

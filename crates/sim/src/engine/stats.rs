@@ -104,6 +104,11 @@ pub struct Totals {
     /// Steps the engine loop started later than the modelled clock wanted by more than a
     /// millisecond: when this grows, the host CPU, not the model, is setting the pace.
     pub late_steps: AtomicU64,
+    /// Prefill halves failed because no decode engine claimed their room in time.
+    pub bootstrap_timeouts: AtomicU64,
+    /// Decode halves failed because their KV never came (the prefill failed, was aborted or
+    /// could not be reached).
+    pub transfer_failures: AtomicU64,
 }
 
 impl Totals {

@@ -451,7 +451,10 @@ impl Scheduler {
             self.counters.prefix_queries += u64::from(seq.prefill_target);
             self.counters.prefix_hits += u64::from(hits * self.cfg.block_size);
             seq.shared = hits;
-            seq.computed = hits * self.cfg.block_size;
+            // Transferred KV lands in the blocks just taken; the last prompt token is still
+            // computed here, as on a full prefix hit.
+            let preloaded = seq.preloaded.min(seq.prefill_target.saturating_sub(1));
+            seq.computed = (hits * self.cfg.block_size).max(preloaded);
             self.waiting.pop_front();
             self.admissions += 1;
             seq.admitted_at = self.admissions;

@@ -40,6 +40,9 @@ pub struct NewSeq {
     /// The chained hashes of the prompt's full KV blocks (`prefix::block_hashes`); empty when
     /// prefix caching is off.
     pub prefix: Arc<[u64]>,
+    /// Prompt tokens whose KV another engine computed and sent (the decode half of a
+    /// disaggregated request): admitted, they are in the cache without a prefill.
+    pub preloaded: u32,
 }
 
 /// Where a sequence is in its life.
@@ -79,6 +82,8 @@ pub struct Seq {
     /// Leading prompt blocks held as references on the prefix cache (counted among `blocks`);
     /// the rest of `blocks` are its own.
     pub shared: u32,
+    /// Prompt tokens that arrive computed (`NewSeq::preloaded`).
+    pub preloaded: u32,
 }
 
 impl Seq {
@@ -97,6 +102,7 @@ impl Seq {
             work: 0,
             prefix: new.prefix,
             shared: 0,
+            preloaded: new.preloaded,
         }
     }
 

@@ -36,6 +36,7 @@ fn seq(id: u64, prompt: u32, output: u32) -> NewSeq {
         output_tokens: output,
         finish: FinishReason::Stop,
         prefix: Arc::from([]),
+        preloaded: 0,
     }
 }
 
@@ -583,5 +584,26 @@ fn work_in_flight_is_what_the_live_sequences_computed_and_leaves_with_them() {
         s.work_in_flight(),
         0,
         "an aborted sequence's work is wasted, not in flight"
+    );
+}
+
+#[test]
+fn a_preloaded_prompt_computes_only_its_last_token_and_holds_its_blocks() {
+    let mut s = Scheduler::new(config(20, 4));
+    s.add(NewSeq {
+        preloaded: 40,
+        ..seq(0, 40, 2)
+    });
+    let step = s.step().unwrap();
+    assert_eq!(s.counters().prompt_tokens_computed, 1);
+    assert_eq!(
+        tokens(&step).len(),
+        1,
+        "the first token comes with the first step"
+    );
+    assert_eq!(
+        s.running().next().unwrap().blocks,
+        10,
+        "the whole prompt's blocks"
     );
 }

@@ -1,0 +1,203 @@
+//! The two halves of a disaggregated request (`--pd-role`, see `crate::pd`).
+//!
+//! The prefill half waits in its room for the decode engine's claim (failing at the bootstrap
+//! deadline), computes the prompt and its first token, and answers with that one token; the
+//! gateway relays the decode half's answer. The decode half waits for running slots, claims the
+//! room, and is then generated as any request, its prompt's KV already in place.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::errors::ApiError;
+use super::generate::{checked, refuse, submit};
+use super::sse::{Renderer, Usage};
+use super::ApiState;
+use crate::engine::{EventKind, LoadGuard, SeqSpec, Submission};
+use crate::pd::{Bootstrap, DecodeSide, Failure, Rooms};
+use crate::request::{GenerationRequest, Route};
+use crate::scheduler::FinishReason;
+
+/// Counts the request as aborted if its client leaves before it reaches the scheduler (which
+/// counts its own aborts from then on).
+struct AbortedIfDropped<'a> {
+    aborted: &'a AtomicU64,
+    armed: bool,
+}
+
+impl<'a> AbortedIfDropped<'a> {
+    fn new(st: &'a ApiState) -> Self {
+        Self {
+            aborted: &st.engine.totals().aborted,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbortedIfDropped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.aborted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The decode half up to the moment its KV is in place: the running slots it holds until it
+/// ends. Its choices are marked preloaded.
+pub(super) async fn decode_half(
+    st: &ApiState,
+    side: &DecodeSide,
+    request: &GenerationRequest,
+    choices: &mut [SeqSpec],
+) -> Result<OwnedSemaphorePermit, ApiError> {
+    let (Some(host), Some(port), Some(room)) = (
+        request.bootstrap_host.clone(),
+        request.bootstrap_port,
+        request.bootstrap_room,
+    ) else {
+        return Err(ApiError::BadRequest(
+            "a decode server needs bootstrap_host, bootstrap_port and bootstrap_room".into(),
+        ));
+    };
+    let pending = AbortedIfDropped::new(st);
+    let rooms = u32::try_from(choices.len()).unwrap_or(u32::MAX);
+    st.engine.notify_changed();
+    let permit = side.admit(rooms).await.ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "the request needs {rooms} running slots, more than the server's max_running_requests"
+        ))
+    })?;
+    st.engine.notify_changed();
+    if let Err(why) = side.claim(&Bootstrap { host, port, room }).await {
+        let totals = st.engine.totals();
+        totals.transfer_failures.fetch_add(1, Ordering::Relaxed);
+        pending.disarm();
+        return Err(ApiError::Disaggregation(why));
+    }
+    pending.disarm();
+    for choice in choices.iter_mut() {
+        choice.preloaded = choice.prompt_tokens;
+    }
+    Ok(permit)
+}
+
+/// The prefill half, whole: wait for the claim, compute, answer with the first token.
+pub(super) async fn prefill(
+    route: Route,
+    st: &ApiState,
+    rooms: &Arc<Rooms>,
+    headers: &HeaderMap,
+    body: &[u8],
+    _load: LoadGuard,
+) -> Response {
+    let (request, _ticket) = match checked(route, st, headers, body).await {
+        Ok(checked) => checked,
+        Err(error) => return refuse(st, error),
+    };
+    let Some(room) = request.bootstrap_room else {
+        return refuse(
+            st,
+            ApiError::BadRequest("a prefill server needs bootstrap_room".into()),
+        );
+    };
+    let leg = match rooms.land(room) {
+        Ok(leg) => leg,
+        Err(why) => return refuse(st, ApiError::Disaggregation(why)),
+    };
+    let pending = AbortedIfDropped::new(st);
+    if let Err(why) = leg.claimed().await {
+        if why == Failure::BootstrapTimeout {
+            let totals = st.engine.totals();
+            totals.bootstrap_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        pending.disarm();
+        return refuse(st, ApiError::Disaggregation(why));
+    }
+    let cfg = st.engine.config();
+    let (mut choices, _) = request.choices_thinking(
+        cfg.seed,
+        cfg.profile.output_median_tokens,
+        None,
+        cfg.max_model_len,
+    );
+    for choice in &mut choices {
+        choice.output_tokens = 1;
+        choice.finish = FinishReason::Length;
+    }
+    let mut submission = match submit(st, &choices) {
+        Ok(submission) => submission,
+        Err(error) => return refuse(st, error),
+    };
+    pending.disarm();
+    let computed = tokio::select! {
+        computed = first_tokens(&mut submission, choices.len()) => computed,
+        // The decode engine left: its KV has nowhere to go (dropping the submission aborts).
+        () = leg.decode_gone() => return refuse(st, ApiError::Disaggregation(Failure::DecodeGone)),
+    };
+    if !computed {
+        return refuse(st, ApiError::Internal);
+    }
+    leg.done();
+    answer(st, route, &request, choices.len())
+}
+
+/// Waits until every choice has its one token; false if the engine went away.
+async fn first_tokens(submission: &mut Submission, choices: usize) -> bool {
+    let mut open = choices;
+    while open > 0 {
+        match submission.events.recv().await {
+            Some(event) if matches!(event.kind, EventKind::Finished(_)) => open -= 1,
+            Some(_) => {}
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The prefill's answer: each choice's first token, as JSON or as a whole SSE stream.
+fn answer(st: &ApiState, route: Route, request: &GenerationRequest, choices: usize) -> Response {
+    let flavor = st.engine.config().flavor;
+    let renderer = Renderer::new(
+        route,
+        flavor,
+        st.response_id(route),
+        st.created,
+        &request.model,
+    );
+    let usage = Usage {
+        prompt_tokens: request
+            .prompts
+            .iter()
+            .map(|p| u64::from(p.tokens) * u64::from(request.n))
+            .sum(),
+        completion_tokens: choices as u64,
+    };
+    if !request.stream {
+        let results = vec![(1, FinishReason::Length); choices];
+        return axum::Json(renderer.complete(&results, usage)).into_response();
+    }
+    let mut out = String::new();
+    for choice in 0..choices as u32 {
+        renderer.role(&mut out, choice);
+        renderer.token(&mut out, choice, 0);
+        renderer.finish(&mut out, choice, FinishReason::Length);
+    }
+    if request.include_usage {
+        renderer.usage(&mut out, usage);
+    }
+    Renderer::done(&mut out);
+    let mut response = Body::from(out).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    response
+}
