@@ -119,84 +119,162 @@ async fn chat(http: &HttpClient, addr: &str, model: &str, headers: &[(&str, &str
 
 /// Launch lines as SMG users write them, with every "works" flag of the page among them.
 #[rustfmt::skip]
-fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs) -> Vec<Vec<String>> {
+/// A disaggregated pair's URLs: (prefill, its bootstrap port, decode).
+type PdPair = (String, String, String);
+
+fn launch_lines(
+    worker: &str,
+    log_dir: &str,
+    listing: &str,
+    certs: &certs::Certs,
+    pd: &PdPair,
+) -> Vec<Vec<String>> {
     let worker_port = worker.rsplit(':').next().unwrap().to_string();
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
-    let (ca, server_cert, server_key) = (path(&certs.ca), path(&certs.server_cert), path(&certs.server_key));
+    let (ca, server_cert, server_key) = (
+        path(&certs.ca),
+        path(&certs.server_cert),
+        path(&certs.server_key),
+    );
     let (client_cert, client_key) = (path(&certs.client_cert), path(&certs.client_key));
     // The worker requires the key: SMG's --api-key is also the key it is sent.
-    let common = ["--host", "127.0.0.1", "--port", "0", "--worker-urls", worker, "--api-key", "secret"];
-    let lines: [&[&str]; 7] = [
+    let common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--worker-urls",
+        worker,
+        "--api-key",
+        "secret",
+    ];
+    let lines: [&[&str]; 8] = [
         // A keyed fleet behind a cache-aware gateway, with its logs, metrics and CORS.
         &[
-            "--control-plane-api-keys", "k1:ops:admin:admin-secret",
-            "--policy", "cache_aware",
-            "--cache-threshold", "0.5",
-            "--balance-abs-threshold", "32",
-            "--balance-rel-threshold", "1.2",
-            "--max-tree-size", "1048576",
-            "--model-alias", "chat=test-model",
+            "--control-plane-api-keys",
+            "k1:ops:admin:admin-secret",
+            "--policy",
+            "cache_aware",
+            "--cache-threshold",
+            "0.5",
+            "--balance-abs-threshold",
+            "32",
+            "--balance-rel-threshold",
+            "1.2",
+            "--max-tree-size",
+            "1048576",
+            "--model-alias",
+            "chat=test-model",
             "--enable-igw",
-            "--request-id-headers", "x-trace-id",
-            "--routing-key-headers", "x-session-id",
-            "--cors-allowed-origins", "http://localhost:3000",
-            "--log-level", "info",
+            "--request-id-headers",
+            "x-trace-id",
+            "--routing-key-headers",
+            "x-session-id",
+            "--cors-allowed-origins",
+            "http://localhost:3000",
+            "--log-level",
+            "info",
             "--log-json",
-            "--log-dir", log_dir,
-            "--prometheus-port", "0",
-            "--prometheus-host", "127.0.0.1",
-            "--prometheus-duration-buckets", "0.1", "1", "10",
-            "--health-check-port", "0",
-            "--load-monitor-interval", "5",
+            "--log-dir",
+            log_dir,
+            "--prometheus-port",
+            "0",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-duration-buckets",
+            "0.1",
+            "1",
+            "10",
+            "--health-check-port",
+            "0",
+            "--load-monitor-interval",
+            "5",
             "--worker-auto-recovery",
-            "--tenant-api-key", "acme:acme-key",
+            "--tenant-api-key",
+            "acme:acme-key",
             "--trust-tenant-header",
-            "--tenant-header-name", "x-tenant",
-            "--max-concurrent-requests", "64",
-            "--rate-limit-tokens-per-second", "100",
-            "--queue-size", "100",
-            "--queue-timeout-secs", "30",
+            "--tenant-header-name",
+            "x-tenant",
+            "--max-concurrent-requests",
+            "64",
+            "--rate-limit-tokens-per-second",
+            "100",
+            "--queue-size",
+            "100",
+            "--queue-timeout-secs",
+            "30",
         ],
         // Resilience tuned.
         &[
-            "--policy", "consistent_hashing",
-            "--retry-max-retries", "3",
-            "--retry-initial-backoff-ms", "10",
-            "--retry-max-backoff-ms", "100",
-            "--retry-backoff-multiplier", "1.5",
-            "--retry-jitter-factor", "0.2",
-            "--cb-failure-threshold", "5",
-            "--cb-success-threshold", "2",
-            "--cb-timeout-duration-secs", "30",
-            "--cb-window-duration-secs", "60",
-            "--health-failure-threshold", "2",
-            "--health-success-threshold", "1",
-            "--health-check-timeout-secs", "3",
-            "--health-check-interval-secs", "30",
-            "--health-check-endpoint", "/health",
+            "--policy",
+            "consistent_hashing",
+            "--retry-max-retries",
+            "3",
+            "--retry-initial-backoff-ms",
+            "10",
+            "--retry-max-backoff-ms",
+            "100",
+            "--retry-backoff-multiplier",
+            "1.5",
+            "--retry-jitter-factor",
+            "0.2",
+            "--cb-failure-threshold",
+            "5",
+            "--cb-success-threshold",
+            "2",
+            "--cb-timeout-duration-secs",
+            "30",
+            "--cb-window-duration-secs",
+            "60",
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "1",
+            "--health-check-timeout-secs",
+            "3",
+            "--health-check-interval-secs",
+            "30",
+            "--health-check-endpoint",
+            "/health",
             "--remove-unhealthy-workers",
-            "--worker-startup-timeout-secs", "600",
-            "--worker-startup-delay", "0",
-            "--worker-startup-check-interval", "10",
-            "--request-timeout-secs", "600",
-            "--shutdown-grace-period-secs", "30",
-            "--header-read-timeout-secs", "30",
-            "--max-payload-size", "1048576",
+            "--worker-startup-timeout-secs",
+            "600",
+            "--worker-startup-delay",
+            "0",
+            "--worker-startup-check-interval",
+            "10",
+            "--request-timeout-secs",
+            "600",
+            "--shutdown-grace-period-secs",
+            "30",
+            "--header-read-timeout-secs",
+            "30",
+            "--max-payload-size",
+            "1048576",
             "--worker-overload-protection",
-            "--worker-overload-waiting-requests", "4",
-            "--worker-overload-token-usage", "0.9",
+            "--worker-overload-waiting-requests",
+            "4",
+            "--worker-overload-token-usage",
+            "0.9",
             "--worker-overload-shed",
-            "--worker-stall-secs", "2",
-            "--worker-wedge-secs", "3",
-            "--worker-stale-secs", "15",
+            "--worker-stall-secs",
+            "2",
+            "--worker-wedge-secs",
+            "3",
+            "--worker-stale-secs",
+            "15",
         ],
         // Everything switched off, over HTTP/2, with the second spellings.
         &[
             "--upstream-http2",
-            "--upstream-pool-idle-timeout-secs", "2",
-            "--cache-match-threshold", "0.4",
-            "--spill-abs-threshold", "10",
-            "--spill-rel-threshold", "2",
+            "--upstream-pool-idle-timeout-secs",
+            "2",
+            "--cache-match-threshold",
+            "0.4",
+            "--spill-abs-threshold",
+            "10",
+            "--spill-rel-threshold",
+            "2",
             "--disable-retries",
             "--disable-circuit-breaker",
             "--disable-health-check",
@@ -206,35 +284,83 @@ fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs
         &["--no-worker-auto-recovery"],
         // HTTPS on the listener; the CA and client certificate for https workers.
         &[
-            "--tls-cert-path", &server_cert,
-            "--tls-key-path", &server_key,
-            "--ca-cert-paths", &ca,
-            "--client-cert-path", &client_cert,
-            "--client-key-path", &client_key,
+            "--tls-cert-path",
+            &server_cert,
+            "--tls-key-path",
+            &server_key,
+            "--ca-cert-paths",
+            &ca,
+            "--client-cert-path",
+            &client_cert,
+            "--client-key-path",
+            &client_key,
         ],
         // The worker listed in a file instead of --worker-urls.
         &[
-            "--discovery-provider", "file",
-            "--discovery-file", listing,
-            "--discovery-check-interval-secs", "30",
+            "--discovery-provider",
+            "file",
+            "--discovery-file",
+            listing,
+            "--discovery-check-interval-secs",
+            "30",
         ],
         // The worker found as a Ready pod through the (fake) Kubernetes API.
         &[
             "--service-discovery",
-            "--selector", "app=vllm",
-            "--service-discovery-port", &worker_port,
-            "--service-discovery-namespace", "llm",
-            "--model-id-from", "label:model",
+            "--selector",
+            "app=vllm",
+            "--service-discovery-port",
+            &worker_port,
+            "--service-discovery-namespace",
+            "llm",
+            "--model-id-from",
+            "label:model",
+        ],
+        // A prefill/decode pair instead of --worker-urls.
+        &[
+            "--pd-disaggregation",
+            "--prefill",
+            &pd.0,
+            &pd.1,
+            "--decode",
+            &pd.2,
+            "--prefill-policy",
+            "round_robin",
+            "--decode-policy",
+            "power_of_two",
+            "--pd-admission-wait-secs",
+            "10",
         ],
     ];
     lines
         .iter()
         .map(|extra| {
-            let discovered = extra.contains(&"--discovery-file") || extra.contains(&"--service-discovery");
-            let common = common.iter().enumerate().filter(|(at, _)| !(discovered && (4..6).contains(at)));
-            common.map(|(_, s)| s).chain(extra.iter()).map(|s| s.to_string()).collect()
+            let discovered = extra.contains(&"--discovery-file")
+                || extra.contains(&"--service-discovery")
+                || extra.contains(&"--pd-disaggregation");
+            let common = common
+                .iter()
+                .enumerate()
+                .filter(|(at, _)| !(discovered && (4..6).contains(at)));
+            common
+                .map(|(_, s)| s)
+                .chain(extra.iter())
+                .map(|s| s.to_string())
+                .collect()
         })
         .collect()
+}
+
+/// An SGLang prefill engine and decode engine that want the launch lines' key.
+async fn pd_pair() -> SimFleet {
+    let mut prefill = instant(Flavor::Sglang);
+    prefill.api_key = Some("secret".into());
+    prefill.pd_role = Some(sluice_sim::PdRole::Prefill);
+    let mut decode = prefill.clone();
+    decode.pd_role = Some(sluice_sim::PdRole::Decode);
+    SimFleet::start(FleetConfig::local(1, prefill).also(1, decode))
+        .await
+        .unwrap()
 }
 
 #[test]
@@ -246,6 +372,16 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
         .block_on(SimFleet::start(FleetConfig::local(1, engine)))
         .unwrap();
     let worker = fleet.urls()[0].clone();
+    let pd_fleet = runtime.block_on(pd_pair());
+    let pd = (
+        pd_fleet.urls()[0].clone(),
+        pd_fleet.engines()[0]
+            .bootstrap_addr()
+            .unwrap()
+            .port()
+            .to_string(),
+        pd_fleet.urls()[1].clone(),
+    );
     let log_dir = std::env::temp_dir().join(format!("sluice-smg-launch-{}", std::process::id()));
     let certs = certs::Certs::make("smg-launch");
     std::fs::create_dir_all(&log_dir).unwrap();
@@ -256,6 +392,7 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
         log_dir.to_str().unwrap(),
         listing.to_str().unwrap(),
         &certs,
+        &pd,
     );
     // The API server --service-discovery asks, named by a kubeconfig: one Ready pod, the worker.
     let api = runtime.block_on(kube_api::FakeApi::start());

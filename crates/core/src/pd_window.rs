@@ -46,9 +46,11 @@ pub struct Window {
 }
 
 impl Window {
-    /// The window the engine reports now (a change applies to the next request).
-    pub fn resize(&mut self, size: Option<u64>) {
+    /// The window the engine reports now. A wider window lets waiters go: they are returned,
+    /// counted in flight.
+    pub fn resize(&mut self, size: Option<u64>) -> Vec<Place> {
         self.size = size;
+        self.hand_out()
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -121,7 +123,7 @@ mod tests {
 
     fn window(size: u64) -> Window {
         let mut w = Window::default();
-        w.resize(Some(size));
+        assert!(w.resize(Some(size)).is_empty());
         w
     }
 
@@ -199,6 +201,17 @@ mod tests {
         assert_eq!(w.waiting(), 2, "the narrow one held behind the wide one");
         assert_eq!(w.leave(wide), (true, vec![narrow]));
         assert_eq!(w.leave(wide), (false, vec![]), "gone already");
+        assert_eq!(w.in_flight(), 2);
+    }
+
+    #[test]
+    fn a_window_that_widens_lets_its_waiters_go() {
+        let mut w = window(1);
+        assert_eq!(w.ask(Tier::Agent, 1, true), Asked::Go);
+        let Asked::Wait(next) = w.ask(Tier::Agent, 1, true) else {
+            panic!()
+        };
+        assert_eq!(w.resize(Some(2)), [next]);
         assert_eq!(w.in_flight(), 2);
     }
 }

@@ -115,12 +115,14 @@ impl App {
                 admit: admit.clone(),
                 route: RouteStage::new(config.policy, config.shedding, metrics.clone())
                     .with_aliases(config.model_aliases.clone())
+                    .with_pd_policies(config.prefill_policy, config.decode_policy)
                     .with_projection(if admit.queue().is_some() {
                         Projection::Wary
                     } else {
                         Projection::Hopeful
                     }),
-                forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone()),
+                forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone())
+                    .with_pd(config.pd),
                 accounts: Accounts {
                     metrics,
                     access_log,

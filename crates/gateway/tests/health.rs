@@ -39,11 +39,8 @@ async fn first_worker(s: &Setup) -> String {
     s.worker_id(0).await
 }
 
-/// The value of one metric series (a line starting with `series`), if present.
 async fn metric(s: &Setup, series: &str) -> Option<f64> {
-    let text = get(&s.client, &s.url("/metrics")).await.text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    s.metric(series).await
 }
 
 async fn worker_view(s: &Setup, id: &str) -> Value {

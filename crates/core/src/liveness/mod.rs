@@ -112,7 +112,9 @@ impl fmt::Display for LivenessVeto {
     }
 }
 
-pub use progress::{engine_silent, prefill_allowance, prefill_rate, stalled_since, Reading};
+pub use progress::{
+    engine_silent, leg_silence_bound, prefill_allowance, prefill_rate, stalled_since, Reading,
+};
 
 /// What the gateway has observed of one worker.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -60,3 +60,25 @@ pub fn prefill_allowance(pending_tokens: u64, rate: f64) -> Duration {
     }
     Duration::try_from_secs_f64(2.0 * pending_tokens as f64 / rate).unwrap_or(Duration::MAX)
 }
+
+/// How long the prefill leg of a disaggregated request may stay silent before the request
+/// fails over to a new pair (seed 000): `--worker-wedge-secs`, or, when longer, the time the
+/// prompts waiting on the prefill worker may still take, within the wedge cap. `None`:
+/// `--worker-wedge-secs 0` turned the bound off.
+pub fn leg_silence_bound(wedge: Duration, allowance: Duration) -> Option<Duration> {
+    (!wedge.is_zero()).then(|| wedge.max(allowance.min(super::WEDGE_CAP)))
+}
+
+#[cfg(test)]
+mod leg_tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_leg_may_be_silent_for_the_wedge_bound_or_its_prefill_within_the_cap() {
+        let s = Duration::from_secs;
+        assert_eq!(leg_silence_bound(s(3), s(0)), Some(s(3)));
+        assert_eq!(leg_silence_bound(s(3), s(20)), Some(s(20)));
+        assert_eq!(leg_silence_bound(s(3), s(1000)), Some(s(120)));
+        assert_eq!(leg_silence_bound(s(0), s(20)), None, "0 turns it off");
+    }
+}

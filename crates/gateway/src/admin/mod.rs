@@ -147,6 +147,11 @@ pub struct WorkerView {
     url: String,
     /// Who registered it: `worker_urls`, `api`, `discovery_file`, `dns` or `kubernetes`.
     source: Origin,
+    /// `regular`, `prefill` or `decode` (prefill/decode disaggregation).
+    role: &'static str,
+    /// A decode worker's admission window as this gateway counts it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decode_window: Option<DecodeWindowView>,
     status: HealthState,
     /// A request could be sent to it now (Ready and circuit not open).
     routable: bool,
@@ -174,6 +179,8 @@ impl WorkerView {
             id: worker.id.to_string(),
             url: spec.url.clone(),
             source: worker.origin,
+            role: worker.role().as_str(),
+            decode_window: DecodeWindowView::of(worker),
             status: worker.status(),
             routable: worker.is_routable(),
             http2: worker.endpoint.http2,
@@ -190,6 +197,29 @@ impl WorkerView {
             },
             spec,
         }
+    }
+}
+
+/// A decode worker's admission window (seed 000).
+#[derive(Serialize)]
+struct DecodeWindowView {
+    /// Its engine's running window (its spec's, else its reports'); `null`: not gated.
+    size: Option<u64>,
+    in_flight: u64,
+    waiting: usize,
+}
+
+impl DecodeWindowView {
+    fn of(worker: &Worker) -> Option<Self> {
+        if worker.role() != crate::fleet::Role::Decode {
+            return None;
+        }
+        let (in_flight, waiting) = worker.decode_window.counts();
+        Some(Self {
+            size: worker.running_window(),
+            in_flight,
+            waiting,
+        })
     }
 }
 

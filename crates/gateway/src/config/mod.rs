@@ -10,6 +10,7 @@ mod admission;
 mod checks;
 mod degradation;
 mod discovery;
+mod pd;
 mod replicas;
 mod resilience;
 mod sections;
@@ -294,7 +295,7 @@ impl Settings {
 
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let host = parse_host("host", &self.host)?;
-        let workers = self
+        let mut workers = self
             .worker_urls
             .iter()
             .map(|url| {
@@ -302,12 +303,20 @@ impl Settings {
                     .map_err(|e| invalid("worker-urls", e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        workers.extend(self.pd.workers(self.default_worker_key())?);
+        let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
         let breaker = self.resilience.breaker()?;
         Ok(Config {
             listen: SocketAddr::new(host, self.port),
             workers,
             policy: self.policy()?,
+            prefill_policy,
+            decode_policy,
+            pd: crate::forward::PdConfig {
+                admission_wait: self.pd.admission_wait()?,
+                wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
+            },
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             model_aliases: self.model_aliases()?,
@@ -415,6 +424,11 @@ pub struct Config {
     /// Workers registered at startup.
     pub workers: Vec<WorkerSpec>,
     pub policy: Policy,
+    /// `--prefill-policy`, `--decode-policy` (each `--policy` when not given).
+    pub prefill_policy: Policy,
+    pub decode_policy: Policy,
+    /// The decode admission window and the prefill leg's silence bound.
+    pub pd: crate::forward::PdConfig,
     /// Prefix blocks remembered per model by the cache-aware policy.
     pub prefix_capacity: usize,
     /// `--routing-key-headers`, in order of precedence.

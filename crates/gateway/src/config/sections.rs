@@ -102,7 +102,24 @@ impl Settings {
     }
 
     pub(super) fn policy(&self) -> Result<Policy, ConfigError> {
-        Ok(match self.policy.as_str() {
+        self.policy_named("policy", &self.policy)
+    }
+
+    /// `--prefill-policy` and `--decode-policy`, each `--policy` when not given.
+    pub(super) fn pd_policies(&self) -> Result<(Policy, Policy), ConfigError> {
+        let side = |flag, name: &Option<String>| match name {
+            Some(name) => self.policy_named(flag, name),
+            None => self.policy(),
+        };
+        Ok((
+            side("prefill-policy", &self.pd.prefill_policy)?,
+            side("decode-policy", &self.pd.decode_policy)?,
+        ))
+    }
+
+    /// The policy called `name`, with the cache_aware thresholds; `flag` names it in errors.
+    fn policy_named(&self, flag: &'static str, name: &str) -> Result<Policy, ConfigError> {
+        Ok(match name {
             "round_robin" => Policy::RoundRobin,
             "random" => Policy::Random,
             "least_load" => Policy::LeastLoad,
@@ -111,18 +128,18 @@ impl Settings {
             "consistent_hash" | "consistent_hashing" => Policy::ConsistentHash,
             "prefix_hash" => {
                 return Err(invalid(
-                    "policy",
+                    flag,
                     "prefix_hash (SMG) is not supported: use cache_aware, which sends a prompt \
                      where its prefix was sent and balances load",
                 ))
             }
             "passthrough" | "manual" => {
                 return Err(invalid(
-                    "policy",
+                    flag,
                     format!(
                         "{} (SMG) is not supported: use consistent_hash with \
                          --routing-key-header to pin a client's requests to one worker",
-                        self.policy
+                        name
                     ),
                 ))
             }
@@ -137,7 +154,7 @@ impl Settings {
             }),
             other => {
                 return Err(invalid(
-                    "policy",
+                    flag,
                     format!(
                         "unknown policy '{other}' (round_robin, random, least_load, power_of_two, \
                          cache_aware, consistent_hash)"

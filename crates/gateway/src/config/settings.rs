@@ -11,6 +11,7 @@ use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
 use super::degradation::DegradationSettings;
 use super::discovery::DiscoverySettings;
+use super::pd::PdSettings;
 use super::replicas::ReplicaSettings;
 use super::resilience::ResilienceSettings;
 
@@ -530,4 +531,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub replicas: ReplicaSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub pd: PdSettings,
 }

@@ -7,7 +7,7 @@
 //! (crates/cli/tests/smg_launch.rs keeps the two in step).
 
 const DISC: &str =
-    "sluice reads no KV-transfer metadata from pods (it serves a unified fleet, not prefill/decode pairs); drop the flag";
+    "sluice reads no KV-transfer metadata from pods (prefill and decode workers are named with --prefill and --decode); drop the flag";
 const DP: &str =
     "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
 const GRPC: &str =
@@ -26,8 +26,12 @@ const MM: &str =
     "sluice does not fetch or preprocess media: image and audio inputs reach the engine as the client sent them; drop the flag";
 const PARSER: &str =
     "sluice relays the engine's reasoning and tool-call output as it is: set the parser on the engine (e.g. vLLM's --reasoning-parser, --tool-call-parser); drop the flag";
-const PD: &str =
-    "prefill/decode (and encode) disaggregation is not supported yet: serve a unified fleet with --worker-urls";
+const EPD: &str =
+    "sluice serves prefill/decode pairs (--pd-disaggregation) but not encode disaggregation: serve the encoder with the model";
+const PDQ: &str =
+    "sluice bounds a disaggregated request's wait by the decode worker's running window (--pd-admission-wait-secs), not by a prefill queue; drop the flag";
+const PDSEL: &str =
+    "prefill/decode workers are not discovered through Kubernetes yet: name them with --prefill and --decode";
 const PHASH: &str =
     "belongs to the prefix_hash policy, which sluice does not have: --policy cache_aware routes by prompt prefix";
 const RL: &str = "sluice has no RL control plane; drop the flag";
@@ -62,9 +66,7 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--rdma-listen-ip", MM),
     ("--rdma-slot-ttl-s", MM),
     ("--log-mm-timing", MM),
-    ("--encode-policy", PD),
-    ("--prefill-policy", PD),
-    ("--decode-policy", PD),
+    ("--encode-policy", EPD),
     ("--prefix-token-count", PHASH),
     ("--prefix-hash-load-factor", PHASH),
     ("--prefix-hash-balance-abs-threshold", PHASH),
@@ -94,7 +96,7 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--selection-accounting-ttl-ms", KV),
     ("--overlap-decay", KV),
     ("--selection-temperature", KV),
-    ("--bucket-adjust-interval-secs", PD),
+    ("--bucket-adjust-interval-secs", PDQ),
     (
         "--eviction-interval-secs",
         "sluice's prefix index forgets the least recently used prompts as it reaches --max-tree-size, with no timer; drop the flag",
@@ -110,7 +112,6 @@ pub const REFUSED: &[(&str, &str)] = &[
         "--max-buffered-request-bytes",
         "sluice reads every request body whole (to route and retry it); bound one body with --max-payload-size and all bodies at once with --max-buffered-body-bytes",
     ),
-    ("--pd-admission-wait-secs", PD),
     (
         "--stream-body-stall-timeout-secs",
         "sluice reads a request body whole before sending it on: --body-read-timeout-secs bounds how long a client may take to send it",
@@ -123,19 +124,16 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--routing-key-override", STICKY),
     ("--sticky-sessions", STICKY),
     ("--dp-minimum-tokens-scheduler", DP),
-    ("--pd-disaggregation", PD),
-    ("--epd-disaggregation", PD),
-    ("--encode", PD),
-    ("--prefill", PD),
-    ("--decode", PD),
-    ("--prefill-max-inflight-requests-per-worker", PD),
-    ("--prefill-queue-size", PD),
-    ("--prefill-queue-timeout-secs", PD),
+    ("--epd-disaggregation", EPD),
+    ("--encode", EPD),
+    ("--prefill-max-inflight-requests-per-worker", PDQ),
+    ("--prefill-queue-size", PDQ),
+    ("--prefill-queue-timeout-secs", PDQ),
     ("--kv-connector-annotation", DISC),
     ("--kv-engine-id-annotation", DISC),
-    ("--encode-selector", PD),
-    ("--prefill-selector", PD),
-    ("--decode-selector", PD),
+    ("--encode-selector", EPD),
+    ("--prefill-selector", PDSEL),
+    ("--decode-selector", PDSEL),
     ("--router-selector", MESH),
     (
         "--jemalloc-prof-dir",

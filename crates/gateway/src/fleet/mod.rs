@@ -16,6 +16,7 @@
 //!   tells), and `Lease`, a request's hold on it, which alone moves its counts.
 //! - `veto`, `signals`, `breaker` — per-worker facts: why it gets no new request, what the
 //!   gateway hears from it, its circuit.
+//! - `pd` — its role in prefill/decode disaggregation, and a decode worker's admission window.
 //! - `adaptive` — its adaptive concurrency limit and the latency samples it is learned from.
 //! - `atomic` — the typed cells those facts live in (an enum, an instant).
 //! - `spec` — the worker spec of `--worker-urls` and the admin API.
@@ -25,6 +26,7 @@ mod adaptive;
 mod atomic;
 mod breaker;
 mod collector;
+mod pd;
 mod signals;
 mod spec;
 mod traffic;
@@ -54,13 +56,17 @@ pub use adaptive::{AdaptiveLimit, LimitWindow};
 pub use atomic::{AtomicEnum, AtomicInstant, Packed};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
+pub use pd::{DecodeRooms, DecodeWindow, NoRoom, Role};
 pub use signals::{Heard, Signals};
 pub use spec::{
     AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
+    WorkerType,
 };
 pub use traffic::{Lease, Traffic};
 pub use veto::{EngineLoad, Vetoes};
-pub use worker::{HealthCell, LiveSpec, ModelCard, Origin, ProbeRecord, Worker, WorkerInfo};
+pub use worker::{
+    HealthCell, LiveSpec, ModelCard, Notices, Origin, ProbeRecord, Worker, WorkerInfo,
+};
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -98,15 +104,31 @@ pub struct PoolState {
 #[derive(Debug, Clone)]
 pub struct Pool {
     pub model: ModelName,
+    /// Every worker of the model, whatever its role.
     pub workers: Vec<Arc<Worker>>,
     pub state: Arc<PoolState>,
+    /// Set when the model is served disaggregated (some of its workers are prefill or decode
+    /// workers): its requests go to a pair, one of each.
+    pub pd: Option<Arc<PdPools>>,
+}
+
+/// A disaggregated model's prefill and decode workers, each a pool of its own (its own
+/// round-robin counter and prefix index, its own policy).
+#[derive(Debug)]
+pub struct PdPools {
+    pub prefill: Pool,
+    pub decode: Pool,
 }
 
 impl Pool {
     /// Whether a request could go to one of its workers now without waiting: one is routable,
     /// under its adaptive limit and under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
-    /// release many at once). The gateway queue holds requests while this is false.
+    /// release many at once). The gateway queue holds requests while this is false. A
+    /// disaggregated model needs room on both sides.
     pub fn has_room(&self) -> bool {
+        if let Some(pd) = &self.pd {
+            return pd.prefill.has_room() && pd.decode.has_room();
+        }
         self.workers.iter().any(|w| {
             w.is_routable() && !w.at_limit(1) && w.veto_class_by(Projection::Wary).is_none()
         })
@@ -116,6 +138,9 @@ impl Pool {
     /// its routable workers: the prompts waiting for prefill there, its own included, at the
     /// prefill rate the gateway measured on that worker. `None` until a rate is measured.
     pub fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
+        if let Some(pd) = &self.pd {
+            return pd.prefill.expected_ttft(prompt_tokens);
+        }
         self.workers
             .iter()
             .filter(|w| w.is_routable())
@@ -172,7 +197,8 @@ impl Drop for Entry {
 #[derive(Default)]
 struct Registry {
     entries: Vec<Entry>,
-    pools: HashMap<ModelName, Arc<PoolState>>,
+    /// By model and role (`None`: the whole pool).
+    pools: HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
 }
 
 /// How a removal went.
@@ -465,7 +491,10 @@ impl Fleet {
             self.settings.http2_default,
             breaker.clone(),
             self.metrics.for_worker(id.as_str(), self.settings.policy),
-            self.freed.clone(),
+            Notices {
+                freed: self.freed.clone(),
+                changed: self.changed.clone(),
+            },
         ));
         worker.metrics.health.set(0);
         let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];
@@ -503,36 +532,83 @@ impl Fleet {
                 unresolved += 1;
             }
             for model in models {
-                let state = registry
-                    .pools
-                    .entry(model.clone())
-                    .or_insert_with(|| {
-                        Arc::new(PoolState {
-                            ticket: AtomicU64::new(0),
-                            prefix: parking_lot::Mutex::new(PrefixIndex::new(
-                                self.settings.prefix_capacity,
-                            )),
-                        })
-                    })
-                    .clone();
+                let capacity = self.settings.prefix_capacity;
+                let state = pool_state(&mut registry.pools, capacity, &model, None);
                 pools
                     .entry(model.clone())
                     .or_insert_with(|| Pool {
                         model,
                         workers: Vec::new(),
                         state,
+                        pd: None,
                     })
                     .workers
                     .push(worker.clone());
             }
         }
-        registry.pools.retain(|model, _| pools.contains_key(model));
+        for pool in pools.values_mut() {
+            pool.pd = self.pd_pools(registry, pool);
+        }
+        registry
+            .pools
+            .retain(|(model, _), _| pools.contains_key(model));
         self.snapshot.store(Arc::new(Snapshot {
             workers: registry.entries.iter().map(|e| e.worker.clone()).collect(),
             pools,
             unresolved,
         }));
         self.announce();
+    }
+}
+
+/// The lasting routing state of a model's pool (`role`: one side of a disaggregated model).
+fn pool_state(
+    pools: &mut HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
+    prefix_capacity: usize,
+    model: &ModelName,
+    role: Option<&'static str>,
+) -> Arc<PoolState> {
+    pools
+        .entry((model.clone(), role))
+        .or_insert_with(|| {
+            Arc::new(PoolState {
+                ticket: AtomicU64::new(0),
+                prefix: parking_lot::Mutex::new(PrefixIndex::new(prefix_capacity)),
+            })
+        })
+        .clone()
+}
+
+impl Fleet {
+    /// A model's prefill and decode pools, when some of its workers have those roles.
+    fn pd_pools(&self, registry: &mut Registry, pool: &Pool) -> Option<Arc<PdPools>> {
+        let of = |wanted: fn(Role) -> bool| -> Vec<Arc<Worker>> {
+            pool.workers
+                .iter()
+                .filter(|w| wanted(w.role()))
+                .cloned()
+                .collect()
+        };
+        let prefill = of(|r| matches!(r, Role::Prefill { .. }));
+        let decode = of(|r| r == Role::Decode);
+        if prefill.is_empty() && decode.is_empty() {
+            return None;
+        }
+        let side = |registry: &mut Registry, role, workers| Pool {
+            model: pool.model.clone(),
+            workers,
+            state: pool_state(
+                &mut registry.pools,
+                self.settings.prefix_capacity,
+                &pool.model,
+                Some(role),
+            ),
+            pd: None,
+        };
+        Some(Arc::new(PdPools {
+            prefill: side(registry, "prefill", prefill),
+            decode: side(registry, "decode", decode),
+        }))
     }
 }
 

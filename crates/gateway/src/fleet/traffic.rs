@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::adaptive::AdaptiveLimit;
 use super::breaker::Permit;
+use super::pd::DecodeRooms;
 use super::worker::Worker;
 
 /// This gateway's requests on a worker, moved only by `Lease` (the request path).
@@ -122,6 +123,8 @@ pub struct Lease {
     pending: bool,
     /// Counted in the worker's pile of streams.
     streaming: bool,
+    /// A decode worker's rooms in its admission window, freed with the lease.
+    rooms: Option<Box<DecodeRooms>>,
 }
 
 impl Lease {
@@ -144,7 +147,13 @@ impl Lease {
             prefill: 0,
             pending: false,
             streaming: false,
+            rooms: None,
         })
+    }
+
+    /// Holds `rooms` of the worker's decode window until the lease ends.
+    pub fn hold_rooms(&mut self, rooms: DecodeRooms) {
+        self.rooms = Some(Box::new(rooms));
     }
 
     /// Names the request this lease is for, in what its outcome logs.

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::adaptive::AdaptiveLimit;
 use super::atomic::AtomicEnum;
 use super::breaker::WorkerBreaker;
+use super::pd::{DecodeWindow, Role};
 use super::signals::Signals;
 use super::spec::WorkerSpec;
 use super::traffic::Traffic;
@@ -144,6 +145,15 @@ impl HealthCell {
     }
 }
 
+/// How a worker's counts tell the fleet they moved.
+#[derive(Debug, Clone)]
+pub struct Notices {
+    /// Woken when a request leaves a worker (the gateway queue waits on it).
+    pub freed: Arc<tokio::sync::Notify>,
+    /// The fleet's change announcements (`Fleet::changes`).
+    pub changed: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
 /// A registered worker. Its fields are grouped by the one writer of each group.
 #[derive(Debug)]
 pub struct Worker {
@@ -173,6 +183,8 @@ pub struct Worker {
     /// Its adaptive concurrency limit (the limiter loop) and the samples it is learned from (the
     /// request path).
     pub adaptive: AdaptiveLimit,
+    /// A decode worker's admission window (the request path, through `DecodeRooms`).
+    pub decode_window: Arc<DecodeWindow>,
     pub metrics: WorkerMetrics,
 }
 
@@ -184,7 +196,7 @@ impl Worker {
         http2_default: bool,
         breaker: Arc<WorkerBreaker>,
         metrics: WorkerMetrics,
-        freed: Arc<tokio::sync::Notify>,
+        notices: Notices,
     ) -> Self {
         let (scheme, authority) = spec.endpoint();
         Self {
@@ -199,13 +211,29 @@ impl Worker {
             live: ArcSwap::from_pointee(LiveSpec::new(spec)),
             info: ArcSwapOption::empty(),
             health: HealthCell::new(),
-            traffic: Traffic::new(freed),
+            traffic: Traffic::new(notices.freed),
             vetoes: Vetoes::default(),
             signals: Signals::default(),
             breaker,
             adaptive: AdaptiveLimit::default(),
+            decode_window: Arc::new(DecodeWindow::new(notices.changed)),
             metrics,
         }
+    }
+
+    /// Its part in prefill/decode disaggregation, as its spec says.
+    pub fn role(&self) -> Role {
+        self.live().spec.role()
+    }
+
+    /// Its engine's running window: the spec's, else what its load reports say; `None` (not
+    /// gated) when neither tells.
+    pub fn running_window(&self) -> Option<u64> {
+        self.live().spec.max_running_requests.or_else(|| {
+            self.vetoes
+                .load()
+                .and_then(|load| load.report.max_running())
+        })
     }
 
     /// The current spec (and the authorization header built from it).
@@ -294,7 +322,12 @@ mod tests {
     fn worker() -> Arc<Worker> {
         let metrics = Metrics::register(&mut Registry::default());
         let changed = Arc::new(tokio::sync::watch::channel(0).0);
-        let breaker = Arc::new(WorkerBreaker::new("w", None, metrics.clone(), changed));
+        let breaker = Arc::new(WorkerBreaker::new(
+            "w",
+            None,
+            metrics.clone(),
+            changed.clone(),
+        ));
         let spec = WorkerSpec::from_url("http://127.0.0.1:1", None).unwrap();
         let metrics = metrics.for_worker("w", "round_robin");
         Arc::new(Worker::new(
@@ -304,7 +337,10 @@ mod tests {
             false,
             breaker,
             metrics,
-            Arc::default(),
+            Notices {
+                freed: Arc::default(),
+                changed,
+            },
         ))
     }
 

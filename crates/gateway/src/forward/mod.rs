@@ -32,6 +32,10 @@ use crate::route::Routed;
 use crate::stream::Answer;
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
+mod pd;
+
+pub use pd::PdConfig;
+
 /// How long a worker's own at-capacity answer (429, 529) keeps new requests off it: about the
 /// time one of its running requests takes to free a slot.
 const AT_CAPACITY_VETO: Duration = Duration::from_secs(1);
@@ -62,6 +66,7 @@ pub struct Job<'a> {
 pub struct Forwarder {
     upstream: Upstream,
     retry: RetryConfig,
+    pd: PdConfig,
     budget: TpsBudget,
     metrics: Arc<Metrics>,
 }
@@ -84,9 +89,16 @@ impl Forwarder {
         Self {
             upstream,
             retry,
+            pd: PdConfig::default(),
             budget,
             metrics,
         }
+    }
+
+    /// With the decode admission window's settings (disaggregated models).
+    pub fn with_pd(mut self, pd: PdConfig) -> Self {
+        self.pd = pd;
+        self
     }
 
     /// Forwards `job` until a worker answers, a failure is final, or the client goes away (the
@@ -97,6 +109,9 @@ impl Forwarder {
         job: Job<'_>,
     ) -> Result<Answer, GatewayError> {
         ctx.forwarding();
+        if let Some((prefill, decode)) = job.routed.pd() {
+            return self.forward_pd(ctx, &job, prefill, decode).await;
+        }
         let deadline = ctx.admission.deadline;
         let timeout = deadline.saturating_duration_since(ctx.started);
         self.budget.deposit();
@@ -307,6 +322,7 @@ type Sent = Result<
 >;
 
 /// One attempt, and what its request and retry rules need to know.
+#[derive(Clone)]
 struct Attempt<'a> {
     job: &'a Job<'a>,
     request_id: &'a axum::http::HeaderValue,

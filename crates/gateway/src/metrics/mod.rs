@@ -148,6 +148,10 @@ pub struct Metrics {
     pub overload_fallbacks: Counter,
     pub liveness_fallbacks: Counter,
     pub overload_sheds: Family<StageLabel, Counter>,
+    /// Disaggregated dispatches that waited for the decode window and were admitted.
+    pub pd_admission_waits: Counter,
+    /// Disaggregated requests shed by the decode window.
+    pub pd_admission_sheds: Counter,
 }
 
 /// Makes the latency histograms with the configured buckets (`--prometheus-duration-buckets`).
@@ -182,6 +186,8 @@ impl Metrics {
             selections: Family::default(),
             retries: Family::default(),
             retry_budget_exhausted: Counter::default(),
+            pd_admission_waits: Counter::default(),
+            pd_admission_sheds: Counter::default(),
             breaker_transitions: Family::default(),
             cancellations: Family::default(),
             upstream_errors: Family::default(),
@@ -230,6 +236,16 @@ impl Metrics {
             "retry_budget_exhausted",
             "Retries refused because the retry budget was spent",
             m.retry_budget_exhausted.clone(),
+        );
+        r.register(
+            "pd_admission_waits",
+            "Disaggregated dispatches that waited for room in a decode worker's running window and were admitted",
+            m.pd_admission_waits.clone(),
+        );
+        r.register(
+            "pd_admission_sheds",
+            "Disaggregated requests shed by a decode worker's running window (wider than it, or no room within --pd-admission-wait-secs)",
+            m.pd_admission_sheds.clone(),
         );
         r.register(
             "worker_circuit_transitions",

@@ -36,6 +36,10 @@ use crate::metrics::{Metrics, StageLabel};
 #[derive(Debug)]
 pub struct RouteStage {
     policy: Policy,
+    /// `--prefill-policy`, `--decode-policy`: each side of a disaggregated model (the main
+    /// policy when not given).
+    prefill_policy: Policy,
+    decode_policy: Policy,
     shedding: Shedding,
     /// How a worker's queue is projected between reports: warily with a gateway queue, whose
     /// requests are released many at once (`Projection::Wary`).
@@ -66,12 +70,15 @@ pub struct Routed<'s> {
     pub pool: &'s Pool,
     pub request: RouteRequest,
     stage: &'s RouteStage,
+    policy: &'s Policy,
 }
 
 impl RouteStage {
     pub fn new(policy: Policy, shedding: Shedding, metrics: Arc<Metrics>) -> Self {
         Self {
             policy,
+            prefill_policy: policy,
+            decode_policy: policy,
             shedding,
             projection: Projection::Hopeful,
             aliases: std::collections::HashMap::new(),
@@ -84,6 +91,20 @@ impl RouteStage {
     pub fn with_projection(mut self, projection: Projection) -> Self {
         self.projection = projection;
         self
+    }
+
+    /// With `--prefill-policy` and `--decode-policy`.
+    pub fn with_pd_policies(mut self, prefill: Policy, decode: Policy) -> Self {
+        self.prefill_policy = prefill;
+        self.decode_policy = decode;
+        self
+    }
+
+    /// Whether a policy of this stage routes by prompt prefix, so prompts must be hashed.
+    fn wants_prefix(&self) -> bool {
+        [self.policy, self.prefill_policy, self.decode_policy]
+            .iter()
+            .any(Policy::wants_prefix)
     }
 
     /// With `--model-alias` names: a request for an alias is served by its model's pool.
@@ -109,8 +130,9 @@ impl RouteStage {
         let pool = pool(snapshot, model)?;
         Ok(Routed {
             pool,
-            request: RouteRequest::new(&self.policy, wants),
+            request: RouteRequest::new(self.wants_prefix(), wants),
             stage: self,
+            policy: &self.policy,
         })
     }
 
@@ -122,12 +144,27 @@ impl RouteStage {
     }
 }
 
-impl Routed<'_> {
+impl<'s> Routed<'s> {
+    /// A disaggregated model's two sides, each routed by its own policy: (prefill, decode).
+    pub fn pd(&self) -> Option<(Routed<'s>, Routed<'s>)> {
+        let pd = self.pool.pd.as_deref()?;
+        let side = |pool, policy| Routed {
+            pool,
+            request: self.request.clone(),
+            stage: self.stage,
+            policy,
+        };
+        Some((
+            side(&pd.prefill, &self.stage.prefill_policy),
+            side(&pd.decode, &self.stage.decode_policy),
+        ))
+    }
+
     /// A worker for the next attempt, none of those in `tried`: the policy's pick with its
     /// breaker permit, or the all-vetoed rule's answer.
     pub fn select(&self, tried: &[u64]) -> Result<Lease, GatewayError> {
         let stage = self.stage;
-        let selected = match select(stage, self.pool, &self.request, tried) {
+        let selected = match select(stage, self.policy, self.pool, &self.request, tried) {
             Ok(selected) => selected,
             Err(e) => {
                 if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
@@ -159,6 +196,17 @@ impl Routed<'_> {
             });
         }
         Ok(selected.lease)
+    }
+
+    /// The overload answer for this pool (`--overload-status-code`, Retry-After): what the
+    /// decode admission window sheds with.
+    pub fn shed(&self) -> GatewayError {
+        self.stage.count_shed("pd_window");
+        GatewayError::WorkerOverloadShed {
+            model: self.pool.model.clone(),
+            status: self.stage.shedding.status,
+            retry_after: self.stage.shedding.retry_after,
+        }
     }
 
     /// Whether a retry has somewhere to go: a routable worker of the pool other than `current`
@@ -203,8 +251,9 @@ pub struct RouteRequest {
 }
 
 impl RouteRequest {
-    pub fn new(policy: &Policy, wants: &Wants<'_>) -> Self {
-        let blocks = if policy.wants_prefix() {
+    /// `prefix`: a policy routes by prompt prefix, so the prompt is hashed.
+    pub fn new(prefix: bool, wants: &Wants<'_>) -> Self {
+        let blocks = if prefix {
             block_hashes(wants.prompt, PREFIX_BLOCK_BYTES, PREFIX_MAX_BLOCKS)
         } else {
             Vec::new()
@@ -263,6 +312,7 @@ struct Selected {
 /// chooses among candidates without a veto; when there is none, the all-vetoed rule decides.
 fn select(
     stage: &RouteStage,
+    policy: &Policy,
     pool: &Pool,
     request: &RouteRequest,
     tried: &[u64],
@@ -273,7 +323,7 @@ fn select(
         .iter()
         .filter(|w| w.is_routable() && !tried.contains(&w.key) && !w.at_limit(request.weight))
         .partition(|w| w.veto_class_by(stage.projection).is_none());
-    if let Some(lease) = pick(&stage.policy, pool, request, free) {
+    if let Some(lease) = pick(policy, pool, request, free) {
         return Ok(Selected {
             lease,
             fallback: None,

@@ -168,6 +168,13 @@ impl Setup {
         self.until_worker(id, state, |w| w["status"] == state).await
     }
 
+    /// The value of one metric series (a line starting with `series`), if present.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = get(&self.client, &self.url("/metrics")).await.text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
     pub async fn chat(&self, body: &str) -> Answer {
         post(&self.client, &self.url("/v1/chat/completions"), body).await
     }

@@ -12,6 +12,8 @@ use axum::http::Uri;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::pd::Role;
+
 /// What is wrong with a spec, and where.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -63,6 +65,30 @@ pub struct WorkerSpec {
     /// prefill busy check; SGLang workers report theirs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_num_batched_tokens: Option<u64>,
+    /// `regular`, or one half of prefill/decode disaggregation: `prefill` (with its
+    /// `bootstrap_port`, SGLang's bootstrap server, when it has one) or `decode`.
+    #[serde(skip_serializing_if = "is_regular")]
+    pub worker_type: WorkerType,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
+    /// Its engine's running window (`--max-running-requests`, vLLM's `--max-num-seqs`), for the
+    /// decode admission window; SGLang workers report theirs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_running_requests: Option<u64>,
+}
+
+/// The spec's `worker_type`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerType {
+    #[default]
+    Regular,
+    Prefill,
+    Decode,
+}
+
+fn is_regular(t: &WorkerType) -> bool {
+    *t == WorkerType::Regular
 }
 
 /// A worker's own overload ceilings (the spec's `overload` block).
@@ -145,6 +171,9 @@ const FIELDS: &[&str] = &[
     "adaptive",
     "load_monitor_interval_secs",
     "max_num_batched_tokens",
+    "worker_type",
+    "bootstrap_port",
+    "max_running_requests",
 ];
 /// The shortest load-poll interval a spec may ask for (the gateway polls no more often anyway).
 const MIN_POLL_SECS: f64 = 1.0;
@@ -177,7 +206,21 @@ impl WorkerSpec {
             adaptive: AdaptiveOverrides::default(),
             load_monitor_interval_secs: None,
             max_num_batched_tokens: None,
+            worker_type: WorkerType::Regular,
+            bootstrap_port: None,
+            max_running_requests: None,
         })
+    }
+
+    /// What the worker does in its pool.
+    pub fn role(&self) -> Role {
+        match self.worker_type {
+            WorkerType::Regular => Role::Regular,
+            WorkerType::Prefill => Role::Prefill {
+                bootstrap_port: self.bootstrap_port,
+            },
+            WorkerType::Decode => Role::Decode,
+        }
     }
 
     /// Parses and validates a JSON spec.
@@ -210,6 +253,25 @@ impl WorkerSpec {
             },
             overload: overload_block(&object)?,
             adaptive: adaptive_block(&object)?,
+            worker_type: worker_type(&object)?,
+            bootstrap_port: match object.get("bootstrap_port") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_u64()
+                        .and_then(|p| u16::try_from(p).ok())
+                        .filter(|p| *p > 0)
+                        .ok_or_else(|| spec_error("bootstrap_port", "must be a port number"))?,
+                ),
+            },
+            max_running_requests: match object.get("max_running_requests") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                    spec_error(
+                        "max_running_requests",
+                        "must be a whole number of at least 1",
+                    )
+                })?),
+            },
             max_num_batched_tokens: match object.get("max_num_batched_tokens") {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
@@ -296,6 +358,31 @@ impl WorkerPatch {
             health: health_patch(&object)?,
         })
     }
+}
+
+fn worker_type(object: &Map<String, Value>) -> Result<WorkerType, SpecError> {
+    let kind = match object.get("worker_type") {
+        None | Some(Value::Null) => WorkerType::Regular,
+        Some(Value::String(s)) => match s.as_str() {
+            "regular" => WorkerType::Regular,
+            "prefill" => WorkerType::Prefill,
+            "decode" => WorkerType::Decode,
+            _ => {
+                return Err(spec_error(
+                    "worker_type",
+                    "must be regular, prefill or decode",
+                ))
+            }
+        },
+        Some(_) => return Err(spec_error("worker_type", "must be a string")),
+    };
+    if kind != WorkerType::Prefill && object.get("bootstrap_port").is_some_and(|v| !v.is_null()) {
+        return Err(spec_error(
+            "bootstrap_port",
+            "belongs to a prefill worker (worker_type prefill)",
+        ));
+    }
+    Ok(kind)
 }
 
 fn parse_object(body: &[u8]) -> Result<Map<String, Value>, SpecError> {

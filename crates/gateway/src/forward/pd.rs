@@ -1,0 +1,337 @@
+//! Forwarding a request of a disaggregated model: a prefill and a decode worker, SGLang's way.
+//!
+//! The decode worker is chosen first, and must have room in its running window (seed 000):
+//! among the decode workers the policy would take, one with room is taken; when every one is
+//! full the request waits for the policy's pick, up to `--pd-admission-wait-secs`, and a room
+//! that frees goes to the most urgent tier's longest waiter; no room in time, or a request wider
+//! than the window, is shed with the overload answer. Then a prefill worker; both get the request
+//! with the same `bootstrap_host`, `bootstrap_port` (the prefill's bootstrap server) and a fresh
+//! `bootstrap_room`, at once.
+//!
+//! The decode worker's answer is the client's, relayed once the prefill leg has ended well — the
+//! KV is across by then — so until then nothing has reached the client and a failed pair can be
+//! retried: a prefill leg that fails, or stays silent past the wedge bound
+//! (`sluice_core::liveness::leg_silence_bound`), sends the request to a new pair with a new room,
+//! under the same retry rules as any request. Dropping the attempt (the client left, or a retry)
+//! closes both legs' connections, which aborts both on the engines. The decode worker's rooms are
+//! held by its lease until the answer's body ends.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_core::admission::Tier;
+use sluice_core::breaker::Outcome;
+use sluice_core::liveness::{leg_silence_bound, prefill_allowance};
+use sluice_core::retry::AttemptFailure;
+use tokio::time::Instant;
+
+use super::{build_request, Attempt, Forwarder, Job, Tried};
+use crate::context::RequestContext;
+use crate::error::GatewayError;
+use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
+use crate::route::Routed;
+use crate::stream::Answer;
+use crate::upstream::UpstreamResponse;
+
+/// The decode admission window's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PdConfig {
+    /// `--pd-admission-wait-secs`: 0 sheds as soon as the window is full.
+    pub admission_wait: Duration,
+    /// `--worker-wedge-secs`: how long a prefill leg may be silent (0: no bound).
+    pub wedge: Duration,
+}
+
+impl Default for PdConfig {
+    fn default() -> Self {
+        Self {
+            admission_wait: Duration::from_secs(30),
+            wedge: Duration::from_secs(3),
+        }
+    }
+}
+
+/// How a prefill leg ended.
+enum LegEnd {
+    /// The prompt is computed and its KV handed over.
+    Done,
+    /// The prefill worker refused the request itself (a 4xx but 429): the client's answer, as
+    /// the decode worker would give it too.
+    Refused(UpstreamResponse, Instant),
+    Failed(AttemptFailure),
+    /// Silent past its bound.
+    Silent,
+}
+
+impl Forwarder {
+    /// Forwards a request of a disaggregated model to a prefill/decode pair.
+    pub(super) async fn forward_pd(
+        &self,
+        ctx: &mut RequestContext,
+        job: &Job<'_>,
+        prefill: Routed<'_>,
+        decode: Routed<'_>,
+    ) -> Result<Answer, GatewayError> {
+        let deadline = ctx.admission.deadline;
+        let timeout = deadline.saturating_duration_since(ctx.started);
+        let mut tried_prefill: Vec<u64> = Vec::new();
+        let mut tried_decode: Vec<u64> = Vec::new();
+        loop {
+            let (decode_lease, rooms) = self.decode_with_room(ctx, &decode, &tried_decode).await?;
+            let prefill_lease = prefill.select(&tried_prefill)?;
+            ctx.admission.has_worker();
+            ctx.attempt(&decode_lease.worker().id);
+            let body = with_bootstrap(job.body, &prefill_lease)?;
+            let decode_job = Job {
+                parts: job.parts,
+                body: &body,
+                routed: &decode,
+            };
+            let prefill_job = Job {
+                parts: job.parts,
+                body: &body,
+                routed: &prefill,
+            };
+            let attempts = ctx.attempts();
+            let at = |job, tried| Attempt {
+                job,
+                request_id: &ctx.id,
+                attempts,
+                tried,
+                deadline,
+                timeout,
+                client_deadline: ctx.admission.client_deadline,
+                by_client: ctx.admission.cut_by_client(),
+            };
+            let pair = Pair {
+                prefill: at(&prefill_job, &tried_prefill),
+                decode: at(&decode_job, &tried_decode),
+            };
+            let retry = match self.pair(pair, prefill_lease, decode_lease).await {
+                Paired::Answered(mut answer) => {
+                    answer.lease.hold_rooms(rooms);
+                    return Ok(answer);
+                }
+                Paired::Final(error) => return Err(error),
+                Paired::RetryPrefill(key, failure) => {
+                    tried_prefill.push(key);
+                    failure
+                }
+                Paired::RetryDecode(key, failure) => {
+                    tried_decode.push(key);
+                    failure
+                }
+            };
+            drop(rooms);
+            self.count_retry(retry);
+            let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
+            tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
+        }
+    }
+
+    /// A decode worker with rooms for the request: one with room now if the policy has one,
+    /// else the policy's pick once a room frees there.
+    async fn decode_with_room(
+        &self,
+        ctx: &RequestContext,
+        decode: &Routed<'_>,
+        tried: &[u64],
+    ) -> Result<(Lease, DecodeRooms), GatewayError> {
+        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        let rooms = decode.request.weight;
+        let mut skipped = tried.to_vec();
+        let mut first_full: Option<Lease> = None;
+        loop {
+            let lease = match decode.select(&skipped) {
+                Ok(lease) => lease,
+                Err(_) if first_full.is_some() => break,
+                Err(e) => return Err(e),
+            };
+            let worker = lease.worker().clone();
+            let size = worker.running_window();
+            match worker.decode_window.enter(size, tier, rooms, None).await {
+                Ok((held, _)) => return Ok((lease, held)),
+                Err(NoRoom::TooWide { .. }) => return Err(self.pd_shed(decode)),
+                Err(NoRoom::Full) => {
+                    skipped.push(worker.key);
+                    first_full.get_or_insert(lease);
+                }
+            }
+        }
+        let Some(lease) = first_full else {
+            return Err(self.pd_shed(decode));
+        };
+        if self.pd.admission_wait.is_zero() {
+            return Err(self.pd_shed(decode));
+        }
+        let worker = lease.worker().clone();
+        let until = (Instant::now() + self.pd.admission_wait).min(ctx.admission.deadline);
+        let size = worker.running_window();
+        match worker
+            .decode_window
+            .enter(size, tier, rooms, Some(until))
+            .await
+        {
+            Ok((held, waited)) => {
+                if waited {
+                    self.metrics.pd_admission_waits.inc();
+                }
+                Ok((lease, held))
+            }
+            Err(_) => Err(self.pd_shed(decode)),
+        }
+    }
+
+    fn pd_shed(&self, decode: &Routed<'_>) -> GatewayError {
+        self.metrics.pd_admission_sheds.inc();
+        decode.shed()
+    }
+
+    /// Both legs at once; the decode leg's answer once the prefill leg ended well.
+    async fn pair(&self, pair: Pair<'_>, prefill: Lease, decode: Lease) -> Paired {
+        let decode_key = decode.worker().key;
+        let decoding = self.attempt(pair.decode.clone(), decode);
+        tokio::pin!(decoding);
+        let prefilling = self.prefill_leg(&pair.prefill, prefill);
+        tokio::pin!(prefilling);
+        let mut decoded: Option<Answer> = None;
+        let mut prefilled = false;
+        loop {
+            tokio::select! {
+                tried = &mut decoding, if decoded.is_none() => match tried {
+                    Tried::Answered(answer) if answer.response.status().is_success() && !prefilled => {
+                        decoded = Some(answer);
+                    }
+                    Tried::Answered(answer) => return Paired::Answered(answer),
+                    Tried::Final(error) => return Paired::Final(error),
+                    Tried::Retry(_, failure) => return Paired::RetryDecode(decode_key, failure),
+                },
+                (end, lease) = &mut prefilling, if !prefilled => {
+                    let failure = match end {
+                        LegEnd::Refused(response, sent_at) => {
+                            return Paired::Answered(Answer { response, lease, sent_at });
+                        }
+                        LegEnd::Done => {
+                            prefilled = true;
+                            match decoded.take() {
+                                Some(answer) => return Paired::Answered(answer),
+                                None => continue,
+                            }
+                        }
+                        LegEnd::Failed(failure) => failure,
+                        LegEnd::Silent => AttemptFailure::Unresponsive,
+                    };
+                    if self.may_retry(failure, &pair.prefill, &lease) {
+                        return Paired::RetryPrefill(lease.worker().key, failure);
+                    }
+                    return Paired::Final(GatewayError::UpstreamFailed {
+                        worker: lease.worker().id.clone(),
+                    });
+                },
+            }
+        }
+    }
+
+    /// The prefill leg: sent, its answer read to the end (its KV is across then). Silent past
+    /// its bound, or past the deadline, it ends as silent.
+    async fn prefill_leg(&self, at: &Attempt<'_>, mut lease: Lease) -> (LegEnd, Lease) {
+        let end = self.run_prefill_leg(at, &mut lease).await;
+        (end, lease)
+    }
+
+    async fn run_prefill_leg(&self, at: &Attempt<'_>, lease: &mut Lease) -> LegEnd {
+        let worker = lease.worker().clone();
+        lease.for_request(at.request_id);
+        lease.prefilling(at.job.routed.request.prompt_tokens);
+        let allowance = prefill_allowance(
+            worker.traffic.pending_prefill_tokens(),
+            worker.signals.heard().prefill_rate,
+        );
+        let sent_at = Instant::now();
+        let bound = leg_silence_bound(self.pd.wedge, allowance)
+            .map_or(at.deadline, |b| (sent_at + b).min(at.deadline));
+        let request = build_request(at, lease);
+        let leg = async {
+            let response: UpstreamResponse = self
+                .upstream
+                .send(&worker.endpoint, request)
+                .await
+                .map_err(|e| {
+                    worker.signals.transport_failure(Instant::now());
+                    if e.is_connect() {
+                        AttemptFailure::Connect
+                    } else {
+                        AttemptFailure::Dropped
+                    }
+                })?;
+            worker.signals.contact(Instant::now());
+            let status = response.status();
+            if status.is_client_error() && status.as_u16() != 429 {
+                return Ok(Some(response));
+            }
+            if !status.is_success() {
+                return Err(AttemptFailure::ServerError);
+            }
+            http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .map_err(|_| AttemptFailure::Dropped)?;
+            Ok(None)
+        };
+        match tokio::time::timeout_at(bound, leg).await {
+            Ok(Ok(Some(refused))) => {
+                lease.first_byte();
+                lease.settle(Outcome::Success);
+                LegEnd::Refused(refused, sent_at)
+            }
+            Ok(Ok(None)) => {
+                lease.first_byte_after(sent_at.elapsed());
+                lease.settle(Outcome::Success);
+                LegEnd::Done
+            }
+            Ok(Err(failure)) => {
+                lease.settle(Outcome::Failure);
+                self.count_upstream_error(lease, "prefill");
+                LegEnd::Failed(failure)
+            }
+            Err(_) => {
+                lease.settle(Outcome::Failure);
+                self.count_upstream_error(lease, "prefill_silent");
+                LegEnd::Silent
+            }
+        }
+    }
+}
+
+/// The two legs' attempts.
+struct Pair<'a> {
+    prefill: Attempt<'a>,
+    decode: Attempt<'a>,
+}
+
+/// How a pair ended.
+enum Paired {
+    Answered(Answer),
+    Final(GatewayError),
+    RetryPrefill(u64, AttemptFailure),
+    RetryDecode(u64, AttemptFailure),
+}
+
+/// The request's body with SGLang's bootstrap fields for `prefill`'s worker and a fresh room.
+fn with_bootstrap(body: &Bytes, prefill: &Lease) -> Result<Bytes, GatewayError> {
+    let worker = prefill.worker();
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|_| GatewayError::BodyUnreadable)?;
+    let port = match worker.role() {
+        Role::Prefill { bootstrap_port } => bootstrap_port,
+        _ => None,
+    };
+    let host = worker.endpoint.authority.host().trim_matches(['[', ']']);
+    object.insert("bootstrap_host".into(), host.into());
+    object.insert("bootstrap_port".into(), port.into());
+    // SGLang's rooms are non-negative 63-bit integers.
+    let room = rand::random::<u64>() >> 1;
+    object.insert("bootstrap_room".into(), room.into());
+    serde_json::to_vec(&object)
+        .map(Bytes::from)
+        .map_err(|_| GatewayError::BodyUnreadable)
+}
