@@ -186,6 +186,38 @@ async fn the_window_holds_the_next_request_until_a_room_frees_and_gives_it_to_th
 }
 
 #[tokio::test]
+async fn waiters_spread_over_the_decode_workers_whose_windows_are_full() {
+    let s = pd(1, sglang(), 2, one_slot_decode(), |_| {}).await;
+    let sized = |ws: &[Value]| {
+        ws.iter()
+            .filter(|w| w["role"] == "decode" && w["decode_window"]["size"] == 1)
+            .count()
+            == 2
+    };
+    s.until_workers("both windows reported", sized).await;
+    let _first = hold(&s, "first").await;
+    let _second = hold(&s, "second").await;
+    let s = Arc::new(s);
+    let waiters: Vec<_> = ["third", "fourth"]
+        .into_iter()
+        .map(|content| {
+            let s = s.clone();
+            tokio::spawn(async move { hold(&s, content).await })
+        })
+        .collect();
+    let each_one = |ws: &[Value]| {
+        ws.iter()
+            .filter(|w| w["role"] == "decode")
+            .all(|w| w["decode_window"]["waiting"] == 1 && w["decode_window"]["in_flight"] == 1)
+    };
+    s.until_workers("one waiter on each decode worker", each_one)
+        .await;
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
+#[tokio::test]
 async fn no_room_within_the_wait_is_shed_with_the_overload_answer() {
     let s = pd(1, sglang(), 1, one_slot_decode(), |c| {
         c.pd.admission_wait = Duration::from_millis(300);

@@ -34,6 +34,10 @@ pub enum ScenarioName {
     FrozenEngine,
     /// 0.5x C on 3 engines; one engine's steps take 4x longer for a while.
     SlowWorker,
+    /// A burst eight decode windows wide through 2 prefill and 2 decode engines (SGLang's
+    /// bootstrap protocol): sluice with its decode admission window, without it
+    /// (sluice-no-window), and SMG in PD mode; expired bootstraps, TTFT, goodput.
+    PdBurst,
     /// `sluice bench overhead` (instant engines, the gateway pinned to one core); --configs
     /// names its targets (direct, nginx, sluice, sluice-cache-aware, smg).
     Overhead,
@@ -52,6 +56,7 @@ impl ScenarioName {
             | ScenarioName::NoisyTenant
             | ScenarioName::Degradation
             | ScenarioName::Routing
+            | ScenarioName::PdBurst
             | ScenarioName::Overhead => None,
         }
     }
@@ -140,6 +145,20 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
             json: args.json,
         })
         .await;
+    }
+    if let ScenarioName::PdBurst = args.name {
+        std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+        let exe = std::env::current_exe().map_err(BenchError::Exe)?;
+        let report = crate::scenario::pd_burst(&crate::scenario::PdBurstPlan {
+            sluice_exe: exe,
+            out_dir: args.out.clone(),
+            time_scale: args.time_scale,
+            seed: args.seed,
+            configs: args.configs.clone(),
+        })
+        .await?;
+        print_report(args.json, &report, || report.table());
+        return Ok(());
     }
     let plan = plan(&args)?;
     std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;

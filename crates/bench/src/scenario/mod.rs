@@ -17,6 +17,7 @@ mod adaptive;
 mod degradation;
 mod fleet;
 mod noisy;
+mod pd_burst;
 mod plot;
 mod routing;
 mod sweep;
@@ -34,6 +35,7 @@ pub use degradation::{
 };
 pub use fleet::{EngineTotals, FleetShape, SimFleet};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants};
+pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
 pub use routing::{configs as routing_configs, routing, RoutingReport};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
 pub use tiered::{smg_priority_config, three_tiers, tiered_config, tiered_overload, TieredReport};
@@ -80,6 +82,8 @@ pub enum ScenarioError {
     Join(#[source] tokio::task::JoinError),
     #[error("cannot draw the plot: {0}")]
     Plot(String),
+    #[error("not a URL: {0}")]
+    Url(String),
 }
 
 /// How a scenario runs.

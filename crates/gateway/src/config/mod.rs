@@ -315,6 +315,7 @@ impl Settings {
             decode_policy,
             pd: crate::forward::PdConfig {
                 admission_wait: self.pd.admission_wait()?,
+                window: !self.pd.disable_pd_admission_window,
                 wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
             },
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),

@@ -55,6 +55,14 @@ pub struct PdSettings {
     #[serde(default = "default_wait")]
     #[arg(help_heading = "Prefill/decode disaggregation")]
     pub pd_admission_wait_secs: f64,
+
+    /// Do not gate decode workers by their running window (sluice's own flag): every
+    /// disaggregated request is dispatched at once, as SMG's HTTP router does. For comparisons;
+    /// a burst wider than the decode windows then expires prefill bootstraps.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Prefill/decode disaggregation")]
+    pub disable_pd_admission_window: bool,
 }
 
 fn default_wait() -> f64 {

@@ -40,6 +40,9 @@ pub struct PdConfig {
     pub admission_wait: Duration,
     /// `--worker-wedge-secs`: how long a prefill leg may be silent (0: no bound).
     pub wedge: Duration,
+    /// Gate decode workers by their running window (`--disable-pd-admission-window` turns it
+    /// off).
+    pub window: bool,
 }
 
 impl Default for PdConfig {
@@ -47,6 +50,7 @@ impl Default for PdConfig {
         Self {
             admission_wait: Duration::from_secs(30),
             wedge: Duration::from_secs(3),
+            window: true,
         }
     }
 }
@@ -109,7 +113,9 @@ impl Forwarder {
             };
             let retry = match self.pair(pair, prefill_lease, decode_lease).await {
                 Paired::Answered(mut answer) => {
-                    answer.lease.hold_rooms(rooms);
+                    if let Some(rooms) = rooms {
+                        answer.lease.hold_rooms(rooms);
+                    }
                     return Ok(answer);
                 }
                 Paired::Final(error) => return Err(error),
@@ -130,35 +136,43 @@ impl Forwarder {
     }
 
     /// A decode worker with rooms for the request: one with room now if the policy has one,
-    /// else the policy's pick once a room frees there.
+    /// else the policy's pick once a room frees there. No rooms when the window is off.
     async fn decode_with_room(
         &self,
         ctx: &RequestContext,
         decode: &Routed<'_>,
         tried: &[u64],
-    ) -> Result<(Lease, DecodeRooms), GatewayError> {
+    ) -> Result<(Lease, Option<DecodeRooms>), GatewayError> {
+        if !self.pd.window {
+            return Ok((decode.select(tried)?, None));
+        }
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         let rooms = decode.request.weight;
         let mut skipped = tried.to_vec();
-        let mut first_full: Option<Lease> = None;
+        let mut full: Vec<Lease> = Vec::new();
         loop {
             let lease = match decode.select(&skipped) {
                 Ok(lease) => lease,
-                Err(_) if first_full.is_some() => break,
+                Err(_) if !full.is_empty() => break,
                 Err(e) => return Err(e),
             };
             let worker = lease.worker().clone();
             let size = worker.running_window();
             match worker.decode_window.enter(size, tier, rooms, None).await {
-                Ok((held, _)) => return Ok((lease, held)),
+                Ok((held, _)) => return Ok((lease, Some(held))),
                 Err(NoRoom::TooWide { .. }) => return Err(self.pd_shed(decode)),
                 Err(NoRoom::Full) => {
                     skipped.push(worker.key);
-                    first_full.get_or_insert(lease);
+                    full.push(lease);
                 }
             }
         }
-        let Some(lease) = first_full else {
+        // Every window is full: wait where the fewest wait, so waiters spread over the workers
+        // (the policy's own order would send them all to the one it tries first).
+        let Some(lease) = full
+            .into_iter()
+            .min_by_key(|l| l.worker().decode_window.counts().1)
+        else {
             return Err(self.pd_shed(decode));
         };
         if self.pd.admission_wait.is_zero() {
@@ -176,7 +190,7 @@ impl Forwarder {
                 if waited {
                     self.metrics.pd_admission_waits.inc();
                 }
-                Ok((lease, held))
+                Ok((lease, Some(held)))
             }
             Err(_) => Err(self.pd_shed(decode)),
         }
