@@ -152,7 +152,7 @@ fn the_gateways_arguments_and_config_file_are_valid_settings() {
         .kubernetes
         .as_ref()
         .expect("workers found as pods");
-    assert_eq!(kubernetes.selector, "app=vllm");
+    assert_eq!(kubernetes.selectors[0].labels, "app=vllm");
     assert_eq!(kubernetes.namespace.as_deref(), Some("default"));
     assert_eq!(pod.service_account_name.as_deref(), Some("sluice"));
     let role: Role =

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::kube_api::FakeApi;
 use common::*;
-use sluice_gateway::control::discovery::{Cluster, KubeConfig, ModelFrom};
+use sluice_gateway::control::discovery::{Cluster, KubeConfig, ModelFrom, Selector};
+use sluice_gateway::fleet::WorkerType;
 
 /// One engine at each of 127.0.0.2 and 127.0.0.3, on the same port (as pods of one Deployment
 /// all serve on one).
@@ -47,7 +48,10 @@ async fn ready_pods_are_workers_through_dropped_watches_expired_versions_and_fla
     api.set("vllm-b", "127.0.0.3", false);
     let mut config = Config::local(&[]);
     config.discovery.kubernetes = Some(KubeConfig {
-        selector: "app=vllm".into(),
+        selectors: vec![Selector {
+            labels: "app=vllm".into(),
+            role: WorkerType::Regular,
+        }],
         port,
         namespace: Some("llm".into()),
         model_from: Some(ModelFrom::Label("model".into())),
@@ -108,4 +112,86 @@ async fn ready_pods_are_workers_through_dropped_watches_expired_versions_and_fla
     assert_eq!(view["discovery"][0]["source"], "kubernetes");
     assert!(view["discovery"][0]["error"].is_null(), "{view}");
     gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn prefill_and_decode_pods_are_found_by_their_selectors_and_serve_as_a_pair() {
+    let at = |last: u8, port: u16, role: sluice_sim::PdRole, bootstrap: u16| {
+        let mut engine = instant(Flavor::Sglang);
+        engine.pd_role = Some(role);
+        FleetConfig {
+            host: IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+            port,
+            bootstrap_port: bootstrap,
+            ..FleetConfig::local(1, engine)
+        }
+    };
+    let prefill = SimFleet::start(at(2, 0, sluice_sim::PdRole::Prefill, 0))
+        .await
+        .unwrap();
+    let port: u16 = prefill.urls()[0]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bootstrap = prefill.engines()[0].bootstrap_addr().unwrap().port();
+    let _decode = SimFleet::start(at(3, port, sluice_sim::PdRole::Decode, 0))
+        .await
+        .unwrap();
+    let api = FakeApi::start().await;
+    let labels = |role: &str| serde_json::json!({"app": "sglang", "role": role});
+    let annotations = serde_json::json!({"sglang.ai/bootstrap-port": bootstrap.to_string()});
+    api.set_labeled(
+        "prefill-0",
+        "127.0.0.2",
+        true,
+        labels("prefill"),
+        annotations,
+    );
+    api.set_labeled(
+        "decode-0",
+        "127.0.0.3",
+        true,
+        labels("decode"),
+        serde_json::json!({}),
+    );
+    api.set("unrelated", "127.0.0.4", true);
+    let selector = |labels: &str, role| Selector {
+        labels: labels.into(),
+        role,
+    };
+    let mut config = Config::local(&[]);
+    config.discovery.kubernetes = Some(KubeConfig {
+        selectors: vec![
+            selector("app=sglang,role=prefill", WorkerType::Prefill),
+            selector("app=sglang,role=decode", WorkerType::Decode),
+        ],
+        port,
+        namespace: Some("llm".into()),
+        model_from: None,
+        cluster: Cluster::At(api.url().parse().unwrap()),
+    });
+    let gateway = Gateway::start(config).await.unwrap();
+    let client = client();
+    let pair = |w: &[Value]| w.len() == 2 && all_ready(w);
+    let workers = until_workers(&gateway, &client, "the pair", pair).await;
+    let role_of = |url: &str| {
+        workers
+            .iter()
+            .find(|w| w["url"] == url)
+            .map(|w| (w["role"].clone(), w["spec"]["bootstrap_port"].clone()))
+            .unwrap()
+    };
+    assert_eq!(
+        role_of(&format!("http://127.0.0.2:{port}")),
+        ("prefill".into(), bootstrap.into())
+    );
+    assert_eq!(
+        role_of(&format!("http://127.0.0.3:{port}")),
+        ("decode".into(), Value::Null)
+    );
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = post(&client, &url, &chat_body("test-model", "hello", 4, false)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
 }

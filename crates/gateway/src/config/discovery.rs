@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use super::checks::{invalid, positive_seconds};
 use super::ConfigError;
 use crate::control::discovery::{
-    parse_target, Cluster, DiscoveryConfig, DnsConfig, FileConfig, KubeConfig, ModelFrom,
+    parse_target, Cluster, DiscoveryConfig, DnsConfig, FileConfig, KubeConfig, ModelFrom, Selector,
     SystemResolver,
 };
+use crate::fleet::WorkerType;
 
 /// Service-discovery flags (`sluice serve --help`, "Service discovery").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -58,6 +59,19 @@ pub struct DiscoverySettings {
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
     pub selector: Vec<String>,
+
+    /// With --pd-disaggregation: the prefill pods' labels. A pod's bootstrap port is read from
+    /// its `sglang.ai/bootstrap-port` annotation (none without one).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    #[serde(default)]
+    #[arg(help_heading = "Service discovery")]
+    pub prefill_selector: Vec<String>,
+
+    /// With --pd-disaggregation: the decode pods' labels.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    #[serde(default)]
+    #[arg(help_heading = "Service discovery")]
+    pub decode_selector: Vec<String>,
 
     /// The port every discovered pod serves on.
     #[arg(long, default_value_t = 80)]
@@ -142,20 +156,29 @@ impl DiscoverySettings {
         if !self.kubernetes() {
             return Ok(None);
         }
-        if self.selector.is_empty() {
+        let mut selectors = Vec::new();
+        for (flag, given, role) in [
+            ("selector", &self.selector, WorkerType::Regular),
+            (
+                "prefill-selector",
+                &self.prefill_selector,
+                WorkerType::Prefill,
+            ),
+            ("decode-selector", &self.decode_selector, WorkerType::Decode),
+        ] {
+            if !given.is_empty() {
+                selectors.push(Selector {
+                    labels: labels(flag, given)?,
+                    role,
+                });
+            }
+        }
+        if selectors.is_empty() {
             return Err(invalid(
                 "selector",
-                "Kubernetes discovery needs the pods' labels, e.g. --selector app=vllm",
+                "Kubernetes discovery needs the pods' labels, e.g. --selector app=vllm (or \
+                 --prefill-selector and --decode-selector)",
             ));
-        }
-        let mut labels = Vec::new();
-        for pair in self.selector.iter().flat_map(|s| s.split(',')) {
-            match pair.split_once('=') {
-                Some((k, v)) if !k.trim().is_empty() => {
-                    labels.push(format!("{}={}", k.trim(), v.trim()))
-                }
-                _ => return Err(invalid("selector", format!("'{pair}' is not KEY=VALUE"))),
-            }
         }
         if self.service_discovery_port == 0 {
             return Err(invalid("service-discovery-port", "must be a port, not 0"));
@@ -168,11 +191,25 @@ impl DiscoverySettings {
             None => None,
         };
         Ok(Some(KubeConfig {
-            selector: labels.join(","),
+            selectors,
             port: self.service_discovery_port,
             namespace: self.service_discovery_namespace.clone(),
             model_from,
             cluster: Cluster::Infer,
         }))
     }
+}
+
+/// `KEY=VALUE` pairs (several in one value, comma-separated) as a label selector.
+fn labels(flag: &'static str, given: &[String]) -> Result<String, ConfigError> {
+    let mut labels = Vec::new();
+    for pair in given.iter().flat_map(|s| s.split(',')) {
+        match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                labels.push(format!("{}={}", k.trim(), v.trim()))
+            }
+            _ => return Err(invalid(flag, format!("'{pair}' is not KEY=VALUE"))),
+        }
+    }
+    Ok(labels.join(","))
 }

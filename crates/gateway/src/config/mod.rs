@@ -304,6 +304,14 @@ impl Settings {
             })
             .collect::<Result<Vec<_>, _>>()?;
         workers.extend(self.pd.workers(self.default_worker_key())?);
+        let pd_selectors = !self.discovery.prefill_selector.is_empty()
+            || !self.discovery.decode_selector.is_empty();
+        if pd_selectors && !self.pd.pd_disaggregation {
+            return Err(invalid(
+                "prefill-selector",
+                "--prefill-selector and --decode-selector need --pd-disaggregation",
+            ));
+        }
         let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
         let breaker = self.resilience.breaker()?;

@@ -30,8 +30,6 @@ const EPD: &str =
     "sluice serves prefill/decode pairs (--pd-disaggregation) but not encode disaggregation: serve the encoder with the model";
 const PDQ: &str =
     "sluice bounds a disaggregated request's wait by the decode worker's running window (--pd-admission-wait-secs), not by a prefill queue; drop the flag";
-const PDSEL: &str =
-    "prefill/decode workers are not discovered through Kubernetes yet: name them with --prefill and --decode";
 const PHASH: &str =
     "belongs to the prefix_hash policy, which sluice does not have: --policy cache_aware routes by prompt prefix";
 const RL: &str = "sluice has no RL control plane; drop the flag";
@@ -132,8 +130,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--kv-connector-annotation", DISC),
     ("--kv-engine-id-annotation", DISC),
     ("--encode-selector", EPD),
-    ("--prefill-selector", PDSEL),
-    ("--decode-selector", PDSEL),
     ("--router-selector", MESH),
     (
         "--jemalloc-prof-dir",

@@ -3,7 +3,8 @@
 //! resource version streams newline-delimited `ADDED`, `MODIFIED` and `DELETED` events, and
 //! one from a version the server no longer keeps gets an `ERROR` event with a 410 `Expired`
 //! status, after which a client must list again. The test changes the pods, drops the watches,
-//! and expires the history, and can await a client's next watch.
+//! and expires the history, and can await a client's next watch. Equality label selectors
+//! (`k=v,k2=v2`) filter lists and watches.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,7 +27,8 @@ struct Pods {
     version: u64,
     /// Versions at or before this are gone from the history.
     expired_before: u64,
-    watches: Vec<mpsc::UnboundedSender<Value>>,
+    /// Open watches and the label selector each asked with.
+    watches: Vec<(String, mpsc::UnboundedSender<Value>)>,
 }
 
 pub struct FakeApi {
@@ -47,6 +49,24 @@ impl Drop for FakeApi {
 struct Shared {
     pods: Arc<Mutex<Pods>>,
     served: watch::Sender<(u64, u64, String)>,
+}
+
+/// Whether `pod`'s labels satisfy an equality selector (`k=v,k2=v2`; empty: every pod).
+fn selects(selector: &str, pod: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .all(|pair| match pair.split_once('=') {
+            Some((k, v)) => pod["metadata"]["labels"][k] == v,
+            None => false,
+        })
+}
+
+/// Sends `event` to the watches whose selector takes its pod; forgets closed ones.
+fn tell(watches: &mut Vec<(String, mpsc::UnboundedSender<Value>)>, event: &Value) {
+    watches.retain(|(selector, w)| {
+        !selects(selector, &event["object"]) || w.send(event.clone()).is_ok()
+    });
 }
 
 /// A pod of namespace `llm` at `ip`, Ready or not.
@@ -99,9 +119,29 @@ impl FakeApi {
 
     /// Adds or changes pod `name`, telling every open watch.
     pub fn set(&self, name: &str, ip: &str, ready: bool) {
+        self.set_labeled(
+            name,
+            ip,
+            ready,
+            json!({"app": "vllm", "model": "test-model"}),
+            json!({}),
+        );
+    }
+
+    /// `set` with these labels and annotations.
+    pub fn set_labeled(
+        &self,
+        name: &str,
+        ip: &str,
+        ready: bool,
+        labels: Value,
+        annotations: Value,
+    ) {
         let mut state = self.pods.lock();
         state.version += 1;
-        let pod = pod(name, ip, ready, state.version);
+        let mut pod = pod(name, ip, ready, state.version);
+        pod["metadata"]["labels"] = labels;
+        pod["metadata"]["annotations"] = annotations;
         let kind = if state.pods.contains_key(name) {
             "MODIFIED"
         } else {
@@ -109,7 +149,7 @@ impl FakeApi {
         };
         state.pods.insert(name.to_string(), pod.clone());
         let event = json!({"type": kind, "object": pod});
-        state.watches.retain(|w| w.send(event.clone()).is_ok());
+        tell(&mut state.watches, &event);
     }
 
     /// Deletes pod `name`, telling every open watch.
@@ -119,7 +159,7 @@ impl FakeApi {
         if let Some(mut pod) = state.pods.remove(name) {
             pod["metadata"]["resourceVersion"] = json!(state.version.to_string());
             let event = json!({"type": "DELETED", "object": pod});
-            state.watches.retain(|w| w.send(event.clone()).is_ok());
+            tell(&mut state.watches, &event);
         }
     }
 
@@ -168,9 +208,14 @@ async fn pods_route(
     if !watching {
         shared.served.send_modify(|(_, lists, s)| {
             *lists += 1;
-            *s = selector;
+            *s = selector.clone();
         });
-        let items: Vec<Value> = state.pods.values().cloned().collect();
+        let items: Vec<Value> = state
+            .pods
+            .values()
+            .filter(|pod| selects(&selector, pod))
+            .cloned()
+            .collect();
         let list = json!({
             "apiVersion": "v1",
             "kind": "PodList",
@@ -188,12 +233,12 @@ async fn pods_route(
         }});
         let _ = tx.send(gone);
     } else {
-        state.watches.push(tx);
+        state.watches.push((selector.clone(), tx));
     }
     drop(state);
     shared.served.send_modify(|(watches, _, s)| {
         *watches += 1;
-        *s = selector;
+        *s = selector.clone();
     });
     let lines = tokio_stream_of(rx).map(|event| {
         let mut line = serde_json::to_vec(&event).unwrap();

@@ -360,13 +360,98 @@ fn discovery_sources_are_checked() {
         "auto-recovery follows discovery"
     );
     let k8s = k8s.discovery.kubernetes.unwrap();
-    assert_eq!(k8s.selector, "app=vllm,tier=gpu");
+    assert_eq!(k8s.selectors.len(), 1);
+    assert_eq!(k8s.selectors[0].labels, "app=vllm,tier=gpu");
     assert_eq!(k8s.port, 80, "SMG's default port");
     assert_eq!(k8s.namespace.as_deref(), Some("llm"));
     assert_eq!(
         k8s.model_from,
         Some(crate::control::discovery::ModelFrom::Label("model".into()))
     );
+}
+
+#[test]
+fn prefill_workers_take_smgs_url_and_bootstrap_port_form() {
+    use crate::fleet::WorkerType;
+    let c = validated(&[
+        "--pd-disaggregation",
+        "--prefill",
+        "http://p:1",
+        "8998",
+        "--prefill",
+        "http://q:1",
+        "none",
+        "--prefill",
+        "http://r:1",
+        "--decode",
+        "http://d:1",
+        "--prefill-policy",
+        "round_robin",
+    ])
+    .unwrap();
+    let workers: Vec<(&str, WorkerType, Option<u16>)> = c
+        .workers
+        .iter()
+        .map(|w| (w.url.as_str(), w.worker_type, w.bootstrap_port))
+        .collect();
+    assert_eq!(
+        workers,
+        [
+            ("http://p:1", WorkerType::Prefill, Some(8998)),
+            ("http://q:1", WorkerType::Prefill, None),
+            ("http://r:1", WorkerType::Prefill, None),
+            ("http://d:1", WorkerType::Decode, None),
+        ]
+    );
+    assert_eq!(c.prefill_policy, sluice_core::policy::Policy::RoundRobin);
+    assert_eq!(c.pd.admission_wait, std::time::Duration::from_secs(30));
+    for (args, says) in [
+        (&["--prefill", "http://p:1"][..], "--pd-disaggregation"),
+        (
+            &["--pd-disaggregation", "--prefill", "8998"][..],
+            "URL [BOOTSTRAP_PORT|none]",
+        ),
+        (
+            &["--pd-disaggregation", "--prefill", "http://p:1", "0"][..],
+            "port 0",
+        ),
+    ] {
+        let e = validated(args).unwrap_err().to_string();
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn prefill_and_decode_selectors_give_each_side_its_role_and_need_pd_mode() {
+    use crate::fleet::WorkerType;
+    let pd = validated(&[
+        "--service-discovery",
+        "--pd-disaggregation",
+        "--prefill-selector",
+        "app=sglang",
+        "role=prefill",
+        "--decode-selector",
+        "app=sglang,role=decode",
+    ])
+    .unwrap();
+    let k8s = pd.discovery.kubernetes.unwrap();
+    let sides: Vec<(&str, WorkerType)> = k8s
+        .selectors
+        .iter()
+        .map(|s| (s.labels.as_str(), s.role))
+        .collect();
+    assert_eq!(
+        sides,
+        [
+            ("app=sglang,role=prefill", WorkerType::Prefill),
+            ("app=sglang,role=decode", WorkerType::Decode)
+        ]
+    );
+    let without = validated(&["--service-discovery", "--prefill-selector", "role=prefill"]);
+    assert!(without
+        .unwrap_err()
+        .to_string()
+        .contains("--pd-disaggregation"));
 }
 
 #[test]

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use axum::http::Uri;
 use futures_util::StreamExt;
@@ -20,7 +21,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::{Listing, Look, Source};
-use crate::fleet::{Origin, WorkerSpec};
+use crate::fleet::{Origin, WorkerSpec, WorkerType};
 
 /// Where a pod's model name comes from (`--model-id-from`, SMG's flag).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +60,9 @@ pub enum Cluster {
 /// `--service-discovery` and its settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeConfig {
-    /// `--selector`, as a label selector (`app=vllm,tier=gpu`).
-    pub selector: String,
+    /// `--selector`, `--prefill-selector`, `--decode-selector`: each a label selector
+    /// (`app=vllm,tier=gpu`) and the role of the pods it matches.
+    pub selectors: Vec<Selector>,
     /// `--service-discovery-port`: the port every pod serves on.
     pub port: u16,
     /// `--service-discovery-namespace`; every namespace when unset.
@@ -68,6 +70,16 @@ pub struct KubeConfig {
     pub model_from: Option<ModelFrom>,
     pub cluster: Cluster,
 }
+
+/// Pods by their labels, and what they are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selector {
+    pub labels: String,
+    pub role: WorkerType,
+}
+
+/// The annotation a prefill pod's bootstrap port is read from (SGLang's bootstrap server).
+pub const BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";
 
 /// Why the watch could not start.
 #[derive(Debug, thiserror::Error)]
@@ -78,8 +90,8 @@ pub enum KubeError {
     Client(#[from] kube::Error),
 }
 
-/// The worker a pod is now, if it is one.
-pub fn worker_of(pod: &Pod, config: &KubeConfig) -> Option<WorkerSpec> {
+/// The worker a pod matched by `role`'s selector is now, if it is one.
+pub fn worker_of(pod: &Pod, config: &KubeConfig, role: WorkerType) -> Option<WorkerSpec> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -101,20 +113,32 @@ pub fn worker_of(pod: &Pod, config: &KubeConfig) -> Option<WorkerSpec> {
         Some(ModelFrom::Label(key)) => pod.metadata.labels.as_ref()?.get(key).cloned(),
         Some(ModelFrom::Annotation(key)) => pod.metadata.annotations.as_ref()?.get(key).cloned(),
     };
+    spec.worker_type = role;
+    if role == WorkerType::Prefill {
+        spec.bootstrap_port = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(BOOTSTRAP_PORT_ANNOTATION))
+            .and_then(|p| p.trim().parse().ok())
+            .filter(|p: &u16| *p > 0);
+    }
     Some(spec)
 }
 
-/// The pods' listing, kept by a watch task.
+/// The pods' listing, kept by one watch task per selector.
 pub struct KubeSource {
     target: String,
-    listing: watch::Receiver<Listing>,
+    listings: Vec<watch::Receiver<Listing>>,
     error: watch::Receiver<Option<String>>,
-    task: AbortHandle,
+    tasks: Vec<AbortHandle>,
 }
 
 impl Drop for KubeSource {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -129,19 +153,39 @@ impl KubeSource {
             Some(ns) => Api::namespaced(client, ns),
             None => Api::all(client),
         };
+        let matched: Vec<String> = config
+            .selectors
+            .iter()
+            .map(|s| match s.role {
+                WorkerType::Regular => s.labels.clone(),
+                role => format!("{} ({})", s.labels, role.as_str()),
+            })
+            .collect();
         let target = format!(
             "pods {} in {}",
-            config.selector,
+            matched.join(" and "),
             config.namespace.as_deref().unwrap_or("every namespace")
         );
-        let (listing_tx, listing) = watch::channel(Listing::new());
         let (error_tx, error) = watch::channel(None);
-        let task = tokio::spawn(watch_pods(pods, config, listing_tx, error_tx)).abort_handle();
+        let error_tx = Arc::new(error_tx);
+        let (mut listings, mut tasks) = (Vec::new(), Vec::new());
+        for selector in config.selectors.clone() {
+            let (listing_tx, listing) = watch::channel(Listing::new());
+            let watching = watch_pods(
+                pods.clone(),
+                config.clone(),
+                selector,
+                listing_tx,
+                error_tx.clone(),
+            );
+            tasks.push(tokio::spawn(watching).abort_handle());
+            listings.push(listing);
+        }
         Ok(Self {
             target,
-            listing,
+            listings,
             error,
-            task,
+            tasks,
         })
     }
 }
@@ -151,10 +195,11 @@ impl KubeSource {
 async fn watch_pods(
     pods: Api<Pod>,
     config: KubeConfig,
+    selector: Selector,
     listing: watch::Sender<Listing>,
-    error: watch::Sender<Option<String>>,
+    error: Arc<watch::Sender<Option<String>>>,
 ) {
-    let watch_config = watcher::Config::default().labels(&config.selector);
+    let watch_config = watcher::Config::default().labels(&selector.labels);
     let mut events = watcher::watcher(pods, watch_config)
         .default_backoff()
         .boxed();
@@ -189,7 +234,7 @@ async fn watch_pods(
         if listed {
             let now: Listing = known
                 .values()
-                .filter_map(|pod| worker_of(pod, &config))
+                .filter_map(|pod| worker_of(pod, &config, selector.role))
                 .map(|spec| (spec.url.clone(), spec))
                 .collect();
             listing.send_if_modified(|before| {
@@ -217,8 +262,17 @@ impl Source for KubeSource {
     }
 
     async fn poll(&mut self, _asked: bool) -> Look {
-        if self.listing.has_changed().unwrap_or(false) {
-            return Look::Listed(self.listing.borrow_and_update().clone());
+        let changed = self
+            .listings
+            .iter()
+            .any(|l| l.has_changed().unwrap_or(false));
+        if changed {
+            // The union of every selector's pods (a pod two selectors match is the later one's).
+            let mut all = Listing::new();
+            for listing in &mut self.listings {
+                all.extend(listing.borrow_and_update().clone());
+            }
+            return Look::Listed(all);
         }
         if self.error.has_changed().unwrap_or(false) {
             if let Some(e) = self.error.borrow_and_update().clone() {
@@ -237,7 +291,10 @@ mod tests {
 
     fn config(model_from: Option<ModelFrom>) -> KubeConfig {
         KubeConfig {
-            selector: "app=vllm".into(),
+            selectors: vec![Selector {
+                labels: "app=vllm".into(),
+                role: WorkerType::Regular,
+            }],
             port: 8000,
             namespace: Some("llm".into()),
             model_from,
@@ -269,29 +326,48 @@ mod tests {
 
     #[test]
     fn a_ready_pod_with_an_ip_is_a_worker_on_the_discovery_port() {
-        let spec = worker_of(&pod(Some("10.1.2.3"), "True"), &config(None)).unwrap();
+        let spec = worker_of(
+            &pod(Some("10.1.2.3"), "True"),
+            &config(None),
+            WorkerType::Regular,
+        )
+        .unwrap();
         assert_eq!(spec.url, "http://10.1.2.3:8000");
         assert_eq!(spec.model_id, None);
-        let v6 = worker_of(&pod(Some("fd00::7"), "True"), &config(None)).unwrap();
+        let v6 = worker_of(
+            &pod(Some("fd00::7"), "True"),
+            &config(None),
+            WorkerType::Regular,
+        )
+        .unwrap();
         assert_eq!(v6.url, "http://[fd00::7]:8000");
     }
 
     #[test]
     fn a_pod_not_ready_without_an_ip_or_being_deleted_is_not() {
-        assert!(worker_of(&pod(Some("10.1.2.3"), "False"), &config(None)).is_none());
-        assert!(worker_of(&pod(None, "True"), &config(None)).is_none());
+        assert!(worker_of(
+            &pod(Some("10.1.2.3"), "False"),
+            &config(None),
+            WorkerType::Regular
+        )
+        .is_none());
+        assert!(worker_of(&pod(None, "True"), &config(None), WorkerType::Regular).is_none());
         let mut leaving = pod(Some("10.1.2.3"), "True");
         leaving.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert!(worker_of(&leaving, &config(None)).is_none());
+        assert!(worker_of(&leaving, &config(None), WorkerType::Regular).is_none());
     }
 
     #[test]
     fn the_model_comes_from_a_label_an_annotation_or_the_namespace() {
         let model = |from: &str| {
             let from = from.parse().unwrap();
-            worker_of(&pod(Some("10.1.2.3"), "True"), &config(Some(from)))
-                .unwrap()
-                .model_id
+            worker_of(
+                &pod(Some("10.1.2.3"), "True"),
+                &config(Some(from)),
+                WorkerType::Regular,
+            )
+            .unwrap()
+            .model_id
         };
         assert_eq!(model("label:model").as_deref(), Some("llama-3.1-8b"));
         assert_eq!(model("annotation:sluice/model").as_deref(), Some("m"));

@@ -37,7 +37,10 @@ use tracing::{debug, info, warn};
 
 pub use dns::{parse_target, DnsConfig, DnsSource, Resolve, SystemResolver};
 pub use file::{parse_listing, FileConfig, FileSource, ListingError};
-pub use kubernetes::{worker_of, Cluster, KubeConfig, KubeError, KubeSource, ModelFrom};
+pub use kubernetes::{
+    worker_of, Cluster, KubeConfig, KubeError, KubeSource, ModelFrom, Selector,
+    BOOTSTRAP_PORT_ANNOTATION,
+};
 
 use super::Control;
 use crate::error::GatewayError;

@@ -87,6 +87,16 @@ pub enum WorkerType {
     Decode,
 }
 
+impl WorkerType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerType::Regular => "regular",
+            WorkerType::Prefill => "prefill",
+            WorkerType::Decode => "decode",
+        }
+    }
+}
+
 fn is_regular(t: &WorkerType) -> bool {
     *t == WorkerType::Regular
 }
