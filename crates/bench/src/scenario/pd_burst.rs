@@ -182,32 +182,42 @@ impl Ports {
     }
 }
 
-async fn run_one(plan: &PdBurstPlan, config: &str) -> Result<PdBurstRow, ScenarioError> {
-    let ports = Ports::pick()?;
+/// One side's `sluice sim` command line: `ENGINES` SGLang engines of `role`.
+fn sim_argv(plan: &PdBurstPlan, role: &str, port: u16, control: u16) -> Vec<String> {
+    [
+        plan.sluice_exe.display().to_string(),
+        "sim".into(),
+        "--flavor".into(),
+        "sglang".into(),
+        "--model".into(),
+        MODEL.into(),
+        "--pd-role".into(),
+        role.into(),
+        "--engines".into(),
+        ENGINES.to_string(),
+        "--port".into(),
+        port.to_string(),
+        "--control-port".into(),
+        control.to_string(),
+        "--time-scale".into(),
+        plan.time_scale.to_string(),
+        "--seed".into(),
+        plan.seed.to_string(),
+        "--num-gpu-blocks".into(),
+        "4096".into(),
+    ]
+    .into()
+}
+
+/// Both sides' engines for `config`, serving.
+async fn start_engines(
+    plan: &PdBurstPlan,
+    config: &str,
+    ports: &Ports,
+    http: &HttpClient,
+) -> Result<(Proc, Proc), ScenarioError> {
     let sim = |name: &str, role: &str, port: u16, control: u16, extra: &[String]| {
-        let mut argv: Vec<String> = [
-            plan.sluice_exe.display().to_string(),
-            "sim".into(),
-            "--flavor".into(),
-            "sglang".into(),
-            "--model".into(),
-            MODEL.into(),
-            "--pd-role".into(),
-            role.into(),
-            "--engines".into(),
-            ENGINES.to_string(),
-            "--port".into(),
-            port.to_string(),
-            "--control-port".into(),
-            control.to_string(),
-            "--time-scale".into(),
-            plan.time_scale.to_string(),
-            "--seed".into(),
-            plan.seed.to_string(),
-            "--num-gpu-blocks".into(),
-            "4096".into(),
-        ]
-        .into();
+        let mut argv = sim_argv(plan, role, port, control);
         argv.extend(extra.iter().cloned());
         Proc::spawn(Launch {
             name: &format!("{config}-{name}"),
@@ -239,17 +249,23 @@ async fn run_one(plan: &PdBurstPlan, config: &str) -> Result<PdBurstRow, Scenari
         ports.decode_control,
         &decode_args,
     )?;
-    let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     for i in 0..ENGINES as u16 {
         until_ok(
-            &http,
+            http,
             &mut prefill,
             loopback(ports.prefill + i),
             "/v1/models",
         )
         .await?;
-        until_ok(&http, &mut decode, loopback(ports.decode + i), "/v1/models").await?;
+        until_ok(http, &mut decode, loopback(ports.decode + i), "/v1/models").await?;
     }
+    Ok((prefill, decode))
+}
+
+async fn run_one(plan: &PdBurstPlan, config: &str) -> Result<PdBurstRow, ScenarioError> {
+    let ports = Ports::pick()?;
+    let http: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let (prefill, decode) = start_engines(plan, config, &ports, &http).await?;
     let mut gateway = Proc::spawn(Launch {
         name: config,
         argv: &gateway_argv(plan, config, &ports),

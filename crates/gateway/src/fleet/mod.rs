@@ -16,6 +16,8 @@
 //!   tells), and `Lease`, a request's hold on it, which alone moves its counts.
 //! - `veto`, `signals`, `breaker` — per-worker facts: why it gets no new request, what the
 //!   gateway hears from it, its circuit.
+//! - `pool` — a model's workers as the request path reads them, and a disaggregated model's
+//!   prefill and decode sides.
 //! - `pd` — its role in prefill/decode disaggregation, and a decode worker's admission window.
 //! - `adaptive` — its adaptive concurrency limit and the latency samples it is learned from.
 //! - `atomic` — the typed cells those facts live in (an enum, an instant).
@@ -27,6 +29,7 @@ mod atomic;
 mod breaker;
 mod collector;
 mod pd;
+mod pool;
 mod signals;
 mod spec;
 mod traffic;
@@ -34,18 +37,14 @@ mod veto;
 mod worker;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::http::HeaderValue;
 use serde::Serialize;
-use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::breaker::BreakerConfig;
 use sluice_core::health::{HealthState, HealthTransition};
-use sluice_core::overload::Projection;
-use sluice_core::prefix::PrefixIndex;
 use sluice_core::{ModelName, WorkerId};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -57,6 +56,7 @@ pub use atomic::{AtomicEnum, AtomicInstant, Packed};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
 pub use pd::{DecodeRooms, DecodeWindow, NoRoom, Role};
+pub use pool::{PdPools, Pool, PoolState};
 pub use signals::{Heard, Signals};
 pub use spec::{
     AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
@@ -90,78 +90,6 @@ pub struct FleetSettings {
 /// hands back their handles; the fleet aborts them when the registration ends.
 pub trait Supervise: Send + Sync {
     fn supervise(self: Arc<Self>, fleet: &Arc<Fleet>, worker: &Arc<Worker>) -> Vec<AbortHandle>;
-}
-
-/// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
-/// index must not reset every time a worker comes or goes.
-#[derive(Debug)]
-pub struct PoolState {
-    pub ticket: AtomicU64,
-    pub prefix: parking_lot::Mutex<PrefixIndex>,
-}
-
-/// The workers of one model.
-#[derive(Debug, Clone)]
-pub struct Pool {
-    pub model: ModelName,
-    /// Every worker of the model, whatever its role.
-    pub workers: Vec<Arc<Worker>>,
-    pub state: Arc<PoolState>,
-    /// Set when the model is served disaggregated (some of its workers are prefill or decode
-    /// workers): its requests go to a pair, one of each.
-    pub pd: Option<Arc<PdPools>>,
-}
-
-/// A disaggregated model's prefill and decode workers, each a pool of its own (its own
-/// round-robin counter and prefix index, its own policy).
-#[derive(Debug)]
-pub struct PdPools {
-    pub prefill: Pool,
-    pub decode: Pool,
-}
-
-impl Pool {
-    /// Whether a request could go to one of its workers now without waiting: one is routable,
-    /// under its adaptive limit and under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
-    /// release many at once). The gateway queue holds requests while this is false. A
-    /// disaggregated model needs room on both sides.
-    pub fn has_room(&self) -> bool {
-        if let Some(pd) = &self.pd {
-            return pd.prefill.has_room() && pd.decode.has_room();
-        }
-        self.workers.iter().any(|w| {
-            w.is_routable() && !w.at_limit(1) && w.veto_class_by(Projection::Wary).is_none()
-        })
-    }
-
-    /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
-    /// its routable workers: the prompts waiting for prefill there, its own included, at the
-    /// prefill rate the gateway measured on that worker. `None` until a rate is measured.
-    pub fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
-        if let Some(pd) = &self.pd {
-            return pd.prefill.expected_ttft(prompt_tokens);
-        }
-        self.workers
-            .iter()
-            .filter(|w| w.is_routable())
-            .filter_map(|w| {
-                expected_ttft(
-                    w.traffic.pending_prefill_tokens(),
-                    prompt_tokens,
-                    w.signals.heard().prefill_rate,
-                )
-            })
-            .min()
-    }
-
-    /// The earliest moment one of its workers' at-capacity vetoes ends, the one change of room no
-    /// event announces.
-    pub fn next_room(&self) -> Option<Instant> {
-        self.workers
-            .iter()
-            .filter_map(|w| w.vetoes.at_capacity_until())
-            .min()
-    }
 }
 
 /// An immutable view of the fleet, swapped whole on every change.
@@ -533,7 +461,7 @@ impl Fleet {
             }
             for model in models {
                 let capacity = self.settings.prefix_capacity;
-                let state = pool_state(&mut registry.pools, capacity, &model, None);
+                let state = pool::pool_state(&mut registry.pools, capacity, &model, None);
                 pools
                     .entry(model.clone())
                     .or_insert_with(|| Pool {
@@ -547,7 +475,7 @@ impl Fleet {
             }
         }
         for pool in pools.values_mut() {
-            pool.pd = self.pd_pools(registry, pool);
+            pool.pd = pool::pd_pools(&mut registry.pools, self.settings.prefix_capacity, pool);
         }
         registry
             .pools
@@ -558,57 +486,6 @@ impl Fleet {
             unresolved,
         }));
         self.announce();
-    }
-}
-
-/// The lasting routing state of a model's pool (`role`: one side of a disaggregated model).
-fn pool_state(
-    pools: &mut HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
-    prefix_capacity: usize,
-    model: &ModelName,
-    role: Option<&'static str>,
-) -> Arc<PoolState> {
-    pools
-        .entry((model.clone(), role))
-        .or_insert_with(|| {
-            Arc::new(PoolState {
-                ticket: AtomicU64::new(0),
-                prefix: parking_lot::Mutex::new(PrefixIndex::new(prefix_capacity)),
-            })
-        })
-        .clone()
-}
-
-impl Fleet {
-    /// A model's prefill and decode pools, when some of its workers have those roles.
-    fn pd_pools(&self, registry: &mut Registry, pool: &Pool) -> Option<Arc<PdPools>> {
-        let of = |wanted: fn(Role) -> bool| -> Vec<Arc<Worker>> {
-            pool.workers
-                .iter()
-                .filter(|w| wanted(w.role()))
-                .cloned()
-                .collect()
-        };
-        let prefill = of(|r| matches!(r, Role::Prefill { .. }));
-        let decode = of(|r| r == Role::Decode);
-        if prefill.is_empty() && decode.is_empty() {
-            return None;
-        }
-        let side = |registry: &mut Registry, role, workers| Pool {
-            model: pool.model.clone(),
-            workers,
-            state: pool_state(
-                &mut registry.pools,
-                self.settings.prefix_capacity,
-                &pool.model,
-                Some(role),
-            ),
-            pd: None,
-        };
-        Some(Arc::new(PdPools {
-            prefill: side(registry, "prefill", prefill),
-            decode: side(registry, "decode", decode),
-        }))
     }
 }
 

@@ -109,12 +109,12 @@ impl Forwarder {
         job: Job<'_>,
     ) -> Result<Answer, GatewayError> {
         ctx.forwarding();
+        self.budget.deposit();
         if let Some((prefill, decode)) = job.routed.pd() {
             return self.forward_pd(ctx, &job, prefill, decode).await;
         }
         let deadline = ctx.admission.deadline;
         let timeout = deadline.saturating_duration_since(ctx.started);
-        self.budget.deposit();
         let mut tried: Vec<u64> = Vec::new();
         loop {
             let lease = job.routed.select(&tried)?;

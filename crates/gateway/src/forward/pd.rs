@@ -2,7 +2,7 @@
 //!
 //! The decode worker is chosen first, and must have room in its running window (seed 000):
 //! among the decode workers the policy would take, one with room is taken; when every one is
-//! full the request waits for the policy's pick, up to `--pd-admission-wait-secs`, and a room
+//! full the request waits where the fewest wait, up to `--pd-admission-wait-secs`, and a room
 //! that frees goes to the most urgent tier's longest waiter; no room in time, or a request wider
 //! than the window, is shed with the overload answer. Then a prefill worker; both get the request
 //! with the same `bootstrap_host`, `bootstrap_port` (the prefill's bootstrap server) and a fresh
@@ -77,7 +77,6 @@ impl Forwarder {
         decode: Routed<'_>,
     ) -> Result<Answer, GatewayError> {
         let deadline = ctx.admission.deadline;
-        let timeout = deadline.saturating_duration_since(ctx.started);
         let mut tried_prefill: Vec<u64> = Vec::new();
         let mut tried_decode: Vec<u64> = Vec::new();
         loop {
@@ -97,19 +96,9 @@ impl Forwarder {
                 routed: &prefill,
             };
             let attempts = ctx.attempts();
-            let at = |job, tried| Attempt {
-                job,
-                request_id: &ctx.id,
-                attempts,
-                tried,
-                deadline,
-                timeout,
-                client_deadline: ctx.admission.client_deadline,
-                by_client: ctx.admission.cut_by_client(),
-            };
             let pair = Pair {
-                prefill: at(&prefill_job, &tried_prefill),
-                decode: at(&decode_job, &tried_decode),
+                prefill: attempt_of(ctx, &prefill_job, &tried_prefill),
+                decode: attempt_of(ctx, &decode_job, &tried_decode),
             };
             let retry = match self.pair(pair, prefill_lease, decode_lease).await {
                 Paired::Answered(mut answer) => {
@@ -136,7 +125,8 @@ impl Forwarder {
     }
 
     /// A decode worker with rooms for the request: one with room now if the policy has one,
-    /// else the policy's pick once a room frees there. No rooms when the window is off.
+    /// else, once a room frees there, the full one where the fewest wait. No rooms when the
+    /// window is off.
     async fn decode_with_room(
         &self,
         ctx: &RequestContext,
@@ -313,6 +303,21 @@ impl Forwarder {
                 LegEnd::Silent
             }
         }
+    }
+}
+
+/// One leg's attempt of the request in `ctx`.
+fn attempt_of<'a>(ctx: &'a RequestContext, job: &'a Job<'a>, tried: &'a [u64]) -> Attempt<'a> {
+    let deadline = ctx.admission.deadline;
+    Attempt {
+        job,
+        request_id: &ctx.id,
+        attempts: ctx.attempts(),
+        tried,
+        deadline,
+        timeout: deadline.saturating_duration_since(ctx.started),
+        client_deadline: ctx.admission.client_deadline,
+        by_client: ctx.admission.cut_by_client(),
     }
 }
 

@@ -1,0 +1,135 @@
+//! The workers of one model as the request path reads them (a pool), and the routing state
+//! that outlives snapshots; a disaggregated model's prefill and decode sides are pools too.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::admission::deadline::expected_ttft;
+use sluice_core::overload::Projection;
+use sluice_core::prefix::PrefixIndex;
+use sluice_core::ModelName;
+use tokio::time::Instant;
+
+use super::pd::Role;
+use super::worker::Worker;
+
+/// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
+/// index must not reset every time a worker comes or goes.
+#[derive(Debug)]
+pub struct PoolState {
+    pub ticket: AtomicU64,
+    pub prefix: parking_lot::Mutex<PrefixIndex>,
+}
+
+/// The workers of one model.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub model: ModelName,
+    /// Every worker of the model, whatever its role.
+    pub workers: Vec<Arc<Worker>>,
+    pub state: Arc<PoolState>,
+    /// Set when the model is served disaggregated (some of its workers are prefill or decode
+    /// workers): its requests go to a pair, one of each.
+    pub pd: Option<Arc<PdPools>>,
+}
+
+/// A disaggregated model's prefill and decode workers, each a pool of its own (its own
+/// round-robin counter and prefix index, its own policy).
+#[derive(Debug)]
+pub struct PdPools {
+    pub prefill: Pool,
+    pub decode: Pool,
+}
+
+impl Pool {
+    /// Whether a request could go to one of its workers now without waiting: one is routable,
+    /// under its adaptive limit and under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
+    /// release many at once). The gateway queue holds requests while this is false. A
+    /// disaggregated model needs room on both sides.
+    pub fn has_room(&self) -> bool {
+        if let Some(pd) = &self.pd {
+            return pd.prefill.has_room() && pd.decode.has_room();
+        }
+        self.workers.iter().any(|w| {
+            w.is_routable() && !w.at_limit(1) && w.veto_class_by(Projection::Wary).is_none()
+        })
+    }
+
+    /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
+    /// its routable workers: the prompts waiting for prefill there, its own included, at the
+    /// prefill rate the gateway measured on that worker. `None` until a rate is measured.
+    pub fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
+        if let Some(pd) = &self.pd {
+            return pd.prefill.expected_ttft(prompt_tokens);
+        }
+        self.workers
+            .iter()
+            .filter(|w| w.is_routable())
+            .filter_map(|w| {
+                expected_ttft(
+                    w.traffic.pending_prefill_tokens(),
+                    prompt_tokens,
+                    w.signals.heard().prefill_rate,
+                )
+            })
+            .min()
+    }
+
+    /// The earliest moment one of its workers' at-capacity vetoes ends, the one change of room no
+    /// event announces.
+    pub fn next_room(&self) -> Option<Instant> {
+        self.workers
+            .iter()
+            .filter_map(|w| w.vetoes.at_capacity_until())
+            .min()
+    }
+}
+
+/// The lasting routing state of a model's pool (`role`: one side of a disaggregated model).
+pub(super) fn pool_state(
+    pools: &mut HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
+    prefix_capacity: usize,
+    model: &ModelName,
+    role: Option<&'static str>,
+) -> Arc<PoolState> {
+    pools
+        .entry((model.clone(), role))
+        .or_insert_with(|| {
+            Arc::new(PoolState {
+                ticket: AtomicU64::new(0),
+                prefix: parking_lot::Mutex::new(PrefixIndex::new(prefix_capacity)),
+            })
+        })
+        .clone()
+}
+
+/// A model's prefill and decode pools, when some of its workers have those roles.
+pub(super) fn pd_pools(
+    pools: &mut HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
+    prefix_capacity: usize,
+    pool: &Pool,
+) -> Option<Arc<PdPools>> {
+    let of = |wanted: fn(Role) -> bool| -> Vec<Arc<Worker>> {
+        pool.workers
+            .iter()
+            .filter(|w| wanted(w.role()))
+            .cloned()
+            .collect()
+    };
+    let prefill = of(|r| matches!(r, Role::Prefill { .. }));
+    let decode = of(|r| r == Role::Decode);
+    if prefill.is_empty() && decode.is_empty() {
+        return None;
+    }
+    let mut side = |role, workers| Pool {
+        model: pool.model.clone(),
+        workers,
+        state: pool_state(pools, prefix_capacity, &pool.model, Some(role)),
+        pd: None,
+    };
+    let prefill = side("prefill", prefill);
+    let decode = side("decode", decode);
+    Some(Arc::new(PdPools { prefill, decode }))
+}
