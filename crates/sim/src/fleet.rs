@@ -250,7 +250,8 @@ impl EngineSlot {
             self.faults.subscribe(),
             self.changed.clone(),
         ));
-        let router = api::router(Arc::new(ApiState::new(engine.clone())));
+        let state = ApiState::new(engine.clone()).with_bootstrap(self.bootstrap);
+        let router = api::router(Arc::new(state));
         let (kill, killed) = watch::channel(false);
         let bootstrap = match (bootstrap, engine.disagg()) {
             (Some(listener), Some(Disagg::Prefill(rooms))) => Some(tokio::spawn(server::serve(

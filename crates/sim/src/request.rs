@@ -114,6 +114,24 @@ struct Body {
     bootstrap_port: Option<u16>,
     #[serde(default)]
     bootstrap_room: Option<u64>,
+    #[serde(default)]
+    kv_transfer_params: Option<KvTransferParams>,
+}
+
+/// vLLM's `kv_transfer_params` as its disaggregated proxy sends them: to the prefill engine
+/// `do_remote_decode`, to the decode engine `do_remote_prefill` with where the KV waits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct KvTransferParams {
+    #[serde(default)]
+    pub do_remote_decode: bool,
+    #[serde(default)]
+    pub do_remote_prefill: bool,
+    #[serde(default)]
+    pub remote_host: Option<String>,
+    #[serde(default)]
+    pub remote_port: Option<u16>,
+    #[serde(default)]
+    pub remote_request_id: Option<String>,
 }
 
 /// One prompt of a request: its size, its token ids and a fingerprint of its content.
@@ -148,6 +166,8 @@ pub struct GenerationRequest {
     pub bootstrap_host: Option<String>,
     pub bootstrap_port: Option<u16>,
     pub bootstrap_room: Option<u64>,
+    /// vLLM's disaggregation fields.
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 /// FNV-1a: a stable fingerprint, so answer lengths do not change between builds.
@@ -294,6 +314,7 @@ impl GenerationRequest {
             bootstrap_host: body.bootstrap_host,
             bootstrap_port: body.bootstrap_port,
             bootstrap_room: body.bootstrap_room,
+            kv_transfer_params: body.kv_transfer_params,
         })
     }
 

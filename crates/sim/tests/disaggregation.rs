@@ -181,3 +181,33 @@ async fn a_decode_half_whose_client_leaves_aborts_the_prefill_computing_for_it()
     assert_eq!(p.running, 0);
     decode.until(|s| s.aborted == 1).await;
 }
+
+#[tokio::test]
+async fn vllms_exchange_prefills_first_and_the_decode_engine_pulls_what_its_answer_names() {
+    let fleet = pair(instant(Flavor::Vllm), instant(Flavor::Vllm)).await;
+    let c = client();
+    let asked = json!({"model": "test-model", "prompt": "x".repeat(4000), "max_tokens": 9,
+                       "ignore_eos": true});
+    let mut to_prefill = asked.clone();
+    to_prefill["max_tokens"] = json!(1);
+    to_prefill["kv_transfer_params"] =
+        json!({"do_remote_decode": true, "do_remote_prefill": false});
+    let prefill_url = format!("{}/v1/completions", fleet.engine(0).unwrap().url());
+    let prefilled = post(&c, &prefill_url, &to_prefill.to_string()).await;
+    assert_eq!(prefilled.status, 200, "{}", prefilled.text());
+    let handed = prefilled.json()["kv_transfer_params"].clone();
+    assert_eq!(handed["do_remote_prefill"], true, "{handed}");
+    let bootstrap = fleet.engine(0).unwrap().bootstrap_addr().unwrap();
+    assert_eq!(handed["remote_port"], bootstrap.port());
+
+    let mut to_decode = asked;
+    to_decode["kv_transfer_params"] = handed;
+    let decode_url = format!("{}/v1/completions", fleet.engine(1).unwrap().url());
+    let decoded = post(&c, &decode_url, &to_decode.to_string()).await;
+    assert_eq!(decoded.status, 200, "{}", decoded.text());
+    assert_eq!(decoded.json()["usage"]["completion_tokens"], 9);
+    assert_eq!(fleet.engine(1).unwrap().state().prompt_tokens_computed, 1);
+    // The room is the engine's: pulled twice, the second finds it taken.
+    let again = post(&c, &decode_url, &to_decode.to_string()).await;
+    assert_eq!(again.status, 500, "{}", again.text());
+}

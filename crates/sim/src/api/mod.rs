@@ -45,6 +45,8 @@ pub struct ApiState {
     responses: AtomicU64,
     /// Decides which requests the `error-rate` fault fails, reproducibly from the seed.
     error_rng: parking_lot::Mutex<rand::rngs::StdRng>,
+    /// A prefill engine's bootstrap server, named in vLLM's `kv_transfer_params`.
+    bootstrap: Option<std::net::SocketAddr>,
 }
 
 impl ApiState {
@@ -59,7 +61,14 @@ impl ApiState {
             created,
             responses: AtomicU64::new(0),
             error_rng: parking_lot::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            bootstrap: None,
         }
+    }
+
+    /// With the address of the engine's bootstrap server (a prefill engine).
+    pub fn with_bootstrap(mut self, bootstrap: Option<std::net::SocketAddr>) -> Self {
+        self.bootstrap = bootstrap;
+        self
     }
 
     fn response_id(&self, route: Route) -> String {

@@ -58,13 +58,12 @@ pub(super) async fn decode_half(
     request: &GenerationRequest,
     choices: &mut [SeqSpec],
 ) -> Result<OwnedSemaphorePermit, ApiError> {
-    let (Some(host), Some(port), Some(room)) = (
-        request.bootstrap_host.clone(),
-        request.bootstrap_port,
-        request.bootstrap_room,
-    ) else {
+    let Some(at) = bootstrap_of(request) else {
         return Err(ApiError::BadRequest(
-            "a decode server needs bootstrap_host, bootstrap_port and bootstrap_room".into(),
+            "a decode server needs bootstrap_host, bootstrap_port and bootstrap_room (SGLang), \
+             or kv_transfer_params with do_remote_prefill, remote_host, remote_port and \
+             remote_request_id (vLLM)"
+                .into(),
         ));
     };
     let pending = AbortedIfDropped::new(st);
@@ -76,7 +75,7 @@ pub(super) async fn decode_half(
         ))
     })?;
     st.engine.notify_changed();
-    if let Err(why) = side.claim(&Bootstrap { host, port, room }).await {
+    if let Err(why) = side.claim(&at).await {
         let totals = st.engine.totals();
         totals.transfer_failures.fetch_add(1, Ordering::Relaxed);
         pending.disarm();
@@ -87,6 +86,26 @@ pub(super) async fn decode_half(
         choice.preloaded = choice.prompt_tokens;
     }
     Ok(permit)
+}
+
+/// Where the decode half's KV waits: SGLang's bootstrap fields, or vLLM's `kv_transfer_params`.
+fn bootstrap_of(request: &GenerationRequest) -> Option<Bootstrap> {
+    if let Some(kv) = request
+        .kv_transfer_params
+        .as_ref()
+        .filter(|p| p.do_remote_prefill)
+    {
+        return Some(Bootstrap {
+            host: kv.remote_host.clone()?,
+            port: kv.remote_port?,
+            room: kv.remote_request_id.as_deref()?.parse().ok()?,
+        });
+    }
+    Some(Bootstrap {
+        host: request.bootstrap_host.clone()?,
+        port: request.bootstrap_port?,
+        room: request.bootstrap_room?,
+    })
 }
 
 /// The prefill half, whole: wait for the claim, compute, answer with the first token.
@@ -102,18 +121,34 @@ pub(super) async fn prefill(
         Ok(checked) => checked,
         Err(error) => return refuse(st, error),
     };
-    let Some(room) = request.bootstrap_room else {
-        return refuse(
-            st,
-            ApiError::BadRequest("a prefill server needs bootstrap_room".into()),
-        );
-    };
+    // vLLM's way: the KV is computed first and waits in a room of the engine's own naming for
+    // the decode engine to pull it. SGLang's: the room is the gateway's, and the prefill starts
+    // once the decode engine has claimed it.
+    let vllm = request
+        .kv_transfer_params
+        .as_ref()
+        .is_some_and(|p| p.do_remote_decode);
+    let room =
+        match (vllm, request.bootstrap_room) {
+            (true, _) => rooms.fresh(),
+            (false, Some(room)) => room,
+            (false, None) => return refuse(
+                st,
+                ApiError::BadRequest(
+                    "a prefill server needs bootstrap_room (SGLang) or kv_transfer_params with \
+                     do_remote_decode (vLLM)"
+                        .into(),
+                ),
+            ),
+        };
     let leg = match rooms.land(room) {
         Ok(leg) => leg,
         Err(why) => return refuse(st, ApiError::Disaggregation(why)),
     };
     let pending = AbortedIfDropped::new(st);
-    if let Err(why) = leg.claimed().await {
+    if vllm {
+        // Nothing to wait for before computing.
+    } else if let Err(why) = leg.claimed().await {
         if why == Failure::BootstrapTimeout {
             let totals = st.engine.totals();
             totals.bootstrap_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -146,7 +181,24 @@ pub(super) async fn prefill(
         return refuse(st, ApiError::Internal);
     }
     leg.done();
-    answer(st, route, &request, choices.len())
+    let handed = vllm.then(|| kv_handed(st, room, &request));
+    answer(st, route, &request, choices.len(), handed)
+}
+
+/// vLLM's `kv_transfer_params` in a prefill's answer: where the decode engine pulls the KV.
+fn kv_handed(st: &ApiState, room: u64, request: &GenerationRequest) -> serde_json::Value {
+    let cfg = st.engine.config();
+    let blocks = request.longest_prompt().div_ceil(cfg.block_size.max(1));
+    serde_json::json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_engine_id": format!("sim-{}", st.created),
+        "remote_block_ids": (0..blocks).collect::<Vec<u32>>(),
+        "remote_host": st.bootstrap.map(|a| a.ip().to_string()),
+        "remote_port": st.bootstrap.map(|a| a.port()),
+        "remote_request_id": room.to_string(),
+        "tp_size": 1,
+    })
 }
 
 /// Waits until every choice has its one token; false if the engine went away.
@@ -163,7 +215,13 @@ async fn first_tokens(submission: &mut Submission, choices: usize) -> bool {
 }
 
 /// The prefill's answer: each choice's first token, as JSON or as a whole SSE stream.
-fn answer(st: &ApiState, route: Route, request: &GenerationRequest, choices: usize) -> Response {
+fn answer(
+    st: &ApiState,
+    route: Route,
+    request: &GenerationRequest,
+    choices: usize,
+    kv: Option<serde_json::Value>,
+) -> Response {
     let flavor = st.engine.config().flavor;
     let renderer = Renderer::new(
         route,
@@ -182,7 +240,11 @@ fn answer(st: &ApiState, route: Route, request: &GenerationRequest, choices: usi
     };
     if !request.stream {
         let results = vec![(1, FinishReason::Length); choices];
-        return axum::Json(renderer.complete(&results, usage)).into_response();
+        let mut body = renderer.complete(&results, usage);
+        if let Some(kv) = kv {
+            body["kv_transfer_params"] = kv;
+        }
+        return axum::Json(body).into_response();
     }
     let mut out = String::new();
     for choice in 0..choices as u32 {

@@ -88,6 +88,9 @@ pub struct Rooms {
     ended: parking_lot::Mutex<VecDeque<(Instant, u64)>>,
     /// The bootstrap deadline in host time (engine time over the time scale).
     deadline: Duration,
+    /// The next room of the engine's own naming (vLLM's requests), above any gateway's 63-bit
+    /// room.
+    next: std::sync::atomic::AtomicU64,
 }
 
 impl Rooms {
@@ -96,7 +99,13 @@ impl Rooms {
             rooms: parking_lot::Mutex::default(),
             ended: parking_lot::Mutex::default(),
             deadline,
+            next: std::sync::atomic::AtomicU64::new(1 << 63),
         }
+    }
+
+    /// A room no gateway names (for a vLLM prefill, whose answer tells the decode engine).
+    pub fn fresh(&self) -> u64 {
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Rooms known now (open or recently ended).
