@@ -316,3 +316,29 @@ async fn a_frozen_prefill_fails_over_to_a_new_pair_within_the_wedge_bound() {
         .await;
     assert_eq!(retried, Some(frozen.requests_received as f64));
 }
+
+#[tokio::test]
+async fn vllm_workers_get_the_prefill_first_and_the_decode_leg_what_it_answered() {
+    let s = pd(1, instant(Flavor::Vllm), 1, instant(Flavor::Vllm), |_| {}).await;
+    let streamed = s.chat(&exact(&"hi ".repeat(200), 12, true)).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    assert_eq!(content_tokens(&streamed), 12, "{}", streamed.text());
+    let (prefill, decode) = (s.sims.engines()[0].state(), s.sims.engines()[1].state());
+    assert_eq!(
+        prefill.tokens_generated, 1,
+        "the prefill was asked for one token"
+    );
+    assert!(prefill.prompt_tokens_computed > 150);
+    assert_eq!(
+        decode.prompt_tokens_computed, 1,
+        "the decode engine pulled the KV"
+    );
+    assert_eq!(decode.tokens_generated, 12);
+    let refused = s.chat(&exact("hello", 40_000, false)).await;
+    assert_eq!(
+        refused.status,
+        400,
+        "the engines' own answer: {}",
+        refused.text()
+    );
+}

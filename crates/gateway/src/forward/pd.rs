@@ -1,4 +1,6 @@
-//! Forwarding a request of a disaggregated model: a prefill and a decode worker, SGLang's way.
+//! Forwarding a request of a disaggregated model: a prefill and a decode worker, SGLang's way,
+//! or vLLM's when the prefill worker is a vLLM engine (`Exchange`: the prefill leg first, asking
+//! one token with `kv_transfer_params`, then the decode leg with what it answered).
 //!
 //! The decode worker is chosen first, and must have room in its running window (seed 000):
 //! among the decode workers the policy would take, one with room is taken; when every one is
@@ -57,8 +59,9 @@ impl Default for PdConfig {
 
 /// How a prefill leg ended.
 enum LegEnd {
-    /// The prompt is computed and its KV handed over.
-    Done,
+    /// The prompt is computed and its KV handed over (or, with vLLM, waits to be pulled as the
+    /// answer says).
+    Done(Bytes),
     /// The prefill worker refused the request itself (a 4xx but 429): the client's answer, as
     /// the decode worker would give it too.
     Refused(UpstreamResponse, Instant),
@@ -84,15 +87,22 @@ impl Forwarder {
             let prefill_lease = prefill.select(&tried_prefill)?;
             ctx.admission.has_worker();
             ctx.attempt(&decode_lease.worker().id);
-            let body = with_bootstrap(job.body, &prefill_lease)?;
+            let exchange = Exchange::of(&prefill_lease);
+            let prefill_body = exchange.prefill_body(job.body, &prefill_lease)?;
+            // SGLang's legs carry the same body; vLLM's decode leg gets the client's, and what
+            // the prefill answered.
+            let decode_body = match exchange {
+                Exchange::Sglang => &prefill_body,
+                Exchange::Vllm => job.body,
+            };
             let decode_job = Job {
                 parts: job.parts,
-                body: &body,
+                body: decode_body,
                 routed: &decode,
             };
             let prefill_job = Job {
                 parts: job.parts,
-                body: &body,
+                body: &prefill_body,
                 routed: &prefill,
             };
             let attempts = ctx.attempts();
@@ -100,24 +110,14 @@ impl Forwarder {
                 prefill: attempt_of(ctx, &prefill_job, &tried_prefill),
                 decode: attempt_of(ctx, &decode_job, &tried_decode),
             };
-            let retry = match self.pair(pair, prefill_lease, decode_lease).await {
-                Paired::Answered(mut answer) => {
-                    if let Some(rooms) = rooms {
-                        answer.lease.hold_rooms(rooms);
-                    }
-                    return Ok(answer);
-                }
-                Paired::Final(error) => return Err(error),
-                Paired::RetryPrefill(key, failure) => {
-                    tried_prefill.push(key);
-                    failure
-                }
-                Paired::RetryDecode(key, failure) => {
-                    tried_decode.push(key);
-                    failure
-                }
+            let paired = match exchange {
+                Exchange::Sglang => self.pair(pair, prefill_lease, decode_lease).await,
+                Exchange::Vllm => self.pair_vllm(pair, prefill_lease, decode_lease).await,
             };
-            drop(rooms);
+            let retry = match paired.settle(rooms, &mut tried_prefill, &mut tried_decode) {
+                Ok(ended) => return ended,
+                Err(failure) => failure,
+            };
             self.count_retry(retry);
             let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
             tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
@@ -210,30 +210,78 @@ impl Forwarder {
                     Tried::Final(error) => return Paired::Final(error),
                     Tried::Retry(_, failure) => return Paired::RetryDecode(decode_key, failure),
                 },
-                (end, lease) = &mut prefilling, if !prefilled => {
-                    let failure = match end {
-                        LegEnd::Refused(response, sent_at) => {
-                            return Paired::Answered(Answer { response, lease, sent_at });
+                (end, lease) = &mut prefilling, if !prefilled => match end {
+                    LegEnd::Done(_) => {
+                        prefilled = true;
+                        if let Some(answer) = decoded.take() {
+                            return Paired::Answered(answer);
                         }
-                        LegEnd::Done => {
-                            prefilled = true;
-                            match decoded.take() {
-                                Some(answer) => return Paired::Answered(answer),
-                                None => continue,
-                            }
-                        }
-                        LegEnd::Failed(failure) => failure,
-                        LegEnd::Silent => AttemptFailure::Unresponsive,
-                    };
-                    if self.may_retry(failure, &pair.prefill, &lease) {
-                        return Paired::RetryPrefill(lease.worker().key, failure);
                     }
-                    return Paired::Final(GatewayError::UpstreamFailed {
-                        worker: lease.worker().id.clone(),
-                    });
+                    end => return self.prefill_ended(&pair.prefill, lease, end),
                 },
             }
         }
+    }
+
+    /// vLLM's exchange: the prefill leg first (one token, `do_remote_decode`), then the decode
+    /// leg with the `kv_transfer_params` the prefill answered, naming where the KV waits.
+    async fn pair_vllm(&self, pair: Pair<'_>, prefill: Lease, decode: Lease) -> Paired {
+        let decode_key = decode.worker().key;
+        let (end, lease) = self.prefill_leg(&pair.prefill, prefill).await;
+        let LegEnd::Done(answered) = end else {
+            return self.prefill_ended(&pair.prefill, lease, end);
+        };
+        let handed = serde_json::from_slice::<serde_json::Value>(&answered)
+            .ok()
+            .map(|mut v| v["kv_transfer_params"].take())
+            .filter(serde_json::Value::is_object);
+        let original = pair.decode.job.body;
+        let Some(body) =
+            handed.and_then(|kv| with_fields(original, [("kv_transfer_params", Some(kv))]))
+        else {
+            // A prefill answer without its KV's whereabouts: this worker does not speak the
+            // exchange.
+            return Paired::Final(GatewayError::UpstreamFailed {
+                worker: lease.worker().id.clone(),
+            });
+        };
+        drop(lease);
+        let job = Job {
+            parts: pair.decode.job.parts,
+            body: &body,
+            routed: pair.decode.job.routed,
+        };
+        let at = Attempt {
+            job: &job,
+            ..pair.decode.clone()
+        };
+        match self.attempt(at, decode).await {
+            Tried::Answered(answer) => Paired::Answered(answer),
+            Tried::Final(error) => Paired::Final(error),
+            Tried::Retry(_, failure) => Paired::RetryDecode(decode_key, failure),
+        }
+    }
+
+    /// A prefill leg that did not end well: its refusal is the client's answer; a failure or a
+    /// silence goes to a new pair when the retry rules allow.
+    fn prefill_ended(&self, at: &Attempt<'_>, lease: Lease, end: LegEnd) -> Paired {
+        let failure = match end {
+            LegEnd::Refused(response, sent_at) => {
+                return Paired::Answered(Answer {
+                    response,
+                    lease,
+                    sent_at,
+                })
+            }
+            LegEnd::Failed(failure) => failure,
+            LegEnd::Done(_) | LegEnd::Silent => AttemptFailure::Unresponsive,
+        };
+        if self.may_retry(failure, at, &lease) {
+            return Paired::RetryPrefill(lease.worker().key, failure);
+        }
+        Paired::Final(GatewayError::UpstreamFailed {
+            worker: lease.worker().id.clone(),
+        })
     }
 
     /// The prefill leg: sent, its answer read to the end (its KV is across then). Silent past
@@ -271,26 +319,26 @@ impl Forwarder {
             worker.signals.contact(Instant::now());
             let status = response.status();
             if status.is_client_error() && status.as_u16() != 429 {
-                return Ok(Some(response));
+                return Ok(Err(response));
             }
             if !status.is_success() {
                 return Err(AttemptFailure::ServerError);
             }
-            http_body_util::BodyExt::collect(response.into_body())
+            let body = http_body_util::BodyExt::collect(response.into_body())
                 .await
                 .map_err(|_| AttemptFailure::Dropped)?;
-            Ok(None)
+            Ok(Ok(body.to_bytes()))
         };
         match tokio::time::timeout_at(bound, leg).await {
-            Ok(Ok(Some(refused))) => {
+            Ok(Ok(Err(refused))) => {
                 lease.first_byte();
                 lease.settle(Outcome::Success);
                 LegEnd::Refused(refused, sent_at)
             }
-            Ok(Ok(None)) => {
+            Ok(Ok(Ok(body))) => {
                 lease.first_byte_after(sent_at.elapsed());
                 lease.settle(Outcome::Success);
-                LegEnd::Done
+                LegEnd::Done(body)
             }
             Ok(Err(failure)) => {
                 lease.settle(Outcome::Failure);
@@ -335,22 +383,104 @@ enum Paired {
     RetryDecode(u64, AttemptFailure),
 }
 
-/// The request's body with SGLang's bootstrap fields for `prefill`'s worker and a fresh room.
-fn with_bootstrap(body: &Bytes, prefill: &Lease) -> Result<Bytes, GatewayError> {
-    let worker = prefill.worker();
+impl Paired {
+    /// The request's end (an answer holding the decode worker's `rooms` until its body ends,
+    /// or an error), or the failure to retry after, its worker added to those tried.
+    fn settle(
+        self,
+        rooms: Option<DecodeRooms>,
+        tried_prefill: &mut Vec<u64>,
+        tried_decode: &mut Vec<u64>,
+    ) -> Result<Result<Answer, GatewayError>, AttemptFailure> {
+        match self {
+            Paired::Answered(mut answer) => {
+                if let Some(rooms) = rooms {
+                    answer.lease.hold_rooms(rooms);
+                }
+                Ok(Ok(answer))
+            }
+            Paired::Final(error) => Ok(Err(error)),
+            Paired::RetryPrefill(key, failure) => {
+                tried_prefill.push(key);
+                Err(failure)
+            }
+            Paired::RetryDecode(key, failure) => {
+                tried_decode.push(key);
+                Err(failure)
+            }
+        }
+    }
+}
+
+/// How a disaggregated model's engines hand the KV over, chosen by its prefill worker's flavor
+/// (`owned_by` of its models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exchange {
+    /// Both legs at once, meeting in a bootstrap room.
+    Sglang,
+    /// The prefill leg first, then the decode leg with what it answered.
+    Vllm,
+}
+
+impl Exchange {
+    fn of(prefill: &Lease) -> Self {
+        match prefill.worker().info() {
+            Some(info) if info.flavor == "vllm" => Exchange::Vllm,
+            _ => Exchange::Sglang,
+        }
+    }
+
+    /// The body the prefill leg carries (and the decode leg too, with SGLang).
+    fn prefill_body(self, body: &Bytes, prefill: &Lease) -> Result<Bytes, GatewayError> {
+        let fields: Vec<(&str, Option<serde_json::Value>)> = match self {
+            Exchange::Sglang => {
+                let worker = prefill.worker();
+                let port = match worker.role() {
+                    Role::Prefill { bootstrap_port } => bootstrap_port,
+                    _ => None,
+                };
+                let host = worker.endpoint.authority.host().trim_matches(['[', ']']);
+                // SGLang's rooms are non-negative 63-bit integers.
+                let room = rand::random::<u64>() >> 1;
+                vec![
+                    ("bootstrap_host", Some(host.into())),
+                    ("bootstrap_port", Some(port.into())),
+                    ("bootstrap_room", Some(room.into())),
+                ]
+            }
+            // As vLLM's disaggregated proxy asks a prefill: one token, whole, its KV kept for
+            // a decode engine to pull.
+            Exchange::Vllm => vec![
+                ("max_tokens", Some(1.into())),
+                ("max_completion_tokens", Some(1.into())),
+                ("stream", Some(false.into())),
+                ("stream_options", None),
+                (
+                    "kv_transfer_params",
+                    Some(
+                        serde_json::json!({"do_remote_decode": true, "do_remote_prefill": false,
+                        "remote_engine_id": null, "remote_block_ids": null,
+                        "remote_host": null, "remote_port": null}),
+                    ),
+                ),
+            ],
+        };
+        with_fields(body, fields).ok_or(GatewayError::BodyUnreadable)
+    }
+}
+
+/// `body` (a JSON object) with `fields` set (`None`: removed).
+fn with_fields<'a>(
+    body: &Bytes,
+    fields: impl IntoIterator<Item = (&'a str, Option<serde_json::Value>)>,
+) -> Option<Bytes> {
     let mut object: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(|_| GatewayError::BodyUnreadable)?;
-    let port = match worker.role() {
-        Role::Prefill { bootstrap_port } => bootstrap_port,
-        _ => None,
-    };
-    let host = worker.endpoint.authority.host().trim_matches(['[', ']']);
-    object.insert("bootstrap_host".into(), host.into());
-    object.insert("bootstrap_port".into(), port.into());
-    // SGLang's rooms are non-negative 63-bit integers.
-    let room = rand::random::<u64>() >> 1;
-    object.insert("bootstrap_room".into(), room.into());
-    serde_json::to_vec(&object)
-        .map(Bytes::from)
-        .map_err(|_| GatewayError::BodyUnreadable)
+        serde_json::from_slice(body).ok()?;
+    for (name, value) in fields {
+        match value {
+            Some(value) => object.insert(name.into(), value),
+            None => object.remove(name),
+        };
+    }
+    serde_json::to_vec(&object).ok().map(Bytes::from)
 }
