@@ -83,16 +83,16 @@ fn every_refused_flag_is_refused_with_what_to_use_instead() {
 }
 
 /// The gateway's address, once it is listening and its worker is ready (in either order).
-fn serving(gateway: &mut Launched) -> String {
-    let (mut addr, mut ready) = (None, false);
-    while addr.is_none() || !ready {
-        let (listening, up) = gateway.until("listening and a ready worker", |l| {
+fn serving(gateway: &mut Launched, workers: usize) -> String {
+    let (mut addr, mut ready) = (None, 0);
+    while addr.is_none() || ready < workers {
+        let (listening, up) = gateway.until("listening and its workers ready", |l| {
             let listening = field(l, "addr").filter(|_| l.contains("sluice gateway listening"));
             let up = field(l, "to").as_deref() == Some("ready");
             (listening.is_some() || up).then_some((listening, up))
         });
         addr = addr.or(listening);
-        ready |= up;
+        ready += usize::from(up);
     }
     addr.unwrap()
 }
@@ -330,7 +330,13 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
         // --service-discovery reads its API server from the kubeconfig, never from a cluster.
         let env = [("KUBECONFIG", kubeconfig.as_os_str())];
         let mut gateway = Launched::start(line, &env);
-        let addr = serving(&mut gateway);
+        // A prefill/decode pair serves once both of its workers are ready.
+        let workers = if line.iter().any(|a| a == "--prefill") {
+            2
+        } else {
+            1
+        };
+        let addr = serving(&mut gateway, workers);
         if line.iter().any(|a| a == "--tls-cert-path") {
             // Spoken to over HTTPS in crates/gateway/tests/tls.rs; here, that it says so.
             let https = gateway.said.iter().any(|l| {

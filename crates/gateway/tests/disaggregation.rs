@@ -45,14 +45,7 @@ async fn pd(
     config.admin_api_key = Some(ADMIN_KEY.into());
     config.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
-    let gateway = Gateway::start(config).await.unwrap();
-    let client = client();
-    until_workers(&gateway, &client, "workers ready", all_ready).await;
-    Setup {
-        sims,
-        gateway,
-        client,
-    }
+    serve(sims, config).await
 }
 
 fn sglang() -> EngineConfig {

@@ -318,6 +318,14 @@ impl GenerationRequest {
         })
     }
 
+    /// Prompt tokens over every choice, as `usage` counts them.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompts
+            .iter()
+            .map(|p| u64::from(p.tokens) * u64::from(self.n))
+            .sum()
+    }
+
     /// The longest prompt plus the requested output, for the context-length check.
     pub fn longest_prompt(&self) -> u32 {
         self.prompts.iter().map(|p| p.tokens).max().unwrap_or(0)

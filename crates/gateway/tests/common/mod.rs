@@ -104,6 +104,11 @@ pub async fn start(engines: usize, engine: EngineConfig, tune: impl FnOnce(&mut 
         .unwrap();
     let mut config = Config::local(&sims.urls());
     tune(&mut config);
+    serve(sims, config).await
+}
+
+/// A gateway configured by `config` over `sims`, all its workers ready.
+pub async fn serve(sims: SimFleet, config: Config) -> Setup {
     let gateway = Gateway::start(config).await.unwrap();
     let client = client();
     until_workers(&gateway, &client, "workers ready", all_ready).await;

@@ -82,25 +82,14 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         Ok(admitted) => admitted,
         Err(error) => return refuse(st, error),
     };
-    let renderer = Renderer::new(
-        route,
-        flavor,
-        st.response_id(route),
-        st.created,
-        &request.model,
-    )
-    .thinking(thinking);
+    let renderer = st.renderer(route, &request.model).thinking(thinking);
     let held = Held {
         _load: load,
         _ticket: ticket,
         _window: window,
     };
     let usage = Usage {
-        prompt_tokens: request
-            .prompts
-            .iter()
-            .map(|p| u64::from(p.tokens) * u64::from(request.n))
-            .sum(),
+        prompt_tokens: request.prompt_tokens(),
         completion_tokens: 0,
     };
     let choices = request.prompts.len() * request.n as usize;

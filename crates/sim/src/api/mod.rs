@@ -80,6 +80,12 @@ impl ApiState {
         format!("{prefix}-{:08x}{n:08x}", self.created as u32)
     }
 
+    /// The renderer of one answer of this engine's flavor.
+    fn renderer(&self, route: Route, model: &str) -> sse::Renderer {
+        let flavor = self.engine.config().flavor;
+        sse::Renderer::new(route, flavor, self.response_id(route), self.created, model)
+    }
+
     fn inject_error(&self) -> bool {
         let rate = self.engine.faults().error_rate;
         rate > 0.0 && self.error_rng.lock().random_bool(rate.min(1.0))

@@ -222,20 +222,9 @@ fn answer(
     choices: usize,
     kv: Option<serde_json::Value>,
 ) -> Response {
-    let flavor = st.engine.config().flavor;
-    let renderer = Renderer::new(
-        route,
-        flavor,
-        st.response_id(route),
-        st.created,
-        &request.model,
-    );
+    let renderer = st.renderer(route, &request.model);
     let usage = Usage {
-        prompt_tokens: request
-            .prompts
-            .iter()
-            .map(|p| u64::from(p.tokens) * u64::from(request.n))
-            .sum(),
+        prompt_tokens: request.prompt_tokens(),
         completion_tokens: choices as u64,
     };
     if !request.stream {
