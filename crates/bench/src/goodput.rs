@@ -23,6 +23,19 @@ pub struct Slo {
     pub deadline: Option<Duration>,
 }
 
+impl Slo {
+    /// The gateway's objectives for `tier` (`--slo-ttft-ms-by-tier`, `--slo-tpot-ms-by-tier`
+    /// at their defaults), so a run is judged as the gateway and its status page judge.
+    pub fn gateways(tier: sluice_core::admission::Tier) -> Self {
+        let slo = sluice_core::slo::Slos::default().of(tier);
+        Self {
+            ttft: slo.ttft,
+            tpot: slo.tpot,
+            deadline: None,
+        }
+    }
+}
+
 /// A class of requests — a priority tier, or a tenant — its share of the requests and its
 /// objectives.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -49,11 +49,7 @@ pub fn default_tiers() -> Vec<Tier> {
             name: "interactive".into(),
             share: 0.7,
             tenant: None,
-            slo: Slo {
-                ttft: Some(Duration::from_secs(2)),
-                tpot: Some(Duration::from_millis(100)),
-                deadline: None,
-            },
+            slo: Slo::gateways(sluice_core::admission::Tier::Interactive),
         },
         Tier {
             name: "batch".into(),

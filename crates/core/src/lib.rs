@@ -30,6 +30,9 @@
 //! - `health` — the worker health state machine (Pending / Ready / NotReady / Failed /
 //!   Draining) that probes drive.
 //! - `retry` — which failed attempts may be retried, and the backoff before each retry.
+//! - `slo` — per-tier objectives (time to first token, time per output token) and whether an
+//!   answer met them.
+//! - `histogram` — quantiles of cumulative bucketed histograms, as PromQL reads them.
 //! - `sse` — server-sent events parsed incrementally, as the HTML standard reads them.
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
 //!   included), parsed strictly.
@@ -41,6 +44,7 @@ pub mod degrade;
 pub mod discovery;
 pub mod hash;
 pub mod health;
+pub mod histogram;
 pub mod ids;
 pub mod liveness;
 pub mod load;
@@ -50,6 +54,7 @@ pub mod policy;
 pub mod prefix;
 pub mod prom_text;
 pub mod retry;
+pub mod slo;
 pub mod sse;
 
 pub use ids::{ModelName, TenantId, WorkerId};

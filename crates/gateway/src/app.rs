@@ -64,10 +64,11 @@ impl App {
     /// Everything `config` describes, wired together; no worker registered, nothing listening.
     pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AssembleError> {
         let mut registry = Registry::with_prefix("sluice");
-        let metrics = match &config.duration_buckets {
-            Some(buckets) => Metrics::register_with(&mut registry, buckets),
-            None => Metrics::register(&mut registry),
-        };
+        let buckets = config
+            .duration_buckets
+            .as_deref()
+            .unwrap_or(&crate::metrics::LATENCY_BUCKETS);
+        let metrics = Metrics::register_with(&mut registry, buckets, config.slos);
         metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
         let upstream = Upstream::new(&config.upstream);
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);

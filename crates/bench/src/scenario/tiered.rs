@@ -13,29 +13,27 @@ use super::sweep::{attainment, sweep};
 use super::{Point, ScenarioError, ScenarioPlan, SimFleet};
 use crate::goodput::{Slo, Tier};
 use crate::overhead::Template;
+use sluice_core::admission::Tier as GatewayTier;
 
-/// The three tiers of seed 003, objectives in engine time.
+/// The three tiers of seed 003, objectives in engine time: the gateway's (`--slo-*-ms-by-tier`),
+/// and a deadline for batch.
 pub fn three_tiers() -> Vec<Tier> {
-    let chat = |name: &str, share: f64, ttft: u64| Tier {
+    let chat = |name: &str, share: f64, tier| Tier {
         name: name.into(),
         share,
         tenant: None,
-        slo: Slo {
-            ttft: Some(Duration::from_secs(ttft)),
-            tpot: Some(Duration::from_millis(100)),
-            deadline: None,
-        },
+        slo: Slo::gateways(tier),
     };
     vec![
-        chat("interactive", 0.2, 2),
-        chat("agent", 0.3, 5),
+        chat("interactive", 0.2, GatewayTier::Interactive),
+        chat("agent", 0.3, GatewayTier::Agent),
         Tier {
             name: "batch".into(),
             share: 0.5,
             tenant: None,
             slo: Slo {
                 deadline: Some(Duration::from_secs(120)),
-                ..Slo::default()
+                ..Slo::gateways(GatewayTier::Batch)
             },
         },
     ]

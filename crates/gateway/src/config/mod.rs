@@ -16,6 +16,7 @@ mod resilience;
 mod sections;
 mod settings;
 pub mod smg;
+mod status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ pub use discovery::DiscoverySettings;
 pub use replicas::ReplicaSettings;
 pub use resilience::ResilienceSettings;
 pub use settings::Settings;
+pub use status::{StatusSettings, UiConfig};
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
 
@@ -415,6 +417,8 @@ impl Settings {
                 .validate(self.adaptive.codel()?, self.load()?.interval)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
+            slos: self.status.slos()?,
+            ui: self.status.ui()?,
             discovery: self.discovery.validate()?,
             shared: self.replicas.validate(
                 &self.ca_cert_paths,
@@ -502,6 +506,10 @@ pub struct Config {
     pub access_log: Option<PathBuf>,
     /// `--prometheus-duration-buckets`; `None`: the defaults.
     pub duration_buckets: Option<Vec<f64>>,
+    /// `--slo-ttft-ms-by-tier`, `--slo-tpot-ms-by-tier`.
+    pub slos: sluice_core::slo::Slos,
+    /// The status page; `None` with `--disable-ui`.
+    pub ui: Option<UiConfig>,
 }
 
 /// Open files kept for everything but client connections: worker connections beyond one per

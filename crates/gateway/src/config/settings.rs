@@ -14,6 +14,7 @@ use super::discovery::DiscoverySettings;
 use super::pd::PdSettings;
 use super::replicas::ReplicaSettings;
 use super::resilience::ResilienceSettings;
+use super::status::StatusSettings;
 
 /// How to run the gateway.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -535,4 +536,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub pd: PdSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub status: StatusSettings,
 }

@@ -8,11 +8,13 @@
 
 mod admission;
 mod exposition;
+mod slo;
 
 pub use admission::{
     AdmissionMetrics, Label, RejectedLabels, TenantCounters, TenantTokenLabels, REASONS,
 };
 pub use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
+pub use slo::{SloMetrics, TierLabel};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -23,9 +25,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use sluice_core::slo::Slos;
 
 /// Buckets for time to first byte and whole requests: 5 ms to 5 minutes.
-const LATENCY_BUCKETS: [f64; 16] = [
+pub const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0,
 ];
 
@@ -152,6 +155,8 @@ pub struct Metrics {
     pub pd_admission_waits: Counter,
     /// Disaggregated requests shed by the decode window.
     pub pd_admission_sheds: Counter,
+    /// Answers judged against their tier's objectives; the client's time to first byte.
+    pub slo: SloMetrics,
 }
 
 /// Makes the latency histograms with the configured buckets (`--prometheus-duration-buckets`).
@@ -169,16 +174,21 @@ fn gaps() -> Histogram {
 }
 
 impl Metrics {
-    /// The families, registered in `registry` under the `sluice_` prefix.
     /// The families, with the default latency buckets, in `registry`.
     pub fn register(registry: &mut Registry) -> Arc<Self> {
-        Self::register_with(registry, &LATENCY_BUCKETS)
+        Self::register_with(registry, &LATENCY_BUCKETS, Slos::default())
     }
 
-    /// The families, with `latency_buckets` for request durations and time to first byte.
-    pub fn register_with(registry: &mut Registry, latency_buckets: &[f64]) -> Arc<Self> {
+    /// The families, with `latency_buckets` for request durations and time to first byte, and
+    /// answers judged against `slos`.
+    pub fn register_with(
+        registry: &mut Registry,
+        latency_buckets: &[f64],
+        slos: Slos,
+    ) -> Arc<Self> {
         let latency = Buckets(latency_buckets.into());
         let m = Self {
+            slo: SloMetrics::register(registry, slos),
             requests: Family::default(),
             duration: Family::new_with_constructor(latency.clone()),
             ttft: Family::new_with_constructor(latency),

@@ -38,7 +38,9 @@ use axum::http::{header, Response, Version};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
+use sluice_core::slo::Served;
 use sluice_core::sse::SseParser;
 use tokio::time::{Instant, Sleep};
 
@@ -145,7 +147,10 @@ struct Relay {
     status: u16,
     sse: bool,
     sent_at: Instant,
+    first_chunk: Option<Instant>,
     last_chunk: Option<Instant>,
+    /// Token events of an event stream so far.
+    tokens: u64,
     /// Read only for event streams.
     end: EndOfStream,
     /// What the response used, when its tenant's tokens are settled at the end or its length
@@ -182,7 +187,9 @@ impl Relay {
             status,
             sse,
             sent_at,
+            first_chunk: None,
             last_chunk: None,
+            tokens: 0,
             end: EndOfStream::default(),
             meter,
             measured,
@@ -198,6 +205,12 @@ impl Relay {
         let previous = self.last_chunk.replace(now);
         match previous {
             None => {
+                self.first_chunk = Some(now);
+                if let (200, Some(ctx)) = (self.status, &self.ctx) {
+                    ctx.metrics()
+                        .slo
+                        .first_byte(tier_of(ctx), now - ctx.started);
+                }
                 let ttft = now - self.sent_at;
                 self.lease.worker().metrics.ttft.observe(ttft.as_secs_f64());
                 self.lease.first_byte_after(ttft);
@@ -215,6 +228,7 @@ impl Relay {
         }
         if self.sse {
             let tokens = self.end.feed(data, self.meter.as_deref_mut());
+            self.tokens += tokens;
             if let (true, Some(last), 1..) = (self.measured, previous, tokens) {
                 // Events read together arrived, on average, evenly across the gap.
                 let gap = (now - last) / u32::try_from(tokens).unwrap_or(u32::MAX);
@@ -256,9 +270,25 @@ impl Relay {
         }
     }
 
+    /// A successful answer completed: judged against its tier's objectives.
+    fn judge(&self) {
+        let (200, Some(ctx), Some(first), Some(last)) =
+            (self.status, &self.ctx, self.first_chunk, self.last_chunk)
+        else {
+            return;
+        };
+        let served = Served {
+            ttft: first - ctx.started,
+            total: last - ctx.started,
+            tokens: self.sse.then_some(self.tokens),
+        };
+        ctx.metrics().slo.completed(tier_of(ctx), &served);
+    }
+
     /// The worker finished the response.
     fn complete(&mut self) {
         self.lease.settle(outcome_of(self.status));
+        self.judge();
         self.finish(false);
         self.state = State::Done;
     }
@@ -328,6 +358,11 @@ impl Relay {
             Poll::Ready(Some(Err(error)))
         }
     }
+}
+
+/// The tier a request is judged in: its own, or, when admission gave it none, the default.
+fn tier_of(ctx: &RequestContext) -> Tier {
+    ctx.admission.tier.unwrap_or(Tier::Agent)
 }
 
 impl Drop for Relay {

@@ -318,3 +318,42 @@ to = "llama-8b"
         assert!(err.contains(says), "{bad}: {err}");
     }
 }
+
+#[test]
+fn slos_by_tier_default_to_the_documented_objectives_and_zero_sets_none() {
+    use sluice_core::slo::{Slo, Slos};
+    let ms = |n| Some(Duration::from_millis(n));
+    assert_eq!(validated(&[]).unwrap().slos, Slos::default());
+    let c = validated(&[
+        "--slo-ttft-ms-by-tier",
+        "500,0,60000",
+        "--slo-tpot-ms-by-tier",
+        "50,80,0",
+    ])
+    .unwrap();
+    assert_eq!(
+        [Tier::Interactive, Tier::Agent, Tier::Batch].map(|t| c.slos.of(t)),
+        [
+            Slo {
+                ttft: ms(500),
+                tpot: ms(50)
+            },
+            Slo {
+                ttft: None,
+                tpot: ms(80)
+            },
+            Slo {
+                ttft: ms(60_000),
+                tpot: None
+            },
+        ]
+    );
+    let err = validated(&["--slo-tpot-ms-by-tier", "50,80"]).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("--slo-tpot-ms-by-tier: 2 values"),
+        "{err}"
+    );
+    assert!(validated(&["--ui-interval-ms", "0"]).is_err());
+    assert_eq!(validated(&["--disable-ui"]).unwrap().ui, None);
+}
