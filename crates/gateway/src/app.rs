@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::probes::{self, Probes};
 use crate::route::RouteStage;
 use crate::shared::Shared;
+use crate::status::{self, Status};
 use crate::upstream::Upstream;
 use sluice_core::overload::Projection;
 
@@ -36,6 +37,8 @@ pub struct App {
     pub probes: Arc<Probes>,
     /// The registry `/metrics` encodes (the families in `Metrics` and the fleet collector).
     pub registry: Arc<Registry>,
+    /// The status page (`/ui`); `None` with `--disable-ui`.
+    pub status: Option<Arc<Status>>,
 }
 
 /// Why the app could not be assembled.
@@ -109,6 +112,25 @@ impl App {
             .degradation
             .clone()
             .map(|c| crate::degrade::Degrader::new(c, &mut registry));
+        let admin = Arc::new(Admin {
+            fleet: fleet.clone(),
+            control,
+            keys: keys.clone(),
+            reads_open: config.admin_reads_open,
+            body_read_timeout: config.body_read_timeout,
+            admit: admit.clone(),
+            degrade: degrade.clone(),
+        });
+        let registry = Arc::new(registry);
+        let status = config.ui.map(|ui| {
+            Status::new(
+                admin.clone(),
+                registry.clone(),
+                config.slos,
+                ui,
+                config.listen_tls.is_some(),
+            )
+        });
         let app = App {
             cors: config.cors.as_ref().map(cors_layer),
             front: Arc::new(Front {
@@ -129,7 +151,7 @@ impl App {
                     access_log,
                     in_flight: in_flight.clone(),
                 },
-                keys: keys.clone(),
+                keys,
                 max_payload: config.max_payload_size,
                 body_read_timeout: config.body_read_timeout,
                 body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
@@ -139,17 +161,10 @@ impl App {
                 draining: draining.clone(),
                 degrade: degrade.clone(),
             }),
-            admin: Arc::new(Admin {
-                fleet: fleet.clone(),
-                control,
-                keys,
-                reads_open: config.admin_reads_open,
-                body_read_timeout: config.body_read_timeout,
-                admit,
-                degrade,
-            }),
+            admin,
             probes: probes.clone(),
-            registry: Arc::new(registry),
+            registry,
+            status,
         };
         Ok(Assembled {
             app,
@@ -168,6 +183,7 @@ impl App {
             .merge(admin::routes(self.admin.clone()))
             .merge(probes::routes(self.probes.clone()))
             .merge(probes::metrics_routes(self.registry.clone()))
+            .merge(self.status.clone().map(status::routes).unwrap_or_default())
             .fallback(http::unknown_route)
             .method_not_allowed_fallback(http::method_not_allowed);
         match &self.cors {

@@ -141,6 +141,10 @@ impl Gateway {
                 stop_rx.clone(),
             ));
         }
+        if let Some(status) = &app.status {
+            // The status page's sampler, stopped with the listeners.
+            listeners.spawn(status.clone().run(stop_rx.clone()));
+        }
         listeners.spawn(http::serve(
             listener,
             tls,

@@ -42,6 +42,8 @@
 //!
 //! - `admin` — `/workers`, `/loads`, `/busy_threshold`.
 //! - `probes` — `/liveness`, `/health`, `/readiness`, `/metrics`.
+//! - `status` — the status page `/ui` and its live feed, made from the fleet, admission and the
+//!   gateway's own metrics.
 //! - `http` — what every HTTP surface shares: the accept loop, keys, the request id, bodies,
 //!   headers that may cross.
 //! - `app` — the one place the routers are assembled; `gateway` starts and stops it all.
@@ -70,6 +72,7 @@ pub mod metrics;
 pub mod probes;
 pub mod route;
 pub mod shared;
+pub mod status;
 pub mod stream;
 pub mod tls;
 pub mod upstream;

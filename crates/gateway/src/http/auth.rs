@@ -142,11 +142,17 @@ impl Keys {
 
     /// An admin key, or a read-only control-plane key.
     pub fn check_admin_read(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
-        let readers = self.control_plane.iter().map(|k| &k.key);
         match bearer(headers) {
-            Some(given) if matches_any(self.admin_keys().chain(readers), given) => Ok(()),
+            Some(given) if self.is_admin_reader(given) => Ok(()),
             _ => Err(GatewayError::InvalidAdminKey),
         }
+    }
+
+    /// Whether `given` is an admin key or a read-only control-plane key (the status page's
+    /// login, whose key comes in a cookie rather than a header).
+    pub fn is_admin_reader(&self, given: &[u8]) -> bool {
+        let readers = self.control_plane.iter().map(|k| &k.key);
+        matches_any(self.admin_keys().chain(readers), given)
     }
 }
 
