@@ -19,12 +19,15 @@
 //! - `prompts` — the prompts of each mix, and the share of their tokens they repeat.
 //! - `stats` — percentiles.
 //! - `client` — one open-loop request as a client sends it: no retries, or the OpenAI SDK's.
+//! - `demo` — `sluice demo`: an embedded fleet, the gateway, and a story of load and incidents,
+//!   watched on one page.
 //! - `cli` — the `sluice bench` subcommands.
 
 pub mod arrivals;
 pub mod capacity;
 pub mod cli;
 pub mod client;
+pub mod demo;
 pub mod goodput;
 pub mod http_capacity;
 pub mod overhead;

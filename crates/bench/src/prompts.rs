@@ -128,7 +128,7 @@ pub struct PromptSource {
     popularity: Zipf<f64>,
 }
 
-fn chat() -> Workload {
+pub(crate) fn chat() -> Workload {
     Workload {
         prompt_min: 128,
         prompt_max: 384,

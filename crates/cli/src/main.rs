@@ -1,6 +1,7 @@
 //! `sluice`: the one binary. `sluice serve` runs the gateway; `sluice sim` runs simulated
-//! engines; `sluice bench` measures them.
+//! engines; `sluice bench` measures them; `sluice demo` runs them all together, on one page.
 
+mod demo;
 mod serve;
 mod sim;
 
@@ -22,6 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Watch it survive: an embedded simulated fleet, the gateway with its protections, and a
+    /// load that plays a story (a surge, a frozen engine, a crash), on one page.
+    Demo(Box<demo::DemoArgs>),
     /// Run the gateway in front of OpenAI-compatible workers (vLLM, SGLang, ...).
     Serve(Box<serve::ServeArgs>),
     /// Run simulated vLLM / SGLang engines, each on its own port.
@@ -121,6 +125,10 @@ fn main() -> anyhow::Result<()> {
                 settings.log_dir.as_deref(),
             )?;
             runtime()?.block_on(serve::run(settings))
+        }
+        Command::Demo(args) => {
+            init_tracing("warn", false, None)?;
+            runtime()?.block_on(demo::run(*args))
         }
         Command::Sim(args) => {
             init_tracing("info", false, None)?;

@@ -264,6 +264,15 @@ impl SimFleet {
         serde_json::from_slice(&body).ok()
     }
 
+    /// The PIDs of the engines running now, with their names.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.engines
+            .iter()
+            .filter_map(|e| e.proc.as_ref())
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect()
+    }
+
     /// Requests engine `i` has received in its current life (`None` while it is down).
     pub async fn received(&self, i: usize) -> Option<u64> {
         self.state(i).await?["requests_received"].as_u64()

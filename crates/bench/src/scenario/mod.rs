@@ -194,6 +194,10 @@ impl Gateway {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     pub async fn stop(self) {
         self.proc.stop(Duration::from_secs(10)).await;
     }
@@ -212,7 +216,7 @@ pub struct Point {
 }
 
 /// The plan's tiers with objectives converted to wall time under its scale.
-fn wall_tiers(plan: &ScenarioPlan) -> Vec<Tier> {
+pub(crate) fn wall_tiers(plan: &ScenarioPlan) -> Vec<Tier> {
     let scale = plan.time_scale;
     let wall = |d: Option<Duration>| d.map(|d| d.div_f64(scale));
     plan.tiers
@@ -244,7 +248,12 @@ fn give_up_after(plan: &ScenarioPlan) -> Duration {
 
 /// The scenario's load against `url`: arrivals on `schedule` (wall requests per second) for
 /// `duration` of wall time, with the plan's mix, client and seed and the tiers in wall time.
-fn load_plan(plan: &ScenarioPlan, url: &str, schedule: Schedule, duration: Duration) -> RunPlan {
+pub(crate) fn load_plan(
+    plan: &ScenarioPlan,
+    url: &str,
+    schedule: Schedule,
+    duration: Duration,
+) -> RunPlan {
     let path = match plan.api {
         Api::Completions => "/v1/completions",
         Api::Chat { .. } => "/v1/chat/completions",

@@ -1,0 +1,298 @@
+//! The status page in a real browser (headless Chromium over WebDriver; `scripts/test` installs
+//! Debian's `chromium` and `chromium-driver`), on a running `sluice demo`: every worker has a
+//! card, a frozen engine's card turns vetoed within the liveness bound plus one update, the
+//! charts receive points, and the demo stops every process it started, at the story's end or on
+//! Ctrl-C.
+//!
+//! `scripts/screenshots` runs the ignored `screenshots` test: the demo's page at each act of the
+//! story, with `--compare`, into docs/screenshots/.
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/browser.rs"]
+mod browser;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use browser::Browser;
+use tokio::time::Instant;
+
+/// The gateway's default wedge bound (`--worker-wedge-secs`), and its page's update interval.
+const WEDGE: Duration = Duration::from_secs(3);
+const UPDATE: Duration = Duration::from_millis(250);
+/// What the browser and the liveness checker's own tick may add on a loaded machine.
+const SLACK: Duration = Duration::from_secs(3);
+
+/// `sluice demo` as a process, its stdout read line by line.
+struct Demo {
+    /// `None` once waited for.
+    child: Option<Child>,
+    lines: mpsc::Receiver<String>,
+    said: Vec<String>,
+    out: PathBuf,
+}
+
+impl Demo {
+    fn start(args: &[&str], out: &Path) -> Self {
+        let _ = std::fs::remove_dir_all(out);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("demo")
+            .args(["--port", "0", "--out"])
+            .arg(out)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child: Some(child),
+            lines,
+            said: Vec::new(),
+            out: out.to_path_buf(),
+        }
+    }
+
+    /// The first line `pick` takes something from (bounded).
+    fn until<T>(&mut self, what: &str, within: Duration, pick: impl Fn(&str) -> Option<T>) -> T {
+        let give_up = Instant::now() + within;
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {what}; the demo said:\n{}", self.said.join("\n")));
+            self.said.push(line.clone());
+            if let Some(found) = pick(&line) {
+                return found;
+            }
+        }
+    }
+
+    /// The demo's page, and the protected gateway's status page.
+    fn pages(&mut self) -> (String, String) {
+        let page = self.until("the page's address", Duration::from_secs(120), |l| {
+            l.strip_prefix("sluice demo: open ")?
+                .strip_suffix(" to watch")
+                .map(String::from)
+        });
+        let ui = self.until("the gateway's page", Duration::from_secs(5), |l| {
+            l.strip_prefix("  sluice, protections on: ")
+                .map(String::from)
+        });
+        (page, ui)
+    }
+
+    /// The PIDs the demo wrote down.
+    fn pids(&self) -> Vec<u32> {
+        let text = std::fs::read_to_string(self.out.join("pids")).unwrap();
+        text.lines()
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+            .collect()
+    }
+
+    /// Waits for the demo to exit (bounded), and checks that none of its processes is left.
+    async fn exited_clean(&mut self, pids: &[u32], within: Duration) {
+        let mut child = self.child.take().expect("not yet waited for");
+        let pid = child.id();
+        let exit = tokio::task::spawn_blocking(move || child.wait());
+        let status = tokio::time::timeout(within, exit)
+            .await
+            .unwrap_or_else(|_| {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+                panic!("the demo did not end within {within:?}")
+            })
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "{status}");
+        // Its killed children are reaped by init once it is gone: /proc is read until then
+        // (there is no event to await for another process's children), bounded.
+        let give_up = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left: Vec<u32> = pids.iter().copied().filter(|pid| alive(*pid)).collect();
+            if left.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < give_up, "processes left behind: {left:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Whether `pid` is a running process (a zombie is not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit(')')
+                .next()
+                .map(|rest| rest.trim().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()))
+}
+
+/// How many cards the page shows in `state` (any state: `null` selector).
+fn cards(state: Option<&str>) -> String {
+    match state {
+        Some(s) => format!("document.querySelectorAll('.card[data-state=\"{s}\"]').length"),
+        None => "document.querySelectorAll('.card').length".into(),
+    }
+}
+
+#[tokio::test]
+async fn the_demos_page_shows_every_worker_and_a_frozen_one_turns_vetoed_in_time() {
+    let mut demo = Demo::start(
+        &["--scenario", "freeze", "--duration", "45", "--exit"],
+        &out_dir("demo-freeze"),
+    );
+    let (page, ui) = demo.pages();
+    let pids = demo.pids();
+    assert_eq!(pids.len(), 7, "six engines and a gateway");
+    let browser = Browser::start().await;
+
+    browser.client.goto(&ui).await.unwrap();
+    let all = format!("return {} === 6 ? true : null", cards(Some("ready")));
+    browser
+        .until("six ready cards", &all, Duration::from_secs(20))
+        .await;
+    let points = "const n = +document.getElementById('chart-rates').dataset.points; \
+                  const lines = document.querySelectorAll('#chart-rates polyline').length; \
+                  return n > 2 && lines > 0 ? n : null";
+    browser
+        .until("chart points", points, Duration::from_secs(20))
+        .await;
+
+    demo.until("the freeze", Duration::from_secs(60), |l| {
+        l.contains("an engine freezes").then_some(())
+    });
+    let froze = Instant::now();
+    let vetoed = format!("return {} === 1 ? true : null", cards(Some("vetoed")));
+    browser
+        .until(
+            "the frozen engine's card vetoed",
+            &vetoed,
+            WEDGE + UPDATE + SLACK,
+        )
+        .await;
+    let took = froze.elapsed();
+    assert!(
+        took >= WEDGE - UPDATE,
+        "not before the wedge bound: {took:?}"
+    );
+    let cause = browser
+        .find_text(".card[data-state=\"vetoed\"] ul.vetoes li")
+        .await;
+    assert!(cause.starts_with("wedged: "), "{cause}");
+    assert_eq!(
+        browser
+            .client
+            .execute(&format!("return {}", cards(None)), vec![])
+            .await
+            .unwrap(),
+        6,
+        "every worker still has its card"
+    );
+
+    browser.client.goto(&page).await.unwrap();
+    browser
+        .until(
+            "the narration",
+            "const t = document.getElementById('narration').textContent; \
+             return t.includes('freezes') ? t : null",
+            Duration::from_secs(10),
+        )
+        .await;
+    let frames = browser
+        .client
+        .execute("return document.querySelectorAll('iframe').length", vec![])
+        .await
+        .unwrap();
+    assert_eq!(frames, 1, "one gateway without --compare");
+    browser.stop().await;
+
+    demo.until("the report", Duration::from_secs(90), |l| {
+        l.starts_with("sluice, protections on: ").then_some(())
+    });
+    demo.exited_clean(&pids, Duration::from_secs(60)).await;
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_every_process_the_demo_started() {
+    let mut demo = Demo::start(&["--duration", "600"], &out_dir("demo-interrupted"));
+    demo.pages();
+    let pids = demo.pids();
+    assert!(pids.iter().all(|&pid| alive(pid)), "{pids:?}");
+    let pid = demo.child.as_ref().unwrap().id();
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    demo.exited_clean(&pids, Duration::from_secs(30)).await;
+}
+
+/// The demo's page at each act of the story, both gateways side by side, for docs/screenshots
+/// (`scripts/screenshots`).
+#[tokio::test]
+#[ignore = "writes docs/screenshots; run by scripts/screenshots"]
+async fn screenshots() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let secs_per_act = 30;
+    let duration = (5 * secs_per_act).to_string();
+    let mut demo = Demo::start(
+        &["--compare", "--duration", &duration, "--exit"],
+        &out_dir("demo-screenshots"),
+    );
+    let (page, _) = demo.pages();
+    let browser = Browser::start().await;
+    browser.client.set_window_size(1800, 1150).await.unwrap();
+    browser.client.goto(&page).await.unwrap();
+    for act in 1..=5u32 {
+        let name = demo.until("an act", Duration::from_secs(60), |l| {
+            let rest = l.split_once(&format!("act {act}/5: "))?.1;
+            Some(rest.split([':', ',']).next().unwrap_or(rest).to_string())
+        });
+        // Two thirds into the act: what it does has shown.
+        tokio::time::sleep(Duration::from_secs(secs_per_act * 2 / 3)).await;
+        let slug: String = name
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("-")
+            .to_lowercase();
+        browser
+            .screenshot(&dir.join(format!("act-{act}-{slug}.png")))
+            .await;
+    }
+    browser.stop().await;
+    demo.until("the report", Duration::from_secs(120), |l| {
+        l.starts_with("unprotected").then_some(())
+    });
+}
