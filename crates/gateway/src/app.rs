@@ -108,6 +108,7 @@ impl App {
             shared.as_deref(),
         ));
         let probes = Probes::new(fleet.clone(), draining.clone());
+        registry.register_collector(Box::new(probes::ReadinessCollector(probes.clone())));
         let degrade = config
             .degradation
             .clone()

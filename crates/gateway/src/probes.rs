@@ -109,6 +109,44 @@ impl Probes {
     }
 }
 
+/// `sluice_ready` and `sluice_routable_workers`, read at scrape time from what `/readiness`
+/// answers, so an alert on readiness fires on the very answer a load balancer got.
+#[derive(Debug)]
+pub struct ReadinessCollector(pub Arc<Probes>);
+
+impl std::fmt::Debug for Probes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probes").finish_non_exhaustive()
+    }
+}
+
+impl prometheus_client::collector::Collector for ReadinessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType;
+        let (status, body) = self.0.readiness();
+        let ready = encoder.encode_descriptor(
+            "ready",
+            "1 while /readiness answers 200 (a worker is routable and the gateway is not draining), else 0",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(status == StatusCode::OK)).encode(ready)?;
+        let routable = encoder.encode_descriptor(
+            "routable_workers",
+            "Workers a request could use now (Ready, circuit not open), as /readiness counts them",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(body.healthy_workers as i64).encode(routable)?;
+        Ok(())
+    }
+}
+
 /// `/liveness`, `/health` and `/readiness`, for any router.
 pub fn routes<S: Clone + Send + Sync + 'static>(probes: Arc<Probes>) -> Router<S> {
     Router::new()
