@@ -145,10 +145,28 @@ fn alive(pid: u32) -> bool {
 }
 
 impl Drop for Demo {
+    /// A test that failed midway: the demo, then every process it wrote down that still runs
+    /// `sluice`, by their PIDs (killed itself, the demo cannot stop them).
     fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        let Ok(text) = std::fs::read_to_string(self.out.join("pids")) else {
+            return;
+        };
+        let ours = |pid: &&str| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("sluice"))
+        };
+        let pids: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(ours)
+            .collect();
+        if !pids.is_empty() {
+            let _ = Command::new("kill").arg("-KILL").args(&pids).status();
         }
     }
 }
@@ -177,9 +195,12 @@ async fn the_demos_page_shows_every_worker_and_a_frozen_one_turns_vetoed_in_time
     let browser = Browser::start().await;
 
     browser.client.goto(&ui).await.unwrap();
-    let all = format!("return {} === 6 ? true : null", cards(Some("ready")));
+    // Every worker has a card, in service (a full one may be vetoed for overload a moment).
+    let all = "const cards = [...document.querySelectorAll('.card')]; \
+               return cards.length === 6 && cards.every(c => \
+                 ['ready', 'vetoed'].includes(c.dataset.state)) ? true : null";
     browser
-        .until("six ready cards", &all, Duration::from_secs(20))
+        .until("six cards in service", all, Duration::from_secs(20))
         .await;
     let points = "const n = +document.getElementById('chart-rates').dataset.points; \
                   const lines = document.querySelectorAll('#chart-rates polyline').length; \
@@ -191,8 +212,10 @@ async fn the_demos_page_shows_every_worker_and_a_frozen_one_turns_vetoed_in_time
     demo.until("the freeze", Duration::from_secs(60), |l| {
         l.contains("an engine freezes").then_some(())
     });
-    let froze = Instant::now();
-    let vetoed = format!("return {} === 1 ? true : null", cards(Some("vetoed")));
+    // Within the wedge bound plus an update (the engine's own token counter, read with its
+    // load reports, may tell sooner).
+    let wedged = ".card[data-state=\"vetoed\"] li[data-kind=\"wedged\"]";
+    let vetoed = format!("return document.querySelectorAll('{wedged}').length === 1 ? true : null");
     browser
         .until(
             "the frozen engine's card vetoed",
@@ -200,14 +223,7 @@ async fn the_demos_page_shows_every_worker_and_a_frozen_one_turns_vetoed_in_time
             WEDGE + UPDATE + SLACK,
         )
         .await;
-    let took = froze.elapsed();
-    assert!(
-        took >= WEDGE - UPDATE,
-        "not before the wedge bound: {took:?}"
-    );
-    let cause = browser
-        .find_text(".card[data-state=\"vetoed\"] ul.vetoes li")
-        .await;
+    let cause = browser.find_text(wedged).await;
     assert!(cause.starts_with("wedged: "), "{cause}");
     assert_eq!(
         browser
@@ -295,4 +311,70 @@ async fn screenshots() {
     demo.until("the report", Duration::from_secs(120), |l| {
         l.starts_with("unprotected").then_some(())
     });
+    let pids = demo.pids();
+    demo.exited_clean(&pids, Duration::from_secs(60)).await;
+}
+
+#[tokio::test]
+async fn with_an_admin_key_the_page_asks_for_it_once_and_no_script_can_read_it() {
+    use sluice_sim::testkit::instant;
+    use sluice_sim::{FleetConfig, SimFleet};
+    let sims = SimFleet::start(FleetConfig::local(1, instant(sluice_sim::Flavor::Vllm)))
+        .await
+        .unwrap();
+    let mut config = sluice_gateway::Config::local(&sims.urls());
+    config.admin_api_key = Some("page-secret".into());
+    let gateway = sluice_gateway::Gateway::start(config).await.unwrap();
+    let browser = Browser::start().await;
+    browser
+        .client
+        .goto(&format!("{}/ui", gateway.url()))
+        .await
+        .unwrap();
+    let form_shown = "return document.getElementById('login').hidden ? null : true";
+    browser
+        .until("the login form", form_shown, Duration::from_secs(10))
+        .await;
+
+    let submit = |key: &'static str| {
+        let client = browser.client.clone();
+        async move {
+            let input = client.find(fantoccini::Locator::Id("key")).await.unwrap();
+            input.send_keys(key).await.unwrap();
+            client
+                .find(fantoccini::Locator::Css("#login button"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+        }
+    };
+    submit("wrong").await;
+    let refused = "const e = document.getElementById('login-error'); \
+                   return e.hidden ? null : e.textContent";
+    let said = browser
+        .until("the refusal", refused, Duration::from_secs(10))
+        .await;
+    assert_eq!(said, "That key was refused.");
+
+    submit("page-secret").await;
+    let one = format!("return {} === 1 ? true : null", cards(Some("ready")));
+    browser
+        .until("the worker's card", &one, Duration::from_secs(20))
+        .await;
+    let cookies = browser
+        .client
+        .execute("return document.cookie", vec![])
+        .await
+        .unwrap();
+    assert_eq!(cookies, "", "the key's cookie is HttpOnly");
+
+    // A reload needs no key: the cookie is sent.
+    browser.client.refresh().await.unwrap();
+    browser
+        .until("the card after a reload", &one, Duration::from_secs(20))
+        .await;
+    browser.stop().await;
+    gateway.shutdown().await;
 }
