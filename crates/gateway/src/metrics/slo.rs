@@ -21,13 +21,14 @@ pub struct TierLabel {
     pub tier: &'static str,
 }
 
-/// The SLO families and the objectives they judge by.
+/// The SLO families' series, one per tier, resolved at registration so the request path never
+/// looks a label set up; and the objectives they judge by.
 #[derive(Debug)]
 pub struct SloMetrics {
     pub slos: Slos,
-    attained: Family<TierLabel, Counter>,
-    missed: Family<TierLabel, Counter>,
-    ttft: Family<TierLabel, Histogram>,
+    attained: [Counter; 3],
+    missed: [Counter; 3],
+    ttft: [Histogram; 3],
 }
 
 fn ttft_histogram() -> Histogram {
@@ -37,50 +38,46 @@ fn ttft_histogram() -> Histogram {
 impl SloMetrics {
     /// The families, every tier's series at zero from startup.
     pub fn register(registry: &mut Registry, slos: Slos) -> Self {
-        let m = Self {
-            slos,
-            attained: Family::default(),
-            missed: Family::default(),
-            ttft: Family::new_with_constructor(ttft_histogram),
-        };
+        let attained = Family::<TierLabel, Counter>::default();
+        let missed = Family::<TierLabel, Counter>::default();
+        let ttft =
+            Family::<TierLabel, Histogram>::new_with_constructor(ttft_histogram as fn() -> _);
         registry.register(
             "slo_attained",
             "Answers that completed within every objective of their tier (--slo-ttft-ms-by-tier, --slo-tpot-ms-by-tier)",
-            m.attained.clone(),
+            attained.clone(),
         );
         registry.register(
             "slo_missed",
             "Answers that completed outside an objective of their tier",
-            m.missed.clone(),
+            missed.clone(),
         );
         registry.register(
             "request_ttft_seconds",
             "Time from a request's arrival to the first byte of a worker's answer relayed to its client, by tier",
-            m.ttft.clone(),
+            ttft.clone(),
         );
-        for tier in Tier::ALL {
-            let label = TierLabel { tier: tier.name() };
-            let _ = m.attained.get_or_create(&label);
-            let _ = m.missed.get_or_create(&label);
-            let _ = m.ttft.get_or_create(&label);
+        let label = |tier: Tier| TierLabel { tier: tier.name() };
+        Self {
+            slos,
+            attained: Tier::ALL.map(|t| attained.get_or_create(&label(t)).clone()),
+            missed: Tier::ALL.map(|t| missed.get_or_create(&label(t)).clone()),
+            ttft: Tier::ALL.map(|t| ttft.get_or_create(&label(t)).clone()),
         }
-        m
     }
 
     /// A successful answer's first byte went to its client `ttft` after arrival.
     pub fn first_byte(&self, tier: Tier, ttft: std::time::Duration) {
-        self.ttft
-            .get_or_create(&TierLabel { tier: tier.name() })
-            .observe(ttft.as_secs_f64());
+        self.ttft[tier.index()].observe(ttft.as_secs_f64());
     }
 
     /// A successful answer completed: counted against its tier's objectives.
     pub fn completed(&self, tier: Tier, served: &Served) {
-        let family = if served.within(&self.slos.of(tier)) {
+        let counters = if served.within(&self.slos.of(tier)) {
             &self.attained
         } else {
             &self.missed
         };
-        family.get_or_create(&TierLabel { tier: tier.name() }).inc();
+        counters[tier.index()].inc();
     }
 }
