@@ -105,7 +105,11 @@ impl Status {
                 IDLE_INTERVAL
             };
             tokio::select! {
-                _ = stop.wait_for(|stopped| *stopped) => return,
+                _ = stop.wait_for(|stopped| *stopped) => {
+                    // An empty update ends every watcher's stream: shutdown waits for none.
+                    self.feed.send_replace(Bytes::new());
+                    return;
+                }
                 () = tokio::time::sleep(wait) => {}
             }
         }
@@ -271,8 +275,8 @@ async fn events(State(status): State<Arc<Status>>, headers: HeaderMap) -> Respon
     let now = (!latest.is_empty()).then(|| update_event(&latest));
     let updates = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.changed().await.ok()?;
-        let event = update_event(&rx.borrow_and_update());
-        Some((event, rx))
+        let latest = rx.borrow_and_update().clone();
+        (!latest.is_empty()).then(|| (update_event(&latest), rx))
     });
     let stream = futures_util::stream::iter(first.chain(now))
         .chain(updates)
