@@ -287,21 +287,3 @@ async fn disable_ui_serves_no_page() {
     assert_eq!(get(&s.client, &s.url("/ui")).await.status, 404);
     assert_eq!(get(&s.client, &s.url("/ui/events")).await.status, 404);
 }
-
-#[tokio::test]
-async fn shutdown_ends_the_feed_cleanly() {
-    let s = start(1, instant(Flavor::Vllm), |_| {}).await;
-    let mut feed = Feed::open(&s, &[]).await;
-    assert_eq!(feed.next().await.0, "history");
-    let Setup { gateway, sims, .. } = s;
-    let stopping = tokio::spawn(gateway.shutdown());
-    // The stream ends as a stream does, not cut with the connection.
-    bounded("the feed's end", async {
-        while let Some(frame) = feed.body.frame().await {
-            frame.expect("no error: the feed ended before its connection");
-        }
-    })
-    .await;
-    bounded("the shutdown", stopping).await.unwrap();
-    drop(sims);
-}

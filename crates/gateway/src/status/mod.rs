@@ -105,11 +105,7 @@ impl Status {
                 IDLE_INTERVAL
             };
             tokio::select! {
-                _ = stop.wait_for(|stopped| *stopped) => {
-                    // An empty update ends every watcher's stream: shutdown waits for none.
-                    self.feed.send_replace(Bytes::new());
-                    return;
-                }
+                _ = stop.wait_for(|stopped| *stopped) => return,
                 () = tokio::time::sleep(wait) => {}
             }
         }
@@ -275,8 +271,8 @@ async fn events(State(status): State<Arc<Status>>, headers: HeaderMap) -> Respon
     let now = (!latest.is_empty()).then(|| update_event(&latest));
     let updates = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.changed().await.ok()?;
-        let latest = rx.borrow_and_update().clone();
-        (!latest.is_empty()).then(|| (update_event(&latest), rx))
+        let event = update_event(&rx.borrow_and_update());
+        Some((event, rx))
     });
     let stream = futures_util::stream::iter(first.chain(now))
         .chain(updates)
