@@ -29,7 +29,7 @@ pub use inflight::{InFlight, InFlightGuard};
 
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::error::GatewayError;
-use crate::metrics::{CancelLabels, Metrics, RouteLabel};
+use crate::metrics::{CancelLabels, Metrics};
 
 /// Where a request is on its way, which decides what its drop means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,10 +243,7 @@ impl Drop for RequestContext {
             Phase::Received => true,
             Phase::Ended => false,
         };
-        self.metrics
-            .duration
-            .get_or_create(&RouteLabel { route: self.route })
-            .observe(duration.as_secs_f64());
+        self.metrics.observe_duration(self.route, duration);
         let ending = Ending {
             status: self.status,
             bytes: self.bytes,

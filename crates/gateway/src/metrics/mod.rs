@@ -157,6 +157,17 @@ pub struct Metrics {
     pub pd_admission_sheds: Counter,
     /// Answers judged against their tier's objectives; the client's time to first byte.
     pub slo: SloMetrics,
+    /// Each API route's answered-by-a-worker counter and duration histogram, resolved once
+    /// (`preset_routes`), so the common request looks no label set up.
+    routes: std::sync::OnceLock<Vec<RouteSeries>>,
+}
+
+/// One route's most used series.
+#[derive(Debug)]
+struct RouteSeries {
+    route: &'static str,
+    relayed_ok: Counter,
+    duration: Histogram,
 }
 
 /// Makes the latency histograms with the configured buckets (`--prometheus-duration-buckets`).
@@ -189,6 +200,7 @@ impl Metrics {
         let latency = Buckets(latency_buckets.into());
         let m = Self {
             slo: SloMetrics::register(registry, slos),
+            routes: std::sync::OnceLock::new(),
             requests: Family::default(),
             duration: Family::new_with_constructor(latency.clone()),
             ttft: Family::new_with_constructor(latency),
@@ -332,18 +344,45 @@ impl Metrics {
     /// Starts every route's series at zero, so each family is on the page from startup and a
     /// rate over it has a start (Prometheus's advice: initialise the label sets you know).
     pub fn preset_routes(&self, routes: &[&'static str]) {
+        let mut series = Vec::with_capacity(routes.len());
         for &route in routes {
-            let _ = self.requests.get_or_create(&RequestLabels {
-                route,
-                status: 200,
-                code: "none",
-            });
-            let _ = self.duration.get_or_create(&RouteLabel { route });
+            let relayed_ok = self
+                .requests
+                .get_or_create(&RequestLabels {
+                    route,
+                    status: 200,
+                    code: "none",
+                })
+                .clone();
+            let duration = self.duration.get_or_create(&RouteLabel { route }).clone();
             for stage in ["waiting", "streaming"] {
                 let _ = self
                     .cancellations
                     .get_or_create(&CancelLabels { route, stage });
             }
+            series.push(RouteSeries {
+                route,
+                relayed_ok,
+                duration,
+            });
+        }
+        let _ = self.routes.set(series);
+    }
+
+    /// A preset route's series (a dozen short paths: a scan beats hashing the label set).
+    fn route(&self, route: &str) -> Option<&RouteSeries> {
+        self.routes.get()?.iter().find(|s| s.route == route)
+    }
+
+    /// A request on `route` took `duration`, from arrival to the end of its response.
+    pub fn observe_duration(&self, route: &'static str, duration: std::time::Duration) {
+        let secs = duration.as_secs_f64();
+        match self.route(route) {
+            Some(series) => series.duration.observe(secs),
+            None => self
+                .duration
+                .get_or_create(&RouteLabel { route })
+                .observe(secs),
         }
     }
 
@@ -419,6 +458,10 @@ impl Metrics {
     }
 
     pub fn count_request(&self, route: &'static str, status: u16, code: &'static str) {
+        if let (200, "none", Some(series)) = (status, code, self.route(route)) {
+            series.relayed_ok.inc();
+            return;
+        }
         self.requests
             .get_or_create(&RequestLabels {
                 route,

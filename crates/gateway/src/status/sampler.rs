@@ -20,6 +20,16 @@ const WINDOW: Duration = Duration::from_secs(5);
 /// Points kept for a page that opens: ten minutes at one a second.
 pub const HISTORY: usize = 600;
 
+/// The series a reading sums (their sample lines begin so).
+const READ: [&str; 6] = [
+    "sluice_requests_total{",
+    "sluice_tenant_requests_total{",
+    "sluice_slo_attained_total{",
+    "sluice_slo_missed_total{",
+    "sluice_request_ttft_seconds_bucket{",
+    "sluice_worker_inter_chunk_seconds_bucket{",
+];
+
 /// The counters and histograms one reading takes from the exposition.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reading {
@@ -86,13 +96,19 @@ impl Reading {
         }
     }
 
-    /// Reads the registry as a scrape would.
+    /// Reads the registry as a scrape would; only the lines of the series it sums are parsed
+    /// (a fleet's per-worker histograms are most of the page).
     pub fn of_registry(registry: &Registry) -> Self {
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
             return Self::default();
         }
-        prom_text::parse(&text)
+        let read: String = text
+            .lines()
+            .filter(|line| READ.iter().any(|series| line.starts_with(series)))
+            .flat_map(|line| [line, "\n"])
+            .collect();
+        prom_text::parse(&read)
             .map(|e| Self::of(&e))
             .unwrap_or_default()
     }
