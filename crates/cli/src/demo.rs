@@ -73,17 +73,16 @@ impl DemoArgs {
     }
 }
 
-/// Runs the demo until its story ends (with `--exit`) or Ctrl-C; either way every process it
-/// started is stopped (dropping the demo stops them by their PIDs).
+/// Runs the demo until its story ends (with `--exit`) or Ctrl-C / SIGTERM; either way every
+/// process it started is stopped and waited for before it returns.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let plan = args.plan()?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        done = demo::run(plan) => Ok(done?),
-        _ = tokio::signal::ctrl_c() => {
-            println!("sluice demo: stopping every process it started");
-            Ok(())
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
         }
-        _ = terminate.recv() => Ok(()),
-    }
+    };
+    Ok(demo::run(plan, shutdown).await?)
 }

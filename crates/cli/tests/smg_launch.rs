@@ -339,11 +339,11 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
         let addr = serving(&mut gateway, workers);
         if line.iter().any(|a| a == "--tls-cert-path") {
             // Spoken to over HTTPS in crates/gateway/tests/tls.rs; here, that it says so.
-            let https = gateway.said.iter().any(|l| {
+            let https = gateway.lines.said.iter().any(|l| {
                 l.contains("sluice gateway listening")
                     && field(l, "scheme").as_deref() == Some("https")
             });
-            assert!(https, "launch line {i}: {}", gateway.said.join("\n"));
+            assert!(https, "launch line {i}: {}", gateway.lines.said.join("\n"));
             continue;
         }
         let status = if i == 0 {
@@ -364,7 +364,12 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
                 &[("authorization", "Bearer secret")],
             ))
         };
-        assert_eq!(status, 200, "launch line {i}: {}", gateway.said.join("\n"));
+        assert_eq!(
+            status,
+            200,
+            "launch line {i}: {}",
+            gateway.lines.said.join("\n")
+        );
     }
     let _ = std::fs::remove_dir_all(&log_dir);
 }

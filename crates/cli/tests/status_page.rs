@@ -10,15 +10,16 @@
 
 #[path = "common/browser.rs"]
 mod browser;
+#[path = "common/launched.rs"]
+#[allow(dead_code)]
+mod launched;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use browser::Browser;
-use tokio::time::Instant;
+use launched::Lines;
 
 /// The gateway's default wedge bound (`--worker-wedge-secs`), and its page's update interval.
 const WEDGE: Duration = Duration::from_secs(3);
@@ -30,8 +31,7 @@ const SLACK: Duration = Duration::from_secs(3);
 struct Demo {
     /// `None` once waited for.
     child: Option<Child>,
-    lines: mpsc::Receiver<String>,
-    said: Vec<String>,
+    lines: Lines,
     out: PathBuf,
 }
 
@@ -47,37 +47,17 @@ impl Demo {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = Lines::of(child.stdout.take().unwrap());
         Self {
             child: Some(child),
             lines,
-            said: Vec::new(),
             out: out.to_path_buf(),
         }
     }
 
     /// The first line `pick` takes something from (bounded).
     fn until<T>(&mut self, what: &str, within: Duration, pick: impl Fn(&str) -> Option<T>) -> T {
-        let give_up = Instant::now() + within;
-        loop {
-            let left = give_up.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no {what}; the demo said:\n{}", self.said.join("\n")));
-            self.said.push(line.clone());
-            if let Some(found) = pick(&line) {
-                return found;
-            }
-        }
+        self.lines.until(what, within, pick)
     }
 
     /// The demo's page, and the protected gateway's status page.
@@ -118,17 +98,9 @@ impl Demo {
             .unwrap()
             .unwrap();
         assert!(status.success(), "{status}");
-        // Its killed children are reaped by init once it is gone: /proc is read until then
-        // (there is no event to await for another process's children), bounded.
-        let give_up = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left: Vec<u32> = pids.iter().copied().filter(|pid| alive(*pid)).collect();
-            if left.is_empty() {
-                return;
-            }
-            assert!(Instant::now() < give_up, "processes left behind: {left:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // The demo stops its processes and waits for each before it exits.
+        let left: Vec<u32> = pids.iter().copied().filter(|pid| alive(*pid)).collect();
+        assert_eq!(left, Vec::<u32>::new(), "processes left behind");
     }
 }
 
@@ -295,8 +267,19 @@ async fn screenshots() {
             let rest = l.split_once(&format!("act {act}/5: "))?.1;
             Some(rest.split([':', ',']).next().unwrap_or(rest).to_string())
         });
-        // Two thirds into the act: what it does has shown.
-        tokio::time::sleep(Duration::from_secs(secs_per_act * 2 / 3)).await;
+        // Two thirds into the act (the page's story clock says), what it does has shown.
+        let at = (u64::from(act) - 1) * secs_per_act + secs_per_act * 2 / 3;
+        let clock = format!(
+            "const [m, s] = document.getElementById('clock').textContent.split(':'); \
+             return (+m) * 60 + (+s) >= {at} ? true : null"
+        );
+        browser
+            .until(
+                "two thirds into the act",
+                &clock,
+                Duration::from_secs(secs_per_act * 2),
+            )
+            .await;
         let slug: String = name
             .split_whitespace()
             .take(3)

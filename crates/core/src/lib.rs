@@ -32,6 +32,7 @@
 //! - `retry` — which failed attempts may be retried, and the backoff before each retry.
 //! - `slo` — per-tier objectives (time to first token, time per output token) and whether an
 //!   answer met them.
+//! - `status` — what the status page shows of a worker at a glance (its card's state).
 //! - `histogram` — quantiles of cumulative bucketed histograms, as PromQL reads them.
 //! - `sse` — server-sent events parsed incrementally, as the HTML standard reads them.
 //! - `prom_text` — the Prometheus text format engines serve on `/metrics` (vLLM's `vllm:*` names
@@ -56,5 +57,6 @@ pub mod prom_text;
 pub mod retry;
 pub mod slo;
 pub mod sse;
+pub mod status;
 
 pub use ids::{ModelName, TenantId, WorkerId};

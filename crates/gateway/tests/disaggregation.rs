@@ -81,20 +81,18 @@ fn exact(content: &str, tokens: u32, stream: bool) -> String {
 /// A streaming request that holds its decode slot for seconds, returned once its first chunk
 /// has arrived.
 async fn hold(s: &Setup, content: &str) -> hyper::Response<hyper::body::Incoming> {
-    use http_body_util::BodyExt;
-    let request = http::Request::post(s.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(exact(
-            content, 4000, true,
-        ))))
-        .unwrap();
-    let mut response = s.client.request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    bounded("a first chunk", response.body_mut().frame())
-        .await
-        .unwrap()
-        .unwrap();
-    response
+    open_stream_with(&s.client, &s.gateway, exact(content, 4000, true), &[]).await
+}
+
+/// A request no engine takes (more tokens than the model's length) gets the engines' own 400.
+async fn engines_refusal_is_relayed(s: &Setup) {
+    let refused = s.chat(&exact("hello", 40_000, false)).await;
+    assert_eq!(
+        refused.status,
+        400,
+        "the engines' own answer: {}",
+        refused.text()
+    );
 }
 
 fn content_tokens(answer: &Answer) -> usize {
@@ -120,13 +118,7 @@ async fn both_legs_meet_in_one_room_and_the_answer_streams_from_the_decode_engin
     // The prefill engine answers one token; twelve came, so they are the decode engine's.
     assert_eq!(content_tokens(&streamed), 12, "{}", streamed.text());
     assert_eq!(streamed.events().last().unwrap(), "[DONE]");
-    let refused = s.chat(&exact("hello", 40_000, false)).await;
-    assert_eq!(
-        refused.status,
-        400,
-        "the engines' own answer: {}",
-        refused.text()
-    );
+    engines_refusal_is_relayed(&s).await;
     let whole = s.chat(&exact("hello", 7, false)).await;
     assert_eq!(whole.status, 200, "{}", whole.text());
     assert_eq!(whole.json()["usage"]["completion_tokens"], 7);
@@ -327,11 +319,5 @@ async fn vllm_workers_get_the_prefill_first_and_the_decode_leg_what_it_answered(
         "the decode engine pulled the KV"
     );
     assert_eq!(decode.tokens_generated, 12);
-    let refused = s.chat(&exact("hello", 40_000, false)).await;
-    assert_eq!(
-        refused.status,
-        400,
-        "the engines' own answer: {}",
-        refused.text()
-    );
+    engines_refusal_is_relayed(&s).await;
 }

@@ -77,6 +77,13 @@ impl Feed {
     }
 }
 
+/// Twenty updates a second, so a test sees a change soon after it happens.
+fn quick_updates(c: &mut Config) {
+    c.ui = Some(sluice_gateway::config::UiConfig {
+        interval: Duration::from_millis(50),
+    });
+}
+
 fn states(update: &Value) -> Vec<String> {
     update["workers"]
         .as_array()
@@ -116,9 +123,7 @@ async fn the_page_is_embedded_and_loads_only_its_own_files() {
 #[tokio::test]
 async fn the_feed_sends_the_history_then_a_card_per_worker_and_the_charts_points() {
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.ui = Some(sluice_gateway::config::UiConfig {
-            interval: Duration::from_millis(50),
-        });
+        quick_updates(c);
     })
     .await;
     let mut feed = Feed::open(&s, &[]).await;
@@ -169,9 +174,7 @@ async fn the_feed_sends_the_history_then_a_card_per_worker_and_the_charts_points
 #[tokio::test]
 async fn a_frozen_engine_turns_its_card_vetoed_with_the_cause() {
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.ui = Some(sluice_gateway::config::UiConfig {
-            interval: Duration::from_millis(50),
-        });
+        quick_updates(c);
         c.policy = sluice_core::policy::Policy::RoundRobin;
         c.load.interval = Duration::from_millis(50);
         c.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);

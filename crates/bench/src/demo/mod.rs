@@ -128,8 +128,12 @@ fn late_since(now: EngineTotals, before: EngineTotals) -> f64 {
 }
 
 /// Runs the demo: starts everything, plays the story, reports, and (unless `exit`) keeps the
-/// page up. Dropping the future (Ctrl-C) stops every process it started.
-pub async fn run(plan: DemoPlan) -> Result<(), DemoError> {
+/// page up, until the story ends or `shutdown` resolves (Ctrl-C); then stops every process it
+/// started and waits for each to exit.
+pub async fn run(
+    plan: DemoPlan,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DemoError> {
     let models = models();
     let story = Story::of(plan.scenario, plan.duration);
     std::fs::create_dir_all(&plan.out_dir).map_err(|source| ScenarioError::Write {
@@ -153,11 +157,35 @@ pub async fn run(plan: DemoPlan) -> Result<(), DemoError> {
         plan.out_dir.display()
     );
     let mut stacks = Vec::new();
-    for &kind in kinds {
-        stacks.push(Stack::start(kind, &plan, &models).await?);
+    tokio::pin!(shutdown);
+    let shown = tokio::select! {
+        shown = show(&plan, kinds, &story, &models, &mut stacks) => shown,
+        () = &mut shutdown => {
+            println!("sluice demo: stopping every process it started");
+            Ok(())
+        }
+    };
+    // Every process stopped and waited for, whatever ended the demo.
+    for stack in stacks {
+        stack.stop().await;
     }
-    write_pids(&plan, &stacks)?;
-    let state = Arc::new(parking_lot::Mutex::new(DemoState::new(&story, &stacks)));
+    shown
+}
+
+/// Starts each stack into `stacks` (so that whoever stops the demo stops them), serves the page,
+/// plays the story and reports; then, unless `--exit`, keeps the page up for good.
+async fn show(
+    plan: &DemoPlan,
+    kinds: &[Kind],
+    story: &Story,
+    models: &[Model; 2],
+    stacks: &mut Vec<Stack>,
+) -> Result<(), DemoError> {
+    for &kind in kinds {
+        stacks.push(Stack::start(kind, plan, models).await?);
+    }
+    write_pids(plan, stacks)?;
+    let state = Arc::new(parking_lot::Mutex::new(DemoState::new(story, stacks)));
     let addr = page::serve(plan.port, state.clone())
         .await
         .map_err(|source| DemoError::Listen {
@@ -165,18 +193,15 @@ pub async fn run(plan: DemoPlan) -> Result<(), DemoError> {
             source,
         })?;
     println!("sluice demo: open http://{addr}/ to watch");
-    for stack in &stacks {
+    for stack in stacks.iter() {
         println!("  {}: {}", stack.kind.label(), stack.ui);
     }
-    play(&story, &models, &mut stacks, &state).await?;
-    report(&mut stacks).await?;
+    play(story, models, stacks, &state).await?;
+    report(stacks).await?;
     state.lock().over = true;
     if !plan.exit {
         println!("sluice demo: the story is over; the page stays up until Ctrl-C");
         std::future::pending::<()>().await;
-    }
-    for stack in stacks {
-        stack.stop().await;
     }
     Ok(())
 }

@@ -1,12 +1,16 @@
 //! Headless Chromium driven over WebDriver: Debian's `chromium` and `chromium-driver`
 //! (`scripts/test` installs them), a chromedriver started on a free loopback port and stopped by
-//! its PID when dropped, and a fresh profile per browser.
+//! its PID when dropped, and a fresh profile per browser. Waits happen in the page, on its own
+//! changes (a `MutationObserver`), not by polling from here.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use fantoccini::wd::TimeoutConfiguration;
 use fantoccini::{Client, ClientBuilder, Locator};
+
+use super::launched::Lines;
 
 /// Chromium's flags for a closed network: without the background-networking ones it keeps
 /// trying to reach Google's hosts.
@@ -38,14 +42,19 @@ fn free_port() -> u16 {
 impl Browser {
     pub async fn start() -> Self {
         let port = free_port();
-        let driver = Command::new("chromedriver")
+        let mut driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
                 panic!("chromedriver is needed ({e}): run scripts/test, or apt-get install chromium chromium-driver")
             });
+        // It says so once it listens.
+        let mut said = Lines::of(driver.stdout.take().expect("piped"));
+        said.until("chromedriver listening", Duration::from_secs(30), |l| {
+            l.contains("started successfully").then_some(())
+        });
         let profile =
             std::env::temp_dir().join(format!("sluice-chromium-{}-{port}", std::process::id()));
         let mut args: Vec<String> = FLAGS.iter().map(ToString::to_string).collect();
@@ -55,47 +64,47 @@ impl Browser {
             "goog:chromeOptions".into(),
             serde_json::json!({"args": args, "binary": "/usr/bin/chromium"}),
         );
-        let url = format!("http://127.0.0.1:{port}");
-        // chromedriver takes a moment to listen: bounded retries.
-        let mut last = None;
-        for _ in 0..100 {
-            let builder =
-                ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                    .capabilities(caps.clone())
-                    .clone();
-            match builder.connect(&url).await {
-                Ok(client) => {
-                    return Self {
-                        client,
-                        driver,
-                        profile,
-                    }
-                }
-                Err(e) => last = Some(e),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("a browser session");
+        Self {
+            client,
+            driver,
+            profile,
         }
-        panic!("chromedriver did not start a session: {last:?}");
     }
 
-    /// Polls `check` (a script returning a value, `null` for "not yet") until it gives one.
-    pub async fn until(&self, what: &str, script: &str, within: Duration) -> serde_json::Value {
-        let give_up = tokio::time::Instant::now() + within;
-        loop {
-            let got = self
-                .client
-                .execute(script, Vec::new())
-                .await
-                .unwrap_or(serde_json::Value::Null);
-            if !got.is_null() {
-                return got;
-            }
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "no {what} within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    /// Waits, in the page, until `check` (a script body returning a value, `null` for "not
+    /// yet") gives one: it is run now and on every change to the document, and the value comes
+    /// back once it is there. Fails after `within`.
+    pub async fn until(&self, what: &str, check: &str, within: Duration) -> serde_json::Value {
+        self.client
+            .update_timeouts(TimeoutConfiguration::new(Some(within), None, None))
+            .await
+            .expect("the script timeout set");
+        let script = format!(
+            "const done = arguments[arguments.length - 1];\n\
+             const check = () => {{ {check} }};\n\
+             let observer;\n\
+             const test = () => {{\n\
+               let got = null;\n\
+               try {{ got = check(); }} catch (e) {{ got = null; }}\n\
+               if (got === null || got === undefined) return false;\n\
+               if (observer) observer.disconnect();\n\
+               done(got);\n\
+               return true;\n\
+             }};\n\
+             if (!test()) {{\n\
+               observer = new MutationObserver(test);\n\
+               observer.observe(document, {{subtree: true, childList: true, attributes: true, characterData: true}});\n\
+             }}"
+        );
+        self.client
+            .execute_async(&script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("no {what} within {within:?}: {e}"))
     }
 
     pub async fn screenshot(&self, path: &std::path::Path) {

@@ -1,17 +1,61 @@
 //! `sluice serve` as a process: its stderr lines read on a thread of their own, awaited with a
-//! bound, and the process stopped by its PID when dropped.
+//! bound, and the process stopped by its PID when dropped. `Lines` serves any child's output.
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-pub struct Launched {
-    pub child: Child,
+/// A child's output, line by line, read on a thread of its own.
+pub struct Lines {
     lines: mpsc::Receiver<String>,
     /// Every line read so far.
     pub said: Vec<String>,
+}
+
+impl Lines {
+    pub fn of(output: impl Read + Send + 'static) -> Self {
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            lines,
+            said: Vec::new(),
+        }
+    }
+
+    /// The first line `pick` takes something from within `within`; failing with all it said.
+    pub fn until<T>(
+        &mut self,
+        what: &str,
+        within: Duration,
+        pick: impl Fn(&str) -> Option<T>,
+    ) -> T {
+        let give_up = tokio::time::Instant::now() + within;
+        loop {
+            let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {what}; it said:\n{}", self.said.join("\n")));
+            self.said.push(line.clone());
+            if let Some(found) = pick(&line) {
+                return found;
+            }
+        }
+    }
+}
+
+pub struct Launched {
+    pub child: Child,
+    /// What it said on stderr.
+    pub lines: Lines,
 }
 
 impl Launched {
@@ -27,34 +71,13 @@ impl Launched {
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            said: Vec::new(),
-        }
+        let lines = Lines::of(child.stderr.take().unwrap());
+        Self { child, lines }
     }
 
     /// The first line `pick` takes something from; bounded, and failing with all it said.
     pub fn until<T>(&mut self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
-        loop {
-            let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("no {what}; it said:\n{}", self.said.join("\n")));
-            self.said.push(line.clone());
-            if let Some(found) = pick(&line) {
-                return found;
-            }
-        }
+        self.lines.until(what, Duration::from_secs(30), pick)
     }
 }
 

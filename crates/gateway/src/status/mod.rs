@@ -41,7 +41,7 @@ use sluice_core::slo::Slos;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use view::CardState;
+pub use sluice_core::status::CardState;
 
 use crate::admin::Admin;
 use crate::config::UiConfig;

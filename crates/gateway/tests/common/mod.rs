@@ -241,6 +241,17 @@ pub async fn open_stream_at(
     max_tokens: u32,
     headers: &[(&str, &str)],
 ) -> hyper::Response<hyper::body::Incoming> {
+    let body = chat_body("test-model", content, max_tokens, true);
+    open_stream_with(client, gateway, body, headers).await
+}
+
+/// A streaming request with `body` through `gateway`, returned once its first chunk has arrived.
+pub async fn open_stream_with(
+    client: &HttpClient,
+    gateway: &Gateway,
+    body: String,
+    headers: &[(&str, &str)],
+) -> hyper::Response<hyper::body::Incoming> {
     use http_body_util::BodyExt;
     let url = format!("{}/v1/chat/completions", gateway.url());
     let mut request = http::Request::post(url).header("content-type", "application/json");
@@ -248,12 +259,7 @@ pub async fn open_stream_at(
         request = request.header(*name, *value);
     }
     let request = request
-        .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
-            "test-model",
-            content,
-            max_tokens,
-            true,
-        ))))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
         .unwrap();
     let mut response = client.request(request).await.unwrap();
     assert_eq!(response.status(), 200);

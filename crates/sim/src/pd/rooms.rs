@@ -148,20 +148,24 @@ impl Rooms {
         }
     }
 
+    /// Room `id` with one half entered by `enter`, which gives `None` when that half is there
+    /// already (a room is entered once from each side).
+    fn enter(
+        &self,
+        id: u64,
+        enter: impl FnOnce(&mut State) -> Option<()>,
+    ) -> Result<Arc<Room>, Failure> {
+        let room = self.room(id);
+        let mut entered = None;
+        room.state.send_modify(|s| entered = enter(s));
+        entered.map(|()| room).ok_or(Failure::Taken)
+    }
+
     /// The prefill half lands in room `id`; its deadline starts now.
     pub fn land(self: &Arc<Self>, id: u64) -> Result<PrefillLeg, Failure> {
-        let room = self.room(id);
-        let mut taken = false;
-        room.state.send_modify(|s| {
-            if s.prefill == Prefill::Absent {
-                s.prefill = Prefill::Waiting;
-            } else {
-                taken = true;
-            }
-        });
-        if taken {
-            return Err(Failure::Taken);
-        }
+        let room = self.enter(id, |s| {
+            (s.prefill == Prefill::Absent).then(|| s.prefill = Prefill::Waiting)
+        })?;
         Ok(PrefillLeg {
             rooms: self.clone(),
             id,
@@ -173,18 +177,9 @@ impl Rooms {
     /// The decode half claims room `id` and waits for its KV: `Ok` once the prefill is done.
     /// Dropping the future leaves the room (the prefill is aborted if it is computing).
     pub async fn claim(self: &Arc<Self>, id: u64) -> Result<(), Failure> {
-        let room = self.room(id);
-        let mut taken = false;
-        room.state.send_modify(|s| {
-            if s.decode == Decode::Absent {
-                s.decode = Decode::Claimed;
-            } else {
-                taken = true;
-            }
-        });
-        if taken {
-            return Err(Failure::Taken);
-        }
+        let room = self.enter(id, |s| {
+            (s.decode == Decode::Absent).then(|| s.decode = Decode::Claimed)
+        })?;
         let guard = ClaimGuard {
             room: room.clone(),
             settled: false,
