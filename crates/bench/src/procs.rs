@@ -296,6 +296,32 @@ pub fn pin_self(core: usize) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The processor as `/proc/cpuinfo` names it (model name, family, model, clock) and the cores
+/// this process may use: written beside every figure, since machines sold as the same kind
+/// differ and only figures from one run compare.
+pub fn processor() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let Some(name) = field("model name") else {
+        return format!("unknown processor, {cores} cores");
+    };
+    let mhz = field("cpu MHz")
+        .and_then(|m| m.parse::<f64>().ok())
+        .map(|m| format!(", {:.2} GHz", m / 1000.0))
+        .unwrap_or_default();
+    format!(
+        "{name} (family {}, model {}{mhz}), {cores} cores",
+        field("cpu family").unwrap_or_else(|| "?".into()),
+        field("model").unwrap_or_else(|| "?".into()),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -173,3 +173,42 @@ fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn many_streams_are_held_open_through_both_upstream_protocols_and_all_complete() {
+    let dir = out_dir("many-streams");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "scenario", "many-streams", "--engines", "2"])
+        .args(["--streams", "40", "--stream-tokens", "3", "--json", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scenario failed: {stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["processor"].as_str().unwrap().contains("cores"));
+    let rows = report["rows"].as_array().unwrap();
+    let configs: Vec<&str> = rows.iter().map(|r| r["config"].as_str().unwrap()).collect();
+    assert_eq!(configs, ["sluice-http2", "sluice-http1"]);
+    for row in rows {
+        let streams = &row["streams"];
+        assert_eq!(streams["streams"], 40, "{row}");
+        assert_eq!(streams["completed"], 40, "{row}");
+        assert_eq!(streams["failed"], 0, "{row}");
+        // Three tokens, the closing chunk and [DONE] at least, on every stream.
+        assert!(streams["events"].as_u64().unwrap() >= 40 * 4, "{row}");
+        assert!(streams["rss_bytes"].as_u64().unwrap() > 0, "{row}");
+        let idle = &row["idle"];
+        assert_eq!(idle["connections"], 40, "{row}");
+        assert_eq!(idle["still_open"], 40, "{row}");
+    }
+    if let Some(files) = report["open_files"].as_u64() {
+        let room = |i: usize| rows[i]["room"].as_u64().unwrap();
+        assert!(
+            room(0) > room(1),
+            "HTTP/2 to the engines leaves room for more clients"
+        );
+        assert_eq!(room(1), (files - 64) / 2);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -30,6 +30,7 @@
 //! - `health` — the worker health state machine (Pending / Ready / NotReady / Failed /
 //!   Draining) that probes drive.
 //! - `retry` — which failed attempts may be retried, and the backoff before each retry.
+//! - `room` — how many client connections the open-file limit leaves room for.
 //! - `slo` — per-tier objectives (time to first token, time per output token) and whether an
 //!   answer met them.
 //! - `status` — what the status page shows of a worker at a glance (its card's state).
@@ -55,6 +56,7 @@ pub mod policy;
 pub mod prefix;
 pub mod prom_text;
 pub mod retry;
+pub mod room;
 pub mod slo;
 pub mod sse;
 pub mod status;

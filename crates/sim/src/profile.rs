@@ -27,7 +27,7 @@ pub struct Profile {
 }
 
 /// Every preset, for `--help` and error messages.
-pub const PROFILE_NAMES: [&str; 3] = ["llama3-8b-h100", "llama3-70b-h100-tp4", "instant"];
+pub const PROFILE_NAMES: [&str; 4] = ["llama3-8b-h100", "llama3-70b-h100-tp4", "instant", "slow"];
 
 impl Profile {
     /// Looks up a preset by name.
@@ -36,6 +36,7 @@ impl Profile {
             "llama3-8b-h100" => Some(llama3_8b_h100()),
             "llama3-70b-h100-tp4" => Some(llama3_70b_h100_tp4()),
             "instant" => Some(instant()),
+            "slow" => Some(slow()),
             _ => None,
         }
     }
@@ -110,5 +111,20 @@ fn instant() -> Profile {
         max_num_batched_tokens: 1 << 20,
         max_model_len: 32_768,
         output_median_tokens: 16.0,
+    }
+}
+
+/// Every step takes one second whatever it holds, and the KV cache never runs out: each stream
+/// gets a token a second. For holding many long streams open through a gateway (its memory per
+/// stream), where the engine's speed must not depend on how many there are.
+fn slow() -> Profile {
+    Profile {
+        name: "slow",
+        cost: StepCost {
+            base: Duration::from_secs(1),
+            ..instant().cost
+        },
+        max_num_seqs: 1 << 16,
+        ..instant()
     }
 }

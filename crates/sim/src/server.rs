@@ -45,7 +45,11 @@ pub(crate) async fn serve(
     faults: watch::Receiver<FaultSet>,
     kill: watch::Receiver<bool>,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // No cap on streams per HTTP/2 connection (hyper's default is 200): a gateway speaking HTTP/2
+    // sends an engine all of its requests on one connection, and an engine takes as many as its
+    // scheduler holds, whatever the transport.
+    builder.http2().max_concurrent_streams(None);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

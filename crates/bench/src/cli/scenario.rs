@@ -41,6 +41,11 @@ pub enum ScenarioName {
     /// `sluice bench overhead` (instant engines, the gateway pinned to one core); --configs
     /// names its targets (direct, nginx, sluice, sluice-cache-aware, smg).
     Overhead,
+    /// --streams slow streams (a token a second each) held open through one gateway speaking
+    /// HTTP/2 to the engines (sluice-http2) and HTTP/1.1 (sluice-http1, as many as its
+    /// open-file limit leaves room for), and as many idle keep-alive connections: the
+    /// gateway's memory per stream and per connection, failures, CPU per event.
+    ManyStreams,
 }
 
 impl ScenarioName {
@@ -57,7 +62,8 @@ impl ScenarioName {
             | ScenarioName::Degradation
             | ScenarioName::Routing
             | ScenarioName::PdBurst
-            | ScenarioName::Overhead => None,
+            | ScenarioName::Overhead
+            | ScenarioName::ManyStreams => None,
         }
     }
 }
@@ -90,7 +96,7 @@ pub struct ScenarioArgs {
     #[arg(long = "gateway", value_name = "NAME=COMMAND")]
     pub gateways: Vec<String>,
     /// Simulated engines [default: 2 for overload-sweep, tiered-overload, noisy-tenant and
-    /// degradation, 4 for routing, 3 for the incident scenarios].
+    /// degradation, 4 for routing and many-streams, 3 for the incident scenarios].
     #[arg(long)]
     pub engines: Option<usize>,
     /// Requests per engine-second one engine serves within objectives, instead of measuring it
@@ -120,6 +126,16 @@ pub struct ScenarioArgs {
         default_value = "--max-num-seqs 64 --num-gpu-blocks 2048"
     )]
     pub engine_args: String,
+    /// many-streams: streams held open at once [default: 10000, or 1000 with --quick].
+    #[arg(long)]
+    pub streams: Option<usize>,
+    /// many-streams: tokens per stream, a second each [default: the seconds it takes to open
+    /// them all, plus 20].
+    #[arg(long)]
+    pub stream_tokens: Option<u32>,
+    /// many-streams: streams opened per second.
+    #[arg(long, default_value_t = 500.0)]
+    pub stream_rate: f64,
     /// Where the plot and the processes' logs go.
     #[arg(long, default_value = "sluice-bench-out")]
     pub out: PathBuf,
@@ -145,6 +161,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
             json: args.json,
         })
         .await;
+    }
+    if let ScenarioName::ManyStreams = args.name {
+        return many_streams(&args).await;
     }
     if let ScenarioName::PdBurst = args.name {
         std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
@@ -191,6 +210,32 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
         let report = crate::scenario::overload_sweep(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
     }
+    Ok(())
+}
+
+async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+    let streams = args
+        .streams
+        .unwrap_or(if args.quick { 1000 } else { 10_000 });
+    if streams == 0 {
+        return Err(BenchError::Zero("streams"));
+    }
+    if !(args.stream_rate > 0.0 && args.stream_rate.is_finite()) {
+        return Err(BenchError::Positive("stream-rate"));
+    }
+    let opening = (streams as f64 / args.stream_rate).ceil() as u32;
+    let report = crate::scenario::many_streams(&crate::scenario::ManyStreamsPlan {
+        sluice_exe: std::env::current_exe().map_err(BenchError::Exe)?,
+        out_dir: args.out.clone(),
+        streams,
+        engines: args.engines.unwrap_or(4),
+        tokens: args.stream_tokens.unwrap_or(opening + 20).max(1),
+        rate: args.stream_rate,
+        configs: args.configs.clone(),
+    })
+    .await?;
+    print_report(args.json, &report, || report.table());
     Ok(())
 }
 

@@ -197,7 +197,7 @@ impl Stack {
         })?;
         let scenario = scenario_plan(plan, models, &dir);
         let fleet = SimFleet::start(&scenario).await?;
-        let gateway = Gateway::start(&template(kind, plan, &dir)?, &fleet, &dir).await?;
+        let gateway = Gateway::start(&template(kind, plan, &dir)?, &fleet.workers, &dir).await?;
         Ok(Self {
             kind,
             ui: format!("{}/ui", gateway.url),

@@ -27,7 +27,7 @@ pub struct Shot {
 }
 
 impl Shot {
-    fn request(&self, host: &str) -> Option<Request<Full<Bytes>>> {
+    pub(crate) fn request(&self, host: &str) -> Option<Request<Full<Bytes>>> {
         Request::post(self.path)
             .header(HOST, host)
             .header(CONTENT_TYPE, "application/json")
@@ -107,9 +107,9 @@ pub async fn closed_loop(
     Ok(tally)
 }
 
-type Sender = http1::SendRequest<Full<Bytes>>;
+pub(crate) type Sender = http1::SendRequest<Full<Bytes>>;
 
-async fn connect(addr: SocketAddr) -> Result<Sender, LoadError> {
+pub(crate) async fn connect(addr: SocketAddr) -> Result<Sender, LoadError> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|source| LoadError::Connect { addr, source })?;
@@ -188,12 +188,12 @@ fn micros(d: Duration) -> u32 {
 
 /// Counts blank lines (`\n\n`) across chunk boundaries: each ends one SSE event.
 #[derive(Default)]
-struct EventEnds {
+pub(crate) struct EventEnds {
     last_was_newline: bool,
 }
 
 impl EventEnds {
-    fn count(&mut self, data: &[u8]) -> u64 {
+    pub(crate) fn count(&mut self, data: &[u8]) -> u64 {
         let mut ends = 0;
         for &b in data {
             let newline = b == b'\n';

@@ -16,6 +16,7 @@
 mod adaptive;
 mod degradation;
 mod fleet;
+mod many_streams;
 mod noisy;
 mod pd_burst;
 mod plot;
@@ -34,6 +35,7 @@ pub use degradation::{
     api as degradation_api, configs as degradation_configs, degradation, shape as degradation_shape,
 };
 pub use fleet::{EngineTotals, FleetShape, SimFleet};
+pub use many_streams::{many_streams, ManyStreamsPlan, ManyStreamsReport};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants};
 pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
 pub use routing::{configs as routing_configs, routing, RoutingReport};
@@ -176,11 +178,11 @@ pub struct Gateway {
 impl Gateway {
     pub async fn start(
         template: &Template,
-        fleet: &SimFleet,
+        workers: &[String],
         out_dir: &Path,
     ) -> Result<Self, ScenarioError> {
         let port = free_ports(1)?;
-        let argv = template.render(port, &fleet.workers);
+        let argv = template.render(port, workers);
         let mut proc = Proc::spawn(Launch {
             name: &template.name,
             argv: &argv,
@@ -196,6 +198,16 @@ impl Gateway {
 
     pub fn pid(&self) -> u32 {
         self.proc.pid()
+    }
+
+    /// Resident memory now and at its peak, in bytes.
+    pub fn rss(&self) -> Result<(u64, u64), ProcError> {
+        self.proc.rss()
+    }
+
+    /// CPU time used so far.
+    pub fn cpu(&self) -> Result<Duration, ProcError> {
+        self.proc.cpu()
     }
 
     pub async fn stop(self) {

@@ -101,7 +101,7 @@ async fn cold_point(
 ) -> Result<RoutingPoint, ScenarioError> {
     let fleet = SimFleet::start(plan).await?;
     let measured = async {
-        let gateway = Gateway::start(config, &fleet, &plan.out_dir).await?;
+        let gateway = Gateway::start(config, &fleet.workers, &plan.out_dir).await?;
         let point = measure(plan, &fleet, &config.name, &gateway.url, rate).await;
         gateway.stop().await;
         Ok::<_, ScenarioError>(RoutingPoint {

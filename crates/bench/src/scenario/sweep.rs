@@ -150,7 +150,7 @@ pub async fn fleet_capacity(plan: &ScenarioPlan) -> Result<f64, ScenarioError> {
         .ok_or(ScenarioError::NoDirect)?;
     let fleet = SimFleet::start(plan).await?;
     let measured = async {
-        let gateway = Gateway::start(direct, &fleet, &plan.out_dir).await?;
+        let gateway = Gateway::start(direct, &fleet.workers, &plan.out_dir).await?;
         let c = capacity(plan, &fleet, &gateway).await;
         gateway.stop().await;
         c
@@ -200,7 +200,7 @@ pub(super) async fn sweep(
     let mut capacity_c = known;
     let mut points = Vec::new();
     for config in &plan.configs {
-        let gateway = Gateway::start(config, fleet, &plan.out_dir).await?;
+        let gateway = Gateway::start(config, &fleet.workers, &plan.out_dir).await?;
         let measured = async {
             let c = match capacity_c {
                 Some(c) => c,

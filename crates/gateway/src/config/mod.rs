@@ -512,31 +512,31 @@ pub struct Config {
     pub ui: Option<UiConfig>,
 }
 
-/// Open files kept for everything but client connections: worker connections beyond one per
-/// client, probes, the access log, the runtime.
-const FDS_KEPT: usize = 64;
-
 /// The soft open-file limit, read from `/proc/self/limits` (Linux); `None` elsewhere or unlimited.
 fn open_file_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line.split_whitespace().nth(3)?.parse().ok()
+    sluice_core::room::open_file_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
 }
 
 impl Config {
     /// The connection bounds of a listener: `--max-connections`, capped so that a flood of
     /// connections cannot take the file descriptors the gateway needs for its workers and its
-    /// probe port (each busy client connection holds one to a worker too).
+    /// probe port: half of what the open-file limit leaves when a busy client connection holds
+    /// one to a worker too (HTTP/1.1), all of it when every worker speaks HTTP/2 (one connection
+    /// each, whatever the number of streams).
     pub fn connection_limits(&self) -> crate::http::Limits {
-        let fds = open_file_limit().map(|n| n.saturating_sub(FDS_KEPT) / 2);
+        let every_worker_http2 =
+            self.upstream_http2 && self.workers.iter().all(|w| w.http2 != Some(false));
+        let fds = open_file_limit().map(|files| {
+            sluice_core::room::client_connections(files, every_worker_http2, self.workers.len())
+        });
         let max_connections = match fds {
             Some(room) if room < self.max_connections => {
                 tracing::warn!(
                     asked = self.max_connections,
-                    capped = room.max(1),
+                    capped = room,
                     "--max-connections capped by the open-file limit (ulimit -n)"
                 );
-                room.max(1)
+                room
             }
             _ => self.max_connections,
         };

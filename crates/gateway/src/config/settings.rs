@@ -212,7 +212,8 @@ pub struct Settings {
 
     /// Client connections served at once, per listener; more wait in the kernel's backlog. Capped
     /// at startup to half of what the open-file limit leaves after 64 for the rest, since each
-    /// busy connection also holds one to a worker.
+    /// busy connection also holds one to a worker; with --upstream-http2 (and no worker spec
+    /// saying otherwise) to all of it but one per worker, as workers then take one connection each.
     #[arg(long, default_value_t = 8192)]
     #[arg(help_heading = "Listener")]
     pub max_connections: usize,

@@ -6,6 +6,7 @@ mod auth;
 mod body;
 mod headers;
 mod idle;
+mod protocol;
 mod request_id;
 mod server;
 mod shaped;

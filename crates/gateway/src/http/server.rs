@@ -43,6 +43,7 @@ use tower::Service;
 use tracing::debug;
 
 use super::idle::{Activity, InProgress, Tracked};
+use super::protocol::{Builders, Serving, Sniff};
 use super::shaped::Shaped;
 use crate::error::GatewayError;
 
@@ -71,18 +72,7 @@ pub async fn serve(
     limits: Limits,
     stop: watch::Receiver<bool>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read)
-        .max_headers(HYPER_MAX_HEADERS)
-        .max_buf_size(HYPER_MAX_BUF);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(limits.h2_keepalive)
-        .keep_alive_timeout(limits.h2_keepalive);
+    let builders = Arc::new(builders(&limits));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
         let accepted = tokio::select! {
@@ -105,23 +95,50 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (router, builder, stop) = (router.clone(), builder.clone(), stop.clone());
+        let (router, builders, stop) = (router.clone(), builders.clone(), stop.clone());
         match &tls {
             None => {
                 tokio::spawn(serve_connection(
-                    stream, router, builder, limits, stop, slot,
+                    stream, router, builders, limits, stop, slot,
                 ));
             }
             Some(acceptor) => {
                 let handshake = acceptor.accept(stream);
                 tokio::spawn(async move {
                     if let Some(stream) = handshake_within(handshake, &limits, &stop).await {
-                        serve_connection(stream, router, builder, limits, stop, slot).await;
+                        serve_connection(stream, router, builders, limits, stop, slot).await;
                     }
                 });
             }
         }
     }
+}
+
+/// hyper's builders: HTTP/1.1 with its header timeout and head bounds, HTTP/2 with keep-alive
+/// pings, and both in `auto` for connections whose protocol is not known up front.
+fn builders(limits: &Limits) -> Builders {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .max_headers(HYPER_MAX_HEADERS)
+        .max_buf_size(HYPER_MAX_BUF);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_keepalive)
+        .keep_alive_timeout(limits.h2_keepalive);
+    let mut auto = auto::Builder::new(TokioExecutor::new());
+    auto.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .max_headers(HYPER_MAX_HEADERS)
+        .max_buf_size(HYPER_MAX_BUF);
+    auto.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_keepalive)
+        .keep_alive_timeout(limits.h2_keepalive);
+    Builders { http1, http2, auto }
 }
 
 /// A TLS handshake, bounded like a request head (and by the stop); `None` if it failed.
@@ -153,15 +170,25 @@ where
 async fn serve_connection<S>(
     stream: S,
     router: Router,
-    builder: auto::Builder<TokioExecutor>,
+    builders: Arc<Builders>,
     limits: Limits,
     stop: watch::Receiver<bool>,
     slot: OwnedSemaphorePermit,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Sniff + Unpin + Send + 'static,
 {
     let _slot = slot;
     let first = Arc::new(AtomicBool::new(false));
+    let no_first = no_first_request(&first, limits.header_read);
+    tokio::pin!(no_first);
+    let speaks = tokio::select! {
+        speaks = stream.speaks() => speaks,
+        () = stopped(stop.clone()) => return,
+        () = no_first.as_mut() => {
+            debug!("no request head within the header read timeout; closing");
+            return;
+        }
+    };
     let activity = Arc::new(Activity::new());
     let service = TowerToHyperService::new(FirstRequest {
         inner: router,
@@ -169,12 +196,11 @@ async fn serve_connection<S>(
         activity: activity.clone(),
     });
     let io = TokioIo::new(Shaped::new(stream, first.clone()));
-    let connection = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(connection);
+    let mut connection = Serving::new(&builders, speaks, io, service);
     tokio::select! {
-        _ = connection.as_mut() => return,
+        () = &mut connection => return,
         () = stopped(stop.clone()) => return,
-        () = no_first_request(&first, limits.header_read) => {
+        () = no_first => {
             debug!("no request head within the header read timeout; closing");
             return;
         }
@@ -183,9 +209,9 @@ async fn serve_connection<S>(
         }
     }
     // Idle HTTP/2: a GOAWAY, so the client opens a new connection rather than fail.
-    connection.as_mut().graceful_shutdown();
+    connection.graceful_shutdown();
     tokio::select! {
-        _ = connection => {}
+        () = connection => {}
         () = stopped(stop) => {}
     }
 }
@@ -235,7 +261,7 @@ fn head_refusal<B>(request: &Request<B>) -> Option<GatewayError> {
 }
 
 /// The router's answer, or a refusal made before it.
-enum Answer<F> {
+pub(super) enum Answer<F> {
     Routed(F),
     /// An HTTP/2 request, in progress until its response body is done.
     Tracked(F, Option<InProgress>),
@@ -272,7 +298,7 @@ where
 
 /// The router, noting that a connection's first request arrived.
 #[derive(Clone)]
-struct FirstRequest {
+pub(super) struct FirstRequest {
     inner: Router,
     seen: Arc<AtomicBool>,
     activity: Arc<Activity>,

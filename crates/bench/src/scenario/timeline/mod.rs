@@ -203,7 +203,7 @@ async fn one_config(
 ) -> Result<Row, ScenarioError> {
     let mut fleet = SimFleet::start(plan).await?;
     let result = async {
-        let gateway = Gateway::start(config, &fleet, &plan.out_dir).await?;
+        let gateway = Gateway::start(config, &fleet.workers, &plan.out_dir).await?;
         let load = start_load(plan, incident, base_rate, timing, &gateway.url);
         let run = drive(&mut fleet, incident, timing, load).await;
         gateway.stop().await;
