@@ -239,7 +239,7 @@ impl Forwarder {
         &self,
         at: &Attempt<'_>,
         mut lease: Lease,
-        e: &hyper_util::client::legacy::Error,
+        e: &crate::upstream::SendError,
     ) -> Tried {
         let worker = lease.worker().clone();
         worker.signals.transport_failure(Instant::now());
@@ -316,10 +316,8 @@ impl Forwarder {
 }
 
 /// What waiting for an answer's head gives: the deadline passed, or the exchange's result.
-type Sent = Result<
-    Result<UpstreamResponse, hyper_util::client::legacy::Error>,
-    tokio::time::error::Elapsed,
->;
+type Sent =
+    Result<Result<UpstreamResponse, crate::upstream::SendError>, tokio::time::error::Elapsed>;
 
 /// One attempt, and what its request and retry rules need to know.
 #[derive(Clone)]

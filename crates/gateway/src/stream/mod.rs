@@ -37,7 +37,6 @@ use axum::body::Body as AxumBody;
 use axum::http::{header, Response, Version};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
 use sluice_core::slo::Served;
@@ -49,7 +48,7 @@ use crate::error::GatewayError;
 use crate::fleet::Lease;
 use crate::http::{clean_response_headers, is_event_stream};
 use crate::metrics::UpstreamErrorLabels;
-use crate::upstream::UpstreamResponse;
+use crate::upstream::{UpstreamBody, UpstreamResponse};
 use meter::Meter;
 
 /// The status Dynamo-style workers answer when at capacity: a refusal, not a malfunction.
@@ -142,7 +141,7 @@ impl EndOfStream {
 
 /// A worker's response body on its way to the client.
 struct Relay {
-    inner: Incoming,
+    inner: UpstreamBody,
     lease: Lease,
     status: u16,
     sse: bool,
@@ -168,7 +167,7 @@ struct Relay {
 
 impl Relay {
     fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         lease: Lease,
         status: u16,
         sse: bool,

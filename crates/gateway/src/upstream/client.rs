@@ -1,6 +1,6 @@
-//! The pooled HTTP client to workers: keep-alive connections per worker, HTTP/1.1 by default,
-//! HTTP/2 for workers configured for it (prior knowledge over cleartext, ALPN `h2` over TLS);
-//! `https` workers over rustls.
+//! The HTTP client to workers: keep-alive connections per worker, HTTP/1.1 by default (cleartext
+//! ones in `pool`), HTTP/2 for workers configured for it (prior knowledge over cleartext, ALPN
+//! `h2` over TLS); `https` workers over rustls.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -8,12 +8,12 @@ use std::time::Duration;
 use axum::http::Request;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::pool::{Http1Pool, UpstreamBody};
 use super::Endpoint;
 use crate::tls::ClientTls;
 
@@ -21,7 +21,34 @@ use crate::tls::ClientTls;
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
 pub type UpstreamRequest = Request<Full<Bytes>>;
-pub type UpstreamResponse = axum::http::Response<Incoming>;
+pub type UpstreamResponse = axum::http::Response<UpstreamBody>;
+
+/// Why a request got no answer from a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("cannot connect: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("no connection within {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("the HTTP handshake failed: {0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("the exchange failed: {0}")]
+    Exchange(#[source] hyper::Error),
+    /// From the pooled client (TLS or HTTP/2 workers).
+    #[error(transparent)]
+    Pooled(hyper_util::client::legacy::Error),
+}
+
+impl SendError {
+    /// The worker could not be reached at all (nothing was sent).
+    pub fn is_connect(&self) -> bool {
+        match self {
+            SendError::Connect(_) | SendError::ConnectTimeout(_) | SendError::Handshake(_) => true,
+            SendError::Exchange(_) => false,
+            SendError::Pooled(e) => e.is_connect(),
+        }
+    }
+}
 
 type Plain = Client<HttpConnector, Full<Bytes>>;
 type Tls = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -30,7 +57,8 @@ type Tls = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// `https` worker is reached, so a fleet of `http` workers pays nothing for TLS.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    http1: Plain,
+    /// Cleartext HTTP/1.1: nearly every request.
+    http1: Arc<Http1Pool>,
     http2: Plain,
     tls: Arc<LazyTls>,
 }
@@ -99,10 +127,13 @@ fn http2(config: &UpstreamConfig) -> hyper_util::client::legacy::Builder {
 
 impl Upstream {
     pub fn new(config: &UpstreamConfig) -> Self {
-        let connector = connector(config);
         Self {
-            http1: http1(config).build(connector.clone()),
-            http2: http2(config).build(connector),
+            http1: Arc::new(Http1Pool::new(
+                config.connect_timeout,
+                TCP_KEEPALIVE,
+                config.pool_idle_timeout,
+            )),
+            http2: http2(config).build(connector(config)),
             tls: Arc::new(LazyTls {
                 config: config.clone(),
                 clients: OnceLock::new(),
@@ -111,12 +142,18 @@ impl Upstream {
     }
 
     /// Sends one request to `endpoint` over the pool for its scheme and protocol.
-    pub fn send(&self, endpoint: &Endpoint, request: UpstreamRequest) -> ResponseFuture {
-        match (endpoint.tls(), endpoint.http2) {
-            (false, false) => self.http1.request(request),
+    pub async fn send(
+        &self,
+        endpoint: &Endpoint,
+        request: UpstreamRequest,
+    ) -> Result<UpstreamResponse, SendError> {
+        let pooled = match (endpoint.tls(), endpoint.http2) {
+            (false, false) => return self.http1.send(&endpoint.authority, request).await,
             (false, true) => self.http2.request(request),
             (true, false) => self.tls.clients().0.request(request),
             (true, true) => self.tls.clients().1.request(request),
-        }
+        };
+        let response = pooled.await.map_err(SendError::Pooled)?;
+        Ok(response.map(UpstreamBody::from))
     }
 }

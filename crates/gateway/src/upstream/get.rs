@@ -17,9 +17,9 @@ pub enum GetError {
     Timeout(Duration),
     /// Refused, reset, unreachable: the transport failed (a liveness signal).
     #[error("cannot reach it: {0}")]
-    Connect(hyper_util::client::legacy::Error),
+    Connect(super::SendError),
     #[error("the exchange failed: {0}")]
-    Failed(hyper_util::client::legacy::Error),
+    Failed(super::SendError),
     #[error("the answer broke off or was larger than {0} bytes")]
     Body(usize),
     #[error("invalid URL")]

@@ -7,9 +7,11 @@
 
 mod client;
 mod get;
+mod pool;
 
-pub use client::{Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse};
+pub use client::{SendError, Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse};
 pub use get::{get, GetError};
+pub use pool::UpstreamBody;
 
 use axum::http::uri::{Authority, PathAndQuery, Scheme};
 use axum::http::Uri;

@@ -1,0 +1,379 @@
+//! Keep-alive HTTP/1.1 connections to cleartext workers: the path nearly every request takes.
+//!
+//! hyper-util's pooled client serves every scheme and protocol through one keyed pool, and pays
+//! for it on each request: a checkout through its waiter machinery, a channel handshake, and a
+//! task spawned to put the connection back once it is ready again. Here a worker's idle
+//! connections are a stack behind a mutex held for a push or a pop: a request takes the most
+//! recently used one (its socket is warmest), and its answer's body puts the connection back
+//! when it has been read to the end. A body dropped before its end drops its connection, which
+//! hyper closes, as the pooled client does.
+//!
+//! A connection the worker closed while idle is noticed when it is taken (hyper reports it
+//! closed, or not ready); a request that could not be written on it is sent on the next one, or
+//! on a fresh connection, never twice. Idle connections are closed after the idle timeout,
+//! before the worker's own keep-alive timeout can close one under a request: those found stale
+//! when taken, and the rest by a sweep every half timeout.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::http::header::HOST;
+use axum::http::uri::Authority;
+use axum::http::{HeaderValue, Uri};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::client::{SendError, UpstreamRequest, UpstreamResponse};
+
+type Sender = http1::SendRequest<Full<Bytes>>;
+
+/// One idle connection, and since when.
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+/// The idle HTTP/1.1 connections to every cleartext worker.
+pub(super) struct Http1Pool {
+    idle: Mutex<HashMap<Authority, VecDeque<Idle>>>,
+    connect_timeout: Duration,
+    keepalive: Duration,
+    idle_timeout: Duration,
+    /// Whether the sweep was started (on the first connection put back, inside the runtime).
+    sweeping: std::sync::Once,
+}
+
+impl std::fmt::Debug for Http1Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle: usize = self.idle.lock().values().map(VecDeque::len).sum();
+        f.debug_struct("Http1Pool")
+            .field("idle", &idle)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+impl Http1Pool {
+    pub fn new(connect_timeout: Duration, keepalive: Duration, idle_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+            keepalive,
+            idle_timeout,
+            sweeping: std::sync::Once::new(),
+        }
+    }
+
+    /// Sends `request` (its URI absolute) to `authority` on an idle connection, or a new one.
+    pub async fn send(
+        self: &Arc<Self>,
+        authority: &Authority,
+        mut request: UpstreamRequest,
+    ) -> Result<UpstreamResponse, SendError> {
+        origin_form(&mut request, authority);
+        while let Some(mut sender) = self.take(authority) {
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(self.pooled(authority, sender, response)),
+                Err(mut refused) => match refused.take_message() {
+                    // Not written: the connection had closed. The next one gets it.
+                    Some(unsent) => request = unsent,
+                    None => return Err(SendError::Exchange(refused.into_error())),
+                },
+            }
+        }
+        let mut sender = self.connect(authority).await?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(SendError::Exchange)?;
+        Ok(self.pooled(authority, sender, response))
+    }
+
+    /// The most recently used live connection to `authority`; stale ones are dropped.
+    fn take(&self, authority: &Authority) -> Option<Sender> {
+        let mut idle = self.idle.lock();
+        let stack = idle.get_mut(authority)?;
+        while let Some(conn) = stack.pop_back() {
+            if !conn.sender.is_closed() && conn.since.elapsed() < self.idle_timeout {
+                return Some(conn.sender);
+            }
+        }
+        None
+    }
+
+    fn put(self: &Arc<Self>, authority: Authority, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        self.sweeping.call_once(|| {
+            tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout));
+        });
+        let conn = Idle {
+            sender,
+            since: Instant::now(),
+        };
+        self.idle
+            .lock()
+            .entry(authority)
+            .or_default()
+            .push_back(conn);
+    }
+
+    /// Closes connections idle for the timeout (the oldest are at the front of each stack).
+    fn close_stale(&self) {
+        let mut idle = self.idle.lock();
+        for stack in idle.values_mut() {
+            while stack
+                .front()
+                .is_some_and(|c| c.sender.is_closed() || c.since.elapsed() >= self.idle_timeout)
+            {
+                stack.pop_front();
+            }
+        }
+        idle.retain(|_, stack| !stack.is_empty());
+    }
+
+    fn pooled(
+        self: &Arc<Self>,
+        authority: &Authority,
+        sender: Sender,
+        response: axum::http::Response<Incoming>,
+    ) -> UpstreamResponse {
+        if response.body().is_end_stream() {
+            // No body to read (a refusal with none, say): the connection is free already.
+            self.put(authority.clone(), sender);
+            return response.map(UpstreamBody::from);
+        }
+        response.map(|inner| UpstreamBody {
+            inner,
+            back: Some(Back {
+                pool: self.clone(),
+                authority: authority.clone(),
+                sender,
+            }),
+        })
+    }
+
+    /// A new connection: TCP within the connect timeout, no Nagle delay, TCP keep-alive so a
+    /// vanished worker is noticed on an idle connection; hyper's side runs in its own task.
+    async fn connect(&self, authority: &Authority) -> Result<Sender, SendError> {
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let port = authority.port_u16().unwrap_or(80);
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| SendError::ConnectTimeout(self.connect_timeout))?
+            .map_err(SendError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new().with_time(self.keepalive);
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Handshake)?;
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+}
+
+/// Runs until the pool is gone.
+async fn sweep(pool: Weak<Http1Pool>, idle_timeout: Duration) {
+    let mut every = tokio::time::interval(idle_timeout / 2);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        match pool.upgrade() {
+            Some(pool) => pool.close_stale(),
+            None => return,
+        }
+    }
+}
+
+/// HTTP/1.1 sends the path, with the authority in `Host` (unless the request names one).
+fn origin_form(request: &mut UpstreamRequest, authority: &Authority) {
+    let path = request
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
+    *request.uri_mut() = Uri::from(path);
+    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+        request.headers_mut().entry(HOST).or_insert(host);
+    }
+}
+
+/// Where a connection goes back once its answer has been read.
+struct Back {
+    pool: Arc<Http1Pool>,
+    authority: Authority,
+    sender: Sender,
+}
+
+/// A worker's answer body; read to its end, its pooled connection goes back to the pool.
+pub struct UpstreamBody {
+    inner: Incoming,
+    back: Option<Back>,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("pooled", &self.back.is_some())
+            .finish()
+    }
+}
+
+impl From<Incoming> for UpstreamBody {
+    fn from(inner: Incoming) -> Self {
+        Self { inner, back: None }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if frame.is_none() {
+            if let Some(Back {
+                pool,
+                authority,
+                sender,
+            }) = self.back.take()
+            {
+                pool.put(authority, sender);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    /// A worker answering every request head with `ANSWER`; with `close`, it closes each
+    /// connection after its first answer without saying so (as a worker's keep-alive timeout
+    /// does). Each accepted connection is reported on the channel.
+    async fn worker(close: bool) -> (Authority, mpsc::UnboundedReceiver<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
+        let (accepted, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = accepted.send(());
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            if socket.write_all(ANSWER).await.is_err() || close {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (authority, rx)
+    }
+
+    fn request(authority: &Authority) -> UpstreamRequest {
+        axum::http::Request::get(format!("http://{authority}/health"))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    }
+
+    async fn ask(pool: &Arc<Http1Pool>, authority: &Authority) -> Bytes {
+        let response = pool.send(authority, request(authority)).await.unwrap();
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    fn pool() -> Arc<Http1Pool> {
+        let secs = Duration::from_secs;
+        Arc::new(Http1Pool::new(secs(5), secs(30), secs(60)))
+    }
+
+    #[tokio::test]
+    async fn a_connection_read_to_the_end_is_used_again() {
+        let (authority, mut accepted) = worker(false).await;
+        let pool = pool();
+        for _ in 0..3 {
+            assert_eq!(ask(&pool, &authority).await, "ok");
+        }
+        accepted.recv().await.unwrap();
+        assert!(
+            accepted.try_recv().is_err(),
+            "one connection for three requests"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_worker_closed_while_idle_is_not_used() {
+        let (authority, mut accepted) = worker(true).await;
+        let pool = pool();
+        for _ in 0..3 {
+            assert_eq!(ask(&pool, &authority).await, "ok");
+        }
+        for _ in 0..3 {
+            accepted.recv().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_takes_its_connection_with_it() {
+        let (authority, mut accepted) = worker(false).await;
+        let pool = pool();
+        let unread = pool.send(&authority, request(&authority)).await.unwrap();
+        drop(unread);
+        assert_eq!(ask(&pool, &authority).await, "ok");
+        accepted.recv().await.unwrap();
+        accepted.recv().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_is_not_listening_is_a_connect_failure() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
+        drop(listener);
+        let failed = pool().send(&authority, request(&authority)).await;
+        assert!(failed.unwrap_err().is_connect());
+    }
+}
