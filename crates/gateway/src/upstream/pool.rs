@@ -252,7 +252,8 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if frame.is_none() {
+        // A reader that knows the length stops at the last frame without asking for the end.
+        if frame.is_none() || self.inner.is_end_stream() {
             if let Some(Back {
                 pool,
                 authority,
@@ -337,6 +338,28 @@ mod tests {
         let pool = pool();
         for _ in 0..3 {
             assert_eq!(ask(&pool, &authority).await, "ok");
+        }
+        accepted.recv().await.unwrap();
+        assert!(
+            accepted.try_recv().is_err(),
+            "one connection for three requests"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_read_to_its_known_length_frees_its_connection_without_its_end() {
+        let (authority, mut accepted) = worker(false).await;
+        let pool = pool();
+        for _ in 0..3 {
+            let mut body = pool
+                .send(&authority, request(&authority))
+                .await
+                .unwrap()
+                .into_body();
+            // As hyper's server writes a body of known length: frames until it says it ended.
+            while !body.is_end_stream() {
+                body.frame().await.unwrap().unwrap();
+            }
         }
         accepted.recv().await.unwrap();
         assert!(
