@@ -173,13 +173,25 @@ async fn start_engines(
     plan: &OverheadPlan,
     log_dir: &Path,
 ) -> Result<(Proc, Vec<SocketAddr>), OverheadError> {
-    let engines = plan.engines.max(1);
+    let core = plan.pin(plan.load_core);
+    spawn_engines(&plan.sluice_exe, "instant", plan.engines, core, log_dir).await
+}
+
+/// `sluice sim` serving `engines` engines of `profile` on consecutive free ports, answering.
+pub(crate) async fn spawn_engines(
+    exe: &Path,
+    profile: &str,
+    engines: usize,
+    core: Option<usize>,
+    log_dir: &Path,
+) -> Result<(Proc, Vec<SocketAddr>), OverheadError> {
+    let engines = engines.max(1);
     let base = free_ports(engines as u16)?;
     let argv: Vec<String> = [
-        plan.sluice_exe.display().to_string(),
+        exe.display().to_string(),
         "sim".into(),
         "--profile".into(),
-        "instant".into(),
+        profile.into(),
         "--model".into(),
         MODEL.into(),
         "--engines".into(),
@@ -191,7 +203,7 @@ async fn start_engines(
     let mut sim = Proc::spawn(Launch {
         name: "engines",
         argv: &argv,
-        core: plan.pin(plan.load_core),
+        core,
         log_dir,
     })?;
     let addrs: Vec<SocketAddr> = (0..engines as u16).map(|i| loopback(base + i)).collect();

@@ -31,8 +31,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{quiet_sluice, Gateway, ScenarioError, MODEL};
 use crate::overhead::load::{connect, EventEnds, Sender, Shot};
-use crate::overhead::{free_ports, loopback, wait_until_answering, OverheadError};
-use crate::procs::{processor, Launch, Proc};
+use crate::overhead::{spawn_engines, OverheadError};
+use crate::procs::{processor, Proc};
 
 /// The configurations: sluice's defaults, speaking HTTP/2 or HTTP/1.1 to the engines.
 const CONFIGS: [(&str, bool); 2] = [("sluice-http2", true), ("sluice-http1", false)];
@@ -143,31 +143,8 @@ pub async fn many_streams(plan: &ManyStreamsPlan) -> Result<ManyStreamsReport, S
 }
 
 async fn start_engines(plan: &ManyStreamsPlan) -> Result<(Proc, Vec<String>), ScenarioError> {
-    let engines = plan.engines.max(1);
-    let base = free_ports(engines as u16)?;
-    let argv: Vec<String> = [
-        plan.sluice_exe.display().to_string(),
-        "sim".into(),
-        "--profile".into(),
-        "slow".into(),
-        "--model".into(),
-        MODEL.into(),
-        "--engines".into(),
-        engines.to_string(),
-        "--port".into(),
-        base.to_string(),
-    ]
-    .into();
-    let mut sim = Proc::spawn(Launch {
-        name: "engines",
-        argv: &argv,
-        core: None,
-        log_dir: &plan.out_dir,
-    })?;
-    let addrs: Vec<SocketAddr> = (0..engines as u16).map(|i| loopback(base + i)).collect();
-    for addr in &addrs {
-        wait_until_answering(&mut sim, *addr).await?;
-    }
+    let (sim, addrs) =
+        spawn_engines(&plan.sluice_exe, "slow", plan.engines, None, &plan.out_dir).await?;
     Ok((sim, addrs.iter().map(|a| format!("http://{a}")).collect()))
 }
 

@@ -94,7 +94,10 @@ impl Http1Pool {
                 },
             }
         }
-        let mut sender = self.connect(authority).await?;
+        // Boxed: a new connection is rare, and its future (name resolution, the TCP and HTTP
+        // handshakes) would otherwise sit inline in every request's future, which is moved
+        // whole into a box per request on its way through the router.
+        let mut sender = Box::pin(self.connect(authority)).await?;
         let response = sender
             .send_request(request)
             .await
