@@ -37,7 +37,9 @@ impl Budget {
     pub async fn reserve(&self, amount: u64, now: Instant) -> Result<(), Short> {
         match self {
             Budget::Local(bucket) => bucket.lock().reserve(amount, now).map_err(Short::Refused),
-            Budget::Shared(shared) => shared.reserve(amount, now).await,
+            // Boxed: the round trip to Redis is the rare path, and its future would otherwise
+            // sit inline in every request's future.
+            Budget::Shared(shared) => Box::pin(shared.reserve(amount, now)).await,
         }
     }
 
@@ -83,7 +85,8 @@ impl Cap {
                     (n < *limit).then_some(n + 1)
                 })
                 .is_ok()),
-            Cap::Shared(slots) => slots.enter().await,
+            // Boxed, as `Budget::reserve`'s round trip is.
+            Cap::Shared(slots) => Box::pin(slots.enter()).await,
         }
     }
 

@@ -111,7 +111,10 @@ impl Forwarder {
         ctx.forwarding();
         self.budget.deposit();
         if let Some((prefill, decode)) = job.routed.pd() {
-            return self.forward_pd(ctx, &job, prefill, decode).await;
+            // Boxed: a disaggregated pair is the rare path, and its future (two legs, the decode
+            // window) is most of the size of every request's future, which the router moves
+            // whole into a box per request.
+            return Box::pin(self.forward_pd(ctx, &job, prefill, decode)).await;
         }
         let deadline = ctx.admission.deadline;
         let timeout = deadline.saturating_duration_since(ctx.started);
