@@ -340,7 +340,9 @@ struct Attempt<'a> {
     by_client: bool,
 }
 
-/// How one attempt ended.
+/// How one attempt ended. Returned once per attempt and matched at once: boxing the answer
+/// would cost an allocation per request to spare copying a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
 enum Tried {
     Answered(Answer),
     /// Tell the client this.

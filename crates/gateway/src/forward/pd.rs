@@ -375,7 +375,8 @@ struct Pair<'a> {
     decode: Attempt<'a>,
 }
 
-/// How a pair ended.
+/// How a pair ended (the answer inline, as in `Tried`).
+#[allow(clippy::large_enum_variant)]
 enum Paired {
     Answered(Answer),
     Final(GatewayError),
