@@ -118,7 +118,8 @@ impl Http1Pool {
     }
 
     fn put(self: &Arc<Self>, authority: Authority, sender: Sender) {
-        if sender.is_closed() {
+        // An idle timeout of zero keeps nothing: every request gets its own connection.
+        if sender.is_closed() || self.idle_timeout.is_zero() {
             return;
         }
         self.sweeping.call_once(|| {
@@ -390,6 +391,21 @@ mod tests {
         let unread = pool.send(&authority, request(&authority)).await.unwrap();
         drop(unread);
         assert_eq!(ask(&pool, &authority).await, "ok");
+        accepted.recv().await.unwrap();
+        accepted.recv().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn with_no_idle_time_nothing_is_kept() {
+        let (authority, mut accepted) = worker(false).await;
+        let pool = Arc::new(Http1Pool::new(
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        ));
+        for _ in 0..2 {
+            assert_eq!(ask(&pool, &authority).await, "ok");
+        }
         accepted.recv().await.unwrap();
         accepted.recv().await.unwrap();
     }
