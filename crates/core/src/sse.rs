@@ -56,7 +56,8 @@ impl SseParser {
                 chunk = rest;
             }
         }
-        while let Some(end) = chunk.iter().position(|b| *b == b'\n' || *b == b'\r') {
+        // Every byte of a relayed stream passes here: the line ends are looked for with SIMD.
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
             let (line, rest) = chunk.split_at(end);
             let ending = if rest.starts_with(b"\r\n") { 2 } else { 1 };
             if rest == b"\r" {

@@ -82,7 +82,7 @@ impl Meter {
 }
 
 fn memmem(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 #[cfg(test)]
