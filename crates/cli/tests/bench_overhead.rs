@@ -74,4 +74,8 @@ fn overhead_measures_direct_and_sluice_and_reports_json() {
     assert_eq!(memory.len(), 1);
     assert!(memory[0]["rss_idle_bytes"].as_u64().unwrap() > 0);
     assert!(memory[0]["rss_peak_bytes"].as_u64() >= memory[0]["rss_idle_bytes"].as_u64());
+    assert!(
+        report["processor"].as_str().unwrap().contains("cores"),
+        "every figure names what it was measured on"
+    );
 }

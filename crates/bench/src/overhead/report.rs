@@ -148,6 +148,9 @@ pub struct OverheadReport {
     pub load_core: usize,
     /// Whether pinning with `taskset` worked; without it the core figures mean little.
     pub pinned: bool,
+    /// What the figures were measured on (`procs::processor`): only figures from one run, on
+    /// one machine, compare.
+    pub processor: String,
     /// Where each process's output was written.
     pub logs: PathBuf,
 }
@@ -164,6 +167,7 @@ impl OverheadReport {
             gateway_core: plan.gateway_core,
             load_core: plan.load_core,
             pinned: plan.pinned,
+            processor: crate::procs::processor(),
             logs,
         }
     }
@@ -200,7 +204,7 @@ impl OverheadReport {
 
     /// Markdown: small requests, streaming, memory.
     pub fn tables(&self) -> String {
-        let mut out = String::new();
+        let mut out = format!("processor: {}\n", self.processor);
         let _ = writeln!(
             out,
             "{} instant engines; gateway on core {}, load generator and engines on core {}{}; \
@@ -370,6 +374,7 @@ mod tests {
             gateway_core: 0,
             load_core: 1,
             pinned: true,
+            processor: "test".into(),
             logs: PathBuf::new(),
         };
         report.compare_with_direct();
