@@ -331,6 +331,15 @@ mod tests {
         response.into_body().collect().await.unwrap().to_bytes()
     }
 
+    /// The worker accepted exactly one connection (for every request sent so far).
+    async fn only_one_connection(accepted: &mut mpsc::UnboundedReceiver<()>) {
+        accepted.recv().await.unwrap();
+        assert!(
+            accepted.try_recv().is_err(),
+            "one connection for every request"
+        );
+    }
+
     fn pool() -> Arc<Http1Pool> {
         let secs = Duration::from_secs;
         Arc::new(Http1Pool::new(secs(5), secs(30), secs(60)))
@@ -343,11 +352,7 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(ask(&pool, &authority).await, "ok");
         }
-        accepted.recv().await.unwrap();
-        assert!(
-            accepted.try_recv().is_err(),
-            "one connection for three requests"
-        );
+        only_one_connection(&mut accepted).await;
     }
 
     #[tokio::test]
@@ -365,11 +370,7 @@ mod tests {
                 body.frame().await.unwrap().unwrap();
             }
         }
-        accepted.recv().await.unwrap();
-        assert!(
-            accepted.try_recv().is_err(),
-            "one connection for three requests"
-        );
+        only_one_connection(&mut accepted).await;
     }
 
     #[tokio::test]
