@@ -45,7 +45,9 @@ struct Idle {
 
 /// The idle HTTP/1.1 connections to every cleartext worker.
 pub(super) struct Http1Pool {
-    idle: Mutex<HashMap<Authority, VecDeque<Idle>>>,
+    /// Keyed by the authority's text as the worker's URL spells it: `Authority`'s own hash is
+    /// case-insensitive, a SipHash round per byte, and cost more than the rest of the checkout.
+    idle: Mutex<HashMap<Box<str>, VecDeque<Idle>>>,
     connect_timeout: Duration,
     keepalive: Duration,
     idle_timeout: Duration,
@@ -108,7 +110,7 @@ impl Http1Pool {
     /// The most recently used live connection to `authority`; stale ones are dropped.
     fn take(&self, authority: &Authority) -> Option<Sender> {
         let mut idle = self.idle.lock();
-        let stack = idle.get_mut(authority)?;
+        let stack = idle.get_mut(authority.as_str())?;
         while let Some(conn) = stack.pop_back() {
             if !conn.sender.is_closed() && conn.since.elapsed() < self.idle_timeout {
                 return Some(conn.sender);
@@ -117,7 +119,7 @@ impl Http1Pool {
         None
     }
 
-    fn put(self: &Arc<Self>, authority: Authority, sender: Sender) {
+    fn put(self: &Arc<Self>, authority: &Authority, sender: Sender) {
         // An idle timeout of zero keeps nothing: every request gets its own connection.
         if sender.is_closed() || self.idle_timeout.is_zero() {
             return;
@@ -129,11 +131,13 @@ impl Http1Pool {
             sender,
             since: Instant::now(),
         };
-        self.idle
-            .lock()
-            .entry(authority)
-            .or_default()
-            .push_back(conn);
+        let mut idle = self.idle.lock();
+        match idle.get_mut(authority.as_str()) {
+            Some(stack) => stack.push_back(conn),
+            None => {
+                idle.insert(authority.as_str().into(), VecDeque::from([conn]));
+            }
+        }
     }
 
     /// Closes connections idle for the timeout (the oldest are at the front of each stack).
@@ -158,7 +162,7 @@ impl Http1Pool {
     ) -> UpstreamResponse {
         if response.body().is_end_stream() {
             // No body to read (a refusal with none, say): the connection is free already.
-            self.put(authority.clone(), sender);
+            self.put(authority, sender);
             return response.map(UpstreamBody::from);
         }
         response.map(|inner| UpstreamBody {
@@ -264,7 +268,7 @@ impl Body for UpstreamBody {
                 sender,
             }) = self.back.take()
             {
-                pool.put(authority, sender);
+                pool.put(&authority, sender);
             }
         }
         Poll::Ready(frame)
