@@ -10,6 +10,14 @@ use std::sync::Arc;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: a request makes some forty short-lived allocations, and
+/// with it the gateway spends 8-12% less CPU per request and per streamed event and holds 12%
+/// less memory per open stream, for about 1.4 MB more at idle (docs/benchmarks.md, "The
+/// allocator and link-time optimisation"). A static because Rust's allocator hook is one; it
+/// holds no state.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
