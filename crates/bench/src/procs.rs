@@ -296,9 +296,10 @@ pub fn pin_self(core: usize) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The processor as `/proc/cpuinfo` names it (model name, family, model, clock) and the cores
-/// this process may use: written beside every figure, since machines sold as the same kind
-/// differ and only figures from one run compare.
+/// The processor as `/proc/cpuinfo` names it (model name, family, model, clock) and the
+/// machine's logical cores (counted there, not as this process may use them: a benchmark pins
+/// itself to one): written beside every figure, since machines sold as the same kind differ and
+/// only figures from one run compare.
 pub fn processor() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |key: &str| {
@@ -307,7 +308,17 @@ pub fn processor() -> String {
             (k.trim() == key).then(|| v.trim().to_string())
         })
     };
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let listed = info
+        .lines()
+        .filter(|line| {
+            line.split_once(':')
+                .is_some_and(|(k, _)| k.trim() == "processor")
+        })
+        .count();
+    let cores = match listed {
+        0 => std::thread::available_parallelism().map_or(0, |n| n.get()),
+        n => n,
+    };
     let Some(name) = field("model name") else {
         return format!("unknown processor, {cores} cores");
     };
