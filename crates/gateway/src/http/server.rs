@@ -45,6 +45,7 @@ use tracing::debug;
 use super::idle::{Activity, InProgress, Tracked};
 use super::protocol::{Builders, Serving, Sniff};
 use super::shaped::Shaped;
+use super::woken::OnWake;
 use crate::error::GatewayError;
 
 /// The bounds of the connections one listener serves.
@@ -197,16 +198,26 @@ async fn serve_connection<S>(
     });
     let io = TokioIo::new(Shaped::new(stream, first.clone()));
     let mut connection = Serving::new(&builders, speaks, io, service);
-    tokio::select! {
+    // Polled only when one of them happened, not on every wake of the connection's task.
+    let (watch, header_read) = (stop.clone(), limits.header_read);
+    let mut ended = OnWake::new(Box::pin(async {
+        tokio::select! {
+            () = stopped(watch) => Ended::Stopped,
+            () = no_first => Ended::NoFirstRequest,
+            () = activity.idle_for(header_read) => Ended::IdleHttp2,
+        }
+    }));
+    let ended = tokio::select! {
         () = &mut connection => return,
-        () = stopped(stop.clone()) => return,
-        () = no_first => {
+        ended = &mut ended => ended,
+    };
+    match ended {
+        Ended::Stopped => return,
+        Ended::NoFirstRequest => {
             debug!("no request head within the header read timeout; closing");
             return;
         }
-        () = activity.idle_for(limits.header_read) => {
-            debug!("HTTP/2 connection idle for the header read timeout; closing");
-        }
+        Ended::IdleHttp2 => debug!("HTTP/2 connection idle for the header read timeout; closing"),
     }
     // Idle HTTP/2: a GOAWAY, so the client opens a new connection rather than fail.
     connection.graceful_shutdown();
@@ -214,6 +225,13 @@ async fn serve_connection<S>(
         () = connection => {}
         () = stopped(stop) => {}
     }
+}
+
+/// Why a connection ends other than by its client.
+enum Ended {
+    Stopped,
+    NoFirstRequest,
+    IdleHttp2,
 }
 
 /// Resolves if no request reached the service within `within`; otherwise never.

@@ -46,7 +46,7 @@ use tokio::time::{Instant, Sleep};
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::Lease;
-use crate::http::{clean_response_headers, is_event_stream};
+use crate::http::{clean_response_headers, is_event_stream, OnWake};
 use crate::metrics::UpstreamErrorLabels;
 use crate::upstream::{UpstreamBody, UpstreamResponse};
 use meter::Meter;
@@ -158,8 +158,9 @@ struct Relay {
     /// Its latencies are samples for the worker's adaptive limit.
     measured: bool,
     state: State,
-    /// The request's deadline, which covers the whole stream.
-    deadline: Pin<Box<Sleep>>,
+    /// The request's deadline, which covers the whole stream; polled when it passes, not after
+    /// every frame.
+    deadline: OnWake<Pin<Box<Sleep>>>,
     /// Dropped at the end of the response (which accounts for it), or with the relay when the
     /// client leaves.
     ctx: Option<RequestContext>,
@@ -193,7 +194,7 @@ impl Relay {
             meter,
             measured,
             state: State::Relaying,
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline: OnWake::new(Box::pin(tokio::time::sleep_until(deadline))),
             ctx: Some(ctx),
         }
     }
@@ -403,7 +404,7 @@ impl Body for Relay {
                 this.complete();
                 Poll::Ready(None)
             }
-            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+            Poll::Pending => match Pin::new(&mut this.deadline).poll(cx) {
                 Poll::Ready(()) => this.cut_at_deadline(),
                 Poll::Pending => Poll::Pending,
             },
