@@ -200,16 +200,17 @@ async fn serve_connection<S>(
     let mut connection = Serving::new(&builders, speaks, io, service);
     // Polled only when one of them happened, not on every wake of the connection's task.
     let (watch, header_read) = (stop.clone(), limits.header_read);
-    let mut ended = OnWake::new(Box::pin(async {
+    let watchers = OnWake::new(async {
         tokio::select! {
             () = stopped(watch) => Ended::Stopped,
             () = no_first => Ended::NoFirstRequest,
             () = activity.idle_for(header_read) => Ended::IdleHttp2,
         }
-    }));
+    });
+    tokio::pin!(watchers);
     let ended = tokio::select! {
         () = &mut connection => return,
-        ended = &mut ended => ended,
+        ended = &mut watchers => ended,
     };
     match ended {
         Ended::Stopped => return,

@@ -14,12 +14,16 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
-/// `inner`, polled only when its waker fired since its last poll (and on the first).
-pub struct OnWake<F> {
-    inner: F,
-    flag: Arc<Flag>,
-    /// The waker `inner` is given: always the same one, so what it registers stays registered.
-    waker: Waker,
+pin_project_lite::pin_project! {
+    /// `inner`, polled only when its waker fired since its last poll (and on the first). Pinned
+    /// in place, so a connection's watchers stay in its task's own memory.
+    pub struct OnWake<F> {
+        #[pin]
+        inner: F,
+        flag: Arc<Flag>,
+        // The waker `inner` is given: always the same one, so what it registers stays registered.
+        waker: Waker,
+    }
 }
 
 /// Whether `inner`'s waker fired, and the task to wake when it does.
@@ -39,7 +43,7 @@ impl Wake for Flag {
     }
 }
 
-impl<F: Future + Unpin> OnWake<F> {
+impl<F: Future> OnWake<F> {
     pub fn new(inner: F) -> Self {
         let flag = Arc::new(Flag {
             woken: AtomicBool::new(true),
@@ -53,17 +57,17 @@ impl<F: Future + Unpin> OnWake<F> {
     }
 }
 
-impl<F: Future + Unpin> Future for OnWake<F> {
+impl<F: Future> Future for OnWake<F> {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
         // The task first, then the flag: a wake in between is seen on the next poll.
-        self.flag.task.register(cx.waker());
-        if !self.flag.woken.swap(false, Ordering::AcqRel) {
+        this.flag.task.register(cx.waker());
+        if !this.flag.woken.swap(false, Ordering::AcqRel) {
             return Poll::Pending;
         }
-        let this = &mut *self;
-        Pin::new(&mut this.inner).poll(&mut Context::from_waker(&this.waker))
+        this.inner.poll(&mut Context::from_waker(this.waker))
     }
 }
 
