@@ -199,18 +199,21 @@ async fn serve_connection<S>(
     let io = TokioIo::new(Shaped::new(stream, first.clone()));
     let mut connection = Serving::new(&builders, speaks, io, service);
     // Polled only when one of them happened, not on every wake of the connection's task.
+    // In a block of their own, so the task's memory for them is reused once they are done.
     let (watch, header_read) = (stop.clone(), limits.header_read);
-    let watchers = OnWake::new(async {
+    let ended = {
+        let watchers = OnWake::new(async {
+            tokio::select! {
+                () = stopped(watch) => Ended::Stopped,
+                () = no_first => Ended::NoFirstRequest,
+                () = activity.idle_for(header_read) => Ended::IdleHttp2,
+            }
+        });
+        tokio::pin!(watchers);
         tokio::select! {
-            () = stopped(watch) => Ended::Stopped,
-            () = no_first => Ended::NoFirstRequest,
-            () = activity.idle_for(header_read) => Ended::IdleHttp2,
+            () = &mut connection => return,
+            ended = &mut watchers => ended,
         }
-    });
-    tokio::pin!(watchers);
-    let ended = tokio::select! {
-        () = &mut connection => return,
-        ended = &mut watchers => ended,
     };
     match ended {
         Ended::Stopped => return,
