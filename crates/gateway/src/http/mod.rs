@@ -1,6 +1,7 @@
 //! What every HTTP surface of the gateway shares — the OpenAI routes, the admin API and the
 //! probes: the accept loop, API keys, the request id, reading a bounded body, which headers cross
-//! the gateway in each direction, and the answers for a route or method that does not exist.
+//! the gateway in each direction, the answers for a route or method that does not exist, and a
+//! future polled only when what it waits on happened (`OnWake`).
 
 mod auth;
 mod body;
