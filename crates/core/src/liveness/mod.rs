@@ -15,16 +15,21 @@
 //!   queue in its report, or a pile of the gateway's streams that grew since the last progress or
 //!   stands 4 deep), and no token for the wedge bound (`wedge`, stretched to the time in-flight
 //!   prompts may still need in prefill, at most 120 s). Or, by itself, the engine's own silence:
-//!   its generated-token counter did not move between two reports while it reported running
-//!   requests (or waiting ones). Progress, an empty pile, or the evidence going away clears it.
+//!   nothing in its stepping moved between two reports (its token counters, and the KV usage its
+//!   scheduler republishes every step) while it reported requests in hand, for the same bound.
+//!   vLLM counts a prompt only when its prefill ends, so the counters stand still through a long
+//!   prefill; the KV usage, allocated chunk by chunk, does not. Progress, an empty pile, or the
+//!   evidence going away clears it.
 //!
 //! - **Unresponsive**: the worker takes requests and answers none, while looking healthy — its
 //!   probes pass and its metrics report it idle. This gateway has held requests on it with no byte
 //!   from any of them for `unresponsive`, and over the same span at least two of the engine's own
 //!   reports counted fewer running and waiting requests than this gateway had unanswered on it:
 //!   the engine does not even know it holds them. A busy engine doing long non-streaming work
-//!   reports them running, so it is not caught. A first byte, or a report that accounts for
-//!   them, clears it.
+//!   reports them running, so it is not caught; SGLang's request in chunked prefill, in neither
+//!   of its counts, is accounted for by its pending prefill tokens (`LoadReport::in_hand`), and
+//!   where an engine reports no such figure the bound stretches like the wedge bound. A first
+//!   byte, or a report that accounts for them, clears it.
 //!
 //! Unreachable wins over wedged: a wedged worker whose link then fails is judged gone.
 
@@ -78,7 +83,7 @@ pub enum LivenessVeto {
     WedgedQueue,
     /// A growing or deep pile of streams and no progress.
     WedgedPile,
-    /// The engine's own token counter stood still while it reported running requests.
+    /// The engine's own reports showed no step while it held requests.
     EngineSilent,
     /// Requests held unanswered that the engine's own reports do not account for.
     Unresponsive,
@@ -104,7 +109,7 @@ impl fmt::Display for LivenessVeto {
             LivenessVeto::Stale => "requests held and nothing heard at all",
             LivenessVeto::WedgedQueue => "a waiting queue and no token",
             LivenessVeto::WedgedPile => "a growing or deep pile of streams and no token",
-            LivenessVeto::EngineSilent => "its token counter stood still with requests running",
+            LivenessVeto::EngineSilent => "its reports showed no step with requests in hand",
             LivenessVeto::Unresponsive => {
                 "requests held unanswered that its own reports do not account for"
             }
@@ -113,7 +118,7 @@ impl fmt::Display for LivenessVeto {
 }
 
 pub use progress::{
-    engine_silent, leg_silence_bound, prefill_allowance, prefill_rate, stalled_since, Reading,
+    leg_silence_bound, prefill_allowance, prefill_rate, stalled_since, wedge_bound, Reading,
 };
 
 /// What the gateway has observed of one worker.
@@ -135,8 +140,8 @@ pub struct Observed {
     pub in_flight: u64,
     /// Its reported waiting queue; `None` without a report or when the report has none.
     pub queue: Option<u64>,
-    /// Its token counter stood still between its last two reports while requests ran.
-    pub engine_silent: bool,
+    /// Since when its reports have shown no step while it held requests (two reports at least).
+    pub engine_stalled_since: Option<Instant>,
     /// How long the prompts in flight may still need in prefill.
     pub prefill_allowance: Duration,
     /// This gateway's unanswered requests against the engine's reports.
@@ -156,16 +161,16 @@ pub struct Unanswered {
 }
 
 /// How many of this gateway's unanswered requests a report does not account for: those beyond
-/// the running and waiting requests it counts. Once a worker is unresponsive, that many may go
-/// elsewhere (the engine never held them).
-pub fn unaccounted(running: u64, waiting: u64, unanswered: u64) -> u64 {
-    unanswered.saturating_sub(running + waiting)
+/// the requests it says it holds (`LoadReport::in_hand`). Once a worker is unresponsive, that
+/// many may go elsewhere (the engine never held them).
+pub fn unaccounted(in_hand: u64, unanswered: u64) -> u64 {
+    unanswered.saturating_sub(in_hand)
 }
 
 /// Whether a report counts fewer requests than this gateway holds unanswered: a report that does
 /// not account for them.
-pub fn report_short(running: u64, waiting: u64, unanswered: u64) -> bool {
-    unaccounted(running, waiting, unanswered) > 0
+pub fn report_short(in_hand: u64, unanswered: u64) -> bool {
+    unaccounted(in_hand, unanswered) > 0
 }
 
 /// The veto, if any, that `o` calls for at `now`. `prev` is the veto in force, which the stale
@@ -186,19 +191,22 @@ pub fn judge(
     if !cfg.stale.is_zero() && stale && silence >= cfg.stale {
         return Some(LivenessVeto::Stale);
     }
-    if unresponsive(&o.unanswered, cfg.unresponsive, now) {
+    if unresponsive(&o.unanswered, cfg.unresponsive, o.prefill_allowance, now) {
         return Some(LivenessVeto::Unresponsive);
     }
     if cfg.wedge.is_zero() {
         return None;
     }
-    if o.engine_silent {
+    let bound = wedge_bound(cfg.wedge, o.prefill_allowance);
+    if o
+        .engine_stalled_since
+        .is_some_and(|since| now.saturating_duration_since(since) >= bound)
+    {
         return Some(LivenessVeto::EngineSilent);
     }
     if o.pile == 0 {
         return None;
     }
-    let bound = cfg.wedge.max(o.prefill_allowance.min(WEDGE_CAP));
     if now.saturating_duration_since(o.last_progress) < bound {
         return None;
     }
@@ -211,13 +219,18 @@ pub fn judge(
     }
 }
 
-/// The unresponsive rule: unanswered for `bound`, and for as long every report — two at least —
-/// fell short of them. Zero `bound` disables it.
-fn unresponsive(u: &Unanswered, bound: Duration, now: Instant) -> bool {
+/// The unresponsive rule: unanswered for `bound` (or, when longer, the time the prompts held may
+/// still need in prefill), and for as long every report — two at least — fell short of them.
+/// Zero `bound` disables it.
+fn unresponsive(u: &Unanswered, bound: Duration, allowance: Duration, now: Instant) -> bool {
     let (Some(since), Some(short_since)) = (u.since, u.short_since) else {
         return false;
     };
-    !bound.is_zero()
+    if bound.is_zero() {
+        return false;
+    }
+    let bound = wedge_bound(bound, allowance);
+    true
         && u.short_reports >= 2
         && now.saturating_duration_since(since) >= bound
         && now.saturating_duration_since(short_since) >= bound

@@ -5,32 +5,35 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// An earlier load report's reading of the engine's own progress counter (generated plus prompt
-/// tokens), for `stalled_since`.
+use crate::load::Stepping;
+
+/// An earlier load report's reading of the engine's own stepping (its token counters and the
+/// gauges its scheduler republishes every step), for `stalled_since`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {
-    pub tokens: Option<f64>,
+    pub stepping: Option<Stepping>,
     pub at: Instant,
     /// What `stalled_since` said for that report.
     pub stalled_since: Option<Instant>,
 }
 
-/// Since when the engine's counter has stood still while it held requests: from the earlier of
-/// the equal readings. `None` when it moved, is not reported, or the engine holds nothing.
+/// Since when the engine has not stepped while it held requests: from the earlier of the equal
+/// readings. `None` when it stepped, reports no such signal, or holds nothing.
 pub fn stalled_since(
     prev: Option<&Reading>,
-    tokens: Option<f64>,
+    stepping: Option<Stepping>,
     in_hand: bool,
 ) -> Option<Instant> {
     let prev = prev?;
-    let still = in_hand && tokens.is_some() && prev.tokens == tokens;
+    let still = in_hand && stepping.is_some() && prev.stepping == stepping;
     still.then(|| prev.stalled_since.unwrap_or(prev.at))
 }
 
-/// The engine's own silence is evidence of a wedge once it spans the wedge bound (never with the
-/// wedge rule off).
-pub fn engine_silent(stalled_since: Option<Instant>, now: Instant, wedge: Duration) -> bool {
-    !wedge.is_zero() && stalled_since.is_some_and(|s| now.saturating_duration_since(s) >= wedge)
+/// How long a worker may go without progress before it is judged wedged: `wedge`, or, when
+/// longer, the time the prompts it holds for this gateway may still need in prefill, within
+/// the cap — a batch that is all in prefill produces nothing and is not wedged.
+pub fn wedge_bound(wedge: Duration, allowance: Duration) -> Duration {
+    wedge.max(allowance.min(super::WEDGE_CAP))
 }
 
 /// Weight of the newest sample in the prefill-rate average.
@@ -66,7 +69,7 @@ pub fn prefill_allowance(pending_tokens: u64, rate: f64) -> Duration {
 /// prompts waiting on the prefill worker may still take, within the wedge cap. `None`:
 /// `--worker-wedge-secs 0` turned the bound off.
 pub fn leg_silence_bound(wedge: Duration, allowance: Duration) -> Option<Duration> {
-    (!wedge.is_zero()).then(|| wedge.max(allowance.min(super::WEDGE_CAP)))
+    (!wedge.is_zero()).then(|| wedge_bound(wedge, allowance))
 }
 
 #[cfg(test)]

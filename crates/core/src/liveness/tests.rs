@@ -19,7 +19,7 @@ fn quiet(now: Instant) -> Observed {
         pile_at_progress: 0,
         in_flight: 0,
         queue: None,
-        engine_silent: false,
+        engine_stalled_since: None,
         prefill_allowance: Duration::ZERO,
         unanswered: Unanswered::default(),
     }
@@ -97,12 +97,12 @@ fn requests_the_engine_does_not_account_for_veto_it_as_unresponsive() {
 
 #[test]
 fn a_report_is_short_when_it_counts_fewer_than_we_hold() {
-    assert!(report_short(0, 0, 3));
-    assert!(report_short(1, 1, 3));
-    assert!(!report_short(2, 1, 3));
-    assert!(!report_short(5, 0, 3), "other gateways' requests count too");
-    assert_eq!(unaccounted(1, 0, 3), 2);
-    assert_eq!(unaccounted(5, 0, 3), 0);
+    assert!(report_short(0, 3));
+    assert!(report_short(2, 3));
+    assert!(!report_short(3, 3));
+    assert!(!report_short(5, 3), "other gateways' requests count too");
+    assert_eq!(unaccounted(1, 3), 2);
+    assert_eq!(unaccounted(5, 3), 0);
 }
 
 fn secs(s: u64) -> Duration {
@@ -345,43 +345,78 @@ fn prefill_stretches_the_bound_up_to_the_cap() {
 }
 
 #[test]
-fn the_engines_own_silence_vetoes_by_itself_unless_wedging_is_off() {
+fn the_engines_own_silence_vetoes_by_itself_past_the_wedge_bound_unless_wedging_is_off() {
     let t0 = Instant::now();
     let o = Observed {
-        engine_silent: true,
+        engine_stalled_since: Some(t0),
         ..quiet(t0)
     };
-    assert_eq!(judge(None, &o, &CFG, t0), Some(LivenessVeto::EngineSilent));
+    assert_eq!(judge(None, &o, &CFG, t0 + Duration::from_millis(2999)), None);
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + secs(3)),
+        Some(LivenessVeto::EngineSilent)
+    );
     let off = LivenessConfig {
         wedge: Duration::ZERO,
         ..CFG
     };
-    assert_eq!(judge(None, &o, &off, t0), None);
+    assert_eq!(judge(None, &o, &off, t0 + secs(300)), None);
     assert_eq!(LivenessVeto::EngineSilent.reason(), "wedged");
     assert_eq!(LivenessVeto::Stale.reason(), "unreachable");
 }
 
 #[test]
-fn the_counter_stalls_only_while_it_stands_still_with_work_in_hand() {
+fn the_engines_silence_is_allowed_the_prefill_it_holds_for_this_gateway() {
     let t0 = Instant::now();
+    let prefilling = Observed {
+        engine_stalled_since: Some(t0),
+        prefill_allowance: secs(8),
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &prefilling, &CFG, t0 + secs(7)), None);
+    assert_eq!(
+        judge(None, &prefilling, &CFG, t0 + secs(8)),
+        Some(LivenessVeto::EngineSilent)
+    );
+    let endless = Observed {
+        prefill_allowance: secs(100_000),
+        ..prefilling
+    };
+    assert_eq!(
+        judge(None, &endless, &CFG, t0 + WEDGE_CAP),
+        Some(LivenessVeto::EngineSilent),
+        "within the cap"
+    );
+}
+
+#[test]
+fn the_engine_stalls_only_while_nothing_in_its_stepping_moves_with_work_in_hand() {
+    use crate::load::Stepping;
+    let t0 = Instant::now();
+    let at = |tokens: f64, kv_usage: f64| Some(Stepping { tokens, kv_usage });
     let first = Reading {
-        tokens: Some(100.0),
+        stepping: at(100.0, 0.1),
         at: t0,
         stalled_since: None,
     };
     assert_eq!(
-        stalled_since(None, Some(100.0), true),
+        stalled_since(None, at(100.0, 0.1), true),
         None,
         "one reading is not a stall"
     );
-    assert_eq!(stalled_since(Some(&first), Some(100.0), true), Some(t0));
+    assert_eq!(stalled_since(Some(&first), at(100.0, 0.1), true), Some(t0));
     assert_eq!(
-        stalled_since(Some(&first), Some(101.0), true),
+        stalled_since(Some(&first), at(101.0, 0.1), true),
         None,
-        "it moved"
+        "a token"
     );
     assert_eq!(
-        stalled_since(Some(&first), Some(100.0), false),
+        stalled_since(Some(&first), at(100.0, 0.2), true),
+        None,
+        "a prefill chunk took KV blocks"
+    );
+    assert_eq!(
+        stalled_since(Some(&first), at(100.0, 0.1), false),
         None,
         "idle engines are still"
     );
@@ -391,26 +426,35 @@ fn the_counter_stalls_only_while_it_stands_still_with_work_in_hand() {
         "no counter, no opinion"
     );
     let second = Reading {
-        tokens: Some(100.0),
+        stepping: at(100.0, 0.1),
         at: t0 + secs(10),
         stalled_since: Some(t0),
     };
     assert_eq!(
-        stalled_since(Some(&second), Some(100.0), true),
+        stalled_since(Some(&second), at(100.0, 0.1), true),
         Some(t0),
         "since the first"
     );
-    assert!(!engine_silent(
-        Some(t0),
-        t0 + Duration::from_millis(2999),
-        CFG.wedge
-    ));
-    assert!(engine_silent(Some(t0), t0 + secs(3), CFG.wedge));
-    assert!(
-        !engine_silent(Some(t0), t0 + secs(300), Duration::ZERO),
-        "wedge rule off"
+}
+
+#[test]
+fn the_unresponsive_bound_stretches_over_the_prefill_held() {
+    let t0 = Instant::now();
+    let o = Observed {
+        in_flight: 1,
+        unanswered: Unanswered {
+            since: Some(t0),
+            short_since: Some(t0),
+            short_reports: 3,
+        },
+        prefill_allowance: secs(20),
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &o, &CFG, t0 + secs(19)), None);
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + secs(20)),
+        Some(LivenessVeto::Unresponsive)
     );
-    assert!(!engine_silent(None, t0 + secs(300), CFG.wedge));
 }
 
 #[test]

@@ -185,6 +185,7 @@ mod tests {
                 kv_usage: 0.5,
                 ..RankLoad::default()
             }],
+            ..LoadReport::default()
         }
     }
 

@@ -41,6 +41,8 @@ pub struct Ceilings {
 pub enum OverloadCause {
     Waiting { waiting: u64, ceiling: u64 },
     TokenUsage { usage: f64, ceiling: f64 },
+    /// Requests preempted since the last report (or retracted now).
+    Preempting { preempted: u64 },
 }
 
 impl fmt::Display for OverloadCause {
@@ -52,12 +54,20 @@ impl fmt::Display for OverloadCause {
             OverloadCause::TokenUsage { usage, ceiling } => {
                 write!(f, "KV usage {usage:.3} >= {ceiling}")
             }
+            OverloadCause::Preempting { preempted } => {
+                write!(f, "{preempted} requests preempted since its last report")
+            }
         }
     }
 }
 
-/// The overload verdict for one report: inclusive comparisons, the queue first.
-pub fn overload_verdict(report: &LoadReport, c: &Ceilings) -> Option<OverloadCause> {
+/// The overload verdict for one report (`previous`: the worker's report before it, which a
+/// preemption counter is compared with): inclusive comparisons, the queue first.
+pub fn overload_verdict(
+    report: &LoadReport,
+    previous: Option<&LoadReport>,
+    c: &Ceilings,
+) -> Option<OverloadCause> {
     let waiting = report.waiting();
     if let Some(ceiling) = c.waiting_requests {
         if waiting >= ceiling {
@@ -67,7 +77,11 @@ pub fn overload_verdict(report: &LoadReport, c: &Ceilings) -> Option<OverloadCau
     let usage = report.mean_kv_usage();
     match c.token_usage {
         Some(ceiling) if usage >= ceiling => Some(OverloadCause::TokenUsage { usage, ceiling }),
-        _ => None,
+        Some(_) => match report.preempted_since(previous) {
+            0 => None,
+            preempted => Some(OverloadCause::Preempting { preempted }),
+        },
+        None => None,
     }
 }
 
@@ -208,6 +222,7 @@ mod tests {
                     ..RankLoad::default()
                 })
                 .collect(),
+            ..LoadReport::default()
         }
     }
 
@@ -217,17 +232,40 @@ mod tests {
     };
 
     #[test]
-    fn ceilings_are_inclusive_and_read_the_sum_and_the_mean() {
-        assert_eq!(overload_verdict(&report(&[(7, 0.79)]), &DEFAULTS), None);
+    fn preempting_is_overload_under_the_kv_ceiling_only() {
+        let rank = |preemptions: f64| RankLoad {
+            preemptions: Some(preemptions),
+            kv_usage: 0.5,
+            ..RankLoad::default()
+        };
+        let at = |p: f64| LoadReport {
+            ranks: vec![rank(p)],
+            ..LoadReport::default()
+        };
         assert_eq!(
-            overload_verdict(&report(&[(8, 0.0)]), &DEFAULTS),
+            overload_verdict(&at(5.0), Some(&at(3.0)), &DEFAULTS),
+            Some(OverloadCause::Preempting { preempted: 2 })
+        );
+        assert_eq!(overload_verdict(&at(5.0), Some(&at(5.0)), &DEFAULTS), None);
+        let queue_only = Ceilings {
+            token_usage: None,
+            ..DEFAULTS
+        };
+        assert_eq!(overload_verdict(&at(5.0), Some(&at(3.0)), &queue_only), None);
+    }
+
+    #[test]
+    fn ceilings_are_inclusive_and_read_the_sum_and_the_mean() {
+        assert_eq!(overload_verdict(&report(&[(7, 0.79)]), None, &DEFAULTS), None);
+        assert_eq!(
+            overload_verdict(&report(&[(8, 0.0)]), None, &DEFAULTS),
             Some(OverloadCause::Waiting {
                 waiting: 8,
                 ceiling: 8
             })
         );
         assert_eq!(
-            overload_verdict(&report(&[(4, 0.1), (4, 0.1)]), &DEFAULTS),
+            overload_verdict(&report(&[(4, 0.1), (4, 0.1)]), None, &DEFAULTS),
             Some(OverloadCause::Waiting {
                 waiting: 8,
                 ceiling: 8
@@ -235,12 +273,12 @@ mod tests {
             "waiting is summed over ranks"
         );
         assert_eq!(
-            overload_verdict(&report(&[(0, 1.0), (0, 0.5)]), &DEFAULTS),
+            overload_verdict(&report(&[(0, 1.0), (0, 0.5)]), None, &DEFAULTS),
             None,
             "one saturated rank does not lift the mean (0.75) to 0.8"
         );
         assert!(matches!(
-            overload_verdict(&report(&[(0, 0.8)]), &DEFAULTS),
+            overload_verdict(&report(&[(0, 0.8)]), None, &DEFAULTS),
             Some(OverloadCause::TokenUsage { .. })
         ));
     }
@@ -248,12 +286,12 @@ mod tests {
     #[test]
     fn a_signal_that_is_off_never_trips() {
         let off = Ceilings::default();
-        assert_eq!(overload_verdict(&report(&[(1000, 1.0)]), &off), None);
+        assert_eq!(overload_verdict(&report(&[(1000, 1.0)]), None, &off), None);
         let queue_only = Ceilings {
             waiting_requests: Some(2),
             token_usage: None,
         };
-        assert_eq!(overload_verdict(&report(&[(0, 1.0)]), &queue_only), None);
+        assert_eq!(overload_verdict(&report(&[(0, 1.0)]), None, &queue_only), None);
     }
 
     fn rank(decode: f64, prefill: u64) -> RankActivity {

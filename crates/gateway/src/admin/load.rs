@@ -24,7 +24,10 @@ use crate::fleet::Worker;
 pub struct LoadView {
     source: &'static str,
     age_secs: f64,
+    /// Waiting for room in the batch (the queue the ceiling reads).
     waiting: u64,
+    /// Waiting for anything else: a KV transfer, a bootstrap (not overload).
+    deferred: u64,
     running: u64,
     token_usage: f64,
     overload: Option<OverloadCause>,
@@ -43,6 +46,7 @@ impl LoadView {
                 .saturating_duration_since(load.at)
                 .as_secs_f64(),
             waiting: load.report.waiting(),
+            deferred: load.report.ranks.iter().map(|r| r.deferred).sum(),
             running: load.report.running(),
             token_usage: load.report.mean_kv_usage(),
             overload: load.overload,
@@ -123,6 +127,8 @@ pub struct VetoView {
     in_flight_elsewhere: u64,
     busy: bool,
     at_capacity: bool,
+    /// Its engine says it is asleep: out of routing until a report says it is awake.
+    asleep: bool,
     liveness: Option<LivenessVeto>,
 }
 
@@ -142,6 +148,7 @@ impl VetoView {
             in_flight_elsewhere: worker.traffic.in_flight_elsewhere(),
             busy: v.busy(),
             at_capacity: v.at_capacity(),
+            asleep: v.asleep(),
             liveness: v.liveness(),
         }
     }

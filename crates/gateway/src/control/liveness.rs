@@ -39,7 +39,7 @@ fn observe(worker: &Worker, heard: &Heard, seen: &mut Seen) -> Observed {
         pile_at_progress: seen.pile_at_progress,
         in_flight: worker.traffic.in_flight(),
         queue: worker.vetoes.load().map(|l| l.report.waiting()),
-        engine_silent: heard.engine_silent,
+        engine_stalled_since: heard.engine_stalled_since,
         prefill_allowance: prefill_allowance(
             worker.traffic.pending_prefill_tokens(),
             heard.prefill_rate,
@@ -91,14 +91,11 @@ fn changed(
     if next == Some(LivenessVeto::Unresponsive) {
         // The requests its engine does not account for may go elsewhere (the forward stage
         // decides, within its retry rules): as many as the engine's last report fell short by.
-        let (running, waiting) = worker
-            .vetoes
-            .load()
-            .map_or((0, 0), |l| (l.report.running(), l.report.waiting()));
+        let in_hand = worker.vetoes.load().map_or(0, |l| l.report.in_hand());
         let pending = worker.traffic.pending_requests();
         worker
             .vetoes
-            .release_unanswered(unaccounted(running, waiting, pending));
+            .release_unanswered(unaccounted(in_hand, pending));
     }
     let silent_ms = now.saturating_duration_since(o.last_contact).as_millis() as u64;
     let quiet_ms = now.saturating_duration_since(o.last_progress).as_millis() as u64;

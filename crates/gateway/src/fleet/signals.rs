@@ -6,7 +6,7 @@
 //! relayed token costs one relaxed store. The liveness checker (`control::liveness`) reads them
 //! several times a second and judges.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice_core::liveness::{prefill_rate, Unanswered};
@@ -25,8 +25,8 @@ pub struct Signals {
     last_progress: AtomicInstant,
     /// Streams in flight on it through this gateway, moved only by `Lease`.
     pile: AtomicU32,
-    /// Its token counter stood still across reports for the wedge bound (the load monitor).
-    engine_silent: AtomicBool,
+    /// Since when its reports have shown no step with requests in hand (the load monitor).
+    engine_stalled_since: AtomicInstant,
     /// Measured prefill rate, prompt tokens per second (f64 bits; 0: not measured yet).
     prefill_rate: AtomicU64,
     /// Since when this gateway has held requests on it with no byte from any (moved by `Lease`).
@@ -45,7 +45,7 @@ impl Default for Signals {
             last_timeout: AtomicInstant::none(),
             last_progress: AtomicInstant::now(),
             pile: AtomicU32::new(0),
-            engine_silent: AtomicBool::new(false),
+            engine_stalled_since: AtomicInstant::none(),
             prefill_rate: AtomicU64::new(0),
             unanswered_since: AtomicInstant::none(),
             short_since: AtomicInstant::none(),
@@ -64,7 +64,7 @@ pub struct Heard {
     /// Changes exactly when `last_progress` does.
     pub progress_stamp: u64,
     pub pile: u32,
-    pub engine_silent: bool,
+    pub engine_stalled_since: Option<Instant>,
     /// Prompt tokens per second; 0 until measured.
     pub prefill_rate: f64,
     pub unanswered: Unanswered,
@@ -149,9 +149,12 @@ impl Signals {
         }
     }
 
-    /// The load monitor's finding on the engine's token counter.
-    pub fn set_engine_silent(&self, silent: bool) {
-        self.engine_silent.store(silent, Ordering::Relaxed);
+    /// The load monitor's finding on the engine's stepping: since when it showed none.
+    pub fn set_engine_stalled_since(&self, since: Option<Instant>) {
+        match since {
+            Some(at) => self.engine_stalled_since.store(at),
+            None => self.engine_stalled_since.clear(),
+        }
     }
 
     /// Everything heard, as of now.
@@ -164,7 +167,7 @@ impl Signals {
             last_progress: self.last_progress.load().unwrap_or(start),
             progress_stamp: self.last_progress.stamp(),
             pile: self.pile(),
-            engine_silent: self.engine_silent.load(Ordering::Relaxed),
+            engine_stalled_since: self.engine_stalled_since.load(),
             prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
             unanswered: Unanswered {
                 since: self.unanswered_since.load(),

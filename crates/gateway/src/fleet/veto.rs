@@ -60,6 +60,9 @@ pub struct Vetoes {
     unanswered: tokio::sync::Notify,
     give_ups: AtomicU64,
     busy: AtomicBool,
+    /// Its engine reported itself asleep (vLLM's sleep mode): it serves nothing, so it is out of
+    /// routing altogether, not a fallback (the load monitor).
+    asleep: AtomicBool,
     /// Until when its own at-capacity answer keeps it out (the forward stage).
     at_capacity_until: AtomicInstant,
     /// The liveness checker's verdict.
@@ -79,6 +82,7 @@ impl Default for Vetoes {
             unanswered: tokio::sync::Notify::new(),
             give_ups: AtomicU64::new(0),
             busy: AtomicBool::new(false),
+            asleep: AtomicBool::new(false),
             at_capacity_until: AtomicInstant::none(),
             liveness: AtomicEnum::default(),
             load: ArcSwapOption::empty(),
@@ -181,6 +185,15 @@ impl Vetoes {
         self.busy.load(Ordering::Acquire)
     }
 
+    pub fn asleep(&self) -> bool {
+        self.asleep.load(Ordering::Acquire)
+    }
+
+    /// The last report says the engine is (or is not) asleep; returns what was known before.
+    pub(crate) fn set_asleep(&self, asleep: bool) -> bool {
+        self.asleep.swap(asleep, Ordering::AcqRel)
+    }
+
     pub fn at_capacity(&self) -> bool {
         self.at_capacity_until
             .load()
@@ -230,6 +243,7 @@ impl Vetoes {
     /// previous verdicts (overloaded, busy).
     pub(crate) fn clear_load(&self) -> (bool, bool) {
         self.load.store(None);
+        self.asleep.store(false, Ordering::Release);
         self.set_queue_gate(QueueGate::default());
         (
             self.overloaded.swap(false, Ordering::AcqRel),

@@ -284,9 +284,11 @@ impl Worker {
             .class(self.traffic.pending_everywhere(), projection)
     }
 
-    /// Ready, and its circuit lets requests through: a request could use it now.
+    /// Ready, awake, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
-        self.status() == HealthState::Ready && self.breaker.state() != BreakerState::Open
+        self.status() == HealthState::Ready
+            && self.breaker.state() != BreakerState::Open
+            && !self.vetoes.asleep()
     }
 
     /// Whether it serves `model` (as declared in its spec, or as learned).

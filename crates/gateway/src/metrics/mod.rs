@@ -99,6 +99,18 @@ pub struct UpstreamErrorLabels {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportIssueLabels {
+    pub worker: String,
+    /// One of `REPORT_ISSUES`.
+    pub issue: &'static str,
+}
+
+/// How a load report came out less than whole: `fallback` (the worker's preferred endpoint
+/// failed and the older one was asked), `dropped_field` (a field of the wrong type was left out,
+/// the rest of the report kept).
+pub const REPORT_ISSUES: [&str; 2] = ["fallback", "dropped_field"];
+
 /// Why a request was retried.
 pub const RETRY_REASONS: [&str; 5] = [
     "connect",
@@ -148,6 +160,8 @@ pub struct Metrics {
     pub engine_waiting: Family<WorkerLabel, Gauge>,
     pub engine_running: Family<WorkerLabel, Gauge>,
     pub engine_token_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
+    /// Load reports read from a fallback endpoint, or with a field dropped.
+    pub report_issues: Family<ReportIssueLabels, Counter>,
     pub overload_fallbacks: Counter,
     pub liveness_fallbacks: Counter,
     pub overload_sheds: Family<StageLabel, Counter>,
@@ -219,6 +233,7 @@ impl Metrics {
             engine_waiting: Family::default(),
             engine_running: Family::default(),
             engine_token_usage: Family::default(),
+            report_issues: Family::default(),
             overload_fallbacks: Counter::default(),
             liveness_fallbacks: Counter::default(),
             overload_sheds: Family::default(),
@@ -308,6 +323,11 @@ impl Metrics {
             "engine_token_usage",
             "KV cache usage of the engine (mean over ranks, 0..1), from its last load report",
             m.engine_token_usage.clone(),
+        );
+        r.register(
+            "engine_load_report_issues",
+            "Load reports read from an older endpoint (fallback) or with a malformed field left out (dropped_field)",
+            m.report_issues.clone(),
         );
         r.register(
             "worker_overload_fallback",
@@ -415,7 +435,16 @@ impl Metrics {
             engine_waiting: self.engine_waiting.get_or_create_owned(&label),
             engine_running: self.engine_running.get_or_create_owned(&label),
             engine_token_usage: self.engine_token_usage.get_or_create_owned(&label),
+            report_fallback: self.report_issue(worker, "fallback"),
+            report_dropped_field: self.report_issue(worker, "dropped_field"),
         }
+    }
+
+    fn report_issue(&self, worker: &str, issue: &'static str) -> Counter {
+        self.report_issues.get_or_create_owned(&ReportIssueLabels {
+            worker: worker.to_string(),
+            issue,
+        })
     }
 
     pub fn count_health_check(&self, passed: bool) {
@@ -438,6 +467,12 @@ impl Metrics {
         self.engine_waiting.remove(&label);
         self.engine_running.remove(&label);
         self.engine_token_usage.remove(&label);
+        for issue in REPORT_ISSUES {
+            self.report_issues.remove(&ReportIssueLabels {
+                worker: worker.to_string(),
+                issue,
+            });
+        }
         self.selections.remove(&SelectionLabels {
             policy,
             worker: worker.to_string(),
@@ -482,4 +517,6 @@ pub struct WorkerMetrics {
     pub engine_waiting: Gauge,
     pub engine_running: Gauge,
     pub engine_token_usage: Gauge<f64, AtomicU64>,
+    pub report_fallback: Counter,
+    pub report_dropped_field: Counter,
 }

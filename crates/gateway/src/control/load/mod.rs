@@ -75,7 +75,8 @@ const EARLY_POLL_SPACING: Duration = Duration::from_millis(250);
 /// first poll as soon as it is).
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
     let upstream = &control.upstream;
-    let mut source = None;
+    let mut sources = poll::Sources::default();
+    let mut told = verdict::Told::default();
     // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
     let mut engine_batch: Option<Option<u64>> = None;
     loop {
@@ -91,11 +92,8 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
         match worker.status() {
             HealthState::Draining => return,
             HealthState::Ready => {
-                let result = poll::poll(upstream, &worker, &mut source, timeout).await;
-                let sglang = matches!(
-                    source,
-                    Some(poll::Source::SglangLoads | poll::Source::SglangGetLoad)
-                );
+                let result = sources.poll(upstream, &worker, timeout).await;
+                let sglang = worker.info().is_some_and(|i| i.flavor == "sglang");
                 if result.is_ok() && sglang && engine_batch.is_none() {
                     engine_batch = Some(poll::sglang_batch_size(upstream, &worker, timeout).await);
                 }
@@ -103,7 +101,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                     return;
                 };
                 let polled = Instant::now();
-                control.load_polled(&fleet, &worker, result, engine_batch.flatten());
+                control.load_polled(&fleet, &worker, result, engine_batch.flatten(), &mut told);
                 drop(fleet);
                 let early = async {
                     worker.vetoes.early_poll_wanted().await;

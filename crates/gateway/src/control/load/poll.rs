@@ -1,11 +1,16 @@
 //! One load poll of a worker: which endpoint to ask for its flavor, and the report it gives.
 //!
-//! Sources by flavor: vLLM `GET /metrics`; SGLang `GET /v1/loads`, falling back to `/get_load` on
-//! older servers (remembered per worker). A worker of another flavor is not polled.
+//! Sources by flavor: vLLM `GET /metrics`; SGLang `GET /v1/loads?include=all`, and `/get_load`
+//! when that is not served (an older SGLang) — for a while, then `/v1/loads` is asked again, so a
+//! worker upgraded in place, or one whose `/v1/loads` failed for a moment, gets back the better
+//! report (on current SGLang `/get_load` is a deprecated shim without KV usage). A `/v1/loads`
+//! answer that is not a report at all is answered from `/get_load` for that poll only. A worker of
+//! another flavor is not polled.
 
 use std::time::Duration;
 
-use sluice_core::load::{self, LoadReport};
+use sluice_core::load::{self, LoadReport, SGLANG_LOADS_QUERY};
+use tokio::time::Instant;
 
 use crate::control::get;
 use crate::fleet::Worker;
@@ -14,9 +19,13 @@ use crate::upstream::{GetError, Upstream};
 /// A `/metrics` page larger than this is not an engine's.
 const LOAD_MAX_BYTES: usize = 16 * 1024 * 1024;
 
+/// How long a worker without `/v1/loads` is read from `/get_load` before `/v1/loads` is asked
+/// again.
+const RETRY_PREFERRED: Duration = Duration::from_secs(60);
+
 /// Which endpoint gives a worker's load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Source {
+enum Source {
     VllmMetrics,
     SglangLoads,
     SglangGetLoad,
@@ -24,6 +33,15 @@ pub(super) enum Source {
 
 impl Source {
     fn path(self) -> &'static str {
+        match self {
+            Source::VllmMetrics => "/metrics",
+            Source::SglangLoads => SGLANG_LOADS_QUERY,
+            Source::SglangGetLoad => "/get_load",
+        }
+    }
+
+    /// The endpoint's name in logs and `/loads` (without the query).
+    fn name(self) -> &'static str {
         match self {
             Source::VllmMetrics => "/metrics",
             Source::SglangLoads => "/v1/loads",
@@ -69,38 +87,78 @@ impl PollError {
     pub fn answered(&self) -> bool {
         matches!(self, PollError::Status { .. } | PollError::Report { .. })
     }
+
+    /// The endpoint is not served at all (an engine older than it).
+    fn not_served(&self) -> bool {
+        matches!(self, PollError::Status { status: 404 | 405, .. })
+    }
 }
 
-/// One poll: the report and the endpoint it came from.
-pub(super) async fn poll(
-    upstream: &Upstream,
-    worker: &Worker,
-    source: &mut Option<Source>,
-    timeout: Duration,
-) -> Result<(LoadReport, &'static str), PollError> {
-    let chosen = match *source {
-        Some(s) => s,
-        None => match worker.info().map(|i| i.flavor.clone()).as_deref() {
+/// A poll's report, where it came from, and whether an older endpoint had to stand in.
+#[derive(Debug)]
+pub(super) struct Polled {
+    pub report: LoadReport,
+    pub source: &'static str,
+    pub fell_back: bool,
+}
+
+/// What the monitor remembers of one worker's load endpoints between polls.
+#[derive(Debug, Default)]
+pub(super) struct Sources {
+    /// Read from `/get_load` until then: `/v1/loads` was not served.
+    older_until: Option<Instant>,
+}
+
+impl Sources {
+    /// Polls `worker` once.
+    pub(super) async fn poll(
+        &mut self,
+        upstream: &Upstream,
+        worker: &Worker,
+        timeout: Duration,
+    ) -> Result<Polled, PollError> {
+        let preferred = match worker.info().map(|i| i.flavor.clone()).as_deref() {
             Some("vllm") => Source::VllmMetrics,
             Some("sglang") => Source::SglangLoads,
             other => return Err(PollError::Unsupported(other.unwrap_or("unknown").into())),
-        },
-    };
-    match poll_one(upstream, worker, chosen, timeout).await {
-        Err(PollError::Status { status: 404, .. } | PollError::Report { .. })
-            if chosen == Source::SglangLoads =>
-        {
-            // An older SGLang: /get_load from now on.
-            let report = poll_one(upstream, worker, Source::SglangGetLoad, timeout).await?;
-            *source = Some(Source::SglangGetLoad);
-            Ok(report)
+        };
+        if preferred != Source::SglangLoads {
+            return poll_one(upstream, worker, preferred, timeout).await.map(whole);
         }
-        result => {
-            if result.is_ok() {
-                *source = Some(chosen);
+        let now = Instant::now();
+        if self.older_until.is_some_and(|until| now < until) {
+            let polled = poll_one(upstream, worker, Source::SglangGetLoad, timeout).await?;
+            return Ok(fallen_back(polled));
+        }
+        match poll_one(upstream, worker, Source::SglangLoads, timeout).await {
+            Ok(polled) => {
+                self.older_until = None;
+                Ok(whole(polled))
             }
-            result
+            Err(e) if e.not_served() || matches!(e, PollError::Report { .. }) => {
+                if e.not_served() {
+                    self.older_until = Some(now + RETRY_PREFERRED);
+                }
+                let polled = poll_one(upstream, worker, Source::SglangGetLoad, timeout).await?;
+                Ok(fallen_back(polled))
+            }
+            Err(e) => Err(e),
         }
+    }
+}
+
+fn whole((report, source): (LoadReport, &'static str)) -> Polled {
+    Polled {
+        report,
+        source,
+        fell_back: false,
+    }
+}
+
+fn fallen_back((report, source): (LoadReport, &'static str)) -> Polled {
+    Polled {
+        fell_back: true,
+        ..whole((report, source))
     }
 }
 
@@ -110,8 +168,8 @@ async fn poll_one(
     source: Source,
     timeout: Duration,
 ) -> Result<(LoadReport, &'static str), PollError> {
-    let path = source.path();
-    let (status, body) = get(upstream, worker, path, LOAD_MAX_BYTES, timeout).await?;
+    let path = source.name();
+    let (status, body) = get(upstream, worker, source.path(), LOAD_MAX_BYTES, timeout).await?;
     if !status.is_success() {
         return Err(PollError::Status {
             path,

@@ -1,15 +1,52 @@
 //! What a poll means: the report (or its absence) turned into the worker's overload, busy and
 //! engine-silence verdicts, published in its vetoes and gauges and logged when they change.
 
-use sluice_core::liveness::{engine_silent, report_short, stalled_since, Reading};
+use sluice_core::liveness::{report_short, stalled_since, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{overload_verdict, worker_busy, QueueGate, RankActivity};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::poll::Polled;
 use super::PollError;
 use crate::control::Control;
 use crate::fleet::{EngineLoad, Fleet, Worker};
+
+/// What has been said in the log of one worker's reports: a degraded read is logged the first
+/// time and counted every time.
+#[derive(Debug, Default)]
+pub(super) struct Told {
+    fallback: bool,
+    dropped: bool,
+}
+
+impl Told {
+    /// Counts how the report came out less than whole, and logs it the first time.
+    fn degraded(&mut self, worker: &Worker, polled: &Polled) {
+        let m = &worker.metrics;
+        if polled.fell_back {
+            m.report_fallback.inc();
+            if !std::mem::replace(&mut self.fallback, true) {
+                warn!(
+                    worker = %worker.id,
+                    source = polled.source,
+                    "load report read from an older endpoint: /v1/loads gave none (counted in sluice_engine_load_report_issues_total; said once)"
+                );
+            }
+        }
+        if !polled.report.dropped.is_empty() {
+            m.report_dropped_field.inc();
+            if !std::mem::replace(&mut self.dropped, true) {
+                warn!(
+                    worker = %worker.id,
+                    source = polled.source,
+                    fields = ?polled.report.dropped,
+                    "load report fields of the wrong type left out, the rest kept (counted in sluice_engine_load_report_issues_total; said once)"
+                );
+            }
+        }
+    }
+}
 
 /// What the busy checks read from a report, with the gateway's own estimate of the prompt
 /// tokens waiting for prefill on the worker spread over its ranks (engines do not report it).
@@ -38,12 +75,13 @@ impl Control {
         &self,
         fleet: &Fleet,
         worker: &Worker,
-        result: Result<(LoadReport, &'static str), PollError>,
+        result: Result<Polled, PollError>,
         engine_batch: Option<u64>,
+        told: &mut Told,
     ) {
         let now = Instant::now();
-        let (report, source) = match result {
-            Ok(answered) => answered,
+        let polled = match result {
+            Ok(polled) => polled,
             Err(e) => {
                 if e.is_transport() {
                     worker.signals.transport_failure(now);
@@ -53,24 +91,27 @@ impl Control {
                     worker.signals.contact(now);
                 }
                 tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
-                worker.signals.set_engine_silent(false);
+                worker.signals.set_engine_stalled_since(None);
                 worker.signals.report_judged(None, now);
                 fleet.load_cleared(worker, "a poll gave no report");
                 return;
             }
         };
+        told.degraded(worker, &polled);
+        let Polled { report, source, .. } = polled;
         worker.signals.contact(now);
         let unanswered = worker.traffic.pending_requests();
-        worker.signals.report_judged(
-            Some(report_short(report.running(), report.waiting(), unanswered)),
-            now,
-        );
-        let silent_since = self.engine_silent_since(worker, &report, now);
+        worker
+            .signals
+            .report_judged(Some(report_short(report.in_hand(), unanswered)), now);
+        let previous = worker.vetoes.load();
+        let silent_since = self.engine_silent_since(worker, previous.as_deref(), &report);
         let ceilings = self
             .settings
             .load
             .ceilings_for(&worker.live().spec.overload);
-        let overload = overload_verdict(&report, &ceilings);
+        let overload = overload_verdict(&report, previous.as_ref().map(|p| &p.report), &ceilings);
+        let asleep = report.asleep();
         let window = worker.vetoes.learn_window(&report);
         let gate = QueueGate::new(
             &report,
@@ -85,6 +126,13 @@ impl Control {
         m.engine_waiting.set(report.waiting() as i64);
         m.engine_running.set(report.running() as i64);
         m.engine_token_usage.set(report.mean_kv_usage());
+        if worker.vetoes.set_asleep(asleep) != asleep {
+            if asleep {
+                warn!(worker = %worker.id, "worker vetoed: its engine is asleep");
+            } else {
+                info!(worker = %worker.id, "asleep veto cleared: its engine is awake");
+            }
+        }
         let (was_overloaded, was_busy) = worker.vetoes.report(
             EngineLoad {
                 report,
@@ -111,30 +159,25 @@ impl Control {
         fleet.announce();
     }
 
-    /// Since when the engine's token counters (generated and prompt) have stood still while it
-    /// reported requests in hand (two reports at least); sets the engine-silence signal once that
-    /// spans the wedge bound.
+    /// Since when the engine's reports have shown no step (its token counters and the KV usage
+    /// its scheduler republishes every step) while it reported requests in hand, two reports at
+    /// least; published for the liveness checker, which judges it against the wedge bound.
     fn engine_silent_since(
         &self,
         worker: &Worker,
+        previous: Option<&EngineLoad>,
         report: &LoadReport,
-        now: Instant,
     ) -> Option<Instant> {
-        let previous = worker.vetoes.load().map(|p| Reading {
-            tokens: p.report.progress_tokens(),
+        let previous = previous.map(|p| Reading {
+            stepping: p.report.stepping(),
             at: p.at,
             stalled_since: p.silent_since,
         });
-        let in_hand = report.running() + report.waiting() > 0;
-        let since = stalled_since(previous.as_ref(), report.progress_tokens(), in_hand);
-        // Without liveness checks no wedge bound applies: a zero bound never calls it silent.
-        let wedge = self
-            .settings
-            .liveness
-            .map_or(std::time::Duration::ZERO, |l| l.wedge);
+        let since = stalled_since(previous.as_ref(), report.stepping(), report.in_hand() > 0);
+        let judged = self.settings.liveness.is_some_and(|l| !l.wedge.is_zero());
         worker
             .signals
-            .set_engine_silent(engine_silent(since, now, wedge));
+            .set_engine_stalled_since(since.filter(|_| judged));
         since
     }
 }
