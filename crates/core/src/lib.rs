@@ -24,6 +24,8 @@
 //! - `breaker` — the per-worker circuit breaker state machine.
 //! - `pd_window` — prefill/decode disaggregation's decode admission window: dispatch, wait or
 //!   shed, and which waiter a freed room goes to.
+//! - `engine_error` — what an engine's error answer (an error event in a stream, a 503 body)
+//!   means for its worker: its failure, the client's mistake, or backpressure.
 //! - `discovery` — what a discovery source's new listing changes in the fleet (add, replace,
 //!   remove).
 //! - `degrade` — the degradation ladder: the pressure level and each step's rewrite of a body.
@@ -44,6 +46,7 @@ pub mod admission;
 pub mod breaker;
 pub mod degrade;
 pub mod discovery;
+pub mod engine_error;
 pub mod hash;
 pub mod health;
 pub mod histogram;

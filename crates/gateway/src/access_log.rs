@@ -45,6 +45,10 @@ pub struct AccessRecord {
     pub cancelled: bool,
     /// The worker failed mid-response.
     pub interrupted: bool,
+    /// The engine ended its stream with an error event: `engine` (its failure), `client` (the
+    /// request's), `at_capacity` (its queue was full).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_event: Option<&'static str>,
     /// What the degradation ladder did to it, as `x-sluice-degraded` says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,

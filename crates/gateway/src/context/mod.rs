@@ -85,6 +85,9 @@ pub struct RequestContext {
     ttfb: Duration,
     bytes: u64,
     interrupted: bool,
+    /// The engine ended its stream with an error event of this class (`engine`, `client`,
+    /// `at_capacity`).
+    error_event: Option<&'static str>,
     /// What a metered response said it used, and its events.
     usage: Option<Usage>,
     chunks: u64,
@@ -127,6 +130,7 @@ impl RequestContext {
             ttfb: Duration::ZERO,
             bytes: 0,
             interrupted: false,
+            error_event: None,
             usage: None,
             chunks: 0,
             metrics: accounts.metrics.clone(),
@@ -193,6 +197,17 @@ impl RequestContext {
         self.phase = Phase::Ended;
     }
 
+    /// The engine ended the stream with an error event (relayed as it came): a failed answer,
+    /// whatever its status said.
+    pub fn error_event(&mut self, class: sluice_core::engine_error::ErrorClass) {
+        use sluice_core::engine_error::ErrorClass;
+        self.error_event = Some(match class {
+            ErrorClass::Engine => "engine",
+            ErrorClass::Client => "client",
+            ErrorClass::AtCapacity => "at_capacity",
+        });
+    }
+
     fn count_cancellation(&self, stage: &'static str) {
         self.metrics
             .cancellations
@@ -220,6 +235,7 @@ impl RequestContext {
             bytes: ending.bytes,
             cancelled: ending.cancelled,
             interrupted: ending.interrupted,
+            error_event: self.error_event,
             degraded: (!self.degraded.notes.is_empty()).then(|| self.degraded.notes.join(", ")),
         }
     }

@@ -63,7 +63,7 @@ pub use spec::{
     WorkerType,
 };
 pub use traffic::{Lease, Traffic};
-pub use veto::{EngineLoad, Vetoes};
+pub use veto::{EngineLoad, Vetoes, AT_CAPACITY_VETO};
 pub use worker::{
     HealthCell, LiveSpec, ModelCard, Notices, Origin, ProbeRecord, Worker, WorkerInfo,
 };

@@ -16,6 +16,10 @@ use tokio::time::Instant;
 
 use super::atomic::{AtomicEnum, AtomicInstant};
 
+/// How long a worker's own at-capacity answer (429, 529, SGLang's full queue) keeps new requests
+/// off it: about the time one of its running requests takes to free a slot.
+pub const AT_CAPACITY_VETO: Duration = Duration::from_secs(1);
+
 /// The last load report of a worker and what was concluded from it.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineLoad {

@@ -19,26 +19,23 @@ use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
 use http_body_util::Full;
 use sluice_core::breaker::Outcome;
+use sluice_core::engine_error::ErrorClass;
 use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::context::{RequestContext, DEADLINE};
 use crate::error::GatewayError;
-use crate::fleet::Lease;
+use crate::fleet::{Lease, AT_CAPACITY_VETO};
 use crate::http::{copy_request_headers, REQUEST_ID};
 use crate::metrics::{Metrics, ReasonLabel, UpstreamErrorLabels};
 use crate::route::Routed;
-use crate::stream::Answer;
+use crate::stream::{read_ahead, Ahead, Answer};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 mod pd;
 
 pub use pd::PdConfig;
-
-/// How long a worker's own at-capacity answer (429, 529) keeps new requests off it: about the
-/// time one of its running requests takes to free a slot.
-const AT_CAPACITY_VETO: Duration = Duration::from_secs(1);
 
 /// The window the retry budget looks back over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);
@@ -166,7 +163,7 @@ impl Forwarder {
                 Tried::Final(GatewayError::DeadlineExceeded { budget: at.timeout })
             }
             Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
-            Ok(Ok(response)) => self.answered(&at, lease, response, sent_at),
+            Ok(Ok((response, ahead))) => self.answered(&at, lease, response, ahead, sent_at),
             Ok(Err(e)) => self.transport_failed(&at, lease, &e),
         }
     }
@@ -175,11 +172,16 @@ impl Forwarder {
     /// worker is judged unresponsive and this request may go elsewhere (then the retry).
     async fn wait_for_answer(&self, at: &Attempt<'_>, lease: &mut Lease) -> Result<Sent, Tried> {
         let worker = lease.worker().clone();
-        let sent = tokio::time::timeout_at(
-            at.deadline,
-            self.upstream
-                .send(&worker.endpoint, build_request(at, lease)),
-        );
+        let request = build_request(at, lease);
+        let exchange = async {
+            let mut response = self.upstream.send(&worker.endpoint, request).await?;
+            // The head is held until what the verdict needs of the body has come (`stream::ahead`).
+            let ahead = read_ahead(&mut response)
+                .await
+                .map_err(crate::upstream::SendError::Exchange)?;
+            Ok((response, ahead))
+        };
+        let sent = tokio::time::timeout_at(at.deadline, exchange);
         tokio::pin!(sent);
         let given_up = worker.vetoes.given_up();
         tokio::pin!(given_up);
@@ -201,28 +203,34 @@ impl Forwarder {
         }
     }
 
-    /// The worker answered: at capacity or a retryable error status may go elsewhere; anything
-    /// else is the answer.
+    /// The worker answered: at capacity (429, 529, SGLang's full queue as a 503 or as a stream's
+    /// first event) or a retryable error (a status, or an engine's error as a stream's first
+    /// event) may go elsewhere; anything else is the answer.
     fn answered(
         &self,
         at: &Attempt<'_>,
         mut lease: Lease,
         response: UpstreamResponse,
+        ahead: Ahead,
         sent_at: Instant,
     ) -> Tried {
         let worker = lease.worker().clone();
         worker.signals.contact(Instant::now());
-        let status = response.status().as_u16();
-        let at_capacity = matches!(status, 429 | 529);
-        if at_capacity {
-            // The worker says it is full: keep new requests off it for a moment.
+        if ahead.at_capacity {
+            // The worker says it is full: keep new requests off it for a moment. Not a failure
+            // of the worker: its permit is handed back unrecorded.
             worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
+            if self.may_retry(AttemptFailure::AtCapacity, at, &lease) {
+                return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
+            }
         }
-        if at_capacity && self.may_retry(AttemptFailure::AtCapacity, at, &lease) {
-            // Not a failure of the worker: its permit is handed back unrecorded.
-            return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
-        }
-        if self.retry.status_codes.contains(&status) {
+        // An engine's failure in the first event is judged as the status it names (500 when it
+        // names none): nothing has reached the client yet.
+        let status = match ahead.error {
+            Some(e) if e.class == ErrorClass::Engine => e.status.unwrap_or(500),
+            _ => response.status().as_u16(),
+        };
+        if !ahead.at_capacity && self.retry.status_codes.contains(&status) {
             // A failure of the worker, counted as one; nothing reached the client yet.
             lease.settle(Outcome::Failure);
             self.count_upstream_error(&lease, "status");
@@ -234,6 +242,7 @@ impl Forwarder {
             response,
             lease,
             sent_at,
+            ahead,
         })
     }
 
@@ -319,8 +328,10 @@ impl Forwarder {
 }
 
 /// What waiting for an answer's head gives: the deadline passed, or the exchange's result.
-type Sent =
-    Result<Result<UpstreamResponse, crate::upstream::SendError>, tokio::time::error::Elapsed>;
+type Sent = Result<
+    Result<(UpstreamResponse, Ahead), crate::upstream::SendError>,
+    tokio::time::error::Elapsed,
+>;
 
 /// One attempt, and what its request and retry rules need to know.
 #[derive(Clone)]

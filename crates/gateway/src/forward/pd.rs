@@ -32,7 +32,7 @@ use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
 use crate::route::Routed;
-use crate::stream::Answer;
+use crate::stream::{Ahead, Answer};
 use crate::upstream::UpstreamResponse;
 
 /// The decode admission window's settings.
@@ -271,6 +271,7 @@ impl Forwarder {
                     response,
                     lease,
                     sent_at,
+                    ahead: Ahead::default(),
                 })
             }
             LegEnd::Failed(failure) => failure,

@@ -129,14 +129,16 @@ const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
 ];
 
 /// `connect`, `reset` (before headers), `timeout`, `stream` (mid-body), `status` (a retryable
-/// error status before any byte).
-pub const UPSTREAM_ERROR_KINDS: [&str; 6] = [
+/// error status before any byte), `unresponsive`, `error_event` (a stream the engine ended with
+/// an error event of its own failure).
+pub const UPSTREAM_ERROR_KINDS: [&str; 7] = [
     "connect",
     "reset",
     "timeout",
     "stream",
     "status",
     "unresponsive",
+    "error_event",
 ];
 
 /// Every metric family of one gateway.

@@ -27,6 +27,7 @@
 //! (`fleet::AdaptiveLimit`): a stream's time to its first event and the gaps between its events
 //! (events read together share their gap), a whole body's time over its completion tokens.
 
+mod ahead;
 mod meter;
 
 use std::future::Future;
@@ -39,17 +40,20 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
+use sluice_core::engine_error::{error_event, ErrorClass, ErrorEvent};
 use sluice_core::slo::Served;
 use sluice_core::sse::SseParser;
 use tokio::time::{Instant, Sleep};
 
 use crate::context::RequestContext;
 use crate::error::GatewayError;
-use crate::fleet::Lease;
+use crate::fleet::{Lease, AT_CAPACITY_VETO};
 use crate::http::{clean_response_headers, is_event_stream, OnWake};
 use crate::metrics::UpstreamErrorLabels;
 use crate::upstream::{UpstreamBody, UpstreamResponse};
 use meter::Meter;
+
+pub use ahead::{read_ahead, Ahead};
 
 /// The status Dynamo-style workers answer when at capacity: a refusal, not a malfunction.
 const STATUS_AT_CAPACITY: u16 = 529;
@@ -62,6 +66,8 @@ pub struct Answer {
     pub lease: Lease,
     /// When the request went to the worker (time to first byte counts from here).
     pub sent_at: Instant,
+    /// What the forward stage read of the body before deciding on the answer.
+    pub ahead: Ahead,
 }
 
 /// The client's response: the worker's head, cleaned, and its body relayed. The request's
@@ -71,6 +77,7 @@ pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
         response,
         lease,
         sent_at,
+        ahead,
     } = answer;
     let (mut parts, body) = response.into_parts();
     let status = parts.status.as_u16();
@@ -83,7 +90,9 @@ pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
     ctx.respond(status);
-    let relay = Relay::new(body, lease, status, sse, sent_at, ctx);
+    let mut relay = Relay::new(body, lease, status, sse, sent_at, ctx);
+    relay.at_capacity = ahead.at_capacity;
+    relay.ahead = Some(ahead.bytes).filter(|b| !b.is_empty());
     Response::from_parts(parts, AxumBody::new(relay))
 }
 
@@ -103,22 +112,29 @@ enum State {
 }
 
 /// Whether an event stream ended as a finished OpenAI stream does: its last event's data is
-/// `[DONE]`, however the event was spelled or cut (see `sluice_core::sse`).
+/// `[DONE]`, however the event was spelled or cut (see `sluice_core::sse`) — and whether an
+/// error event came before it, which engines send before `[DONE]` when a stream fails.
 #[derive(Debug, Default)]
 struct EndOfStream {
     parser: SseParser,
     done: bool,
+    /// The first error event, if any.
+    error: Option<ErrorEvent>,
 }
 
 impl EndOfStream {
     /// Reads `chunk`'s events; `meter`, when the response is metered, sees each one. Returns
-    /// the events that completed in it, `[DONE]` aside: the tokens it carried.
+    /// the events that completed in it, `[DONE]` and error events aside: the tokens it carried.
     fn feed(&mut self, chunk: &[u8], mut meter: Option<&mut Meter>) -> u64 {
-        let done = &mut self.done;
+        let (done, error) = (&mut self.done, &mut self.error);
         let mut tokens = 0;
         self.parser.feed(chunk, |event| {
             *done = event.data == b"[DONE]";
-            tokens += u64::from(!*done);
+            let failed = if *done { None } else { error_event(event.data) };
+            if let Some(e) = failed {
+                error.get_or_insert(e);
+            }
+            tokens += u64::from(!*done && failed.is_none());
             if let Some(meter) = meter.as_deref_mut() {
                 meter.event(event.data);
             }
@@ -142,6 +158,10 @@ impl EndOfStream {
 /// A worker's response body on its way to the client.
 struct Relay {
     inner: UpstreamBody,
+    /// Read by the forward stage before the head went out: passed on first.
+    ahead: Option<Bytes>,
+    /// The answer is the engine saying it is full: not charged to its circuit.
+    at_capacity: bool,
     lease: Lease,
     status: u16,
     sse: bool,
@@ -183,6 +203,8 @@ impl Relay {
             (ctx.admission.metered || (measured && !sse)).then(|| Box::new(Meter::new(sse)));
         Self {
             inner,
+            ahead: None,
+            at_capacity: false,
             lease,
             status,
             sse,
@@ -201,7 +223,7 @@ impl Relay {
 
     fn observe(&mut self, data: &Bytes) {
         let now = Instant::now();
-        self.lease.worker().signals.progress(now);
+        self.lease.worker().signals.contact(now);
         let previous = self.last_chunk.replace(now);
         match previous {
             None => {
@@ -228,14 +250,21 @@ impl Relay {
         }
         if self.sse {
             let tokens = self.end.feed(data, self.meter.as_deref_mut());
+            if tokens > 0 {
+                // Progress is a token: an error event, or a chunk of one, is not.
+                self.lease.worker().signals.progress(now);
+            }
             self.tokens += tokens;
             if let (true, Some(last), 1..) = (self.measured, previous, tokens) {
                 // Events read together arrived, on average, evenly across the gap.
                 let gap = (now - last) / u32::try_from(tokens).unwrap_or(u32::MAX);
                 self.lease.worker().adaptive.token_gaps(gap, tokens);
             }
-        } else if let Some(meter) = &mut self.meter {
-            meter.body(data);
+        } else {
+            self.lease.worker().signals.progress(now);
+            if let Some(meter) = &mut self.meter {
+                meter.body(data);
+            }
         }
     }
 
@@ -287,9 +316,45 @@ impl Relay {
 
     /// The worker finished the response.
     fn complete(&mut self) {
-        self.lease.settle(outcome_of(self.status));
+        if let Some(error) = self.end.error {
+            return self.failed_by_event(error);
+        }
+        if !self.at_capacity {
+            // A full engine's refusal goes back unrecorded (the forward stage kept it off).
+            self.lease.settle(outcome_of(self.status));
+        }
         self.judge();
         self.finish(false);
+        self.state = State::Done;
+    }
+
+    /// The stream ended, but after an error event (relayed to the client as it came): a failed
+    /// answer — not a completion for its tier's objectives, its latency not a sample — charged to
+    /// the worker only when the engine, not the client, was at fault, and a full engine's
+    /// refusal kept off it for a moment instead.
+    fn failed_by_event(&mut self, error: ErrorEvent) {
+        let worker = self.lease.worker().clone();
+        match error.class {
+            ErrorClass::Engine => {
+                self.lease.settle(Outcome::Failure);
+                if let Some(ctx) = &self.ctx {
+                    ctx.metrics()
+                        .upstream_errors
+                        .get_or_create(&UpstreamErrorLabels {
+                            worker: worker.id.to_string(),
+                            kind: "error_event",
+                        })
+                        .inc();
+                }
+            }
+            ErrorClass::Client => self.lease.settle(Outcome::Success),
+            // Its permit goes back unrecorded.
+            ErrorClass::AtCapacity => worker.vetoes.at_capacity_for(AT_CAPACITY_VETO),
+        }
+        if let Some(ctx) = &mut self.ctx {
+            ctx.error_event(error.class);
+        }
+        self.finish(true);
         self.state = State::Done;
     }
 
@@ -384,6 +449,13 @@ impl Body for Relay {
         if this.state == State::Done {
             return Poll::Ready(None);
         }
+        if let Some(data) = this.ahead.take() {
+            this.observe(&data);
+            if this.inner.is_end_stream() && !this.sse {
+                this.complete();
+            }
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -418,10 +490,18 @@ impl Body for Relay {
     fn size_hint(&self) -> SizeHint {
         if self.sse {
             // An error event may be appended.
-            SizeHint::default()
-        } else {
-            self.inner.size_hint()
+            return SizeHint::default();
         }
+        // What was read ahead is still to come, before the rest (the head's declared length
+        // counts both).
+        let inner = self.inner.size_hint();
+        let ahead = self.ahead.as_ref().map_or(0, |b| b.len() as u64);
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + ahead);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + ahead);
+        }
+        hint
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 pub mod certs;
 pub mod kube_api;
 pub mod redis;
+pub mod wire;
 
 pub use serde_json::Value;
 pub use sluice_gateway::{Config, Gateway};

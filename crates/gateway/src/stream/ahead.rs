@@ -1,0 +1,82 @@
+//! Reading a little of an answer before its head goes to the client, so that a refusal the engine
+//! writes in the body can still be retried elsewhere.
+//!
+//! vLLM and SGLang send a stream's head at once and its first event after the prefill; an engine
+//! that cannot take the request says so in that first event (SGLang's full queue), and one that
+//! failed early sends an error event there. So for an event stream the head is held until the
+//! first event arrives — the client's time to first token does not change, it was waiting for
+//! that event anyway. A 503 is read whole (bounded) to tell SGLang's full queue, which is
+//! backpressure, from an engine that is failing. What was read goes to the client first, as it
+//! came (`Relay`).
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use sluice_core::engine_error::{self, ErrorEvent};
+use sluice_core::sse::SseParser;
+
+use crate::http::is_event_stream;
+use crate::upstream::UpstreamResponse;
+
+/// Bytes read ahead of the client: the most an event stream's first event, or a 503's body, may
+/// take before the answer is passed on without a verdict.
+const AHEAD_LIMIT: usize = 64 * 1024;
+
+/// What was read of an answer's body before it went to the client.
+#[derive(Debug, Default)]
+pub struct Ahead {
+    /// Sent to the client first.
+    pub bytes: Bytes,
+    /// The body ended within them.
+    pub ended: bool,
+    /// The first event, when it was an engine's error event.
+    pub error: Option<ErrorEvent>,
+    /// The answer is the engine saying it is full (a 429, a 529, SGLang's full-queue 503).
+    pub at_capacity: bool,
+}
+
+/// Reads ahead of `response`'s head what its verdict needs: an event stream's first event, a
+/// 503's body; nothing for any other answer.
+pub async fn read_ahead(response: &mut UpstreamResponse) -> Result<Ahead, hyper::Error> {
+    let status = response.status().as_u16();
+    let sse = is_event_stream(response.headers());
+    let mut ahead = Ahead {
+        at_capacity: matches!(status, 429 | 529),
+        ..Ahead::default()
+    };
+    let first_event = sse && status == 200;
+    if !first_event && status != 503 {
+        return Ok(ahead);
+    }
+    let mut read = BytesMut::new();
+    let mut parser = SseParser::new();
+    let mut events = 0;
+    while read.len() < AHEAD_LIMIT && !(first_event && events > 0) {
+        let Some(frame) = response.body_mut().frame().await.transpose()? else {
+            ahead.ended = true;
+            break;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if first_event {
+            parser.feed(&data, |event| {
+                if events == 0 {
+                    ahead.error = engine_error::error_event(event.data);
+                }
+                events += 1;
+            });
+        }
+        read.extend_from_slice(&data);
+    }
+    ahead.bytes = read.freeze();
+    if status == 503 && ahead.ended {
+        ahead.at_capacity = engine_error::at_capacity(status, &ahead.bytes);
+    }
+    if ahead
+        .error
+        .is_some_and(|e| e.class == engine_error::ErrorClass::AtCapacity)
+    {
+        ahead.at_capacity = true;
+    }
+    Ok(ahead)
+}
