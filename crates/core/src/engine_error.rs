@@ -175,17 +175,25 @@ mod tests {
             assert!(at_capacity(503, &body));
             assert!(!at_capacity(500, &body), "only a 503 says it so");
         }
-        assert!(!at_capacity(503, br#"{"object":"error","message":"engine dead","code":503}"#));
+        assert!(!at_capacity(
+            503,
+            br#"{"object":"error","message":"engine dead","code":503}"#
+        ));
         assert!(!at_capacity(503, b"not json"));
         assert!(at_capacity(429, b""));
     }
 
     #[test]
     fn ordinary_events_are_not_errors() {
-        let chunk = br#"{"choices":[{"delta":{"content":"say \"error\" here"},"finish_reason":null}]}"#;
+        let chunk =
+            br#"{"choices":[{"delta":{"content":"say \"error\" here"},"finish_reason":null}]}"#;
         assert_eq!(error_event(chunk), None, "escaped quotes in a token");
         let reason = br#"{"choices":[{"delta":{},"finish_reason":"error"}]}"#;
-        assert_eq!(error_event(reason), None, "a finish reason is not an error event");
+        assert_eq!(
+            error_event(reason),
+            None,
+            "a finish reason is not an error event"
+        );
         assert_eq!(error_event(b"[DONE]"), None);
         assert_eq!(error_event(br#"{"error": 3}"#), None);
     }

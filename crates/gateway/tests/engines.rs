@@ -113,9 +113,8 @@ async fn an_error_event_before_done_is_a_failed_answer_and_opens_the_circuit() {
         worker_view(&gateway, &failing_id).await["circuit"]["state"],
         "open"
     );
-    let series = format!(
-        "sluice_upstream_errors_total{{worker=\"{failing_id}\",kind=\"error_event\"}}"
-    );
+    let series =
+        format!("sluice_upstream_errors_total{{worker=\"{failing_id}\",kind=\"error_event\"}}");
     assert_eq!(metric(&gateway, &series).await, 3.0);
 }
 
@@ -152,9 +151,17 @@ async fn sglangs_full_queue_is_backpressure_retried_elsewhere_in_both_shapes() {
     let gateway = gateway_over(&[&full, &room], quick_breaker).await;
     let full_id = ids(&gateway).await[0].clone();
     for _ in 0..8 {
-        full.then(Scripted::json(503, fixture("sglang/queue-full-detail.json")));
+        full.then(Scripted::json(
+            503,
+            fixture("sglang/queue-full-detail.json"),
+        ));
         let a = chat(&gateway, false).await;
-        assert_eq!(a.status, 200, "retried on the engine with room: {}", a.text());
+        assert_eq!(
+            a.status,
+            200,
+            "retried on the engine with room: {}",
+            a.text()
+        );
     }
     for _ in 0..8 {
         full.then(Scripted::stream(fixture("sglang/stream-queue-full.sse")));
@@ -229,7 +236,11 @@ async fn a_malformed_field_keeps_the_report_and_a_bad_body_does_not_lose_v1_load
         200,
         fixture("sglang/v1-loads-malformed-field.json"),
     );
-    engine.set_load("/get_load", 200, r#"[{"dp_rank":0,"num_reqs":0,"num_waiting_reqs":0}]"#);
+    engine.set_load(
+        "/get_load",
+        200,
+        r#"[{"dp_rank":0,"num_reqs":0,"num_waiting_reqs":0}]"#,
+    );
     let gateway = gateway_over(&[&engine], |_| {}).await;
     let id = ids(&gateway).await[0].clone();
     until_worker(&gateway, &id, "overloaded from /v1/loads", |w| {
@@ -323,7 +334,12 @@ async fn a_long_prefill_is_not_a_wedged_engine_while_its_kv_usage_moves() {
     engine.then(Scripted::ok_stream().held(&prefill));
     let url = format!("{}/v1/chat/completions", gateway.url());
     let held = tokio::spawn(async move {
-        post(&client(), &url, &chat_body("test-model", "a long prompt", 1, true)).await
+        post(
+            &client(),
+            &url,
+            &chat_body("test-model", "a long prompt", 1, true),
+        )
+        .await
     });
     bounded("the request at the engine", async {
         while engine.received() == 0 {
@@ -356,7 +372,8 @@ async fn a_long_prefill_is_not_a_wedged_engine_while_its_kv_usage_moves() {
 async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() {
     let engine = WireEngine::start("sglang", Scripted::ok_stream()).await;
     let other = WireEngine::start("sglang", Scripted::ok_stream()).await;
-    let idle = r#"{"loads":[{"dp_rank":0,"num_running_reqs":0,"num_waiting_reqs":0,"token_usage":0.0}]}"#;
+    let idle =
+        r#"{"loads":[{"dp_rank":0,"num_running_reqs":0,"num_waiting_reqs":0,"token_usage":0.0}]}"#;
     engine.set_load("/v1/loads", 200, idle);
     // Over its waiting ceiling, so the request goes to `engine`; a request given up on would
     // still be re-sent there (a retry needs a routable worker, not an un-vetoed one).
@@ -371,7 +388,12 @@ async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() 
     engine.then(Scripted::json(200, "{}").held(&prefill));
     let url = format!("{}/v1/chat/completions", gateway.url());
     let held = tokio::spawn(async move {
-        post(&client(), &url, &chat_body("test-model", "a long prompt", 1, false)).await
+        post(
+            &client(),
+            &url,
+            &chat_body("test-model", "a long prompt", 1, false),
+        )
+        .await
     });
     bounded("the request at the engine", async {
         while engine.received() == 0 {
@@ -379,7 +401,11 @@ async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() 
         }
     })
     .await;
-    engine.set_load("/v1/loads", 200, fixture("sglang/v1-loads-chunked-prefill.json"));
+    engine.set_load(
+        "/v1/loads",
+        200,
+        fixture("sglang/v1-loads-chunked-prefill.json"),
+    );
     // Well past the unresponsive bound, many reports later.
     for _ in 0..3 {
         let since = engine.polls();

@@ -198,8 +198,7 @@ pub fn judge(
         return None;
     }
     let bound = wedge_bound(cfg.wedge, o.prefill_allowance);
-    if o
-        .engine_stalled_since
+    if o.engine_stalled_since
         .is_some_and(|since| now.saturating_duration_since(since) >= bound)
     {
         return Some(LivenessVeto::EngineSilent);
@@ -230,8 +229,7 @@ fn unresponsive(u: &Unanswered, bound: Duration, allowance: Duration, now: Insta
         return false;
     }
     let bound = wedge_bound(bound, allowance);
-    true
-        && u.short_reports >= 2
+    u.short_reports >= 2
         && now.saturating_duration_since(since) >= bound
         && now.saturating_duration_since(short_since) >= bound
 }

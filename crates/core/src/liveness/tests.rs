@@ -351,7 +351,10 @@ fn the_engines_own_silence_vetoes_by_itself_past_the_wedge_bound_unless_wedging_
         engine_stalled_since: Some(t0),
         ..quiet(t0)
     };
-    assert_eq!(judge(None, &o, &CFG, t0 + Duration::from_millis(2999)), None);
+    assert_eq!(
+        judge(None, &o, &CFG, t0 + Duration::from_millis(2999)),
+        None
+    );
     assert_eq!(
         judge(None, &o, &CFG, t0 + secs(3)),
         Some(LivenessVeto::EngineSilent)

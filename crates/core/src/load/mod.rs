@@ -164,10 +164,7 @@ impl LoadReport {
     pub fn preempted_since(&self, previous: Option<&LoadReport>) -> u64 {
         let retracted: u64 = self.ranks.iter().filter_map(|r| r.retracted).sum();
         let counted = |r: &LoadReport| -> Option<f64> {
-            r.ranks
-                .iter()
-                .map(|x| x.preemptions)
-                .sum::<Option<f64>>()
+            r.ranks.iter().map(|x| x.preemptions).sum::<Option<f64>>()
         };
         let rose = match (counted(self), previous.and_then(counted)) {
             (Some(now), Some(before)) if now > before => (now - before) as u64,
@@ -204,7 +201,10 @@ fn fraction(x: f64) -> f64 {
     }
 }
 
-fn non_empty(mut ranks: Vec<RankLoad>, dropped: Vec<&'static str>) -> Result<LoadReport, LoadError> {
+fn non_empty(
+    mut ranks: Vec<RankLoad>,
+    dropped: Vec<&'static str>,
+) -> Result<LoadReport, LoadError> {
     if ranks.is_empty() {
         return Err(LoadError::Empty);
     }

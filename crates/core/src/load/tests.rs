@@ -145,11 +145,11 @@ fn sglang_get_load_both_forms() {
 
 #[test]
 fn nonsense_values_are_clamped() {
-    let r = parse_sglang_loads(br#"{"loads":[{"num_waiting_reqs":-3,"token_usage":7.5}]}"#)
-        .unwrap();
+    let r =
+        parse_sglang_loads(br#"{"loads":[{"num_waiting_reqs":-3,"token_usage":7.5}]}"#).unwrap();
     assert_eq!((r.ranks[0].waiting, r.ranks[0].kv_usage), (0, 1.0));
-    let v = parse_vllm_metrics("vllm:num_requests_waiting -2\nvllm:kv_cache_usage_perc NaN\n")
-        .unwrap();
+    let v =
+        parse_vllm_metrics("vllm:num_requests_waiting -2\nvllm:kv_cache_usage_perc NaN\n").unwrap();
     assert_eq!((v.ranks[0].waiting, v.ranks[0].kv_usage), (0, 0.0));
 }
 
@@ -159,8 +159,16 @@ fn vllm_pd_decode_waits_for_capacity_apart_from_its_deferred_requests() {
     let r0 = &r.ranks[0];
     assert_eq!((r0.waiting, r0.deferred, r0.running), (2, 12, 24));
     assert_eq!(r.waiting(), 2, "the ceiling reads the capacity queue");
-    assert_eq!(r.in_hand(), 38, "the deferred ones are in hand all the same");
-    assert_eq!(r0.preemptions, Some(3.0), "the counter, not its _created series");
+    assert_eq!(
+        r.in_hand(),
+        38,
+        "the deferred ones are in hand all the same"
+    );
+    assert_eq!(
+        r0.preemptions,
+        Some(3.0),
+        "the counter, not its _created series"
+    );
     assert!(!r.asleep());
     assert_eq!(r0.kv_capacity, Some(29205));
 }
@@ -170,7 +178,8 @@ fn vllm_without_reasons_waits_with_everything_it_reports() {
     let text = "vllm:num_requests_waiting{engine=\"0\"} 7\n";
     let r = parse_vllm_metrics(text).unwrap();
     assert_eq!((r.waiting(), r.ranks[0].deferred), (7, 0));
-    let deferred_only = "vllm:num_requests_waiting 7\nvllm:num_requests_waiting_by_reason{reason=\"deferred\"} 5\n";
+    let deferred_only =
+        "vllm:num_requests_waiting 7\nvllm:num_requests_waiting_by_reason{reason=\"deferred\"} 5\n";
     let r = parse_vllm_metrics(deferred_only).unwrap();
     assert_eq!((r.waiting(), r.ranks[0].deferred), (2, 5));
 }
@@ -189,9 +198,16 @@ fn vllm_long_prefill_moves_the_kv_usage_while_the_counters_stand() {
     let first = parse_vllm_metrics(&fixture("vllm/metrics-long-prefill-1.prom")).unwrap();
     let second = parse_vllm_metrics(&fixture("vllm/metrics-long-prefill-2.prom")).unwrap();
     let (a, b) = (first.stepping().unwrap(), second.stepping().unwrap());
-    assert_eq!(a.tokens, b.tokens, "no token counted until the prefill ends");
+    assert_eq!(
+        a.tokens, b.tokens,
+        "no token counted until the prefill ends"
+    );
     assert_ne!(a, b, "the scheduler stepped: its KV usage grew");
-    assert_eq!(first.stepping(), first.clone().stepping(), "the same report: no step");
+    assert_eq!(
+        first.stepping(),
+        first.clone().stepping(),
+        "the same report: no step"
+    );
 }
 
 #[test]
@@ -200,8 +216,13 @@ fn preemptions_are_the_rise_of_vllm_counter_or_sglang_retracted_requests() {
     let after = parse_vllm_metrics("vllm:num_preemptions_total 5\n").unwrap();
     assert_eq!(after.preempted_since(Some(&before)), 2);
     assert_eq!(after.preempted_since(Some(&after)), 0);
-    assert_eq!(after.preempted_since(None), 0, "a first report says nothing");
-    let retracting = parse_sglang_loads(fixture("sglang/v1-loads-retracting.json").as_bytes()).unwrap();
+    assert_eq!(
+        after.preempted_since(None),
+        0,
+        "a first report says nothing"
+    );
+    let retracting =
+        parse_sglang_loads(fixture("sglang/v1-loads-retracting.json").as_bytes()).unwrap();
     assert_eq!(retracting.preempted_since(None), 4);
 }
 
@@ -214,7 +235,11 @@ fn sglang_decode_waits_in_its_own_queue_apart_from_the_transfer_queues() {
     assert!(r.dropped.is_empty(), "{:?}", r.dropped);
     let without_sections = br#"{"loads":[{"dp_rank":0,"num_running_reqs":96,"num_waiting_reqs":40,"queues":{"waiting":3}}]}"#;
     let r = parse_sglang_loads(without_sections).unwrap();
-    assert_eq!((r.waiting(), r.ranks[0].deferred), (3, 37), "from queues.waiting alone");
+    assert_eq!(
+        (r.waiting(), r.ranks[0].deferred),
+        (3, 37),
+        "from queues.waiting alone"
+    );
 }
 
 #[test]
@@ -229,8 +254,14 @@ fn sglang_chunked_prefill_is_in_hand_though_in_neither_count() {
 fn sglang_a_malformed_field_is_dropped_and_the_report_stands() {
     let r = parse_sglang_loads(fixture("sglang/v1-loads-malformed-field.json").as_bytes()).unwrap();
     assert_eq!(r.waiting(), 50, "the queue still counts");
-    assert_eq!(r.ranks[0].kv_usage, 0.0, "the spoiled field reads as unreported");
-    assert_eq!(r.ranks[0].gen_throughput, None, "null is unreported, not malformed");
+    assert_eq!(
+        r.ranks[0].kv_usage, 0.0,
+        "the spoiled field reads as unreported"
+    );
+    assert_eq!(
+        r.ranks[0].gen_throughput, None,
+        "null is unreported, not malformed"
+    );
     assert_eq!(r.dropped, ["token_usage"]);
 }
 
@@ -239,7 +270,8 @@ fn sglang_get_load_with_a_null_rank_is_read() {
     let r = parse_sglang_get_load(fixture("sglang/get-load-dp-null.json").as_bytes()).unwrap();
     assert_eq!((r.ranks[0].rank, r.waiting(), r.running()), (0, 50, 5));
     assert!(r.dropped.is_empty());
-    let spoiled = parse_sglang_get_load(br#"[{"dp_rank":"x","num_reqs":3,"num_waiting_reqs":1}]"#).unwrap();
+    let spoiled =
+        parse_sglang_get_load(br#"[{"dp_rank":"x","num_reqs":3,"num_waiting_reqs":1}]"#).unwrap();
     assert_eq!((spoiled.ranks[0].rank, spoiled.waiting()), (0, 1));
     assert_eq!(spoiled.dropped, ["dp_rank"]);
 }
@@ -252,7 +284,10 @@ fn every_fixture_names_its_source() {
         for entry in std::fs::read_dir(format!("{root}/{engine}")).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             let listed = format!("file = \"{engine}/{name}\"");
-            assert!(index.contains(&listed), "{engine}/{name} is not in index.toml");
+            assert!(
+                index.contains(&listed),
+                "{engine}/{name} is not in index.toml"
+            );
         }
     }
 }

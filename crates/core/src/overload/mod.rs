@@ -39,10 +39,18 @@ pub struct Ceilings {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "signal", rename_all = "snake_case")]
 pub enum OverloadCause {
-    Waiting { waiting: u64, ceiling: u64 },
-    TokenUsage { usage: f64, ceiling: f64 },
+    Waiting {
+        waiting: u64,
+        ceiling: u64,
+    },
+    TokenUsage {
+        usage: f64,
+        ceiling: f64,
+    },
     /// Requests preempted since the last report (or retracted now).
-    Preempting { preempted: u64 },
+    Preempting {
+        preempted: u64,
+    },
 }
 
 impl fmt::Display for OverloadCause {
@@ -251,12 +259,18 @@ mod tests {
             token_usage: None,
             ..DEFAULTS
         };
-        assert_eq!(overload_verdict(&at(5.0), Some(&at(3.0)), &queue_only), None);
+        assert_eq!(
+            overload_verdict(&at(5.0), Some(&at(3.0)), &queue_only),
+            None
+        );
     }
 
     #[test]
     fn ceilings_are_inclusive_and_read_the_sum_and_the_mean() {
-        assert_eq!(overload_verdict(&report(&[(7, 0.79)]), None, &DEFAULTS), None);
+        assert_eq!(
+            overload_verdict(&report(&[(7, 0.79)]), None, &DEFAULTS),
+            None
+        );
         assert_eq!(
             overload_verdict(&report(&[(8, 0.0)]), None, &DEFAULTS),
             Some(OverloadCause::Waiting {
@@ -291,7 +305,10 @@ mod tests {
             waiting_requests: Some(2),
             token_usage: None,
         };
-        assert_eq!(overload_verdict(&report(&[(0, 1.0)]), None, &queue_only), None);
+        assert_eq!(
+            overload_verdict(&report(&[(0, 1.0)]), None, &queue_only),
+            None
+        );
     }
 
     fn rank(decode: f64, prefill: u64) -> RankActivity {

@@ -90,7 +90,13 @@ impl PollError {
 
     /// The endpoint is not served at all (an engine older than it).
     fn not_served(&self) -> bool {
-        matches!(self, PollError::Status { status: 404 | 405, .. })
+        matches!(
+            self,
+            PollError::Status {
+                status: 404 | 405,
+                ..
+            }
+        )
     }
 }
 
@@ -123,7 +129,9 @@ impl Sources {
             other => return Err(PollError::Unsupported(other.unwrap_or("unknown").into())),
         };
         if preferred != Source::SglangLoads {
-            return poll_one(upstream, worker, preferred, timeout).await.map(whole);
+            return poll_one(upstream, worker, preferred, timeout)
+                .await
+                .map(whole);
         }
         let now = Instant::now();
         if self.older_until.is_some_and(|until| now < until) {
