@@ -266,6 +266,23 @@ async fn a_malformed_field_keeps_the_report_and_a_bad_body_does_not_lose_v1_load
 }
 
 #[tokio::test]
+async fn an_engine_that_refuses_the_query_is_asked_without_it() {
+    let engine = WireEngine::start("sglang", Scripted::ok_stream()).await;
+    engine.refuse_queries();
+    engine.set_load(
+        "/v1/loads",
+        200,
+        fixture("sglang/v1-loads-malformed-field.json"),
+    );
+    let gateway = gateway_over(&[&engine], |_| {}).await;
+    let id = ids(&gateway).await[0].clone();
+    until_worker(&gateway, &id, "overloaded from /v1/loads", |w| {
+        w["vetoes"]["overloaded"] == true && w["engine_load"]["source"] == "/v1/loads"
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_decode_engines_transfer_queue_is_not_overload() {
     let sglang = WireEngine::start("sglang", Scripted::ok_stream()).await;
     sglang.set_load("/v1/loads", 200, fixture("sglang/v1-loads-decode.json"));

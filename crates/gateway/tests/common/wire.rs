@@ -81,6 +81,8 @@ struct Wire {
     answers: Mutex<VecDeque<Scripted>>,
     default: Mutex<Scripted>,
     received: AtomicU64,
+    /// A load request with a query string is answered 422 (an engine that checks `include`).
+    refuse_queries: std::sync::atomic::AtomicBool,
     /// Load requests answered.
     polls: AtomicU64,
     polled: Notify,
@@ -108,6 +110,7 @@ impl WireEngine {
             answers: Mutex::new(VecDeque::new()),
             default: Mutex::new(default),
             received: AtomicU64::new(0),
+            refuse_queries: std::sync::atomic::AtomicBool::new(false),
             polls: AtomicU64::new(0),
             polled: Notify::new(),
         });
@@ -130,6 +133,11 @@ impl WireEngine {
     /// What `path` answers from now on.
     pub fn set_load(&self, path: &'static str, status: u16, body: impl Into<String>) {
         self.wire.load.lock().insert(path, (status, body.into()));
+    }
+
+    /// Load requests with a query string are refused (422) from now on.
+    pub fn refuse_queries(&self) {
+        self.wire.refuse_queries.store(true, Ordering::SeqCst);
     }
 
     /// The next generation request gets `answer` (then the default again).
@@ -179,6 +187,9 @@ async fn load(State(wire): State<Arc<Wire>>, uri: Uri) -> Response {
     let answer = wire.load.lock().get(path).cloned();
     wire.polls.fetch_add(1, Ordering::SeqCst);
     wire.polled.notify_waiters();
+    if uri.query().is_some() && wire.refuse_queries.load(Ordering::SeqCst) {
+        return StatusCode::UNPROCESSABLE_ENTITY.into_response();
+    }
     match answer {
         Some((status, body)) => (StatusCode::from_u16(status).unwrap(), body).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),

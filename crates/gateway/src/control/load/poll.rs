@@ -1,6 +1,7 @@
 //! One load poll of a worker: which endpoint to ask for its flavor, and the report it gives.
 //!
-//! Sources by flavor: vLLM `GET /metrics`; SGLang `GET /v1/loads?include=all`, and `/get_load`
+//! Sources by flavor: vLLM `GET /metrics`; SGLang `GET /v1/loads?include=all` (without the query
+//! for an engine that refuses it with 400 or 422), and `/get_load`
 //! when that is not served (an older SGLang) — for a while, then `/v1/loads` is asked again, so a
 //! worker upgraded in place, or one whose `/v1/loads` failed for a moment, gets back the better
 //! report (on current SGLang `/get_load` is a deprecated shim without KV usage). A `/v1/loads`
@@ -28,6 +29,8 @@ const RETRY_PREFERRED: Duration = Duration::from_secs(60);
 enum Source {
     VllmMetrics,
     SglangLoads,
+    /// `/v1/loads` without the query, for an engine that refused `include=all`.
+    SglangLoadsCore,
     SglangGetLoad,
 }
 
@@ -36,6 +39,7 @@ impl Source {
         match self {
             Source::VllmMetrics => "/metrics",
             Source::SglangLoads => SGLANG_LOADS_QUERY,
+            Source::SglangLoadsCore => "/v1/loads",
             Source::SglangGetLoad => "/get_load",
         }
     }
@@ -44,7 +48,7 @@ impl Source {
     fn name(self) -> &'static str {
         match self {
             Source::VllmMetrics => "/metrics",
-            Source::SglangLoads => "/v1/loads",
+            Source::SglangLoads | Source::SglangLoadsCore => "/v1/loads",
             Source::SglangGetLoad => "/get_load",
         }
     }
@@ -52,7 +56,7 @@ impl Source {
     fn parse(self, body: &[u8]) -> Result<LoadReport, load::LoadError> {
         match self {
             Source::VllmMetrics => load::parse_vllm_metrics(&String::from_utf8_lossy(body)),
-            Source::SglangLoads => load::parse_sglang_loads(body),
+            Source::SglangLoads | Source::SglangLoadsCore => load::parse_sglang_loads(body),
             Source::SglangGetLoad => load::parse_sglang_get_load(body),
         }
     }
@@ -88,6 +92,17 @@ impl PollError {
         matches!(self, PollError::Status { .. } | PollError::Report { .. })
     }
 
+    /// The request was refused as malformed: its query, by an engine that checks it.
+    fn refused_query(&self) -> bool {
+        matches!(
+            self,
+            PollError::Status {
+                status: 400 | 422,
+                ..
+            }
+        )
+    }
+
     /// The endpoint is not served at all (an engine older than it).
     fn not_served(&self) -> bool {
         matches!(
@@ -113,6 +128,8 @@ pub(super) struct Polled {
 pub(super) struct Sources {
     /// Read from `/get_load` until then: `/v1/loads` was not served.
     older_until: Option<Instant>,
+    /// `/v1/loads` refused `include=all`: asked without it.
+    core_only: bool,
 }
 
 impl Sources {
@@ -138,7 +155,17 @@ impl Sources {
             let polled = poll_one(upstream, worker, Source::SglangGetLoad, timeout).await?;
             return Ok(fallen_back(polled));
         }
-        match poll_one(upstream, worker, Source::SglangLoads, timeout).await {
+        let loads = if self.core_only {
+            Source::SglangLoadsCore
+        } else {
+            Source::SglangLoads
+        };
+        let mut result = poll_one(upstream, worker, loads, timeout).await;
+        if result.as_ref().is_err_and(PollError::refused_query) && !self.core_only {
+            self.core_only = true;
+            result = poll_one(upstream, worker, Source::SglangLoadsCore, timeout).await;
+        }
+        match result {
             Ok(polled) => {
                 self.older_until = None;
                 Ok(whole(polled))

@@ -48,10 +48,11 @@ impl Told {
     }
 }
 
-/// What the busy checks read from a report, with the gateway's own estimate of the prompt
-/// tokens waiting for prefill on the worker spread over its ranks (engines do not report it).
-/// `max_num_batched_tokens` is the worker spec's, else what the engine said (SGLang's
-/// `chunked_prefill_size`); without it the fractional prefill check cannot hold.
+/// What the busy checks read from a report. The prompt tokens waiting for prefill are the
+/// engine's own figure where it reports one (SGLang's `num_waiting_uncached_tokens`, which counts
+/// every replica's prompts and the request in chunked prefill), else the gateway's own estimate
+/// spread over its ranks. `max_num_batched_tokens` is the worker spec's, else what the engine
+/// said (SGLang's `chunked_prefill_size`); without it the fractional prefill check cannot hold.
 pub fn activity(
     report: &LoadReport,
     pending_prefill_tokens: u64,
@@ -63,7 +64,9 @@ pub fn activity(
         .iter()
         .map(|r| RankActivity {
             decode_blocks: r.kv_usage,
-            prefill_tokens: pending_prefill_tokens / ranks,
+            prefill_tokens: r
+                .pending_prefill_tokens
+                .unwrap_or(pending_prefill_tokens / ranks),
             max_num_batched_tokens,
         })
         .collect()
@@ -179,5 +182,32 @@ impl Control {
             .signals
             .set_engine_stalled_since(since.filter(|_| judged));
         since
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::load::RankLoad;
+
+    use super::*;
+
+    #[test]
+    fn the_engines_own_pending_prefill_wins_over_the_gateways_estimate() {
+        let report = LoadReport {
+            ranks: vec![
+                RankLoad {
+                    pending_prefill_tokens: Some(9_000),
+                    ..RankLoad::default()
+                },
+                RankLoad {
+                    rank: 1,
+                    ..RankLoad::default()
+                },
+            ],
+            ..LoadReport::default()
+        };
+        let ranks = activity(&report, 400, Some(8192));
+        let tokens: Vec<u64> = ranks.iter().map(|r| r.prefill_tokens).collect();
+        assert_eq!(tokens, [9_000, 200], "reported, else this gateway's share");
     }
 }
