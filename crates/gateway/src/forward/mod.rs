@@ -3,13 +3,17 @@
 //!
 //! Retries (see `sluice_core::retry` for why so few): a connection that never carried the request,
 //! a connection lost before any answer (the worker died), a worker's explicit at-capacity answer
-//! (429, 529), or a worker's error status (`--retry-status-codes`: 500, 502, 503, 504) before
-//! anything reached the client, is tried again on a *different* worker, after an exponential,
+//! (429, 529, SGLang's full queue as a 503 or as a stream's first event), or a worker's error
+//! status (`--retry-status-codes`: 500, 502, 503, 504; an engine's error as a stream's first
+//! event counts as the status it names) before anything reached the client, is tried again on a
+//! *different* worker, after an exponential,
 //! jittered backoff, up to `--retry-max-retries` attempts in all (SMG's count), and only while
 //! the retry budget (tower's `TpsBudget`: retries stay under a share of recent requests) allows —
 //! so a fleet-wide outage does not multiply its own load. When no other worker is left, the last
 //! worker's answer is relayed as is (or, for connection failures, 502 `upstream_unreachable`).
-//! Nothing is retried once the response has started.
+//! Nothing is retried once the response has started. To see a refusal or a failure written in the
+//! body, an event stream's head is held until its first event, and a 503's body is read
+//! (`stream::read_ahead`); the client was waiting for that first event anyway.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,20 +5,28 @@
 //! progress as the gateway sees it). It holds the request's `Lease` until the end, so the
 //! worker's in-flight count and its breaker permit live exactly as long as the response.
 //!
-//! Three endings:
+//! What the forward stage read ahead of the head (`ahead`: an event stream's first event, a
+//! 503's body) is passed on first, as it came.
+//!
+//! Four endings:
 //! - the worker finishes: the outcome is settled in the breaker (5xx other than 529 counts as a
-//!   failure);
+//!   failure, an engine's full-queue refusal does not);
+//! - the worker finishes an event stream after an error event (engines send one, then `[DONE]`,
+//!   when a stream fails): relayed as it came, and a failed answer — charged to the worker when
+//!   the engine was at fault, not when it blamed the request, kept off it briefly when its queue
+//!   was full (`sluice_core::engine_error`);
 //! - the worker fails mid-body (connection reset, or an event stream whose last event is not
 //!   `[DONE]`, read by a real SSE parser): an SSE client gets one error event in the OpenAI shape
 //!   and the stream ends *without* `[DONE]`, so no client can take it for a normal end; other
 //!   bodies are cut, so the client sees a truncated response rather than a complete-looking one.
 //!   The request's own deadline passing mid-body ends it the same way, named `request_timeout`;
 //!
-//! An event stream goes to the client chunked, whatever length the worker declared: its end is
-//! read from the stream, and an error event may follow.
 //! - the client goes away: the relay is dropped, which drops the upstream body and closes its
 //!   connection — the engine aborts the request and frees its KV cache. The request's context
 //!   goes with it and counts a cancellation.
+//!
+//! An event stream goes to the client chunked, whatever length the worker declared: its end is
+//! read from the stream, and an error event may follow.
 //!
 //! For a tenant whose token budget is settled at the end, the relay also reads what the response
 //! used (`meter`), and hands it to the context before the context ends.
