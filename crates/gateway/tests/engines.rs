@@ -434,3 +434,27 @@ async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() 
     prefill.notify_one();
     assert_eq!(bounded("the held request", held).await.unwrap().status, 200);
 }
+
+#[tokio::test]
+async fn a_stream_whose_first_event_misses_the_deadline_is_cut_without_charging_the_worker() {
+    let engine = WireEngine::start("vllm", Scripted::ok_stream()).await;
+    let gateway = gateway_over(&[&engine], |c| {
+        quick_breaker(c);
+        c.request_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let id = ids(&gateway).await[0].clone();
+    let never = Arc::new(Notify::new());
+    for _ in 0..4 {
+        engine.then(Scripted::ok_stream().held(&never));
+        let a = chat(&gateway, true).await;
+        assert_eq!(a.status, 200, "the head, held until the deadline");
+        let last = a.events().last().cloned().unwrap();
+        assert!(last.contains("request_timeout"), "{last}");
+    }
+    assert_eq!(
+        worker_view(&gateway, &id).await["circuit"]["state"],
+        "closed",
+        "the gateway's deadline is not the worker's failure"
+    );
+}

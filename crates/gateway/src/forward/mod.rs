@@ -177,15 +177,22 @@ impl Forwarder {
     async fn wait_for_answer(&self, at: &Attempt<'_>, lease: &mut Lease) -> Result<Sent, Tried> {
         let worker = lease.worker().clone();
         let request = build_request(at, lease);
-        let exchange = async {
-            let mut response = self.upstream.send(&worker.endpoint, request).await?;
-            // The head is held until what the verdict needs of the body has come (`stream::ahead`).
-            let ahead = read_ahead(&mut response)
+        let deadline = at.deadline;
+        let sent = async {
+            let head =
+                tokio::time::timeout_at(deadline, self.upstream.send(&worker.endpoint, request));
+            let mut response = match head.await? {
+                Ok(response) => response,
+                Err(e) => return Ok(Err(e)),
+            };
+            // The head is held until what the verdict needs of the body has come
+            // (`stream::ahead`), or the deadline: then the relay ends it as any stream cut by
+            // its deadline, which is not the worker's failure.
+            let ahead = read_ahead(&mut response, deadline)
                 .await
-                .map_err(crate::upstream::SendError::Exchange)?;
-            Ok((response, ahead))
+                .map_err(crate::upstream::SendError::Exchange);
+            Ok(ahead.map(|ahead| (response, ahead)))
         };
-        let sent = tokio::time::timeout_at(at.deadline, exchange);
         tokio::pin!(sent);
         let given_up = worker.vetoes.given_up();
         tokio::pin!(given_up);

@@ -13,6 +13,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use sluice_core::engine_error::{self, ErrorEvent};
 use sluice_core::sse::SseParser;
+use tokio::time::Instant;
 
 use crate::http::is_event_stream;
 use crate::upstream::UpstreamResponse;
@@ -35,8 +36,12 @@ pub struct Ahead {
 }
 
 /// Reads ahead of `response`'s head what its verdict needs: an event stream's first event, a
-/// 503's body; nothing for any other answer.
-pub async fn read_ahead(response: &mut UpstreamResponse) -> Result<Ahead, hyper::Error> {
+/// 503's body; nothing for any other answer. At `deadline` it stops with what it has, and no
+/// verdict.
+pub async fn read_ahead(
+    response: &mut UpstreamResponse,
+    deadline: Instant,
+) -> Result<Ahead, hyper::Error> {
     let status = response.status().as_u16();
     let sse = is_event_stream(response.headers());
     let mut ahead = Ahead {
@@ -51,7 +56,10 @@ pub async fn read_ahead(response: &mut UpstreamResponse) -> Result<Ahead, hyper:
     let mut parser = SseParser::new();
     let mut events = 0;
     while read.len() < AHEAD_LIMIT && !(first_event && events > 0) {
-        let Some(frame) = response.body_mut().frame().await.transpose()? else {
+        let Ok(next) = tokio::time::timeout_at(deadline, response.body_mut().frame()).await else {
+            break;
+        };
+        let Some(frame) = next.transpose()? else {
             ahead.ended = true;
             break;
         };
