@@ -458,3 +458,36 @@ async fn a_stream_whose_first_event_misses_the_deadline_is_cut_without_charging_
         "the gateway's deadline is not the worker's failure"
     );
 }
+
+#[tokio::test]
+async fn an_engine_preempting_is_over_its_kv_ceiling_whatever_its_usage_reads() {
+    let page = |preemptions: u32| {
+        format!(
+            "vllm:num_requests_running{{engine=\"0\"}} 30\nvllm:kv_cache_usage_perc{{engine=\"0\"}} 0.6\nvllm:num_preemptions_total{{engine=\"0\"}} {preemptions}\n"
+        )
+    };
+    let vllm = WireEngine::start("vllm", Scripted::ok_stream()).await;
+    vllm.set_load("/metrics", 200, page(3));
+    let sglang = WireEngine::start("sglang", Scripted::ok_stream()).await;
+    sglang.set_load("/v1/loads", 200, fixture("sglang/v1-loads-retracting.json"));
+    let gateway = gateway_over(&[&vllm, &sglang], |c| {
+        // The KV ceiling above the retracting engine's usage (0.984): only preemption trips.
+        c.load.ceilings.token_usage = Some(0.99);
+        c.load.ceilings.waiting_requests = Some(100);
+    })
+    .await;
+    let [vllm_id, sglang_id] = <[String; 2]>::try_from(ids(&gateway).await).unwrap();
+    let preempting = |w: &Value| w["engine_load"]["overload"]["signal"] == "preempting";
+    until_worker(&gateway, &sglang_id, "retracting", preempting).await;
+    let view = worker_view(&gateway, &vllm_id).await;
+    assert_eq!(
+        view["vetoes"]["overloaded"], false,
+        "a steady counter: {view}"
+    );
+    vllm.set_load("/metrics", 200, page(5));
+    until_worker(&gateway, &vllm_id, "preempting", preempting).await;
+    until_worker(&gateway, &vllm_id, "no new preemption", |w| {
+        w["vetoes"]["overloaded"] == false
+    })
+    .await;
+}
