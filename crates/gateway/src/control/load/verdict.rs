@@ -3,7 +3,9 @@
 
 use sluice_core::liveness::{report_short, stalled_since, Reading};
 use sluice_core::load::LoadReport;
-use sluice_core::overload::{overload_verdict, worker_busy, QueueGate, RankActivity};
+use sluice_core::overload::{
+    overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity,
+};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -72,6 +74,47 @@ pub fn activity(
         .collect()
 }
 
+/// A poll without a report: what it says of the link, and no opinion on the load.
+fn no_report(fleet: &Fleet, worker: &Worker, e: &PollError, now: Instant) {
+    if e.is_transport() {
+        worker.signals.transport_failure(now);
+    } else if e.is_timeout() {
+        worker.signals.timeout(now);
+    } else if e.answered() {
+        worker.signals.contact(now);
+    }
+    tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
+    worker.signals.set_engine_stalled_since(None);
+    worker.signals.report_judged(None, now);
+    fleet.load_cleared(worker, "a poll gave no report");
+}
+
+/// One log line for each of a report's verdicts that changed: (asleep, overloaded, busy) before
+/// and after.
+fn say_changes(
+    worker: &Worker,
+    (was_asleep, was_overloaded, was_busy): (bool, bool, bool),
+    (asleep, overload, busy): (bool, Option<OverloadCause>, bool),
+) {
+    match (was_asleep, asleep) {
+        (false, true) => warn!(worker = %worker.id, "worker vetoed: its engine is asleep"),
+        (true, false) => info!(worker = %worker.id, "asleep veto cleared: its engine is awake"),
+        _ => {}
+    }
+    match (was_overloaded, overload) {
+        (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),
+        (true, None) => {
+            info!(worker = %worker.id, "overload veto cleared: a report under every ceiling")
+        }
+        _ => {}
+    }
+    match (was_busy, busy) {
+        (false, true) => warn!(worker = %worker.id, "worker vetoed: every rank busy"),
+        (true, false) => info!(worker = %worker.id, "busy veto cleared"),
+        _ => {}
+    }
+}
+
 impl Control {
     /// A poll of `worker` ended: its verdicts follow the report, or clear without one.
     pub(super) fn load_polled(
@@ -85,20 +128,7 @@ impl Control {
         let now = Instant::now();
         let polled = match result {
             Ok(polled) => polled,
-            Err(e) => {
-                if e.is_transport() {
-                    worker.signals.transport_failure(now);
-                } else if e.is_timeout() {
-                    worker.signals.timeout(now);
-                } else if e.answered() {
-                    worker.signals.contact(now);
-                }
-                tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
-                worker.signals.set_engine_stalled_since(None);
-                worker.signals.report_judged(None, now);
-                fleet.load_cleared(worker, "a poll gave no report");
-                return;
-            }
+            Err(e) => return no_report(fleet, worker, &e, now),
         };
         told.degraded(worker, &polled);
         let Polled { report, source, .. } = polled;
@@ -129,13 +159,7 @@ impl Control {
         m.engine_waiting.set(report.waiting() as i64);
         m.engine_running.set(report.running() as i64);
         m.engine_token_usage.set(report.mean_kv_usage());
-        if worker.vetoes.set_asleep(asleep) != asleep {
-            if asleep {
-                warn!(worker = %worker.id, "worker vetoed: its engine is asleep");
-            } else {
-                info!(worker = %worker.id, "asleep veto cleared: its engine is awake");
-            }
-        }
+        let was_asleep = worker.vetoes.set_asleep(asleep);
         let (was_overloaded, was_busy) = worker.vetoes.report(
             EngineLoad {
                 report,
@@ -147,18 +171,11 @@ impl Control {
             },
             gate,
         );
-        match (was_overloaded, overload) {
-            (false, Some(cause)) => warn!(worker = %worker.id, %cause, "worker vetoed: overloaded"),
-            (true, None) => {
-                info!(worker = %worker.id, "overload veto cleared: a report under every ceiling")
-            }
-            _ => {}
-        }
-        match (was_busy, busy) {
-            (false, true) => warn!(worker = %worker.id, "worker vetoed: every rank busy"),
-            (true, false) => info!(worker = %worker.id, "busy veto cleared"),
-            _ => {}
-        }
+        say_changes(
+            worker,
+            (was_asleep, was_overloaded, was_busy),
+            (asleep, overload, busy),
+        );
         fleet.announce();
     }
 
