@@ -60,7 +60,8 @@ pub struct RankLoad {
     /// Preemptions since the engine started (vLLM `num_preemptions_total`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preemptions: Option<f64>,
-    /// Requests retracted (preempted) to wait again, now (SGLang `queues.retracted`).
+    /// Requests retracted (preempted) to wait again since the engine's previous stats log, a
+    /// few dozen steps (SGLang `queues.retracted`: the scheduler's count, reset at each log).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retracted: Option<u64>,
     /// Prompt tokens waiting for prefill compute, the request in chunked prefill included
@@ -159,7 +160,7 @@ impl LoadReport {
         !self.ranks.is_empty() && self.ranks.iter().all(|r| r.asleep)
     }
 
-    /// Requests preempted since `previous` (vLLM's counter rose), or retracted now (SGLang):
+    /// Requests preempted since `previous` (vLLM's counter rose), or retracted lately (SGLang):
     /// the engine admitted more than its KV cache holds.
     pub fn preempted_since(&self, previous: Option<&LoadReport>) -> u64 {
         let retracted: u64 = self.ranks.iter().filter_map(|r| r.retracted).sum();

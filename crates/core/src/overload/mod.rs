@@ -47,7 +47,7 @@ pub enum OverloadCause {
         usage: f64,
         ceiling: f64,
     },
-    /// Requests preempted since the last report (or retracted now).
+    /// Requests preempted since the last report (or, SGLang, retracted lately).
     Preempting {
         preempted: u64,
     },
