@@ -37,21 +37,31 @@ pub struct Ahead {
 
 /// Reads ahead of `response`'s head what its verdict needs: an event stream's first event, a
 /// 503's body; nothing for any other answer. At `deadline` it stops with what it has, and no
-/// verdict.
+/// verdict. The reading is boxed, only for the answers that need it: most answers need none,
+/// and every request's future would otherwise carry its state.
 pub async fn read_ahead(
     response: &mut UpstreamResponse,
     deadline: Instant,
 ) -> Result<Ahead, hyper::Error> {
     let status = response.status().as_u16();
-    let sse = is_event_stream(response.headers());
-    let mut ahead = Ahead {
-        at_capacity: matches!(status, 429 | 529),
-        ..Ahead::default()
-    };
-    let first_event = sse && status == 200;
+    let first_event = status == 200 && is_event_stream(response.headers());
     if !first_event && status != 503 {
-        return Ok(ahead);
+        return Ok(Ahead {
+            at_capacity: matches!(status, 429 | 529),
+            ..Ahead::default()
+        });
     }
+    Box::pin(read_body_ahead(response, first_event, deadline)).await
+}
+
+/// An event stream's first event (`first_event`), or a 503's body.
+async fn read_body_ahead(
+    response: &mut UpstreamResponse,
+    first_event: bool,
+    deadline: Instant,
+) -> Result<Ahead, hyper::Error> {
+    let status = response.status().as_u16();
+    let mut ahead = Ahead::default();
     let mut read = BytesMut::new();
     let mut parser = SseParser::new();
     let mut events = 0;

@@ -231,7 +231,10 @@ impl Relay {
 
     fn observe(&mut self, data: &Bytes) {
         let now = Instant::now();
-        self.lease.worker().signals.contact(now);
+        if self.sse {
+            // Progress, below, only for a token.
+            self.lease.worker().signals.contact(now);
+        }
         let previous = self.last_chunk.replace(now);
         match previous {
             None => {
