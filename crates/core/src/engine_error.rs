@@ -35,9 +35,12 @@ pub struct ErrorEvent {
 }
 
 /// Whether an event's data is an engine's error event, and of which class. Cheap for every other
-/// event: only data holding the key `"error"` (which a token's text, escaped, cannot) is parsed.
+/// event (it runs on each one relayed): only data whose first key is `"error"`, or `"object"`
+/// with the value `"error"`, as engines write them, is parsed.
 pub fn error_event(data: &[u8]) -> Option<ErrorEvent> {
-    memchr::memmem::find(data, b"\"error\"")?;
+    if !first_key_says_error(data) {
+        return None;
+    }
     let value: Value = serde_json::from_slice(data).ok()?;
     let error = match value.get("error") {
         Some(inner @ (Value::Object(_) | Value::String(_))) => inner,
@@ -73,6 +76,27 @@ pub fn at_capacity(status: u16, body: &[u8]) -> bool {
         .and_then(Value::as_str)
         .unwrap_or("");
     message.contains(QUEUE_FULL)
+}
+
+/// `{"error": ...` or `{"object": "error", ...`, whitespace allowed where JSON allows it.
+fn first_key_says_error(data: &[u8]) -> bool {
+    let Some(object) = trimmed(data).strip_prefix(b"{") else {
+        return false;
+    };
+    let object = trimmed(object);
+    if object.starts_with(b"\"error\"") {
+        return true;
+    }
+    let Some(rest) = object.strip_prefix(b"\"object\"") else {
+        return false;
+    };
+    trimmed(rest)
+        .strip_prefix(b":")
+        .is_some_and(|value| trimmed(value).starts_with(b"\"error\""))
+}
+
+fn trimmed(bytes: &[u8]) -> &[u8] {
+    bytes.trim_ascii_start()
 }
 
 fn classify(status: Option<u16>, kind: &str, message: &str) -> ErrorClass {
@@ -195,6 +219,14 @@ mod tests {
             "a finish reason is not an error event"
         );
         assert_eq!(error_event(b"[DONE]"), None);
+        let later_key = br#"{"id":"x","error":{"message":"m","code":500}}"#;
+        assert_eq!(
+            error_event(later_key),
+            None,
+            "engines write the error key first"
+        );
+        let spaced = b" {  \"object\" :  \"error\", \"message\": \"m\", \"code\": 500}";
+        assert_eq!(error_event(spaced).unwrap().class, ErrorClass::Engine);
         assert_eq!(error_event(br#"{"error": 3}"#), None);
     }
 }
