@@ -83,16 +83,22 @@ fn every_refused_flag_is_refused_with_what_to_use_instead() {
 }
 
 /// The gateway's address, once it is listening and its worker is ready (in either order).
+///
+/// A worker can be Ready (its probes passed) a moment before its models are learned from
+/// `/v1/models`, and a request in that moment finds no worker for its model: the gateway serves
+/// once each worker is both.
 fn serving(gateway: &mut Launched, workers: usize) -> String {
-    let (mut addr, mut ready) = (None, 0);
-    while addr.is_none() || ready < workers {
-        let (listening, up) = gateway.until("listening and its workers ready", |l| {
+    let (mut addr, mut ready, mut learned) = (None, 0, 0);
+    while addr.is_none() || ready < workers || learned < workers {
+        let (listening, up, models) = gateway.until("listening and its workers ready", |l| {
             let listening = field(l, "addr").filter(|_| l.contains("sluice gateway listening"));
             let up = field(l, "to").as_deref() == Some("ready");
-            (listening.is_some() || up).then_some((listening, up))
+            let models = l.contains("worker models learned");
+            (listening.is_some() || up || models).then_some((listening, up, models))
         });
         addr = addr.or(listening);
         ready += usize::from(up);
+        learned += usize::from(models);
     }
     addr.unwrap()
 }
