@@ -34,6 +34,14 @@ pub struct ErrorEvent {
     pub status: Option<u16>,
 }
 
+impl ErrorEvent {
+    /// The status an engine's failure names, as a retry rule judges it (500 when it names
+    /// none); `None` for the client's mistake and for backpressure, which are not failures.
+    pub fn failure_status(&self) -> Option<u16> {
+        (self.class == ErrorClass::Engine).then(|| self.status.unwrap_or(500))
+    }
+}
+
 /// Whether an event's data is an engine's error event, and of which class. Cheap for every other
 /// event (it runs on each one relayed): only data whose first key is `"error"`, or `"object"`
 /// with the value `"error"`, as engines write them, is parsed.
@@ -171,6 +179,14 @@ mod tests {
         );
         let vllm = error_event(events("vllm/stream-error-midway.sse")[2].as_bytes()).unwrap();
         assert_eq!(vllm.status, Some(500));
+        let unnamed = error_event(br#"{"error":"the engine died"}"#).unwrap();
+        assert_eq!(
+            unnamed.failure_status(),
+            Some(500),
+            "no status named: a 500"
+        );
+        let client = error_event(events("vllm/stream-error-client.sse")[1].as_bytes()).unwrap();
+        assert_eq!(client.failure_status(), None, "not the worker's failure");
     }
 
     #[test]

@@ -331,6 +331,27 @@ async fn an_engine_asleep_gets_no_request_until_it_wakes() {
     assert!(asleep.received() > 0, "back in rotation");
 }
 
+/// Sends a request with a long prompt that `engine` answers with `answer` (held until released),
+/// and returns once the engine has it.
+async fn send_held(
+    gateway: &Gateway,
+    engine: &WireEngine,
+    answer: Scripted,
+    stream: bool,
+) -> tokio::task::JoinHandle<Answer> {
+    engine.then(answer);
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let body = chat_body("test-model", "a long prompt", 1, stream);
+    let held = tokio::spawn(async move { post(&client(), &url, &body).await });
+    bounded("the request at the engine", async {
+        while engine.received() == 0 {
+            engine.polls_past(engine.polls(), 1).await;
+        }
+    })
+    .await;
+    held
+}
+
 fn fast_liveness(c: &mut Config) {
     let l = c.liveness.as_mut().expect("on by default");
     l.wedge = Duration::from_millis(300);
@@ -348,21 +369,12 @@ async fn a_long_prefill_is_not_a_wedged_engine_while_its_kv_usage_moves() {
     let gateway = gateway_over(&[&engine], fast_liveness).await;
     let id = ids(&gateway).await[0].clone();
     let prefill = Arc::new(Notify::new());
-    engine.then(Scripted::ok_stream().held(&prefill));
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    let held = tokio::spawn(async move {
-        post(
-            &client(),
-            &url,
-            &chat_body("test-model", "a long prompt", 1, true),
-        )
-        .await
-    });
-    bounded("the request at the engine", async {
-        while engine.received() == 0 {
-            engine.polls_past(engine.polls(), 1).await;
-        }
-    })
+    let held = send_held(
+        &gateway,
+        &engine,
+        Scripted::ok_stream().held(&prefill),
+        true,
+    )
     .await;
     // Each chunk of the prefill takes KV blocks: the scrapes differ, the counters do not.
     for i in 0..24 {
@@ -402,21 +414,12 @@ async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() 
     })
     .await;
     let prefill = Arc::new(Notify::new());
-    engine.then(Scripted::json(200, "{}").held(&prefill));
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    let held = tokio::spawn(async move {
-        post(
-            &client(),
-            &url,
-            &chat_body("test-model", "a long prompt", 1, false),
-        )
-        .await
-    });
-    bounded("the request at the engine", async {
-        while engine.received() == 0 {
-            engine.polls_past(engine.polls(), 1).await;
-        }
-    })
+    let held = send_held(
+        &gateway,
+        &engine,
+        Scripted::json(200, "{}").held(&prefill),
+        false,
+    )
     .await;
     engine.set_load(
         "/v1/loads",

@@ -107,6 +107,11 @@ impl LoadReport {
         self.ranks.iter().map(|r| r.running).sum()
     }
 
+    /// Requests waiting for anything but room, summed over ranks (not a queue signal).
+    pub fn deferred(&self) -> u64 {
+        self.ranks.iter().map(|r| r.deferred).sum()
+    }
+
     /// Requests the engine says it holds in any state: running, waiting for room or for
     /// anything else, and (SGLang) the one request per rank in chunked prefill, which is in
     /// neither of its counts but shows in its pending prefill tokens.

@@ -46,7 +46,7 @@ impl LoadView {
                 .saturating_duration_since(load.at)
                 .as_secs_f64(),
             waiting: load.report.waiting(),
-            deferred: load.report.ranks.iter().map(|r| r.deferred).sum(),
+            deferred: load.report.deferred(),
             running: load.report.running(),
             token_usage: load.report.mean_kv_usage(),
             overload: load.overload,

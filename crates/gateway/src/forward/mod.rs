@@ -23,7 +23,6 @@ use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
 use http_body_util::Full;
 use sluice_core::breaker::Outcome;
-use sluice_core::engine_error::ErrorClass;
 use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
@@ -237,10 +236,10 @@ impl Forwarder {
         }
         // An engine's failure in the first event is judged as the status it names (500 when it
         // names none): nothing has reached the client yet.
-        let status = match ahead.error {
-            Some(e) if e.class == ErrorClass::Engine => e.status.unwrap_or(500),
-            _ => response.status().as_u16(),
-        };
+        let status = ahead
+            .error
+            .and_then(|e| e.failure_status())
+            .unwrap_or_else(|| response.status().as_u16());
         if !ahead.at_capacity && self.retry.status_codes.contains(&status) {
             // A failure of the worker, counted as one; nothing reached the client yet.
             lease.settle(Outcome::Failure);

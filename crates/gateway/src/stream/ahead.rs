@@ -47,7 +47,7 @@ pub async fn read_ahead(
     let first_event = status == 200 && is_event_stream(response.headers());
     if !first_event && status != 503 {
         return Ok(Ahead {
-            at_capacity: matches!(status, 429 | 529),
+            at_capacity: engine_error::at_capacity(status, &[]),
             ..Ahead::default()
         });
     }
