@@ -1,8 +1,10 @@
 //! Faults that can be injected into an engine, through the control listener or at startup.
 //!
 //! Most faults are standing conditions (`freeze`, `slow`, `hang`, ...) kept in a `FaultSet` that
-//! the engine's loops and handlers read from a `watch` channel. `crash` and `restart` are actions
-//! on the engine's process-like lifetime and are carried out by the fleet.
+//! the engine's loops and handlers read from a `watch` channel. `crash`, `restart` and
+//! `slow-start` are actions on the engine's process-like lifetime and are carried out by the
+//! fleet. Sleep is not a fault but an operator's act (vLLM's `/sleep`); it lives in the same set
+//! because the same loops must stop for it, and a restart wakes the engine as it clears faults.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +18,35 @@ pub enum LoadEndpointMode {
     Empty,
     /// Never answer.
     Timeout,
+}
+
+/// What vLLM's `/sleep?level=N` offloads or discards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SleepLevel {
+    /// Level 1: weights offloaded to host memory, KV cache discarded.
+    WeightsOffloaded,
+    /// Level 2: weights and KV cache discarded.
+    DiscardAll,
+}
+
+impl SleepLevel {
+    /// vLLM's `level` query parameter.
+    pub fn from_level(level: u8) -> Option<Self> {
+        match level {
+            1 => Some(SleepLevel::WeightsOffloaded),
+            2 => Some(SleepLevel::DiscardAll),
+            _ => None,
+        }
+    }
+
+    /// The `sleep_state` label of `vllm:engine_sleep_state`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SleepLevel::WeightsOffloaded => "weights_offloaded",
+            SleepLevel::DiscardAll => "discard_all",
+        }
+    }
 }
 
 /// One fault, as posted to `POST /engines/{i}/fault`.
@@ -36,6 +67,28 @@ pub enum Fault {
     Hang,
     /// Streams end mid-way without `data: [DONE]`.
     CutStreams,
+    /// This share of requests fails inside the engine once half its answer is out: a stream
+    /// gets an error event in the flavor's shape and then `data: [DONE]`, as vLLM's and
+    /// SGLang's serving layers send it; a whole answer gets the error with that status. `code`
+    /// 500 is the engine's failure; a 4xx (400: a tool call it could not parse) is the client's.
+    ErrorEvent {
+        #[serde(default = "always")]
+        rate: f64,
+        #[serde(default = "engine_failure")]
+        code: u16,
+    },
+    /// The engine restarts and takes `secs` engine-seconds to start: SGLang answers `/health`
+    /// 503 meanwhile (`ServerStatus.Starting`); vLLM's port refuses connections until then (it
+    /// binds its socket before the engine is built, but listens only once serving).
+    SlowStart { secs: f64 },
+    /// Puts the engine to sleep as vLLM's `/sleep?level=N` does (1: weights offloaded, 2:
+    /// discarded): nothing is scheduled until `wake`; `vllm:engine_sleep_state` shows it.
+    Sleep {
+        #[serde(default = "level_one")]
+        level: u8,
+    },
+    /// Wakes a sleeping engine (vLLM's `/wake_up`).
+    Wake,
     /// The load endpoints fail in the given way.
     LoadEndpoint { mode: LoadEndpointMode },
     /// Pins what the load endpoints report, without changing what the engine does. Fields left
@@ -54,6 +107,18 @@ pub enum Fault {
     Clear,
 }
 
+fn always() -> f64 {
+    1.0
+}
+
+fn engine_failure() -> u16 {
+    500
+}
+
+fn level_one() -> u8 {
+    1
+}
+
 /// A reported load pinned by the `report` fault.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct PinnedLoad {
@@ -70,6 +135,10 @@ pub struct FaultSet {
     pub error_rate: f64,
     pub hang: bool,
     pub cut_streams: bool,
+    /// The share of requests failed by an error event, and the status it carries.
+    pub error_event: Option<(f64, u16)>,
+    /// Asleep, and how deeply.
+    pub asleep: Option<SleepLevel>,
     pub load_endpoint: Option<LoadEndpointMode>,
     /// Pinned reports, one slot per data-parallel rank.
     pub report: Vec<PinnedLoad>,
@@ -86,6 +155,12 @@ pub enum FaultError {
     KvUsage(f64),
     #[error("rank {rank} does not exist: the engine has {dp_size} data-parallel ranks")]
     NoSuchRank { rank: u32, dp_size: u32 },
+    #[error("an error event's code must be an HTTP error status (400-599), got {0}")]
+    ErrorCode(u16),
+    #[error("sleep level must be 1 or 2, got {0}")]
+    SleepLevel(u8),
+    #[error("slow-start secs must be a finite number >= 0, got {0}")]
+    StartSecs(f64),
 }
 
 impl FaultSet {
@@ -96,6 +171,8 @@ impl FaultSet {
             error_rate: 0.0,
             hang: false,
             cut_streams: false,
+            error_event: None,
+            asleep: None,
             load_endpoint: None,
             report: vec![PinnedLoad::default(); dp_size as usize],
         }
@@ -106,6 +183,11 @@ impl FaultSet {
         match *fault {
             Fault::Freeze => self.frozen = true,
             Fault::Crash | Fault::Restart => {}
+            Fault::SlowStart { secs } => {
+                if !(secs.is_finite() && secs >= 0.0) {
+                    return Err(FaultError::StartSecs(secs));
+                }
+            }
             Fault::Slow { factor } => {
                 if !(factor.is_finite() && factor >= 1.0) {
                     return Err(FaultError::SlowFactor(factor));
@@ -120,6 +202,20 @@ impl FaultSet {
             }
             Fault::Hang => self.hang = true,
             Fault::CutStreams => self.cut_streams = true,
+            Fault::ErrorEvent { rate, code } => {
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(FaultError::ErrorRate(rate));
+                }
+                if !(400..600).contains(&code) {
+                    return Err(FaultError::ErrorCode(code));
+                }
+                self.error_event = Some((rate, code));
+            }
+            Fault::Sleep { level } => {
+                self.asleep =
+                    Some(SleepLevel::from_level(level).ok_or(FaultError::SleepLevel(level))?)
+            }
+            Fault::Wake => self.asleep = None,
             Fault::LoadEndpoint { mode } => self.load_endpoint = Some(mode),
             Fault::Report {
                 rank,
@@ -181,6 +277,18 @@ mod tests {
                 mode: LoadEndpointMode::Timeout
             }
         );
+        assert_eq!(
+            parse(r#"{"kind":"error-event"}"#),
+            Fault::ErrorEvent {
+                rate: 1.0,
+                code: 500
+            }
+        );
+        assert_eq!(parse(r#"{"kind":"sleep"}"#), Fault::Sleep { level: 1 });
+        assert_eq!(
+            parse(r#"{"kind":"slow-start","secs":30}"#),
+            Fault::SlowStart { secs: 30.0 }
+        );
         assert!(serde_json::from_str::<Fault>(r#"{"kind":"melt"}"#).is_err());
         assert!(serde_json::from_str::<Fault>(r#"{"kind":"slow"}"#).is_err());
     }
@@ -216,6 +324,14 @@ mod tests {
         let mut set = FaultSet::new(1);
         assert!(set.apply(&Fault::Slow { factor: 0.5 }).is_err());
         assert!(set.apply(&Fault::ErrorRate { rate: 1.5 }).is_err());
+        assert!(set
+            .apply(&Fault::ErrorEvent {
+                rate: 1.0,
+                code: 200
+            })
+            .is_err());
+        assert!(set.apply(&Fault::Sleep { level: 3 }).is_err());
+        assert!(set.apply(&Fault::SlowStart { secs: -1.0 }).is_err());
         assert_eq!(set, FaultSet::new(1));
     }
 }

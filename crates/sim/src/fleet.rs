@@ -8,13 +8,15 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::api::{self, ApiState};
-use crate::config::{ConfigError, EngineConfig};
+use crate::config::{ConfigError, EngineConfig, Flavor};
 use crate::engine::{Engine, RankView, Totals};
 use crate::faults::{Fault, FaultError, FaultSet};
 use crate::pd::{self, Disagg, PdRole};
@@ -106,7 +108,7 @@ pub struct EngineSlot {
     bootstrap: Option<SocketAddr>,
     cfg: Arc<EngineConfig>,
     totals: Arc<Totals>,
-    faults: watch::Sender<FaultSet>,
+    faults: Arc<watch::Sender<FaultSet>>,
     running: parking_lot::Mutex<Option<Incarnation>>,
     /// Woken whenever the engine publishes new state, faults change, or it crashes or restarts.
     changed: Arc<tokio::sync::Notify>,
@@ -192,17 +194,11 @@ impl EngineSlot {
                 self.crash().await;
                 Ok(())
             }
-            Fault::Restart => {
-                self.crash().await;
-                self.faults.send_modify(|f| {
-                    let _ = f.apply(&Fault::Clear);
-                });
-                let listener = bind(self.addr).await?;
-                let bootstrap = match self.bootstrap {
-                    Some(addr) => Some(bind(addr).await?),
-                    None => None,
-                };
-                self.launch(listener, bootstrap)
+            Fault::Restart => self.restart(Duration::ZERO).await,
+            Fault::SlowStart { secs } => {
+                FaultSet::new(1).apply(&fault)?;
+                let warmup = Duration::from_secs_f64(secs / self.cfg.time_scale);
+                self.restart(warmup).await
             }
             standing => {
                 let mut result = Ok(());
@@ -211,6 +207,27 @@ impl EngineSlot {
                 Ok(result?)
             }
         }
+    }
+
+    /// Crashes the engine and brings it back empty, faults cleared, taking `warmup` (host time)
+    /// to start. vLLM binds its socket before building the engine but listens only once it
+    /// serves, so its port refuses connections until then, and this returns once it is up;
+    /// SGLang serves at once and answers `/health` 503 until its warmup is done.
+    async fn restart(&self, warmup: Duration) -> Result<(), FleetError> {
+        self.crash().await;
+        self.faults.send_modify(|f| {
+            let _ = f.apply(&Fault::Clear);
+        });
+        let ready_at = Instant::now() + warmup;
+        if self.cfg.flavor == Flavor::Vllm {
+            tokio::time::sleep_until(ready_at).await;
+        }
+        let listener = bind(self.addr).await?;
+        let bootstrap = match self.bootstrap {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        self.launch(listener, bootstrap, ready_at)
     }
 
     /// Closes the listener, resets every connection and drops all work in flight; returns once
@@ -239,17 +256,21 @@ impl EngineSlot {
         &self,
         listener: TcpListener,
         bootstrap: Option<TcpListener>,
+        ready_at: Instant,
     ) -> Result<(), FleetError> {
         let mut running = self.running.lock();
         if running.is_some() {
             return Err(FleetError::AlreadyRunning(self.index));
         }
-        let engine = Arc::new(Engine::start(
-            self.cfg.clone(),
-            self.totals.clone(),
-            self.faults.subscribe(),
-            self.changed.clone(),
-        ));
+        let engine = Arc::new(
+            Engine::start(
+                self.cfg.clone(),
+                self.totals.clone(),
+                self.faults.clone(),
+                self.changed.clone(),
+            )
+            .ready_at(ready_at),
+        );
         let state = ApiState::new(engine.clone()).with_bootstrap(self.bootstrap);
         let router = api::router(Arc::new(state));
         let (kill, killed) = watch::channel(false);
@@ -393,11 +414,11 @@ impl SimFleet {
                 bootstrap: bootstrap_addr,
                 cfg: engine_cfg,
                 totals: Arc::new(Totals::default()),
-                faults,
+                faults: Arc::new(faults),
                 running: parking_lot::Mutex::new(None),
                 changed: Arc::new(tokio::sync::Notify::new()),
             });
-            slot.launch(listener, bootstrap)?;
+            slot.launch(listener, bootstrap, Instant::now())?;
             slots.push(slot);
         }
         let fleet = Self { slots };

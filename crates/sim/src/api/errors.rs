@@ -23,8 +23,14 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("{0}")]
     ContextTooLong(String),
-    #[error("The engine's waiting queue is full; try again later.")]
+    /// `--max-queued-requests`: SGLang's `_abort_on_queued_limit`
+    /// (python/sglang/srt/managers/scheduler.py, main as quoted 2026-09-19).
+    #[error("The request queue is full.")]
     QueueFull,
+    /// The `error-event` fault: the engine failed the request (5xx) or refused what it was
+    /// given (4xx) after it had started.
+    #[error("{}", if *.0 < 500 { "Failed to parse the tool call: unexpected token" } else { "Internal server error" })]
+    Failed(u16),
     #[error("Server overloaded: worker at capacity")]
     AtCapacity,
     #[error("Internal server error")]
@@ -47,11 +53,19 @@ impl ApiError {
             }
             ApiError::Internal | ApiError::Disaggregation(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Failed(code) => {
+                StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
         }
     }
 
-    fn kind(&self) -> &'static str {
+    /// The `type` field. SGLang's `create_error_response` names the status's phrase
+    /// (serving_base.py, read at c5695a4), as its queue-full refusal shows.
+    fn kind(&self, flavor: Flavor) -> &'static str {
         match self {
+            ApiError::QueueFull if flavor == Flavor::Sglang => "Service Unavailable",
+            ApiError::Failed(code) if *code < 500 => "BadRequestError",
+            ApiError::Failed(_) => "InternalServerError",
             ApiError::BadRequest(_) | ApiError::ContextTooLong(_) => "BadRequestError",
             ApiError::ModelNotFound(_) => "NotFoundError",
             ApiError::QueueFull => "ServiceUnavailableError",
@@ -67,12 +81,22 @@ impl ApiError {
         match (self, flavor) {
             (ApiError::Unauthorized, _) => json!({"error": "Unauthorized"}),
             (_, Flavor::Vllm) => json!({"error": {
-                "message": self.to_string(), "type": self.kind(), "param": null, "code": code,
+                "message": self.to_string(), "type": self.kind(flavor), "param": null, "code": code,
             }}),
             (_, Flavor::Sglang) => json!({
-                "object": "error", "message": self.to_string(), "type": self.kind(),
+                "object": "error", "message": self.to_string(), "type": self.kind(flavor),
                 "param": null, "code": code,
             }),
+        }
+    }
+
+    /// The error event that ends a failed stream (before `data: [DONE]`): vLLM's nested error
+    /// object (vllm/entrypoints/openai/serving_engine.py, `create_streaming_error_response`),
+    /// SGLang's flat one nested the same way (serving_base.py, read at c5695a4).
+    pub fn event(&self, flavor: Flavor) -> serde_json::Value {
+        match flavor {
+            Flavor::Vllm => self.body(flavor),
+            Flavor::Sglang => json!({ "error": self.body(flavor) }),
         }
     }
 

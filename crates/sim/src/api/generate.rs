@@ -19,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::errors::ApiError;
 use super::sse::{Renderer, Usage};
 use super::{authorize, pd, ApiState};
+use crate::config::Flavor;
 use crate::engine::{EventKind, GateTicket, LoadGuard, SeqSpec, Submission, SubmitError};
 use crate::pd::Disagg;
 use crate::request::{GenerationRequest, Route};
@@ -52,7 +53,7 @@ struct Held {
 pub(super) fn refuse(st: &ApiState, error: ApiError) -> Response {
     if matches!(
         error,
-        ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal
+        ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal | ApiError::Failed(_)
     ) {
         st.engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
     }
@@ -80,8 +81,16 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         expected_tokens,
     } = match admitted {
         Ok(admitted) => admitted,
-        Err(error) => return refuse(st, error),
+        Err(Refused::Answer(error)) => return refuse(st, error),
+        Err(Refused::InStream(error)) => {
+            st.engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
+            return failed_stream(&error, flavor);
+        }
     };
+    let failure = st.inject_error_event();
+    if let (Some(code), false) = (failure, request.stream) {
+        return refuse(st, ApiError::Failed(code));
+    }
     let renderer = st.renderer(route, &request.model).thinking(thinking);
     let held = Held {
         _load: load,
@@ -94,11 +103,10 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
     };
     let choices = request.prompts.len() * request.n as usize;
     if request.stream {
-        let cut_after = engine
-            .faults()
-            .cut_streams
-            .then(|| (expected_tokens / 2).max(1));
+        let half_way = (expected_tokens / 2).max(1);
+        let cut_after = engine.faults().cut_streams.then_some(half_way);
         let state = StreamState {
+            fail_after: failure.map(|code| (half_way, ApiError::Failed(code))),
             renderer,
             submission,
             _held: held,
@@ -113,6 +121,34 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
     } else {
         complete(renderer, submission, held, choices, usage, flavor).await
     }
+}
+
+/// Why a request did not get into the engine, and how the engine says so.
+enum Refused {
+    /// An error answer with its status.
+    Answer(ApiError),
+    /// A stream that opens with the error event: SGLang's scheduler refuses a queued-limit
+    /// arrival after its stream has started, so the refusal is an error frame, then `[DONE]`.
+    InStream(ApiError),
+}
+
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Refused::Answer(error)
+    }
+}
+
+/// A stream that ends with `error`'s event at once (200, as the stream had already begun).
+fn failed_stream(error: &ApiError, flavor: crate::config::Flavor) -> Response {
+    let mut out = String::new();
+    Renderer::error(&mut out, &error.event(flavor));
+    Renderer::done(&mut out);
+    let mut response = Body::from(out).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    response
 }
 
 /// A request inside the engine.
@@ -133,7 +169,7 @@ async fn admit(
     st: &ApiState,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Admitted, ApiError> {
+) -> Result<Admitted, Refused> {
     let engine = &st.engine;
     let cfg = engine.config();
     let (request, ticket) = checked(route, st, headers, body).await?;
@@ -149,7 +185,13 @@ async fn admit(
         }
         _ => None,
     };
-    let submission = submit(st, &choices)?;
+    let submission = match submit(st, &choices) {
+        Ok(submission) => submission,
+        Err(ApiError::QueueFull) if request.stream && cfg.flavor == Flavor::Sglang => {
+            return Err(Refused::InStream(ApiError::QueueFull))
+        }
+        Err(error) => return Err(error.into()),
+    };
     Ok(Admitted {
         request,
         submission,
@@ -265,6 +307,8 @@ struct StreamState {
     include_usage: bool,
     /// With the `cut-streams` fault: end the stream abruptly after this many tokens.
     cut_after: Option<u64>,
+    /// With the `error-event` fault: after this many tokens, the error event and `[DONE]`.
+    fail_after: Option<(u64, ApiError)>,
     phase: StreamPhase,
 }
 
@@ -330,6 +374,16 @@ async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, Str
             .is_some_and(|cut| s.usage.completion_tokens >= cut)
         {
             s.phase = StreamPhase::Cut;
+            return Some((Ok(Bytes::from(out)), s));
+        }
+        if let Some((_, error)) = s
+            .fail_after
+            .as_ref()
+            .filter(|(after, _)| s.usage.completion_tokens >= *after)
+        {
+            Renderer::error(&mut out, &error.event(s.renderer.flavor()));
+            Renderer::done(&mut out);
+            s.phase = StreamPhase::Done;
             return Some((Ok(Bytes::from(out)), s));
         }
         event = s.submission.events.try_recv().ok();

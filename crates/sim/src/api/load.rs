@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::extract::State;
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -16,7 +18,8 @@ use super::errors::ApiError;
 use super::{authorize, ApiState};
 use crate::config::Flavor;
 use crate::engine::{EventKind, RankView, SeqSpec};
-use crate::faults::{LoadEndpointMode, PinnedLoad};
+use crate::faults::{LoadEndpointMode, PinnedLoad, SleepLevel};
+use crate::pd::PdRole;
 use crate::scheduler::FinishReason;
 
 /// The version string each flavor reports.
@@ -50,8 +53,11 @@ pub(super) async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
     if let Some(answer) = load_fault(&st).await {
         return answer;
     }
-    let pins = st.engine.faults().report;
-    let text = st.engine.metrics().render(&st.engine.ranks(), &pins);
+    let faults = st.engine.faults();
+    let text = st
+        .engine
+        .metrics()
+        .render(&st.engine.ranks(), &faults.report, faults.asleep);
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -85,10 +91,14 @@ pub(super) async fn vllm_health() -> StatusCode {
     StatusCode::OK
 }
 
-/// SGLang: healthy if the engine produced output recently; otherwise it runs a one-token
-/// generation and answers 503 if none comes within 20 s.
+/// SGLang: 503 while starting (`ServerStatus.Starting`); then healthy if the engine produced
+/// output recently, otherwise it runs a one-token generation and answers 503 if none comes
+/// within 20 s (python/sglang/srt/entrypoints/http_server.py, `health_generate`).
 pub(super) async fn sglang_health(State(st): State<Arc<ApiState>>) -> StatusCode {
     let engine = &st.engine;
+    if engine.starting() {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
     let timeout = SGLANG_HEALTH_TIMEOUT.div_f64(engine.config().time_scale);
     if engine.last_progress().elapsed() < timeout && !engine.faults().frozen {
         return StatusCode::OK;
@@ -117,47 +127,126 @@ pub(super) async fn vllm_load(State(st): State<Arc<ApiState>>) -> Response {
     axum::Json(json!({"server_load": st.engine.server_load()})).into_response()
 }
 
+/// vLLM's development endpoints (`VLLM_SERVER_DEV_MODE=1`): `POST /sleep?level=1|2`.
+pub(super) async fn vllm_sleep(
+    State(st): State<Arc<ApiState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let level = query.get("level").map_or(Some(1), |l| l.parse().ok());
+    match level.and_then(SleepLevel::from_level) {
+        Some(level) => {
+            st.engine.set_sleep(Some(level));
+            StatusCode::OK.into_response()
+        }
+        None => ApiError::BadRequest("level must be 1 or 2".into()).respond(Flavor::Vllm),
+    }
+}
+
+/// `POST /wake_up`.
+pub(super) async fn vllm_wake_up(State(st): State<Arc<ApiState>>) -> StatusCode {
+    st.engine.set_sleep(None);
+    StatusCode::OK
+}
+
+/// `GET /is_sleeping`.
+pub(super) async fn vllm_is_sleeping(State(st): State<Arc<ApiState>>) -> Response {
+    axum::Json(json!({"is_sleeping": st.engine.faults().asleep.is_some()})).into_response()
+}
+
 pub(super) async fn vllm_version() -> Response {
     axum::Json(json!({"version": VLLM_VERSION})).into_response()
 }
 
-/// One rank's load in SGLang's `/v1/loads` shape.
+/// The sections `GET /v1/loads?include=...` asks for (`all`, or a list of `queues`, `disagg`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Include {
+    queues: bool,
+    disagg: bool,
+}
+
+impl Include {
+    fn of(query: &HashMap<String, String>) -> Self {
+        let mut include = Include::default();
+        for part in query.get("include").into_iter().flat_map(|v| v.split(',')) {
+            match part.trim() {
+                "all" => (include.queues, include.disagg) = (true, true),
+                "queues" => include.queues = true,
+                "disagg" => include.disagg = true,
+                _ => {}
+            }
+        }
+        include
+    }
+}
+
+/// One rank's load in SGLang's `/v1/loads` shape (the scheduler's `get_loads`, read late
+/// 2026): `num_waiting_reqs` counts the disaggregation queues too, the request in chunked
+/// prefill is in neither count, and `num_waiting_uncached_tokens` holds what is left to prefill.
 fn sglang_rank_load(
     st: &ApiState,
     rank: usize,
     view: &RankView,
     pin: &PinnedLoad,
+    include: Include,
 ) -> serde_json::Value {
     let cfg = st.engine.config();
     let total_tokens = u64::from(cfg.num_gpu_blocks) * u64::from(cfg.block_size);
     let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
-    json!({
+    let used_tokens = (usage * total_tokens as f64).round() as u64;
+    let mut load = json!({
         "dp_rank": rank,
-        "num_running_reqs": pin.running.unwrap_or(view.running),
+        "num_running_reqs": pin.running.unwrap_or(view.running - view.chunked.min(view.running)),
         "num_waiting_reqs": pin.waiting.unwrap_or(view.waiting),
-        "num_used_tokens": (usage * total_tokens as f64).round() as u64,
-        "num_total_tokens": total_tokens,
+        "num_waiting_uncached_tokens": view.pending_prefill_tokens,
+        "num_used_tokens": used_tokens,
+        "num_total_tokens": used_tokens,
         "max_total_num_tokens": total_tokens,
         "token_usage": usage,
         "gen_throughput": view.gen_throughput,
         "cache_hit_rate": view.cache_hit_rate,
+        "utilization": usage,
         "max_running_requests": cfg.max_num_seqs,
-    })
+    });
+    if include.queues {
+        load["queues"] = json!({
+            "waiting": pin.waiting.unwrap_or(view.queued()),
+            "grammar": 0,
+            "paused": 0,
+            "retracted": view.retracted,
+        });
+    }
+    if let (true, Some(role)) = (include.disagg, cfg.pd_role) {
+        load["disaggregation"] = json!({
+            "mode": match role { PdRole::Prefill => "prefill", PdRole::Decode => "decode" },
+            "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": view.prealloc,
+            "decode_transfer_queue_reqs": view.transfer,
+            "decode_retracted_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 0.0,
+            "kv_transfer_latency_ms": 0.0,
+        });
+    }
+    load
 }
 
 fn rfc3339_now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
-pub(super) async fn sglang_loads(State(st): State<Arc<ApiState>>) -> Response {
+pub(super) async fn sglang_loads(
+    State(st): State<Arc<ApiState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
     if let Some(answer) = load_fault(&st).await {
         return answer;
     }
+    let include = Include::of(&query);
     let ranks = reported(&st);
     let loads: Vec<serde_json::Value> = ranks
         .iter()
         .enumerate()
-        .map(|(i, (view, pin))| sglang_rank_load(&st, i, view, pin))
+        .map(|(i, (view, pin))| sglang_rank_load(&st, i, view, pin, include))
         .collect();
     let sum = |field: &str| loads.iter().filter_map(|l| l[field].as_u64()).sum::<u64>();
     let avg_usage = loads
@@ -196,12 +285,13 @@ pub(super) async fn sglang_get_load(State(st): State<Arc<ApiState>>) -> Response
             let running = pin.running.unwrap_or(view.running);
             let waiting = pin.waiting.unwrap_or(view.waiting);
             let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
+            // The deprecated shim names no rank when there is only one.
+            let dp_rank = (cfg.dp_size > 1).then_some(i);
             json!({
-                "dp_rank": i,
+                "dp_rank": dp_rank,
                 "num_reqs": running + waiting,
                 "num_waiting_reqs": waiting,
                 "num_tokens": (usage * total_tokens as f64).round() as u64,
-                "cache_hit_rate": view.cache_hit_rate,
             })
         })
         .collect();

@@ -9,6 +9,7 @@
 //! | `GET /metrics` | `vllm:*` | `sglang:*` |
 //! | load | `/load` | `/v1/loads`, `/get_load` |
 //! | info | `/version` | `/server_info`, `/get_server_info` |
+//! | sleep (vLLM's dev mode) | `POST /sleep?level=1\|2`, `POST /wake_up`, `GET /is_sleeping` | |
 //!
 //! The `hang` fault is applied here to every route: the request is accepted and never answered.
 
@@ -90,6 +91,12 @@ impl ApiState {
         let rate = self.engine.faults().error_rate;
         rate > 0.0 && self.error_rng.lock().random_bool(rate.min(1.0))
     }
+
+    /// The status of the error event this request will fail with (the `error-event` fault).
+    fn inject_error_event(&self) -> Option<u16> {
+        let (rate, code) = self.engine.faults().error_event?;
+        (rate > 0.0 && self.error_rng.lock().random_bool(rate.min(1.0))).then_some(code)
+    }
 }
 
 /// `Authorization: Bearer <api key>` on the OpenAI routes, when the engine has a key.
@@ -132,6 +139,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
             .route("/health", get(load::vllm_health))
             .route("/ping", get(load::vllm_health))
             .route("/load", get(load::vllm_load))
+            .route("/sleep", post(load::vllm_sleep))
+            .route("/wake_up", post(load::vllm_wake_up))
+            .route("/is_sleeping", get(load::vllm_is_sleeping))
             .route("/version", get(load::vllm_version)),
         Flavor::Sglang => common
             .route("/health", get(load::sglang_health))

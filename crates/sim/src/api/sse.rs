@@ -54,6 +54,10 @@ impl Renderer {
         }
     }
 
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+
     /// With each choice's first `thinking` tokens rendered as `reasoning_content`.
     pub fn thinking(mut self, thinking: Vec<u32>) -> Self {
         self.thinking = thinking;
@@ -135,6 +139,11 @@ impl Renderer {
 
     pub fn done(out: &mut String) {
         out.push_str("data: [DONE]\n\n");
+    }
+
+    /// The event that ends a failed stream (`ApiError::event`), before `data: [DONE]`.
+    pub fn error(out: &mut String, event: &serde_json::Value) {
+        let _ = write!(out, "data: {event}\n\n");
     }
 
     /// The whole answer as one JSON body.

@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 
 use super::stats::RankView;
 use crate::config::{EngineConfig, Flavor};
-use crate::faults::PinnedLoad;
+use crate::faults::{PinnedLoad, SleepLevel};
 use crate::scheduler::FinishReason;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,8 +32,23 @@ struct FinishLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    model_name: String,
+    engine: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SleepLabels {
+    model_name: String,
+    engine: String,
+    sleep_state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CacheConfigLabels {
     block_size: String,
+    cache_dtype: String,
     num_gpu_blocks: String,
     enable_prefix_caching: String,
     gpu_memory_utilization: String,
@@ -43,6 +58,13 @@ struct CacheConfigLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 type FloatCounter = Counter<f64, AtomicU64>;
 type Histograms = Family<RankLabels, Histogram, fn() -> Histogram>;
+
+/// vLLM's `iteration_tokens_total` buckets: powers of two up to its default batch token budget.
+fn iteration_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+    ])
+}
 
 fn latency_histogram() -> Histogram {
     Histogram::new([
@@ -82,7 +104,7 @@ const SGLANG: Names = Names {
     running: "sglang:num_running_reqs",
     waiting: "sglang:num_queue_reqs",
     kv_usage: "sglang:token_usage",
-    preemptions: "sglang:num_retracted_reqs",
+    preemptions: "sglang:num_retracted_requests",
     prompt_tokens: "sglang:prompt_tokens",
     generation_tokens: "sglang:generation_tokens",
     success: "sglang:num_requests",
@@ -108,6 +130,12 @@ pub struct EngineMetrics {
     prefix_queries: Family<RankLabels, FloatCounter>,
     prefix_hits: Family<RankLabels, FloatCounter>,
     preemptions: Family<RankLabels, FloatCounter>,
+    /// SGLang's `num_retracted_reqs`: retracted since its last stats log.
+    retracted: Family<RankLabels, FloatGauge>,
+    waiting_by_reason: Family<ReasonLabels, FloatGauge>,
+    sleep_state: Family<SleepLabels, FloatGauge>,
+    iteration_tokens: Histograms,
+    flavor: Flavor,
     prompt_tokens: Family<RankLabels, FloatCounter>,
     generation_tokens: Family<RankLabels, FloatCounter>,
     success: Family<FinishLabels, FloatCounter>,
@@ -149,6 +177,11 @@ impl EngineMetrics {
             prefix_queries: Family::default(),
             prefix_hits: Family::default(),
             preemptions: Family::default(),
+            retracted: Family::default(),
+            waiting_by_reason: Family::default(),
+            sleep_state: Family::default(),
+            iteration_tokens: Histograms::new_with_constructor(iteration_histogram as fn() -> _),
+            flavor: cfg.flavor,
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
             success: Family::default(),
@@ -209,6 +242,7 @@ impl EngineMetrics {
                 for rank in 0..cfg.dp_size {
                     info.get_or_create(&CacheConfigLabels {
                         block_size: cfg.block_size.to_string(),
+                        cache_dtype: "auto".into(),
                         num_gpu_blocks: cfg.num_gpu_blocks.to_string(),
                         enable_prefix_caching: if cfg.prefix_caching { "True" } else { "False" }
                             .into(),
@@ -234,6 +268,21 @@ impl EngineMetrics {
                 );
                 m.counters
                     .extend(["vllm:prefix_cache_queries", "vllm:prefix_cache_hits"]);
+                reg.register(
+                    "vllm:num_requests_waiting_by_reason",
+                    "Number of requests waiting, by reason (capacity: no room; deferred: their KV is on its way).",
+                    m.waiting_by_reason.clone(),
+                );
+                reg.register(
+                    "vllm:engine_sleep_state",
+                    "Engine sleep state; awake = 0 means the engine is sleeping.",
+                    m.sleep_state.clone(),
+                );
+                reg.register(
+                    "vllm:iteration_tokens_total",
+                    "Histogram of the number of tokens per engine step (steps with outputs).",
+                    m.iteration_tokens.clone(),
+                );
             }
             Flavor::Sglang => {
                 reg.register(
@@ -250,6 +299,11 @@ impl EngineMetrics {
                     "sglang:cache_hit_rate",
                     "The prefix cache hit rate",
                     m.cache_hit_rate.clone(),
+                );
+                reg.register(
+                    "sglang:num_retracted_reqs",
+                    "The number of retracted requests.",
+                    m.retracted.clone(),
                 );
             }
         }
@@ -280,6 +334,16 @@ impl EngineMetrics {
             .inc();
     }
 
+    /// Records the tokens of a step that had outputs (vLLM's iteration stats; a step that only
+    /// prefilled part of a prompt records none).
+    pub fn iteration(&self, rank: usize, tokens: u64) {
+        if self.flavor == Flavor::Vllm {
+            self.iteration_tokens
+                .get_or_create(self.rank(rank))
+                .observe(tokens as f64);
+        }
+    }
+
     /// Adds a step's work to the token and preemption counters.
     pub fn progress(&self, rank: usize, prompt: u64, generated: u64, preemptions: u64) {
         let labels = self.rank(rank);
@@ -304,14 +368,30 @@ impl EngineMetrics {
     }
 
     /// The Prometheus text for the ranks' current state, with any pinned report applied.
-    pub fn render(&self, ranks: &[RankView], pinned: &[PinnedLoad]) -> String {
+    /// vLLM counts every waiting request, its disaggregation ones `deferred`; SGLang's
+    /// `num_queue_reqs` is its own waiting queue, and the request in chunked prefill is in
+    /// neither of its counts.
+    pub fn render(
+        &self,
+        ranks: &[RankView],
+        pinned: &[PinnedLoad],
+        asleep: Option<SleepLevel>,
+    ) -> String {
         for (i, view) in ranks.iter().enumerate() {
             let pin = pinned.get(i).copied().unwrap_or_default();
             let labels = self.rank(i);
-            let running = pin.running.unwrap_or(view.running);
+            let (running, waiting) = match self.flavor {
+                Flavor::Vllm => (view.running, view.waiting),
+                Flavor::Sglang => (view.running - view.chunked.min(view.running), view.queued()),
+            };
+            let running = pin.running.unwrap_or(running);
             self.running.get_or_create(labels).set(running as f64);
-            let waiting = pin.waiting.unwrap_or(view.waiting);
+            let waiting = pin.waiting.unwrap_or(waiting);
             self.waiting.get_or_create(labels).set(waiting as f64);
+            self.vllm_reasons(labels, view, pin.waiting, asleep);
+            self.retracted
+                .get_or_create(labels)
+                .set(view.retracted as f64);
             let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
             self.kv_usage.get_or_create(labels).set(usage);
             let used_tokens = view.kv_blocks_used * u64::from(self.block_size);
@@ -329,6 +409,55 @@ impl EngineMetrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry);
         to_prometheus_text(&open_metrics, &self.counters)
+    }
+}
+
+impl EngineMetrics {
+    /// vLLM's waiting reasons and sleep state for one rank; a pinned waiting count is all
+    /// `capacity`.
+    fn vllm_reasons(
+        &self,
+        labels: &RankLabels,
+        view: &RankView,
+        pinned_waiting: Option<u64>,
+        asleep: Option<SleepLevel>,
+    ) {
+        if self.flavor != Flavor::Vllm {
+            return;
+        }
+        let (capacity, deferred) = match pinned_waiting {
+            Some(waiting) => (waiting, 0),
+            None => (
+                view.waiting - view.transfer.min(view.waiting),
+                view.transfer,
+            ),
+        };
+        for (reason, count) in [("capacity", capacity), ("deferred", deferred)] {
+            self.waiting_by_reason
+                .get_or_create(&ReasonLabels {
+                    model_name: labels.model_name.clone(),
+                    engine: labels.engine.clone(),
+                    reason,
+                })
+                .set(count as f64);
+        }
+        let states = [
+            ("awake", asleep.is_none()),
+            (
+                "weights_offloaded",
+                asleep == Some(SleepLevel::WeightsOffloaded),
+            ),
+            ("discard_all", asleep == Some(SleepLevel::DiscardAll)),
+        ];
+        for (sleep_state, on) in states {
+            self.sleep_state
+                .get_or_create(&SleepLabels {
+                    model_name: labels.model_name.clone(),
+                    engine: labels.engine.clone(),
+                    sleep_state,
+                })
+                .set(if on { 1.0 } else { 0.0 });
+        }
     }
 }
 

@@ -83,6 +83,10 @@ pub struct Engine {
     published: Arc<tokio::sync::Notify>,
     /// Its half of disaggregated requests (`--pd-role`).
     disagg: Option<Disagg>,
+    /// Where sleep and wake are written (vLLM's `/sleep`, `/wake_up`).
+    fault_control: Arc<watch::Sender<FaultSet>>,
+    /// When its (modelled) startup ends: SGLang's `/health` answers 503 until then.
+    ready_at: Instant,
 }
 
 impl Engine {
@@ -91,9 +95,10 @@ impl Engine {
     pub fn start(
         cfg: Arc<EngineConfig>,
         totals: Arc<Totals>,
-        faults: watch::Receiver<FaultSet>,
+        fault_control: Arc<watch::Sender<FaultSet>>,
         published: Arc<tokio::sync::Notify>,
     ) -> Self {
+        let faults = fault_control.subscribe();
         let metrics = Arc::new(EngineMetrics::new(&cfg));
         let progress = Arc::new(parking_lot::Mutex::new(Instant::now()));
         let ranks = (0..cfg.dp_size as usize)
@@ -127,6 +132,8 @@ impl Engine {
         });
         Self {
             disagg,
+            fault_control,
+            ready_at: Instant::now(),
             cfg,
             ranks,
             metrics,
@@ -138,6 +145,23 @@ impl Engine {
             progress,
             published,
         }
+    }
+
+    /// The engine still starting until `at` (the `slow-start` fault).
+    pub fn ready_at(mut self, at: Instant) -> Self {
+        self.ready_at = at;
+        self
+    }
+
+    /// True until its startup (warmup) is over.
+    pub fn starting(&self) -> bool {
+        Instant::now() < self.ready_at
+    }
+
+    /// Puts the engine to sleep (`Some(level)`) or wakes it, as vLLM's `/sleep` and `/wake_up`.
+    pub fn set_sleep(&self, level: Option<crate::faults::SleepLevel>) {
+        self.fault_control.send_modify(|f| f.asleep = level);
+        self.notify_changed();
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -161,11 +185,14 @@ impl Engine {
     }
 
     /// Each rank's state as it last published it. A decode engine's requests waiting for a
-    /// running slot are counted as waiting on its first rank.
+    /// running slot or for their KV are counted as waiting on its first rank, as both engines
+    /// count their disaggregation queues.
     pub fn ranks(&self) -> Vec<RankView> {
         let mut views: Vec<RankView> = self.ranks.iter().map(|r| r.gauges.view()).collect();
         if let (Some(first), Some(disagg)) = (views.first_mut(), &self.disagg) {
-            first.waiting += disagg.waiting();
+            first.prealloc = disagg.waiting();
+            first.transfer = disagg.transferring();
+            first.waiting += first.prealloc + first.transfer;
         }
         views
     }
@@ -199,7 +226,7 @@ impl Engine {
     pub fn submit(&self, choices: &[SeqSpec]) -> Result<Submission, SubmitError> {
         let views = self.ranks();
         if let Some(limit) = self.cfg.max_queued_requests {
-            let waiting: u64 = views.iter().map(|v| v.waiting).sum();
+            let waiting: u64 = views.iter().map(RankView::queued).sum();
             if waiting >= u64::from(limit) {
                 return Err(SubmitError::QueueFull { waiting });
             }

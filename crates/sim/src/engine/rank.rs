@@ -142,6 +142,27 @@ impl Throughput {
     }
 }
 
+/// SGLang's scheduler logs its decode stats every 40 decode steps (`--decode-log-interval`) and
+/// resets its retraction count at each log, so `/v1/loads` shows the retractions since then.
+const DECODE_LOG_INTERVAL: u64 = 40;
+
+/// The preemptions since the last (modelled) stats log.
+#[derive(Default)]
+struct RetractedSinceLog {
+    steps: u64,
+    retracted: u64,
+}
+
+impl RetractedSinceLog {
+    fn step(&mut self, preempted: u64) {
+        self.steps += 1;
+        if self.steps % DECODE_LOG_INTERVAL == 0 {
+            self.retracted = 0;
+        }
+        self.retracted += preempted;
+    }
+}
+
 pub(crate) async fn run(
     mut scheduler: Scheduler,
     mut commands: mpsc::UnboundedReceiver<RankCommand>,
@@ -151,33 +172,53 @@ pub(crate) async fn run(
     let mut pacer = Pacer::new(ctx.time_scale);
     let mut published = scheduler.counters();
     let mut throughput = Throughput::new();
-    publish(&scheduler, &ctx, &mut published, &mut throughput);
+    let mut retracted = RetractedSinceLog::default();
+    publish(
+        &scheduler,
+        &ctx,
+        &mut published,
+        &mut throughput,
+        &retracted,
+    );
     loop {
         // Apply whatever arrived during the last step.
         loop {
             match commands.try_recv() {
                 Ok(cmd) => {
                     if !apply(cmd, &mut scheduler, &mut subscribers) {
-                        return shut_down(scheduler, &ctx, &mut published, &mut throughput);
+                        return shut_down(
+                            scheduler,
+                            &ctx,
+                            &mut published,
+                            &mut throughput,
+                            &retracted,
+                        );
                     }
                 }
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
         }
-        let (frozen, slow) = {
+        let (stopped, slow) = {
             let faults = ctx.faults.borrow();
-            (faults.frozen, faults.slow_factor)
+            (faults.frozen || faults.asleep.is_some(), faults.slow_factor)
         };
-        let step = if frozen { None } else { scheduler.step() };
+        let preemptions_before = scheduler.counters().preemptions;
+        let step = if stopped { None } else { scheduler.step() };
         let Some(step) = step else {
-            publish(&scheduler, &ctx, &mut published, &mut throughput);
+            publish(
+                &scheduler,
+                &ctx,
+                &mut published,
+                &mut throughput,
+                &retracted,
+            );
             // Idle or frozen: wait for a command or a change of faults.
             tokio::select! {
                 cmd = commands.recv() => match cmd {
                     Some(cmd) => {
                         if !apply(cmd, &mut scheduler, &mut subscribers) {
-                            return shut_down(scheduler, &ctx, &mut published, &mut throughput);
+                            return shut_down(scheduler, &ctx, &mut published, &mut throughput, &retracted);
                         }
                     }
                     None => return,
@@ -195,8 +236,24 @@ pub(crate) async fn run(
         if pacer.wait(duration).await {
             ctx.totals.late_steps.fetch_add(1, Ordering::Relaxed);
         }
+        retracted.step(scheduler.counters().preemptions - preemptions_before);
+        if !step.events.is_empty() {
+            let generated = step
+                .events
+                .iter()
+                .filter(|e| matches!(e, SeqEvent::Token(_)))
+                .count() as u64;
+            ctx.metrics
+                .iteration(ctx.index, u64::from(step.prompt_tokens_counted) + generated);
+        }
         deliver(&step.events, &mut subscribers, &ctx);
-        publish(&scheduler, &ctx, &mut published, &mut throughput);
+        publish(
+            &scheduler,
+            &ctx,
+            &mut published,
+            &mut throughput,
+            &retracted,
+        );
     }
 }
 
@@ -270,12 +327,13 @@ fn publish(
     ctx: &RankContext,
     published: &mut Counters,
     throughput: &mut Throughput,
+    retracted: &RetractedSinceLog,
 ) {
     let now = scheduler.counters();
     ctx.totals.add_progress(published, &now);
     ctx.metrics.progress(
         ctx.index,
-        now.prompt_tokens_computed - published.prompt_tokens_computed,
+        now.prompt_tokens_counted - published.prompt_tokens_counted,
         now.tokens_generated - published.tokens_generated,
         now.preemptions - published.preemptions,
     );
@@ -302,6 +360,10 @@ fn publish(
         work_in_flight: scheduler.work_in_flight(),
         gen_throughput: throughput.rate,
         cache_hit_rate: throughput.hit_rate,
+        chunked: scheduler.chunked_len() as u64,
+        retracted: retracted.retracted,
+        prealloc: 0,
+        transfer: 0,
     });
     ctx.published.notify_waiters();
 }
@@ -312,9 +374,10 @@ fn shut_down(
     ctx: &RankContext,
     published: &mut Counters,
     throughput: &mut Throughput,
+    retracted: &RetractedSinceLog,
 ) {
     for id in scheduler.live_ids() {
         scheduler.abort(id);
     }
-    publish(&scheduler, ctx, published, throughput);
+    publish(&scheduler, ctx, published, throughput, retracted);
 }

@@ -26,6 +26,10 @@ pub struct RankGauges {
     pub gen_throughput_bits: AtomicU64,
     /// Share of recently admitted prompt tokens found in the prefix cache, as an f64's bits.
     pub cache_hit_rate_bits: AtomicU64,
+    /// Running requests part-way through a chunked prefill.
+    pub chunked: AtomicU64,
+    /// Requests preempted since the last stats log (SGLang's `num_retracted_reqs`).
+    pub retracted: AtomicU64,
 }
 
 /// A consistent-enough copy of one rank's gauges.
@@ -41,9 +45,26 @@ pub struct RankView {
     pub gen_throughput: f64,
     /// SGLang's `cache_hit_rate`: of the prompt tokens admitted lately, the share found cached.
     pub cache_hit_rate: f64,
+    /// Running requests part-way through a chunked prefill (SGLang's `chunked_req`, in neither
+    /// of its counts; vLLM counts it running).
+    pub chunked: u64,
+    /// Requests preempted since the engine's last stats log (SGLang logs every 40 decode steps
+    /// and resets the count).
+    pub retracted: u64,
+    /// Of `waiting`, a decode engine's requests waiting for a running slot (SGLang's prealloc
+    /// queue; vLLM's waiting for capacity)...
+    pub prealloc: u64,
+    /// ...and those whose KV is on its way from the prefill engine (SGLang's transfer queue;
+    /// vLLM's `deferred` reason).
+    pub transfer: u64,
 }
 
 impl RankView {
+    /// Requests in the scheduler's own waiting queue.
+    pub fn queued(&self) -> u64 {
+        self.waiting.saturating_sub(self.prealloc + self.transfer)
+    }
+
     pub fn kv_usage(&self) -> f64 {
         if self.kv_blocks_total == 0 {
             0.0
@@ -66,6 +87,10 @@ impl RankGauges {
             work_in_flight: load(&self.work_in_flight),
             gen_throughput: f64::from_bits(load(&self.gen_throughput_bits)),
             cache_hit_rate: f64::from_bits(load(&self.cache_hit_rate_bits)),
+            chunked: load(&self.chunked),
+            retracted: load(&self.retracted),
+            prealloc: 0,
+            transfer: 0,
         }
     }
 
@@ -80,6 +105,8 @@ impl RankGauges {
         store(&self.work_in_flight, view.work_in_flight);
         store(&self.gen_throughput_bits, view.gen_throughput.to_bits());
         store(&self.cache_hit_rate_bits, view.cache_hit_rate.to_bits());
+        store(&self.chunked, view.chunked);
+        store(&self.retracted, view.retracted);
     }
 }
 

@@ -71,6 +71,14 @@ impl Disagg {
             Disagg::Prefill(_) => 0,
         }
     }
+
+    /// Requests holding a decode slot whose KV is still on its way (0 on a prefill engine).
+    pub fn transferring(&self) -> u64 {
+        match self {
+            Disagg::Decode(side) => side.transferring.load(Ordering::Relaxed),
+            Disagg::Prefill(_) => 0,
+        }
+    }
 }
 
 /// A decode engine's running window and its way to the prefill engines.
@@ -78,6 +86,7 @@ pub struct DecodeSide {
     window: Arc<Semaphore>,
     size: u32,
     waiting: AtomicU64,
+    transferring: AtomicU64,
     claims: bootstrap::ClaimClient,
 }
 
@@ -87,6 +96,7 @@ impl DecodeSide {
             window: Arc::new(Semaphore::new(size as usize)),
             size,
             waiting: AtomicU64::new(0),
+            transferring: AtomicU64::new(0),
             claims: bootstrap::ClaimClient::new(),
         }
     }
@@ -102,8 +112,11 @@ impl DecodeSide {
         self.window.clone().acquire_many_owned(rooms).await.ok()
     }
 
-    /// Claims the room at the prefill's bootstrap server; returns once the KV is across.
+    /// Claims the room at the prefill's bootstrap server; returns once the KV is across,
+    /// counted as transferring meanwhile.
     pub async fn claim(&self, at: &Bootstrap) -> Result<(), Failure> {
+        self.transferring.fetch_add(1, Ordering::Relaxed);
+        let _transferring = Uncount(&self.transferring);
         self.claims.claim(at).await
     }
 }

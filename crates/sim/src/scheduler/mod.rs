@@ -7,8 +7,15 @@
 //! new block every `block_size` tokens, and when none is free a victim chosen by the eviction
 //! policy is preempted (recompute, swap or truncate). With prefix caching, an admitted prompt's
 //! leading blocks already in the cache are shared instead of prefilled (`prefix`). The step's cost
-//! comes from the step-time model `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read (+ PCIe
-//! transfers)`, so a cached block costs no prefill.
+//! comes from the step-time model `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read + b4 *
+//! attention pairs prefilled (+ PCIe transfers)`, so a cached block costs no prefill and a long
+//! prompt's later chunks cost more than its first.
+//!
+//! KV blocks are taken per scheduled chunk, as vLLM's `allocate_slots(request, num_new_tokens)`
+//! does (vllm/v1/core/sched/scheduler.py, read at 00024d3): a long prompt is admitted when its
+//! first chunk fits and grows chunk by chunk, preempting others if it must. A prompt's tokens are
+//! counted (`prompt_tokens_counted`) when its prefill ends and its first token comes, as vLLM's
+//! `IterationStats.update_from_output` counts them (vllm/v1/metrics/stats.py, read at 28ed1fb).
 //!
 //! Nothing here knows about time passing or HTTP: the engine loop calls `step`, waits the returned
 //! duration, and delivers the returned events. That keeps every scheduling decision testable on a
@@ -66,6 +73,10 @@ pub struct StepCost {
     pub per_decode_token: Duration,
     /// Cost of each token of context whose KV is read by attention (b3): long contexts decode slower.
     pub per_kv_token_read: Duration,
+    /// Cost of every thousand (query, key) token pairs a prefill's attention computes (b4): a
+    /// chunk of c tokens after p already computed attends to c * p + c * (c + 1) / 2 pairs, so
+    /// a prompt's prefill grows with the square of its length.
+    pub per_attention_kpair: Duration,
     /// Cost of moving one KV block across PCIe, either way.
     pub per_block_transfer: Duration,
 }
@@ -106,6 +117,8 @@ pub struct Step {
     pub duration: Duration,
     pub prefill_tokens: u32,
     pub decode_tokens: u32,
+    /// Prompt tokens of the requests whose prefill ended in this step (vLLM's iteration stats).
+    pub prompt_tokens_counted: u32,
     pub events: Vec<SeqEvent>,
 }
 
@@ -117,6 +130,9 @@ pub struct Counters {
     pub aborted: u64,
     pub finished: u64,
     pub prompt_tokens_computed: u64,
+    /// Prompt tokens of requests whose prefill has ended (each request once, when its first
+    /// token comes): what an engine's `prompt_tokens_total` counts.
+    pub prompt_tokens_counted: u64,
     pub tokens_generated: u64,
     /// Prefill and decode work spent on requests later aborted, or recomputed after preemption.
     pub wasted_tokens: u64,
@@ -130,6 +146,23 @@ pub struct Counters {
 enum Work {
     Prefill(u32),
     Decode,
+}
+
+impl Work {
+    /// Tokens this work computes, out of the step's budget.
+    fn tokens(self) -> u32 {
+        match self {
+            Work::Prefill(chunk) => chunk,
+            Work::Decode => 1,
+        }
+    }
+}
+
+/// The (query, key) pairs causal attention computes for a chunk of `chunk` tokens after `before`
+/// already in the cache.
+fn attention_pairs_of(before: u32, chunk: u32) -> u64 {
+    let (before, chunk) = (u64::from(before), u64::from(chunk));
+    chunk * before + chunk * (chunk + 1) / 2
 }
 
 /// The scheduler of one data-parallel rank.
@@ -243,6 +276,14 @@ impl Scheduler {
         self.seqs.values().map(|s| s.work).sum()
     }
 
+    /// Running requests part-way through a chunked prefill: SGLang's `chunked_req`, which
+    /// neither its running nor its waiting count includes.
+    pub fn chunked_len(&self) -> usize {
+        self.running()
+            .filter(|s| s.is_prefilling() && s.computed > 0)
+            .count()
+    }
+
     /// Prompt tokens not yet prefilled, waiting or running (Dynamo's `active_prefill_tokens`).
     pub fn pending_prefill_tokens(&self) -> u64 {
         self.seqs
@@ -291,18 +332,17 @@ impl Scheduler {
                 self.running.remove(i);
                 continue;
             };
-            if seq.is_prefilling() {
-                let chunk = (seq.prefill_target - seq.computed).min(*budget);
-                *budget -= chunk;
-                plan.push((id, Work::Prefill(chunk)));
-                i += 1;
-                continue;
-            }
-            let need = blocks_for(seq.computed + 1, self.cfg.block_size).saturating_sub(seq.blocks);
+            let work = if seq.is_prefilling() {
+                Work::Prefill((seq.prefill_target - seq.computed).min(*budget))
+            } else {
+                Work::Decode
+            };
+            let need = blocks_for(seq.computed + work.tokens(), self.cfg.block_size)
+                .saturating_sub(seq.blocks);
             if need == 0 || take_blocks(&mut self.pool, &mut self.cache, need) {
                 seq.blocks += need;
-                *budget -= 1;
-                plan.push((id, Work::Decode));
+                *budget -= work.tokens();
+                plan.push((id, work));
                 i += 1;
                 continue;
             }
@@ -314,10 +354,7 @@ impl Scheduler {
             let victim_index = self.running.iter().position(|r| *r == victim);
             if let Some(pos) = plan.iter().position(|(pid, _)| *pid == victim) {
                 let (_, work) = plan.remove(pos);
-                *budget += match work {
-                    Work::Prefill(chunk) => chunk,
-                    Work::Decode => 1,
-                };
+                *budget += work.tokens();
             }
             self.preempt(victim, events, transferred_blocks);
             if matches!(victim_index, Some(v) if v < i) {
@@ -395,12 +432,8 @@ impl Scheduler {
             } else {
                 Work::Decode
             };
-            let extra = match work {
-                Work::Prefill(_) => 0,
-                Work::Decode => {
-                    blocks_for(seq.computed + 1, self.cfg.block_size).saturating_sub(seq.blocks)
-                }
-            };
+            let extra = blocks_for(seq.computed + work.tokens(), self.cfg.block_size)
+                .saturating_sub(seq.blocks);
             let need = seq.blocks + extra;
             if self.pool.free() < need + self.cfg.watermark_blocks
                 || !take_blocks(&mut self.pool, &mut self.cache, need)
@@ -412,17 +445,15 @@ impl Scheduler {
             self.admissions += 1;
             seq.admitted_at = self.admissions;
             seq.phase = Phase::Running;
-            *budget -= match work {
-                Work::Prefill(chunk) => chunk,
-                Work::Decode => 1,
-            };
+            *budget -= work.tokens();
             plan.push((id, work));
             self.swapped.pop_front();
             self.running.push(id);
         }
     }
 
-    /// Admits waiting requests in order while their whole context (plus the watermark) fits.
+    /// Admits waiting requests in order while the blocks of their first chunk (plus the
+    /// watermark) are free; the rest of a long prompt takes its blocks chunk by chunk.
     fn admit_waiting(&mut self, plan: &mut Vec<(SeqId, Work)>, budget: &mut u32) {
         while self.running.len() < self.cfg.max_num_seqs as usize && *budget > 0 {
             let Some(&id) = self.waiting.front() else {
@@ -432,11 +463,16 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let need = blocks_for(seq.prefill_target, self.cfg.block_size);
             // At least the last prompt token is computed, as in vLLM, even on a full hit.
             let hashed = (seq.prefill_target.saturating_sub(1) / self.cfg.block_size.max(1))
                 .min(seq.prefix.len() as u32);
             let (hits, revived) = self.cache.lookup(&seq.prefix[..hashed as usize]);
+            // Transferred KV lands in the blocks taken now; the last prompt token is still
+            // computed here, as on a full prefix hit.
+            let preloaded = seq.preloaded.min(seq.prefill_target.saturating_sub(1));
+            let computed = (hits * self.cfg.block_size).max(preloaded);
+            let chunk = (seq.prefill_target - computed).min(*budget);
+            let need = blocks_for(computed + chunk, self.cfg.block_size).max(hits);
             let fresh = need - hits;
             if self.pool.free() < fresh + revived + self.cfg.watermark_blocks {
                 break;
@@ -451,16 +487,12 @@ impl Scheduler {
             self.counters.prefix_queries += u64::from(seq.prefill_target);
             self.counters.prefix_hits += u64::from(hits * self.cfg.block_size);
             seq.shared = hits;
-            // Transferred KV lands in the blocks just taken; the last prompt token is still
-            // computed here, as on a full prefix hit.
-            let preloaded = seq.preloaded.min(seq.prefill_target.saturating_sub(1));
-            seq.computed = (hits * self.cfg.block_size).max(preloaded);
+            seq.computed = computed;
             self.waiting.pop_front();
             self.admissions += 1;
             seq.admitted_at = self.admissions;
             seq.blocks = need;
             seq.phase = Phase::Running;
-            let chunk = (seq.prefill_target - seq.computed).min(*budget);
             *budget -= chunk;
             plan.push((id, Work::Prefill(chunk)));
             self.running.push(id);
@@ -475,6 +507,7 @@ impl Scheduler {
         mut events: Vec<SeqEvent>,
     ) -> Step {
         let (mut prefill_tokens, mut decode_tokens, mut kv_read) = (0u32, 0u32, 0u64);
+        let (mut attention_pairs, mut prompt_tokens_counted) = (0u64, 0u32);
         let mut finished = Vec::new();
         for (id, work) in plan {
             let Some(seq) = self.seqs.get_mut(&id) else {
@@ -484,6 +517,7 @@ impl Scheduler {
                 Work::Prefill(chunk) => {
                     prefill_tokens += chunk;
                     self.counters.prompt_tokens_computed += u64::from(chunk);
+                    attention_pairs += attention_pairs_of(seq.computed, chunk);
                     chunk
                 }
                 Work::Decode => {
@@ -499,6 +533,9 @@ impl Scheduler {
             }
             if seq.is_prefilling() {
                 continue;
+            }
+            if seq.generated == 0 {
+                prompt_tokens_counted += seq.prompt_tokens;
             }
             seq.generated += 1;
             self.counters.tokens_generated += 1;
@@ -527,11 +564,16 @@ impl Scheduler {
             + cost
                 .per_kv_token_read
                 .saturating_mul(u32::try_from(kv_read).unwrap_or(u32::MAX))
-            + cost.per_block_transfer * transferred_blocks;
+            + cost.per_block_transfer * transferred_blocks
+            + cost
+                .per_attention_kpair
+                .mul_f64(attention_pairs as f64 / 1000.0);
+        self.counters.prompt_tokens_counted += u64::from(prompt_tokens_counted);
         Step {
             duration,
             prefill_tokens,
             decode_tokens,
+            prompt_tokens_counted,
             events,
         }
     }

@@ -12,6 +12,7 @@ fn cost() -> StepCost {
         per_prefill_token: Duration::from_micros(10),
         per_decode_token: Duration::from_micros(100),
         per_kv_token_read: Duration::from_nanos(0),
+        per_attention_kpair: Duration::ZERO,
         per_block_transfer: Duration::from_micros(50),
     }
 }
@@ -180,7 +181,106 @@ fn the_running_batch_is_capped_at_max_num_seqs() {
 }
 
 #[test]
-fn admission_needs_the_whole_prompt_plus_the_watermark_in_free_blocks() {
+fn a_long_prompt_takes_its_blocks_chunk_by_chunk_and_is_counted_when_its_prefill_ends() {
+    let mut cfg = config(100, 16);
+    cfg.max_num_batched_tokens = 64;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 200, 3));
+    let mut held = Vec::new();
+    let mut counted = Vec::new();
+    while s.counters().tokens_generated == 0 {
+        let step = s.step().unwrap();
+        held.push(s.pool().used());
+        counted.push(step.prompt_tokens_counted);
+        if s.counters().tokens_generated == 0 {
+            assert_eq!(s.chunked_len(), 1, "part-way through its prefill");
+        }
+    }
+    assert_eq!(
+        held,
+        vec![4, 8, 12, 13],
+        "64-token chunks of 16-token blocks"
+    );
+    assert_eq!(
+        counted,
+        vec![0, 0, 0, 200],
+        "the prompt counts when its first token comes"
+    );
+    assert_eq!(s.chunked_len(), 0);
+    assert_eq!(s.counters().prompt_tokens_counted, 200);
+    assert_eq!(s.counters().prompt_tokens_computed, 200);
+}
+
+#[test]
+fn a_prompt_growing_chunk_by_chunk_preempts_the_newest_when_blocks_run_out() {
+    let mut cfg = config(10, 4);
+    cfg.max_num_batched_tokens = 9;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 4, 30)); // decoding, it grows to 9 blocks
+    s.step().unwrap();
+    s.add(seq(1, 36, 1)); // admitted beside it on its first chunk's 2 blocks
+    let mut preemptions = Vec::new();
+    while let Some(step) = s.step() {
+        preemptions.extend(preempted(&step));
+    }
+    assert!(
+        !preemptions.is_empty() && preemptions.iter().all(|id| *id == 1),
+        "the long prompt, the newest admission, gave its blocks back whenever the decode needed \
+         one (and was admitted again on its first chunk): {preemptions:?}"
+    );
+    assert_eq!(s.counters().prompt_tokens_counted, 4 + 36);
+}
+
+#[test]
+fn a_prompt_recomputed_after_preemption_is_counted_once() {
+    let mut cfg = config(4, 4);
+    cfg.max_num_batched_tokens = 64;
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 4, 9)); // grows to 3 blocks
+    s.add(seq(1, 4, 9));
+    run_to_end(&mut s);
+    assert!(
+        s.counters().preemptions > 0,
+        "two growing answers cannot share 4 blocks"
+    );
+    assert_eq!(s.counters().prompt_tokens_counted, 8);
+    assert!(
+        s.counters().prompt_tokens_computed > 8,
+        "recomputed prompts are work again"
+    );
+}
+
+#[test]
+fn attention_makes_a_prompts_later_chunks_cost_more() {
+    let mut cfg = config(1000, 16);
+    cfg.max_num_batched_tokens = 1000;
+    cfg.cost = StepCost {
+        per_attention_kpair: Duration::from_millis(1),
+        ..StepCost {
+            base: Duration::ZERO,
+            per_prefill_token: Duration::ZERO,
+            per_decode_token: Duration::ZERO,
+            per_kv_token_read: Duration::ZERO,
+            per_attention_kpair: Duration::ZERO,
+            per_block_transfer: Duration::ZERO,
+        }
+    };
+    let mut s = Scheduler::new(cfg);
+    s.add(seq(0, 3000, 1));
+    let steps: Vec<Duration> = (0..3).map(|_| s.step().unwrap().duration).collect();
+    // 1000 * 1001 / 2, then 1000 * 1000 more each chunk: 500.5, 1500.5, 2500.5 thousand pairs.
+    assert_eq!(
+        steps,
+        vec![
+            Duration::from_micros(500_500),
+            Duration::from_micros(1_500_500),
+            Duration::from_micros(2_500_500),
+        ]
+    );
+}
+
+#[test]
+fn admission_needs_the_first_chunk_plus_the_watermark_in_free_blocks() {
     let mut cfg = config(10, 4);
     cfg.watermark_blocks = 2;
     let mut s = Scheduler::new(cfg);
