@@ -148,6 +148,11 @@ fn summarize() -> Workload {
     }
 }
 
+/// The long-context mix's share of long prompts, and their lengths: up to Llama 3's 131,072
+/// tokens of context less the longest chat answer and the template.
+const LONG_CONTEXT_SHARE: f64 = 0.05;
+const LONG_CONTEXT_TOKENS: std::ops::RangeInclusive<u32> = 32_768..=130_000;
+
 /// A question about a document: short, and so is its answer.
 fn question() -> Workload {
     Workload {
@@ -204,6 +209,15 @@ impl PromptSource {
             Mix::Sessions => self.next_turn(),
             Mix::SystemPrompt => self.under_system_prompt(),
             Mix::Rag => self.about_document(),
+            Mix::LongContext => {
+                if self.rng.random_bool(LONG_CONTEXT_SHARE) {
+                    let output = self.short.next_shape().output_tokens;
+                    let part = self.part(Role::User, LONG_CONTEXT_TOKENS);
+                    self.single(vec![part], output)
+                } else {
+                    self.distinct(false)
+                }
+            }
             Mix::Shared => match self.rng.random_range(0..10) {
                 0..4 => self.next_turn(),
                 4..7 => self.under_system_prompt(),

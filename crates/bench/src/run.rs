@@ -40,6 +40,9 @@ pub enum Mix {
     Rag,
     /// 40% sessions, 30% system-prompt, 30% rag.
     Shared,
+    /// Chat, with one request in twenty a long-context prompt of 32k-128k tokens (a codebase, a
+    /// book) and an answer around 256; nothing shared.
+    LongContext,
 }
 
 /// The default tiers: interactive work with latency objectives and batch work with a deadline.

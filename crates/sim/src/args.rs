@@ -75,7 +75,8 @@ pub struct EngineArgs {
     /// Data-parallel ranks inside the engine, each with its own scheduler and KV cache.
     #[arg(long, default_value_t = 1)]
     pub dp_size: u32,
-    /// Longest prompt plus output [default: the profile's].
+    /// Longest prompt plus output [default: the profile's (131,072 for the Llama profiles), or what
+    /// the KV cache holds if less].
     #[arg(long)]
     pub max_model_len: Option<u32>,
     /// What happens to a request evicted from the KV cache.
@@ -171,6 +172,9 @@ impl EngineArgs {
             PdRoleArg::Decode => PdRole::Decode,
         });
         cfg.bootstrap_timeout_secs = self.pd_bootstrap_timeout_secs;
+        if self.max_model_len.is_none() {
+            cfg.fit_context();
+        }
         cfg.validate()?;
         Ok(cfg)
     }

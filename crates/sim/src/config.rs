@@ -132,6 +132,17 @@ impl EngineConfig {
         (f64::from(self.num_gpu_blocks) * self.watermark).ceil() as u32
     }
 
+    /// Lowers the profile's context length to what the KV cache holds, when no other was
+    /// chosen. vLLM refuses to start instead (its estimate of the longest context that fits is in
+    /// the error); the simulator lets `--num-gpu-blocks` shrink a GPU without `--max-model-len`.
+    pub fn fit_context(&mut self) {
+        if self.max_model_len == self.profile.max_model_len {
+            let usable = self.num_gpu_blocks.saturating_sub(self.watermark_blocks());
+            let held = usable.saturating_mul(self.block_size).max(1);
+            self.max_model_len = self.max_model_len.min(held);
+        }
+    }
+
     /// Checks that the engine can run; the error names the flag to change.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let at_least = |flag, min: u64, value: u64| {

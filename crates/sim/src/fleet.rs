@@ -389,7 +389,11 @@ pub struct SimFleet {
 
 impl SimFleet {
     /// Validates the configuration, binds every engine and starts them.
-    pub async fn start(cfg: FleetConfig) -> Result<Self, FleetError> {
+    pub async fn start(mut cfg: FleetConfig) -> Result<Self, FleetError> {
+        cfg.engine.fit_context();
+        for (_, other) in &mut cfg.also {
+            other.fit_context();
+        }
         cfg.engine.validate()?;
         for (_, other) in &cfg.also {
             other.validate()?;

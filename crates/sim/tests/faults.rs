@@ -375,3 +375,31 @@ async fn the_control_listener_lists_faults_and_reports_state() {
     }
     server.abort();
 }
+
+#[tokio::test]
+async fn a_slow_start_answers_sglang_health_503_and_keeps_a_vllm_port_closed_until_ready() {
+    let sglang = fleet(instant(Flavor::Sglang)).await;
+    let slot = sglang.engine(0).unwrap();
+    let c = client();
+    let health = format!("{}/health", slot.url());
+    assert_eq!(get(&c, &health).await.status, 200);
+    slot.fault(Fault::SlowStart { secs: 3600.0 }).await.unwrap();
+    assert_eq!(get(&c, &health).await.status, 503, "starting");
+    slot.fault(Fault::Restart).await.unwrap();
+    assert_eq!(get(&c, &health).await.status, 200, "started");
+
+    let vllm = fleet(instant(Flavor::Vllm)).await;
+    let slot = vllm.engine(0).unwrap().clone();
+    let starting = tokio::spawn({
+        let slot = slot.clone();
+        async move { slot.fault(Fault::SlowStart { secs: 3600.0 }).await }
+    });
+    slot.until(|s| !s.up).await;
+    assert!(
+        tokio::net::TcpStream::connect(slot.addr()).await.is_err(),
+        "vLLM binds its socket but listens only once it serves"
+    );
+    starting.abort();
+    slot.fault(Fault::Restart).await.unwrap();
+    assert_eq!(get(&c, &format!("{}/health", slot.url())).await.status, 200);
+}

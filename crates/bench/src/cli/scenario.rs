@@ -34,6 +34,10 @@ pub enum ScenarioName {
     FrozenEngine,
     /// 0.5x C on 3 engines; one engine's steps take 4x longer for a while.
     SlowWorker,
+    /// 0.5x C on 3 engines of the full KV cache (--engine-args "--flavor sglang" for SGLang's
+    /// wire), one request in twenty a 32k-128k-token prompt: no healthy engine taken out,
+    /// goodput against direct's.
+    LongContext,
     /// A burst eight decode windows wide through 2 prefill and 2 decode engines (SGLang's
     /// bootstrap protocol): sluice with its decode admission window, without it
     /// (sluice-no-window), and SMG in PD mode; expired bootstraps, TTFT, goodput.
@@ -56,6 +60,7 @@ impl ScenarioName {
             ScenarioName::WorkerCrash => Some(Incident::WorkerCrash),
             ScenarioName::FrozenEngine => Some(Incident::FrozenEngine),
             ScenarioName::SlowWorker => Some(Incident::SlowWorker),
+            ScenarioName::LongContext => Some(Incident::LongContext),
             ScenarioName::OverloadSweep
             | ScenarioName::TieredOverload
             | ScenarioName::NoisyTenant
@@ -118,14 +123,11 @@ pub struct ScenarioArgs {
     /// from it).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Extra flags for every simulated engine, e.g. `--max-num-seqs 64 --num-gpu-blocks 2048`
-    /// for a smaller GPU (fewer tokens per second for this machine to relay).
-    #[arg(
-        long,
-        allow_hyphen_values = true,
-        default_value = "--max-num-seqs 64 --num-gpu-blocks 2048"
-    )]
-    pub engine_args: String,
+    /// Extra flags for every simulated engine [default: `--max-num-seqs 64 --num-gpu-blocks
+    /// 2048`, a smaller GPU with fewer tokens per second for this machine to relay; for
+    /// long-context `--max-num-seqs 64`, the whole KV cache, which a 128k prompt needs].
+    #[arg(long, allow_hyphen_values = true)]
+    pub engine_args: Option<String>,
     /// many-streams: streams held open at once [default: 10000, or 1000 with --quick].
     #[arg(long)]
     pub streams: Option<usize>,
@@ -324,6 +326,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         client: args.client,
         mix: args.mix.unwrap_or(match args.name {
             ScenarioName::Routing => crate::run::Mix::Shared,
+            ScenarioName::LongContext => crate::run::Mix::LongContext,
             _ => crate::run::Mix::Chat,
         }),
         quick: args.quick,
@@ -332,6 +335,11 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         out_dir: args.out.clone(),
         engine_args: args
             .engine_args
+            .as_deref()
+            .unwrap_or(match args.name {
+                ScenarioName::LongContext => "--max-num-seqs 64",
+                _ => "--max-num-seqs 64 --num-gpu-blocks 2048",
+            })
             .split_whitespace()
             .map(String::from)
             .collect(),

@@ -44,6 +44,10 @@ pub enum Incident {
     WorkerCrash,
     FrozenEngine,
     SlowWorker,
+    /// Nothing goes wrong: one request in twenty is a 32k-128k-token prompt (the long-context
+    /// mix), whose prefill keeps an engine busy for seconds without a token. A gateway must not
+    /// read that as a wedged engine.
+    LongContext,
 }
 
 impl Incident {
@@ -53,6 +57,7 @@ impl Incident {
             Incident::WorkerCrash => "worker-crash",
             Incident::FrozenEngine => "frozen-engine",
             Incident::SlowWorker => "slow-worker",
+            Incident::LongContext => "long-context",
         }
     }
 
@@ -67,7 +72,10 @@ impl Incident {
 
     /// Whether the target's own counter shows when the gateway stopped sending it work.
     fn counter_readable(self) -> bool {
-        matches!(self, Incident::FrozenEngine | Incident::SlowWorker)
+        matches!(
+            self,
+            Incident::FrozenEngine | Incident::SlowWorker | Incident::LongContext
+        )
     }
 }
 
@@ -282,7 +290,7 @@ async fn drive(
 
 async fn begin(fleet: &mut SimFleet, incident: Incident) -> Result<(), ScenarioError> {
     match incident {
-        Incident::Spike => Ok(()),
+        Incident::Spike | Incident::LongContext => Ok(()),
         Incident::WorkerCrash => {
             fleet.kill(TARGET).await;
             Ok(())
@@ -294,7 +302,7 @@ async fn begin(fleet: &mut SimFleet, incident: Incident) -> Result<(), ScenarioE
 
 async fn end(fleet: &mut SimFleet, incident: Incident) -> Result<(), ScenarioError> {
     match incident {
-        Incident::Spike => Ok(()),
+        Incident::Spike | Incident::LongContext => Ok(()),
         Incident::WorkerCrash => fleet.restart(TARGET).await,
         Incident::FrozenEngine | Incident::SlowWorker => fleet.fault(TARGET, &Fault::Clear).await,
     }

@@ -25,10 +25,12 @@ impl TimelineReport {
             Incident::WorkerCrash => "engine 0 is killed (SIGKILL)",
             Incident::FrozenEngine => "engine 0 freezes",
             Incident::SlowWorker => "engine 0 slows down 4x",
+            Incident::LongContext => "nothing (long prompts all along; engine 0 is watched)",
         };
         let back = match self.incident {
             Incident::Spike => "it drops back",
             Incident::WorkerCrash => "engine 0 is started again",
+            Incident::LongContext => "the watch ends",
             _ => "engine 0 is back to normal",
         };
         let (fault, restore, end) = (
