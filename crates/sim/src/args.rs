@@ -85,7 +85,9 @@ pub struct EngineArgs {
     /// Which running request is evicted when the KV cache is full.
     #[arg(long, value_enum, default_value = "fcfs")]
     pub eviction: EvictionArg,
-    /// Answer 503 once this many requests wait in the engine (off by default, as in vLLM).
+    /// SGLang's limit: once this many requests wait in the scheduler's queue, refuse the next
+    /// with 503 "The request queue is full." (in a stream, an error event then [DONE]); off by
+    /// default, and vLLM has none.
     #[arg(long)]
     pub max_queued_requests: Option<u32>,
     /// Worker-side cap: N requests in the engine; beyond N + --request-queue-limit, answer 529.

@@ -123,7 +123,7 @@ pub async fn routing(plan: &ScenarioPlan) -> Result<RoutingReport, ScenarioError
     let capacity = match plan.capacity.or_else(|| Memo::recall(plan)) {
         Some(c) => c,
         None => {
-            let c = search_capacity(plan, |rate| async move {
+            let c = search_capacity(plan.quick, |rate| async move {
                 Ok(cold_point(plan, direct, rate).await?.point)
             })
             .await?;

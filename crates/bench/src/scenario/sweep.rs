@@ -40,17 +40,14 @@ async fn capacity(
     fleet: &SimFleet,
     direct: &Gateway,
 ) -> Result<f64, ScenarioError> {
-    search_capacity(plan, |rate| {
+    search_capacity(plan.quick, |rate| {
         measure(plan, fleet, "direct", &direct.url, rate)
     })
     .await
 }
 
 /// The capacity search over any way of measuring a rate (`probe`).
-pub(super) async fn search_capacity<F, Fut>(
-    plan: &ScenarioPlan,
-    mut probe: F,
-) -> Result<f64, ScenarioError>
+pub(super) async fn search_capacity<F, Fut>(quick: bool, mut probe: F) -> Result<f64, ScenarioError>
 where
     F: FnMut(f64) -> Fut,
     Fut: std::future::Future<Output = Result<Point, ScenarioError>>,
@@ -59,23 +56,31 @@ where
     let mut missed = None;
     // A small engine serves a few requests per engine-second; start near there (a quick run
     // starts higher, at the cost of a coarser figure for very small engines).
-    let mut rate = if plan.quick { 16.0 } else { 4.0 };
+    // Up from there while rates are served, or down while they are missed (a workload of long
+    // prompts may be served only well below the start), until one of each is known.
+    let mut rate = if quick { 16.0 } else { 4.0 };
     for _ in 0..12 {
         let p = probe(rate).await?;
         tracing::info!(rate, attainment = attainment(&p), "capacity probe");
         if attainment(&p) >= CAPACITY_ATTAINMENT {
             served = rate;
+            if missed.is_some() {
+                break;
+            }
             rate *= 2.0;
         } else {
             missed = Some(rate);
-            break;
+            if served > 0.0 {
+                break;
+            }
+            rate /= 2.0;
         }
     }
     let Some(mut high) = missed else {
         return Ok(served);
     };
     let mut low = served;
-    for _ in 0..if plan.quick { 1 } else { 3 } {
+    for _ in 0..if quick { 1 } else { 3 } {
         let mid = (low + high) / 2.0;
         let p = probe(mid).await?;
         tracing::info!(rate = mid, attainment = attainment(&p), "capacity probe");
@@ -290,6 +295,22 @@ mod tests {
             report,
             engines: EngineTotals::default(),
         }
+    }
+
+    #[tokio::test]
+    async fn the_capacity_search_goes_down_when_its_first_rate_is_missed() {
+        let probe = |rate: f64| async move {
+            let mut p = point("direct", rate, 0.0);
+            p.report.requests = 100;
+            p.report.window_secs = 10.0;
+            // Every request within objectives up to 3 a second, half of them above.
+            p.report.goodput_rps = if rate <= 3.0 { 10.0 } else { 5.0 };
+            Ok(p)
+        };
+        // 4 missed, 2 served; then 3 served, 3.5 and 3.25 missed.
+        assert_eq!(search_capacity(false, probe).await.unwrap(), 3.0);
+        // Up from 16 the quick way: 16 and 8 missed, 4 missed, 2 served, then 3 served.
+        assert_eq!(search_capacity(true, probe).await.unwrap(), 3.0);
     }
 
     #[test]
