@@ -138,6 +138,10 @@ pub struct ScenarioArgs {
     /// many-streams: streams opened per second.
     #[arg(long, default_value_t = 500.0)]
     pub stream_rate: f64,
+    /// long-context: through a disaggregated fleet instead (pd-burst's: 2 SGLang prefill and 2
+    /// decode engines with their whole KV cache), one prompt in twenty of 32k-128k tokens.
+    #[arg(long)]
+    pub disaggregated: bool,
     /// Where the plot and the processes' logs go.
     #[arg(long, default_value = "sluice-bench-out")]
     pub out: PathBuf,
@@ -167,6 +171,21 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     if let ScenarioName::ManyStreams = args.name {
         return many_streams(&args).await;
     }
+    if let (ScenarioName::LongContext, true) = (args.name, args.disaggregated) {
+        std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+        let exe = std::env::current_exe().map_err(BenchError::Exe)?;
+        let report = crate::scenario::pd_burst(&crate::scenario::PdBurstPlan {
+            sluice_exe: exe,
+            out_dir: args.out.clone(),
+            time_scale: args.time_scale,
+            seed: args.seed,
+            configs: args.configs.clone(),
+            long_context: true,
+        })
+        .await?;
+        print_report(args.json, &report, || report.table());
+        return Ok(());
+    }
     if let ScenarioName::PdBurst = args.name {
         std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
         let exe = std::env::current_exe().map_err(BenchError::Exe)?;
@@ -176,6 +195,7 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
             time_scale: args.time_scale,
             seed: args.seed,
             configs: args.configs.clone(),
+            long_context: false,
         })
         .await?;
         print_report(args.json, &report, || report.table());

@@ -9,6 +9,11 @@
 //! waiting longest. With the window (sluice's default) the gateway holds them instead, and a
 //! request's deadline starts only when it is dispatched with room to run.
 //!
+//! With `long_context` (`sluice bench scenario long-context --disaggregated`) one request in
+//! twenty is a 32k-128k-token prompt, and the engines have their whole KV cache: the prefill
+//! engines compute those for seconds while the decode engines wait for their KV, which both
+//! engines report as waiting (SGLang's transfer queue) but which is not overload.
+//!
 //! The deadline is scaled down with the burst (`BOOTSTRAP_SECS` engine seconds, not SGLang's 300
 //! or TokenSpeed's 120), so that eight windows' worth far outlasts it: what matters is the
 //! burst's length against the deadline, not either alone.
@@ -54,7 +59,13 @@ pub struct PdBurstPlan {
     pub seed: u64,
     /// Configurations by name (empty: every one that can run here).
     pub configs: Vec<String>,
+    /// One prompt in twenty of 32k-128k tokens, on engines with their whole KV cache.
+    pub long_context: bool,
 }
+
+/// The long-context burst's share of long prompts and their lengths (as the long-context mix).
+const LONG_EVERY: u64 = 20;
+const LONG_TOKENS: std::ops::RangeInclusive<u32> = 32_768..=130_000;
 
 /// One configuration's burst.
 #[derive(Debug, Clone, Serialize)]
@@ -74,6 +85,8 @@ pub struct PdBurstRow {
     pub goodput_per_sec: f64,
     /// Share of the engines' steps that ran late (the machine, not the model, set their pace).
     pub late_steps: f64,
+    /// Vetoes sluice logged over the burst (liveness, overload); `None` for SMG.
+    pub vetoes: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -82,27 +95,33 @@ pub struct PdBurstReport {
     pub decode_window: usize,
     pub bootstrap_secs: f64,
     pub time_scale: f64,
+    pub long_context: bool,
     pub rows: Vec<PdBurstRow>,
 }
 
 impl PdBurstReport {
     pub fn table(&self) -> String {
+        let prompts = if self.long_context {
+            format!("{PROMPT_TOKENS} prompt tokens, one in {LONG_EVERY} 32k-128k")
+        } else {
+            format!("{PROMPT_TOKENS} prompt")
+        };
         let mut out = format!(
-            "pd-burst: {} requests at once ({} prompt, {} output tokens) on {ENGINES} prefill and \
+            "pd-burst: {} requests at once ({}, {} output tokens) on {ENGINES} prefill and \
              {ENGINES} decode engines (window {} each), bootstrap deadline {} engine s, time \
              scale {}; TTFT in wall seconds\n\n",
             self.burst,
-            PROMPT_TOKENS,
+            prompts,
             OUTPUT_TOKENS,
             self.decode_window,
             self.bootstrap_secs,
             self.time_scale
         );
-        out += "| config | completed | failed | shed | expired bootstraps | TTFT p50 | TTFT p99 | goodput/s | late steps |\n";
-        out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+        out += "| config | completed | failed | shed | expired bootstraps | TTFT p50 | TTFT p99 | goodput/s | vetoes: liveness, overload | late steps |\n";
+        out += "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
         for r in &self.rows {
             out += &format!(
-                "| {} | {}/{} | {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1}% |\n",
+                "| {} | {}/{} | {} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {:.1}% |\n",
                 r.config,
                 r.completed,
                 r.requests,
@@ -112,6 +131,8 @@ impl PdBurstReport {
                 r.ttft_p50_secs,
                 r.ttft_p99_secs,
                 r.goodput_per_sec,
+                r.vetoes
+                    .map_or("–".to_string(), |(l, o)| format!("{l}, {o}")),
                 100.0 * r.late_steps
             );
         }
@@ -139,6 +160,7 @@ pub async fn pd_burst(plan: &PdBurstPlan) -> Result<PdBurstReport, ScenarioError
         decode_window: WINDOW,
         bootstrap_secs: BOOTSTRAP_SECS,
         time_scale: plan.time_scale,
+        long_context: plan.long_context,
         rows,
     })
 }
@@ -203,10 +225,16 @@ fn sim_argv(plan: &PdBurstPlan, role: &str, port: u16, control: u16) -> Vec<Stri
         plan.time_scale.to_string(),
         "--seed".into(),
         plan.seed.to_string(),
-        "--num-gpu-blocks".into(),
-        "4096".into(),
     ]
-    .into()
+    .into_iter()
+    .chain(
+        // A smaller GPU, unless long prompts need the whole cache.
+        (!plan.long_context)
+            .then(|| ["--num-gpu-blocks".to_string(), "4096".into()])
+            .into_iter()
+            .flatten(),
+    )
+    .collect()
 }
 
 /// Both sides' engines for `config`, serving.
@@ -278,9 +306,21 @@ async fn run_one(plan: &PdBurstPlan, config: &str) -> Result<PdBurstRow, Scenari
         until_windows_known(&http, &mut gateway, at).await?;
     }
     let before = engine_totals(&http, &ports).await?;
-    let (outcomes, makespan) = burst(&http, at, plan.seed).await;
+    let (outcomes, makespan) = burst(&http, at, plan.seed, plan.long_context).await;
     let after = engine_totals(&http, &ports).await?;
+    let log = gateway.log().to_path_buf();
     gateway.stop(Duration::from_secs(5)).await;
+    let vetoes = config
+        .starts_with("sluice")
+        .then(|| std::fs::read_to_string(&log).ok())
+        .flatten()
+        .map(|log| {
+            let count = |line: &str| log.matches(line).count() as u64;
+            (
+                count("worker vetoed by liveness"),
+                count("worker vetoed: overloaded"),
+            )
+        });
     prefill.stop(Duration::from_secs(5)).await;
     decode.stop(Duration::from_secs(5)).await;
 
@@ -304,6 +344,7 @@ async fn run_one(plan: &PdBurstPlan, config: &str) -> Result<PdBurstRow, Scenari
         ttft_p99_secs: percentile(&ttfts, 0.99),
         goodput_per_sec: completed.len() as f64 / makespan.as_secs_f64().max(1e-9),
         late_steps: after.late.saturating_sub(before.late) as f64 / steps as f64,
+        vetoes,
     })
 }
 
@@ -337,26 +378,44 @@ fn gateway_argv(plan: &PdBurstPlan, config: &str, ports: &Ports) -> Vec<String> 
     argv
 }
 
+/// The length of the burst's `i`th prompt: one in `LONG_EVERY` long, when asked for.
+fn prompt_tokens(i: u64, seed: u64, long_context: bool) -> u32 {
+    if !long_context || i % LONG_EVERY != LONG_EVERY - 1 {
+        return PROMPT_TOKENS;
+    }
+    let span = u64::from(LONG_TOKENS.end() - LONG_TOKENS.start()) + 1;
+    let draw = (seed ^ i).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11;
+    LONG_TOKENS.start() + (draw % span) as u32
+}
+
 /// The whole burst at once; the outcomes and the time to the last answer.
-async fn burst(http: &HttpClient, at: SocketAddr, seed: u64) -> (Vec<Outcome>, Duration) {
+async fn burst(
+    http: &HttpClient,
+    at: SocketAddr,
+    seed: u64,
+    long_context: bool,
+) -> (Vec<Outcome>, Duration) {
     let url = format!("http://{at}/v1/completions");
     let start = Instant::now();
-    let jobs = (0..BURST as u64).map(|i| Job {
-        due: Duration::ZERO,
-        tier: 0,
-        prompt_tokens: PROMPT_TOKENS,
-        output_tokens: OUTPUT_TOKENS,
-        prompt: Prompt {
-            parts: vec![Part {
-                role: Role::User,
-                seed: seed ^ (i << 20),
-                tokens: PROMPT_TOKENS,
-            }],
-            conversation: i,
-        },
-        tenant: 0,
-        priority: 0,
-        headers: Vec::new(),
+    let jobs = (0..BURST as u64).map(|i| {
+        let tokens = prompt_tokens(i, seed, long_context);
+        Job {
+            due: Duration::ZERO,
+            tier: 0,
+            prompt_tokens: tokens,
+            output_tokens: OUTPUT_TOKENS,
+            prompt: Prompt {
+                parts: vec![Part {
+                    role: Role::User,
+                    seed: seed ^ (i << 20),
+                    tokens,
+                }],
+                conversation: i,
+            },
+            tenant: 0,
+            priority: 0,
+            headers: Vec::new(),
+        }
     });
     let tasks: Vec<_> = jobs
         .map(|job| {

@@ -311,10 +311,10 @@ impl EngineMetrics {
         // engines' own clients create them.
         for labels in &m.labels {
             for histogram in [&m.ttft, &m.itl, &m.e2e, &m.iteration_tokens] {
-                histogram.get_or_create(labels);
+                let _ = histogram.get_or_create(labels);
             }
             for counter in [&m.prompt_tokens, &m.generation_tokens, &m.preemptions] {
-                counter.get_or_create(labels);
+                let _ = counter.get_or_create(labels);
             }
         }
         Self { registry, ..m }

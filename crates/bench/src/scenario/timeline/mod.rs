@@ -156,7 +156,31 @@ pub struct Row {
     /// Wall seconds from the restore to the first slice again >= 90% within objectives.
     pub recovered_after: Option<f64>,
     pub engines: EngineTotals,
+    /// Vetoes sluice logged (`worker vetoed by liveness`, `worker vetoed: overloaded`), read from
+    /// its log after the run; `None` for a gateway that is not sluice.
+    pub vetoes: Option<Vetoes>,
     pub buckets: Vec<Bucket>,
+}
+
+/// The vetoes a sluice gateway logged over one run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Vetoes {
+    pub liveness: u64,
+    pub overload: u64,
+}
+
+impl Vetoes {
+    /// Counts the veto lines of a sluice log (`None`: the log is not sluice's or is missing).
+    fn in_log(config: &str, log: &std::path::Path) -> Option<Self> {
+        if !config.starts_with("sluice") {
+            return None;
+        }
+        let text = std::fs::read_to_string(log).ok()?;
+        Some(Self {
+            liveness: text.matches("worker vetoed by liveness").count() as u64,
+            overload: text.matches("worker vetoed: overloaded").count() as u64,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -223,7 +247,14 @@ async fn one_config(
             timing,
             tiers: &wall_tiers(plan),
         };
-        Ok(run.row(&outcomes, &readings, fleet.totals().await))
+        let vetoes = Vetoes::in_log(
+            &config.name,
+            &plan.out_dir.join(format!("{}.log", config.name)),
+        );
+        Ok(Row {
+            vetoes,
+            ..run.row(&outcomes, &readings, fleet.totals().await)
+        })
     }
     .await;
     fleet.stop().await;
@@ -380,6 +411,7 @@ impl Run<'_> {
             target_share: share_of_target,
             recovered_after: recovered_after(&buckets, phases.restore),
             engines,
+            vetoes: None,
             buckets,
         }
     }

@@ -62,7 +62,7 @@ impl TimelineReport {
         };
         let _ = writeln!(
             out,
-            "| config | requests | within SLO | within SLO during | failed | refused | TTFT p99 during (engine s) | TPOT p99 during (engine ms) |{} recovered after (s) | preemptions | wasted tokens | late engine steps |",
+            "| config | requests | within SLO | within SLO during | failed | refused | TTFT p99 during (engine s) | TPOT p99 during (engine ms) |{} recovered after (s) | vetoes: liveness, overload | preemptions | wasted tokens | late engine steps |",
             if target {
                 format!(" {excluded} | rejoined after (s) | target's share during |")
             } else {
@@ -71,13 +71,13 @@ impl TimelineReport {
         );
         let _ = writeln!(
             out,
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{} ---: | ---: | ---: | ---: |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{} ---: | ---: | ---: | ---: | ---: |",
             if target { " ---: | ---: | ---: |" } else { "" }
         );
         for r in &self.rows {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0}% | {:.0}% | {} | {} | {:.2} | {:.0} |{} {} | {} | {} | {:.1}% |",
+                "| {} | {} | {:.0}% | {:.0}% | {} | {} | {:.2} | {:.0} |{} {} | {} | {} | {} | {:.1}% |",
                 r.config,
                 r.requests,
                 100.0 * r.attainment,
@@ -97,6 +97,7 @@ impl TimelineReport {
                     String::new()
                 },
                 secs(r.recovered_after, "never"),
+                r.vetoes.map_or("–".to_string(), |v| format!("{}, {}", v.liveness, v.overload)),
                 r.engines.preemptions,
                 r.engines.wasted_tokens,
                 100.0 * r.engines.late_share(),
