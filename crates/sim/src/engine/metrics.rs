@@ -237,75 +237,8 @@ impl EngineMetrics {
             m.e2e.clone(),
         );
         match cfg.flavor {
-            Flavor::Vllm => {
-                let info = Family::<CacheConfigLabels, FloatGauge>::default();
-                for rank in 0..cfg.dp_size {
-                    info.get_or_create(&CacheConfigLabels {
-                        block_size: cfg.block_size.to_string(),
-                        cache_dtype: "auto".into(),
-                        num_gpu_blocks: cfg.num_gpu_blocks.to_string(),
-                        enable_prefix_caching: if cfg.prefix_caching { "True" } else { "False" }
-                            .into(),
-                        gpu_memory_utilization: "0.9".into(),
-                        engine: rank.to_string(),
-                    })
-                    .set(1.0);
-                }
-                reg.register(
-                    "vllm:cache_config_info",
-                    "Information of the KV cache config",
-                    info,
-                );
-                reg.register(
-                    "vllm:prefix_cache_queries",
-                    "Prefix cache queries, in terms of number of queried tokens.",
-                    m.prefix_queries.clone(),
-                );
-                reg.register(
-                    "vllm:prefix_cache_hits",
-                    "Prefix cache hits, in terms of number of cached tokens.",
-                    m.prefix_hits.clone(),
-                );
-                m.counters
-                    .extend(["vllm:prefix_cache_queries", "vllm:prefix_cache_hits"]);
-                reg.register(
-                    "vllm:num_requests_waiting_by_reason",
-                    "Number of requests waiting, by reason (capacity: no room; deferred: their KV is on its way).",
-                    m.waiting_by_reason.clone(),
-                );
-                reg.register(
-                    "vllm:engine_sleep_state",
-                    "Engine sleep state; awake = 0 means the engine is sleeping.",
-                    m.sleep_state.clone(),
-                );
-                reg.register(
-                    "vllm:iteration_tokens_total",
-                    "Histogram of the number of tokens per engine step (steps with outputs).",
-                    m.iteration_tokens.clone(),
-                );
-            }
-            Flavor::Sglang => {
-                reg.register(
-                    "sglang:num_used_tokens",
-                    "KV tokens in use",
-                    m.used_tokens.clone(),
-                );
-                reg.register(
-                    "sglang:gen_throughput",
-                    "Generation throughput (tokens/s)",
-                    m.gen_throughput.clone(),
-                );
-                reg.register(
-                    "sglang:cache_hit_rate",
-                    "The prefix cache hit rate",
-                    m.cache_hit_rate.clone(),
-                );
-                reg.register(
-                    "sglang:num_retracted_reqs",
-                    "The number of retracted requests.",
-                    m.retracted.clone(),
-                );
-            }
+            Flavor::Vllm => m.register_vllm(reg, cfg),
+            Flavor::Sglang => m.register_sglang(reg),
         }
         // Every rank's series exists from the start, zero until something happens, as the
         // engines' own clients create them.
@@ -423,6 +356,79 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
+    /// vLLM's own families: the cache config, prefix cache counters, waiting reasons, sleep
+    /// state and iteration histogram.
+    fn register_vllm(&mut self, reg: &mut Registry, cfg: &EngineConfig) {
+        let info = Family::<CacheConfigLabels, FloatGauge>::default();
+        for rank in 0..cfg.dp_size {
+            info.get_or_create(&CacheConfigLabels {
+                block_size: cfg.block_size.to_string(),
+                cache_dtype: "auto".into(),
+                num_gpu_blocks: cfg.num_gpu_blocks.to_string(),
+                enable_prefix_caching: if cfg.prefix_caching { "True" } else { "False" }.into(),
+                gpu_memory_utilization: "0.9".into(),
+                engine: rank.to_string(),
+            })
+            .set(1.0);
+        }
+        reg.register(
+            "vllm:cache_config_info",
+            "Information of the KV cache config",
+            info,
+        );
+        reg.register(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            self.prefix_queries.clone(),
+        );
+        reg.register(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            self.prefix_hits.clone(),
+        );
+        self.counters
+            .extend(["vllm:prefix_cache_queries", "vllm:prefix_cache_hits"]);
+        reg.register(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of requests waiting, by reason (capacity: no room; deferred: their KV is on its way).",
+            self.waiting_by_reason.clone(),
+        );
+        reg.register(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means the engine is sleeping.",
+            self.sleep_state.clone(),
+        );
+        reg.register(
+            "vllm:iteration_tokens_total",
+            "Histogram of the number of tokens per engine step (steps with outputs).",
+            self.iteration_tokens.clone(),
+        );
+    }
+
+    /// SGLang's own families.
+    fn register_sglang(&mut self, reg: &mut Registry) {
+        reg.register(
+            "sglang:num_used_tokens",
+            "KV tokens in use",
+            self.used_tokens.clone(),
+        );
+        reg.register(
+            "sglang:gen_throughput",
+            "Generation throughput (tokens/s)",
+            self.gen_throughput.clone(),
+        );
+        reg.register(
+            "sglang:cache_hit_rate",
+            "The prefix cache hit rate",
+            self.cache_hit_rate.clone(),
+        );
+        reg.register(
+            "sglang:num_retracted_reqs",
+            "The number of retracted requests.",
+            self.retracted.clone(),
+        );
+    }
+
     /// vLLM's waiting reasons and sleep state for one rank; a pinned waiting count is all
     /// `capacity`.
     fn vllm_reasons(

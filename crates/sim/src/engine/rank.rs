@@ -17,7 +17,7 @@ use super::metrics::EngineMetrics;
 use super::stats::{RankGauges, RankView, Totals};
 use super::{ChoiceEvent, EventKind};
 use crate::faults::FaultSet;
-use crate::scheduler::{Counters, NewSeq, Scheduler, SeqEvent, SeqId};
+use crate::scheduler::{Counters, NewSeq, Scheduler, SeqEvent, SeqId, Step};
 
 /// What the rest of the engine asks of a rank.
 pub(crate) enum RankCommand {
@@ -237,15 +237,7 @@ pub(crate) async fn run(
             ctx.totals.late_steps.fetch_add(1, Ordering::Relaxed);
         }
         retracted.step(scheduler.counters().preemptions - preemptions_before);
-        if !step.events.is_empty() {
-            let generated = step
-                .events
-                .iter()
-                .filter(|e| matches!(e, SeqEvent::Token(_)))
-                .count() as u64;
-            ctx.metrics
-                .iteration(ctx.index, u64::from(step.prompt_tokens_counted) + generated);
-        }
+        record_iteration(&step, &ctx);
         deliver(&step.events, &mut subscribers, &ctx);
         publish(
             &scheduler,
@@ -275,6 +267,21 @@ fn apply(
         RankCommand::Shutdown => return false,
     }
     true
+}
+
+/// vLLM's iteration stats: the tokens of a step that had outputs (a step that only prefilled
+/// part of a prompt records none).
+fn record_iteration(step: &Step, ctx: &RankContext) {
+    if step.events.is_empty() {
+        return;
+    }
+    let generated = step
+        .events
+        .iter()
+        .filter(|e| matches!(e, SeqEvent::Token(_)))
+        .count() as u64;
+    ctx.metrics
+        .iteration(ctx.index, u64::from(step.prompt_tokens_counted) + generated);
 }
 
 fn deliver(events: &[SeqEvent], subscribers: &mut HashMap<SeqId, Subscriber>, ctx: &RankContext) {

@@ -33,6 +33,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use blocks::{blocks_for, BlockPool};
+use blocks::{cache_computed, return_blocks, take_blocks};
 use prefix::{Acquired, PrefixCache};
 pub use seq::{FinishReason, NewSeq, Phase, Seq, SeqId};
 
@@ -587,47 +588,5 @@ impl Scheduler {
             .chain(self.swapped.iter())
             .copied()
             .collect()
-    }
-}
-
-/// Takes `n` free blocks, evicting the least recently released cached ones as needed, so the
-/// evictable blocks never outnumber the free ones.
-fn take_blocks(pool: &mut BlockPool, cache: &mut PrefixCache, n: u32) -> bool {
-    if !pool.try_take(n) {
-        return false;
-    }
-    cache.shrink_to(pool.free());
-    true
-}
-
-/// Returns a sequence's blocks: its own to the pool, its shared ones to the cache (which frees
-/// them once nobody holds them, keeping them cached until evicted). The last block is released
-/// first, as vLLM frees a request's blocks, so eviction eats a prefix from its tail and what is
-/// left of it can still be hit.
-fn return_blocks(pool: &mut BlockPool, cache: &mut PrefixCache, seq: &mut Seq) {
-    pool.give_back(seq.blocks - seq.shared);
-    for hash in seq.prefix[..seq.shared as usize].iter().rev() {
-        if cache.release(*hash) {
-            pool.give_back(1);
-        }
-    }
-    seq.blocks = 0;
-    seq.shared = 0;
-}
-
-/// Caches the prompt blocks a prefill step completed. A block computed by two requests at once
-/// is cached once: the later one drops its copy and shares the cached block.
-fn cache_computed(pool: &mut BlockPool, cache: &mut PrefixCache, seq: &mut Seq, block_size: u32) {
-    let full =
-        (seq.computed.min(seq.prompt_tokens) / block_size.max(1)).min(seq.prefix.len() as u32);
-    while seq.shared < full {
-        let hash = seq.prefix[seq.shared as usize];
-        if !cache.register(hash) {
-            if cache.acquire(hash) == Some(Acquired::Revived) {
-                pool.try_take(1);
-            }
-            pool.give_back(1);
-        }
-        seq.shared += 1;
     }
 }
