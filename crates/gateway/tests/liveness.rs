@@ -224,3 +224,52 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
     hung.fault(Fault::Clear).await.unwrap();
     until_vetoed(&s, &id, "re-admitted", None).await;
 }
+
+/// A completion of `tokens` prompt tokens (token ids, as the engine counts them).
+fn prompt_of(tokens: usize, max_tokens: u32) -> String {
+    serde_json::json!({"model": "test-model", "prompt": vec![7; tokens],
+                       "max_tokens": max_tokens, "stream": true})
+    .to_string()
+}
+
+/// A long prompt's prefill produces no token, moves no counter (vLLM counts a prompt when its
+/// first token comes) and finishes nothing for seconds, while the requests behind it wait: from
+/// outside, a wedged engine with a queue. On the simulator it takes as long as on the engine,
+/// attention growing with the square of the prompt, so the prefill rate measured on shorter
+/// prompts understates it; the wedge bound must still cover it.
+#[tokio::test]
+async fn a_long_prefill_with_requests_waiting_behind_it_is_not_read_as_a_freeze() {
+    for flavor in [Flavor::Vllm, Flavor::Sglang] {
+        let s = start(1, timed(flavor, 8.0), fast).await;
+        // The prefill rate, measured on 4k-token prompts, whose attention costs next to nothing.
+        for _ in 0..3 {
+            let a = post(&s.client, &s.url("/v1/completions"), &prompt_of(4096, 1)).await;
+            assert_eq!(a.status, 200, "{}", a.text());
+        }
+        // 120k tokens: 8.4 engine seconds (1 s here) before the first token; the engine gives
+        // the prompt each step's whole budget, so the four requests sent after it wait.
+        let long = tokio::spawn({
+            let (client, url) = (s.client.clone(), s.url("/v1/completions"));
+            async move { post(&client, &url, &prompt_of(120_000, 2)).await }
+        });
+        s.sims.engines()[0].until(|e| e.running == 1).await;
+        let behind = spawn_requests(&s, 4, 8, true);
+        s.sims.engines()[0].until(|e| e.waiting == 4).await;
+        let mut vetoes = std::collections::BTreeSet::new();
+        while !long.is_finished() {
+            let workers = s.workers().await;
+            if let Some(veto) = workers[0]["vetoes"]["liveness"].as_str() {
+                vetoes.insert(veto.to_string());
+            }
+        }
+        let answer = long.await.unwrap();
+        assert_eq!(answer.status, 200, "{flavor:?}: {}", answer.text());
+        for request in behind {
+            assert_eq!(request.await.unwrap().status, 200);
+        }
+        assert!(
+            vetoes.is_empty(),
+            "{flavor:?}: the engine prefilling a long prompt was vetoed: {vetoes:?}"
+        );
+    }
+}

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use common::*;
 use serde_json::{json, Value};
 use sluice_core::prom_text::{self, Exposition};
-use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, PdRole, SimFleet};
+use sluice_sim::{Fault, Flavor, FleetConfig, PdRole, SimFleet};
 
 /// Fixtures that are not a simulator's output, and why.
 const NOT_SIMULATED: [(&str, &str); 2] = [
@@ -98,10 +98,6 @@ fn assert_json_shape(at: &str, expected: &Value, actual: &Value) {
     }
 }
 
-fn timed_engine(flavor: Flavor, scale: f64) -> EngineConfig {
-    timed(flavor, scale)
-}
-
 fn prompt_of(tokens: usize) -> String {
     json!({"model": "test-model", "prompt": vec![7; tokens], "max_tokens": 4,
            "ignore_eos": true})
@@ -146,7 +142,7 @@ struct LongPrefill {
 /// through its prefill, twice, the engine frozen for each look so the prefill cannot end
 /// meanwhile.
 async fn long_prefill(flavor: Flavor) -> LongPrefill {
-    let fleet = fleet(timed_engine(flavor, 20.0)).await;
+    let fleet = fleet(timed(flavor, 20.0)).await;
     let slot = fleet.engine(0).unwrap().clone();
     let base = slot.url();
     let c = client();

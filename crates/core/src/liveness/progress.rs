@@ -55,13 +55,25 @@ pub fn prefill_rate(old: f64, prompt_tokens: u64, ttft: Duration) -> Option<f64>
     })
 }
 
+/// The prompt length at which a prefill's attention costs as much as the rest of it: a model of
+/// P parameters, L layers and width d spends 2P FLOPs a token in its weights and 2·L·d·n in causal
+/// attention over n tokens, even at n = P / (L·d) — about 38k tokens for Llama 3.2 1B, 61k for
+/// Llama 3.1 8B, 107k for Llama 3.3 70B. The smaller figure makes the allowance err long.
+const ATTENTION_EVEN_TOKENS: f64 = 32_768.0;
+
 /// How long prompts waiting for prefill may still take: twice their tokens at the measured rate
-/// (twice, as the rate is an estimate); zero until a rate is measured.
+/// (twice, as the rate is an estimate), stretched by `1 + tokens / ATTENTION_EVEN_TOKENS` since
+/// attention grows with the square of a prompt and the rate was measured on shorter ones (the
+/// sum of several prompts stands in for the longest, which errs long); zero until a rate is
+/// measured.
 pub fn prefill_allowance(pending_tokens: u64, rate: f64) -> Duration {
     if rate <= 0.0 || pending_tokens == 0 {
         return Duration::ZERO;
     }
-    Duration::try_from_secs_f64(2.0 * pending_tokens as f64 / rate).unwrap_or(Duration::MAX)
+    let tokens = pending_tokens as f64;
+    let linear = 2.0 * tokens / rate;
+    Duration::try_from_secs_f64(linear * (1.0 + tokens / ATTENTION_EVEN_TOKENS))
+        .unwrap_or(Duration::MAX)
 }
 
 /// How long the prefill leg of a disaggregated request may stay silent before the request

@@ -461,7 +461,8 @@ fn the_unresponsive_bound_stretches_over_the_prefill_held() {
 }
 
 #[test]
-fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate() {
+fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate_stretched_for_attention()
+{
     assert_eq!(
         prefill_allowance(10_000, 0.0),
         Duration::ZERO,
@@ -469,7 +470,14 @@ fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate() {
     );
     let rate = prefill_rate(0.0, 5_000, Duration::from_millis(500)).unwrap();
     assert_eq!(rate, 10_000.0, "the first sample as is");
-    assert_eq!(prefill_allowance(10_000, rate), secs(2));
+    let allowance = prefill_allowance(10_000, rate).as_secs_f64();
+    assert!(
+        (allowance - 2.0 * (1.0 + 10_000.0 / 32_768.0)).abs() < 1e-9,
+        "{allowance}"
+    );
+    // 128k tokens at 10k a second: twice 13.1 s, stretched five times for attention.
+    let long = prefill_allowance(131_072, rate).as_secs_f64();
+    assert!((long - 2.0 * 13.1072 * 5.0).abs() < 1e-6, "{long}");
     let rate = prefill_rate(rate, 1_000, Duration::from_millis(500)).unwrap();
     assert!((rate - 8_400.0).abs() < 1e-6, "{rate}");
     assert_eq!(prefill_allowance(0, rate), Duration::ZERO);
