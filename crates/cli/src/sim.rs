@@ -28,7 +28,10 @@ pub struct SimArgs {
     #[arg(long)]
     pub control_port: Option<u16>,
     /// A fault to apply at startup, `[ENGINE=]JSON`, e.g. `1={"kind":"slow","factor":3}`
-    /// (all engines when no index is given). Repeatable.
+    /// (all engines when no index is given). Repeatable. Kinds: freeze, crash, restart,
+    /// slow-start (secs), slow (factor), error-rate (rate), error-event (rate, code), hang,
+    /// cut-streams, load-endpoint (mode), report (waiting, running, kv_usage, rank), sleep
+    /// (level), wake, clear; see docs/simulator.md.
     #[arg(long = "fault", value_name = "[ENGINE=]JSON")]
     pub faults: Vec<String>,
     /// More engines serving another model, `MODEL=PROFILE:ENGINES`, e.g.
