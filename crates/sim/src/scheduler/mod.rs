@@ -3,9 +3,9 @@
 //! `Scheduler::step` plans one forward pass the way vLLM's scheduler does: running requests first
 //! (decodes and prefill chunks, in admission order), then requests swapped out to host memory,
 //! then the waiting queue, all within `max_num_batched_tokens` and `max_num_seqs`. A request is
-//! admitted only when the free KV blocks cover its whole prompt plus a watermark; decoding takes a
-//! new block every `block_size` tokens, and when none is free a victim chosen by the eviction
-//! policy is preempted (recompute, swap or truncate). With prefix caching, an admitted prompt's
+//! admitted when the free KV blocks cover its first chunk plus a watermark; each later chunk, and
+//! each decoded token past a block's end, takes more, and when none is free a victim chosen by the
+//! eviction policy is preempted (recompute, swap or truncate). With prefix caching, an admitted prompt's
 //! leading blocks already in the cache are shared instead of prefilled (`prefix`). The step's cost
 //! comes from the step-time model `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read + b4 *
 //! attention pairs prefilled (+ PCIe transfers)`, so a cached block costs no prefill and a long
