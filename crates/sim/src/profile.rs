@@ -123,14 +123,7 @@ fn llama3_70b_h100_tp4() -> Profile {
 fn instant() -> Profile {
     Profile {
         name: "instant",
-        cost: StepCost {
-            base: Duration::ZERO,
-            per_prefill_token: Duration::ZERO,
-            per_decode_token: Duration::ZERO,
-            per_kv_token_read: Duration::ZERO,
-            per_attention_kpair: Duration::ZERO,
-            per_block_transfer: Duration::ZERO,
-        },
+        cost: StepCost::ZERO,
         num_gpu_blocks: 4_000_000,
         block_size: 16,
         max_num_seqs: 4096,

@@ -214,6 +214,10 @@ async fn vllm_counts_a_long_prompt_when_its_prefill_ends_and_its_kv_grows_chunk_
     let base = fleet.urls()[0].clone();
     let after = metrics(&get(&client(), &format!("{base}/metrics")).await.text());
     assert_eq!(value(&after, "vllm:prompt_tokens_total"), 100_000.0);
+    // Four steps had outputs: the one that ended the prefill (the prompt and its first token)
+    // and three more tokens.
+    assert_eq!(value(&after, "vllm:iteration_tokens_total_count"), 4.0);
+    assert_eq!(value(&after, "vllm:iteration_tokens_total_sum"), 100_004.0);
 }
 
 #[tokio::test]

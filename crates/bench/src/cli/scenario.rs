@@ -171,7 +171,8 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     if let ScenarioName::ManyStreams = args.name {
         return many_streams(&args).await;
     }
-    if let (ScenarioName::LongContext, true) = (args.name, args.disaggregated) {
+    let long_context_pd = matches!(args.name, ScenarioName::LongContext) && args.disaggregated;
+    if matches!(args.name, ScenarioName::PdBurst) || long_context_pd {
         std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
         let exe = std::env::current_exe().map_err(BenchError::Exe)?;
         let report = crate::scenario::pd_burst(&crate::scenario::PdBurstPlan {
@@ -180,22 +181,7 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
             time_scale: args.time_scale,
             seed: args.seed,
             configs: args.configs.clone(),
-            long_context: true,
-        })
-        .await?;
-        print_report(args.json, &report, || report.table());
-        return Ok(());
-    }
-    if let ScenarioName::PdBurst = args.name {
-        std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
-        let exe = std::env::current_exe().map_err(BenchError::Exe)?;
-        let report = crate::scenario::pd_burst(&crate::scenario::PdBurstPlan {
-            sluice_exe: exe,
-            out_dir: args.out.clone(),
-            time_scale: args.time_scale,
-            seed: args.seed,
-            configs: args.configs.clone(),
-            long_context: false,
+            long_context: long_context_pd,
         })
         .await?;
         print_report(args.json, &report, || report.table());

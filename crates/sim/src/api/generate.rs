@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::errors::ApiError;
-use super::sse::{Renderer, Usage};
+use super::sse::{event_stream, Renderer, Usage};
 use super::{authorize, pd, ApiState};
 use crate::config::Flavor;
 use crate::engine::{EventKind, GateTicket, LoadGuard, SeqSpec, Submission, SubmitError};
@@ -143,12 +143,7 @@ fn failed_stream(error: &ApiError, flavor: crate::config::Flavor) -> Response {
     let mut out = String::new();
     Renderer::error(&mut out, &error.event(flavor));
     Renderer::done(&mut out);
-    let mut response = Body::from(out).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    response
+    event_stream(Body::from(out))
 }
 
 /// A request inside the engine.
@@ -321,13 +316,9 @@ enum StreamPhase {
 }
 
 fn stream(state: StreamState) -> Response {
-    let body = futures_util::stream::unfold(state, next_chunk);
-    let mut response = Body::from_stream(body).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    response
+    event_stream(Body::from_stream(futures_util::stream::unfold(
+        state, next_chunk,
+    )))
 }
 
 /// The next piece of the stream: every event the engine has ready, as SSE.

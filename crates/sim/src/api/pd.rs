@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::errors::ApiError;
 use super::generate::{checked, refuse, submit};
-use super::sse::{Renderer, Usage};
+use super::sse::{event_stream, Renderer, Usage};
 use super::ApiState;
 use crate::engine::{EventKind, LoadGuard, SeqSpec, Submission};
 use crate::pd::{Bootstrap, DecodeSide, Failure, Rooms};
@@ -245,10 +245,5 @@ fn answer(
         renderer.usage(&mut out, usage);
     }
     Renderer::done(&mut out);
-    let mut response = Body::from(out).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    response
+    event_stream(Body::from(out))
 }

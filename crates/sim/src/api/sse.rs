@@ -11,6 +11,17 @@ use crate::config::Flavor;
 use crate::request::{token_text, Route};
 use crate::scheduler::FinishReason;
 
+/// An event stream's response: `body` with the engines' content type.
+pub fn event_stream(body: axum::body::Body) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    response
+}
+
 /// Formats one request's chunks.
 pub struct Renderer {
     route: Route,

@@ -17,7 +17,7 @@ use super::metrics::EngineMetrics;
 use super::stats::{RankGauges, RankView, Totals};
 use super::{ChoiceEvent, EventKind};
 use crate::faults::FaultSet;
-use crate::scheduler::{Counters, NewSeq, Scheduler, SeqEvent, SeqId, Step};
+use crate::scheduler::{Counters, NewSeq, Scheduler, SeqEvent, SeqId};
 
 /// What the rest of the engine asks of a rank.
 pub(crate) enum RankCommand {
@@ -146,20 +146,31 @@ impl Throughput {
 /// resets its retraction count at each log, so `/v1/loads` shows the retractions since then.
 const DECODE_LOG_INTERVAL: u64 = 40;
 
-/// The preemptions since the last (modelled) stats log.
-#[derive(Default)]
-struct RetractedSinceLog {
-    steps: u64,
-    retracted: u64,
+/// What the rank last published, to report each step's work once.
+struct Reporter {
+    published: Counters,
+    throughput: Throughput,
+    /// Preemptions when the last (modelled) stats log was written.
+    logged_preemptions: u64,
 }
 
-impl RetractedSinceLog {
-    fn step(&mut self, preempted: u64) {
-        self.steps += 1;
-        if self.steps % DECODE_LOG_INTERVAL == 0 {
-            self.retracted = 0;
+impl Reporter {
+    fn new(scheduler: &Scheduler) -> Self {
+        Self {
+            published: scheduler.counters(),
+            throughput: Throughput::new(),
+            logged_preemptions: 0,
         }
-        self.retracted += preempted;
+    }
+
+    /// Preemptions since the last stats log, which is written every `DECODE_LOG_INTERVAL`
+    /// steps.
+    fn retracted(&mut self, now: &Counters) -> u64 {
+        let interval = |steps: u64| steps / DECODE_LOG_INTERVAL;
+        if interval(now.steps) != interval(self.published.steps) {
+            self.logged_preemptions = self.published.preemptions;
+        }
+        now.preemptions - self.logged_preemptions
     }
 }
 
@@ -170,29 +181,15 @@ pub(crate) async fn run(
 ) {
     let mut subscribers: HashMap<SeqId, Subscriber> = HashMap::new();
     let mut pacer = Pacer::new(ctx.time_scale);
-    let mut published = scheduler.counters();
-    let mut throughput = Throughput::new();
-    let mut retracted = RetractedSinceLog::default();
-    publish(
-        &scheduler,
-        &ctx,
-        &mut published,
-        &mut throughput,
-        &retracted,
-    );
+    let mut reporter = Reporter::new(&scheduler);
+    publish(&scheduler, &ctx, &mut reporter);
     loop {
         // Apply whatever arrived during the last step.
         loop {
             match commands.try_recv() {
                 Ok(cmd) => {
                     if !apply(cmd, &mut scheduler, &mut subscribers) {
-                        return shut_down(
-                            scheduler,
-                            &ctx,
-                            &mut published,
-                            &mut throughput,
-                            &retracted,
-                        );
+                        return shut_down(scheduler, &ctx, &mut reporter);
                     }
                 }
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -203,22 +200,15 @@ pub(crate) async fn run(
             let faults = ctx.faults.borrow();
             (faults.frozen || faults.asleep.is_some(), faults.slow_factor)
         };
-        let preemptions_before = scheduler.counters().preemptions;
         let step = if stopped { None } else { scheduler.step() };
         let Some(step) = step else {
-            publish(
-                &scheduler,
-                &ctx,
-                &mut published,
-                &mut throughput,
-                &retracted,
-            );
+            publish(&scheduler, &ctx, &mut reporter);
             // Idle or frozen: wait for a command or a change of faults.
             tokio::select! {
                 cmd = commands.recv() => match cmd {
                     Some(cmd) => {
                         if !apply(cmd, &mut scheduler, &mut subscribers) {
-                            return shut_down(scheduler, &ctx, &mut published, &mut throughput, &retracted);
+                            return shut_down(scheduler, &ctx, &mut reporter);
                         }
                     }
                     None => return,
@@ -236,16 +226,8 @@ pub(crate) async fn run(
         if pacer.wait(duration).await {
             ctx.totals.late_steps.fetch_add(1, Ordering::Relaxed);
         }
-        retracted.step(scheduler.counters().preemptions - preemptions_before);
-        record_iteration(&step, &ctx);
         deliver(&step.events, &mut subscribers, &ctx);
-        publish(
-            &scheduler,
-            &ctx,
-            &mut published,
-            &mut throughput,
-            &retracted,
-        );
+        publish(&scheduler, &ctx, &mut reporter);
     }
 }
 
@@ -267,21 +249,6 @@ fn apply(
         RankCommand::Shutdown => return false,
     }
     true
-}
-
-/// vLLM's iteration stats: the tokens of a step that had outputs (a step that only prefilled
-/// part of a prompt records none).
-fn record_iteration(step: &Step, ctx: &RankContext) {
-    if step.events.is_empty() {
-        return;
-    }
-    let generated = step
-        .events
-        .iter()
-        .filter(|e| matches!(e, SeqEvent::Token(_)))
-        .count() as u64;
-    ctx.metrics
-        .iteration(ctx.index, u64::from(step.prompt_tokens_counted) + generated);
 }
 
 fn deliver(events: &[SeqEvent], subscribers: &mut HashMap<SeqId, Subscriber>, ctx: &RankContext) {
@@ -329,33 +296,34 @@ fn deliver(events: &[SeqEvent], subscribers: &mut HashMap<SeqId, Subscriber>, ct
     }
 }
 
-fn publish(
-    scheduler: &Scheduler,
-    ctx: &RankContext,
-    published: &mut Counters,
-    throughput: &mut Throughput,
-    retracted: &RetractedSinceLog,
-) {
+fn publish(scheduler: &Scheduler, ctx: &RankContext, reporter: &mut Reporter) {
     let now = scheduler.counters();
-    ctx.totals.add_progress(published, &now);
-    ctx.metrics.progress(
-        ctx.index,
+    let published = reporter.published;
+    ctx.totals.add_progress(&published, &now);
+    let (prompt, generated) = (
         now.prompt_tokens_counted - published.prompt_tokens_counted,
         now.tokens_generated - published.tokens_generated,
+    );
+    ctx.metrics.progress(
+        ctx.index,
+        prompt,
+        generated,
         now.preemptions - published.preemptions,
     );
+    if generated > 0 {
+        // vLLM's iteration stats: only a step with outputs records its tokens.
+        ctx.metrics.iteration(ctx.index, prompt + generated);
+    }
     let (queried, hit) = (
         now.prefix_queries - published.prefix_queries,
         now.prefix_hits - published.prefix_hits,
     );
     ctx.metrics.prefix_lookups(ctx.index, queried, hit);
-    throughput.add(
-        now.tokens_generated - published.tokens_generated,
-        queried,
-        hit,
-        Instant::now(),
-    );
-    *published = now;
+    let throughput = &mut reporter.throughput;
+    throughput.add(generated, queried, hit, Instant::now());
+    let (rate, hit_rate) = (throughput.rate, throughput.hit_rate);
+    let retracted = reporter.retracted(&now);
+    reporter.published = now;
     let pool = scheduler.pool();
     ctx.gauges.publish(RankView {
         running: scheduler.running_len() as u64,
@@ -365,10 +333,10 @@ fn publish(
         kv_blocks_total: u64::from(pool.total()),
         pending_prefill_tokens: scheduler.pending_prefill_tokens(),
         work_in_flight: scheduler.work_in_flight(),
-        gen_throughput: throughput.rate,
-        cache_hit_rate: throughput.hit_rate,
+        gen_throughput: rate,
+        cache_hit_rate: hit_rate,
         chunked: scheduler.chunked_len() as u64,
-        retracted: retracted.retracted,
+        retracted,
         prealloc: 0,
         transfer: 0,
     });
@@ -376,15 +344,42 @@ fn publish(
 }
 
 /// Aborts every sequence (their work is wasted, as in a real crash) and publishes the result.
-fn shut_down(
-    mut scheduler: Scheduler,
-    ctx: &RankContext,
-    published: &mut Counters,
-    throughput: &mut Throughput,
-    retracted: &RetractedSinceLog,
-) {
+fn shut_down(mut scheduler: Scheduler, ctx: &RankContext, reporter: &mut Reporter) {
     for id in scheduler.live_ids() {
         scheduler.abort(id);
     }
-    publish(&scheduler, ctx, published, throughput, retracted);
+    publish(&scheduler, ctx, reporter);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(steps: u64, preemptions: u64) -> Counters {
+        Counters {
+            steps,
+            preemptions,
+            ..Counters::default()
+        }
+    }
+
+    #[test]
+    fn retractions_count_since_the_last_stats_log_every_forty_steps() {
+        let mut reporter = Reporter {
+            published: Counters::default(),
+            throughput: Throughput::new(),
+            logged_preemptions: 0,
+        };
+        let mut at = |steps, preemptions| {
+            let now = counters(steps, preemptions);
+            let retracted = reporter.retracted(&now);
+            reporter.published = now;
+            retracted
+        };
+        assert_eq!(at(1, 2), 2);
+        assert_eq!(at(39, 5), 5, "no log yet");
+        assert_eq!(at(40, 6), 1, "the log at step 40 kept only this step's");
+        assert_eq!(at(79, 9), 4);
+        assert_eq!(at(80, 9), 0, "logged again");
+    }
 }

@@ -82,6 +82,18 @@ pub struct StepCost {
     pub per_block_transfer: Duration,
 }
 
+impl StepCost {
+    /// Every step free: the `instant` profile's.
+    pub const ZERO: StepCost = StepCost {
+        base: Duration::ZERO,
+        per_prefill_token: Duration::ZERO,
+        per_decode_token: Duration::ZERO,
+        per_kv_token_read: Duration::ZERO,
+        per_attention_kpair: Duration::ZERO,
+        per_block_transfer: Duration::ZERO,
+    };
+}
+
 /// Limits and policies of one rank's scheduler.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {

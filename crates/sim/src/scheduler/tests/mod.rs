@@ -256,14 +256,7 @@ fn attention_makes_a_prompts_later_chunks_cost_more() {
     cfg.max_num_batched_tokens = 1000;
     cfg.cost = StepCost {
         per_attention_kpair: Duration::from_millis(1),
-        ..StepCost {
-            base: Duration::ZERO,
-            per_prefill_token: Duration::ZERO,
-            per_decode_token: Duration::ZERO,
-            per_kv_token_read: Duration::ZERO,
-            per_attention_kpair: Duration::ZERO,
-            per_block_transfer: Duration::ZERO,
-        }
+        ..StepCost::ZERO
     };
     let mut s = Scheduler::new(cfg);
     s.add(seq(0, 3000, 1));
