@@ -9,8 +9,14 @@
 //! at the clock: the heavy tenant delays itself, not the others. An idle tenant banks no credit
 //! (its tag never falls behind the clock).
 //!
-//! When the queue is full a more urgent arrival evicts the newest waiter of the least urgent tier
-//! present; an arrival no more urgent than every waiter is refused.
+//! What a full queue keeps is fair too. A more urgent arrival takes the place of a waiter of the
+//! least urgent tier present. An arrival of that tier itself takes a place only if its tenant is
+//! under its weighted share of the tier's waiters — its weight over the weights of the tenants
+//! with waiters there, its own included — and then from the tenant furthest over its share: a
+//! tenant that fills the queue while another is quiet cannot keep the quiet one out. Either way
+//! the waiter given up is the newest of the tenant furthest over its share in its tier (the one
+//! that has waited least, of whoever holds most). Anything else arriving at a full queue is
+//! refused: with one tenant, every arrival no more urgent than the queue.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -59,6 +65,20 @@ struct TenantLine<T> {
     waiting: BTreeMap<Order, Waiter<T>>,
     /// The virtual time the tenant's next request may start.
     start: f64,
+    /// Its weight, as its latest arrival gave it.
+    weight: f64,
+}
+
+impl<T> TenantLine<T> {
+    /// Waiters per unit of weight: set against the tier's level, over or under its share.
+    fn held(&self) -> f64 {
+        self.waiting.len() as f64 / self.weight.max(f64::MIN_POSITIVE)
+    }
+
+    /// Its most recent arrival still waiting.
+    fn newest(&self) -> Option<Ticket> {
+        self.waiting.keys().map(|key| key.2).max()
+    }
 }
 
 #[derive(Debug)]
@@ -67,6 +87,39 @@ struct TierLine<T> {
     /// The start tag of the last request served.
     clock: f64,
     len: usize,
+}
+
+impl<T> TierLine<T> {
+    /// The waiter a full queue gives up in this tier: the newest of the tenant holding most per
+    /// unit of weight (ties to the one with the newer waiter, so the choice is the same however
+    /// the tenants are stored).
+    fn furthest_over(&self) -> Option<(f64, Ticket)> {
+        self.tenants
+            .values()
+            .filter_map(|t| Some((t.held(), t.newest()?)))
+            .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+    }
+
+    /// The waiter an arrival of this tier from `tenant` (of `weight`) may take the place of:
+    /// only while the tenant is under its share, and only from a tenant over its own.
+    fn fair_swap(&self, tenant: &TenantId, weight: f64) -> Option<Ticket> {
+        let own = self.tenants.get(tenant).filter(|t| !t.waiting.is_empty());
+        let others: f64 = self
+            .tenants
+            .iter()
+            .filter(|(name, t)| *name != tenant && !t.waiting.is_empty())
+            .map(|(_, t)| t.weight)
+            .sum();
+        let weight = weight.max(f64::MIN_POSITIVE);
+        // Waiters per unit of weight each tenant would hold if the tier were shared fairly.
+        let level = self.len as f64 / (others + weight);
+        let held = own.map_or(0, |t| t.waiting.len()) as f64 / weight;
+        if held >= level {
+            return None;
+        }
+        let (over, victim) = self.furthest_over()?;
+        (over > level).then_some(victim)
+    }
 }
 
 impl<T> Default for TierLine<T> {
@@ -154,19 +207,13 @@ impl<T> FairQueue<T> {
         urgent + own + others
     }
 
-    /// Queues `waiter`, evicting a less urgent one when full.
+    /// Queues `waiter`; when the queue is full, in the place of the waiter `victim_for` names,
+    /// or not at all.
     pub fn push(&mut self, waiter: Waiter<T>) -> Pushed<T> {
         let evicted = if self.len() >= self.capacity {
-            let least = Tier::ALL
-                .iter()
-                .rev()
-                .find(|t| self.depth(**t) > 0)
-                .copied();
-            match least {
-                Some(least) if waiter.tier < least => {
-                    self.newest(least).and_then(|t| self.remove(t))
-                }
-                _ => return Pushed::Full(waiter),
+            match self.victim_for(&waiter) {
+                Some(victim) => self.remove(victim),
+                None => return Pushed::Full(waiter),
             }
         } else {
             None
@@ -182,7 +229,9 @@ impl<T> FairQueue<T> {
             .or_insert_with(|| TenantLine {
                 waiting: BTreeMap::new(),
                 start: clock,
+                weight: waiter.weight,
             });
+        tenant.weight = waiter.weight;
         if tenant.waiting.is_empty() {
             // Newly backlogged: no credit for the time it was idle.
             tenant.start = tenant.start.max(clock);
@@ -197,13 +246,19 @@ impl<T> FairQueue<T> {
         }
     }
 
-    /// The most recent arrival of `tier`.
-    fn newest(&self, tier: Tier) -> Option<Ticket> {
-        self.places
-            .iter()
-            .filter(|(_, (t, _, _))| *t == tier)
-            .map(|(ticket, _)| *ticket)
-            .max()
+    /// Whose place a full queue gives to `arrival` (see the module's doc): a waiter of the least
+    /// urgent tier present, when the arrival is more urgent; of the arrival's own tier, when that
+    /// is the least urgent present and the arrival's tenant is under its share there.
+    fn victim_for(&self, arrival: &Waiter<T>) -> Option<Ticket> {
+        let least = *Tier::ALL.iter().rev().find(|t| self.depth(**t) > 0)?;
+        let line = &self.tiers[least.index()];
+        if arrival.tier < least {
+            line.furthest_over().map(|(_, victim)| victim)
+        } else if arrival.tier == least {
+            line.fair_swap(&arrival.tenant, arrival.weight)
+        } else {
+            None
+        }
     }
 
     /// Takes a waiter out before its turn.
@@ -401,8 +456,8 @@ mod tests {
         q.push(waiter(Tier::Batch, "a", 1.0, 1, 1));
         q.push(waiter(Tier::Batch, "a", 1.0, 1, 2));
         q.push(waiter(Tier::Agent, "a", 1.0, 1, 3));
-        match q.push(waiter(Tier::Batch, "b", 1.0, 1, 4)) {
-            Pushed::Full(w) => assert_eq!(w.item, 4, "no more urgent than every waiter"),
+        match q.push(waiter(Tier::Batch, "a", 1.0, 1, 4)) {
+            Pushed::Full(w) => assert_eq!(w.item, 4, "no more urgent, and holding all it may"),
             other => panic!("{other:?}"),
         }
         match q.push(waiter(Tier::Interactive, "b", 1.0, 1, 5)) {
@@ -413,11 +468,128 @@ mod tests {
             Pushed::Evicted(_, victim) => assert_eq!(victim.item, 1),
             other => panic!("{other:?}"),
         }
-        match q.push(waiter(Tier::Agent, "c", 1.0, 1, 7)) {
-            Pushed::Full(w) => assert_eq!(w.item, 7, "equal to the least urgent present"),
+        match q.push(waiter(Tier::Agent, "a", 1.0, 1, 7)) {
+            Pushed::Full(w) => assert_eq!(w.item, 7, "at its share of the least urgent tier"),
             other => panic!("{other:?}"),
         }
         assert_eq!(drain(&mut q), [5, 3, 6]);
+    }
+
+    fn held(q: &FairQueue<u32>, tier: Tier) -> Vec<(String, usize)> {
+        let mut held: Vec<(String, usize)> =
+            q.tenants(tier).map(|(t, n)| (t.to_string(), n)).collect();
+        held.sort();
+        held
+    }
+
+    #[test]
+    fn a_tenant_under_its_share_takes_the_place_of_the_newest_of_the_one_over_it() {
+        let mut q = FairQueue::new(8);
+        for i in 0..8 {
+            q.push(waiter(Tier::Agent, "noisy", 1.0, 1, i));
+        }
+        for i in 0..4 {
+            match q.push(waiter(Tier::Agent, "quiet", 1.0, 1, 100 + i)) {
+                Pushed::Evicted(_, victim) => {
+                    assert_eq!((victim.item, victim.tenant.as_str()), (7 - i, "noisy"))
+                }
+                other => panic!("quiet arrival {i}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            held(&q, Tier::Agent),
+            [("noisy".into(), 4), ("quiet".into(), 4)]
+        );
+        for (tenant, item) in [("quiet", 104), ("noisy", 8)] {
+            match q.push(waiter(Tier::Agent, tenant, 1.0, 1, item)) {
+                Pushed::Full(w) => assert_eq!(w.item, item, "{tenant} is at its share"),
+                other => panic!("{tenant}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn shares_of_a_full_queue_follow_the_weights() {
+        let mut q = FairQueue::new(8);
+        for i in 0..8 {
+            q.push(waiter(Tier::Agent, "small", 1.0, 1, i));
+        }
+        // "big" is owed 6 of 8 at weight 3: it takes places until it holds them.
+        let taken = (0..10)
+            .filter(|i| {
+                matches!(
+                    q.push(waiter(Tier::Agent, "big", 3.0, 1, 100 + i)),
+                    Pushed::Evicted(..)
+                )
+            })
+            .count();
+        assert_eq!(taken, 6);
+        assert_eq!(
+            held(&q, Tier::Agent),
+            [("big".into(), 6), ("small".into(), 2)]
+        );
+    }
+
+    #[test]
+    fn the_place_given_up_is_taken_from_whoever_holds_most_per_weight() {
+        let mut q = FairQueue::new(9);
+        for (tenant, n) in [("a", 4), ("b", 3), ("c", 2)] {
+            for i in 0..n {
+                q.push(waiter(Tier::Agent, tenant, 1.0, 1, i));
+            }
+        }
+        match q.push(waiter(Tier::Agent, "d", 1.0, 1, 99)) {
+            Pushed::Evicted(_, victim) => assert_eq!(victim.tenant.as_str(), "a"),
+            other => panic!("{other:?}"),
+        }
+        // Now a and b hold 3 each: a tie goes to the newer waiter, b's.
+        match q.push(waiter(Tier::Agent, "d", 1.0, 1, 98)) {
+            Pushed::Evicted(_, victim) => {
+                assert_eq!((victim.tenant.as_str(), victim.item), ("b", 2))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_less_urgent_tier_gives_up_its_places_first() {
+        let mut q = FairQueue::new(6);
+        for i in 0..4 {
+            q.push(waiter(Tier::Agent, "noisy", 1.0, 1, i));
+        }
+        q.push(waiter(Tier::Batch, "x", 1.0, 1, 10));
+        q.push(waiter(Tier::Batch, "y", 1.0, 1, 20));
+        assert!(
+            matches!(
+                q.push(waiter(Tier::Batch, "y", 1.0, 1, 21)),
+                Pushed::Full(_)
+            ),
+            "y holds its share of the batch tier"
+        );
+        for expect in [("y", 20), ("x", 10), ("noisy", 3)] {
+            match q.push(waiter(Tier::Agent, "quiet", 1.0, 1, 100)) {
+                Pushed::Evicted(_, v) => assert_eq!((v.tenant.as_str(), v.item), expect),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(q.depth(Tier::Batch), 0);
+        // Then the agent tier's own shares: quiet holds 3 of 6, as does noisy.
+        assert!(matches!(
+            q.push(waiter(Tier::Agent, "quiet", 1.0, 1, 101)),
+            Pushed::Full(_)
+        ));
+    }
+
+    #[test]
+    fn with_one_tenant_a_full_queue_refuses_its_own_tier() {
+        let mut q = FairQueue::new(2);
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 1));
+        q.push(waiter(Tier::Agent, "a", 1.0, 1, 2));
+        assert!(matches!(
+            q.push(waiter(Tier::Agent, "a", 1.0, 1, 3)),
+            Pushed::Full(_)
+        ));
+        assert_eq!(drain(&mut q), [1, 2]);
     }
 
     #[test]
@@ -504,6 +676,34 @@ mod tests {
                 let share = *s as f64 / total as f64;
                 let owed = f64::from(weights[i]) / f64::from(weight_total);
                 prop_assert!((share - owed).abs() <= 0.05 * owed, "tenant {i}: {share} against {owed}");
+            }
+        }
+
+        /// Whatever order tenants arrive at a full queue in (nothing served meanwhile), each ends
+        /// holding everything it sent or more than one waiter short of its weighted share of the
+        /// queue among the tenants that sent any.
+        #[test]
+        fn a_full_queue_keeps_every_tenant_its_share(
+            weights in proptest::collection::vec(1u32..5, 2..5),
+            arrivals in proptest::collection::vec(0usize..4, 1..200),
+            capacity in 1usize..24,
+        ) {
+            let mut q = FairQueue::new(capacity);
+            let mut sent = vec![0usize; weights.len()];
+            for (n, i) in arrivals.iter().map(|i| i % weights.len()).enumerate() {
+                sent[i] += 1;
+                q.push(waiter(Tier::Agent, &format!("t{i}"), f64::from(weights[i]), 1, n as u32));
+                prop_assert!(q.len() <= capacity);
+            }
+            let active: u32 = (0..weights.len()).filter(|i| sent[*i] > 0).map(|i| weights[i]).sum();
+            for (i, sent) in sent.iter().enumerate() {
+                let name = TenantId::new(&format!("t{i}"));
+                let held = q.tenants(Tier::Agent).find(|(t, _)| **t == name).map_or(0, |(_, n)| n);
+                let fair = capacity as f64 * f64::from(weights[i]) / f64::from(active.max(1));
+                prop_assert!(
+                    held == *sent || held as f64 > fair - 1.0,
+                    "t{i} holds {held} of {capacity} (sent {sent}), owed {fair:.2}"
+                );
             }
         }
     }
