@@ -697,7 +697,7 @@ mod tests {
             }
             let active: u32 = (0..weights.len()).filter(|i| sent[*i] > 0).map(|i| weights[i]).sum();
             for (i, sent) in sent.iter().enumerate() {
-                let name = TenantId::new(&format!("t{i}"));
+                let name = TenantId::new(format!("t{i}"));
                 let held = q.tenants(Tier::Agent).find(|(t, _)| **t == name).map_or(0, |(_, n)| n);
                 let fair = capacity as f64 * f64::from(weights[i]) / f64::from(active.max(1));
                 prop_assert!(
