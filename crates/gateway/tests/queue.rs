@@ -1,5 +1,6 @@
 //! The gateway queue, black-box: a request that cannot go now waits in the gateway and goes the
-//! moment room opens, most urgent tier first; a full queue evicts the least urgent; a waiter
+//! moment room opens, most urgent tier first; a full queue evicts the least urgent, or the
+//! newest waiter of a tenant over its share for one under its own; a waiter
 //! times out, passes its deadline, or leaves with its client without reaching an engine.
 //!
 //! Room is made and taken with `--max-concurrent-requests 1`: a stream left open holds the one
@@ -285,6 +286,57 @@ async fn a_noisy_tenant_waits_behind_a_quiet_ones_request_not_the_other_way() {
         quiet_at <= 1,
         "the quiet tenant's one request goes first or second, not after the eight: {order:?}"
     );
+}
+
+#[tokio::test]
+async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 4, [30, 30, 30]);
+        c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
+        c.api_keys = vec!["holder".into()];
+    })
+    .await;
+    let holder = open_stream_as(
+        &s,
+        "a long answer",
+        4000,
+        &[("authorization", "Bearer holder")],
+    )
+    .await;
+    let noisy_key = [("authorization", "Bearer kn")];
+    let quiet_key = [("authorization", "Bearer kq")];
+    let mut noisy = Vec::new();
+    for i in 0..4 {
+        noisy.push(spawn_chat(&s, "n", &noisy_key));
+        until_depth(&s, 1, i + 1).await;
+    }
+    // Two quiet arrivals each take the place of the noisy tenant's newest waiter.
+    let mut quiet = Vec::new();
+    for newest in [3, 2] {
+        quiet.push(spawn_chat(&s, "q", &quiet_key));
+        let evicted = bounded("the eviction", noisy.remove(newest)).await.unwrap();
+        assert_eq!(evicted.status, 503, "{}", evicted.text());
+        assert_eq!(code(&evicted).as_deref(), Some("queue_evicted"));
+        until_depth(&s, 1, 4).await;
+    }
+    // Two each: both tenants hold their share, and a full queue refuses either.
+    for key in [&quiet_key, &noisy_key] {
+        let refused = bounded("the refusal", spawn_chat(&s, "r", key))
+            .await
+            .unwrap();
+        assert_eq!(code(&refused).as_deref(), Some("queue_full"));
+    }
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    for (tenant, n) in [("noisy", 2), ("quiet", 0)] {
+        let series =
+            format!(r#"sluice_queue_evictions_total{{tenant="{tenant}",tier="agent"}} {n}"#);
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+
+    drop(holder);
+    for waiter in noisy.into_iter().chain(quiet) {
+        assert_eq!(bounded("a waiter", waiter).await.unwrap().status, 200);
+    }
 }
 
 #[tokio::test]

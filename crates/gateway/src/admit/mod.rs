@@ -198,6 +198,7 @@ impl Admit {
         now: Instant,
     ) -> Result<(), GatewayError> {
         ctx.admission.tenant = Some(tenant.id.clone());
+        ctx.admission.counters = Some(tenant.counters.clone());
         // The tenant's until the request's own is known (a refusal is counted under it).
         ctx.admission.tier = Some(tenant.tier);
         let tier = Tier::clamped(headers::asked_tier(asking.headers)?, tenant.tier);
@@ -371,6 +372,7 @@ impl Admit {
                 cost: ctx.admission.cost,
                 model: pool.model.clone(),
                 deadline: ctx.admission.client_deadline,
+                counters: ctx.admission.counters.clone(),
             };
             let turn = queue
                 .wait_turn(asker)

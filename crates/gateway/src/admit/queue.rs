@@ -10,6 +10,10 @@
 //! to take its worker before looking again (so one freed place is not promised twice). A waiter
 //! that times out, passes its deadline or whose client leaves takes itself out.
 //!
+//! A full queue makes room for a more urgent arrival, or for a tenant under its share of the
+//! queue, by evicting (503 `queue_evicted`) the newest waiter of whoever holds most
+//! (`FairQueue::push`); each eviction is counted under the evicted request's tenant and tier.
+//!
 //! Each tier also runs CoDel (`codel`): whenever the dispatcher looks, and when a tier's head
 //! reaches its target or its next drop is due, a standing queue is cut at its head (503
 //! `codel_drop`), and while it is cut, an arrival that would wait past the target is refused the
@@ -34,6 +38,7 @@ use tokio::time::Instant;
 use super::codel::TierCodels;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
+use crate::metrics::TenantCounters;
 
 /// The queue's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +69,8 @@ struct Waiting {
     model: ModelName,
     arrived: Instant,
     turn: oneshot::Sender<Turn>,
+    /// Its tenant's counters, to count it if it is evicted.
+    counters: Option<Arc<TenantCounters>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,6 +114,8 @@ pub struct Asker {
     pub model: ModelName,
     /// The client's deadline, if it gave one.
     pub deadline: Option<Instant>,
+    /// Its tenant's counters.
+    pub counters: Option<Arc<TenantCounters>>,
 }
 
 /// Held by a dispatched request until it has its worker (`Admission::has_worker`): then the
@@ -223,8 +232,8 @@ impl GatewayQueue {
     }
 
     /// Waits for the request's turn: the dispatcher sends it when its model has room. Refused
-    /// when the queue is full of waiters at least as urgent; ended by its tier's timeout, its
-    /// client's deadline or an eviction. A client that leaves drops this future and with it its
+    /// when the queue is full and the request may take no one's place; ended by its tier's
+    /// timeout, its client's deadline or an eviction. A client that leaves drops this future and with it its
     /// place.
     pub async fn wait_turn(&self, asker: Asker) -> Result<Dispatched, GatewayError> {
         let arrived = Instant::now();
@@ -240,12 +249,16 @@ impl GatewayQueue {
                 model: asker.model.clone(),
                 arrived,
                 turn,
+                counters: asker.counters.clone(),
             },
         };
         let pushed = self.waiting.lock().push(waiter);
         let ticket = match pushed {
             Pushed::Queued(ticket) => ticket,
             Pushed::Evicted(ticket, victim) => {
+                if let Some(counters) = &victim.item.counters {
+                    counters.evicted(victim.tier);
+                }
                 let _ = victim.item.turn.send(Turn::Evicted);
                 ticket
             }

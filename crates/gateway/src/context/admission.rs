@@ -55,6 +55,8 @@ pub struct Admission {
     pub tenant: Option<sluice_core::TenantId>,
     /// The request's priority tier.
     pub tier: Option<sluice_core::admission::Tier>,
+    /// Its tenant's counters, for what befalls it after admission (an eviction from the queue).
+    pub counters: Option<std::sync::Arc<crate::metrics::TenantCounters>>,
     /// After this the answer is of no use: the request is cut (504 before a response, the stream
     /// ended after). The arrival plus `--request-timeout-secs`, or the client's deadline when it
     /// gave an earlier one.
@@ -91,6 +93,7 @@ impl Admission {
         Self {
             tenant: None,
             tier: None,
+            counters: None,
             deadline,
             client_deadline: None,
             metered: false,

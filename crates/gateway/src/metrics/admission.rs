@@ -1,4 +1,5 @@
-//! Admission's metrics: refusals by tier and reason, and each tenant's requests and tokens. The
+//! Admission's metrics: refusals by tier and reason, and each tenant's requests, tokens and
+//! waiters evicted from the gateway queue. The
 //! tenant label takes configured names only (`default`, and `other` for names a trusted header
 //! gives), so no client can grow a family.
 
@@ -63,12 +64,19 @@ pub const REASONS: [&str; 11] = [
     "shared_state_unavailable",
 ];
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantTierLabels {
+    pub tenant: Label,
+    pub tier: &'static str,
+}
+
 /// Admission's families.
 #[derive(Debug, Default)]
 pub struct AdmissionMetrics {
     pub rejected: Family<RejectedLabels, Counter>,
     pub tenant_tokens: Family<TenantTokenLabels, Counter>,
     pub tenant_requests: Family<TenantRequestLabels, Counter>,
+    pub queue_evictions: Family<TenantTierLabels, Counter>,
 }
 
 impl AdmissionMetrics {
@@ -83,6 +91,10 @@ impl AdmissionMetrics {
                 });
             }
             for tier in Tier::ALL {
+                let _ = m.queue_evictions.get_or_create(&TenantTierLabels {
+                    tenant: tenant.clone(),
+                    tier: tier.name(),
+                });
                 for outcome in ["admitted", "rejected"] {
                     let _ = m.tenant_requests.get_or_create(&TenantRequestLabels {
                         tenant: tenant.clone(),
@@ -115,6 +127,12 @@ impl AdmissionMetrics {
             "Requests by tenant, tier and admission outcome",
             m.tenant_requests.clone(),
         );
+        registry.register(
+            "queue_evictions",
+            "Waiters evicted from the gateway queue to make room for a more urgent request or a \
+             tenant under its share, by the evicted request's tenant and tier",
+            m.queue_evictions.clone(),
+        );
         Arc::new(m)
     }
 
@@ -129,8 +147,17 @@ impl AdmissionMetrics {
                 })
                 .clone()
         };
+        let evictions = |tier: Tier| {
+            self.queue_evictions
+                .get_or_create(&TenantTierLabels {
+                    tenant: tenant.clone(),
+                    tier: tier.name(),
+                })
+                .clone()
+        };
         Arc::new(TenantCounters {
             requests: Tier::ALL.map(|tier| [counter(tier, "admitted"), counter(tier, "rejected")]),
+            evictions: Tier::ALL.map(evictions),
         })
     }
 }
@@ -139,10 +166,17 @@ impl AdmissionMetrics {
 #[derive(Debug)]
 pub struct TenantCounters {
     requests: [[Counter; 2]; 3],
+    /// `sluice_queue_evictions_total`, by tier.
+    evictions: [Counter; 3],
 }
 
 impl TenantCounters {
     pub fn count(&self, tier: Tier, admitted: bool) {
         self.requests[tier.index()][usize::from(!admitted)].inc();
+    }
+
+    /// One of the tenant's waiters of `tier` gave up its place in the gateway queue.
+    pub fn evicted(&self, tier: Tier) {
+        self.evictions[tier.index()].inc();
     }
 }
