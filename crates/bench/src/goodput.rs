@@ -109,6 +109,8 @@ pub struct TierReport {
     pub met_slo: u64,
     /// Met / requests.
     pub attainment: f64,
+    /// Time to first token of its completed requests, p95, in seconds.
+    pub ttft_p95: f64,
     /// Its requests whose final answer was a refusal, by code (as `Report::rejections`).
     pub rejections: BTreeMap<String, u64>,
 }
@@ -155,9 +157,11 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
             completed: 0,
             met_slo: 0,
             attainment: 0.0,
+            ttft_p95: 0.0,
             rejections: BTreeMap::new(),
         })
         .collect();
+    let mut tier_ttfts: Vec<Vec<f64>> = vec![Vec::new(); tiers.len()];
     let (mut met, mut completed, mut attempts) = (0u64, 0u64, 0u64);
     let (mut ttfts, mut tpots, mut rejects) = (Vec::new(), Vec::new(), Vec::new());
     let mut rejects_sent = Vec::new();
@@ -178,6 +182,9 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
         if o.admitted() {
             completed += 1;
             ttfts.extend(o.ttft.map(|d| d.as_secs_f64()));
+            if let Some(t) = tier_ttfts.get_mut(o.tier) {
+                t.extend(o.ttft.map(|d| d.as_secs_f64()));
+            }
             tpots.extend(o.tpot().map(|d| d.as_secs_f64()));
         } else if o.status != 200 {
             let code = match (&o.code, o.status) {
@@ -191,8 +198,9 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
             *rejections.entry(code).or_default() += 1;
         }
     }
-    for t in &mut tier_reports {
+    for (t, ttfts) in tier_reports.iter_mut().zip(&tier_ttfts) {
         t.attainment = ratio(t.met_slo, t.requests);
+        t.ttft_p95 = percentile(ttfts, 0.95);
     }
     Report {
         requests,
@@ -376,6 +384,11 @@ mod tests {
         assert_eq!((r.tiers[0].completed, r.tiers[0].met_slo), (4, 2));
         assert_eq!(r.tiers[0].attainment, 0.25);
         assert_eq!((r.tiers[1].requests, r.tiers[1].met_slo), (2, 1));
+        assert_eq!(
+            (r.tiers[0].ttft_p95, r.tiers[1].ttft_p95),
+            (1.5, 5.0),
+            "each tier's own completed requests"
+        );
         assert_eq!(
             r.rejections,
             BTreeMap::from([

@@ -89,7 +89,8 @@ pub struct ScenarioArgs {
     pub window_secs: Option<f64>,
     /// Configurations to measure: direct, sluice, sluice-shed, smg, the scenario's own
     /// (incidents: direct-unreachable, the naive fleet that still leaves out a worker it cannot
-    /// reach; tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants;
+    /// reach; tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants and
+    /// sluice-tenants-q<N> (--queue-size);
     /// slow-worker: sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue,
     /// sluice-codel, sluice-adaptive, sluice-adaptive-slo; routing: direct and only its own,
     /// sluice-round-robin, sluice-least-load, sluice-power-of-two, sluice-consistent-hash,
@@ -116,6 +117,10 @@ pub struct ScenarioArgs {
     /// How the client reacts to refusals.
     #[arg(long, value_enum, default_value = "none")]
     pub client: crate::client::ClientKind,
+    /// noisy-tenant: gateway queue sizes to measure sluice with tenants at, each a configuration
+    /// (sluice-tenants at 1024, sluice-tenants-q<N> at N) [default: 1024,64].
+    #[arg(long, value_delimiter = ',')]
+    pub queue_size: Vec<usize>,
     /// Request lengths and what the prompts share [default: chat; shared for routing].
     #[arg(long, value_enum)]
     pub mix: Option<crate::run::Mix>,
@@ -262,7 +267,17 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             }
         }
         ScenarioName::NoisyTenant => {
-            configs.push(crate::scenario::tenants_config(&exe, args.time_scale));
+            let sizes = if args.queue_size.is_empty() {
+                crate::scenario::QUEUE_SIZES.to_vec()
+            } else {
+                args.queue_size.clone()
+            };
+            if sizes.contains(&0) {
+                return Err(BenchError::Zero("queue-size"));
+            }
+            for size in sizes {
+                configs.push(crate::scenario::tenants_config(&exe, args.time_scale, size));
+            }
         }
         ScenarioName::Routing => {
             configs = crate::scenario::routing_configs(&exe, args.time_scale);

@@ -36,7 +36,7 @@ pub use degradation::{
 };
 pub use fleet::{EngineTotals, FleetShape, SimFleet};
 pub use many_streams::{many_streams, ManyStreamsPlan, ManyStreamsReport};
-pub use noisy::{noisy_tenant, tenants_config, two_tenants};
+pub use noisy::{noisy_tenant, tenants_config, two_tenants, QUEUE_SIZES};
 pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
 pub use routing::{configs as routing_configs, routing, RoutingReport};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::tiered::{admission_config, classes_at, TieredReport};
+use super::tiered::{classes_at, queue_config, TieredReport, ADMISSION_QUEUE};
 use super::{ScenarioError, ScenarioPlan};
 use crate::goodput::{Slo, Tier};
 use crate::overhead::Template;
@@ -32,13 +32,24 @@ pub fn two_tenants() -> Vec<Tier> {
     vec![tenant("tenant-a", NOISY), tenant("tenant-b", QUIET)]
 }
 
-/// sluice trusting the tenant header (each tenant then weight 1 at the default tier), with the
-/// gateway queue and shedding.
-pub fn tenants_config(exe: &Path, time_scale: f64) -> Template {
-    admission_config(
-        "sluice-tenants",
+/// The gateway queue sizes sluice-tenants is measured at by default: one the waits by tier
+/// never fill, and one the noisy tenant fills, where what a full queue keeps decides.
+pub const QUEUE_SIZES: [usize; 2] = [ADMISSION_QUEUE, 64];
+
+/// sluice trusting the tenant header (each tenant then weight 1 at the default tier), with a
+/// gateway queue of `queue_size` and shedding: `sluice-tenants`, or `sluice-tenants-q<size>`
+/// for a queue of other than the admission configurations' size.
+pub fn tenants_config(exe: &Path, time_scale: f64, queue_size: usize) -> Template {
+    let name = if queue_size == ADMISSION_QUEUE {
+        "sluice-tenants".to_string()
+    } else {
+        format!("sluice-tenants-q{queue_size}")
+    };
+    queue_config(
+        &name,
         exe,
         time_scale,
+        queue_size,
         &["--trust-tenant-header"],
     )
 }

@@ -56,14 +56,30 @@ pub fn tiered_config(exe: &Path, time_scale: f64) -> Template {
     )
 }
 
-/// sluice with the gateway queue, shedding by tier, and `extra` flags.
+/// The gateway queue's size in the admission configurations: more than the waits by tier let
+/// stand at these rates, so the timeouts and shedding decide, not the size.
+pub const ADMISSION_QUEUE: usize = 1024;
+
+/// sluice with the gateway queue (`ADMISSION_QUEUE`), shedding by tier, and `extra` flags.
 pub(super) fn admission_config(
     name: &str,
     exe: &Path,
     time_scale: f64,
     extra: &[&str],
 ) -> Template {
+    queue_config(name, exe, time_scale, ADMISSION_QUEUE, extra)
+}
+
+/// sluice with a gateway queue of `size`, shedding by tier, and `extra` flags.
+pub(super) fn queue_config(
+    name: &str,
+    exe: &Path,
+    time_scale: f64,
+    size: usize,
+    extra: &[&str],
+) -> Template {
     let scale = time_scale.max(1.0);
+    let size = size.to_string();
     let poll = format!("{}", 10.0 / scale);
     let wait = |objective: f64| (objective - ENGINE_TTFT_ALLOWANCE) / scale;
     let timeouts = format!("{},{},{}", wait(2.0), wait(5.0), 120.0 / scale);
@@ -74,7 +90,7 @@ pub(super) fn admission_config(
         &poll,
         "--worker-overload-shed",
         "--queue-size",
-        "1024",
+        &size,
         "--queue-timeout-by-tier",
         &timeouts,
     ];
@@ -194,6 +210,36 @@ impl TieredReport {
                 r.time_to_reject_sent_p99 * 1e3,
                 100.0 * p.engines.late_share(),
             );
+        }
+        out + &self.classes_table()
+    }
+
+    /// Markdown: one row per configuration, load and class — how much of it got through, how
+    /// much within its objectives, its time to a first token, and how the rest was refused.
+    fn classes_table(&self) -> String {
+        let mut out = "\n| config | load | class | requests | through | within SLO | TTFT p95 (engine s) | refused with |\n\
+             | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |\n"
+            .to_string();
+        for p in &self.points {
+            for t in &p.report.tiers {
+                let refused: Vec<String> = t
+                    .rejections
+                    .iter()
+                    .map(|(code, n)| format!("{code} {n}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "| {} | {:.2}x | {} | {} | {:.1}% | {:.1}% | {:.2} | {} |",
+                    p.config,
+                    p.offered / self.capacity,
+                    t.name,
+                    t.requests,
+                    100.0 * t.completed as f64 / t.requests.max(1) as f64,
+                    100.0 * t.attainment,
+                    t.ttft_p95 * self.time_scale,
+                    refused.join(", "),
+                );
+            }
         }
         out
     }
