@@ -9,6 +9,8 @@
 //! - Busy ranks (`worker_busy`): a rank is busy when any configured check holds (decode blocks,
 //!   absolute or fractional prefill tokens); a worker is busy only when all its ranks are.
 //! - At capacity: the worker itself answered 529/429 "at capacity"; vetoed briefly.
+//! - The interactive reserve (`StartRoom`): a less urgent request keeps off a worker that could
+//!   start no more than the reserve beyond it.
 //! - Liveness (`crate::liveness`): unreachable or wedged.
 //!
 //! ## Layout
@@ -16,6 +18,8 @@
 //! - `gate` — the waiting ceiling judged per request between reports (`QueueGate`), hopefully
 //!   for arrivals and warily for the gateway queue (`Projection`), and the engine's running
 //!   window learned from its reports.
+//! - `reserve` — room kept on each worker for the interactive tier (`StartRoom`): what a report
+//!   says the worker could still start, and whether a less urgent request leaves it alone.
 
 use std::fmt;
 
@@ -24,7 +28,9 @@ use serde::Serialize;
 use crate::load::LoadReport;
 
 mod gate;
+mod reserve;
 pub use gate::{learned_window, Projection, QueueGate};
+pub use reserve::StartRoom;
 
 /// A worker's overload ceilings; `None` turns that signal off.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -1,0 +1,168 @@
+//! Room kept on each worker for the interactive tier (`--interactive-reserve`).
+//!
+//! An engine serves what it has admitted first and has no preemption by tier: on a worker whose
+//! KV cache is the bound, whatever was admitted before an interactive request holds the cache for
+//! tens of engine-seconds, and the interactive request waits for it. The gateway's queue orders
+//! who goes next, but only a place the engine still has can be given. So while interactive
+//! requests are about, a request of a less urgent tier goes to a worker only if, by its last
+//! report, the worker could start a share of its capacity more beyond it: the rest is left for
+//! the interactive tier.
+//!
+//! What a worker could start is read from its report: nothing while it has a waiting queue or
+//! its KV usage is at its ceiling; otherwise the lesser of the room in its running window (when
+//! known) and the room under its KV ceiling counted in requests of the size running now (the KV
+//! the running requests hold, over how many they are). Its capacity is what it runs plus that
+//! room. Between reports, the requests every replica sent it since (net of those that ended)
+//! count against the room.
+
+use crate::load::LoadReport;
+
+use super::Ceilings;
+
+/// What a worker could still start by its last report, and what it holds in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartRoom {
+    /// Requests it could start at the report; `None`: unknown (nothing running, no window
+    /// learned), and then no reserve is judged.
+    pub room: Option<u64>,
+    /// Requests running at the report plus `room`.
+    pub capacity: u64,
+    /// Requests in flight on it from every replica when the report arrived.
+    pub load_at_report: u64,
+}
+
+impl StartRoom {
+    /// The room `report` shows under `ceilings`, with the engine's running window when learned
+    /// and the requests in flight on it then.
+    pub fn new(
+        report: &LoadReport,
+        ceilings: &Ceilings,
+        window: Option<u64>,
+        load_at_report: u64,
+    ) -> Self {
+        let running = report.running();
+        let saturated = report.waiting() > 0
+            || ceilings
+                .token_usage
+                .is_some_and(|c| report.mean_kv_usage() >= c);
+        let room = if saturated {
+            Some(0)
+        } else {
+            let by_window = window.map(|w| w.saturating_sub(running));
+            let by_kv = kv_room(report, ceilings.token_usage);
+            match (by_window, by_kv) {
+                (Some(w), Some(k)) => Some(w.min(k)),
+                (w, k) => w.or(k),
+            }
+        };
+        Self {
+            room,
+            capacity: running + room.unwrap_or(0),
+            load_at_report,
+        }
+    }
+
+    /// Whether a request of a less urgent tier should keep off the worker now, `reserve` (a
+    /// share of its capacity, rounded up) kept for the interactive tier: the room left, after
+    /// what was sent since the report, is no more than the reserve. Never with no reserve or no
+    /// known room.
+    pub fn within_reserve(&self, load_now: u64, reserve: f64) -> bool {
+        let Some(room) = self.room else {
+            return false;
+        };
+        if reserve <= 0.0 {
+            return false;
+        }
+        let kept = (reserve * self.capacity as f64).ceil().max(1.0) as u64;
+        let sent = load_now.saturating_sub(self.load_at_report);
+        sent + kept >= room
+    }
+}
+
+/// Requests of the size running now that fit under the KV `ceiling`: the KV free under it over
+/// the mean KV a running request holds, summed over ranks. `None` without a ceiling or with
+/// nothing running (no size to count in).
+fn kv_room(report: &LoadReport, ceiling: Option<f64>) -> Option<u64> {
+    let ceiling = ceiling?;
+    let running = report.running();
+    let used: f64 = report.ranks.iter().map(|r| r.kv_usage).sum();
+    if running == 0 || used <= 0.0 {
+        return None;
+    }
+    let free: f64 = report
+        .ranks
+        .iter()
+        .map(|r| (ceiling - r.kv_usage).max(0.0))
+        .sum();
+    Some((free / (used / running as f64)).floor() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::RankLoad;
+
+    fn report(ranks: &[(u64, u64, f64)]) -> LoadReport {
+        LoadReport {
+            ranks: ranks
+                .iter()
+                .enumerate()
+                .map(|(i, &(running, waiting, kv_usage))| RankLoad {
+                    rank: i as u32,
+                    running,
+                    waiting,
+                    kv_usage,
+                    ..RankLoad::default()
+                })
+                .collect(),
+            ..LoadReport::default()
+        }
+    }
+
+    const CEILINGS: Ceilings = Ceilings {
+        waiting_requests: Some(8),
+        token_usage: Some(0.8),
+    };
+
+    #[test]
+    fn the_room_is_the_kv_under_its_ceiling_in_requests_of_the_running_size() {
+        // 20 running hold 0.5: 0.025 each; 0.3 more fits under 0.8, 12 of them.
+        let room = StartRoom::new(&report(&[(20, 0, 0.5)]), &CEILINGS, None, 7);
+        assert_eq!((room.room, room.capacity), (Some(12), 32));
+        // Two ranks: the free KV of both, in requests of the mean size.
+        let two = StartRoom::new(&report(&[(10, 0, 0.5), (10, 0, 0.3)]), &CEILINGS, None, 0);
+        assert_eq!(two.room, Some(20), "0.8 free over 0.04 a request");
+    }
+
+    #[test]
+    fn a_learned_window_bounds_the_room_too() {
+        let room = StartRoom::new(&report(&[(60, 0, 0.2)]), &CEILINGS, Some(64), 0);
+        assert_eq!((room.room, room.capacity), (Some(4), 64));
+    }
+
+    #[test]
+    fn a_queue_or_a_full_cache_leaves_no_room_and_an_idle_engine_an_unknown_one() {
+        for full in [report(&[(30, 1, 0.5)]), report(&[(30, 0, 0.85)])] {
+            let room = StartRoom::new(&full, &CEILINGS, None, 0);
+            assert_eq!(room.room, Some(0));
+            assert!(room.within_reserve(0, 0.1));
+        }
+        let idle = StartRoom::new(&report(&[(0, 0, 0.0)]), &CEILINGS, None, 0);
+        assert_eq!(idle.room, None);
+        assert!(!idle.within_reserve(100, 0.5), "nothing known: no reserve");
+    }
+
+    #[test]
+    fn the_reserve_is_a_share_of_the_capacity_and_what_was_sent_since_counts() {
+        // 20 running, room for 12: capacity 32, a reserve of 0.1 keeps 4 (3.2 rounded up).
+        let room = StartRoom::new(&report(&[(20, 0, 0.5)]), &CEILINGS, None, 5);
+        assert!(!room.within_reserve(5, 0.1), "8 may still go");
+        assert!(!room.within_reserve(12, 0.1), "7 sent: one more may go");
+        assert!(room.within_reserve(13, 0.1), "8 sent: the 4 left are kept");
+        assert!(!room.within_reserve(100, 0.0), "no reserve");
+        assert!(
+            !room.within_reserve(0, 0.1),
+            "fewer in flight than at the report"
+        );
+    }
+}
