@@ -236,6 +236,7 @@ fn control_and_fleet(
             breaker: config.breaker,
             http2_default: config.upstream_http2,
             prefix_capacity: config.prefix_capacity,
+            interactive_reserve: config.interactive_reserve,
             drain_settle: config.drain_settle,
             policy: config.policy.name(),
             default_worker_key: config.default_worker_key.clone(),

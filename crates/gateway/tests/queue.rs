@@ -340,6 +340,73 @@ async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
 }
 
 #[tokio::test]
+async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.load.interval = Duration::from_millis(50);
+        c.load.min_interval = Duration::from_millis(10);
+        c.admission.default_tier = Tier::Interactive;
+        c.admission.queue = queue(10, [30, 30, 30]);
+    })
+    .await;
+    let engine = s.sims.engine(0).unwrap();
+    // 20 running hold 0.75 of the KV: one more of their size fits under the 0.8 ceiling, and the
+    // default reserve (0.1) keeps 3 of the 21 for interactive requests.
+    let nearly_full = Fault::Report {
+        rank: None,
+        waiting: Some(0),
+        running: Some(20),
+        kv_usage: Some(0.75),
+    };
+    engine.fault(nearly_full).await.unwrap();
+    s.until_workers("the report", |w| w[0]["vetoes"]["start_room"] == 1)
+        .await;
+    let body = |tag| chat_body("test-model", tag, 2, false);
+    let as_tier = |tier| [("x-sluice-priority", tier)];
+    let batch = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some(&body("b")),
+        &as_tier("batch"),
+    )
+    .await;
+    assert_eq!(
+        batch.status, 200,
+        "no interactive request yet: nothing kept back"
+    );
+
+    let chat = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some(&body("c")),
+        &as_tier("interactive"),
+    )
+    .await;
+    assert_eq!(chat.status, 200);
+    let batch = spawn_chat(&s, "b", &as_tier("batch"));
+    until_depth(&s, 2, 1).await;
+    let chat = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some(&body("c")),
+        &as_tier("interactive"),
+    )
+    .await;
+    assert_eq!(
+        chat.status, 200,
+        "the interactive tier takes the room kept for it"
+    );
+    assert_eq!(depth(&s, 2).await, 1, "the batch request still waits");
+
+    engine.fault(Fault::Clear).await.unwrap();
+    let batch = bounded("the batch request", batch).await.unwrap();
+    assert_eq!(batch.status, 200, "a report with room lets it go");
+    assert_eq!(engine.state().requests_received, 4);
+}
+
+#[tokio::test]
 async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         c.load.interval = Duration::from_millis(50);

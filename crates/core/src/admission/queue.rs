@@ -282,14 +282,14 @@ impl<T> FairQueue<T> {
     }
 
     /// The next waiter to serve among those `ready` takes (a waiter whose model has a worker
-    /// free): the same order as `pop`, skipping the others without moving them.
-    pub fn pop_first(&mut self, ready: impl Fn(&T) -> bool) -> Option<(Ticket, Waiter<T>)> {
+    /// free for its tier): the same order as `pop`, skipping the others without moving them.
+    pub fn pop_first(&mut self, ready: impl Fn(&Waiter<T>) -> bool) -> Option<(Ticket, Waiter<T>)> {
         let (line, name, key) = self.tiers.iter_mut().find_map(|line| {
             let (name, key) = line
                 .tenants
                 .iter()
                 .filter_map(|(name, t)| {
-                    let (key, _) = t.waiting.iter().find(|(_, w)| ready(&w.item))?;
+                    let (key, _) = t.waiting.iter().find(|(_, w)| ready(w))?;
                     Some((name, *key, t.start))
                 })
                 .min_by(|a, b| a.2.total_cmp(&b.2).then(a.1 .2.cmp(&b.1 .2)))
@@ -598,7 +598,7 @@ mod tests {
         q.push(waiter(Tier::Interactive, "a", 1.0, 1, 10)); // model 0: full
         q.push(waiter(Tier::Agent, "a", 1.0, 1, 21));
         q.push(waiter(Tier::Agent, "b", 1.0, 1, 30));
-        let free = |item: &u32| item % 10 != 0;
+        let free = |w: &Waiter<u32>| w.item % 10 != 0;
         assert_eq!(q.pop_first(free).map(|(_, w)| w.item), Some(21));
         assert_eq!(q.pop_first(free).map(|(_, w)| w.item), None);
         assert_eq!(drain(&mut q), [10, 30], "the skipped keep their order");

@@ -15,9 +15,16 @@
 //! room. Between reports, the requests every replica sent it since (net of those that ended)
 //! count against the room.
 
+use std::time::Duration;
+
 use crate::load::LoadReport;
 
 use super::Ceilings;
+
+/// How long the reserve is kept after the last interactive request for a model: interactive
+/// traffic comes in a person's turns, seconds to a minute apart, and a reserve dropped between
+/// two turns would be gone, taken by less urgent work, when the next came.
+pub const RESERVE_HOLD: Duration = Duration::from_secs(60);
 
 /// What a worker could still start by its last report, and what it holds in all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,20 +69,22 @@ impl StartRoom {
         }
     }
 
+    /// The room left now, with `load_now` requests in flight: what was sent since the report
+    /// (net of what ended) takes from it.
+    pub fn left(&self, load_now: u64) -> Option<u64> {
+        let sent = load_now.saturating_sub(self.load_at_report);
+        self.room.map(|room| room.saturating_sub(sent))
+    }
+
     /// Whether a request of a less urgent tier should keep off the worker now, `reserve` (a
-    /// share of its capacity, rounded up) kept for the interactive tier: the room left, after
-    /// what was sent since the report, is no more than the reserve. Never with no reserve or no
-    /// known room.
+    /// share of its capacity, rounded up, at least one) kept for the interactive tier: the room
+    /// left is no more than the reserve. Never with no reserve or no known room.
     pub fn within_reserve(&self, load_now: u64, reserve: f64) -> bool {
-        let Some(room) = self.room else {
-            return false;
-        };
         if reserve <= 0.0 {
             return false;
         }
         let kept = (reserve * self.capacity as f64).ceil().max(1.0) as u64;
-        let sent = load_now.saturating_sub(self.load_at_report);
-        sent + kept >= room
+        self.left(load_now).is_some_and(|left| left <= kept)
     }
 }
 

@@ -125,6 +125,10 @@ pub struct VetoView {
     /// The other replicas' requests in flight on the worker, likewise.
     #[serde(skip_serializing_if = "is_zero")]
     in_flight_elsewhere: u64,
+    /// Requests it could still start by its last report, less those sent it since (the
+    /// interactive reserve is judged on it: `--interactive-reserve`); absent when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    start_room: Option<u64>,
     busy: bool,
     at_capacity: bool,
     /// Its engine says it is asleep: out of routing until a report says it is awake.
@@ -146,6 +150,7 @@ impl VetoView {
             pending_requests: worker.traffic.pending_requests(),
             pending_elsewhere: worker.traffic.pending_elsewhere(),
             in_flight_elsewhere: worker.traffic.in_flight_elsewhere(),
+            start_room: v.start_room().left(worker.load_everywhere()),
             busy: v.busy(),
             at_capacity: v.at_capacity(),
             asleep: v.asleep(),

@@ -348,12 +348,15 @@ impl Admit {
             return Ok(false);
         };
         let slots_free = self.slots_free();
+        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         let mut waited = false;
         loop {
-            let must_wait = !slots_free() || !pool.has_room() || queue.has_waiters_for(&pool.model);
+            let must_wait = !slots_free()
+                || !pool.has_room_for(tier)
+                || queue.has_waiters_for(&pool.model, tier);
             if (waited || !must_wait) && self.take_slot(ctx, queue) {
                 if !waited {
-                    queue.went_direct(ctx.admission.tier.unwrap_or(Tier::Agent));
+                    queue.went_direct(tier);
                 }
                 return Ok(waited);
             }
@@ -362,7 +365,7 @@ impl Admit {
             // itself).
             ctx.admission.on_worker = None;
             let asker = Asker {
-                tier: ctx.admission.tier.unwrap_or(Tier::Agent),
+                tier,
                 tenant: ctx
                     .admission
                     .tenant

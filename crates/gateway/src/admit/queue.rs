@@ -218,17 +218,19 @@ impl GatewayQueue {
         Ok(())
     }
 
-    /// Whether the queue holds anyone waiting for `model`, or one sent out that has not taken
-    /// its worker yet (an arrival for it then waits too, so it does not pass them or take the
-    /// room one was sent for).
-    pub fn has_waiters_for(&self, model: &ModelName) -> bool {
+    /// Whether the queue holds anyone of `tier` or a more urgent one waiting for `model`, or
+    /// one sent out that has not taken its worker yet (an arrival for it then waits too, so it
+    /// does not pass them or take the room one was sent for). Less urgent waiters do not hold
+    /// it back: they would go after it, and may be waiting for room beyond the interactive
+    /// reserve it does not need.
+    pub fn has_waiters_for(&self, model: &ModelName, tier: Tier) -> bool {
         if self.in_transit.lock().as_ref() == Some(model) {
             return true;
         }
         self.waiting
             .lock()
             .waiters()
-            .any(|w| &w.item.model == model)
+            .any(|w| &w.item.model == model && w.tier <= tier)
     }
 
     /// Waits for the request's turn: the dispatcher sends it when its model has room. Refused
@@ -418,8 +420,12 @@ impl GatewayQueue {
             changes.borrow_and_update();
             let codel_look = self.cut_standing();
             let snapshot = fleet.snapshot();
-            let ready = |w: &Waiting| {
-                slots_free() && snapshot.pools.get(&w.model).is_some_and(|p| p.has_room())
+            let ready = |w: &Waiter<Waiting>| {
+                slots_free()
+                    && snapshot
+                        .pools
+                        .get(&w.item.model)
+                        .is_some_and(|p| p.has_room_for(w.tier))
             };
             let next = self.waiting.lock().pop_first(ready);
             if let Some((_, waiter)) = next {

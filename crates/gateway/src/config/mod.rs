@@ -329,6 +329,7 @@ impl Settings {
                 wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
             },
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
+            interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             model_aliases: self.model_aliases()?,
             cors: self.cors()?,
@@ -444,6 +445,8 @@ pub struct Config {
     pub pd: crate::forward::PdConfig,
     /// Prefix blocks remembered per model by the cache-aware policy.
     pub prefix_capacity: usize,
+    /// `--interactive-reserve`.
+    pub interactive_reserve: f64,
     /// `--routing-key-headers`, in order of precedence.
     pub routing_key_headers: Vec<HeaderName>,
     /// `--request-id-headers`, in order of precedence.

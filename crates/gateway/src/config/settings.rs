@@ -376,6 +376,16 @@ pub struct Settings {
     #[arg(help_heading = "Load monitoring and overload")]
     pub overload_status_code: u16,
 
+    /// Share of each worker's capacity kept for interactive (tier 0) requests while they come:
+    /// a less urgent request goes to a worker only while, by its last load report, the worker
+    /// could start more than this share of what it holds (its running window, or what its KV
+    /// cache holds under --worker-overload-token-usage, in requests of the size running); else it
+    /// waits in the gateway queue, or is shed or steered as for a full worker. Kept for 60 s
+    /// after the last interactive request for the model. 0 turns it off.
+    #[arg(long, default_value_t = 0.1)]
+    #[arg(help_heading = "Load monitoring and overload")]
+    pub interactive_reserve: f64,
+
     /// Busy rank check: KV blocks in use above this fraction of the rank's blocks. Off unless set.
     #[arg(long)]
     #[serde(default)]

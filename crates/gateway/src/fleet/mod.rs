@@ -78,6 +78,9 @@ pub struct FleetSettings {
     pub breaker: Option<BreakerConfig>,
     pub http2_default: bool,
     pub prefix_capacity: usize,
+    /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave
+    /// to the interactive tier while it is asked for.
+    pub interactive_reserve: f64,
     /// `--drain-settle-secs`: how long a removed worker that was serving drains.
     pub drain_settle: Duration,
     /// The policy's name, a label of per-worker selection counts.
@@ -460,8 +463,7 @@ impl Fleet {
                 unresolved += 1;
             }
             for model in models {
-                let capacity = self.settings.prefix_capacity;
-                let state = pool::pool_state(&mut registry.pools, capacity, &model, None);
+                let state = pool::pool_state(&mut registry.pools, &self.settings, &model, None);
                 pools
                     .entry(model.clone())
                     .or_insert_with(|| Pool {
@@ -475,7 +477,7 @@ impl Fleet {
             }
         }
         for pool in pools.values_mut() {
-            pool.pd = pool::pd_pools(&mut registry.pools, self.settings.prefix_capacity, pool);
+            pool.pd = pool::pd_pools(&mut registry.pools, &self.settings, pool);
         }
         registry
             .pools

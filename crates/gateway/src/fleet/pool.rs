@@ -7,13 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::admission::deadline::expected_ttft;
-use sluice_core::overload::Projection;
+use sluice_core::admission::Tier;
+use sluice_core::overload::{Projection, RESERVE_HOLD};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::ModelName;
 use tokio::time::Instant;
 
+use super::atomic::AtomicInstant;
 use super::pd::Role;
 use super::worker::Worker;
+use super::FleetSettings;
 
 /// Routing state of one model that outlives snapshots: the round-robin counter and the prefix
 /// index must not reset every time a worker comes or goes.
@@ -21,6 +24,11 @@ use super::worker::Worker;
 pub struct PoolState {
     pub ticket: AtomicU64,
     pub prefix: parking_lot::Mutex<PrefixIndex>,
+    /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave.
+    reserve: f64,
+    /// When an interactive request was last routed to the model: the reserve is kept only
+    /// while they come.
+    interactive_seen: AtomicInstant,
 }
 
 /// The workers of one model.
@@ -44,17 +52,52 @@ pub struct PdPools {
 }
 
 impl Pool {
-    /// Whether a request could go to one of its workers now without waiting: one is routable,
-    /// under its adaptive limit and under every veto, its queue projected warily (`Projection::Wary`: the gateway queue can
-    /// release many at once). The gateway queue holds requests while this is false. A
-    /// disaggregated model needs room on both sides.
-    pub fn has_room(&self) -> bool {
+    /// Whether a request of `tier` could go to one of its workers now without waiting: one is
+    /// routable, under its adaptive limit and under every veto, its queue projected warily
+    /// (`Projection::Wary`: the gateway queue can release many at once), and with room beyond
+    /// the interactive reserve for a less urgent request (`reserve_for`). The gateway queue
+    /// holds requests while this is false. A disaggregated model needs room on both sides.
+    pub fn has_room_for(&self, tier: Tier) -> bool {
         if let Some(pd) = &self.pd {
-            return pd.prefill.has_room() && pd.decode.has_room();
+            return pd.prefill.has_room_for(tier) && pd.decode.has_room_for(tier);
         }
+        let reserve = self.reserve_for(tier);
         self.workers.iter().any(|w| {
-            w.is_routable() && !w.at_limit(1) && w.veto_class_by(Projection::Wary).is_none()
+            w.is_routable()
+                && !w.at_limit(1)
+                && w.veto_class_for(Projection::Wary, reserve).is_none()
         })
+    }
+
+    /// The share of each worker's capacity a request of `tier` must leave to the interactive
+    /// tier: the reserve, for a less urgent request while interactive requests for the model came
+    /// within `RESERVE_HOLD`; none otherwise (a fleet nobody asks for the interactive tier keeps
+    /// nothing back).
+    pub fn reserve_for(&self, tier: Tier) -> f64 {
+        let state = &self.state;
+        let recent = state
+            .interactive_seen
+            .load()
+            .is_some_and(|seen| seen.elapsed() < RESERVE_HOLD);
+        if tier > Tier::Interactive && recent {
+            state.reserve
+        } else {
+            0.0
+        }
+    }
+
+    /// A request of `tier` is routed here: an interactive one keeps the reserve on (on both
+    /// sides of a disaggregated model too).
+    pub fn saw(&self, tier: Tier) {
+        if tier != Tier::Interactive {
+            return;
+        }
+        let now = Instant::now();
+        self.state.interactive_seen.store(now);
+        if let Some(pd) = &self.pd {
+            pd.prefill.state.interactive_seen.store(now);
+            pd.decode.state.interactive_seen.store(now);
+        }
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
@@ -90,7 +133,7 @@ impl Pool {
 /// The lasting routing state of a model's pool (`role`: one side of a disaggregated model).
 pub(super) fn pool_state(
     pools: &mut HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
-    prefix_capacity: usize,
+    settings: &FleetSettings,
     model: &ModelName,
     role: Option<&'static str>,
 ) -> Arc<PoolState> {
@@ -99,7 +142,9 @@ pub(super) fn pool_state(
         .or_insert_with(|| {
             Arc::new(PoolState {
                 ticket: AtomicU64::new(0),
-                prefix: parking_lot::Mutex::new(PrefixIndex::new(prefix_capacity)),
+                prefix: parking_lot::Mutex::new(PrefixIndex::new(settings.prefix_capacity)),
+                reserve: settings.interactive_reserve,
+                interactive_seen: AtomicInstant::none(),
             })
         })
         .clone()
@@ -108,7 +153,7 @@ pub(super) fn pool_state(
 /// A model's prefill and decode pools, when some of its workers have those roles.
 pub(super) fn pd_pools(
     pools: &mut HashMap<(ModelName, Option<&'static str>), Arc<PoolState>>,
-    prefix_capacity: usize,
+    settings: &FleetSettings,
     pool: &Pool,
 ) -> Option<Arc<PdPools>> {
     let of = |wanted: fn(Role) -> bool| -> Vec<Arc<Worker>> {
@@ -126,7 +171,7 @@ pub(super) fn pd_pools(
     let mut side = |role, workers| Pool {
         model: pool.model.clone(),
         workers,
-        state: pool_state(pools, prefix_capacity, &pool.model, Some(role)),
+        state: pool_state(pools, settings, &pool.model, Some(role)),
         pd: None,
     };
     let prefill = side("prefill", prefill);

@@ -11,7 +11,7 @@ use arc_swap::ArcSwapOption;
 use serde::Serialize;
 use sluice_core::liveness::LivenessVeto;
 use sluice_core::load::LoadReport;
-use sluice_core::overload::{OverloadCause, Projection, QueueGate, VetoClass};
+use sluice_core::overload::{OverloadCause, Projection, QueueGate, StartRoom, VetoClass};
 use tokio::time::Instant;
 
 use super::atomic::{AtomicEnum, AtomicInstant};
@@ -54,6 +54,9 @@ pub struct Vetoes {
     queue: AtomicU64,
     /// The engine's running window as learned from its reports (`learned_window`); 0: unknown.
     window: AtomicU64,
+    /// The last report's `StartRoom` in one word: three counts of 21 bits — the room (plus one;
+    /// 0 is unknown), the capacity, the requests in flight at the report.
+    start_room: AtomicU64,
     /// The gate's ceiling; 0: off.
     queue_ceiling: AtomicU64,
     /// Pending requests at which the load monitor is asked for an early poll; `u64::MAX`: none.
@@ -80,6 +83,7 @@ impl Default for Vetoes {
             overloaded: AtomicBool::new(false),
             queue: AtomicU64::new(0),
             window: AtomicU64::new(0),
+            start_room: AtomicU64::new(0),
             queue_ceiling: AtomicU64::new(0),
             early_poll_at: AtomicU64::new(u64::MAX),
             early_poll: tokio::sync::Notify::new(),
@@ -120,6 +124,26 @@ impl Vetoes {
             ceiling: (ceiling != 0).then_some(ceiling),
             kv_full: packed & KV_FULL != 0,
         }
+    }
+
+    /// What the last report says the worker could still start (`StartRoom`).
+    pub fn start_room(&self) -> StartRoom {
+        let packed = self.start_room.load(Ordering::Acquire);
+        let count = |at: u32| (packed >> at) & COUNT_MAX;
+        StartRoom {
+            load_at_report: count(0),
+            capacity: count(COUNT_BITS),
+            room: count(2 * COUNT_BITS).checked_sub(1),
+        }
+    }
+
+    /// A report's `StartRoom` (the load monitor, with the report).
+    pub(crate) fn set_start_room(&self, room: StartRoom) {
+        let plus_one = room.room.map_or(0, |r| r.min(COUNT_MAX - 1) + 1);
+        let packed = room.load_at_report.min(COUNT_MAX)
+            | room.capacity.min(COUNT_MAX) << COUNT_BITS
+            | plus_one << (2 * COUNT_BITS);
+        self.start_room.store(packed, Ordering::Release);
     }
 
     fn set_queue_gate(&self, gate: QueueGate) {
@@ -249,6 +273,7 @@ impl Vetoes {
         self.load.store(None);
         self.asleep.store(false, Ordering::Release);
         self.set_queue_gate(QueueGate::default());
+        self.set_start_room(StartRoom::default());
         (
             self.overloaded.swap(false, Ordering::AcqRel),
             self.busy.swap(false, Ordering::AcqRel),
@@ -302,6 +327,27 @@ mod tests {
             };
             assert_eq!(v.queue_gate(), expected);
         }
+    }
+
+    #[test]
+    fn the_start_room_is_read_back_whole_and_cleared_with_the_load() {
+        let v = Vetoes::default();
+        assert_eq!(v.start_room(), StartRoom::default());
+        for room in [None, Some(0), Some(12), Some(COUNT_MAX + 3)] {
+            let sent = StartRoom {
+                room,
+                capacity: 40,
+                load_at_report: 70_000,
+            };
+            v.set_start_room(sent);
+            let expected = StartRoom {
+                room: room.map(|r| r.min(COUNT_MAX - 1)),
+                ..sent
+            };
+            assert_eq!(v.start_room(), expected);
+        }
+        v.clear_load();
+        assert_eq!(v.start_room().room, None, "no report, no reserve judged");
     }
 
     #[test]

@@ -284,6 +284,18 @@ impl Worker {
             .class(self.traffic.pending_everywhere(), projection)
     }
 
+    /// The veto in force on it now for a request that must leave `reserve` of the worker's
+    /// capacity to the interactive tier (0: none; `Pool::reserve_for`): full, for it, while the
+    /// worker could start no more than the reserve.
+    pub fn veto_class_for(&self, projection: Projection, reserve: f64) -> Option<VetoClass> {
+        self.veto_class_by(projection).or_else(|| {
+            self.vetoes
+                .start_room()
+                .within_reserve(self.load_everywhere(), reserve)
+                .then_some(VetoClass::Overload)
+        })
+    }
+
     /// Ready, awake, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
         self.status() == HealthState::Ready

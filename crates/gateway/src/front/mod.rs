@@ -212,7 +212,7 @@ async fn admit_route_forward(
     owner: KeyOwner,
 ) -> Result<Answer, GatewayError> {
     let (tier, degrade) = admit(front, ctx, route, parts, facts, owner).await?;
-    let asked = wants(front, parts, facts);
+    let asked = wants(front, parts, facts, tier);
     let snapshot = front.fleet.snapshot();
     let (mut wants, mut cascade) = cascaded(degrade, tier, asked, &snapshot);
     let name_model = |ctx: &mut RequestContext| {
@@ -334,8 +334,13 @@ fn cascaded<'a>(
     (Wants { model, ..wants }, to)
 }
 
-/// What the route stage reads of a request.
-fn wants<'a>(front: &'a Front, parts: &'a Parts, facts: &'a RequestFacts<'a>) -> Wants<'a> {
+/// What the route stage reads of a request of `tier`.
+fn wants<'a>(
+    front: &'a Front,
+    parts: &'a Parts,
+    facts: &'a RequestFacts<'a>,
+    tier: Tier,
+) -> Wants<'a> {
     Wants {
         model: facts.model.as_deref(),
         routing_key: front
@@ -348,6 +353,7 @@ fn wants<'a>(front: &'a Front, parts: &'a Parts, facts: &'a RequestFacts<'a>) ->
         prompt_tokens: facts.prompt_tokens_estimate(),
         stream: facts.stream,
         n: facts.n,
+        tier,
     }
 }
 

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use sluice_core::admission::Tier;
 use sluice_core::overload::{when_all_vetoed, AllVetoed, Projection, VetoClass, Vetoed};
 use sluice_core::policy::{choose, Candidate, Draw, Policy, RouteInput};
 use sluice_core::prefix::block_hashes;
@@ -62,6 +63,8 @@ pub struct Wants<'a> {
     pub stream: bool,
     /// `n`: the sequences it asks the engine for, each counted in the worker's load.
     pub n: u64,
+    /// Its tier: a less urgent one leaves the interactive reserve alone (`Pool::reserve_for`).
+    pub tier: Tier,
 }
 
 /// One request routed: its pool, and what the policy reads of it.
@@ -128,9 +131,12 @@ impl RouteStage {
             .model
             .map(|m| self.aliases.get(m).map_or(m, ModelName::as_str));
         let pool = pool(snapshot, model)?;
+        pool.saw(wants.tier);
+        let mut request = RouteRequest::new(self.wants_prefix(), wants);
+        request.reserve = pool.reserve_for(wants.tier);
         Ok(Routed {
             pool,
-            request: RouteRequest::new(self.wants_prefix(), wants),
+            request,
             stage: self,
             policy: &self.policy,
         })
@@ -248,6 +254,9 @@ pub struct RouteRequest {
     pub stream: bool,
     /// Its `n`, the weight of its lease.
     pub weight: u64,
+    /// The share of a worker's capacity it leaves to the interactive tier (`Pool::reserve_for`):
+    /// a worker that could start no more than that is full for it.
+    pub reserve: f64,
 }
 
 impl RouteRequest {
@@ -267,6 +276,7 @@ impl RouteRequest {
             prompt_tokens: wants.prompt_tokens,
             stream: wants.stream,
             weight: wants.n.max(1),
+            reserve: 0.0,
         }
     }
 }
@@ -322,7 +332,10 @@ fn select(
         .workers
         .iter()
         .filter(|w| w.is_routable() && !tried.contains(&w.key) && !w.at_limit(request.weight))
-        .partition(|w| w.veto_class_by(stage.projection).is_none());
+        .partition(|w| {
+            w.veto_class_for(stage.projection, request.reserve)
+                .is_none()
+        });
     if let Some(lease) = pick(policy, pool, request, free) {
         return Ok(Selected {
             lease,
@@ -398,7 +411,7 @@ fn fall_back(
                 let load = w.vetoes.load();
                 Vetoed {
                     class: w
-                        .veto_class_by(stage.projection)
+                        .veto_class_for(stage.projection, request.reserve)
                         .unwrap_or(VetoClass::Overload),
                     waiting: load.as_ref().map_or(0, |l| l.report.waiting()),
                     kv_usage: load.as_ref().map_or(0.0, |l| l.report.mean_kv_usage()),

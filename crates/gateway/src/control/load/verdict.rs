@@ -4,7 +4,7 @@
 use sluice_core::liveness::{report_short, stalled_since, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{
-    overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity,
+    overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity, StartRoom,
 };
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -152,6 +152,12 @@ impl Control {
             worker.traffic.pending_everywhere(),
             window,
         );
+        worker.vetoes.set_start_room(StartRoom::new(
+            &report,
+            &ceilings,
+            window,
+            worker.load_everywhere(),
+        ));
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = activity(&report, worker.traffic.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
