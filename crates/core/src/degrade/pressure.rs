@@ -27,7 +27,9 @@
 //! step of its own is undone a quarter at a time: after its hold, a quarter of the requests pass
 //! its step (`released`), after another a half, then three quarters, and only then does it fall
 //! — so the load a step diverted comes back a share at a time, and pressure back at any share
-//! takes the release back.
+//! takes the release back. And a share is given back only when the fleet's reports show room for
+//! it (`room_for`): the absence of pressure is not room, since the step is what took the
+//! pressure away.
 
 use std::time::Duration;
 
@@ -105,6 +107,15 @@ pub const SHED_FROM: u8 = 5;
 /// A level with a step is undone in this many shares of its requests.
 pub const RELEASE_SHARES: u8 = 4;
 
+/// Whether a level released by `released` quarters may give back its next share: `diverted`
+/// requests are now in flight where its step sent them (the share given back brings
+/// `diverted / (quarters still kept)` of them back), and `room` requests could start where they
+/// would come back to, beyond the interactive reserve (`None`: unknown, as on an idle fleet).
+pub fn room_for(diverted: u64, released: u8, room: Option<u64>) -> bool {
+    let kept = u64::from(RELEASE_SHARES.saturating_sub(released).max(1));
+    room.is_none_or(|room| room >= diverted.div_ceil(kept))
+}
+
 /// Whether the request drawn `draw`-th (a counter over the requests the top step applies to)
 /// passes the top level's step while `released` quarters of them do.
 pub fn passes_release(released: u8, draw: u64) -> bool {
@@ -178,6 +189,14 @@ impl Ladder {
     /// quarters, each after another such hold, and then the level falls a step. Levels without a
     /// step, and the shedding ones, fall at once.
     pub fn observe(&mut self, wanted: u8, now: Instant) -> u8 {
+        self.observe_with_room(wanted, true, now)
+    }
+
+    /// As `observe`, but a level with a step of its own gives back its next share (or falls)
+    /// only when `room` says the fleet has room for what that share brings back (`room_for`):
+    /// until then it stays as it is, and gives the share back at the first reading that shows
+    /// the room, its hold already served.
+    pub fn observe_with_room(&mut self, wanted: u8, room: bool, now: Instant) -> u8 {
         let wanted = wanted.min(MAX_LEVEL);
         if wanted > self.level || (wanted == self.level && self.released > 0) {
             // Undoing (part of) a step brought the pressure back soon: the step was carrying
@@ -195,6 +214,12 @@ impl Ladder {
         } else if wanted == self.level && self.level > 0 {
             self.since = now;
         } else if now.saturating_duration_since(self.since) >= self.hold_now() {
+            let stepped =
+                self.level > 0 && self.level < SHED_FROM && self.steps & (1 << self.level) != 0;
+            if stepped && !room {
+                // Its hold is served; what it diverts has nowhere to go back to yet.
+                return self.level;
+            }
             if self.level == 0 {
                 // Calm for a whole hold: the falls that led here stood.
                 self.hold = (self.hold / 2).max(self.interval);
@@ -394,6 +419,41 @@ mod tests {
         assert_eq!(ladder.observe(1, at(6500)), 1);
         assert_eq!(ladder.released(), 0);
         assert_eq!(ladder.hold(), 2000 * MS);
+    }
+
+    #[test]
+    fn a_share_is_given_back_only_when_there_is_room_for_it() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut ladder = Ladder::new(1000 * MS, 1000 * MS, 0b100, t0);
+        assert_eq!(ladder.observe(2, t0), 2);
+        assert_eq!(ladder.observe_with_room(0, false, at(1000)), 2);
+        assert_eq!(ladder.released(), 0, "held: no room for what it diverts");
+        assert_eq!(ladder.observe_with_room(0, false, at(5000)), 2);
+        assert_eq!(ladder.released(), 0);
+        assert_eq!(ladder.observe_with_room(0, true, at(5001)), 2);
+        assert_eq!(
+            ladder.released(),
+            1,
+            "room shown: its hold was served long ago"
+        );
+        assert_eq!(ladder.hold(), 1000 * MS, "waiting for room is not flapping");
+        // Levels without a step do not wait for room.
+        let mut plain = Ladder::new(1000 * MS, 1000 * MS, 0, t0);
+        plain.observe(1, t0);
+        assert_eq!(plain.observe_with_room(0, false, at(1000)), 0);
+    }
+
+    #[test]
+    fn the_room_asked_for_is_the_share_given_back() {
+        // 40 diverted, none released: a quarter comes back, 10.
+        assert!(room_for(40, 0, Some(10)));
+        assert!(!room_for(40, 0, Some(9)));
+        // Three quarters released: the rest (all 40 still diverted by the last quarter) falls.
+        assert!(room_for(40, 3, Some(40)));
+        assert!(!room_for(40, 3, Some(39)));
+        assert!(room_for(40, 0, None), "unknown room: no opinion");
+        assert!(room_for(0, 2, Some(0)), "nothing diverted");
     }
 
     #[test]

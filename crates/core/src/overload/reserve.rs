@@ -76,6 +76,22 @@ impl StartRoom {
         self.room.map(|room| room.saturating_sub(sent))
     }
 
+    /// The room left now beyond the reserve (see `within_reserve`): what less urgent requests may
+    /// still take. `None` when the room is unknown.
+    pub fn beyond_reserve(&self, load_now: u64, reserve: f64) -> Option<u64> {
+        let kept = self.kept(reserve);
+        self.left(load_now).map(|left| left.saturating_sub(kept))
+    }
+
+    /// The requests `reserve` keeps of the capacity: rounded up, at least one (none without a
+    /// reserve).
+    fn kept(&self, reserve: f64) -> u64 {
+        if reserve <= 0.0 {
+            return 0;
+        }
+        (reserve * self.capacity as f64).ceil().max(1.0) as u64
+    }
+
     /// Whether a request of a less urgent tier should keep off the worker now, `reserve` (a
     /// share of its capacity, rounded up, at least one) kept for the interactive tier: the room
     /// left is no more than the reserve. Never with no reserve or no known room.
@@ -83,7 +99,7 @@ impl StartRoom {
         if reserve <= 0.0 {
             return false;
         }
-        let kept = (reserve * self.capacity as f64).ceil().max(1.0) as u64;
+        let kept = self.kept(reserve);
         self.left(load_now).is_some_and(|left| left <= kept)
     }
 }
@@ -173,5 +189,8 @@ mod tests {
             !room.within_reserve(0, 0.1),
             "fewer in flight than at the report"
         );
+        assert_eq!(room.beyond_reserve(5, 0.1), Some(8));
+        assert_eq!(room.beyond_reserve(13, 0.1), Some(0));
+        assert_eq!(room.beyond_reserve(5, 0.0), Some(12));
     }
 }

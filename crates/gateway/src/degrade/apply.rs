@@ -7,15 +7,13 @@ use serde_json::Value;
 use sluice_core::admission::Tier;
 use sluice_core::degrade::{clamp_output, prune_context, reasoning};
 
-use super::{Degrader, Step, StepKind};
+use super::{Degrader, Step, StepKind, CASCADE};
 use crate::context::Degraded;
 use crate::error::GatewayError;
 
 /// The first level of hard shedding (tier 2), and the one that sheds tier 1 too.
 const SHED_BATCH: u8 = 5;
 const SHED_AGENT: u8 = 6;
-/// The cascade's level.
-const CASCADE: u8 = 2;
 
 impl Degrader {
     /// Step 5: a request of `tier` refused at arrival while the level sheds it.
@@ -39,8 +37,11 @@ impl Degrader {
         Ok(())
     }
 
-    /// Step 2: the model a request of `tier` for `model` goes to instead, at this level.
-    pub fn cascade(&self, tier: Tier, model: &str) -> Option<&str> {
+    /// Step 2: the model a request of `tier` for `model` goes to instead, at this level. While
+    /// the cascade is being undone, a request of the share released stays on `model` only if
+    /// `room` says `model` has room for it now (beyond the interactive reserve): a share given
+    /// back is never one that would wait.
+    pub fn cascade(&self, tier: Tier, model: &str, room: impl FnOnce() -> bool) -> Option<&str> {
         let level = self.level();
         if level < CASCADE {
             return None;
@@ -49,7 +50,7 @@ impl Degrader {
             StepKind::Cascade(to) if step.scope.covers(tier, model) => Some(to.as_str()),
             _ => None,
         })?;
-        if level == CASCADE && self.passes_top_step() {
+        if level == CASCADE && self.passes_top_step() && room() {
             return None;
         }
         Some(to)
@@ -158,14 +159,26 @@ mod tests {
     #[test]
     fn a_released_level_lets_its_share_of_requests_pass_its_own_step_only() {
         let d = ladder();
+        let room = || true;
         d.level.store(2, Ordering::Relaxed);
-        assert_eq!(d.cascade(Tier::Agent, "big"), Some("small"));
+        assert_eq!(d.cascade(Tier::Agent, "big", room), Some("small"));
         d.released.store(2, Ordering::Relaxed);
         let taken: Vec<bool> = (0..4)
-            .map(|_| d.cascade(Tier::Agent, "big").is_some())
+            .map(|_| d.cascade(Tier::Agent, "big", room).is_some())
             .collect();
         assert_eq!(taken, [false, false, true, true], "half pass the cascade");
-        assert_eq!(d.cascade(Tier::Interactive, "big"), None, "not its tier");
+        let without_room: Vec<bool> = (0..4)
+            .map(|_| d.cascade(Tier::Agent, "big", || false).is_some())
+            .collect();
+        assert_eq!(
+            without_room, [true; 4],
+            "none passes while the big model has no room"
+        );
+        assert_eq!(
+            d.cascade(Tier::Interactive, "big", room),
+            None,
+            "not its tier"
+        );
         // The step below the released one applies to every request.
         let body = br#"{"model":"big","messages":[]}"#;
         for _ in 0..2 {

@@ -27,7 +27,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use sluice_core::admission::Tier;
 use sluice_core::degrade::{
-    level_of, passes_release, Ladder, Pressure, PruneBudget, ReasoningSwitch,
+    level_of, passes_release, room_for, Ladder, Pressure, PruneBudget, ReasoningSwitch,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -109,6 +109,9 @@ pub struct DegradationConfig {
     pub references: [Duration; 3],
 }
 
+/// The cascade's level.
+const CASCADE: u8 = 2;
+
 /// Readings per interval: the level follows pressure within a fifth of an interval.
 const READINGS_PER_INTERVAL: u32 = 5;
 
@@ -128,6 +131,8 @@ pub struct Degrader {
     /// Counts the requests the top level's step could apply to while released
     /// (`passes_release`).
     draws: AtomicU64,
+    /// Cascaded requests in flight (`Diverted` guards): what undoing the cascade brings back.
+    diverted: Arc<AtomicU64>,
     /// The last reading and the ladder's hold then, for `/admission`.
     last: parking_lot::Mutex<(Option<Pressure>, Duration)>,
     degraded: Family<StepTier, Counter>,
@@ -162,6 +167,7 @@ impl Degrader {
             level: AtomicU8::new(0),
             released: AtomicU8::new(0),
             draws: AtomicU64::new(0),
+            diverted: Arc::new(AtomicU64::new(0)),
             last: parking_lot::Mutex::new((None, hold)),
             degraded,
             level_gauge,
@@ -240,7 +246,9 @@ impl Degrader {
                 codel_dropping: queue.as_ref().map_or([false; 3], |q| q.codel_dropping()),
             };
             let before = ladder.level();
-            let level = ladder.observe(level_of(&pressure, self.config.references), now);
+            let wanted = level_of(&pressure, self.config.references);
+            let room = before != CASCADE || self.room_to_undo_cascade(&fleet, ladder.released());
+            let level = ladder.observe_with_room(wanted, room, now);
             *self.last.lock() = (Some(pressure), ladder.hold());
             self.level.store(level, Ordering::Relaxed);
             let released = ladder.released();
@@ -264,6 +272,48 @@ impl Degrader {
                 );
             }
         }
+    }
+}
+
+impl Degrader {
+    /// Whether the models the cascade diverts from have room, by their workers' reports, for
+    /// the share of the cascaded requests undoing its next quarter brings back — room beyond the
+    /// interactive reserve, as those requests are less urgent (`room_for`).
+    fn room_to_undo_cascade(&self, fleet: &Fleet, released: u8) -> bool {
+        let diverted = self.diverted.load(Ordering::Relaxed);
+        let snapshot = fleet.snapshot();
+        let mut room: Option<u64> = Some(0);
+        for step in &self.config.steps {
+            let (StepKind::Cascade(_), Some(models)) = (&step.kind, &step.scope.models) else {
+                continue;
+            };
+            for pool in models.iter().filter_map(|m| snapshot.pools.get(m.as_str())) {
+                let reserve = pool.reserve_for(Tier::Agent);
+                for w in pool.workers.iter().filter(|w| w.is_routable()) {
+                    let beyond = w
+                        .vetoes
+                        .start_room()
+                        .beyond_reserve(w.load_everywhere(), reserve);
+                    room = room.zip(beyond).map(|(a, b)| a + b);
+                }
+            }
+        }
+        room_for(diverted, released, room)
+    }
+
+    /// Counts a cascaded request in flight until it ends (held in its context).
+    pub fn diverting(&self) -> Box<dyn crate::context::Hold> {
+        self.diverted.fetch_add(1, Ordering::Relaxed);
+        Box::new(Diverted(self.diverted.clone()))
+    }
+}
+
+/// One cascaded request in flight.
+struct Diverted(Arc<AtomicU64>);
+
+impl crate::context::Hold for Diverted {
+    fn release(self: Box<Self>, _: &crate::context::Ending) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

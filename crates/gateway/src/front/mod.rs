@@ -312,6 +312,7 @@ impl Sending<'_> {
         };
         if let Some(to) = self.cascade {
             degrade.cascaded(self.tier, to, &mut ctx.degraded);
+            ctx.admission.hold(degrade.diverting());
         }
         degrade
             .rewrite(self.tier, self.served, self.body, &mut ctx.degraded)
@@ -328,7 +329,15 @@ fn cascaded<'a>(
     snapshot: &crate::fleet::Snapshot,
 ) -> (Wants<'a>, Option<&'a str>) {
     let to = degrade
-        .and_then(|d| d.cascade(tier, wants.model?))
+        .and_then(|d| {
+            let from = wants.model?;
+            d.cascade(tier, from, || {
+                snapshot
+                    .pools
+                    .get(from)
+                    .is_some_and(|pool| pool.has_room_for(tier))
+            })
+        })
         .filter(|to| snapshot.pools.contains_key(*to));
     let model = to.or(wants.model);
     (Wants { model, ..wants }, to)
