@@ -127,12 +127,17 @@ impl QueueGate {
         self.full_by(pending_now, Projection::Hopeful)
     }
 
-    /// The worker should get no new request now, by `projection`.
-    pub fn full_by(&self, pending_now: u64, projection: Projection) -> bool {
-        let projected = match projection {
+    /// The waiting queue now by `projection`.
+    pub fn projected_by(&self, pending_now: u64, projection: Projection) -> u64 {
+        match projection {
             Projection::Hopeful => self.projected(pending_now),
             Projection::Wary => self.projected_wary(pending_now),
-        };
+        }
+    }
+
+    /// The worker should get no new request now, by `projection`.
+    pub fn full_by(&self, pending_now: u64, projection: Projection) -> bool {
+        let projected = self.projected_by(pending_now, projection);
         match self.ceiling {
             Some(c) => projected >= c,
             None => self.kv_full,

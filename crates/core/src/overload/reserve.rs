@@ -13,13 +13,14 @@
 //! known) and the room under its KV ceiling counted in requests of the size running now (the KV
 //! the running requests hold, over how many they are). Its capacity is what it runs plus that
 //! room. Between reports, the requests every replica sent it since (net of those that ended)
-//! count against the room.
+//! count against the room. An engine with no room at all may still take a less urgent request
+//! into its queue, up to its waiting ceiling less the reserve (`keeps_off`).
 
 use std::time::Duration;
 
 use crate::load::LoadReport;
 
-use super::Ceilings;
+use super::{Ceilings, Projection, QueueGate};
 
 /// How long the reserve is kept after the last interactive request for a model: interactive
 /// traffic comes in a person's turns, seconds to a minute apart, and a reserve dropped between
@@ -74,6 +75,32 @@ impl StartRoom {
     pub fn left(&self, load_now: u64) -> Option<u64> {
         let sent = load_now.saturating_sub(self.load_at_report);
         self.room.map(|room| room.saturating_sub(sent))
+    }
+
+    /// Whether a request of a less urgent tier should keep off the worker now, `reserve` kept
+    /// for the interactive tier. On a saturated engine (its report showed a queue, or its KV
+    /// usage at the ceiling: no room to start anything) it may still join the engine's queue,
+    /// projected as `gate` projects it, up to the waiting ceiling less the reserve: an
+    /// interactive request then finds at most that ahead of it, and the engine refills from its
+    /// own queue as requests end instead of idling until the next report. Otherwise it keeps off
+    /// while the room left is no more than the reserve (`within_reserve`).
+    pub fn keeps_off(
+        &self,
+        gate: &QueueGate,
+        pending_now: u64,
+        load_now: u64,
+        projection: Projection,
+        reserve: f64,
+    ) -> bool {
+        if reserve <= 0.0 {
+            return false;
+        }
+        match gate.ceiling {
+            Some(ceiling) if gate.saturated() => {
+                gate.projected_by(pending_now, projection) + self.kept(reserve) >= ceiling
+            }
+            _ => self.within_reserve(load_now, reserve),
+        }
     }
 
     /// The room left now beyond the reserve (see `within_reserve`): what less urgent requests may
@@ -175,6 +202,28 @@ mod tests {
         let idle = StartRoom::new(&report(&[(0, 0, 0.0)]), &CEILINGS, None, 0);
         assert_eq!(idle.room, None);
         assert!(!idle.within_reserve(100, 0.5), "nothing known: no reserve");
+    }
+
+    #[test]
+    fn a_saturated_engine_takes_a_less_urgent_request_into_its_queue_short_of_the_reserve() {
+        // 36 running at the KV ceiling: no room, capacity 36, a reserve of 0.1 keeps 4 of the
+        // waiting ceiling's 8 places.
+        let full = report(&[(36, 0, 0.85)]);
+        let room = StartRoom::new(&full, &CEILINGS, None, 36);
+        let gate = QueueGate::new(&full, &CEILINGS, 2, None);
+        let keeps_off = |pending| room.keeps_off(&gate, pending, 36, Projection::Hopeful, 0.1);
+        assert!(!keeps_off(2 + 3), "3 queued: a fourth may join");
+        assert!(keeps_off(2 + 4), "4 queued: the rest of the queue is kept");
+        assert!(
+            !room.keeps_off(&gate, 2 + 4, 36, Projection::Hopeful, 0.0),
+            "no reserve"
+        );
+        // With room, the room rule: 20 running and room for 12, 4 of the 32 kept.
+        let roomy = report(&[(20, 0, 0.5)]);
+        let room = StartRoom::new(&roomy, &CEILINGS, None, 5);
+        let gate = QueueGate::new(&roomy, &CEILINGS, 0, None);
+        assert!(!room.keeps_off(&gate, 0, 12, Projection::Wary, 0.1));
+        assert!(room.keeps_off(&gate, 0, 13, Projection::Wary, 0.1));
     }
 
     #[test]

@@ -291,7 +291,13 @@ impl Worker {
         self.veto_class_by(projection).or_else(|| {
             self.vetoes
                 .start_room()
-                .within_reserve(self.load_everywhere(), reserve)
+                .keeps_off(
+                    &self.vetoes.queue_gate(),
+                    self.traffic.pending_everywhere(),
+                    self.load_everywhere(),
+                    projection,
+                    reserve,
+                )
                 .then_some(VetoClass::Overload)
         })
     }
