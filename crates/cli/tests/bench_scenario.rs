@@ -137,7 +137,7 @@ fn the_tiered_overload_reports_each_tier_for_sluice_with_admission() {
 }
 
 #[test]
-fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants() {
+fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants_at_each_queue_size() {
     let dir = out_dir("noisy");
     let report = scenario(
         &dir,
@@ -147,8 +147,10 @@ fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants() {
             "4",
             "--window-secs",
             "2",
+            "--queue-size",
+            "1024,16",
             "--configs",
-            "sluice-tenants",
+            "sluice-tenants,sluice-tenants-q16",
         ],
     );
     let points = report["points"].as_array().unwrap();
@@ -156,7 +158,11 @@ fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants() {
         .iter()
         .map(|p| p["config"].as_str().unwrap())
         .collect();
-    assert_eq!(configs, ["direct", "sluice-tenants"]);
+    assert_eq!(
+        configs,
+        ["direct", "sluice-tenants", "sluice-tenants-q16"],
+        "each queue size a configuration"
+    );
     for p in points {
         assert_eq!(p["offered"], 8.0 * 5.25, "A's ten shares and B's half: {p}");
         let tenants = p["report"]["tiers"].as_array().unwrap();

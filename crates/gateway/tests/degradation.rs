@@ -231,6 +231,43 @@ async fn under_pressure_the_engine_gets_the_shortened_request_and_the_answer_nam
 }
 
 #[tokio::test]
+async fn cascaded_requests_are_counted_in_flight_until_they_end() {
+    let release = Arc::new(Notify::new());
+    let urls = [
+        echo_engine("big", release.clone()).await,
+        echo_engine("small", release.clone()).await,
+    ];
+    let (gateway, c) = gateway(&urls, false).await;
+    let (holder, waiter) = under_pressure(&gateway, &c, 2).await;
+    let held = {
+        let (c, url) = (c.clone(), format!("{}/v1/chat/completions", gateway.url()));
+        tokio::spawn(async move { post(&c, &url, &chat("hold me too")).await })
+    };
+    let admission = format!("{}/admission", gateway.url());
+    let in_flight = |want: u64| {
+        let (c, admission) = (c.clone(), admission.clone());
+        bounded("the cascaded requests in flight", async move {
+            while get_admin(&c, &admission).await.json()["degradation"]["cascaded_in_flight"]
+                != want
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    // The holder ends; the two waiters go to the small model one after the other, and the
+    // second is held there: counted while it is (the first may still be counted as it ends).
+    release.notify_waiters();
+    assert_eq!(bounded("the waiter", waiter).await.unwrap().status, 200);
+    in_flight(1).await;
+    // A stored permit: the held one goes whether it is waiting at the engine yet or not.
+    release.notify_one();
+    let held = bounded("the held one", held).await.unwrap();
+    assert_eq!(held.json()["model"], "small", "{}", held.text());
+    in_flight(0).await;
+    assert_eq!(bounded("the holder", holder).await.unwrap().status, 200);
+}
+
+#[tokio::test]
 async fn at_level_five_batch_requests_are_refused_at_arrival_and_agent_ones_are_not() {
     let release = Arc::new(Notify::new());
     let urls = [

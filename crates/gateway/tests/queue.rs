@@ -346,11 +346,12 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
         c.load.min_interval = Duration::from_millis(10);
         c.admission.default_tier = Tier::Interactive;
         c.admission.queue = queue(10, [30, 30, 30]);
+        c.interactive_reserve = 0.1;
     })
     .await;
     let engine = s.sims.engine(0).unwrap();
-    // 20 running hold 0.75 of the KV: one more of their size fits under the 0.8 ceiling, and the
-    // default reserve (0.1) keeps 3 of the 21 for interactive requests.
+    // 20 running hold 0.75 of the KV: one more of their size fits under the 0.8 ceiling, and a
+    // reserve of 0.1 keeps 3 of the 21 for interactive requests.
     let nearly_full = Fault::Report {
         rank: None,
         waiting: Some(0),

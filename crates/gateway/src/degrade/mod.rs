@@ -208,6 +208,7 @@ impl Degrader {
         serde_json::json!({
             "level": self.level(),
             "released_quarters": self.released.load(Ordering::Relaxed),
+            "cascaded_in_flight": self.diverted.load(Ordering::Relaxed),
             "interval_secs": self.config.interval.as_secs_f64(),
             "shed_interval_secs": self.config.shed_interval.as_secs_f64(),
             "hold_secs": hold.as_secs_f64(),
