@@ -381,9 +381,10 @@ pub struct Settings {
     /// could start more than this share of what it holds (its running window, or what its KV
     /// cache holds under --worker-overload-token-usage, in requests of the size running); else it
     /// waits in the gateway queue, or is shed or steered as for a full worker. Kept for 60 s
-    /// after the last interactive request for the model. 0 (the default) turns it off: measured,
-    /// 0.1 kept every interactive request within its objectives on a KV-bound fleet at 1x-4x
-    /// but cost the batch tier a fifth of its requests at 1x (docs/overload.md).
+    /// after the last interactive request for the model. 0 (the default) turns it off: measured
+    /// with the degradation ladder on a KV-bound fleet, 0.1 kept every interactive request
+    /// within its objectives at 1x-4x but cost the batch tier a quarter of its requests at 1x
+    /// (docs/overload.md).
     #[arg(long, default_value_t = 0.0)]
     #[arg(help_heading = "Load monitoring and overload")]
     pub interactive_reserve: f64,

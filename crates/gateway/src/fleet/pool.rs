@@ -89,7 +89,7 @@ impl Pool {
     /// A request of `tier` is routed here: an interactive one keeps the reserve on (on both
     /// sides of a disaggregated model too).
     pub fn saw(&self, tier: Tier) {
-        if tier != Tier::Interactive {
+        if tier != Tier::Interactive || self.state.reserve <= 0.0 {
             return;
         }
         let now = Instant::now();
