@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use sluice_core::admission::Tier;
 use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
 use sluice_gateway::control::HealthConfig;
@@ -443,6 +444,55 @@ async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
         .await;
     assert_eq!(a.status, 200, "steered to the least loaded: {:?}", a.body);
     until_overloaded(&s, &id, "the veto lifted by an early report", false).await;
+}
+
+#[tokio::test]
+async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.shedding.enabled = true;
+        // Requests may ask for any tier.
+        c.admission.default_tier = Tier::Interactive;
+        c.interactive_reserve = 0.1;
+    })
+    .await;
+    // The first engine's queue at its ceiling: full. The second's 20 running hold 0.75: one
+    // more fits under the 0.8 ceiling, within the 3 of 21 the reserve keeps.
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(pin_waiting(8))
+        .await
+        .unwrap();
+    let nearly_full = Fault::Report {
+        rank: None,
+        waiting: Some(0),
+        running: Some(20),
+        kv_usage: Some(0.75),
+    };
+    s.sims.engine(1).unwrap().fault(nearly_full).await.unwrap();
+    let (full, roomy) = (s.worker_id(0).await, s.worker_id(1).await);
+    until_overloaded(&s, &full, "full", true).await;
+    s.until_worker(&roomy, "room for one", |w| w["vetoes"]["start_room"] == 1)
+        .await;
+    let as_tier = |tier| [("x-sluice-priority", tier)];
+    for tier in ["interactive", "batch"] {
+        let body = chat_body("test-model", tier, 2, false);
+        let a = send(
+            &s.client,
+            "POST",
+            &s.url("/v1/chat/completions"),
+            Some(&body),
+            &as_tier(tier),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{tier}: {}", a.text());
+    }
+    assert_eq!(
+        s.received(),
+        [0, 2],
+        "the batch request on the worker with room, not shed"
+    );
 }
 
 fn pin_kv(kv_usage: f64) -> Fault {

@@ -346,6 +346,11 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
         c.load.min_interval = Duration::from_millis(10);
         c.admission.default_tier = Tier::Interactive;
         c.admission.queue = queue(10, [30, 30, 30]);
+        if let Some(q) = &mut c.admission.queue {
+            // Shedding refuses a batch request the fleet has no room for, not one the reserve
+            // holds back.
+            q.shed = true;
+        }
         c.interactive_reserve = 0.1;
     })
     .await;
@@ -404,6 +409,28 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
     engine.fault(Fault::Clear).await.unwrap();
     let batch = bounded("the batch request", batch).await.unwrap();
     assert_eq!(batch.status, 200, "a report with room lets it go");
+    assert_eq!(engine.state().requests_received, 4);
+
+    // The engine's queue at its ceiling: the fleet is full, and a batch arrival is shed.
+    let full = Fault::Report {
+        rank: None,
+        waiting: Some(8),
+        running: Some(20),
+        kv_usage: Some(0.85),
+    };
+    engine.fault(full).await.unwrap();
+    s.until_workers("the full report", |w| w[0]["vetoes"]["overloaded"] == true)
+        .await;
+    let shed = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some(&body("b")),
+        &as_tier("batch"),
+    )
+    .await;
+    assert_eq!(shed.status, 503, "{}", shed.text());
+    assert_eq!(code(&shed).as_deref(), Some("worker_overload_shed"));
     assert_eq!(engine.state().requests_received, 4);
 }
 

@@ -114,14 +114,25 @@ pub fn likely_wait(ahead: usize, rate: Option<f64>) -> Option<Duration> {
     Some(Duration::try_from_secs_f64((k + 2.0 * k.sqrt()) / rate).unwrap_or(Duration::MAX))
 }
 
+/// Why an arrival would wait in the gateway queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The fleet or the gateway has no room for any request now: overload.
+    Full,
+    /// The fleet has room, but only within the interactive reserve (or behind waiters who wait
+    /// for room beyond it): it waits for room beyond the reserve, which requests ending and
+    /// fresh reports open, not for the overload to pass.
+    Reserve,
+}
+
 /// Under shedding, whether an arrival of `tier` that would have to wait is refused rather than
-/// queued: a batch request always; a more urgent one when its likely wait (`likely_wait`) outlives
-/// its tier's `timeout` (unknown before the queue has drained at all: it waits).
-pub fn hopeless(tier: Tier, expected: Option<Duration>, timeout: Duration) -> bool {
-    match tier {
-        Tier::Batch => true,
-        _ => expected.is_some_and(|wait| wait > timeout),
-    }
+/// queued: a batch request when the fleet is full (`Hold::Full`: shedding refuses it rather than
+/// let it wait on an overload); any other when its likely wait (`likely_wait`) outlives its
+/// tier's `timeout` (unknown before the queue has drained at all: it waits). A batch request
+/// held only by the interactive reserve waits as the others do: the reserve is room kept back,
+/// not room missing, and shedding what it holds would cost the goodput the fleet has room for.
+pub fn hopeless(tier: Tier, hold: Hold, expected: Option<Duration>, timeout: Duration) -> bool {
+    (tier == Tier::Batch && hold == Hold::Full) || expected.is_some_and(|wait| wait > timeout)
 }
 
 /// When a client refused by the queue should come back: the waiters over the drain rate, within
@@ -195,6 +206,7 @@ mod tests {
         assert_eq!(likely_wait(3, Some(0.0)), Some(Duration::MAX));
         assert!(hopeless(
             Tier::Agent,
+            Hold::Full,
             likely_wait(0, Some(0.0)),
             Duration::from_secs(3600)
         ));
@@ -205,12 +217,35 @@ mod tests {
         // Ten in line at 20 a second: 500 ms on average, 816 ms two deviations up.
         let wait = likely_wait(9, Some(20.0)).unwrap();
         assert!((wait.as_secs_f64() - (10.0 + 2.0 * 10f64.sqrt()) / 20.0).abs() < 1e-9);
-        assert!(hopeless(Tier::Batch, None, Duration::from_secs(60)));
-        assert!(hopeless(Tier::Agent, Some(wait), 800 * MS));
-        assert!(!hopeless(Tier::Agent, Some(wait), 820 * MS));
+        assert!(hopeless(
+            Tier::Batch,
+            Hold::Full,
+            None,
+            Duration::from_secs(60)
+        ));
+        assert!(hopeless(Tier::Agent, Hold::Full, Some(wait), 800 * MS));
+        assert!(!hopeless(Tier::Agent, Hold::Full, Some(wait), 820 * MS));
         assert!(
-            !hopeless(Tier::Interactive, None, MS),
+            !hopeless(Tier::Interactive, Hold::Full, None, MS),
             "no rate yet: it waits"
+        );
+    }
+
+    #[test]
+    fn a_batch_request_held_by_the_reserve_waits_while_its_wait_fits_its_timeout() {
+        let minute = Duration::from_secs(60);
+        let wait = likely_wait(9, Some(20.0)).unwrap();
+        assert!(!hopeless(Tier::Batch, Hold::Reserve, Some(wait), minute));
+        assert!(!hopeless(Tier::Batch, Hold::Reserve, None, minute));
+        assert!(
+            hopeless(Tier::Batch, Hold::Reserve, Some(wait), 800 * MS),
+            "past its timeout"
+        );
+        assert!(hopeless(Tier::Batch, Hold::Full, Some(wait), minute));
+        assert_eq!(
+            hopeless(Tier::Agent, Hold::Reserve, Some(wait), 800 * MS),
+            hopeless(Tier::Agent, Hold::Full, Some(wait), 800 * MS),
+            "other tiers by their wait alone"
         );
     }
 

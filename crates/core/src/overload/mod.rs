@@ -159,6 +159,9 @@ pub enum VetoClass {
     Overload,
     /// Doubted: unreachable or wedged.
     Liveness,
+    /// Kept for the interactive tier: it has room, but only within the interactive reserve
+    /// (`StartRoom::keeps_off`), so a less urgent request goes elsewhere if it can.
+    Reserve,
 }
 
 /// A worker that could take the request but for its veto (Ready, circuit not open).
@@ -185,6 +188,11 @@ pub enum AllVetoed {
 
 /// The one rule for a pool with no unvetoed candidate.
 ///
+/// - A candidate kept only by the interactive reserve has room: the least loaded of those is
+///   taken first, shedding or not. The reserve holds less urgent work back where the gateway
+///   queue can hold it (it waits there before it is routed); with nowhere to wait, refusing work
+///   the fleet has room for, or sending it to a full worker, would cost more than the reserve
+///   keeps.
 /// - Steering (the default) takes the least loaded candidate — lowest reported waiting queue,
 ///   then KV usage, then in-flight — preferring the full over the doubted.
 /// - With `shed`, a full worker is never the fallback: doubted ones are still steered to; a pool
@@ -204,6 +212,9 @@ pub fn when_all_vetoed(candidates: &[Vetoed], shed: bool, others_out: bool) -> A
             })
             .map(|(i, _)| AllVetoed::Steer(i, class))
     };
+    if let Some(steer) = least(VetoClass::Reserve) {
+        return steer;
+    }
     if !shed {
         return least(VetoClass::Overload)
             .or_else(|| least(VetoClass::Liveness))
@@ -375,7 +386,7 @@ mod tests {
         }
     }
 
-    use VetoClass::{Liveness, Overload};
+    use VetoClass::{Liveness, Overload, Reserve};
 
     #[test]
     fn steering_takes_the_truly_least_loaded_full_worker_first() {
@@ -418,5 +429,22 @@ mod tests {
             "a full worker is never the fallback while shedding"
         );
         assert_eq!(when_all_vetoed(&[], true, false), AllVetoed::Unavailable);
+    }
+
+    #[test]
+    fn a_worker_kept_only_by_the_reserve_is_taken_before_any_full_or_doubted_one() {
+        let c = [
+            v(Overload, 0, 0.1, 0),
+            v(Reserve, 0, 0.7, 4),
+            v(Liveness, 0, 0.0, 0),
+            v(Reserve, 0, 0.6, 9),
+        ];
+        for shed in [false, true] {
+            assert_eq!(
+                when_all_vetoed(&c, shed, true),
+                AllVetoed::Steer(3, Reserve),
+                "shedding: {shed}"
+            );
+        }
     }
 }

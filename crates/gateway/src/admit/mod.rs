@@ -37,6 +37,7 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use prometheus_client::registry::Registry;
 use sluice_core::admission::deadline::{feasible, Expected};
+use sluice_core::admission::drain::Hold;
 use sluice_core::admission::{Refusal, Tier};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -364,6 +365,14 @@ impl Admit {
             // take its worker, is let go before the request waits again (or it would wait for
             // itself).
             ctx.admission.on_worker = None;
+            // Room for an interactive request is room within the reserve: while the reserve
+            // holds for this tier, only the reserve keeps it waiting then.
+            let reserved = pool.reserve_for(tier) > 0.0;
+            let hold = if reserved && slots_free() && pool.has_room_for(Tier::Interactive) {
+                Hold::Reserve
+            } else {
+                Hold::Full
+            };
             let asker = Asker {
                 tier,
                 tenant: ctx
@@ -376,6 +385,7 @@ impl Admit {
                 model: pool.model.clone(),
                 deadline: ctx.admission.client_deadline,
                 counters: ctx.admission.counters.clone(),
+                hold,
             };
             let turn = queue
                 .wait_turn(asker)

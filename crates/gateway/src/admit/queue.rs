@@ -116,6 +116,8 @@ pub struct Asker {
     pub deadline: Option<Instant>,
     /// Its tenant's counters.
     pub counters: Option<Arc<TenantCounters>>,
+    /// Why it would wait: overload, or only the interactive reserve (`drain::hopeless`).
+    pub hold: drain::Hold,
 }
 
 /// Held by a dispatched request until it has its worker (`Admission::has_worker`): then the
@@ -205,6 +207,7 @@ impl GatewayQueue {
         if self.config.shed
             && drain::hopeless(
                 asker.tier,
+                asker.hold,
                 expected,
                 self.config.timeouts[asker.tier.index()],
             )

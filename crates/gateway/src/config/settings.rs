@@ -380,12 +380,12 @@ pub struct Settings {
     /// a less urgent request goes to a worker only while, by its last load report, the worker
     /// could start more than this share of what it holds (its running window, or what its KV
     /// cache holds under --worker-overload-token-usage, in requests of the size running); else it
-    /// waits in the gateway queue, or is shed or steered as for a full worker. Kept for 60 s
-    /// after the last interactive request for the model. 0 (the default) turns it off: measured
-    /// with the degradation ladder on a KV-bound fleet, 0.1 kept every interactive request
-    /// within its objectives at 1x-4x but cost the batch tier a quarter of its requests at 1x
-    /// (docs/overload.md).
-    #[arg(long, default_value_t = 0.0)]
+    /// waits in the gateway queue (where --worker-overload-shed does not shed it: the fleet has
+    /// room), or without the queue is shed or steered as for a full worker. Kept for 60 s after
+    /// the last interactive request for the model; 0 turns it off. The default, measured with
+    /// the degradation ladder on a KV-bound fleet, kept every interactive request within its
+    /// objectives at 1x-4x C with goodput no lower than without it (docs/overload.md).
+    #[arg(long, default_value_t = 0.1)]
     #[arg(help_heading = "Load monitoring and overload")]
     pub interactive_reserve: f64,
 

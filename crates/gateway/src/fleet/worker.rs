@@ -285,10 +285,14 @@ impl Worker {
     }
 
     /// The veto in force on it now for a request that must leave `reserve` of the worker's
-    /// capacity to the interactive tier (0: none; `Pool::reserve_for`): full, for it, while the
-    /// worker could start no more than the reserve.
+    /// capacity to the interactive tier (0: none; `Pool::reserve_for`): kept for that tier
+    /// (`VetoClass::Reserve`) while the worker could start no more than the reserve.
     pub fn veto_class_for(&self, projection: Projection, reserve: f64) -> Option<VetoClass> {
-        self.veto_class_by(projection).or_else(|| {
+        let veto = self.veto_class_by(projection);
+        if reserve <= 0.0 {
+            return veto;
+        }
+        veto.or_else(|| {
             self.vetoes
                 .start_room()
                 .keeps_off(
@@ -298,7 +302,7 @@ impl Worker {
                     projection,
                     reserve,
                 )
-                .then_some(VetoClass::Overload)
+                .then_some(VetoClass::Reserve)
         })
     }
 

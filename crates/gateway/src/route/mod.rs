@@ -186,7 +186,8 @@ impl<'s> Routed<'s> {
             Some(VetoClass::Liveness) => {
                 stage.metrics.liveness_fallbacks.inc();
             }
-            None => {}
+            // Room within the reserve is room: not a fallback onto a vetoed worker.
+            Some(VetoClass::Reserve) | None => {}
         }
         let worker = selected.lease.worker();
         if stage.shedding.enabled
