@@ -381,11 +381,13 @@ pub struct Settings {
     /// could start more than this share of what it holds (its running window, or what its KV
     /// cache holds under --worker-overload-token-usage, in requests of the size running); else it
     /// waits in the gateway queue (where --worker-overload-shed does not shed it: the fleet has
-    /// room), or without the queue is shed or steered as for a full worker. Kept for 60 s after
-    /// the last interactive request for the model; 0 turns it off. The default, measured with
-    /// the degradation ladder on a KV-bound fleet, kept every interactive request within its
-    /// objectives at 1x-4x C with goodput no lower than without it (docs/overload.md).
-    #[arg(long, default_value_t = 0.1)]
+    /// room); without the queue, a worker with room only within the reserve is still taken
+    /// before a full one. Kept for 60 s after the last interactive request for the model. 0
+    /// (the default) turns it off: measured at 0.1, it kept every interactive request within
+    /// its objectives at 1x-4x C on a fleet whose answers hold the KV cache for tens of seconds,
+    /// goodput the same, but cost a fleet of short answers a quarter of its goodput at 1x
+    /// (docs/overload.md).
+    #[arg(long, default_value_t = 0.0)]
     #[arg(help_heading = "Load monitoring and overload")]
     pub interactive_reserve: f64,
 
