@@ -12,6 +12,7 @@ use common::*;
 use sluice_core::admission::Tier;
 use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
+use sluice_core::slo::{Slo, Slos};
 use sluice_gateway::control::HealthConfig;
 
 /// Polls every 50 ms.
@@ -454,6 +455,8 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
         // Requests may ask for any tier.
         c.admission.default_tier = Tier::Interactive;
         c.interactive_reserve = 0.1;
+        // No interactive objective: every interactive request calls for the reserve.
+        c.slos = Slos::new([Slo::default(); 3]);
     })
     .await;
     // The first engine's queue at its ceiling: full. The second's 20 running hold 0.75: one

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use common::*;
 use sluice_core::admission::Tier;
+use sluice_core::slo::{Slo, Slos};
 use sluice_gateway::admit::QueueConfig;
 use tokio::task::JoinHandle;
 
@@ -352,6 +353,9 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
             q.shed = true;
         }
         c.interactive_reserve = 0.1;
+        // No objective for the interactive tier: every interactive request calls for the
+        // reserve, as one later than its objective would.
+        c.slos = Slos::new([Slo::default(); 3]);
     })
     .await;
     let engine = s.sims.engine(0).unwrap();
@@ -432,6 +436,54 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
     assert_eq!(shed.status, 503, "{}", shed.text());
     assert_eq!(code(&shed).as_deref(), Some("worker_overload_shed"));
     assert_eq!(engine.state().requests_received, 4);
+}
+
+#[tokio::test]
+async fn an_interactive_tier_served_in_time_keeps_nothing_back() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.load.interval = Duration::from_millis(50);
+        c.load.min_interval = Duration::from_millis(10);
+        c.admission.default_tier = Tier::Interactive;
+        c.admission.queue = queue(10, [30, 30, 30]);
+        c.interactive_reserve = 0.1;
+        // An hour to a first token: every interactive request is in time.
+        c.slos = Slos::new([
+            Slo {
+                ttft: Some(Duration::from_secs(3600)),
+                tpot: None,
+            },
+            Slo::default(),
+            Slo::default(),
+        ]);
+    })
+    .await;
+    let engine = s.sims.engine(0).unwrap();
+    let nearly_full = Fault::Report {
+        rank: None,
+        waiting: Some(0),
+        running: Some(20),
+        kv_usage: Some(0.75),
+    };
+    engine.fault(nearly_full).await.unwrap();
+    s.until_workers("the report", |w| w[0]["vetoes"]["start_room"] == 1)
+        .await;
+    for tier in ["interactive", "batch"] {
+        let a = send(
+            &s.client,
+            "POST",
+            &s.url("/v1/chat/completions"),
+            Some(&chat_body("test-model", tier, 2, false)),
+            &[("x-sluice-priority", tier)],
+        )
+        .await;
+        assert_eq!(a.status, 200, "{tier}: {}", a.text());
+    }
+    assert_eq!(engine.state().requests_received, 2);
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(r#"sluice_admission_wait_seconds_count{tier="batch"} 0"#),
+        "the batch request took the room the reserve would have kept, without waiting:\n{metrics}"
+    );
 }
 
 #[tokio::test]

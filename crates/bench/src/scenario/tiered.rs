@@ -83,6 +83,7 @@ pub(super) fn queue_config(
     let poll = format!("{}", 10.0 / scale);
     let wait = |objective: f64| (objective - ENGINE_TTFT_ALLOWANCE) / scale;
     let timeouts = format!("{},{},{}", wait(2.0), wait(5.0), 120.0 / scale);
+    let objectives = wall_objectives(scale);
     let mut argv = vec![
         "--log-level",
         "warn",
@@ -93,9 +94,26 @@ pub(super) fn queue_config(
         &size,
         "--queue-timeout-by-tier",
         &timeouts,
+        "--slo-ttft-ms-by-tier",
+        &objectives,
     ];
     argv.extend_from_slice(extra);
     crate::overhead::sluice_template(name, exe, &argv)
+}
+
+/// The gateway's time-to-first-token objectives (its defaults, in engine time) in wall
+/// milliseconds under `scale`: what it judges answers by, and the interactive tier's lateness
+/// that keeps its reserve (`--interactive-reserve`).
+fn wall_objectives(scale: f64) -> String {
+    let slos = sluice_core::slo::Slos::default();
+    GatewayTier::ALL
+        .map(|tier| {
+            slos.of(tier)
+                .ttft
+                .map_or(0, |t| (t.as_secs_f64() * 1000.0 / scale).round() as u64)
+                .to_string()
+        })
+        .join(",")
 }
 
 /// SMG 1.13 with its priority scheduler: every request may ask for any class (its header,
@@ -242,5 +260,16 @@ impl TieredReport {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_judges_by_the_objectives_in_wall_time() {
+        assert_eq!(wall_objectives(4.0), "500,1250,0");
+        assert_eq!(wall_objectives(1.0), "2000,5000,0");
     }
 }

@@ -376,13 +376,14 @@ pub struct Settings {
     #[arg(help_heading = "Load monitoring and overload")]
     pub overload_status_code: u16,
 
-    /// Share of each worker's capacity kept for interactive (tier 0) requests while they come:
+    /// Share of each worker's capacity kept for interactive (tier 0) requests while they run late:
     /// a less urgent request goes to a worker only while, by its last load report, the worker
     /// could start more than this share of what it holds (its running window, or what its KV
     /// cache holds under --worker-overload-token-usage, in requests of the size running); else it
     /// waits in the gateway queue (where --worker-overload-shed does not shed it: the fleet has
     /// room); without the queue, a worker with room only within the reserve is still taken
-    /// before a full one. Kept for 60 s after the last interactive request for the model. 0
+    /// before a full one. Kept for 60 s after an interactive request for the model had its first
+    /// token later than --slo-ttft-ms-by-tier's objective (after any, without one). 0
     /// (the default) turns it off: measured at 0.1, it kept every interactive request within
     /// its objectives at 1x-4x C on a fleet whose answers hold the KV cache for tens of seconds,
     /// goodput the same, but cost a fleet of short answers a quarter of its goodput at 1x

@@ -13,7 +13,6 @@ use sluice_core::prefix::PrefixIndex;
 use sluice_core::ModelName;
 use tokio::time::Instant;
 
-use super::atomic::AtomicInstant;
 use super::pd::Role;
 use super::worker::Worker;
 use super::FleetSettings;
@@ -26,9 +25,6 @@ pub struct PoolState {
     pub prefix: parking_lot::Mutex<PrefixIndex>,
     /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave.
     reserve: f64,
-    /// When an interactive request was last routed to the model: the reserve is kept only
-    /// while they come.
-    interactive_seen: AtomicInstant,
 }
 
 /// The workers of one model.
@@ -70,33 +66,24 @@ impl Pool {
     }
 
     /// The share of each worker's capacity a request of `tier` must leave to the interactive
-    /// tier: the reserve, for a less urgent request while interactive requests for the model came
-    /// within `RESERVE_HOLD`; none otherwise (a fleet nobody asks for the interactive tier keeps
-    /// nothing back).
+    /// tier: the reserve, for a less urgent request while the interactive tier runs late on the
+    /// model (an interactive first token on one of its workers came later than its objective
+    /// within `RESERVE_HOLD`); none otherwise — a fleet whose interactive requests are served
+    /// in time keeps no places idle for them.
     pub fn reserve_for(&self, tier: Tier) -> f64 {
-        let state = &self.state;
-        let recent = state
-            .interactive_seen
-            .load()
-            .is_some_and(|seen| seen.elapsed() < RESERVE_HOLD);
-        if tier > Tier::Interactive && recent {
-            state.reserve
+        let reserve = self.state.reserve;
+        if tier == Tier::Interactive || reserve <= 0.0 {
+            return 0.0;
+        }
+        let late = self.workers.iter().any(|w| {
+            w.signals
+                .interactive_late_at()
+                .is_some_and(|at| at.elapsed() < RESERVE_HOLD)
+        });
+        if late {
+            reserve
         } else {
             0.0
-        }
-    }
-
-    /// A request of `tier` is routed here: an interactive one keeps the reserve on (on both
-    /// sides of a disaggregated model too).
-    pub fn saw(&self, tier: Tier) {
-        if tier != Tier::Interactive || self.state.reserve <= 0.0 {
-            return;
-        }
-        let now = Instant::now();
-        self.state.interactive_seen.store(now);
-        if let Some(pd) = &self.pd {
-            pd.prefill.state.interactive_seen.store(now);
-            pd.decode.state.interactive_seen.store(now);
         }
     }
 
@@ -144,7 +131,6 @@ pub(super) fn pool_state(
                 ticket: AtomicU64::new(0),
                 prefix: parking_lot::Mutex::new(PrefixIndex::new(settings.prefix_capacity)),
                 reserve: settings.interactive_reserve,
-                interactive_seen: AtomicInstant::none(),
             })
         })
         .clone()

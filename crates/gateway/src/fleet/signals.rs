@@ -35,6 +35,9 @@ pub struct Signals {
     /// many reports did (the load monitor).
     short_since: AtomicInstant,
     short_reports: AtomicU32,
+    /// When an interactive request on it last had its first token later than its objective
+    /// (`calls_for_reserve`): the interactive reserve is kept for a while after.
+    interactive_late: AtomicInstant,
 }
 
 impl Default for Signals {
@@ -50,6 +53,7 @@ impl Default for Signals {
             unanswered_since: AtomicInstant::none(),
             short_since: AtomicInstant::none(),
             short_reports: AtomicU32::new(0),
+            interactive_late: AtomicInstant::none(),
         }
     }
 }
@@ -74,6 +78,16 @@ impl Signals {
     /// Something arrived from it: a response, a byte, an answered poll or probe.
     pub fn contact(&self, at: Instant) {
         self.last_contact.advance_to(at);
+    }
+
+    /// An interactive request on it had its first token late at `at`.
+    pub(crate) fn interactive_late(&self, at: Instant) {
+        self.interactive_late.advance_to(at);
+    }
+
+    /// When an interactive request on it last had its first token late.
+    pub fn interactive_late_at(&self) -> Option<Instant> {
+        self.interactive_late.load()
     }
 
     /// A token or a completion (contact too).

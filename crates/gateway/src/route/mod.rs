@@ -131,7 +131,6 @@ impl RouteStage {
             .model
             .map(|m| self.aliases.get(m).map_or(m, ModelName::as_str));
         let pool = pool(snapshot, model)?;
-        pool.saw(wants.tier);
         let mut request = RouteRequest::new(self.wants_prefix(), wants);
         request.reserve = pool.reserve_for(wants.tier);
         Ok(Routed {

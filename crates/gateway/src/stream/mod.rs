@@ -49,6 +49,7 @@ use http_body::{Body, Frame, SizeHint};
 use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
 use sluice_core::engine_error::{error_event, ErrorClass, ErrorEvent};
+use sluice_core::overload::calls_for_reserve;
 use sluice_core::slo::Served;
 use sluice_core::sse::SseParser;
 use tokio::time::{Instant, Sleep};
@@ -240,9 +241,13 @@ impl Relay {
             None => {
                 self.first_chunk = Some(now);
                 if let (200, Some(ctx)) = (self.status, &self.ctx) {
-                    ctx.metrics()
-                        .slo
-                        .first_byte(tier_of(ctx), now - ctx.started);
+                    let (tier, ttft) = (tier_of(ctx), now - ctx.started);
+                    let slo = &ctx.metrics().slo;
+                    slo.first_byte(tier, ttft);
+                    if tier == Tier::Interactive && calls_for_reserve(slo.slos.of(tier).ttft, ttft)
+                    {
+                        self.lease.worker().signals.interactive_late(now);
+                    }
                 }
                 let ttft = now - self.sent_at;
                 self.lease.worker().metrics.ttft.observe(ttft.as_secs_f64());
