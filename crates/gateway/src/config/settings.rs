@@ -384,10 +384,8 @@ pub struct Settings {
     /// room); without the queue, a worker with room only within the reserve is still taken
     /// before a full one. Kept for 60 s after an interactive request for the model had its first
     /// token later than --slo-ttft-ms-by-tier's objective (after any, without one). 0
-    /// (the default) turns it off: measured at 0.1, it kept every interactive request within
-    /// its objectives at 1x-4x C on a fleet whose answers hold the KV cache for tens of seconds,
-    /// goodput the same, but cost a fleet of short answers a quarter of its goodput at 1x
-    /// (docs/overload.md).
+    /// (the default) turns it off; 0.1 is the measured setting for a fleet whose answers hold
+    /// the KV cache for tens of seconds (docs/overload.md).
     #[arg(long, default_value_t = 0.0)]
     #[arg(help_heading = "Load monitoring and overload")]
     pub interactive_reserve: f64,
