@@ -408,6 +408,10 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
         chat.status, 200,
         "the interactive tier takes the room kept for it"
     );
+    assert!(
+        s.workers().await[0]["vetoes"]["interactive_late_secs_ago"].is_f64(),
+        "/workers says why the reserve is kept"
+    );
     assert_eq!(depth(&s, 2).await, 1, "the batch request still waits");
 
     engine.fault(Fault::Clear).await.unwrap();
@@ -479,6 +483,7 @@ async fn an_interactive_tier_served_in_time_keeps_nothing_back() {
         assert_eq!(a.status, 200, "{tier}: {}", a.text());
     }
     assert_eq!(engine.state().requests_received, 2);
+    assert!(s.workers().await[0]["vetoes"]["interactive_late_secs_ago"].is_null());
     let metrics = get(&s.client, &s.url("/metrics")).await.text();
     assert!(
         metrics.contains(r#"sluice_admission_wait_seconds_count{tier="batch"} 0"#),
