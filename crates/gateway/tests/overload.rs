@@ -459,23 +459,15 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
         c.slos = Slos::new([Slo::default(); 3]);
     })
     .await;
-    // The first engine's queue at its ceiling: full. The second's 20 running hold 0.75: one
-    // more fits under the 0.8 ceiling, within the 3 of 21 the reserve keeps.
+    // The first engine full; the second with room for one, within what the reserve keeps.
+    overload_first_worker(&s).await;
     s.sims
-        .engine(0)
+        .engine(1)
         .unwrap()
-        .fault(pin_waiting(8))
+        .fault(one_place_left())
         .await
         .unwrap();
-    let nearly_full = Fault::Report {
-        rank: None,
-        waiting: Some(0),
-        running: Some(20),
-        kv_usage: Some(0.75),
-    };
-    s.sims.engine(1).unwrap().fault(nearly_full).await.unwrap();
-    let (full, roomy) = (s.worker_id(0).await, s.worker_id(1).await);
-    until_overloaded(&s, &full, "full", true).await;
+    let roomy = s.worker_id(1).await;
     s.until_worker(&roomy, "room for one", |w| w["vetoes"]["start_room"] == 1)
         .await;
     let as_tier = |tier| [("x-sluice-priority", tier)];

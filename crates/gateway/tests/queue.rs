@@ -340,8 +340,10 @@ async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
     }
 }
 
-#[tokio::test]
-async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
+/// One engine with room for one more request, behind a gateway queue that sheds, with an
+/// interactive reserve of 0.1 and `interactive_ttft` as the interactive tier's objective (none:
+/// every interactive request calls for the reserve, as a late one would).
+async fn one_place_left_behind_a_reserve(interactive_ttft: Option<Duration>) -> Setup {
     let s = start(1, instant(Flavor::Vllm), |c| {
         c.load.interval = Duration::from_millis(50);
         c.load.min_interval = Duration::from_millis(10);
@@ -353,57 +355,51 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
             q.shed = true;
         }
         c.interactive_reserve = 0.1;
-        // No objective for the interactive tier: every interactive request calls for the
-        // reserve, as one later than its objective would.
-        c.slos = Slos::new([Slo::default(); 3]);
+        let interactive = Slo {
+            ttft: interactive_ttft,
+            tpot: None,
+        };
+        c.slos = Slos::new([interactive, Slo::default(), Slo::default()]);
     })
     .await;
-    let engine = s.sims.engine(0).unwrap();
-    // 20 running hold 0.75 of the KV: one more of their size fits under the 0.8 ceiling, and a
-    // reserve of 0.1 keeps 3 of the 21 for interactive requests.
-    let nearly_full = Fault::Report {
-        rank: None,
-        waiting: Some(0),
-        running: Some(20),
-        kv_usage: Some(0.75),
-    };
-    engine.fault(nearly_full).await.unwrap();
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(one_place_left())
+        .await
+        .unwrap();
     s.until_workers("the report", |w| w[0]["vetoes"]["start_room"] == 1)
         .await;
-    let body = |tag| chat_body("test-model", tag, 2, false);
-    let as_tier = |tier| [("x-sluice-priority", tier)];
-    let batch = send(
+    s
+}
+
+/// A chat request of `tier`, answered.
+async fn chat_as(s: &Setup, tier: &str) -> Answer {
+    let body = chat_body("test-model", tier, 2, false);
+    send(
         &s.client,
         "POST",
         &s.url("/v1/chat/completions"),
-        Some(&body("b")),
-        &as_tier("batch"),
+        Some(&body),
+        &[("x-sluice-priority", tier)],
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
+    let s = one_place_left_behind_a_reserve(None).await;
+    let engine = s.sims.engine(0).unwrap();
+    let batch = chat_as(&s, "batch").await;
     assert_eq!(
         batch.status, 200,
         "no interactive request yet: nothing kept back"
     );
 
-    let chat = send(
-        &s.client,
-        "POST",
-        &s.url("/v1/chat/completions"),
-        Some(&body("c")),
-        &as_tier("interactive"),
-    )
-    .await;
-    assert_eq!(chat.status, 200);
-    let batch = spawn_chat(&s, "b", &as_tier("batch"));
+    assert_eq!(chat_as(&s, "interactive").await.status, 200);
+    let batch = spawn_chat(&s, "b", &[("x-sluice-priority", "batch")]);
     until_depth(&s, 2, 1).await;
-    let chat = send(
-        &s.client,
-        "POST",
-        &s.url("/v1/chat/completions"),
-        Some(&body("c")),
-        &as_tier("interactive"),
-    )
-    .await;
+    let chat = chat_as(&s, "interactive").await;
     assert_eq!(
         chat.status, 200,
         "the interactive tier takes the room kept for it"
@@ -429,14 +425,7 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
     engine.fault(full).await.unwrap();
     s.until_workers("the full report", |w| w[0]["vetoes"]["overloaded"] == true)
         .await;
-    let shed = send(
-        &s.client,
-        "POST",
-        &s.url("/v1/chat/completions"),
-        Some(&body("b")),
-        &as_tier("batch"),
-    )
-    .await;
+    let shed = chat_as(&s, "batch").await;
     assert_eq!(shed.status, 503, "{}", shed.text());
     assert_eq!(code(&shed).as_deref(), Some("worker_overload_shed"));
     assert_eq!(engine.state().requests_received, 4);
@@ -444,45 +433,13 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
 
 #[tokio::test]
 async fn an_interactive_tier_served_in_time_keeps_nothing_back() {
-    let s = start(1, instant(Flavor::Vllm), |c| {
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
-        c.admission.default_tier = Tier::Interactive;
-        c.admission.queue = queue(10, [30, 30, 30]);
-        c.interactive_reserve = 0.1;
-        // An hour to a first token: every interactive request is in time.
-        c.slos = Slos::new([
-            Slo {
-                ttft: Some(Duration::from_secs(3600)),
-                tpot: None,
-            },
-            Slo::default(),
-            Slo::default(),
-        ]);
-    })
-    .await;
-    let engine = s.sims.engine(0).unwrap();
-    let nearly_full = Fault::Report {
-        rank: None,
-        waiting: Some(0),
-        running: Some(20),
-        kv_usage: Some(0.75),
-    };
-    engine.fault(nearly_full).await.unwrap();
-    s.until_workers("the report", |w| w[0]["vetoes"]["start_room"] == 1)
-        .await;
+    // An hour to a first token: every interactive request is in time.
+    let s = one_place_left_behind_a_reserve(Some(Duration::from_secs(3600))).await;
     for tier in ["interactive", "batch"] {
-        let a = send(
-            &s.client,
-            "POST",
-            &s.url("/v1/chat/completions"),
-            Some(&chat_body("test-model", tier, 2, false)),
-            &[("x-sluice-priority", tier)],
-        )
-        .await;
+        let a = chat_as(&s, tier).await;
         assert_eq!(a.status, 200, "{tier}: {}", a.text());
     }
-    assert_eq!(engine.state().requests_received, 2);
+    assert_eq!(s.sims.engine(0).unwrap().state().requests_received, 2);
     assert!(s.workers().await[0]["vetoes"]["interactive_late_secs_ago"].is_null());
     let metrics = get(&s.client, &s.url("/metrics")).await.text();
     assert!(

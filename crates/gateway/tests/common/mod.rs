@@ -14,6 +14,18 @@ pub use sluice_gateway::{Config, Gateway};
 pub use sluice_sim::testkit::*;
 pub use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, SimFleet};
 
+/// An engine report of 20 running holding 0.75 of the KV and none waiting: one more of their
+/// size fits under the 0.8 ceiling, and a reserve of 0.1 keeps 3 of the 21 for interactive
+/// requests (`/workers` shows `start_room` 1).
+pub fn one_place_left() -> Fault {
+    Fault::Report {
+        rank: None,
+        waiting: Some(0),
+        running: Some(20),
+        kv_usage: Some(0.75),
+    }
+}
+
 /// Every wait in these tests is bounded: a bug fails the test instead of hanging it.
 pub async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), fut)
