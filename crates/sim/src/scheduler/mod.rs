@@ -7,7 +7,7 @@
 //! each decoded token past a block's end, takes more, and when none is free a victim chosen by the
 //! eviction policy is preempted (recompute, swap or truncate). With prefix caching, an admitted prompt's
 //! leading blocks already in the cache are shared instead of prefilled (`prefix`). The step's cost
-//! comes from the step-time model `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read + b4 *
+//! comes from the step-time model (`cost`) `b0 + b1 * prefill + b2 * decode + b3 * KV tokens read + b4 *
 //! attention pairs prefilled (+ PCIe transfers)`, so a cached block costs no prefill and a long
 //! prompt's later chunks cost more than its first.
 //!
@@ -22,6 +22,7 @@
 //! plain `for` loop.
 
 mod blocks;
+mod cost;
 pub mod prefix;
 mod seq;
 #[cfg(test)]
@@ -34,6 +35,8 @@ use serde::{Deserialize, Serialize};
 
 pub use blocks::{blocks_for, BlockPool};
 use blocks::{cache_computed, return_blocks, take_blocks};
+pub use cost::StepCost;
+use cost::{attention_pairs_of, StepWork};
 use prefix::{Acquired, PrefixCache};
 pub use seq::{FinishReason, NewSeq, Phase, Seq, SeqId};
 
@@ -61,37 +64,6 @@ pub enum Eviction {
     Las,
     /// Shortest remaining processing time first: evict the request furthest from completion.
     Srpt,
-}
-
-/// The step-time model's coefficients.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepCost {
-    /// Fixed cost of any forward pass (b0).
-    pub base: Duration,
-    /// Cost of each prompt token prefilled (b1).
-    pub per_prefill_token: Duration,
-    /// Cost of each token decoded (b2).
-    pub per_decode_token: Duration,
-    /// Cost of each token of context whose KV is read by attention (b3): long contexts decode slower.
-    pub per_kv_token_read: Duration,
-    /// Cost of every thousand (query, key) token pairs a prefill's attention computes (b4): a
-    /// chunk of c tokens after p already computed attends to c * p + c * (c + 1) / 2 pairs, so
-    /// a prompt's prefill grows with the square of its length.
-    pub per_attention_kpair: Duration,
-    /// Cost of moving one KV block across PCIe, either way.
-    pub per_block_transfer: Duration,
-}
-
-impl StepCost {
-    /// Every step free: the `instant` profile's.
-    pub const ZERO: StepCost = StepCost {
-        base: Duration::ZERO,
-        per_prefill_token: Duration::ZERO,
-        per_decode_token: Duration::ZERO,
-        per_kv_token_read: Duration::ZERO,
-        per_attention_kpair: Duration::ZERO,
-        per_block_transfer: Duration::ZERO,
-    };
 }
 
 /// Limits and policies of one rank's scheduler.
@@ -169,13 +141,6 @@ impl Work {
             Work::Decode => 1,
         }
     }
-}
-
-/// The (query, key) pairs causal attention computes for a chunk of `chunk` tokens after `before`
-/// already in the cache.
-fn attention_pairs_of(before: u32, chunk: u32) -> u64 {
-    let (before, chunk) = (u64::from(before), u64::from(chunk));
-    chunk * before + chunk * (chunk + 1) / 2
 }
 
 /// The scheduler of one data-parallel rank.
@@ -519,8 +484,11 @@ impl Scheduler {
         transferred_blocks: u32,
         mut events: Vec<SeqEvent>,
     ) -> Step {
-        let (mut prefill_tokens, mut decode_tokens, mut kv_read) = (0u32, 0u32, 0u64);
-        let (mut attention_pairs, mut prompt_tokens_counted) = (0u64, 0u32);
+        let mut work_done = StepWork {
+            transferred_blocks,
+            ..StepWork::default()
+        };
+        let mut prompt_tokens_counted = 0u32;
         let mut finished = Vec::new();
         for (id, work) in plan {
             let Some(seq) = self.seqs.get_mut(&id) else {
@@ -528,19 +496,19 @@ impl Scheduler {
             };
             let computed_now = match work {
                 Work::Prefill(chunk) => {
-                    prefill_tokens += chunk;
+                    work_done.prefill_tokens += chunk;
                     self.counters.prompt_tokens_computed += u64::from(chunk);
-                    attention_pairs += attention_pairs_of(seq.computed, chunk);
+                    work_done.attention_pairs += attention_pairs_of(seq.computed, chunk);
                     chunk
                 }
                 Work::Decode => {
-                    decode_tokens += 1;
+                    work_done.decode_tokens += 1;
                     1
                 }
             };
             seq.computed += computed_now;
             seq.work += u64::from(computed_now);
-            kv_read += u64::from(seq.computed);
+            work_done.kv_read += u64::from(seq.computed);
             if matches!(work, Work::Prefill(_)) {
                 cache_computed(&mut self.pool, &mut self.cache, seq, self.cfg.block_size);
             }
@@ -565,27 +533,11 @@ impl Scheduler {
             }
             self.running.retain(|r| *r != id);
         }
-        let cost = &self.cfg.cost;
-        let forward_pass = if prefill_tokens + decode_tokens > 0 {
-            cost.base
-        } else {
-            Duration::ZERO
-        };
-        let duration = forward_pass
-            + cost.per_prefill_token * prefill_tokens
-            + cost.per_decode_token * decode_tokens
-            + cost
-                .per_kv_token_read
-                .saturating_mul(u32::try_from(kv_read).unwrap_or(u32::MAX))
-            + cost.per_block_transfer * transferred_blocks
-            + cost
-                .per_attention_kpair
-                .mul_f64(attention_pairs as f64 / 1000.0);
         self.counters.prompt_tokens_counted += u64::from(prompt_tokens_counted);
         Step {
-            duration,
-            prefill_tokens,
-            decode_tokens,
+            duration: self.cfg.cost.of(&work_done),
+            prefill_tokens: work_done.prefill_tokens,
+            decode_tokens: work_done.decode_tokens,
             prompt_tokens_counted,
             events,
         }
