@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use crate::admission::Tier;
 use crate::load::LoadReport;
 
 use super::{Ceilings, Projection, QueueGate};
@@ -37,6 +38,18 @@ pub const RESERVE_HOLD: Duration = Duration::from_secs(60);
 /// kept only while the tier misses. (Half the objective as the mark did no better in one run.)
 pub fn calls_for_reserve(objective: Option<Duration>, ttft: Duration) -> bool {
     objective.is_none_or(|objective| ttft > objective)
+}
+
+/// The share of each worker's capacity a request of `tier` must leave to the interactive tier,
+/// `reserve` set and an interactive request last running late `since_late` ago (`None`: never):
+/// the reserve for a less urgent request within `RESERVE_HOLD` of it, nothing otherwise.
+pub fn reserve_in_force(reserve: f64, tier: Tier, since_late: Option<Duration>) -> f64 {
+    let held = since_late.is_some_and(|ago| ago < RESERVE_HOLD);
+    if tier > Tier::Interactive && held {
+        reserve
+    } else {
+        0.0
+    }
 }
 
 /// What a worker could still start by its last report, and what it holds in all.
@@ -245,6 +258,20 @@ mod tests {
         assert!(!calls_for_reserve(objective, Duration::from_secs(2)));
         assert!(calls_for_reserve(objective, Duration::from_millis(2001)));
         assert!(calls_for_reserve(None, Duration::ZERO), "no objective: any");
+    }
+
+    #[test]
+    fn the_reserve_holds_for_less_urgent_tiers_for_a_while_after_a_late_interactive_request() {
+        let just = Some(Duration::from_secs(1));
+        assert_eq!(reserve_in_force(0.1, Tier::Batch, just), 0.1);
+        assert_eq!(reserve_in_force(0.1, Tier::Agent, just), 0.1);
+        assert_eq!(reserve_in_force(0.1, Tier::Interactive, just), 0.0);
+        assert_eq!(reserve_in_force(0.1, Tier::Batch, None), 0.0, "never late");
+        assert_eq!(
+            reserve_in_force(0.1, Tier::Batch, Some(RESERVE_HOLD)),
+            0.0,
+            "a minute on"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::admission::Tier;
-use sluice_core::overload::{Projection, RESERVE_HOLD};
+use sluice_core::overload::{reserve_in_force, Projection};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::ModelName;
 use tokio::time::Instant;
@@ -75,16 +75,13 @@ impl Pool {
         if tier == Tier::Interactive || reserve <= 0.0 {
             return 0.0;
         }
-        let late = self.workers.iter().any(|w| {
-            w.signals
-                .interactive_late_at()
-                .is_some_and(|at| at.elapsed() < RESERVE_HOLD)
-        });
-        if late {
-            reserve
-        } else {
-            0.0
-        }
+        let since_late = self
+            .workers
+            .iter()
+            .filter_map(|w| w.signals.interactive_late_at())
+            .map(|at| at.elapsed())
+            .min();
+        reserve_in_force(reserve, tier, since_late)
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
