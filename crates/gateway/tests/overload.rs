@@ -12,7 +12,6 @@ use common::*;
 use sluice_core::admission::Tier;
 use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
-use sluice_core::slo::{Slo, Slos};
 use sluice_gateway::control::HealthConfig;
 
 /// Polls every 50 ms.
@@ -447,6 +446,46 @@ async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
     until_overloaded(&s, &id, "the veto lifted by an early report", false).await;
 }
 
+/// A worker whose last report left no room beyond the interactive reserve is polled again soon
+/// after one of its requests ends: the place it freed is room less urgent requests may take
+/// (on an engine of short answers, much of the batch ends between two reports).
+#[tokio::test]
+async fn a_worker_with_no_room_beyond_the_reserve_is_polled_again_when_a_request_on_it_ends() {
+    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    sims.engine(0)
+        .unwrap()
+        .fault(one_place_left())
+        .await
+        .unwrap();
+    let mut config = Config::local(&sims.urls());
+    fast_load(&mut config);
+    config.load.interval = Duration::from_secs(3600);
+    config.interactive_reserve = 0.1;
+    let gateway = Gateway::start(config).await.unwrap();
+    let client = client();
+    until_workers(&gateway, &client, "workers ready", all_ready).await;
+    let s = Setup {
+        sims,
+        gateway,
+        client,
+    };
+    let id = s.worker_id(0).await;
+    s.until_worker(&id, "the first report", |w| w["vetoes"]["start_room"] == 1)
+        .await;
+    s.sims.engine(0).unwrap().fault(Fault::Clear).await.unwrap();
+
+    let a = s
+        .chat(&chat_body("test-model", "a request that ends", 2, false))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    s.until_worker(&id, "a report after the request ended", |w| {
+        w["vetoes"]["start_room"].is_null()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
     let s = start(2, instant(Flavor::Vllm), |c| {
@@ -455,8 +494,6 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
         // Requests may ask for any tier.
         c.admission.default_tier = Tier::Interactive;
         c.interactive_reserve = 0.1;
-        // No interactive objective: every interactive request calls for the reserve.
-        c.slos = Slos::new([Slo::default(); 3]);
     })
     .await;
     // The first engine full; the second with room for one, within what the reserve keeps.

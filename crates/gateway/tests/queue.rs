@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::*;
 use sluice_core::admission::Tier;
-use sluice_core::slo::{Slo, Slos};
 use sluice_gateway::admit::QueueConfig;
 use tokio::task::JoinHandle;
 
@@ -341,9 +340,8 @@ async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
 }
 
 /// One engine with room for one more request, behind a gateway queue that sheds, with an
-/// interactive reserve of 0.1 and `interactive_ttft` as the interactive tier's objective (none:
-/// every interactive request calls for the reserve, as a late one would).
-async fn one_place_left_behind_a_reserve(interactive_ttft: Option<Duration>) -> Setup {
+/// interactive reserve of 0.1.
+async fn one_place_left_behind_a_reserve() -> Setup {
     let s = start(1, instant(Flavor::Vllm), |c| {
         c.load.interval = Duration::from_millis(50);
         c.load.min_interval = Duration::from_millis(10);
@@ -355,11 +353,6 @@ async fn one_place_left_behind_a_reserve(interactive_ttft: Option<Duration>) -> 
             q.shed = true;
         }
         c.interactive_reserve = 0.1;
-        let interactive = Slo {
-            ttft: interactive_ttft,
-            tpot: None,
-        };
-        c.slos = Slos::new([interactive, Slo::default(), Slo::default()]);
     })
     .await;
     s.sims
@@ -388,7 +381,7 @@ async fn chat_as(s: &Setup, tier: &str) -> Answer {
 
 #[tokio::test]
 async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
-    let s = one_place_left_behind_a_reserve(None).await;
+    let s = one_place_left_behind_a_reserve().await;
     let engine = s.sims.engine(0).unwrap();
     let batch = chat_as(&s, "batch").await;
     assert_eq!(
@@ -405,7 +398,7 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
         "the interactive tier takes the room kept for it"
     );
     assert!(
-        s.workers().await[0]["vetoes"]["interactive_late_secs_ago"].is_f64(),
+        s.workers().await[0]["vetoes"]["interactive_answered_secs_ago"].is_f64(),
         "/workers says why the reserve is kept"
     );
     assert_eq!(depth(&s, 2).await, 1, "the batch request still waits");
@@ -432,20 +425,22 @@ async fn a_less_urgent_request_leaves_the_interactive_reserve_alone() {
 }
 
 #[tokio::test]
-async fn an_interactive_tier_served_in_time_keeps_nothing_back() {
-    // An hour to a first token: every interactive request is in time.
-    let s = one_place_left_behind_a_reserve(Some(Duration::from_secs(3600))).await;
-    for tier in ["interactive", "batch"] {
+async fn a_model_without_interactive_traffic_keeps_nothing_back() {
+    let s = one_place_left_behind_a_reserve().await;
+    for tier in ["batch", "agent"] {
         let a = chat_as(&s, tier).await;
         assert_eq!(a.status, 200, "{tier}: {}", a.text());
     }
     assert_eq!(s.sims.engine(0).unwrap().state().requests_received, 2);
-    assert!(s.workers().await[0]["vetoes"]["interactive_late_secs_ago"].is_null());
+    assert!(s.workers().await[0]["vetoes"]["interactive_answered_secs_ago"].is_null());
     let metrics = get(&s.client, &s.url("/metrics")).await.text();
-    assert!(
-        metrics.contains(r#"sluice_admission_wait_seconds_count{tier="batch"} 0"#),
-        "the batch request took the room the reserve would have kept, without waiting:\n{metrics}"
-    );
+    for tier in ["agent", "batch"] {
+        let went = format!(r#"sluice_admission_wait_seconds_count{{tier="{tier}"}} 0"#);
+        assert!(
+            metrics.contains(&went),
+            "the {tier} request took the room the reserve would keep, without waiting:\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -30,7 +30,7 @@ use crate::load::LoadReport;
 mod gate;
 mod reserve;
 pub use gate::{learned_window, Projection, QueueGate};
-pub use reserve::{calls_for_reserve, reserve_in_force, StartRoom, RESERVE_HOLD};
+pub use reserve::{reserve_in_force, StartRoom, RESERVE_HOLD};
 
 /// A worker's overload ceilings; `None` turns that signal off.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -129,10 +129,10 @@ pub struct VetoView {
     /// interactive reserve is judged on it: `--interactive-reserve`); absent when unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     start_room: Option<u64>,
-    /// Seconds since an interactive request on it last had its first token later than its
-    /// objective: for 60 s after, the interactive reserve is kept on every worker of its model.
+    /// Seconds since an interactive request on it last had its first token: for 60 s after,
+    /// the interactive reserve is kept on every worker of its model.
     #[serde(skip_serializing_if = "Option::is_none")]
-    interactive_late_secs_ago: Option<f64>,
+    interactive_answered_secs_ago: Option<f64>,
     busy: bool,
     at_capacity: bool,
     /// Its engine says it is asleep: out of routing until a report says it is awake.
@@ -155,9 +155,9 @@ impl VetoView {
             pending_elsewhere: worker.traffic.pending_elsewhere(),
             in_flight_elsewhere: worker.traffic.in_flight_elsewhere(),
             start_room: v.start_room().left(worker.load_everywhere()),
-            interactive_late_secs_ago: worker
+            interactive_answered_secs_ago: worker
                 .signals
-                .interactive_late_at()
+                .interactive_answered_at()
                 .map(|at| at.elapsed().as_secs_f64()),
             busy: v.busy(),
             at_capacity: v.at_capacity(),

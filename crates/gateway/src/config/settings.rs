@@ -376,17 +376,15 @@ pub struct Settings {
     #[arg(help_heading = "Load monitoring and overload")]
     pub overload_status_code: u16,
 
-    /// Share of each worker's capacity kept for interactive (tier 0) requests while they run late:
-    /// a less urgent request goes to a worker only while, by its last load report, the worker
-    /// could start more than this share of what it holds (its running window, or what its KV
-    /// cache holds under --worker-overload-token-usage, in requests of the size running); else it
-    /// waits in the gateway queue (where --worker-overload-shed does not shed it: the fleet has
-    /// room); without the queue, a worker with room only within the reserve is still taken
-    /// before a full one. Kept for 60 s after an interactive request for the model had its first
-    /// token later than --slo-ttft-ms-by-tier's objective (after any, without one). 0
-    /// (the default) turns it off; 0.1 is the measured setting for a fleet whose answers hold
-    /// the KV cache for tens of seconds (docs/overload.md).
-    #[arg(long, default_value_t = 0.0)]
+    /// Share of each worker's capacity kept for interactive (tier 0) requests while a model has
+    /// them: a less urgent request goes to a worker only while, by its last load report, the
+    /// worker could start more than this share of what it holds (its running window, or what its
+    /// KV cache holds under --worker-overload-token-usage, in requests of the size running); else
+    /// it waits in the gateway queue (where --worker-overload-shed does not shed it: the fleet has
+    /// room); without the queue, a worker with room only within the reserve is still taken before
+    /// a full one. Kept for 60 s after an interactive request for the model had its first token;
+    /// a model without interactive traffic keeps nothing back. 0 turns it off (docs/overload.md).
+    #[arg(long, default_value_t = 0.1)]
     #[arg(help_heading = "Load monitoring and overload")]
     pub interactive_reserve: f64,
 

@@ -66,22 +66,21 @@ impl Pool {
     }
 
     /// The share of each worker's capacity a request of `tier` must leave to the interactive
-    /// tier: the reserve, for a less urgent request while the interactive tier runs late on the
-    /// model (an interactive first token on one of its workers came later than its objective
-    /// within `RESERVE_HOLD`); none otherwise — a fleet whose interactive requests are served
-    /// in time keeps no places idle for them.
+    /// tier: the reserve, for a less urgent request while the model has interactive traffic
+    /// (an interactive first token on one of its workers within `RESERVE_HOLD`); none
+    /// otherwise.
     pub fn reserve_for(&self, tier: Tier) -> f64 {
         let reserve = self.state.reserve;
         if tier == Tier::Interactive || reserve <= 0.0 {
             return 0.0;
         }
-        let since_late = self
+        let since_interactive = self
             .workers
             .iter()
-            .filter_map(|w| w.signals.interactive_late_at())
+            .filter_map(|w| w.signals.interactive_answered_at())
             .map(|at| at.elapsed())
             .min();
-        reserve_in_force(reserve, tier, since_late)
+        reserve_in_force(reserve, tier, since_interactive)
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of

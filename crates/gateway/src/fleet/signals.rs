@@ -35,9 +35,9 @@ pub struct Signals {
     /// many reports did (the load monitor).
     short_since: AtomicInstant,
     short_reports: AtomicU32,
-    /// When an interactive request on it last had its first token later than its objective
-    /// (`calls_for_reserve`): the interactive reserve is kept for a while after.
-    interactive_late: AtomicInstant,
+    /// When an interactive request on it last had its first token: the interactive reserve is
+    /// kept for a while after (`reserve_in_force`).
+    interactive_answered: AtomicInstant,
 }
 
 impl Default for Signals {
@@ -53,7 +53,7 @@ impl Default for Signals {
             unanswered_since: AtomicInstant::none(),
             short_since: AtomicInstant::none(),
             short_reports: AtomicU32::new(0),
-            interactive_late: AtomicInstant::none(),
+            interactive_answered: AtomicInstant::none(),
         }
     }
 }
@@ -80,14 +80,14 @@ impl Signals {
         self.last_contact.advance_to(at);
     }
 
-    /// An interactive request on it had its first token late at `at`.
-    pub(crate) fn interactive_late(&self, at: Instant) {
-        self.interactive_late.advance_to(at);
+    /// An interactive request on it had its first token at `at`.
+    pub(crate) fn interactive_answered(&self, at: Instant) {
+        self.interactive_answered.advance_to(at);
     }
 
-    /// When an interactive request on it last had its first token late.
-    pub fn interactive_late_at(&self) -> Option<Instant> {
-        self.interactive_late.load()
+    /// When an interactive request on it last had its first token.
+    pub fn interactive_answered_at(&self) -> Option<Instant> {
+        self.interactive_answered.load()
     }
 
     /// A token or a completion (contact too).

@@ -42,6 +42,9 @@ pub struct EngineLoad {
 /// bits (a count saturates at 2^21 - 1, far past any ceiling): the room (plus one; 0 is
 /// unknown), the waiting queue, this gateway's requests without a first byte.
 const KV_FULL: u64 = 1 << 63;
+/// In the packed `StartRoom`: the report left no room beyond the interactive reserve
+/// (`StartRoom::tight`).
+const TIGHT: u64 = 1 << 63;
 const COUNT_BITS: u32 = 21;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 
@@ -55,7 +58,7 @@ pub struct Vetoes {
     /// The engine's running window as learned from its reports (`learned_window`); 0: unknown.
     window: AtomicU64,
     /// The last report's `StartRoom` in one word: three counts of 21 bits — the room (plus one;
-    /// 0 is unknown), the capacity, the requests in flight at the report.
+    /// 0 is unknown), the capacity, the requests in flight at the report — and `TIGHT`.
     start_room: AtomicU64,
     /// The gate's ceiling; 0: off.
     queue_ceiling: AtomicU64,
@@ -137,13 +140,15 @@ impl Vetoes {
         }
     }
 
-    /// A report's `StartRoom` (the load monitor, with the report).
-    pub(crate) fn set_start_room(&self, room: StartRoom) {
+    /// A report's `StartRoom` (the load monitor, with the report), and whether it left no room
+    /// beyond the interactive reserve (`StartRoom::tight`).
+    pub(crate) fn set_start_room(&self, room: StartRoom, tight: bool) {
         let plus_one = room.room.map_or(0, |r| r.min(COUNT_MAX - 1) + 1);
         let packed = room.load_at_report.min(COUNT_MAX)
             | room.capacity.min(COUNT_MAX) << COUNT_BITS
             | plus_one << (2 * COUNT_BITS);
-        self.start_room.store(packed, Ordering::Release);
+        let tight = if tight { TIGHT } else { 0 };
+        self.start_room.store(packed | tight, Ordering::Release);
     }
 
     fn set_queue_gate(&self, gate: QueueGate) {
@@ -169,13 +174,18 @@ impl Vetoes {
         }
     }
 
-    /// A request on the worker ended. When the last report found the worker full, its end freed
-    /// some of what the report counted, so the load monitor is asked for an early poll: the veto
-    /// lifts as soon as the engine has room, not an interval later (with the gateway queue on,
-    /// its waiters would otherwise wait out the interval — longer than an interactive tier's
-    /// timeout at the default 10 s). At most one poll per the load monitor's `EARLY_POLL_SPACING` follows.
+    /// A request on the worker ended. When the last report found the worker full, or with no
+    /// room beyond the interactive reserve, its end freed some of what the report counted, so
+    /// the load monitor is asked for an early poll: the veto lifts as soon as the engine has
+    /// room, not an interval later (with the gateway queue on, its waiters would otherwise wait
+    /// out the interval — longer than an interactive tier's timeout at the default 10 s; and an
+    /// engine of short answers would idle behind the reserve). At most one poll per the load
+    /// monitor's `EARLY_POLL_SPACING` follows.
     pub(crate) fn request_ended(&self) {
-        if self.overloaded.load(Ordering::Relaxed) || self.busy.load(Ordering::Relaxed) {
+        if self.overloaded.load(Ordering::Relaxed)
+            || self.busy.load(Ordering::Relaxed)
+            || self.start_room.load(Ordering::Relaxed) & TIGHT != 0
+        {
             self.early_poll.notify_one();
         }
     }
@@ -273,7 +283,7 @@ impl Vetoes {
         self.load.store(None);
         self.asleep.store(false, Ordering::Release);
         self.set_queue_gate(QueueGate::default());
-        self.set_start_room(StartRoom::default());
+        self.set_start_room(StartRoom::default(), false);
         (
             self.overloaded.swap(false, Ordering::AcqRel),
             self.busy.swap(false, Ordering::AcqRel),
@@ -339,7 +349,7 @@ mod tests {
                 capacity: 40,
                 load_at_report: 70_000,
             };
-            v.set_start_room(sent);
+            v.set_start_room(sent, true);
             let expected = StartRoom {
                 room: room.map(|r| r.min(COUNT_MAX - 1)),
                 ..sent
@@ -479,6 +489,27 @@ mod tests {
             v.early_poll_wanted().now_or_never().is_none(),
             "a queue is judged per request: no early poll"
         );
+    }
+
+    #[test]
+    fn a_request_ending_on_a_worker_with_no_room_beyond_the_reserve_wants_an_early_poll() {
+        use futures_util::FutureExt;
+        let v = Vetoes::default();
+        let room = StartRoom {
+            room: Some(1),
+            capacity: 20,
+            load_at_report: 19,
+        };
+        v.set_start_room(room, false);
+        v.request_ended();
+        assert!(
+            v.early_poll_wanted().now_or_never().is_none(),
+            "room enough"
+        );
+        v.set_start_room(room, true);
+        assert_eq!(v.start_room(), room, "the mark is not read as a count");
+        v.request_ended();
+        assert!(v.early_poll_wanted().now_or_never().is_some());
     }
 
     #[tokio::test(start_paused = true)]

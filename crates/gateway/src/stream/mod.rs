@@ -49,7 +49,6 @@ use http_body::{Body, Frame, SizeHint};
 use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
 use sluice_core::engine_error::{error_event, ErrorClass, ErrorEvent};
-use sluice_core::overload::calls_for_reserve;
 use sluice_core::slo::Served;
 use sluice_core::sse::SseParser;
 use tokio::time::{Instant, Sleep};
@@ -244,9 +243,8 @@ impl Relay {
                     let (tier, ttft) = (tier_of(ctx), now - ctx.started);
                     let slo = &ctx.metrics().slo;
                     slo.first_byte(tier, ttft);
-                    if tier == Tier::Interactive && calls_for_reserve(slo.slos.of(tier).ttft, ttft)
-                    {
-                        self.lease.worker().signals.interactive_late(now);
+                    if tier == Tier::Interactive {
+                        self.lease.worker().signals.interactive_answered(now);
                     }
                 }
                 let ttft = now - self.sent_at;

@@ -152,12 +152,10 @@ impl Control {
             worker.traffic.pending_everywhere(),
             window,
         );
-        worker.vetoes.set_start_room(StartRoom::new(
-            &report,
-            &ceilings,
-            window,
-            worker.load_everywhere(),
-        ));
+        let room = StartRoom::new(&report, &ceilings, window, worker.load_everywhere());
+        worker
+            .vetoes
+            .set_start_room(room, room.tight(fleet.interactive_reserve()));
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = activity(&report, worker.traffic.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
