@@ -14,8 +14,9 @@
 //! known) and the room under its KV ceiling counted in requests of the size running now (the KV
 //! the running requests hold, over how many they are). Its capacity is what it runs plus that
 //! room. Between reports, the requests every replica sent it since count against the room and
-//! those that ended add to it (each freed a place, and the KV of a request). An engine with no room at all may still take a less urgent request
-//! into its queue, up to its waiting ceiling less the reserve (`keeps_off`).
+//! those that ended add to it (each freed a place, and the KV of a request). An engine with no
+//! room at all may still take a less urgent request into its queue, up to its waiting ceiling
+//! less the reserve (`keeps_off`).
 
 use std::time::Duration;
 

@@ -172,12 +172,12 @@ impl Fleet {
         })
     }
 
-    /// The gateway's metrics, which the control loops count into.
     /// `--interactive-reserve`, the most any pool keeps (`Pool::reserve_for`).
     pub fn interactive_reserve(&self) -> f64 {
         self.settings.interactive_reserve
     }
 
+    /// The gateway's metrics, which the control loops count into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
