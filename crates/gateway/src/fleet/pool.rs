@@ -74,13 +74,14 @@ impl Pool {
         if tier == Tier::Interactive || reserve <= 0.0 {
             return 0.0;
         }
-        let since_interactive = self
+        // The latest first, then one reading of the clock: this runs for every less urgent
+        // request.
+        let last = self
             .workers
             .iter()
             .filter_map(|w| w.signals.interactive_answered_at())
-            .map(|at| at.elapsed())
-            .min();
-        reserve_in_force(reserve, tier, since_interactive)
+            .max();
+        reserve_in_force(reserve, tier, last.map(|at| at.elapsed()))
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
