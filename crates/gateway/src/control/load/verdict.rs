@@ -152,7 +152,8 @@ impl Control {
             worker.traffic.pending_everywhere(),
             window,
         );
-        let room = StartRoom::new(&report, &ceilings, window, worker.load_everywhere());
+        let room = StartRoom::new(&report, &ceilings, window, worker.load_everywhere())
+            .after_preemptions(report.preempted_since(previous.as_ref().map(|p| &p.report)));
         worker
             .vetoes
             .set_start_room(room, room.tight(fleet.interactive_reserve()));
