@@ -415,26 +415,33 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     assert_eq!(last_report(), report_at, "without another report");
 }
 
+/// One engine under `fault` from the start, behind a gateway tuned by `tune` whose polls are an
+/// hour apart: the only regular report is the first, as soon as it is ready; any other is early.
+async fn reported_once(fault: Fault, tune: impl FnOnce(&mut Config)) -> Setup {
+    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
+        .await
+        .unwrap();
+    sims.engine(0).unwrap().fault(fault).await.unwrap();
+    let mut config = Config::local(&sims.urls());
+    fast_load(&mut config);
+    config.load.interval = Duration::from_secs(3600);
+    tune(&mut config);
+    let gateway = Gateway::start(config).await.unwrap();
+    let client = client();
+    until_workers(&gateway, &client, "workers ready", all_ready).await;
+    Setup {
+        sims,
+        gateway,
+        client,
+    }
+}
+
 /// A worker whose last report found it full is polled again soon after one of its requests ends,
 /// not at the next interval: with the next poll an hour away, the veto lifts once the request
 /// that went to it (the fleet's least loaded, all being full) is done.
 #[tokio::test]
 async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
-    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
-        .await
-        .unwrap();
-    sims.engine(0).unwrap().fault(pin_kv(0.99)).await.unwrap();
-    let mut config = Config::local(&sims.urls());
-    fast_load(&mut config);
-    config.load.interval = Duration::from_secs(3600);
-    let gateway = Gateway::start(config).await.unwrap();
-    let client = client();
-    until_workers(&gateway, &client, "workers ready", all_ready).await;
-    let s = Setup {
-        sims,
-        gateway,
-        client,
-    };
+    let s = reported_once(pin_kv(0.99), |_| {}).await;
     let id = s.worker_id(0).await;
     until_overloaded(&s, &id, "vetoed by its first report", true).await;
     s.sims.engine(0).unwrap().fault(Fault::Clear).await.unwrap();
@@ -451,26 +458,7 @@ async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
 /// (on an engine of short answers, much of the batch ends between two reports).
 #[tokio::test]
 async fn a_worker_with_no_room_beyond_the_reserve_is_polled_again_when_a_request_on_it_ends() {
-    let sims = SimFleet::start(FleetConfig::local(1, instant(Flavor::Vllm)))
-        .await
-        .unwrap();
-    sims.engine(0)
-        .unwrap()
-        .fault(one_place_left())
-        .await
-        .unwrap();
-    let mut config = Config::local(&sims.urls());
-    fast_load(&mut config);
-    config.load.interval = Duration::from_secs(3600);
-    config.interactive_reserve = 0.1;
-    let gateway = Gateway::start(config).await.unwrap();
-    let client = client();
-    until_workers(&gateway, &client, "workers ready", all_ready).await;
-    let s = Setup {
-        sims,
-        gateway,
-        client,
-    };
+    let s = reported_once(one_place_left(), |c| c.interactive_reserve = 0.1).await;
     let id = s.worker_id(0).await;
     s.until_worker(&id, "the first report", |w| w["vetoes"]["start_room"] == 1)
         .await;
