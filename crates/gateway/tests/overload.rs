@@ -1,7 +1,8 @@
 //! Overload protection against simulated engines whose reported load is pinned: a worker over a
 //! ceiling is skipped by every policy and returns after a report under it, a failed poll clears
 //! the veto, a fleet all over is steered to its least loaded worker (or shed), and busy ranks
-//! veto only when every rank is busy.
+//! veto only when every rank is busy; with an interactive reserve, an interactive request goes
+//! where it starts at once.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -513,6 +514,46 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
         [0, 2],
         "the batch request on the worker with room, not shed"
     );
+}
+
+/// With a reserve set, an interactive request goes where it starts at once: not to a worker
+/// whose engine has a queue (under its ceiling, so not vetoed), though the policy, round robin,
+/// would send every other one there.
+#[tokio::test]
+async fn an_interactive_request_goes_where_it_starts_at_once() {
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.policy = Policy::RoundRobin;
+        c.admission.default_tier = Tier::Interactive;
+        c.interactive_reserve = 0.1;
+    })
+    .await;
+    s.sims
+        .engine(0)
+        .unwrap()
+        .fault(pin_waiting(2))
+        .await
+        .unwrap();
+    s.sims
+        .engine(1)
+        .unwrap()
+        .fault(one_place_left())
+        .await
+        .unwrap();
+    let (queueing, roomy) = (s.worker_id(0).await, s.worker_id(1).await);
+    s.until_worker(&queueing, "a queue, under the ceiling", |w| {
+        w["vetoes"]["start_room"] == 0 && w["vetoes"]["overloaded"] == false
+    })
+    .await;
+    s.until_worker(&roomy, "room for one", |w| w["vetoes"]["start_room"] == 1)
+        .await;
+    for i in 0..4 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("turn {i}"), 2, false))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(s.received(), [0, 4], "every one where it started at once");
 }
 
 fn pin_kv(kv_usage: f64) -> Fault {

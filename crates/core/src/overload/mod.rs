@@ -10,7 +10,8 @@
 //!   absolute or fractional prefill tokens); a worker is busy only when all its ranks are.
 //! - At capacity: the worker itself answered 529/429 "at capacity"; vetoed briefly.
 //! - The interactive reserve (`StartRoom`): a less urgent request keeps off a worker that could
-//!   start no more than the reserve beyond it.
+//!   start no more than the reserve beyond it, and an interactive request goes where it starts
+//!   at once when such a worker exists (`seeks_room`).
 //! - Liveness (`crate::liveness`): unreachable or wedged.
 //!
 //! ## Layout
@@ -19,7 +20,8 @@
 //!   for arrivals and warily for the gateway queue (`Projection`), and the engine's running
 //!   window learned from its reports.
 //! - `reserve` — room kept on each worker for the interactive tier (`StartRoom`): what a report
-//!   says the worker could still start, and whether a less urgent request leaves it alone.
+//!   says the worker could still start, whether a less urgent request leaves it alone, and
+//!   whether an interactive one would start there at once.
 
 use std::fmt;
 
@@ -30,7 +32,7 @@ use crate::load::LoadReport;
 mod gate;
 mod reserve;
 pub use gate::{learned_window, Projection, QueueGate};
-pub use reserve::{reserve_in_force, StartRoom, RESERVE_HOLD};
+pub use reserve::{reserve_in_force, seeks_room, StartRoom, RESERVE_HOLD};
 
 /// A worker's overload ceilings; `None` turns that signal off.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -1,5 +1,5 @@
-//! Room kept on each worker for the interactive tier (`--interactive-reserve`), while that tier
-//! runs late.
+//! Room kept on each worker for the interactive tier (`--interactive-reserve`) while a model
+//! has interactive traffic, and the interactive tier placed where that room is.
 //!
 //! An engine serves what it has admitted first and has no preemption by tier: on a worker whose
 //! KV cache is the bound, whatever was admitted before an interactive request holds the cache for
@@ -17,6 +17,10 @@
 //! those that ended add to it (each freed a place, and the KV of a request). An engine with no
 //! room at all may still take a less urgent request into its queue, up to its waiting ceiling
 //! less the reserve (`keeps_off`).
+//!
+//! The room kept is of use only if the interactive request lands on it: while a reserve is set,
+//! an interactive request goes to a worker where it starts at once when one exists
+//! (`seeks_room`, `starts_now`), whatever the policy would have chosen among the others.
 
 use std::time::Duration;
 
@@ -46,6 +50,18 @@ pub fn reserve_in_force(reserve: f64, tier: Tier, since_interactive: Option<Dura
     } else {
         0.0
     }
+}
+
+/// Whether a request of `tier` goes, when one exists, to a worker where it starts at once
+/// (`StartRoom::starts_now`), `reserve` being the model's interactive reserve: an interactive
+/// request while a reserve is set. The reserve keeps room on each worker, but room on one
+/// worker is no help to a request the policy sends to another whose engine has a queue (or no
+/// KV to start it): there it waits in the engine, behind requests admitted before it, for as
+/// long as their answers hold their places — seconds on a fleet of long answers. Less urgent
+/// requests are placed by the policy alone: the reserve already keeps them where there is room
+/// for them.
+pub fn seeks_room(tier: Tier, reserve: f64) -> bool {
+    tier == Tier::Interactive && reserve > 0.0
 }
 
 /// What a worker could still start by its last report, and what it holds in all.
@@ -117,6 +133,12 @@ impl StartRoom {
     pub fn left(&self, load_now: u64) -> Option<u64> {
         self.room
             .map(|room| (room + self.load_at_report).saturating_sub(load_now))
+    }
+
+    /// Whether a request sent now, `load_now` in flight, would start at once: room left by the
+    /// report, or no opinion when the room is unknown (nothing running, or no report).
+    pub fn starts_now(&self, load_now: u64) -> bool {
+        self.left(load_now).is_none_or(|left| left > 0)
     }
 
     /// Whether the report left no room beyond `reserve` for a less urgent request: then each
@@ -224,6 +246,35 @@ mod tests {
         waiting_requests: Some(8),
         token_usage: Some(0.8),
     };
+
+    #[test]
+    fn an_interactive_request_seeks_room_only_while_a_reserve_is_set() {
+        assert!(seeks_room(Tier::Interactive, 0.1));
+        assert!(
+            !seeks_room(Tier::Interactive, 0.0),
+            "no reserve: the policy alone"
+        );
+        assert!(
+            !seeks_room(Tier::Agent, 0.1),
+            "the reserve places less urgent work"
+        );
+        assert!(!seeks_room(Tier::Batch, 0.1));
+    }
+
+    #[test]
+    fn a_request_starts_now_where_the_report_left_room_or_nothing_is_known() {
+        // 20 running, 12 more fit; 7 in flight then.
+        let room = StartRoom::new(&report(&[(20, 0, 0.5)]), &CEILINGS, None, 7);
+        assert!(room.starts_now(7));
+        assert!(room.starts_now(18), "11 sent since: one place left");
+        assert!(!room.starts_now(19), "12 sent since: none left");
+        let queued = StartRoom::new(&report(&[(20, 1, 0.5)]), &CEILINGS, None, 7);
+        assert!(!queued.starts_now(7), "a queue: nothing starts at once");
+        assert!(queued.starts_now(6), "one ended since: its place is free");
+        let unknown = StartRoom::new(&report(&[(0, 0, 0.0)]), &CEILINGS, None, 0);
+        assert!(unknown.starts_now(5), "nothing running: no opinion");
+        assert!(StartRoom::default().starts_now(3), "no report: no opinion");
+    }
 
     #[test]
     fn the_room_is_the_kv_under_its_ceiling_in_requests_of_the_running_size() {

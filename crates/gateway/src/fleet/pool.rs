@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::admission::Tier;
-use sluice_core::overload::{reserve_in_force, Projection};
+use sluice_core::overload::{reserve_in_force, seeks_room, Projection};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::ModelName;
 use tokio::time::Instant;
@@ -82,6 +82,12 @@ impl Pool {
             .filter_map(|w| w.signals.interactive_answered_at())
             .max();
         reserve_in_force(reserve, tier, last.map(|at| at.elapsed()))
+    }
+
+    /// Whether a request of `tier` goes to a worker where it starts at once when one exists
+    /// (`sluice_core::overload::seeks_room`): an interactive request while a reserve is set.
+    pub fn seeks_room(&self, tier: Tier) -> bool {
+        seeks_room(tier, self.state.reserve)
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of

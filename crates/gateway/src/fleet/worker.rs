@@ -306,6 +306,12 @@ impl Worker {
         })
     }
 
+    /// Whether a request sent to it now would start at once, by its last report and what was
+    /// sent and ended since (`StartRoom::starts_now`).
+    pub fn starts_now(&self) -> bool {
+        self.vetoes.start_room().starts_now(self.load_everywhere())
+    }
+
     /// Ready, awake, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
         self.status() == HealthState::Ready

@@ -15,6 +15,10 @@
 //! When none remains, `sluice_core::overload::when_all_vetoed` decides: steer to the least loaded
 //! vetoed worker (the default), shed (`--worker-overload-shed`), or 503 no_available_workers.
 //!
+//! With an interactive reserve set, an interactive request is placed among the candidates
+//! where it starts at once (`Worker::starts_now`) when some would and some would not: the room
+//! the reserve keeps is of no use to it on another worker, behind an engine's queue.
+//!
 //! The stage is `RouteStage` (the policy and the shedding rule, shared by every request); routing
 //! one request gives a `Routed` — its pool and what the policy reads of it — which the forward
 //! stage asks for a worker per attempt, so a retry is routed by the same rules as the first try.
@@ -133,6 +137,7 @@ impl RouteStage {
         let pool = pool(snapshot, model)?;
         let mut request = RouteRequest::new(self.wants_prefix(), wants);
         request.reserve = pool.reserve_for(wants.tier);
+        request.seeks_room = pool.seeks_room(wants.tier);
         Ok(Routed {
             pool,
             request,
@@ -257,6 +262,8 @@ pub struct RouteRequest {
     /// The share of a worker's capacity it leaves to the interactive tier (`Pool::reserve_for`):
     /// a worker that could start no more than that is full for it.
     pub reserve: f64,
+    /// It goes where it starts at once when such a worker exists (`Pool::seeks_room`).
+    pub seeks_room: bool,
 }
 
 impl RouteRequest {
@@ -277,6 +284,7 @@ impl RouteRequest {
             stream: wants.stream,
             weight: wants.n.max(1),
             reserve: 0.0,
+            seeks_room: false,
         }
     }
 }
@@ -336,7 +344,7 @@ fn select(
             w.veto_class_for(stage.projection, request.reserve)
                 .is_none()
         });
-    if let Some(lease) = pick(policy, pool, request, free) {
+    if let Some(lease) = pick_where_it_starts(policy, pool, request, free) {
         return Ok(Selected {
             lease,
             fallback: None,
@@ -347,6 +355,25 @@ fn select(
         .iter()
         .any(|w| !w.is_routable() && !tried.contains(&w.key));
     fall_back(stage, pool, request, tried, vetoed, others_out)
+}
+
+/// The policy's pick among `workers`; for a request that seeks room, among those where it
+/// starts at once first, when some would and some would not.
+fn pick_where_it_starts(
+    policy: &Policy,
+    pool: &Pool,
+    request: &RouteRequest,
+    workers: Vec<&Arc<Worker>>,
+) -> Option<Lease> {
+    if request.seeks_room {
+        let (starting, queueing): (Vec<&Arc<Worker>>, Vec<&Arc<Worker>>) =
+            workers.iter().partition(|w| w.starts_now());
+        if !starting.is_empty() && !queueing.is_empty() {
+            return pick(policy, pool, request, starting)
+                .or_else(|| pick(policy, pool, request, queueing));
+        }
+    }
+    pick(policy, pool, request, workers)
 }
 
 /// The policy's pick among `workers`, which must then get a permit from its circuit.
