@@ -51,12 +51,7 @@ async fn until_all_overloaded(s: &Setup) {
 /// Pins the first engine's queue at the default ceiling (8) and waits for its veto.
 async fn overload_first_worker(s: &Setup) -> String {
     let id = s.worker_id(0).await;
-    s.sims
-        .engine(0)
-        .unwrap()
-        .fault(pin_waiting(8))
-        .await
-        .unwrap();
+    s.fault(0, pin_waiting(8)).await;
     until_overloaded(s, &id, "vetoed", true).await;
     id
 }
@@ -163,12 +158,7 @@ async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
     })
     .await;
     for (i, waiting) in [(0, 12), (1, 9), (2, 10)] {
-        s.sims
-            .engine(i)
-            .unwrap()
-            .fault(pin_waiting(waiting))
-            .await
-            .unwrap();
+        s.fault(i, pin_waiting(waiting)).await;
     }
     until_all_overloaded(&s).await;
     let before = s.received();
@@ -217,12 +207,7 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
     })
     .await;
     for i in 0..3 {
-        s.sims
-            .engine(i)
-            .unwrap()
-            .fault(pin_waiting(30))
-            .await
-            .unwrap();
+        s.fault(i, pin_waiting(30)).await;
     }
     until_all_overloaded(&s).await;
     let before = s.received();
@@ -445,7 +430,7 @@ async fn a_full_worker_is_polled_again_when_a_request_on_it_ends() {
     let s = reported_once(pin_kv(0.99), |_| {}).await;
     let id = s.worker_id(0).await;
     until_overloaded(&s, &id, "vetoed by its first report", true).await;
-    s.sims.engine(0).unwrap().fault(Fault::Clear).await.unwrap();
+    s.fault(0, Fault::Clear).await;
 
     let a = s
         .chat(&chat_body("test-model", "on a full fleet", 2, false))
@@ -463,7 +448,7 @@ async fn a_worker_with_no_room_beyond_the_reserve_is_polled_again_when_a_request
     let id = s.worker_id(0).await;
     s.until_worker(&id, "the first report", |w| w["vetoes"]["start_room"] == 1)
         .await;
-    s.sims.engine(0).unwrap().fault(Fault::Clear).await.unwrap();
+    s.fault(0, Fault::Clear).await;
 
     let a = s
         .chat(&chat_body("test-model", "a request that ends", 2, false))
@@ -487,12 +472,7 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
     .await;
     // The first engine full; the second with room for one, within what the reserve keeps.
     overload_first_worker(&s).await;
-    s.sims
-        .engine(1)
-        .unwrap()
-        .fault(one_place_left())
-        .await
-        .unwrap();
+    s.fault(1, one_place_left()).await;
     let roomy = s.worker_id(1).await;
     s.until_worker(&roomy, "room for one", |w| w["vetoes"]["start_room"] == 1)
         .await;
@@ -528,18 +508,8 @@ async fn an_interactive_request_goes_where_it_starts_at_once() {
         c.interactive_reserve = 0.1;
     })
     .await;
-    s.sims
-        .engine(0)
-        .unwrap()
-        .fault(pin_waiting(2))
-        .await
-        .unwrap();
-    s.sims
-        .engine(1)
-        .unwrap()
-        .fault(one_place_left())
-        .await
-        .unwrap();
+    s.fault(0, pin_waiting(2)).await;
+    s.fault(1, one_place_left()).await;
     let (queueing, roomy) = (s.worker_id(0).await, s.worker_id(1).await);
     s.until_worker(&queueing, "a queue, under the ceiling", |w| {
         w["vetoes"]["start_room"] == 0 && w["vetoes"]["overloaded"] == false

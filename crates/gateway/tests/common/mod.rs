@@ -197,6 +197,11 @@ impl Setup {
         post(&self.client, &self.url("/v1/chat/completions"), body).await
     }
 
+    /// Puts engine `i` under `fault` (or clears it, `Fault::Clear`).
+    pub async fn fault(&self, i: usize, fault: Fault) {
+        self.sims.engine(i).unwrap().fault(fault).await.unwrap();
+    }
+
     /// Requests each engine has received.
     pub fn received(&self) -> Vec<u64> {
         self.sims
