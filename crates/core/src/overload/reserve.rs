@@ -110,12 +110,13 @@ impl StartRoom {
     /// The room when the report shows the engine preempted `preempted` requests since the one
     /// before: none. Its KV was overcommitted — the running requests grew into more than it
     /// holds, and long answers keep growing — and the engine puts a preempted request back at
-    /// the front of its queue (vLLM V1, `vllm/v1/core/sched/scheduler.py`, 2025-2026:
-    /// `waiting.prepend_request`), where it is recomputed before any new one: an interactive
-    /// request would wait behind them. SGLang's retractions count the same (`preempted_since`). The capacity is kept, so the reserve is
-    /// still measured on it (measured on the long-answer fleet, in one run: interactive
-    /// requests 100 / 99.6 / 100 / 100% in time at 1x-4x against 100 / 98.3 / 98.9 / 100%,
-    /// goodput the same).
+    /// the front of its queue and schedules no waiting request in a step that preempted (vLLM,
+    /// `vllm/v1/core/sched/scheduler.py` `schedule` and `_preempt_request`, read at `00024d3`),
+    /// so it is recomputed before any new one: an interactive request would wait behind them.
+    /// SGLang's retractions count the same (`preempted_since`). The capacity is kept, so the
+    /// reserve is still measured on it (measured on the long-answer fleet, in one run:
+    /// interactive requests 100 / 99.6 / 100 / 100% in time at 1x-4x against 100 / 98.3 /
+    /// 98.9 / 100%, goodput the same).
     pub fn after_preemptions(self, preempted: u64) -> Self {
         if preempted == 0 {
             return self;
