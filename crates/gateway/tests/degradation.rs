@@ -333,11 +333,10 @@ async fn a_cascade_to_a_model_nobody_serves_is_not_taken() {
     assert_eq!(bounded("the holder", holder).await.unwrap().status, 200);
 }
 
-/// The veto share is read per model: the big model's only engine over its waiting ceiling is the
-/// big model's whole fleet full — level 3 — however idle the small model's engine beside it (the
-/// whole fleet's share would be a half: level 1).
-#[tokio::test]
-async fn a_model_whose_workers_are_all_full_is_level_three_beside_an_idle_one() {
+/// One simulated engine for "big" (engine 0) and one for "small" (engine 1), engine `full` over
+/// its waiting ceiling, behind the ladder; returned once the ladder is at level 3 (a model's
+/// whole fleet full), with the admission view then.
+async fn one_model_full(full: usize) -> (SimFleet, Gateway, HttpClient, serde_json::Value) {
     let engine = |model: &str| {
         let mut cfg = instant(Flavor::Vllm);
         cfg.model = model.into();
@@ -346,7 +345,7 @@ async fn a_model_whose_workers_are_all_full_is_level_three_beside_an_idle_one() 
     let mut fleet = FleetConfig::local(1, engine("big"));
     fleet.also.push((1, engine("small")));
     fleet.faults.push((
-        Some(0),
+        Some(full),
         Fault::Report {
             rank: None,
             waiting: Some(8),
@@ -367,5 +366,38 @@ async fn a_model_whose_workers_are_all_full_is_level_three_beside_an_idle_one() 
         }
     })
     .await;
+    (sims, gateway, c, view)
+}
+
+/// The veto share is read per model: the big model's only engine over its waiting ceiling is the
+/// big model's whole fleet full — level 3 — however idle the small model's engine beside it (the
+/// whole fleet's share would be a half: level 1).
+#[tokio::test]
+async fn a_model_whose_workers_are_all_full_is_level_three_beside_an_idle_one() {
+    let (_sims, _gateway, _c, view) = one_model_full(0).await;
     assert_eq!(view["degradation"]["pressure"]["vetoed_share"], 1.0);
+}
+
+/// A cascade never moves a request from a model with room for it to one without: the small
+/// model's only engine over its waiting ceiling puts the ladder at level 3, where the big model's
+/// requests are cascaded to it — but the big model, idle, has room, so they stay on it.
+#[tokio::test]
+async fn a_request_is_not_cascaded_to_a_full_model_from_one_with_room() {
+    let (sims, gateway, c, _) = one_model_full(1).await;
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let answer = post(&c, &url, &chat("stay")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["model"], "big", "{}", answer.text());
+    let steps = answer
+        .headers
+        .get("x-sluice-degraded")
+        .map(|h| h.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert!(!steps.contains("cascade"), "{steps}");
+    let received: Vec<u64> = sims
+        .engines()
+        .iter()
+        .map(|e| e.state().requests_received)
+        .collect();
+    assert_eq!(received, [1, 0], "nothing reached the full model");
 }

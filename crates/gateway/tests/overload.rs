@@ -454,8 +454,10 @@ async fn a_worker_with_no_room_beyond_the_reserve_is_polled_again_when_a_request
         .chat(&chat_body("test-model", "a request that ends", 2, false))
         .await;
     assert_eq!(a.status, 200, "{}", a.text());
+    // The clean report: nothing running, room for the ceiling over the size the first
+    // report's requests held (0.8 / 0.0375: 21).
     s.until_worker(&id, "a report after the request ended", |w| {
-        w["vetoes"]["start_room"].is_null()
+        w["vetoes"]["start_room"] == 21
     })
     .await;
 }
@@ -524,6 +526,55 @@ async fn an_interactive_request_goes_where_it_starts_at_once() {
         assert_eq!(a.status, 200, "{}", a.text());
     }
     assert_eq!(s.received(), [0, 4], "every one where it started at once");
+}
+
+/// The reserve counts room in the size a worker's requests settle at, learnt from its reports:
+/// a burst of fresh requests (small now, as large later) or an idle engine is not read as room
+/// for as many requests as their size now would say.
+#[tokio::test]
+async fn room_is_counted_in_the_size_the_workers_requests_settle_at() {
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        fast_load(c);
+        c.interactive_reserve = 0.1;
+    })
+    .await;
+    let id = s.worker_id(0).await;
+    // 20 running at 0.75 of the KV: 0.0375 each, room for one under the 0.8 ceiling.
+    s.fault(0, one_place_left()).await;
+    let w = s
+        .until_worker(&id, "room for one", |w| w["vetoes"]["start_room"] == 1)
+        .await;
+    let learnt = w["engine_load"]["kv_per_request"].as_f64().unwrap();
+    assert!((learnt - 0.0375).abs() < 1e-3, "{w}");
+    // Ten fresh requests at 0.01 each: by their size, room for 70 under the ceiling; grown to
+    // the size this worker's requests settle at, they hold 0.375, and the ceiling leaves room
+    // for 11 more of that size.
+    s.fault(0, pin_load(10, 0.1)).await;
+    let room = |w: &serde_json::Value| w["vetoes"]["start_room"].as_u64();
+    let grown = s
+        .until_worker(&id, "a report of fresh requests", |w| {
+            room(w).is_some_and(|r| r > 1)
+        })
+        .await;
+    let grown = room(&grown).unwrap();
+    assert!((9..=13).contains(&grown), "room for {grown}, not 70");
+    // Idle: the room is known (21 of the grown size under the ceiling), not left unknown
+    // until requests run again.
+    s.fault(0, pin_load(0, 0.0)).await;
+    let idle = s
+        .until_worker(&id, "an idle report", |w| room(w).is_some_and(|r| r > 20))
+        .await;
+    assert!(room(&idle).unwrap() <= 25, "{idle}");
+}
+
+/// Reports of `running` requests holding `kv_usage` of the cache, and no queue.
+fn pin_load(running: u64, kv_usage: f64) -> Fault {
+    Fault::Report {
+        rank: None,
+        waiting: Some(0),
+        running: Some(running),
+        kv_usage: Some(kv_usage),
+    }
 }
 
 fn pin_kv(kv_usage: f64) -> Fault {

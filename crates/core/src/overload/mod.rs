@@ -22,6 +22,8 @@
 //! - `reserve` — room kept on each worker for the interactive tier (`StartRoom`): what a report
 //!   says the worker could still start, whether a less urgent request leaves it alone, and
 //!   whether an interactive one would start there at once.
+//! - `size` — the KV a running request settles at on a worker, learnt from its reports
+//!   (`RunningSize`), in which the reserve counts room.
 
 use std::fmt;
 
@@ -31,8 +33,10 @@ use crate::load::LoadReport;
 
 mod gate;
 mod reserve;
+mod size;
 pub use gate::{learned_window, Projection, QueueGate};
 pub use reserve::{reserve_in_force, seeks_room, StartRoom, RESERVE_HOLD};
+pub use size::{RunningSize, SIZE_MEMORY};
 
 /// A worker's overload ceilings; `None` turns that signal off.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -34,6 +34,10 @@ pub struct LoadView {
     busy: bool,
     /// The most requests it was seen running while others waited (`learned_window`).
     running_window: Option<u64>,
+    /// The share of the KV cache a running request settles at on it, learnt from its reports
+    /// over about a minute of its busy time: the interactive reserve counts its room in it, so
+    /// requests started lately are counted as grown to it.
+    kv_per_request: Option<f64>,
     ranks: Vec<RankLoad>,
 }
 
@@ -52,6 +56,7 @@ impl LoadView {
             overload: load.overload,
             busy: load.busy,
             running_window: worker.vetoes.window(),
+            kv_per_request: load.kv_per_request,
             ranks: load.report.ranks.clone(),
         })
     }

@@ -37,11 +37,14 @@ impl Degrader {
         Ok(())
     }
 
-    /// Step 2: the model a request of `tier` for `model` goes to instead, at this level. While
-    /// the cascade is being undone, a request of the share released stays on `model` only if
-    /// `room` says `model` has room for it now (beyond the interactive reserve): a share given
-    /// back is never one that would wait.
-    pub fn cascade(&self, tier: Tier, model: &str, room: impl FnOnce() -> bool) -> Option<&str> {
+    /// Step 2: the model a request of `tier` for `model` goes to instead, at this level; `room`
+    /// says whether a model has room for it now (beyond the interactive reserve, as it is less
+    /// urgent). While the cascade is being undone, a request of the share released stays on
+    /// `model` if `model` has room: a share given back is never one that would wait. At any
+    /// level, a request stays on `model` when `model` has room and the model cascaded to has
+    /// none: the cascade relieves the model asked for, and a request it moved from room to
+    /// none would wait there or be shed.
+    pub fn cascade(&self, tier: Tier, model: &str, room: impl Fn(&str) -> bool) -> Option<&str> {
         let level = self.level();
         if level < CASCADE {
             return None;
@@ -50,7 +53,10 @@ impl Degrader {
             StepKind::Cascade(to) if step.scope.covers(tier, model) => Some(to.as_str()),
             _ => None,
         })?;
-        if level == CASCADE && self.passes_top_step() && room() {
+        if level == CASCADE && self.passes_top_step() && room(model) {
+            return None;
+        }
+        if !room(to) && room(model) {
             return None;
         }
         Some(to)
@@ -159,7 +165,7 @@ mod tests {
     #[test]
     fn a_released_level_lets_its_share_of_requests_pass_its_own_step_only() {
         let d = ladder();
-        let room = || true;
+        let room = |_: &str| true;
         d.level.store(2, Ordering::Relaxed);
         assert_eq!(d.cascade(Tier::Agent, "big", room), Some("small"));
         d.released.store(2, Ordering::Relaxed);
@@ -168,7 +174,7 @@ mod tests {
             .collect();
         assert_eq!(taken, [false, false, true, true], "half pass the cascade");
         let without_room: Vec<bool> = (0..4)
-            .map(|_| d.cascade(Tier::Agent, "big", || false).is_some())
+            .map(|_| d.cascade(Tier::Agent, "big", |_| false).is_some())
             .collect();
         assert_eq!(
             without_room, [true; 4],
@@ -179,6 +185,18 @@ mod tests {
             None,
             "not its tier"
         );
+        // A full target keeps requests on the big model only while it has room.
+        d.released.store(0, Ordering::Relaxed);
+        let only_big = |m: &str| m == "big";
+        assert_eq!(d.cascade(Tier::Agent, "big", only_big), None);
+        let only_small = |m: &str| m == "small";
+        assert_eq!(d.cascade(Tier::Agent, "big", only_small), Some("small"));
+        assert_eq!(
+            d.cascade(Tier::Agent, "big", |_| false),
+            Some("small"),
+            "neither has room: the cascade holds"
+        );
+        d.released.store(2, Ordering::Relaxed);
         // The step below the released one applies to every request.
         let body = br#"{"model":"big","messages":[]}"#;
         for _ in 0..2 {

@@ -36,6 +36,10 @@ pub struct EngineLoad {
     /// Since when its token counter has stood still with requests running.
     #[serde(skip)]
     pub silent_since: Option<Instant>,
+    /// The share of the KV cache a running request settles at on it, learnt from its reports
+    /// (`RunningSize`); the interactive reserve counts room in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_per_request: Option<f64>,
 }
 
 /// The queue gate's fields packed in one word: KV full in the top bit, then three counts of 21
@@ -312,6 +316,7 @@ mod tests {
             overload,
             busy,
             silent_since: None,
+            kv_per_request: None,
         }
     }
 

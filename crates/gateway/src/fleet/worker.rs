@@ -416,6 +416,7 @@ mod tests {
             overload: None,
             busy: false,
             silent_since: None,
+            kv_per_request: None,
         };
         let gate = QueueGate {
             waiting,

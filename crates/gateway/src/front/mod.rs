@@ -331,10 +331,10 @@ fn cascaded<'a>(
     let to = degrade
         .and_then(|d| {
             let from = wants.model?;
-            d.cascade(tier, from, || {
+            d.cascade(tier, from, |model| {
                 snapshot
                     .pools
-                    .get(from)
+                    .get(model)
                     .is_some_and(|pool| pool.has_room_for(tier))
             })
         })

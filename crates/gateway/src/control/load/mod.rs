@@ -16,7 +16,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sluice_core::health::HealthState;
-use sluice_core::overload::{BusyThresholds, Ceilings};
+use sluice_core::overload::{BusyThresholds, Ceilings, RunningSize};
 use tokio::time::Instant;
 
 pub use poll::PollError;
@@ -77,6 +77,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
     let upstream = &control.upstream;
     let mut sources = poll::Sources::default();
     let mut told = verdict::Told::default();
+    let mut size = RunningSize::default();
     // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
     let mut engine_batch: Option<Option<u64>> = None;
     loop {
@@ -101,7 +102,12 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                     return;
                 };
                 let polled = Instant::now();
-                control.load_polled(&fleet, &worker, result, engine_batch.flatten(), &mut told);
+                let kept = verdict::Kept {
+                    told: &mut told,
+                    size: &mut size,
+                    interval,
+                };
+                control.load_polled(&fleet, &worker, result, engine_batch.flatten(), kept);
                 drop(fleet);
                 let early = async {
                     worker.vetoes.early_poll_wanted().await;

@@ -4,7 +4,7 @@
 use sluice_core::liveness::{report_short, stalled_since, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{
-    overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity, StartRoom,
+    overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity, RunningSize, StartRoom,
 };
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -48,6 +48,15 @@ impl Told {
             }
         }
     }
+}
+
+/// What one worker's monitor keeps from report to report.
+pub(super) struct Kept<'a> {
+    pub told: &'a mut Told,
+    /// The size its running requests settle at, in which the reserve counts room.
+    pub size: &'a mut RunningSize,
+    /// Its poll interval: the most of its life one report stands for.
+    pub interval: std::time::Duration,
 }
 
 /// What the busy checks read from a report. The prompt tokens waiting for prefill are the
@@ -123,14 +132,14 @@ impl Control {
         worker: &Worker,
         result: Result<Polled, PollError>,
         engine_batch: Option<u64>,
-        told: &mut Told,
+        kept: Kept<'_>,
     ) {
         let now = Instant::now();
         let polled = match result {
             Ok(polled) => polled,
             Err(e) => return no_report(fleet, worker, &e, now),
         };
-        told.degraded(worker, &polled);
+        kept.told.degraded(worker, &polled);
         let Polled { report, source, .. } = polled;
         worker.signals.contact(now);
         let unanswered = worker.traffic.pending_requests();
@@ -152,8 +161,16 @@ impl Control {
             worker.traffic.pending_everywhere(),
             window,
         );
-        let room = StartRoom::new(&report, &ceilings, window, worker.load_everywhere())
-            .after_preemptions(report.preempted_since(previous.as_ref().map(|p| &p.report)));
+        kept.size.observe(&report, now, kept.interval);
+        let settled = kept.size.remembered();
+        let room = StartRoom::new(
+            &report,
+            &ceilings,
+            window,
+            worker.load_everywhere(),
+            settled,
+        )
+        .after_preemptions(report.preempted_since(previous.as_ref().map(|p| &p.report)));
         worker
             .vetoes
             .set_start_room(room, room.tight(fleet.interactive_reserve()));
@@ -173,6 +190,7 @@ impl Control {
                 overload,
                 busy,
                 silent_since,
+                kv_per_request: settled,
             },
             gate,
         );
