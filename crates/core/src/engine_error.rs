@@ -153,9 +153,11 @@ mod tests {
         let text = std::fs::read_to_string(format!("{root}{path}")).unwrap();
         let mut parser = crate::sse::SseParser::new();
         let mut out = Vec::new();
-        parser.feed(text.as_bytes(), |e| {
-            out.push(String::from_utf8_lossy(e.data).into_owned())
-        });
+        parser
+            .feed(text.as_bytes(), |e| {
+                out.push(String::from_utf8_lossy(e.data).into_owned())
+            })
+            .unwrap();
         out
     }
 

@@ -10,6 +10,9 @@
 //!
 //! What it keeps is bounded by one line and one event: bytes of a line not yet ended, and the
 //! data of the event being read. It allocates only when those grow past what they held before.
+//! Each is capped (`MAX_EVENT_BYTES`): a stream whose line or event outgrows it is refused
+//! (`Oversized`) rather than read into memory without end — a worker that never ends a line
+//! would otherwise grow the gateway until it died.
 //!
 //! One deliberate leniency: at the end of the stream, an event whose blank line never came is
 //! still delivered (`finish`), where a browser would drop it — a stream ending `data: [DONE]\n`
@@ -24,8 +27,22 @@ pub struct Event<'a> {
     pub data: &'a [u8],
 }
 
+/// The most bytes a line, or an event's data, may hold (4 MiB). A real event is a chunk of JSON
+/// of some hundred bytes to some tens of kilobytes (with log-probabilities); the cap is far past
+/// that and still a bound on what one stream can make the gateway hold.
+pub const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// A line or an event past the parser's cap: the stream cannot be read on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an event-stream {what} passed {limit} bytes")]
+pub struct Oversized {
+    /// `line` or `event`.
+    pub what: &'static str,
+    pub limit: usize,
+}
+
 /// The parser: feed it the stream's chunks in order.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct SseParser {
     /// A line begun in an earlier chunk and not yet ended.
     partial: Vec<u8>,
@@ -36,6 +53,14 @@ pub struct SseParser {
     after_cr: bool,
     /// Past the first line (where a byte-order mark may stand).
     started: bool,
+    /// The most bytes a line or an event's data may hold.
+    limit: usize,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        Self::with_limit(MAX_EVENT_BYTES)
+    }
 }
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -45,10 +70,27 @@ impl SseParser {
         Self::default()
     }
 
-    /// Reads `chunk`, calling `on_event` for every event it completes.
-    pub fn feed(&mut self, mut chunk: &[u8], mut on_event: impl FnMut(Event<'_>)) {
+    /// A parser whose lines and events may hold at most `limit` bytes each.
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            partial: Vec::new(),
+            data: Vec::new(),
+            kind: Vec::new(),
+            after_cr: false,
+            started: false,
+            limit,
+        }
+    }
+
+    /// Reads `chunk`, calling `on_event` for every event it completes. Past the cap on a line
+    /// or an event, the stream cannot be read on: what followed is not read.
+    pub fn feed(
+        &mut self,
+        mut chunk: &[u8],
+        mut on_event: impl FnMut(Event<'_>),
+    ) -> Result<(), Oversized> {
         if chunk.is_empty() {
-            return; // and a CR before it still waits for its LF
+            return Ok(()); // and a CR before it still waits for its LF
         }
         if self.after_cr {
             self.after_cr = false;
@@ -66,29 +108,49 @@ impl SseParser {
             }
             chunk = &rest[ending.min(rest.len())..];
             if self.partial.is_empty() {
-                self.line(line, &mut on_event);
+                self.line(line, &mut on_event)?;
             } else {
+                self.check("line", self.partial.len() + line.len())?;
                 let mut whole = std::mem::take(&mut self.partial);
                 whole.extend_from_slice(line);
-                self.line(&whole, &mut on_event);
+                let read = self.line(&whole, &mut on_event);
                 whole.clear();
                 self.partial = whole;
+                read?;
             }
         }
+        self.check("line", self.partial.len() + chunk.len())?;
         self.partial.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// `Oversized` when `len` bytes of a `what` are past the cap.
+    fn check(&self, what: &'static str, len: usize) -> Result<(), Oversized> {
+        if len > self.limit {
+            return Err(Oversized {
+                what,
+                limit: self.limit,
+            });
+        }
+        Ok(())
     }
 
     /// The stream ended: a last line without its line end is read, and an event left without its
     /// blank line is delivered (see the module docs).
-    pub fn finish(&mut self, mut on_event: impl FnMut(Event<'_>)) {
+    pub fn finish(&mut self, mut on_event: impl FnMut(Event<'_>)) -> Result<(), Oversized> {
         if !self.partial.is_empty() {
             let line = std::mem::take(&mut self.partial);
-            self.line(&line, &mut on_event);
+            self.line(&line, &mut on_event)?;
         }
-        self.line(b"", &mut on_event);
+        self.line(b"", &mut on_event)
     }
 
-    fn line(&mut self, mut line: &[u8], on_event: &mut impl FnMut(Event<'_>)) {
+    fn line(
+        &mut self,
+        mut line: &[u8],
+        on_event: &mut impl FnMut(Event<'_>),
+    ) -> Result<(), Oversized> {
+        self.check("line", line.len())?;
         if !self.started {
             self.started = true;
             if let Some(rest) = line.strip_prefix(BOM) {
@@ -97,10 +159,10 @@ impl SseParser {
         }
         if line.is_empty() {
             self.dispatch(on_event);
-            return;
+            return Ok(());
         }
         if line[0] == b':' {
-            return; // a comment
+            return Ok(()); // a comment
         }
         let (field, value) = match line.iter().position(|b| *b == b':') {
             Some(colon) => {
@@ -111,6 +173,7 @@ impl SseParser {
         };
         match field {
             b"data" => {
+                self.check("event", self.data.len() + value.len() + 1)?;
                 self.data.extend_from_slice(value);
                 self.data.push(b'\n');
             }
@@ -122,6 +185,7 @@ impl SseParser {
             // ignored, as the standard says.
             _ => {}
         }
+        Ok(())
     }
 
     fn dispatch(&mut self, on_event: &mut impl FnMut(Event<'_>)) {
@@ -155,9 +219,9 @@ mod tests {
             ))
         };
         for chunk in chunks {
-            parser.feed(chunk, &mut keep);
+            parser.feed(chunk, &mut keep).unwrap();
         }
-        parser.finish(&mut keep);
+        parser.finish(&mut keep).unwrap();
         out
     }
 
@@ -166,6 +230,43 @@ mod tests {
     }
 
     // The examples of the HTML standard, "9.2.6 Interpreting an event stream".
+
+    #[test]
+    fn a_line_past_the_cap_is_refused_however_it_is_cut() {
+        let mut parser = SseParser::with_limit(16);
+        let mut seen = 0;
+        // Ten bytes, then seven more of the same line in the next chunk: 17.
+        assert_eq!(parser.feed(b"data: abcd", |_| seen += 1), Ok(()));
+        assert_eq!(
+            parser.feed(b"efghijk", |_| seen += 1),
+            Err(Oversized {
+                what: "line",
+                limit: 16
+            })
+        );
+        let mut whole = SseParser::with_limit(16);
+        let long = whole.feed(b"data: 0123456789abc\n\n", |_| seen += 1);
+        assert_eq!(long.map_err(|e| e.what), Err("line"), "in one chunk");
+        assert_eq!(seen, 0);
+    }
+
+    #[test]
+    fn an_event_past_the_cap_is_refused_and_one_within_it_is_read() {
+        let mut parser = SseParser::with_limit(16);
+        let mut events = Vec::new();
+        let mut keep = |e: Event<'_>| events.push(e.data.to_vec());
+        assert_eq!(parser.feed(b"data: 0123456789\n\n", &mut keep), Ok(()));
+        // Lines within the cap, an event past it: 8 + 8 data bytes and their line ends.
+        let event = parser.feed(b"data: 0123456\ndata: 0123456\ndata: x\n", &mut keep);
+        assert_eq!(event.map_err(|e| e.what), Err("event"));
+        assert_eq!(events, [b"0123456789".to_vec()]);
+        assert!(Oversized {
+            what: "event",
+            limit: 16
+        }
+        .to_string()
+        .contains("16 bytes"));
+    }
 
     #[test]
     fn the_standards_stock_ticker_joins_data_lines() {

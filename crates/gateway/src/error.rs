@@ -143,6 +143,16 @@ pub enum GatewayError {
     UpstreamTimeout { worker: WorkerId, timeout: Duration },
     #[error("Worker {worker} failed in the middle of the response")]
     StreamInterrupted { worker: WorkerId },
+    /// The worker's event stream held a line or an event past the gateway's cap
+    /// (`sluice_core::sse::MAX_EVENT_BYTES`): not read on.
+    #[error(
+        "Worker {worker} sent an event-stream {what} over {limit} bytes; the response was cut"
+    )]
+    StreamEventTooLarge {
+        worker: WorkerId,
+        what: &'static str,
+        limit: usize,
+    },
     /// The gateway's own deadline (`--request-timeout-secs`) ended a response that had started.
     #[error("The response was cut at the gateway's request timeout of {timeout:?}")]
     RequestTimeout { timeout: Duration },
@@ -260,9 +270,10 @@ impl GatewayError {
             NoAvailableWorkers { .. } | ShuttingDown | BodyBuffersFull => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            UpstreamUnreachable { .. } | UpstreamFailed { .. } | StreamInterrupted { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            UpstreamUnreachable { .. }
+            | UpstreamFailed { .. }
+            | StreamInterrupted { .. }
+            | StreamEventTooLarge { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } | RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             WorkerOverloadShed { status, .. } | OverloadedBeforeDispatch { status, .. } => {
                 StatusCode::from_u16(*status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
@@ -301,6 +312,7 @@ impl GatewayError {
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
             StreamInterrupted { .. } => "upstream_stream_interrupted",
+            StreamEventTooLarge { .. } => "upstream_event_too_large",
             RequestTimeout { .. } => "request_timeout",
             ShuttingDown => "shutting_down",
             InvalidWorkerSpec { .. } => "invalid_worker_spec",
@@ -365,7 +377,8 @@ impl GatewayError {
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
             | UpstreamTimeout { .. }
-            | StreamInterrupted { .. } => Origin::Upstream,
+            | StreamInterrupted { .. }
+            | StreamEventTooLarge { .. } => Origin::Upstream,
             _ => Origin::Client,
         }
     }

@@ -52,14 +52,16 @@ impl Feed {
                 continue;
             };
             let events = &mut self.events;
-            self.parser.feed(&data, |e| {
-                if !e.data.is_empty() {
-                    events.push_back((
-                        String::from_utf8_lossy(e.kind).into_owned(),
-                        serde_json::from_slice(e.data).unwrap(),
-                    ));
-                }
-            });
+            self.parser
+                .feed(&data, |e| {
+                    if !e.data.is_empty() {
+                        events.push_back((
+                            String::from_utf8_lossy(e.kind).into_owned(),
+                            serde_json::from_slice(e.data).unwrap(),
+                        ));
+                    }
+                })
+                .unwrap();
         }
     }
 

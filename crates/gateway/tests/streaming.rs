@@ -87,6 +87,18 @@ async fn fake_engine() -> String {
                     Err(std::io::Error::other("engine died")),
                 ]))
             }),
+        )
+        .route(
+            "/v1/responses",
+            routing::post(|| async {
+                // One event, then a line that never ends: 5 MiB in 64 KiB chunks, past the
+                // parser's 4 MiB cap (and then the stream ends, so a gateway without the cap
+                // still ends the test).
+                let mut chunks = vec![Ok(Bytes::from(CHUNKS[0])), Ok(Bytes::from("data: "))];
+                let endless = Bytes::from(vec![b'a'; 64 << 10]);
+                chunks.extend((0..80).map(|_| Ok(endless.clone())));
+                sse(chunked(chunks))
+            }),
         );
     serve_fake(app).await
 }
@@ -266,6 +278,43 @@ async fn a_worker_dying_mid_stream_gets_an_error_event_and_no_done() {
         "no worker URL in what a client sees: {message}"
     );
     assert!(!a.text().contains("[DONE]"));
+}
+
+/// A worker whose event stream never ends a line is cut at the parser's cap: the client gets the
+/// events before it, a blank line, and an error event of its own (no `[DONE]`), and the worker
+/// is charged a failure.
+#[tokio::test]
+async fn a_line_past_the_cap_ends_the_stream_with_an_error_and_charges_the_worker() {
+    let gateway = gateway_over(fake_engine().await, |_| {}).await;
+    let c = client();
+    let a = post(
+        &c,
+        &format!("{}/v1/responses", gateway.url()),
+        r#"{"model":"fake","input":"x","stream":true}"#,
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert!(
+        a.text().len() < 4 << 20,
+        "nothing past the cap relayed: {} bytes",
+        a.text().len()
+    );
+    let events = a.events();
+    let error: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(
+        error["error"]["code"], "upstream_event_too_large",
+        "{error}"
+    );
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("4194304 bytes"), "{message}");
+    assert!(!message.contains("127.0.0.1"), "{message}");
+    assert!(!a.text().contains("[DONE]"));
+    let workers = until_workers(&gateway, &c, "ready", all_ready).await;
+    let id = workers[0]["id"].as_str().unwrap();
+    let series =
+        format!("sluice_upstream_errors_total{{worker=\"{id}\",kind=\"event_too_large\"}} 1");
+    let metrics = get(&c, &format!("{}/metrics", gateway.url())).await.text();
+    assert!(metrics.contains(&series), "{series}");
 }
 
 #[tokio::test]

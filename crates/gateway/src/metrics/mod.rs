@@ -130,8 +130,9 @@ const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
 
 /// `connect`, `reset` (before headers), `timeout`, `stream` (mid-body), `status` (a retryable
 /// error status before any byte), `unresponsive`, `error_event` (a stream the engine ended with
-/// an error event of its own failure).
-pub const UPSTREAM_ERROR_KINDS: [&str; 7] = [
+/// an error event of its own failure), `event_too_large` (an event-stream line or event past
+/// the parser's cap).
+pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "connect",
     "reset",
     "timeout",
@@ -139,6 +140,7 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 7] = [
     "status",
     "unresponsive",
     "error_event",
+    "event_too_large",
 ];
 
 /// Every metric family of one gateway.

@@ -77,7 +77,9 @@ async fn read_body_ahead(
             continue;
         };
         if first_event {
-            parser.feed(&data, |event| {
+            // What is read ahead is bounded by `AHEAD_LIMIT`, far under the parser's cap; a
+            // stream past that cap is refused by the relay, which reads it on.
+            let _within_cap = parser.feed(&data, |event| {
                 if events == 0 {
                     ahead.error = engine_error::error_event(event.data);
                 }

@@ -50,7 +50,7 @@ use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
 use sluice_core::engine_error::{error_event, ErrorClass, ErrorEvent};
 use sluice_core::slo::Served;
-use sluice_core::sse::SseParser;
+use sluice_core::sse::{Oversized, SseParser};
 use tokio::time::{Instant, Sleep};
 
 use crate::context::RequestContext;
@@ -133,7 +133,8 @@ struct EndOfStream {
 impl EndOfStream {
     /// Reads `chunk`'s events; `meter`, when the response is metered, sees each one. Returns
     /// the events that completed in it, `[DONE]` and error events aside: the tokens it carried.
-    fn feed(&mut self, chunk: &[u8], mut meter: Option<&mut Meter>) -> u64 {
+    /// `Oversized`: a line or an event past the parser's cap, and the stream is read no further.
+    fn feed(&mut self, chunk: &[u8], mut meter: Option<&mut Meter>) -> Result<u64, Oversized> {
         let (done, error) = (&mut self.done, &mut self.error);
         let mut tokens = 0;
         self.parser.feed(chunk, |event| {
@@ -146,20 +147,20 @@ impl EndOfStream {
             if let Some(meter) = meter.as_deref_mut() {
                 meter.event(event.data);
             }
-        });
-        tokens
+        })?;
+        Ok(tokens)
     }
 
     /// The stream ended: whether its last event was `[DONE]`.
-    fn finished(&mut self, mut meter: Option<&mut Meter>) -> bool {
+    fn finished(&mut self, mut meter: Option<&mut Meter>) -> Result<bool, Oversized> {
         let done = &mut self.done;
         self.parser.finish(|event| {
             *done = event.data == b"[DONE]";
             if let Some(meter) = meter.as_deref_mut() {
                 meter.event(event.data);
             }
-        });
-        self.done
+        })?;
+        Ok(self.done)
     }
 }
 
@@ -229,7 +230,9 @@ impl Relay {
         }
     }
 
-    fn observe(&mut self, data: &Bytes) {
+    /// Times and reads a chunk from the worker before it is passed on; `Oversized` when it
+    /// carries an event-stream line or event past the cap, and then it is not passed on.
+    fn observe(&mut self, data: &Bytes) -> Result<(), Oversized> {
         let now = Instant::now();
         if self.sse {
             // Progress, below, only for a token.
@@ -263,7 +266,7 @@ impl Relay {
             ctx.relayed(data.len());
         }
         if self.sse {
-            let tokens = self.end.feed(data, self.meter.as_deref_mut());
+            let tokens = self.end.feed(data, self.meter.as_deref_mut())?;
             if tokens > 0 {
                 // Progress is a token: an error event, or a chunk of one, is not.
                 self.lease.worker().signals.progress(now);
@@ -280,6 +283,7 @@ impl Relay {
                 meter.body(data);
             }
         }
+        Ok(())
     }
 
     /// A whole body's time over its tokens, for the worker's adaptive limit.
@@ -374,20 +378,41 @@ impl Relay {
 
     /// The worker failed mid-body: settle, count, and tell the client.
     fn fail(&mut self, kind: &'static str) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+        let worker = self.lease.worker().id.clone();
+        let error = GatewayError::StreamInterrupted { worker };
+        self.charge(kind, error, false)
+    }
+
+    /// The worker's event stream held a line or an event past the parser's cap: a failure of
+    /// the worker, and the chunk that carried it is not passed on.
+    fn too_large(&mut self, e: Oversized) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+        let error = GatewayError::StreamEventTooLarge {
+            worker: self.lease.worker().id.clone(),
+            what: e.what,
+            limit: e.limit,
+        };
+        self.charge("event_too_large", error, true)
+    }
+
+    /// Settles a failure of the worker, counts it as `kind`, and ends the response with `error`
+    /// (`mid_event`: the client may hold part of an event, ended before the error's).
+    fn charge(
+        &mut self,
+        kind: &'static str,
+        error: GatewayError,
+        mid_event: bool,
+    ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
         self.lease.settle(Outcome::Failure);
-        let worker = self.lease.worker().clone();
         if let Some(ctx) = &self.ctx {
             ctx.metrics()
                 .upstream_errors
                 .get_or_create(&UpstreamErrorLabels {
-                    worker: worker.id.to_string(),
+                    worker: self.lease.worker().id.to_string(),
                     kind,
                 })
                 .inc();
         }
-        self.interrupt(GatewayError::StreamInterrupted {
-            worker: worker.id.clone(),
-        })
+        self.interrupt(error, mid_event)
     }
 
     /// The request's deadline passed mid-body: the gateway ends the response, not the worker, so
@@ -409,7 +434,7 @@ impl Relay {
             .is_some_and(|c| c.admission.cut_by_client())
         {
             // The client's own deadline: nobody's failure, and named as the client asked.
-            return self.interrupt(GatewayError::DeadlineExceeded { budget: timeout });
+            return self.interrupt(GatewayError::DeadlineExceeded { budget: timeout }, false);
         }
         if let Some(ctx) = &self.ctx {
             ctx.metrics()
@@ -420,22 +445,30 @@ impl Relay {
                 })
                 .inc();
         }
-        self.interrupt(GatewayError::RequestTimeout { timeout })
+        self.interrupt(GatewayError::RequestTimeout { timeout }, false)
     }
 
     /// Ends the response early with `error`: one error event for an SSE client (and no
-    /// `[DONE]`), a cut body for others.
+    /// `[DONE]`), a cut body for others. `mid_event`: the client may hold part of a line or an
+    /// event, so a blank line ends it first and the error is an event of its own.
     fn interrupt(
         &mut self,
         error: GatewayError,
+        mid_event: bool,
     ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
         self.finish(true);
         self.state = State::Done;
-        if self.sse {
-            Poll::Ready(Some(Ok(Frame::data(error.sse_event()))))
-        } else {
-            Poll::Ready(Some(Err(error)))
+        if !self.sse {
+            return Poll::Ready(Some(Err(error)));
         }
+        let event = error.sse_event();
+        if !mid_event {
+            return Poll::Ready(Some(Ok(Frame::data(event))));
+        }
+        let mut ended = Vec::with_capacity(event.len() + 2);
+        ended.extend_from_slice(b"\n\n");
+        ended.extend_from_slice(&event);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(ended)))))
     }
 }
 
@@ -464,7 +497,9 @@ impl Body for Relay {
             return Poll::Ready(None);
         }
         if let Some(data) = this.ahead.take() {
-            this.observe(&data);
+            if let Err(e) = this.observe(&data) {
+                return this.too_large(e);
+            }
             if this.inner.is_end_stream() && !this.sse {
                 this.complete();
             }
@@ -472,8 +507,8 @@ impl Body for Relay {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.observe(data);
+                if let Some(Err(e)) = frame.data_ref().map(|data| this.observe(data)) {
+                    return this.too_large(e);
                 }
                 // A body of known length is over with its last byte; the server will not poll
                 // again to see the end, so the end is taken now.
@@ -484,8 +519,12 @@ impl Body for Relay {
             }
             Poll::Ready(Some(Err(_))) => this.fail("stream"),
             Poll::Ready(None) => {
-                if this.sse && this.status == 200 && !this.end.finished(this.meter.as_deref_mut()) {
-                    return this.fail("stream");
+                if this.sse && this.status == 200 {
+                    match this.end.finished(this.meter.as_deref_mut()) {
+                        Ok(true) => {}
+                        Ok(false) => return this.fail("stream"),
+                        Err(e) => return this.too_large(e),
+                    }
                 }
                 this.complete();
                 Poll::Ready(None)
@@ -526,15 +565,22 @@ mod tests {
     #[test]
     fn the_end_is_read_from_the_last_event() {
         let mut end = EndOfStream::default();
-        end.feed(b"data: {\"x\":1}\n\ndata:[DO", None);
-        end.feed(b"NE]\r\n\r\n", None);
-        assert!(end.finished(None), "no space, CRLF, cut mid-word");
+        end.feed(b"data: {\"x\":1}\n\ndata:[DO", None).unwrap();
+        end.feed(b"NE]\r\n\r\n", None).unwrap();
+        assert_eq!(end.finished(None), Ok(true), "no space, CRLF, cut mid-word");
         let mut late = EndOfStream::default();
-        late.feed(b"data: [DONE]\n\ndata: {\"late\":true}\n\n", None);
-        assert!(!late.finished(None), "an event after [DONE]");
+        late.feed(b"data: [DONE]\n\ndata: {\"late\":true}\n\n", None)
+            .unwrap();
+        assert_eq!(late.finished(None), Ok(false), "an event after [DONE]");
         let mut quoted = EndOfStream::default();
-        quoted.feed(b"data: {\"text\":\"data: [DONE]\"}\n\n", None);
-        assert!(!quoted.finished(None), "[DONE] inside another event's data");
+        quoted
+            .feed(b"data: {\"text\":\"data: [DONE]\"}\n\n", None)
+            .unwrap();
+        assert_eq!(
+            quoted.finished(None),
+            Ok(false),
+            "[DONE] inside another event's data"
+        );
     }
 
     #[test]
