@@ -215,9 +215,10 @@ impl StartRoom {
 /// is not read as room beside them, and the cache holds no more than the ceiling over the
 /// settled size, whatever runs now. `None` without a ceiling or any size to count in.
 ///
-/// Measured against counting growth only up to the whole cache (the ceiling's margin left for
-/// growth): that let a burst on the long-answer fleet outgrow the cache, and 88% of interactive
-/// requests were in time at 2x against 100% (one run, beside each other).
+/// Counting growth only up to the whole cache instead (the ceiling's margin left for growth,
+/// which would spare a fleet of short answers) was tried in one run on the long-answer fleet:
+/// 88% of interactive requests in time at 2x against 100% for this rule, in a run too noisy to
+/// settle it (docs/benchmarks.md).
 fn kv_room(report: &LoadReport, ceiling: Option<f64>, settled: Option<f64>) -> Option<u64> {
     let ceiling = ceiling?;
     let now = size_now(report);

@@ -53,10 +53,9 @@ impl Degrader {
             StepKind::Cascade(to) if step.scope.covers(tier, model) => Some(to.as_str()),
             _ => None,
         })?;
-        if level == CASCADE && self.passes_top_step() && room(model) {
-            return None;
-        }
-        if !room(to) && room(model) {
+        // Each model's room is asked at most once: it is a scan of its workers, per request.
+        let released = level == CASCADE && self.passes_top_step();
+        if (released || !room(to)) && room(model) {
             return None;
         }
         Some(to)
