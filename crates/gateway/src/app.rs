@@ -12,7 +12,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::access_log::{AccessLog, AccessLogError, AccessLogWriter};
 use crate::admin::{self, Admin};
-use crate::admit::Admit;
+use crate::admit::{Admit, AdmitStage};
 use crate::config::{Config, CorsOrigins};
 use crate::context::{Accounts, InFlight};
 use crate::control::{Control, ControlSettings};
@@ -112,7 +112,7 @@ impl App {
         let degrade = config
             .degradation
             .clone()
-            .map(|c| crate::degrade::Degrader::new(c, &mut registry));
+            .map(|c| crate::admit::degrade::Degrader::new(c, &mut registry));
         let admin = Arc::new(Admin {
             fleet: fleet.clone(),
             control,
@@ -136,15 +136,19 @@ impl App {
             cors: config.cors.as_ref().map(cors_layer),
             front: Arc::new(Front {
                 fleet: fleet.clone(),
-                admit: admit.clone(),
-                route: RouteStage::new(config.policy, config.shedding, metrics.clone())
-                    .with_aliases(config.model_aliases.clone())
-                    .with_pd_policies(config.prefill_policy, config.decode_policy)
-                    .with_projection(if admit.queue().is_some() {
-                        Projection::Wary
-                    } else {
-                        Projection::Hopeful
-                    }),
+                admit: AdmitStage {
+                    admit: admit.clone(),
+                    fleet: fleet.clone(),
+                    route: RouteStage::new(config.policy, config.shedding, metrics.clone())
+                        .with_aliases(config.model_aliases.clone())
+                        .with_pd_policies(config.prefill_policy, config.decode_policy)
+                        .with_projection(if admit.queue().is_some() {
+                            Projection::Wary
+                        } else {
+                            Projection::Hopeful
+                        }),
+                    degrade: degrade.clone(),
+                },
                 forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone())
                     .with_pd(config.pd),
                 accounts: Accounts {
@@ -160,7 +164,6 @@ impl App {
                 routing_key_headers: config.routing_key_headers.clone(),
                 request_id_headers: config.request_id_headers.clone(),
                 draining: draining.clone(),
-                degrade: degrade.clone(),
             }),
             admin,
             probes: probes.clone(),

@@ -125,18 +125,18 @@ impl Gateway {
         if let Some(shared) = shared {
             listeners.spawn(shared.run(Arc::downgrade(&fleet), stop_rx.clone()));
         }
-        if let Some(queue) = app.front.admit.queue() {
+        if let Some(queue) = app.front.admit.admit.queue() {
             // The gateway queue's dispatcher, stopped with the listeners.
             listeners.spawn(queue.clone().dispatch(
                 fleet.clone(),
-                app.front.admit.slots_free(),
+                app.front.admit.admit.slots_free(),
                 stop_rx.clone(),
             ));
         }
-        if let Some(degrade) = &app.front.degrade {
+        if let Some(degrade) = &app.front.admit.degrade {
             // The ladder's level, moved until the listeners stop.
             listeners.spawn(degrade.clone().run(
-                app.front.admit.queue().cloned(),
+                app.front.admit.admit.queue().cloned(),
                 fleet.clone(),
                 stop_rx.clone(),
             ));

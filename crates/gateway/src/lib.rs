@@ -4,26 +4,29 @@
 //! request's context and returning a typed error:
 //!
 //! ```text
-//! client -> front -> admit -> route -> forward -> stream -> client
+//! client -> front -> admit -> forward -> stream -> client
+//!                      \         /
+//!                       route            (the chooser both ask)
 //! ```
 //!
 //! ## Layout
 //!
-//! The request path (`front` calls the stages in order; a later stage never imports an earlier
-//! one, except `forward`, which asks the `route` it was handed for a worker on each attempt):
+//! The request path (`front` runs the stages in order; a stage never imports an earlier one, and
+//! `route` imports none of them — `tests/layout.rs` checks both):
 //!
 //! - `front` — the OpenAI routes: draining, the API key, the content type, the body limit, the
-//!   JSON facts routing needs (`parse`); bad input ends here. It makes the request's context and
-//!   runs the stages. Also `/v1/models`.
-//! - `admit` — whether a request goes on now: tenants, tiers, deadlines, budgets and caps, the
-//!   gateway queue.
-//! - `degrade` — the degradation ladder: the level from the pressure, and what it does to a
-//!   request (hard shedding, a cascade, a rewritten body).
-//! - `route` — the model's pool, the candidates a request could use, the policy's pick and its
-//!   breaker permit, the all-vetoed rule (steer or shed).
-//! - `forward` — safe retries with backoff and a budget, through the routed pool.
+//!   JSON facts routing needs (`parse`); bad input ends here. It makes the request's context,
+//!   runs the stages and writes the body the worker gets. Also `/v1/models`.
+//! - `admit` — whether a request goes on, where and when: tenants, tiers, deadlines, budgets and
+//!   caps, the degradation ladder (`admit::degrade`), and placement — the pool (with the
+//!   ladder's cascade), feasibility, the gateway queue, the pool found again after a wait. Its
+//!   answer is one `route::Placement`, carrying the queue's turn.
+//! - `forward` — consumes the placement: the worker for each attempt, safe retries with backoff
+//!   and a budget, every outcome into the worker's breaker.
 //! - `stream` — the response relayed frame by frame, timed, with the mid-stream failure and
 //!   client-disconnect endings.
+//! - `route` — the chooser below the stages: the model's pool, the candidates a request could
+//!   use, the policy's pick and its breaker permit, the all-vetoed rule (steer or shed).
 //! - `context` — the one owned request context the stages share; its `Drop` accounts for the
 //!   request however it ends. Also the in-flight count shutdown waits on.
 //!
@@ -61,7 +64,6 @@ mod app;
 pub mod config;
 pub mod context;
 pub mod control;
-pub mod degrade;
 pub mod error;
 pub mod fleet;
 pub mod forward;

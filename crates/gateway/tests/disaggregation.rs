@@ -321,3 +321,108 @@ async fn vllm_workers_get_the_prefill_first_and_the_decode_leg_what_it_answered(
     assert_eq!(decode.tokens_generated, 12);
     engines_refusal_is_relayed(&s).await;
 }
+
+/// The queue's depth over every tier, as `/admission` shows it.
+async fn queued(s: &Setup) -> u64 {
+    let view = get_admin(&s.client, &s.url("/admission")).await.json();
+    view["queue"]["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["depth"].as_u64().unwrap())
+        .sum()
+}
+
+async fn until_queued(s: &Setup, n: u64) {
+    bounded("the queue's depth", async {
+        while queued(s).await != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_decode_room_does_not_stop_the_gateway_queue_for_other_models() {
+    // A disaggregated model (one prefill, one one-slot decode engine) and another model, behind
+    // the gateway queue with three places; a wait for decode room far longer than the test.
+    let mut prefill = sglang();
+    prefill.pd_role = Some(PdRole::Prefill);
+    let mut decode = one_slot_decode();
+    decode.pd_role = Some(PdRole::Decode);
+    let mut other = timed(Flavor::Sglang, 1.0);
+    other.model = "other-model".into();
+    let sims = SimFleet::start(
+        FleetConfig::local(1, prefill)
+            .also(1, decode)
+            .also(1, other),
+    )
+    .await
+    .unwrap();
+    let mut config = Config::local(&[]);
+    for (i, slot) in sims.engines().iter().enumerate() {
+        let mut spec = WorkerSpec::from_url(&slot.url(), None).unwrap();
+        match i {
+            0 => {
+                spec.worker_type = WorkerType::Prefill;
+                spec.bootstrap_port = slot.bootstrap_addr().map(|a| a.port());
+            }
+            1 => spec.worker_type = WorkerType::Decode,
+            _ => {}
+        }
+        config.workers.push(spec);
+    }
+    config.load.interval = Duration::from_millis(50);
+    config.load.min_interval = Duration::from_millis(10);
+    config.admin_api_key = Some(ADMIN_KEY.into());
+    config.pd.admission_wait = Duration::from_secs(120);
+    config.admission.max_concurrent = Some(3);
+    config.admission.queue = Some(sluice_gateway::admit::QueueConfig {
+        size: 10,
+        timeouts: [Duration::from_secs(120); 3],
+        shed: false,
+        shed_retry_after: Duration::from_secs(10),
+        codel: None,
+    });
+    let s = Arc::new(serve(sims, config).await);
+    until_window(&s, "the window reported", |w| w["size"] == 1).await;
+    let other_stream = || {
+        let body = chat_body("other-model", "a long answer", 4000, true);
+        open_stream_with(&s.client, &s.gateway, body, &[])
+    };
+
+    // The decode slot and the gateway's three places taken.
+    let first = hold(&s, "first").await;
+    let filler = other_stream().await;
+    let filler_too = other_stream().await;
+    let second = tokio::spawn({
+        let s = s.clone();
+        async move { hold(&s, "second").await }
+    });
+    until_queued(&s, 1).await;
+    let third = tokio::spawn({
+        let s = s.clone();
+        async move { s.chat(&chat_body("other-model", "short", 2, false)).await }
+    });
+    until_queued(&s, 2).await;
+
+    // A place frees: the disaggregated request, first in the queue, goes and waits for decode
+    // room; the next place to free goes to the other model's request at once.
+    drop(filler);
+    until_window(&s, "the second waits for decode room", |w| {
+        w["waiting"] == 1
+    })
+    .await;
+    drop(filler_too);
+    let third = bounded("the other model's request answered", third)
+        .await
+        .unwrap();
+    assert_eq!(third.status, 200, "{}", third.text());
+    assert!(
+        !second.is_finished(),
+        "the second still waits for decode room"
+    );
+
+    drop(first);
+    drop(bounded("the second dispatched", second).await.unwrap());
+}

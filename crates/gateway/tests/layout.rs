@@ -1,5 +1,7 @@
 //! The crate's folders import each other in one direction only: no cycle between the top-level
 //! modules of `src/`, read from their `crate::` paths (`use` lines and paths written in place).
+//! And the request path runs one way: a stage imports no stage before it (front, admit, forward,
+//! stream, in that order), and `route`, the chooser below them, imports none of them.
 //!
 //! Why a test: a cycle starts as one convenient `use` and is invisible in review; once two
 //! folders need each other, neither can be understood, tested or moved alone. Run it alone with
@@ -253,4 +255,62 @@ fn no_folder_of_the_gateway_imports_one_that_imports_it_back() {
         }
     }
     assert!(found.is_empty(), "{report}");
+}
+
+/// The request path's stages, in the order a request passes them.
+const STAGES: [&str; 4] = ["front", "admit", "forward", "stream"];
+
+/// Imports against the request path's direction: a stage naming an earlier one, or the chooser
+/// naming any stage.
+fn backwards(edges: &[Import]) -> Vec<&Import> {
+    let place = |folder: &str| STAGES.iter().position(|s| *s == folder);
+    edges
+        .iter()
+        .filter(|e| match (e.from.as_str(), place(&e.from), place(&e.to)) {
+            ("route", _, Some(_)) => true,
+            (_, Some(from), Some(to)) => to < from,
+            _ => false,
+        })
+        .collect()
+}
+
+#[test]
+fn the_direction_checker_finds_a_stage_naming_an_earlier_one_and_the_chooser_naming_a_stage() {
+    let edge = |from: &str, to: &str| Import {
+        from: from.into(),
+        to: to.into(),
+        file: PathBuf::new(),
+        line: 0,
+    };
+    let edges = [
+        edge("front", "admit"),
+        edge("admit", "route"),
+        edge("forward", "stream"),
+        edge("forward", "route"),
+        edge("stream", "fleet"),
+        edge("forward", "admit"),
+        edge("route", "forward"),
+    ];
+    let found: Vec<(&str, &str)> = backwards(&edges)
+        .iter()
+        .map(|e| (e.from.as_str(), e.to.as_str()))
+        .collect();
+    assert_eq!(found, [("forward", "admit"), ("route", "forward")]);
+}
+
+#[test]
+fn the_request_path_imports_run_one_way_and_the_chooser_imports_no_stage() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = imports(&src);
+    for stage in STAGES.iter().chain(&["route"]) {
+        assert!(
+            src.join(stage).is_dir(),
+            "{stage}/ is a folder of the crate"
+        );
+    }
+    let report: Vec<String> = backwards(&edges)
+        .iter()
+        .map(|e| format!("{} -> {} ({}:{})", e.from, e.to, e.file.display(), e.line))
+        .collect();
+    assert!(report.is_empty(), "against the request path: {report:#?}");
 }

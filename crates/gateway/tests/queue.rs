@@ -167,6 +167,16 @@ async fn a_waiter_times_out_passes_its_deadline_or_leaves_with_its_client_unseen
     let late = bounded("the deadline", late).await.unwrap();
     assert_eq!(late.status, 504);
     assert_eq!(code(&late).as_deref(), Some("deadline_exceeded"));
+    // A request the queue refused is its tenant's rejected request, never also an admitted one.
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    for (tier, admitted, rejected) in [("interactive", 1, 1), ("batch", 0, 1)] {
+        for (outcome, n) in [("admitted", admitted), ("rejected", rejected)] {
+            let series = format!(
+                r#"sluice_tenant_requests_total{{tenant="default",tier="{tier}",outcome="{outcome}"}} {n}"#
+            );
+            assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+        }
+    }
 
     let leaving = spawn_chat(&s, "l", &[("x-sluice-priority", "agent")]);
     until_depth(&s, 1, 1).await;

@@ -54,7 +54,7 @@ pub struct Admin {
     /// The admit stage, whose tenants `/admission` shows.
     pub admit: Arc<crate::admit::Admit>,
     /// The degradation ladder, whose level `/admission` shows.
-    pub degrade: Option<Arc<crate::degrade::Degrader>>,
+    pub degrade: Option<Arc<crate::admit::degrade::Degrader>>,
 }
 
 impl Admin {

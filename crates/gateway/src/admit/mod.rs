@@ -1,5 +1,5 @@
-//! The admit stage: whether a request may go on now, must wait in the gateway queue, or is
-//! refused — and what it holds while it runs (seed 003, layer 1).
+//! The admit stage: whether a request may go on, where it goes, and when — or why not — and
+//! what it holds while it runs (seed 003, layer 1).
 //!
 //! In order: the request's tenant (a trusted header, else its key's owner, else the default
 //! tenant) and tier (`x-sluice-priority` or SMG's `x-smg-priority`, never more urgent than the
@@ -7,11 +7,12 @@
 //! `X-Request-Deadline-Ms`); then the budgets, each taken in one step so concurrent requests
 //! cannot together overspend: the gateway-wide request rate and concurrency cap, the tenant's
 //! concurrency, requests per minute and tokens per minute (the prompt estimate plus the most it
-//! may generate, settled against what the response reports when it ends). Once the route stage has
-//! found the model's pool, a deadline that cannot be met is refused (`feasible`), and with
-//! `--queue-size` a request no worker can take now waits for its turn (`wait_room`). A refusal is
-//! a typed `GatewayError`; whatever was taken is a `Hold` in the context, given back however the
-//! request ends.
+//! may generate, settled against what the response reports when it ends). Then the ladder's hard
+//! shedding, and placement (`place`): the model's pool (with the ladder's cascade), a deadline
+//! that cannot be met refused (`feasible`), with `--queue-size` the wait for a turn when no
+//! worker can take it now (`wait_room`), and the pool found again after a wait. The answer is
+//! one typed `Placement`, which the forward stage consumes, or a typed `GatewayError`; whatever
+//! was taken is a `Hold` in the context, given back however the request ends.
 //!
 //! ## Layout
 //!
@@ -22,12 +23,17 @@
 //! - `queue` — the gateway queue and its dispatcher (`--queue-size`).
 //! - `codel` — CoDel on each tier of the queue: a standing queue cut at its head.
 //! - `headers` — the request headers admission reads and the `x-ratelimit-*` it writes.
+//! - `place` — the stage as the request path sees it: admission, then placement.
+//! - `degrade` — the degradation ladder: the level from the pressure, and what it does to a
+//!   request (hard shedding, a cascade, a rewritten body).
 
 mod budget;
 mod codel;
 mod config;
+pub mod degrade;
 mod headers;
 mod holds;
+mod place;
 mod queue;
 mod tenants;
 
@@ -43,13 +49,15 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 pub use config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
-pub use queue::{Asker, GatewayQueue, QueueConfig};
+pub use place::{AdmitStage, Placed};
+pub use queue::{Asker, GatewayQueue, QueueConfig, TURN_BOUND};
 pub use tenants::{Tenant, Tenants, OTHER_TENANT};
 
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::http::KeyOwner;
 use crate::metrics::{AdmissionMetrics, RejectedLabels};
+use crate::route::Turn;
 use crate::shared::{Shared, SharedSlots, Short};
 use budget::{not_yet, Budget};
 use holds::{GatewaySlot, SharedGatewaySlot, Spend, TenantSlot};
@@ -180,11 +188,9 @@ impl Admit {
         ctx.admission.deadline = ctx.started + self.request_timeout;
         let tenant = self.tenants.of(asking.headers, asking.owner);
         let decided = self.decide(ctx, &tenant, asking, now).await;
-        let tier = ctx.admission.tier.unwrap_or(tenant.tier);
         if tenant.limited() {
             ctx.admission.rate_headers = Some(headers::rate_limits(&tenant, now));
         }
-        tenant.counters.count(tier, decided.is_ok());
         if let Err(error) = &decided {
             self.count_rejected(ctx, error);
         }
@@ -339,60 +345,70 @@ impl Admit {
     }
 
     /// With the gateway queue: waits, if it must, until `pool` has room for the request and the
-    /// gateway a slot; then takes the slot. Whether it waited (its routing is then stale).
+    /// gateway a slot; then takes the slot. Its turn when it waited (its routing is then stale),
+    /// `None` when it went on at once (or there is no queue).
     pub async fn wait_room(
         &self,
         ctx: &mut RequestContext,
         pool: &crate::fleet::Pool,
-    ) -> Result<bool, GatewayError> {
+    ) -> Result<Option<Turn>, GatewayError> {
         let Some(queue) = &self.queue else {
-            return Ok(false);
+            return Ok(None);
         };
         let slots_free = self.slots_free();
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
-        let mut waited = false;
+        let mut turn: Option<Turn> = None;
         loop {
             let must_wait = !slots_free()
                 || !pool.has_room_for(tier)
                 || queue.has_waiters_for(&pool.model, tier);
-            if (waited || !must_wait) && self.take_slot(ctx, queue) {
-                if !waited {
+            if (turn.is_some() || !must_wait) && self.take_slot(ctx, queue) {
+                if turn.is_none() {
                     queue.went_direct(tier);
                 }
-                return Ok(waited);
+                return Ok(turn);
             }
-            // A turn whose slot another request took: the dispatcher, waiting for this request to
-            // take its worker, is let go before the request waits again (or it would wait for
-            // itself).
-            ctx.admission.on_worker = None;
-            // Room for an interactive request is room within the reserve: while the reserve
-            // holds for this tier, only the reserve keeps it waiting then.
-            let reserved = pool.reserve_for(tier) > 0.0;
-            let hold = if reserved && slots_free() && pool.has_room_for(Tier::Interactive) {
-                Hold::Reserve
-            } else {
-                Hold::Full
-            };
-            let asker = Asker {
-                tier,
-                tenant: ctx
-                    .admission
-                    .tenant
-                    .clone()
-                    .unwrap_or_else(|| sluice_core::TenantId::new(DEFAULT_TENANT)),
-                weight: ctx.admission.weight,
-                cost: ctx.admission.cost,
-                model: pool.model.clone(),
-                deadline: ctx.admission.client_deadline,
-                counters: ctx.admission.counters.clone(),
-                hold,
-            };
-            let turn = queue
+            // A turn whose slot another request took is given back before the request waits
+            // again (the dispatcher would wait for it otherwise).
+            drop(turn.take());
+            let asker = self.asker(ctx, pool, &slots_free);
+            let called = queue
                 .wait_turn(asker)
                 .await
                 .inspect_err(|e| self.count_rejected(ctx, e))?;
-            ctx.admission.on_worker = Some(turn);
-            waited = true;
+            turn = Some(called);
+        }
+    }
+
+    /// What the queue needs to know of the request in `ctx` waiting for `pool`.
+    fn asker(
+        &self,
+        ctx: &RequestContext,
+        pool: &crate::fleet::Pool,
+        slots_free: &impl Fn() -> bool,
+    ) -> Asker {
+        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        // Room for an interactive request is room within the reserve: while the reserve holds
+        // for this tier, only the reserve keeps it waiting then.
+        let reserved = pool.reserve_for(tier) > 0.0;
+        let hold = if reserved && slots_free() && pool.has_room_for(Tier::Interactive) {
+            Hold::Reserve
+        } else {
+            Hold::Full
+        };
+        Asker {
+            tier,
+            tenant: ctx
+                .admission
+                .tenant
+                .clone()
+                .unwrap_or_else(|| sluice_core::TenantId::new(DEFAULT_TENANT)),
+            weight: ctx.admission.weight,
+            cost: ctx.admission.cost,
+            model: pool.model.clone(),
+            deadline: ctx.admission.client_deadline,
+            counters: ctx.admission.counters.clone(),
+            hold,
         }
     }
 
@@ -449,10 +465,21 @@ impl Admit {
         }
     }
 
+    /// Counts a request placed (on its way to a worker) under its tenant as admitted: only
+    /// then, so one the gateway queue refuses later is counted once, as rejected.
+    pub(crate) fn count_admitted(&self, ctx: &RequestContext) {
+        if let Some(counters) = &ctx.admission.counters {
+            counters.count(ctx.admission.tier.unwrap_or(Tier::Agent), true);
+        }
+    }
+
     /// Counts a refusal in `sluice_admission_rejected_total` (by the request's tier and the
-    /// error's code).
+    /// error's code), and under its tenant as rejected.
     pub(crate) fn count_rejected(&self, ctx: &RequestContext, error: &GatewayError) {
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        if let Some(counters) = &ctx.admission.counters {
+            counters.count(tier, false);
+        }
         self.metrics
             .rejected
             .get_or_create(&RejectedLabels {

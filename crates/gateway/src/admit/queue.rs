@@ -39,6 +39,7 @@ use super::codel::TierCodels;
 use crate::error::GatewayError;
 use crate::fleet::Fleet;
 use crate::metrics::TenantCounters;
+use crate::route::Turn;
 
 /// The queue's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,8 +56,8 @@ pub struct QueueConfig {
     pub codel: Option<[CodelConfig; 3]>,
 }
 
-/// How a waiter's turn comes.
-enum Turn {
+/// How a waiter's wait ends.
+enum Called {
     /// Go now; tell the dispatcher when a worker is taken (or drop it).
     Go(oneshot::Sender<()>),
     /// Made room for a more urgent arrival.
@@ -68,7 +69,7 @@ enum Turn {
 struct Waiting {
     model: ModelName,
     arrived: Instant,
-    turn: oneshot::Sender<Turn>,
+    turn: oneshot::Sender<Called>,
     /// Its tenant's counters, to count it if it is evicted.
     counters: Option<Arc<TenantCounters>>,
 }
@@ -120,9 +121,12 @@ pub struct Asker {
     pub hold: drain::Hold,
 }
 
-/// Held by a dispatched request until it has its worker (`Admission::has_worker`): then the
-/// dispatcher looks again.
-pub type Dispatched = oneshot::Sender<()>;
+/// The longest the dispatcher waits for a request it sent out to take its worker before it
+/// looks again. A request takes its worker within microseconds of its turn; the bound is for
+/// one that does not (a stall the gateway did not foresee), so it cannot stop the queue for
+/// every model: past it, the room may be promised twice, which costs one request a wait on an
+/// engine.
+pub const TURN_BOUND: Duration = Duration::from_millis(250);
 
 /// Takes a waiter out of the queue if its wait ends any other way than its turn.
 struct Leave<'q> {
@@ -240,7 +244,7 @@ impl GatewayQueue {
     /// when the queue is full and the request may take no one's place; ended by its tier's
     /// timeout, its client's deadline or an eviction. A client that leaves drops this future and with it its
     /// place.
-    pub async fn wait_turn(&self, asker: Asker) -> Result<Dispatched, GatewayError> {
+    pub async fn wait_turn(&self, asker: Asker) -> Result<Turn, GatewayError> {
         let arrived = Instant::now();
         self.arrival(&asker, arrived)?;
         let (turn, rx) = oneshot::channel();
@@ -264,7 +268,7 @@ impl GatewayQueue {
                 if let Some(counters) = &victim.item.counters {
                     counters.evicted(victim.tier);
                 }
-                let _ = victim.item.turn.send(Turn::Evicted);
+                let _ = victim.item.turn.send(Called::Evicted);
                 ticket
             }
             Pushed::Full(_) => {
@@ -293,25 +297,25 @@ impl GatewayQueue {
     /// What a wait that ended gives the request.
     fn ended(
         &self,
-        turn: Result<Result<Turn, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+        turn: Result<Result<Called, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
         asker: &Asker,
         arrived: Instant,
         timeout_at: Instant,
-    ) -> Result<Dispatched, GatewayError> {
+    ) -> Result<Turn, GatewayError> {
         let waited = arrived.elapsed();
         match turn {
-            Ok(Ok(Turn::Go(ack))) => {
+            Ok(Ok(Called::Go(ack))) => {
                 self.wait
                     .get_or_create(&TierLabel {
                         tier: asker.tier.name(),
                     })
                     .observe(waited.as_secs_f64());
-                Ok(ack)
+                Ok(Turn::new(ack))
             }
-            Ok(Ok(Turn::Evicted)) | Ok(Err(_)) => Err(GatewayError::QueueEvicted {
+            Ok(Ok(Called::Evicted)) | Ok(Err(_)) => Err(GatewayError::QueueEvicted {
                 retry_after: self.retry_after(Instant::now()),
             }),
-            Ok(Ok(Turn::Dropped)) => Err(GatewayError::CodelDrop {
+            Ok(Ok(Called::Dropped)) => Err(GatewayError::CodelDrop {
                 retry_after: self.retry_after(Instant::now()),
             }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
@@ -404,7 +408,7 @@ impl GatewayQueue {
             codel.cut(&mut self.waiting.lock(), |w| w.arrived, Instant::now());
         if !dropped.is_empty() {
             for waiter in dropped {
-                let _ = waiter.item.turn.send(Turn::Dropped);
+                let _ = waiter.item.turn.send(Called::Dropped);
             }
             self.count_depth();
         }
@@ -435,11 +439,12 @@ impl GatewayQueue {
                 self.count_depth();
                 let (ack, taken) = oneshot::channel();
                 *self.in_transit.lock() = Some(waiter.item.model.clone());
-                if waiter.item.turn.send(Turn::Go(ack)).is_ok() {
+                if waiter.item.turn.send(Called::Go(ack)).is_ok() {
                     self.rates.lock().dispatched(Instant::now());
                     // Until it has its worker, the room it was sent to is not counted yet.
                     tokio::select! {
                         _ = taken => {}
+                        () = tokio::time::sleep(TURN_BOUND) => {}
                         _ = stop.wait_for(|s| *s) => return,
                     }
                 }

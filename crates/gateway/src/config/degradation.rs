@@ -10,7 +10,7 @@ use sluice_core::degrade::{PruneBudget, ReasoningSwitch};
 
 use super::checks::invalid;
 use super::ConfigError;
-use crate::degrade::{DegradationConfig, Scope, Step, StepKind};
+use crate::admit::degrade::{DegradationConfig, Scope, Step, StepKind};
 
 /// The output cap of the clamp step when it names none (the seed's figure).
 const DEFAULT_CLAMP: u64 = 512;

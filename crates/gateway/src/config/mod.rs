@@ -505,7 +505,7 @@ pub struct Config {
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<crate::control::AdaptiveConfig>,
     /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
-    pub degradation: Option<crate::degrade::DegradationConfig>,
+    pub degradation: Option<crate::admit::degrade::DegradationConfig>,
     pub access_log: Option<PathBuf>,
     /// `--prometheus-duration-buckets`; `None`: the defaults.
     pub duration_buckets: Option<Vec<f64>>,

@@ -70,9 +70,6 @@ pub struct Admission {
     /// Its tenant's weight among its tier, and its estimated tokens: its place in the queue.
     pub weight: f64,
     pub cost: u64,
-    /// Told when the request has its worker, if it left the gateway queue (the dispatcher then
-    /// looks for the next).
-    pub on_worker: Option<tokio::sync::oneshot::Sender<()>>,
     holds: Vec<Box<dyn Hold>>,
 }
 
@@ -100,7 +97,6 @@ impl Admission {
             rate_headers: None,
             weight: 1.0,
             cost: 0,
-            on_worker: None,
             holds: Vec::new(),
         }
     }
@@ -108,13 +104,6 @@ impl Admission {
     /// The client's deadline is what cuts the request (not the gateway's request timeout).
     pub fn cut_by_client(&self) -> bool {
         self.client_deadline.is_some_and(|d| d <= self.deadline)
-    }
-
-    /// The request has its worker: a dispatcher waiting on it may go on.
-    pub fn has_worker(&mut self) {
-        if let Some(tx) = self.on_worker.take() {
-            let _ = tx.send(());
-        }
     }
 
     /// What is left of the client's budget at `now`, in whole milliseconds, for the worker.

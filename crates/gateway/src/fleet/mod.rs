@@ -100,7 +100,8 @@ pub trait Supervise: Send + Sync {
 pub struct Snapshot {
     /// Every registered worker, draining ones included, in registration order.
     pub workers: Vec<Arc<Worker>>,
-    pub pools: HashMap<ModelName, Pool>,
+    /// Shared, so a request's placement can hold its pool past the next snapshot.
+    pub pools: HashMap<ModelName, Arc<Pool>>,
     /// Workers whose models are not known yet (never reached, no `model_id`).
     pub unresolved: usize,
 }
@@ -489,7 +490,10 @@ impl Fleet {
             .retain(|(model, _), _| pools.contains_key(model));
         self.snapshot.store(Arc::new(Snapshot {
             workers: registry.entries.iter().map(|e| e.worker.clone()).collect(),
-            pools,
+            pools: pools
+                .into_iter()
+                .map(|(model, pool)| (model, Arc::new(pool)))
+                .collect(),
             unresolved,
         }));
         self.announce();

@@ -32,7 +32,7 @@ use crate::error::GatewayError;
 use crate::fleet::{Lease, AT_CAPACITY_VETO};
 use crate::http::{copy_request_headers, REQUEST_ID};
 use crate::metrics::{Metrics, ReasonLabel, UpstreamErrorLabels};
-use crate::route::Routed;
+use crate::route::{Placement, Routed};
 use crate::stream::{read_ahead, Ahead, Answer};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
@@ -55,8 +55,8 @@ pub struct RetryConfig {
     pub budget_min_per_sec: u32,
 }
 
-/// One request to forward: the client's head and body, and where the route stage says it may go.
-pub struct Job<'a> {
+/// One request to forward: the client's head and body, and where it was placed.
+struct Job<'a> {
     pub parts: &'a Parts,
     pub body: &'a Bytes,
     pub routed: &'a Routed<'a>,
@@ -101,27 +101,42 @@ impl Forwarder {
         self
     }
 
-    /// Forwards `job` until a worker answers, a failure is final, or the client goes away (the
-    /// future is dropped: the upstream request goes with it, and the context counts it).
+    /// Forwards `body` where `placement` says, until a worker answers, a failure is final, or
+    /// the client goes away (the future is dropped: the upstream request goes with it, and the
+    /// context counts it). The placement's queue turn is given back with the first lease.
     pub async fn forward(
         &self,
         ctx: &mut RequestContext,
-        job: Job<'_>,
+        parts: &Parts,
+        body: &Bytes,
+        placement: Placement<'_>,
     ) -> Result<Answer, GatewayError> {
         ctx.forwarding();
         self.budget.deposit();
-        if let Some((prefill, decode)) = job.routed.pd() {
+        let Placement {
+            pool,
+            request,
+            stage,
+            mut turn,
+        } = placement;
+        let routed = stage.routed(&pool, &request);
+        let job = Job {
+            parts,
+            body,
+            routed: &routed,
+        };
+        if let Some((prefill, decode)) = routed.pd() {
             // Boxed: a disaggregated pair is the rare path, and its future (two legs, the decode
             // window) is most of the size of every request's future, which the router moves
             // whole into a box per request.
-            return Box::pin(self.forward_pd(ctx, &job, prefill, decode)).await;
+            return Box::pin(self.forward_pd(ctx, &job, prefill, decode, turn)).await;
         }
         let deadline = ctx.admission.deadline;
         let timeout = deadline.saturating_duration_since(ctx.started);
         let mut tried: Vec<u64> = Vec::new();
         loop {
             let lease = job.routed.select(&tried)?;
-            ctx.admission.has_worker();
+            turn.taken();
             ctx.attempt(&lease.worker().id);
             let attempts = ctx.attempts();
             let attempt = Attempt {
@@ -241,9 +256,12 @@ impl Forwarder {
             .and_then(|e| e.failure_status())
             .unwrap_or_else(|| response.status().as_u16());
         if !ahead.at_capacity && self.retry.status_codes.contains(&status) {
-            // A failure of the worker, counted as one; nothing reached the client yet.
-            lease.settle(Outcome::Failure);
-            self.count_upstream_error(&lease, "status");
+            // Retried, or relayed when it may not be; a failure of the worker only by the one
+            // rule (`Outcome::of_answer`), whatever `--retry-status-codes` lists.
+            if Outcome::of_answer(status, false) == Some(Outcome::Failure) {
+                lease.settle(Outcome::Failure);
+                self.count_upstream_error(&lease, "status");
+            }
             if self.may_retry(AttemptFailure::ServerError, at, &lease) {
                 return Tried::Retry(worker.key, AttemptFailure::ServerError);
             }

@@ -31,7 +31,7 @@ use super::{build_request, Attempt, Forwarder, Job, Tried};
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
-use crate::route::Routed;
+use crate::route::{Routed, Turn};
 use crate::stream::{Ahead, Answer};
 use crate::upstream::UpstreamResponse;
 
@@ -78,14 +78,16 @@ impl Forwarder {
         job: &Job<'_>,
         prefill: Routed<'_>,
         decode: Routed<'_>,
+        mut turn: Turn,
     ) -> Result<Answer, GatewayError> {
         let deadline = ctx.admission.deadline;
         let mut tried_prefill: Vec<u64> = Vec::new();
         let mut tried_decode: Vec<u64> = Vec::new();
         loop {
-            let (decode_lease, rooms) = self.decode_with_room(ctx, &decode, &tried_decode).await?;
+            let (decode_lease, rooms) = self
+                .decode_with_room(ctx, &decode, &tried_decode, &mut turn)
+                .await?;
             let prefill_lease = prefill.select(&tried_prefill)?;
-            ctx.admission.has_worker();
             ctx.attempt(&decode_lease.worker().id);
             let exchange = Exchange::of(&prefill_lease);
             let prefill_body = exchange.prefill_body(job.body, &prefill_lease)?;
@@ -126,15 +128,19 @@ impl Forwarder {
 
     /// A decode worker with rooms for the request: one with room now if the policy has one,
     /// else, once a room frees there, the full one where the fewest wait. No rooms when the
-    /// window is off.
+    /// window is off. The queue's `turn` is given back with the first decode lease, before any
+    /// wait for a room: a wait for decode room is this model's, not the gateway queue's.
     async fn decode_with_room(
         &self,
         ctx: &RequestContext,
         decode: &Routed<'_>,
         tried: &[u64],
+        turn: &mut Turn,
     ) -> Result<(Lease, Option<DecodeRooms>), GatewayError> {
         if !self.pd.window {
-            return Ok((decode.select(tried)?, None));
+            let lease = decode.select(tried)?;
+            turn.taken();
+            return Ok((lease, None));
         }
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         let rooms = decode.request.weight;
@@ -146,6 +152,7 @@ impl Forwarder {
                 Err(_) if !full.is_empty() => break,
                 Err(e) => return Err(e),
             };
+            turn.taken();
             let worker = lease.worker().clone();
             let size = worker.running_window();
             match worker.decode_window.enter(size, tier, rooms, None).await {

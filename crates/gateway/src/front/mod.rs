@@ -2,9 +2,10 @@
 //! — not draining, the API key, the content type, the body limit, the JSON facts routing needs.
 //! Bad input ends here, in the OpenAI error shape, before any worker spends anything on it.
 //!
-//! It makes the request's context and runs the stages in order (admit, route, forward), each
-//! lent the context; a worker's answer goes to the stream-back stage with the context, a refusal
-//! from any stage is answered here and the context ends with it.
+//! It makes the request's context and runs the stages in order — admit (which places the
+//! request), forward, stream back — each lent the context; a worker's answer goes to the
+//! stream-back stage with the context, a refusal from any stage is answered here and the context
+//! ends with it.
 
 mod parse;
 
@@ -23,13 +24,13 @@ use tokio::time::Instant;
 
 pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
 
-use crate::admit::{Admit, Asking};
+use crate::admit::{AdmitStage, Asking, Placed};
 use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
-use crate::forward::{Forwarder, Job};
+use crate::forward::Forwarder;
 use crate::http::{discard, read_body, request_id, BodyLimits, KeyOwner, Keys, REQUEST_ID};
-use crate::route::{RouteStage, Wants};
+use crate::route::Wants;
 use crate::stream::{self, Answer};
 use sluice_core::admission::Tier;
 
@@ -66,8 +67,7 @@ impl RequestLimits {
 /// The request path's stages and what the front stage itself needs, shared by every request.
 pub struct Front {
     pub fleet: Arc<Fleet>,
-    pub admit: Arc<Admit>,
-    pub route: RouteStage,
+    pub admit: AdmitStage,
     pub forward: Forwarder,
     /// Where every request is accounted for (metrics, access log, in-flight count).
     pub accounts: Accounts,
@@ -85,8 +85,6 @@ pub struct Front {
     pub routing_key_headers: Vec<HeaderName>,
     /// Set when shutdown begins: new requests are refused.
     pub draining: Arc<AtomicBool>,
-    /// The degradation ladder, when steps are configured.
-    pub degrade: Option<Arc<crate::degrade::Degrader>>,
 }
 
 impl Front {
@@ -160,7 +158,7 @@ fn degraded_header(plan: &crate::context::Degraded) -> Option<HeaderValue> {
     HeaderValue::try_from(plan.notes.join(", ")).ok()
 }
 
-/// The stages in order: front's own checks, admit, route, forward.
+/// The stages in order: front's own checks, admit, forward.
 /// `body` is taken once it has been read whole; a refusal before that leaves it for the caller.
 async fn serve(
     front: &Front,
@@ -197,12 +195,12 @@ async fn serve(
     };
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
-    admit_route_forward(front, ctx, route, parts, body, &facts, owner).await
+    admit_and_forward(front, ctx, route, parts, body, &facts, owner).await
 }
 
-/// The stages after the request was read: admit, route (waiting in the gateway queue if it must),
-/// forward.
-async fn admit_route_forward(
+/// The stages after the request was read: admit (which places it, waiting in the gateway queue
+/// if it must), then forward.
+async fn admit_and_forward(
     front: &Front,
     ctx: &mut RequestContext,
     route: ApiRoute,
@@ -211,69 +209,6 @@ async fn admit_route_forward(
     facts: &RequestFacts<'_>,
     owner: KeyOwner,
 ) -> Result<Answer, GatewayError> {
-    let (tier, degrade) = admit(front, ctx, route, parts, facts, owner).await?;
-    let asked = wants(front, parts, facts, tier);
-    let snapshot = front.fleet.snapshot();
-    let (mut wants, mut cascade) = cascaded(degrade, tier, asked, &snapshot);
-    let name_model = |ctx: &mut RequestContext| {
-        ctx.model = facts
-            .model
-            .as_deref()
-            .map(|m| sluice_core::ModelName::new(reflected(m)));
-    };
-    let routed = front
-        .route
-        .route(&snapshot, &wants)
-        .inspect_err(|_| name_model(ctx))?;
-    ctx.model = Some(routed.pool.model.clone());
-    front
-        .admit
-        .feasible(ctx, routed.pool, wants.prompt_tokens)?;
-    let fresh;
-    let routed = if front.admit.wait_room(ctx, routed.pool).await? {
-        // It waited in the gateway queue: routed again, on the fleet as it is now and at the
-        // ladder's level now, and its deadline judged again.
-        fresh = front.fleet.snapshot();
-        (wants, cascade) = cascaded(degrade, tier, asked, &fresh);
-        let routed = front
-            .route
-            .route(&fresh, &wants)
-            .inspect_err(|_| name_model(ctx))?;
-        front
-            .admit
-            .feasible(ctx, routed.pool, wants.prompt_tokens)?;
-        routed
-    } else {
-        routed
-    };
-    ctx.model = Some(routed.pool.model.clone());
-    let sending = Sending {
-        route,
-        facts,
-        body,
-        served: routed.pool.model.as_str(),
-        tier,
-        cascade,
-    };
-    let body = sending.body(degrade, ctx);
-    let job = Job {
-        parts,
-        body: &body,
-        routed: &routed,
-    };
-    front.forward.forward(ctx, job).await
-}
-
-/// The admit stage, then the ladder's hard shedding: the request's tier, and the ladder when it
-/// may change the request.
-async fn admit<'f>(
-    front: &'f Front,
-    ctx: &mut RequestContext,
-    route: ApiRoute,
-    parts: &Parts,
-    facts: &RequestFacts<'_>,
-    owner: KeyOwner,
-) -> Result<(Tier, Option<&'f crate::degrade::Degrader>), GatewayError> {
     let asking = Asking {
         headers: &parts.headers,
         owner,
@@ -281,15 +216,22 @@ async fn admit<'f>(
         max_tokens: facts.max_tokens,
         n: facts.n,
     };
-    front.admit.admit(ctx, &asking).await?;
-    let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
-    let degrade = front.degrade.as_deref().filter(|_| route.takes_model());
-    if let Some(degrade) = degrade {
-        degrade
-            .shed(tier)
-            .inspect_err(|e| front.admit.count_rejected(ctx, e))?;
-    }
-    Ok((tier, degrade))
+    let wants = wants(front, parts, facts);
+    let placed = front
+        .admit
+        .place(ctx, &asking, wants, route.takes_model())
+        .await?;
+    let sending = Sending {
+        route,
+        facts,
+        body,
+        served: placed.placement.pool.model.as_str(),
+    };
+    let body = sending.body(&placed, ctx);
+    front
+        .forward
+        .forward(ctx, parts, &body, placed.placement)
+        .await
 }
 
 /// A request about to be sent to a worker of the `served` model.
@@ -298,58 +240,23 @@ struct Sending<'a> {
     facts: &'a RequestFacts<'a>,
     body: &'a Bytes,
     served: &'a str,
-    tier: Tier,
-    /// The model the ladder sent it to instead of the one it asked for.
-    cascade: Option<&'a str>,
 }
 
 impl Sending<'_> {
     /// The body to send, as the ladder leaves it: re-serialised only when a step changed it,
     /// otherwise as it came (its model named as served).
-    fn body(&self, degrade: Option<&crate::degrade::Degrader>, ctx: &mut RequestContext) -> Bytes {
-        let Some(degrade) = degrade else {
-            return served_body(self.route, self.facts, self.body, self.served);
-        };
-        if let Some(to) = self.cascade {
-            degrade.cascaded(self.tier, to, &mut ctx.degraded);
-            ctx.admission.hold(degrade.diverting());
-        }
-        degrade
-            .rewrite(self.tier, self.served, self.body, &mut ctx.degraded)
+    fn body(&self, placed: &Placed<'_>, ctx: &mut RequestContext) -> Bytes {
+        placed
+            .degrade
+            .and_then(|degrade| {
+                degrade.rewrite(placed.tier, self.served, self.body, &mut ctx.degraded)
+            })
             .unwrap_or_else(|| served_body(self.route, self.facts, self.body, self.served))
     }
 }
 
-/// `wants` sent to another model when the ladder cascades it at the level now — and only if
-/// that model has workers: a cascade never turns a request that could be served into a 404.
-fn cascaded<'a>(
-    degrade: Option<&'a crate::degrade::Degrader>,
-    tier: Tier,
-    wants: Wants<'a>,
-    snapshot: &crate::fleet::Snapshot,
-) -> (Wants<'a>, Option<&'a str>) {
-    let to = degrade
-        .and_then(|d| {
-            let from = wants.model?;
-            d.cascade(tier, from, |model| {
-                snapshot
-                    .pools
-                    .get(model)
-                    .is_some_and(|pool| pool.has_room_for(tier))
-            })
-        })
-        .filter(|to| snapshot.pools.contains_key(*to));
-    let model = to.or(wants.model);
-    (Wants { model, ..wants }, to)
-}
-
-/// What the route stage reads of a request of `tier`.
-fn wants<'a>(
-    front: &'a Front,
-    parts: &'a Parts,
-    facts: &'a RequestFacts<'a>,
-    tier: Tier,
-) -> Wants<'a> {
+/// What the chooser reads of a request (its tier is admission's to set).
+fn wants<'a>(front: &'a Front, parts: &'a Parts, facts: &'a RequestFacts<'a>) -> Wants<'a> {
     Wants {
         model: facts.model.as_deref(),
         routing_key: front
@@ -362,7 +269,7 @@ fn wants<'a>(
         prompt_tokens: facts.prompt_tokens_estimate(),
         stream: facts.stream,
         n: facts.n,
-        tier,
+        tier: Tier::Agent,
     }
 }
 
@@ -461,7 +368,7 @@ async fn models(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response
         .into_iter()
         .filter_map(|name| card(&snapshot, name.as_str()))
         .collect();
-    let mut aliases: Vec<_> = front.route.aliases().iter().collect();
+    let mut aliases: Vec<_> = front.admit.route.aliases().iter().collect();
     aliases.sort();
     data.extend(
         aliases
@@ -482,7 +389,7 @@ async fn model_card(
         return e.into_response();
     }
     let snapshot = front.fleet.snapshot();
-    let found = match front.route.aliases().get(&id) {
+    let found = match front.admit.route.aliases().get(&id) {
         Some(model) => alias_card(&snapshot, &id, model),
         None => card(&snapshot, &id),
     };

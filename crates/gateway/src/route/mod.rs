@@ -1,4 +1,6 @@
-//! The route stage: from a model name to one worker.
+//! The chooser: from a model name to one worker. It sits below the request path's stages and
+//! imports none of them: the admit stage asks it for a request's pool (placement), the forward
+//! stage for a worker on each attempt.
 //!
 //! The pool is the model's workers in the current snapshot; candidates are those a request could
 //! use now (Ready, circuit not open) and that this request has not already tried. The policy
@@ -19,9 +21,10 @@
 //! where it starts at once (`Worker::starts_now`) when some would and some would not: the room
 //! the reserve keeps is of no use to it on another worker, behind an engine's queue.
 //!
-//! The stage is `RouteStage` (the policy and the shedding rule, shared by every request); routing
-//! one request gives a `Routed` — its pool and what the policy reads of it — which the forward
-//! stage asks for a worker per attempt, so a retry is routed by the same rules as the first try.
+//! `RouteStage` holds the policies and the shedding rule, shared by every request. A request's
+//! placement (`admit::Placement`) holds its pool and its `RouteRequest`; the forward stage makes
+//! a `Routed` of them and asks it for a worker per attempt, so a retry is routed by the same
+//! rules as the first try.
 
 use std::sync::Arc;
 
@@ -75,7 +78,7 @@ pub struct Wants<'a> {
 #[derive(Debug)]
 pub struct Routed<'s> {
     pub pool: &'s Pool,
-    pub request: RouteRequest,
+    pub request: &'s RouteRequest,
     stage: &'s RouteStage,
     policy: &'s Policy,
 }
@@ -125,25 +128,31 @@ impl RouteStage {
         &self.aliases
     }
 
-    /// The pool serving what the request wants, or the answer for why there is none.
-    pub fn route<'s>(
-        &'s self,
-        snapshot: &'s Snapshot,
-        wants: &Wants<'_>,
-    ) -> Result<Routed<'s>, GatewayError> {
+    /// The pool serving what the request wants (its model, or the model an alias names), or
+    /// the answer for why there is none.
+    pub fn pool(&self, snapshot: &Snapshot, wants: &Wants<'_>) -> Result<Arc<Pool>, GatewayError> {
         let model = wants
             .model
             .map(|m| self.aliases.get(m).map_or(m, ModelName::as_str));
-        let pool = pool(snapshot, model)?;
+        pool(snapshot, model).cloned()
+    }
+
+    /// What the policy reads of a request that goes to `pool`.
+    pub fn request(&self, pool: &Pool, wants: &Wants<'_>) -> RouteRequest {
         let mut request = RouteRequest::new(self.wants_prefix(), wants);
         request.reserve = pool.reserve_for(wants.tier);
         request.seeks_room = pool.seeks_room(wants.tier);
-        Ok(Routed {
+        request
+    }
+
+    /// `request` on `pool`: what the forward stage asks for a worker on each attempt.
+    pub fn routed<'s>(&'s self, pool: &'s Pool, request: &'s RouteRequest) -> Routed<'s> {
+        Routed {
             pool,
             request,
             stage: self,
             policy: &self.policy,
-        })
+        }
     }
 
     fn count_shed(&self, stage: &'static str) {
@@ -160,7 +169,7 @@ impl<'s> Routed<'s> {
         let pd = self.pool.pd.as_deref()?;
         let side = |pool, policy| Routed {
             pool,
-            request: self.request.clone(),
+            request: self.request,
             stage: self.stage,
             policy,
         };
@@ -174,7 +183,7 @@ impl<'s> Routed<'s> {
     /// breaker permit, or the all-vetoed rule's answer.
     pub fn select(&self, tried: &[u64]) -> Result<Lease, GatewayError> {
         let stage = self.stage;
-        let selected = match select(stage, self.policy, self.pool, &self.request, tried) {
+        let selected = match select(stage, self.policy, self.pool, self.request, tried) {
             Ok(selected) => selected,
             Err(e) => {
                 if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
@@ -227,6 +236,41 @@ impl<'s> Routed<'s> {
             .workers
             .iter()
             .any(|w| w.key != current && !tried.contains(&w.key) && w.is_routable())
+    }
+}
+
+/// Where the admit stage placed a request: its pool (as the fleet was then), what the chooser
+/// reads of it, and its turn out of the gateway queue. The forward stage consumes it.
+pub struct Placement<'s> {
+    pub pool: Arc<Pool>,
+    pub request: RouteRequest,
+    pub stage: &'s RouteStage,
+    pub turn: Turn,
+}
+
+/// A request's turn out of the gateway queue, held from its dispatch until it has its worker.
+/// While it is held the dispatcher sends no one else (so the room it was sent for is not
+/// promised twice); `taken` when the request's first worker is leased, or dropped with the
+/// request, whichever comes first — and the dispatcher waits `admit::TURN_BOUND` at most.
+#[derive(Debug, Default)]
+pub struct Turn(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Turn {
+    /// A turn the queue's dispatcher waits on until `ack` is sent or dropped.
+    pub fn new(ack: tokio::sync::oneshot::Sender<()>) -> Self {
+        Self(Some(ack))
+    }
+
+    /// The request has its worker: the dispatcher may look for the next waiter.
+    pub fn taken(&mut self) {
+        if let Some(ack) = self.0.take() {
+            let _ = ack.send(());
+        }
+    }
+
+    /// Whether this request still holds its turn.
+    pub fn holds(&self) -> bool {
+        self.0.is_some()
     }
 }
 
@@ -290,7 +334,7 @@ impl RouteRequest {
 }
 
 /// The pool serving `model`, or the answer for why there is none.
-fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Pool, GatewayError> {
+fn pool<'s>(snapshot: &'s Snapshot, model: Option<&str>) -> Result<&'s Arc<Pool>, GatewayError> {
     let Some(model) = model else {
         let mut pools = snapshot.pools.values();
         return match (pools.next(), pools.next()) {

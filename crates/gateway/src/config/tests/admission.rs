@@ -208,7 +208,7 @@ fn from_file(name: &str, text: &str) -> Result<Config, ConfigError> {
 
 #[test]
 fn the_degradation_ladder_comes_from_the_file_step_by_step() {
-    use crate::degrade::StepKind;
+    use crate::admit::degrade::StepKind;
     assert_eq!(
         validated(&[]).unwrap().degradation,
         None,

@@ -134,7 +134,7 @@ mod tests {
     use sluice_core::degrade::ReasoningSwitch;
 
     use super::*;
-    use crate::degrade::{DegradationConfig, Scope};
+    use crate::admit::degrade::{DegradationConfig, Scope};
 
     fn ladder() -> Arc<Degrader> {
         let scope = Scope {

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::admit::GatewayQueue;
+use super::GatewayQueue;
 use crate::fleet::Fleet;
 
 /// Where a step applies: its models (all when `None`) and tiers.
