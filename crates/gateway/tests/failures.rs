@@ -249,6 +249,58 @@ async fn at_capacity_answers_are_retried_on_another_worker() {
 }
 
 #[tokio::test]
+async fn a_client_error_status_retried_by_choice_is_not_a_failure_of_the_worker() {
+    // 408 added to the retried statuses; one failure would open a circuit.
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        c.policy = Policy::RoundRobin;
+        c.retry.status_codes.push(408);
+        c.breaker = Some(BreakerConfig {
+            failure_threshold: 1,
+            success_threshold: 1,
+            open_timeout: Duration::from_secs(60),
+            half_open_trials: 1,
+            failure_rate: None,
+        });
+    })
+    .await;
+    let refusing = s.sims.engine(0).unwrap();
+    refusing
+        .fault(Fault::ErrorEvent {
+            rate: 1.0,
+            code: 408,
+        })
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("r{i}"), 1, false))
+            .await;
+        assert_eq!(a.status, 200, "retried on the other worker: {}", a.text());
+    }
+    assert!(
+        refusing.state().requests_received >= 2,
+        "both workers tried"
+    );
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    assert!(
+        metrics.contains(r#"sluice_retries_total{reason="status"}"#),
+        "the 408s were retried: {metrics}"
+    );
+    let status_errors: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_upstream_errors_total") && l.contains(r#"kind="status""#))
+        .collect();
+    assert_eq!(status_errors.len(), 2, "{metrics}");
+    assert!(
+        status_errors.iter().all(|l| l.ends_with(" 0")),
+        "no upstream error counted for a 408: {status_errors:?}"
+    );
+    for worker in s.workers().await {
+        assert_eq!(worker["circuit"]["state"], "closed", "{worker}");
+    }
+}
+
+#[tokio::test]
 async fn a_worker_failing_part_of_its_requests_costs_clients_nothing_and_opens_on_its_rate() {
     let s = start(3, instant(Flavor::Vllm), |c| c.policy = Policy::RoundRobin).await;
     let sick = s.worker_id(0).await;

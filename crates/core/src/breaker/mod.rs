@@ -93,6 +93,24 @@ pub enum Outcome {
     Failure,
 }
 
+impl Outcome {
+    /// How a worker's answer counts in its breaker — the one rule, for an answer retried
+    /// elsewhere and one relayed alike. A 5xx (or an engine's error event, judged as the status
+    /// it names) is the worker's failure; anything under 500 is a working worker, whether it
+    /// answered or refused the request. An answer saying the engine is full (`at_capacity`: 429,
+    /// 529, SGLang's full queue) is not counted at all: backpressure is not sickness. Which
+    /// statuses are retried (`--retry-status-codes`) is another question, decided apart.
+    pub fn of_answer(status: u16, at_capacity: bool) -> Option<Self> {
+        if at_capacity {
+            None
+        } else if status >= 500 {
+            Some(Outcome::Failure)
+        } else {
+            Some(Outcome::Success)
+        }
+    }
+}
+
 /// Permission to send one request, to be handed back with its outcome (or released).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {

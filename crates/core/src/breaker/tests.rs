@@ -281,3 +281,16 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_answer_is_a_failure_from_500_and_backpressure_is_not_counted() {
+    assert_eq!(Outcome::of_answer(200, false), Some(Outcome::Success));
+    assert_eq!(Outcome::of_answer(400, false), Some(Outcome::Success));
+    // A 4xx a user chose to retry is still no failure of the worker.
+    assert_eq!(Outcome::of_answer(408, false), Some(Outcome::Success));
+    assert_eq!(Outcome::of_answer(500, false), Some(Outcome::Failure));
+    assert_eq!(Outcome::of_answer(503, false), Some(Outcome::Failure));
+    for full in [429, 503, 529] {
+        assert_eq!(Outcome::of_answer(full, true), None, "{full}");
+    }
+}

@@ -9,8 +9,8 @@
 //! 503's body) is passed on first, as it came.
 //!
 //! Four endings:
-//! - the worker finishes: the outcome is settled in the breaker (5xx other than 529 counts as a
-//!   failure, an engine's full-queue refusal does not);
+//! - the worker finishes: the outcome is settled in the breaker by the one rule
+//!   (`Outcome::of_answer`: a 5xx is a failure, an engine's at-capacity refusal is not counted);
 //! - the worker finishes an event stream after an error event (engines send one, then `[DONE]`,
 //!   when a stream fails): relayed as it came, and a failed answer — charged to the worker when
 //!   the engine was at fault, not when it blamed the request, kept off it briefly when its queue
@@ -63,9 +63,6 @@ use meter::Meter;
 
 pub use ahead::{read_ahead, Ahead};
 
-/// The status Dynamo-style workers answer when at capacity: a refusal, not a malfunction.
-const STATUS_AT_CAPACITY: u16 = 529;
-
 /// A worker's answer, as the forward stage hands it over.
 #[derive(Debug)]
 pub struct Answer {
@@ -102,15 +99,6 @@ pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
     relay.at_capacity = ahead.at_capacity;
     relay.ahead = Some(ahead.bytes).filter(|b| !b.is_empty());
     Response::from_parts(parts, AxumBody::new(relay))
-}
-
-/// Whether an upstream answer counts against the worker's circuit.
-pub fn outcome_of(status: u16) -> Outcome {
-    if status >= 500 && status != STATUS_AT_CAPACITY {
-        Outcome::Failure
-    } else {
-        Outcome::Success
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,9 +325,9 @@ impl Relay {
         if let Some(error) = self.end.error {
             return self.failed_by_event(error);
         }
-        if !self.at_capacity {
-            // A full engine's refusal goes back unrecorded (the forward stage kept it off).
-            self.lease.settle(outcome_of(self.status));
+        // A full engine's refusal goes back unrecorded (the forward stage kept it off).
+        if let Some(outcome) = Outcome::of_answer(self.status, self.at_capacity) {
+            self.lease.settle(outcome);
         }
         self.judge();
         self.finish(false);
@@ -581,15 +569,5 @@ mod tests {
             Ok(false),
             "[DONE] inside another event's data"
         );
-    }
-
-    #[test]
-    fn at_capacity_and_client_errors_do_not_count_against_a_worker() {
-        assert_eq!(outcome_of(200), Outcome::Success);
-        assert_eq!(outcome_of(400), Outcome::Success);
-        assert_eq!(outcome_of(429), Outcome::Success);
-        assert_eq!(outcome_of(529), Outcome::Success);
-        assert_eq!(outcome_of(500), Outcome::Failure);
-        assert_eq!(outcome_of(503), Outcome::Failure);
     }
 }
