@@ -301,6 +301,62 @@ async fn a_client_error_status_retried_by_choice_is_not_a_failure_of_the_worker(
 }
 
 #[tokio::test]
+async fn a_deadline_that_passes_during_a_retrys_backoff_is_charged_to_no_worker() {
+    // Every retry waits 5 s, far past the 1 s the gateway gives a request.
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        c.policy = Policy::RoundRobin;
+        c.request_timeout = Duration::from_secs(1);
+        c.retry.backoff = sluice_core::retry::Backoff {
+            initial: Duration::from_secs(5),
+            multiplier: 1.0,
+            max: Duration::from_secs(5),
+            jitter: 0.0,
+        };
+    })
+    .await;
+    let failing = s.sims.engine(0).unwrap();
+    failing.fault(Fault::ErrorRate { rate: 1.0 }).await.unwrap();
+    let healthy = s.sims.engine(1).unwrap();
+    let mut answered = 0;
+    let mut timed_out = 0;
+    for i in 0..2 {
+        let a = s
+            .chat(&chat_body("test-model", &format!("r{i}"), 1, false))
+            .await;
+        match a.status {
+            200 => answered += 1,
+            504 => {
+                assert_eq!(code(&a).as_deref(), Some("request_timeout"), "{}", a.text());
+                timed_out += 1;
+            }
+            other => panic!("{other}: {}", a.text()),
+        }
+    }
+    assert_eq!(
+        (answered, timed_out),
+        (1, 1),
+        "one of two met the failing worker"
+    );
+    assert_eq!(
+        healthy.state().requests_received,
+        1,
+        "the request whose deadline passed in its backoff never reached the next worker"
+    );
+    let metrics = get(&s.client, &s.url("/metrics")).await.text();
+    let timeouts: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("sluice_upstream_errors_total") && l.contains(r#"kind="timeout""#)
+        })
+        .collect();
+    assert_eq!(timeouts.len(), 2, "{metrics}");
+    assert!(
+        timeouts.iter().all(|l| l.ends_with(" 0")),
+        "no worker charged a timeout: {timeouts:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_worker_failing_part_of_its_requests_costs_clients_nothing_and_opens_on_its_rate() {
     let s = start(3, instant(Flavor::Vllm), |c| c.policy = Policy::RoundRobin).await;
     let sick = s.worker_id(0).await;

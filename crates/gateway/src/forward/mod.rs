@@ -31,7 +31,7 @@ use crate::context::{RequestContext, DEADLINE};
 use crate::error::GatewayError;
 use crate::fleet::{Lease, AT_CAPACITY_VETO};
 use crate::http::{copy_request_headers, REQUEST_ID};
-use crate::metrics::{Metrics, ReasonLabel, UpstreamErrorLabels};
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::route::{Placement, Routed};
 use crate::stream::{read_ahead, Ahead, Answer};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
@@ -131,35 +131,46 @@ impl Forwarder {
             // whole into a box per request.
             return Box::pin(self.forward_pd(ctx, &job, prefill, decode, turn)).await;
         }
-        let deadline = ctx.admission.deadline;
-        let timeout = deadline.saturating_duration_since(ctx.started);
         let mut tried: Vec<u64> = Vec::new();
         loop {
             let lease = job.routed.select(&tried)?;
             turn.taken();
             ctx.attempt(&lease.worker().id);
-            let attempts = ctx.attempts();
-            let attempt = Attempt {
-                job: &job,
-                request_id: &ctx.id,
-                attempts,
-                tried: &tried,
-                deadline,
-                timeout,
-                client_deadline: ctx.admission.client_deadline,
-                by_client: ctx.admission.cut_by_client(),
-            };
+            let attempt = Attempt::of(ctx, &job, &tried);
+            let attempts = attempt.attempts;
             match self.attempt(attempt, lease).await {
                 Tried::Answered(answer) => return Ok(answer),
                 Tried::Final(error) => return Err(error),
                 Tried::Retry(worker, failure) => {
                     tried.push(worker);
-                    self.count_retry(failure);
-                    let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
-                    tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
+                    self.back_off(ctx, attempts, failure).await?;
                 }
             }
         }
+    }
+
+    /// Waits out a retry's backoff (exponential, jittered, cut at the request's deadline). A
+    /// deadline that passes meanwhile ends the request here, as nobody's failure: no next worker
+    /// is asked, or charged with a timeout it had no time for.
+    async fn back_off(
+        &self,
+        ctx: &RequestContext,
+        attempts: u32,
+        failure: AttemptFailure,
+    ) -> Result<(), GatewayError> {
+        self.count_retry(failure);
+        let deadline = ctx.admission.deadline;
+        let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
+        tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
+        if Instant::now() < deadline {
+            return Ok(());
+        }
+        let timeout = deadline.saturating_duration_since(ctx.started);
+        Err(if ctx.admission.cut_by_client() {
+            GatewayError::DeadlineExceeded { budget: timeout }
+        } else {
+            GatewayError::RequestTimeout { timeout }
+        })
     }
 
     /// One attempt on the leased worker.
@@ -282,12 +293,7 @@ impl Forwarder {
         e: &crate::upstream::SendError,
     ) -> Tried {
         let worker = lease.worker().clone();
-        worker.signals.transport_failure(Instant::now());
-        let (failure, kind) = if e.is_connect() {
-            (AttemptFailure::Connect, "connect")
-        } else {
-            (AttemptFailure::Dropped, "reset")
-        };
+        let (failure, kind) = transport_failure(&worker, e);
         lease.settle(Outcome::Failure);
         self.count_upstream_error(&lease, kind);
         if self.may_retry(failure, at, &lease) {
@@ -346,12 +352,21 @@ impl Forwarder {
 
     fn count_upstream_error(&self, lease: &Lease, kind: &'static str) {
         self.metrics
-            .upstream_errors
-            .get_or_create(&UpstreamErrorLabels {
-                worker: lease.worker().id.to_string(),
-                kind,
-            })
-            .inc();
+            .upstream_error(lease.worker().id.as_str(), kind);
+    }
+}
+
+/// A transport failure of `worker` (a liveness signal): refused before the request was sent,
+/// or lost after; and its kind in `sluice_upstream_errors_total`.
+fn transport_failure(
+    worker: &crate::fleet::Worker,
+    e: &crate::upstream::SendError,
+) -> (AttemptFailure, &'static str) {
+    worker.signals.transport_failure(Instant::now());
+    if e.is_connect() {
+        (AttemptFailure::Connect, "connect")
+    } else {
+        (AttemptFailure::Dropped, "reset")
     }
 }
 
@@ -363,7 +378,7 @@ type Sent = Result<
 
 /// One attempt, and what its request and retry rules need to know.
 #[derive(Clone)]
-struct Attempt<'a> {
+pub(super) struct Attempt<'a> {
     job: &'a Job<'a>,
     request_id: &'a axum::http::HeaderValue,
     /// Attempts so far, this one included.
@@ -388,6 +403,23 @@ enum Tried {
     Final(GatewayError),
     /// Try another worker (this one's key, and why).
     Retry(u64, AttemptFailure),
+}
+
+impl<'a> Attempt<'a> {
+    /// The next attempt of the request in `ctx` at `job`, after the workers in `tried`.
+    fn of(ctx: &'a RequestContext, job: &'a Job<'a>, tried: &'a [u64]) -> Self {
+        let deadline = ctx.admission.deadline;
+        Attempt {
+            job,
+            request_id: &ctx.id,
+            attempts: ctx.attempts(),
+            tried,
+            deadline,
+            timeout: deadline.saturating_duration_since(ctx.started),
+            client_deadline: ctx.admission.client_deadline,
+            by_client: ctx.admission.cut_by_client(),
+        }
+    }
 }
 
 fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {

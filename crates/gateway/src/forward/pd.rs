@@ -27,7 +27,7 @@ use sluice_core::liveness::{leg_silence_bound, prefill_allowance};
 use sluice_core::retry::AttemptFailure;
 use tokio::time::Instant;
 
-use super::{build_request, Attempt, Forwarder, Job, Tried};
+use super::{build_request, transport_failure, Attempt, Forwarder, Job, Tried};
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
@@ -80,7 +80,6 @@ impl Forwarder {
         decode: Routed<'_>,
         mut turn: Turn,
     ) -> Result<Answer, GatewayError> {
-        let deadline = ctx.admission.deadline;
         let mut tried_prefill: Vec<u64> = Vec::new();
         let mut tried_decode: Vec<u64> = Vec::new();
         loop {
@@ -107,11 +106,11 @@ impl Forwarder {
                 body: &prefill_body,
                 routed: &prefill,
             };
-            let attempts = ctx.attempts();
             let pair = Pair {
-                prefill: attempt_of(ctx, &prefill_job, &tried_prefill),
-                decode: attempt_of(ctx, &decode_job, &tried_decode),
+                prefill: Attempt::of(ctx, &prefill_job, &tried_prefill),
+                decode: Attempt::of(ctx, &decode_job, &tried_decode),
             };
+            let attempts = pair.decode.attempts;
             let paired = match exchange {
                 Exchange::Sglang => self.pair(pair, prefill_lease, decode_lease).await,
                 Exchange::Vllm => self.pair_vllm(pair, prefill_lease, decode_lease).await,
@@ -120,9 +119,7 @@ impl Forwarder {
                 Ok(ended) => return ended,
                 Err(failure) => failure,
             };
-            self.count_retry(retry);
-            let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
-            tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
+            self.back_off(ctx, attempts, retry).await?;
         }
     }
 
@@ -316,14 +313,7 @@ impl Forwarder {
                 .upstream
                 .send(&worker.endpoint, request)
                 .await
-                .map_err(|e| {
-                    worker.signals.transport_failure(Instant::now());
-                    if e.is_connect() {
-                        AttemptFailure::Connect
-                    } else {
-                        AttemptFailure::Dropped
-                    }
-                })?;
+                .map_err(|e| transport_failure(&worker, &e).0)?;
             worker.signals.contact(Instant::now());
             let status = response.status();
             if status.is_client_error() && status.as_u16() != 429 {
@@ -359,21 +349,6 @@ impl Forwarder {
                 LegEnd::Silent
             }
         }
-    }
-}
-
-/// One leg's attempt of the request in `ctx`.
-fn attempt_of<'a>(ctx: &'a RequestContext, job: &'a Job<'a>, tried: &'a [u64]) -> Attempt<'a> {
-    let deadline = ctx.admission.deadline;
-    Attempt {
-        job,
-        request_id: &ctx.id,
-        attempts: ctx.attempts(),
-        tried,
-        deadline,
-        timeout: deadline.saturating_duration_since(ctx.started),
-        client_deadline: ctx.admission.client_deadline,
-        by_client: ctx.admission.cut_by_client(),
     }
 }
 

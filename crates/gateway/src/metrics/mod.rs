@@ -410,6 +410,17 @@ impl Metrics {
         }
     }
 
+    /// One failure of `worker` as the request path saw it, by `kind` (one of
+    /// `UPSTREAM_ERROR_KINDS`): the one place `sluice_upstream_errors_total` is counted.
+    pub fn upstream_error(&self, worker: &str, kind: &'static str) {
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels {
+                worker: worker.to_string(),
+                kind,
+            })
+            .inc();
+    }
+
     /// The handles one worker's requests touch.
     pub fn for_worker(&self, worker: &str, policy: &'static str) -> WorkerMetrics {
         let label = WorkerLabel {

@@ -57,7 +57,6 @@ use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{Lease, AT_CAPACITY_VETO};
 use crate::http::{clean_response_headers, is_event_stream, OnWake};
-use crate::metrics::UpstreamErrorLabels;
 use crate::upstream::{UpstreamBody, UpstreamResponse};
 use meter::Meter;
 
@@ -343,15 +342,7 @@ impl Relay {
         match error.class {
             ErrorClass::Engine => {
                 self.lease.settle(Outcome::Failure);
-                if let Some(ctx) = &self.ctx {
-                    ctx.metrics()
-                        .upstream_errors
-                        .get_or_create(&UpstreamErrorLabels {
-                            worker: worker.id.to_string(),
-                            kind: "error_event",
-                        })
-                        .inc();
-                }
+                self.count_upstream_error("error_event");
             }
             ErrorClass::Client => self.lease.settle(Outcome::Success),
             // Its permit goes back unrecorded.
@@ -391,16 +382,15 @@ impl Relay {
         mid_event: bool,
     ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
         self.lease.settle(Outcome::Failure);
+        self.count_upstream_error(kind);
+        self.interrupt(error, mid_event)
+    }
+
+    fn count_upstream_error(&self, kind: &'static str) {
         if let Some(ctx) = &self.ctx {
             ctx.metrics()
-                .upstream_errors
-                .get_or_create(&UpstreamErrorLabels {
-                    worker: self.lease.worker().id.to_string(),
-                    kind,
-                })
-                .inc();
+                .upstream_error(self.lease.worker().id.as_str(), kind);
         }
-        self.interrupt(error, mid_event)
     }
 
     /// The request's deadline passed mid-body: the gateway ends the response, not the worker, so
@@ -424,15 +414,7 @@ impl Relay {
             // The client's own deadline: nobody's failure, and named as the client asked.
             return self.interrupt(GatewayError::DeadlineExceeded { budget: timeout }, false);
         }
-        if let Some(ctx) = &self.ctx {
-            ctx.metrics()
-                .upstream_errors
-                .get_or_create(&UpstreamErrorLabels {
-                    worker: self.lease.worker().id.to_string(),
-                    kind: "timeout",
-                })
-                .inc();
-        }
+        self.count_upstream_error("timeout");
         self.interrupt(GatewayError::RequestTimeout { timeout }, false)
     }
 
