@@ -91,12 +91,13 @@ pub struct Settings {
     pub max_tree_size: usize,
 
     /// consistent_hash and cache_aware: request headers whose value is the routing key, the first
-    /// present one winning (the body's `user` field is used when none is). Comma-separated or
-    /// repeated; `--routing-key-header` (one) is the same flag.
+    /// present one winning (the body's `user` field is used when none is). Several after one
+    /// flag (SMG's way), comma-separated or repeated; `--routing-key-header` is the same flag.
     #[arg(
         long = "routing-key-headers",
         alias = "routing-key-header",
         value_delimiter = ',',
+        num_args = 1..,
         default_values_t = ["x-session-id".to_string()]
     )]
     #[arg(help_heading = "Routing policy")]
@@ -118,8 +119,14 @@ pub struct Settings {
     pub model_aliases: Vec<String>,
 
     /// Request headers a client's own request id is taken from, the first present and sane one
-    /// winning (SMG's flag); the id goes to the worker and back to the client as `x-request-id`.
-    #[arg(long, value_delimiter = ',', default_values_t = ["x-request-id".to_string()])]
+    /// winning (SMG's flag; several after one flag, comma-separated or repeated); the id goes to
+    /// the worker and back to the client as `x-request-id`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_values_t = ["x-request-id".to_string()]
+    )]
     #[arg(help_heading = "Requests")]
     pub request_id_headers: Vec<String>,
 
