@@ -11,7 +11,7 @@ use clap::{Args, FromArgMatches};
 use sluice_gateway::config::smg;
 use sluice_gateway::Settings;
 
-const FIXTURE: &str = include_str!("fixtures/smg-1.13.0-flags.tsv");
+const FIXTURE: &str = include_str!("../../../fixtures/smg/launch-flags-1.13.0.tsv");
 
 /// `sluice serve`'s flags, as the binary builds them.
 fn serve() -> clap::Command {

@@ -77,26 +77,14 @@ impl App {
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));
         let (access_log, access_log_writer) = match &config.access_log {
-            Some(path) => {
-                let (log, writer) = AccessLog::open(path, metrics.clone()).await?;
-                (Some(log), Some(writer))
-            }
+            Some(path) => AccessLog::open(path, metrics.clone())
+                .await
+                .map(|(log, writer)| (Some(log), Some(writer)))?,
             None => (None, None),
         };
         let in_flight = Arc::new(InFlight::default());
         let draining = Arc::new(AtomicBool::new(false));
-        let keys = Keys {
-            client: config.api_keys.clone(),
-            admin: config.admin_api_key.clone(),
-            control_plane: config.control_plane_keys.clone(),
-            tenants: config
-                .admission
-                .tenants
-                .iter()
-                .enumerate()
-                .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
-                .collect(),
-        };
+        let keys = keys_of(config);
         let shared = match &config.shared {
             Some(c) => Some(Shared::new(c, &mut registry)?),
             None => None,
@@ -132,39 +120,19 @@ impl App {
                 config.listen_tls.is_some(),
             )
         });
+        let stages = Stages {
+            admit: admit_stage(config, &admit, &fleet, &metrics, degrade),
+            forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone())
+                .with_pd(config.pd),
+            accounts: Accounts {
+                metrics,
+                access_log,
+                in_flight: in_flight.clone(),
+            },
+        };
         let app = App {
             cors: config.cors.as_ref().map(cors_layer),
-            front: Arc::new(Front {
-                fleet: fleet.clone(),
-                admit: AdmitStage {
-                    admit: admit.clone(),
-                    fleet: fleet.clone(),
-                    route: RouteStage::new(config.policy, config.shedding, metrics.clone())
-                        .with_aliases(config.model_aliases.clone())
-                        .with_pd_policies(config.prefill_policy, config.decode_policy)
-                        .with_projection(if admit.queue().is_some() {
-                            Projection::Wary
-                        } else {
-                            Projection::Hopeful
-                        }),
-                    degrade: degrade.clone(),
-                },
-                forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone())
-                    .with_pd(config.pd),
-                accounts: Accounts {
-                    metrics,
-                    access_log,
-                    in_flight: in_flight.clone(),
-                },
-                keys,
-                max_payload: config.max_payload_size,
-                body_read_timeout: config.body_read_timeout,
-                body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
-                limits: config.limits,
-                routing_key_headers: config.routing_key_headers.clone(),
-                request_id_headers: config.request_id_headers.clone(),
-                draining: draining.clone(),
-            }),
+            front: Arc::new(front(config, &fleet, stages, keys, &draining)),
             admin,
             probes: probes.clone(),
             registry,
@@ -249,4 +217,76 @@ fn control_and_fleet(
     );
     control.watch(&fleet);
     (control, fleet)
+}
+
+/// The request path's stages after the front one, as `assemble` makes them.
+struct Stages {
+    admit: AdmitStage,
+    forward: Forwarder,
+    accounts: Accounts,
+}
+
+/// The front stage over `stages`, with the request-facing settings.
+fn front(
+    config: &Config,
+    fleet: &Arc<Fleet>,
+    stages: Stages,
+    keys: Keys,
+    draining: &Arc<AtomicBool>,
+) -> Front {
+    Front {
+        fleet: fleet.clone(),
+        admit: stages.admit,
+        forward: stages.forward,
+        accounts: stages.accounts,
+        keys,
+        max_payload: config.max_payload_size,
+        body_read_timeout: config.body_read_timeout,
+        body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
+        limits: config.limits,
+        routing_key_headers: config.routing_key_headers.clone(),
+        request_id_headers: config.request_id_headers.clone(),
+        draining: draining.clone(),
+    }
+}
+
+/// The admit stage: admission, the chooser it places with (its room judged warily behind a
+/// gateway queue, which releases many at once), the fleet, the ladder.
+fn admit_stage(
+    config: &Config,
+    admit: &Arc<Admit>,
+    fleet: &Arc<Fleet>,
+    metrics: &Arc<Metrics>,
+    degrade: Option<Arc<crate::admit::degrade::Degrader>>,
+) -> AdmitStage {
+    let projection = if admit.queue().is_some() {
+        Projection::Wary
+    } else {
+        Projection::Hopeful
+    };
+    AdmitStage {
+        admit: admit.clone(),
+        fleet: fleet.clone(),
+        route: RouteStage::new(config.policy, config.shedding, metrics.clone())
+            .with_aliases(config.model_aliases.clone())
+            .with_pd_policies(config.prefill_policy, config.decode_policy)
+            .with_projection(projection),
+        degrade,
+    }
+}
+
+/// Every key the gateway checks: clients', the admin's, the control plane's, the tenants'.
+fn keys_of(config: &Config) -> Keys {
+    Keys {
+        client: config.api_keys.clone(),
+        admin: config.admin_api_key.clone(),
+        control_plane: config.control_plane_keys.clone(),
+        tenants: config
+            .admission
+            .tenants
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
+            .collect(),
+    }
 }

@@ -122,29 +122,7 @@ impl Gateway {
         )
         .await?;
         let shared_state = shared.as_ref().map(|s| s.changes());
-        if let Some(shared) = shared {
-            listeners.spawn(shared.run(Arc::downgrade(&fleet), stop_rx.clone()));
-        }
-        if let Some(queue) = app.front.admit.admit.queue() {
-            // The gateway queue's dispatcher, stopped with the listeners.
-            listeners.spawn(queue.clone().dispatch(
-                fleet.clone(),
-                app.front.admit.admit.slots_free(),
-                stop_rx.clone(),
-            ));
-        }
-        if let Some(degrade) = &app.front.admit.degrade {
-            // The ladder's level, moved until the listeners stop.
-            listeners.spawn(degrade.clone().run(
-                app.front.admit.admit.queue().cloned(),
-                fleet.clone(),
-                stop_rx.clone(),
-            ));
-        }
-        if let Some(status) = &app.status {
-            // The status page's sampler, stopped with the listeners.
-            listeners.spawn(status.clone().run(stop_rx.clone()));
-        }
+        spawn_loops(&app, &fleet, shared, &stop_rx, &mut listeners);
         listeners.spawn(http::serve(
             listener,
             tls,
@@ -153,20 +131,7 @@ impl Gateway {
             stop_rx.clone(),
         ));
         let metrics_addr = match config.metrics_listen {
-            Some(at) => {
-                let listener = bind(at).await?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|source| StartError::Bind { addr: at, source })?;
-                listeners.spawn(http::serve(
-                    listener,
-                    None,
-                    app.metrics_router(),
-                    limits,
-                    stop_rx,
-                ));
-                Some(local)
-            }
+            Some(at) => Some(serve_metrics(at, &app, limits, stop_rx, &mut listeners).await?),
             None => None,
         };
         let probe_listener = match config.health_listen {
@@ -176,15 +141,7 @@ impl Gateway {
             ),
             None => None,
         };
-        info!(%addr, scheme, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
-        if addr.ip().is_loopback() {
-            // SMG listens on every interface by default; a launch line carried over from it
-            // would otherwise serve nobody else without a word.
-            warn!(
-                %addr,
-                "serving on loopback only: other hosts cannot reach this gateway; --host 0.0.0.0 serves every interface (SMG's default)"
-            );
-        }
+        announce(addr, scheme, &config);
         Ok(Self {
             addr,
             scheme,
@@ -276,5 +233,73 @@ impl Gateway {
         }
         info!("stopped");
         outcome
+    }
+}
+
+/// The loops the gateway runs beside its listeners, each stopped with them: the shared state's
+/// link to the other replicas, the gateway queue's dispatcher, the ladder's level, the status
+/// page's sampler.
+fn spawn_loops(
+    app: &App,
+    fleet: &Arc<Fleet>,
+    shared: Option<Arc<crate::shared::Shared>>,
+    stop_rx: &watch::Receiver<bool>,
+    listeners: &mut JoinSet<()>,
+) {
+    if let Some(shared) = shared {
+        listeners.spawn(shared.run(Arc::downgrade(fleet), stop_rx.clone()));
+    }
+    let admit = &app.front.admit;
+    if let Some(queue) = admit.admit.queue() {
+        listeners.spawn(queue.clone().dispatch(
+            fleet.clone(),
+            admit.admit.slots_free(),
+            stop_rx.clone(),
+        ));
+    }
+    if let Some(degrade) = &admit.degrade {
+        listeners.spawn(degrade.clone().run(
+            admit.admit.queue().cloned(),
+            fleet.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    if let Some(status) = &app.status {
+        listeners.spawn(status.clone().run(stop_rx.clone()));
+    }
+}
+
+/// `/metrics` on its own listener (`--prometheus-port`): the address it is bound to.
+async fn serve_metrics(
+    at: SocketAddr,
+    app: &App,
+    limits: http::Limits,
+    stop_rx: watch::Receiver<bool>,
+    listeners: &mut JoinSet<()>,
+) -> Result<SocketAddr, StartError> {
+    let listener = bind(at).await?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr: at, source })?;
+    listeners.spawn(http::serve(
+        listener,
+        None,
+        app.metrics_router(),
+        limits,
+        stop_rx,
+    ));
+    Ok(local)
+}
+
+/// The startup line, and a warning when only loopback is served: SMG listens on every
+/// interface by default, and a launch line carried over from it would otherwise serve nobody
+/// else without a word.
+fn announce(addr: SocketAddr, scheme: &str, config: &Config) {
+    info!(%addr, scheme, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
+    if addr.ip().is_loopback() {
+        warn!(
+            %addr,
+            "serving on loopback only: other hosts cannot reach this gateway; --host 0.0.0.0 serves every interface (SMG's default)"
+        );
     }
 }

@@ -297,37 +297,16 @@ impl Settings {
 
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let host = parse_host("host", &self.host)?;
-        let mut workers = self
-            .worker_urls
-            .iter()
-            .map(|url| {
-                WorkerSpec::from_url(url, self.default_worker_key())
-                    .map_err(|e| invalid("worker-urls", e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        workers.extend(self.pd.workers(self.default_worker_key())?);
-        let pd_selectors = !self.discovery.prefill_selector.is_empty()
-            || !self.discovery.decode_selector.is_empty();
-        if pd_selectors && !self.pd.pd_disaggregation {
-            return Err(invalid(
-                "prefill-selector",
-                "--prefill-selector and --decode-selector need --pd-disaggregation",
-            ));
-        }
         let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
         let breaker = self.resilience.breaker()?;
         Ok(Config {
             listen: SocketAddr::new(host, self.port),
-            workers,
+            workers: self.workers()?,
             policy: self.policy()?,
             prefill_policy,
             decode_policy,
-            pd: crate::forward::PdConfig {
-                admission_wait: self.pd.admission_wait()?,
-                window: !self.pd.disable_pd_admission_window,
-                wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
-            },
+            pd: self.pd_config()?,
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
@@ -336,20 +315,9 @@ impl Settings {
             routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
             default_worker_key: self.default_worker_key(),
-            admin_api_key: match &self.admin_api_key {
-                Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
-                None => None,
-            },
+            admin_api_key: self.admin_key()?,
             admin_reads_open: self.admin_reads_open,
-            control_plane_keys: self
-                .control_plane_api_keys
-                .iter()
-                .map(|k| {
-                    k.parse().map_err(|e: crate::http::ControlPlaneKeyError| {
-                        invalid("control-plane-api-keys", e.to_string())
-                    })
-                })
-                .collect::<Result<_, _>>()?,
+            control_plane_keys: self.control_plane_keys()?,
             max_payload_size: self.max_payload_size,
             max_buffered_body_bytes: self.body_budget()?,
             limits: self.request_limits()?,
@@ -362,17 +330,7 @@ impl Settings {
                 self.body_read_timeout_secs,
             )?,
             max_connections: positive_count("max-connections", self.max_connections)?,
-            upstream: UpstreamConfig {
-                connect_timeout: positive_seconds(
-                    "connect-timeout-secs",
-                    self.connect_timeout_secs,
-                )?,
-                pool_idle_timeout: seconds(
-                    "upstream-pool-idle-timeout-secs",
-                    self.upstream_pool_idle_timeout_secs,
-                )?,
-                tls: self.upstream_tls()?,
-            },
+            upstream: self.upstream()?,
             listen_tls: self.listen_tls()?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
@@ -384,11 +342,7 @@ impl Settings {
             )?,
             startup_delay: seconds("worker-startup-delay", self.worker_startup_delay)?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
-            startup_timeout: Some(seconds(
-                "worker-startup-timeout-secs",
-                self.worker_startup_timeout_secs,
-            )?)
-            .filter(|t| !t.is_zero()),
+            startup_timeout: self.startup_timeout()?,
             health: self.health()?,
             load: self.load()?,
             shedding: self.shedding()?,
@@ -400,13 +354,7 @@ impl Settings {
                 "shutdown-grace-period-secs",
                 self.shutdown_grace_period_secs,
             )?,
-            metrics_listen: match self.prometheus_port {
-                Some(port) => Some(SocketAddr::new(
-                    parse_host("prometheus-host", &self.prometheus_host)?,
-                    port,
-                )),
-                None => None,
-            },
+            metrics_listen: self.metrics_listen()?,
             admission: self.admission.validate(
                 &self.api_keys,
                 &self.shedding()?,
@@ -428,6 +376,84 @@ impl Settings {
                     .zip(self.client_key_path.as_deref()),
             )?,
         })
+    }
+
+    /// `--worker-urls` and the disaggregated `--prefill`/`--decode` workers.
+    fn workers(&self) -> Result<Vec<WorkerSpec>, ConfigError> {
+        let mut workers = self
+            .worker_urls
+            .iter()
+            .map(|url| {
+                WorkerSpec::from_url(url, self.default_worker_key())
+                    .map_err(|e| invalid("worker-urls", e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        workers.extend(self.pd.workers(self.default_worker_key())?);
+        let pd_selectors = !self.discovery.prefill_selector.is_empty()
+            || !self.discovery.decode_selector.is_empty();
+        if pd_selectors && !self.pd.pd_disaggregation {
+            return Err(invalid(
+                "prefill-selector",
+                "--prefill-selector and --decode-selector need --pd-disaggregation",
+            ));
+        }
+        Ok(workers)
+    }
+
+    fn pd_config(&self) -> Result<crate::forward::PdConfig, ConfigError> {
+        Ok(crate::forward::PdConfig {
+            admission_wait: self.pd.admission_wait()?,
+            window: !self.pd.disable_pd_admission_window,
+            wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
+        })
+    }
+
+    fn admin_key(&self) -> Result<Option<String>, ConfigError> {
+        Ok(match &self.admin_api_key {
+            Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
+            None => None,
+        })
+    }
+
+    fn control_plane_keys(&self) -> Result<Vec<crate::http::ControlPlaneKey>, ConfigError> {
+        self.control_plane_api_keys
+            .iter()
+            .map(|k| {
+                k.parse().map_err(|e: crate::http::ControlPlaneKeyError| {
+                    invalid("control-plane-api-keys", e.to_string())
+                })
+            })
+            .collect()
+    }
+
+    fn upstream(&self) -> Result<UpstreamConfig, ConfigError> {
+        Ok(UpstreamConfig {
+            connect_timeout: positive_seconds("connect-timeout-secs", self.connect_timeout_secs)?,
+            pool_idle_timeout: seconds(
+                "upstream-pool-idle-timeout-secs",
+                self.upstream_pool_idle_timeout_secs,
+            )?,
+            tls: self.upstream_tls()?,
+        })
+    }
+
+    /// `--worker-startup-timeout-secs`; 0: none.
+    fn startup_timeout(&self) -> Result<Option<Duration>, ConfigError> {
+        let timeout = seconds(
+            "worker-startup-timeout-secs",
+            self.worker_startup_timeout_secs,
+        )?;
+        Ok(Some(timeout).filter(|t| !t.is_zero()))
+    }
+
+    /// `--prometheus-port` on `--prometheus-host`, when given.
+    fn metrics_listen(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.prometheus_port
+            .map(|port| {
+                let host = parse_host("prometheus-host", &self.prometheus_host)?;
+                Ok(SocketAddr::new(host, port))
+            })
+            .transpose()
     }
 }
 

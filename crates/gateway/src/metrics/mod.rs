@@ -242,117 +242,9 @@ impl Metrics {
             liveness_fallbacks: Counter::default(),
             overload_sheds: Family::default(),
         };
-        let r = registry;
-        r.register(
-            "requests",
-            "Requests answered, by route, status and gateway error code",
-            m.requests.clone(),
-        );
-        r.register(
-            "request_duration_seconds",
-            "Time from request to the end of the response (streams included)",
-            m.duration.clone(),
-        );
-        r.register(
-            "worker_ttft_seconds",
-            "Time from sending a request to a worker to its first response byte, as the gateway saw it",
-            m.ttft.clone(),
-        );
-        r.register(
-            "worker_inter_chunk_seconds",
-            "Gaps between response chunks of a worker, as the gateway saw them",
-            m.inter_chunk.clone(),
-        );
-        r.register(
-            "worker_selections",
-            "Workers chosen by the load-balancing policy",
-            m.selections.clone(),
-        );
-        r.register(
-            "retries",
-            "Attempts sent again to another worker, by reason (connect, dropped, at_capacity)",
-            m.retries.clone(),
-        );
-        r.register(
-            "retry_budget_exhausted",
-            "Retries refused because the retry budget was spent",
-            m.retry_budget_exhausted.clone(),
-        );
-        r.register(
-            "pd_admission_waits",
-            "Disaggregated dispatches that waited for room in a decode worker's running window and were admitted",
-            m.pd_admission_waits.clone(),
-        );
-        r.register(
-            "pd_admission_sheds",
-            "Disaggregated requests shed by a decode worker's running window (wider than it, or no room within --pd-admission-wait-secs)",
-            m.pd_admission_sheds.clone(),
-        );
-        r.register(
-            "worker_circuit_transitions",
-            "Circuit breaker state changes",
-            m.breaker_transitions.clone(),
-        );
-        r.register(
-            "client_cancellations",
-            "Requests whose client went away before the response ended; the upstream request was dropped",
-            m.cancellations.clone(),
-        );
-        r.register(
-            "upstream_errors",
-            "Failures talking to workers, by kind",
-            m.upstream_errors.clone(),
-        );
-        r.register(
-            "worker_health",
-            "Worker health: 1 Ready, 0 any other state (pending, not ready, failed, draining)",
-            m.worker_health.clone(),
-        );
-        r.register(
-            "worker_health_checks",
-            "Health probes of workers, by result (success, failure)",
-            m.health_checks.clone(),
-        );
-        r.register(
-            "engine_waiting_requests",
-            "Requests waiting in the engine's queue (summed over ranks), from its last load report",
-            m.engine_waiting.clone(),
-        );
-        r.register(
-            "engine_running_requests",
-            "Requests in the engine's running batch (summed over ranks), from its last load report",
-            m.engine_running.clone(),
-        );
-        r.register(
-            "engine_token_usage",
-            "KV cache usage of the engine (mean over ranks, 0..1), from its last load report",
-            m.engine_token_usage.clone(),
-        );
-        r.register(
-            "engine_load_report_issues",
-            "Load reports read from an older endpoint (fallback) or with a malformed field left out (dropped_field)",
-            m.report_issues.clone(),
-        );
-        r.register(
-            "worker_overload_fallback",
-            "Requests steered to the least loaded worker because every candidate was over its ceilings",
-            m.overload_fallbacks.clone(),
-        );
-        r.register(
-            "worker_liveness_fallback",
-            "Requests steered to a worker the liveness checks doubt because no other was routable",
-            m.liveness_fallbacks.clone(),
-        );
-        r.register(
-            "worker_overload_shed",
-            "Requests refused because every candidate was overloaded (--worker-overload-shed), by stage",
-            m.overload_sheds.clone(),
-        );
-        r.register(
-            "access_log_dropped",
-            "Access log lines dropped because the writer fell behind",
-            m.access_log_dropped.clone(),
-        );
+        m.register_requests(registry);
+        m.register_workers(registry);
+        m.register_engines(registry);
         for reason in RETRY_REASONS {
             let _ = m.retries.get_or_create(&ReasonLabel { reason });
         }
@@ -363,6 +255,129 @@ impl Metrics {
             let _ = m.health_checks.get_or_create(&ResultLabel { result });
         }
         Arc::new(m)
+    }
+
+    /// Requests as the gateway answered them: answers, durations, retries, cancellations, the
+    /// disaggregated window, the access log.
+    fn register_requests(&self, r: &mut Registry) {
+        r.register(
+            "requests",
+            "Requests answered, by route, status and gateway error code",
+            self.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from request to the end of the response (streams included)",
+            self.duration.clone(),
+        );
+        r.register(
+            "retries",
+            "Attempts sent again to another worker, by reason (connect, dropped, at_capacity)",
+            self.retries.clone(),
+        );
+        r.register(
+            "retry_budget_exhausted",
+            "Retries refused because the retry budget was spent",
+            self.retry_budget_exhausted.clone(),
+        );
+        r.register(
+            "client_cancellations",
+            "Requests whose client went away before the response ended; the upstream request was dropped",
+            self.cancellations.clone(),
+        );
+        r.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind",
+            self.access_log_dropped.clone(),
+        );
+        r.register(
+            "pd_admission_waits",
+            "Disaggregated dispatches that waited for room in a decode worker's running window and were admitted",
+            self.pd_admission_waits.clone(),
+        );
+        r.register(
+            "pd_admission_sheds",
+            "Disaggregated requests shed by a decode worker's running window (wider than it, or no room within --pd-admission-wait-secs)",
+            self.pd_admission_sheds.clone(),
+        );
+    }
+
+    /// Each worker as the gateway saw it: first bytes, gaps, selections, circuit, errors, health.
+    fn register_workers(&self, r: &mut Registry) {
+        r.register(
+            "worker_ttft_seconds",
+            "Time from sending a request to a worker to its first response byte, as the gateway saw it",
+            self.ttft.clone(),
+        );
+        r.register(
+            "worker_inter_chunk_seconds",
+            "Gaps between response chunks of a worker, as the gateway saw them",
+            self.inter_chunk.clone(),
+        );
+        r.register(
+            "worker_selections",
+            "Workers chosen by the load-balancing policy",
+            self.selections.clone(),
+        );
+        r.register(
+            "worker_circuit_transitions",
+            "Circuit breaker state changes",
+            self.breaker_transitions.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Failures talking to workers, by kind",
+            self.upstream_errors.clone(),
+        );
+        r.register(
+            "worker_health",
+            "Worker health: 1 Ready, 0 any other state (pending, not ready, failed, draining)",
+            self.worker_health.clone(),
+        );
+        r.register(
+            "worker_health_checks",
+            "Health probes of workers, by result (success, failure)",
+            self.health_checks.clone(),
+        );
+    }
+
+    /// The engines' own reports, and the overload rules read from them.
+    fn register_engines(&self, r: &mut Registry) {
+        r.register(
+            "engine_waiting_requests",
+            "Requests waiting in the engine's queue (summed over ranks), from its last load report",
+            self.engine_waiting.clone(),
+        );
+        r.register(
+            "engine_running_requests",
+            "Requests in the engine's running batch (summed over ranks), from its last load report",
+            self.engine_running.clone(),
+        );
+        r.register(
+            "engine_token_usage",
+            "KV cache usage of the engine (mean over ranks, 0..1), from its last load report",
+            self.engine_token_usage.clone(),
+        );
+        r.register(
+            "engine_load_report_issues",
+            "Load reports read from an older endpoint (fallback) or with a malformed field left out (dropped_field)",
+            self.report_issues.clone(),
+        );
+        r.register(
+            "worker_overload_fallback",
+            "Requests steered to the least loaded worker because every candidate was over its ceilings",
+            self.overload_fallbacks.clone(),
+        );
+        r.register(
+            "worker_liveness_fallback",
+            "Requests steered to a worker the liveness checks doubt because no other was routable",
+            self.liveness_fallbacks.clone(),
+        );
+        r.register(
+            "worker_overload_shed",
+            "Requests refused because every candidate was overloaded (--worker-overload-shed), by stage",
+            self.overload_sheds.clone(),
+        );
     }
 
     /// Starts every route's series at zero, so each family is on the page from startup and a
