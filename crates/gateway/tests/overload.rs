@@ -190,6 +190,48 @@ async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
 }
 
 #[tokio::test]
+async fn a_burst_onto_a_full_fleet_spreads_by_the_queues_it_builds_not_onto_one_worker() {
+    // Reports 2 s apart, so the burst below falls between two of them.
+    let s = start(3, timed(Flavor::Vllm, 1.0), |c| {
+        fast_load(c);
+        c.load.interval = Duration::from_secs(2);
+        c.policy = Policy::RoundRobin;
+    })
+    .await;
+    for (i, waiting) in [(0, 20), (1, 21), (2, 22)] {
+        s.fault(i, pin_waiting(waiting)).await;
+    }
+    until_all_overloaded(&s).await;
+    let before = s.received();
+    // Nine long answers at once: each waits on its worker, so each joins its projected queue.
+    let burst: Vec<_> = (0..9)
+        .map(|i| {
+            let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+            let body = chat_body("test-model", &format!("burst {i}"), 4000, false);
+            tokio::spawn(async move { post(&client, &url, &body).await })
+        })
+        .collect();
+    let s = std::sync::Arc::new(s);
+    bounded("the burst reached the engines", async {
+        loop {
+            let now = s.received();
+            if (0..3).map(|i| now[i] - before[i]).sum::<u64>() == 9 {
+                break now;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let after = s.received();
+    let sent: Vec<u64> = (0..3).map(|i| after[i] - before[i]).collect();
+    // Join the shortest projected queue: 20, 21, 22 reported, plus each worker's own share.
+    assert_eq!(sent, [4, 3, 2], "spread by the queues the burst builds");
+    for request in burst {
+        request.abort();
+    }
+}
+
+#[tokio::test]
 async fn with_shedding_a_full_fleet_refuses_at_once() {
     let s = start(3, instant(Flavor::Vllm), |c| {
         fast_load(c);

@@ -174,7 +174,11 @@ pub enum VetoClass {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Vetoed {
     pub class: VetoClass,
-    /// From its last report (0 without one).
+    /// Its waiting queue now: the last report's (0 without one), projected with this gateway's
+    /// requests sent and started since (`QueueGate::projected_by`). Judged on the report alone,
+    /// every request until the next report goes to the one worker that reported least, and a
+    /// burst piles onto it; projected, each request steered raises its worker's queue by one,
+    /// so the burst spreads by what each worker can absorb.
     pub waiting: u64,
     pub kv_usage: f64,
     /// Requests in flight through this gateway.
@@ -199,8 +203,9 @@ pub enum AllVetoed {
 ///   queue can hold it (it waits there before it is routed); with nowhere to wait, refusing work
 ///   the fleet has room for, or sending it to a full worker, would cost more than the reserve
 ///   keeps.
-/// - Steering (the default) takes the least loaded candidate — lowest reported waiting queue,
-///   then KV usage, then in-flight — preferring the full over the doubted.
+/// - Steering (the default) takes the least loaded candidate — lowest waiting queue as projected
+///   now (`Vetoed::waiting`), then KV usage, then in-flight — preferring the full over the
+///   doubted.
 /// - With `shed`, a full worker is never the fallback: doubted ones are still steered to; a pool
 ///   of only full candidates is shed, unless some of the pool's workers are out for another
 ///   reason (`others_out`: unhealthy, circuit open), which is plain unavailability.
@@ -435,6 +440,37 @@ mod tests {
             "a full worker is never the fallback while shedding"
         );
         assert_eq!(when_all_vetoed(&[], true, false), AllVetoed::Unavailable);
+    }
+
+    #[test]
+    fn a_burst_steered_onto_a_full_fleet_spreads_as_the_projected_queues_grow() {
+        // Three full workers that reported 19, 19 and 31 waiting; each request steered joins
+        // its worker's projected queue, as the gateway's own pending count makes it.
+        let mut fleet: Vec<Vetoed> = [19, 19, 31]
+            .map(|waiting| Vetoed {
+                class: VetoClass::Overload,
+                waiting,
+                kv_usage: 0.9,
+                in_flight: 0,
+            })
+            .to_vec();
+        let mut sent = [0u64; 3];
+        for _ in 0..30 {
+            let AllVetoed::Steer(i, VetoClass::Overload) = when_all_vetoed(&fleet, false, false)
+            else {
+                panic!("a full fleet is steered to");
+            };
+            sent[i] += 1;
+            fleet[i].waiting += 1;
+            fleet[i].in_flight += 1;
+        }
+        assert_eq!(
+            sent,
+            [14, 14, 2],
+            "the two shorter queues first, then all three alike"
+        );
+        let queues: Vec<u64> = fleet.iter().map(|c| c.waiting).collect();
+        assert_eq!(queues, [33, 33, 33]);
     }
 
     #[test]

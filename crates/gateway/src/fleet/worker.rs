@@ -273,6 +273,14 @@ impl Worker {
         !self.adaptive.admits(self.in_flight(), weight)
     }
 
+    /// Its waiting queue now, by `projection`: the last report's, moved by this gateway's
+    /// requests sent and started since (`QueueGate::projected_by`).
+    pub fn projected_waiting(&self, projection: Projection) -> u64 {
+        self.vetoes
+            .queue_gate()
+            .projected_by(self.traffic.pending_everywhere(), projection)
+    }
+
     /// The veto in force on it now, if any.
     pub fn veto_class(&self) -> Option<VetoClass> {
         self.veto_class_by(Projection::Hopeful)

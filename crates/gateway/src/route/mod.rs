@@ -484,7 +484,7 @@ fn fall_back(
                     class: w
                         .veto_class_for(stage.projection, request.reserve)
                         .unwrap_or(VetoClass::Overload),
-                    waiting: load.as_ref().map_or(0, |l| l.report.waiting()),
+                    waiting: w.projected_waiting(stage.projection),
                     kv_usage: load.as_ref().map_or(0.0, |l| l.report.mean_kv_usage()),
                     in_flight: w.load_everywhere(),
                 }
