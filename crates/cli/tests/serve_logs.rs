@@ -86,6 +86,34 @@ fn the_help_names_every_bench_subcommand() {
 }
 
 #[test]
+fn the_protective_settings_in_force_are_logged_once_at_startup() {
+    let plain = line_with(serve(&["--log-json"]), "protective settings")
+        .expect("a line with the protective settings");
+    let plain: serde_json::Value = serde_json::from_str(&plain).unwrap();
+    let fields = &plain["fields"];
+    assert_eq!(fields["waiting_ceiling"], "Some(8)", "{fields}");
+    assert_eq!(fields["queue_size"], 0, "{fields}");
+    assert_eq!(fields["overload_shed"], false, "{fields}");
+    let tuned = line_with(
+        serve(&[
+            "--log-json",
+            "--queue-size",
+            "64",
+            "--worker-overload-shed",
+            "--codel-target-ms",
+            "50",
+        ]),
+        "protective settings",
+    )
+    .unwrap();
+    let tuned: serde_json::Value = serde_json::from_str(&tuned).unwrap();
+    let fields = &tuned["fields"];
+    assert_eq!(fields["queue_size"], 64, "{fields}");
+    assert_eq!(fields["overload_shed"], true, "{fields}");
+    assert_eq!(fields["codel_targets_ms"], "Some([50, 50, 50])", "{fields}");
+}
+
+#[test]
 fn serving_on_loopback_only_is_said_at_startup() {
     let said =
         line_with(serve(&[]), "loopback only").expect("a warning that only loopback is served");

@@ -291,11 +291,39 @@ async fn serve_metrics(
     Ok(local)
 }
 
+/// The protective settings in force, once at startup: what an operator must know to read the
+/// gateway's behaviour under load, whether each came from a flag or a default.
+fn protections(config: &Config) {
+    let secs = |d: Duration| d.as_secs_f64();
+    let ceilings = config.load.ceilings;
+    let queue = config.admission.queue.as_ref();
+    let codel = queue.and_then(|q| q.codel);
+    info!(
+        waiting_ceiling = ?ceilings.waiting_requests,
+        kv_ceiling = ?ceilings.token_usage,
+        load_poll_secs = secs(config.load.interval),
+        liveness = config.liveness.is_some(),
+        overload_shed = config.shedding.enabled,
+        queue_size = queue.map_or(0, |q| q.size),
+        queue_timeouts_secs = ?queue.map(|q| q.timeouts.map(secs)),
+        codel_targets_ms = ?codel.map(|c| c.map(|t| t.target.as_millis() as u64)),
+        interactive_reserve = config.interactive_reserve,
+        max_concurrent_requests = ?config.admission.max_concurrent,
+        tenants = config.admission.tenants.len(),
+        breaker_failures = ?config.breaker.map(|b| b.failure_threshold),
+        max_retries = config.retry.max_retries,
+        adaptive_concurrency = config.adaptive.is_some(),
+        degradation_steps = config.degradation.as_ref().map_or(0, |d| d.steps.len()),
+        "protective settings"
+    );
+}
+
 /// The startup line, and a warning when only loopback is served: SMG listens on every
 /// interface by default, and a launch line carried over from it would otherwise serve nobody
 /// else without a word.
 fn announce(addr: SocketAddr, scheme: &str, config: &Config) {
     info!(%addr, scheme, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
+    protections(config);
     if addr.ip().is_loopback() {
         warn!(
             %addr,
