@@ -45,7 +45,7 @@ pub fn controlled_config(name: &str, exe: &Path, time_scale: f64, controls: Cont
         "--log-level",
         "info",
         "--load-monitor-interval",
-        &format!("{}", 10.0 / scale),
+        &super::load_poll(scale),
     ]
     .map(String::from)
     .to_vec();

@@ -116,11 +116,26 @@ pub struct ScenarioPlan {
     pub api: Api,
 }
 
-/// The configurations: sluice three ways, and SMG when it is installed. sluice's load poll is
-/// scaled with the engines' clock (10 engine-seconds), so its overload signal is as fresh, in
-/// engine time, as it would be at full speed; SMG runs with its defaults.
+/// The load poll every gateway of a scenario gets, SMG included: both default to 10 s, so the
+/// poll is 10 engine-seconds scaled with the engines' clock — every gateway's load signal as
+/// fresh, in engine time, as it would be at full speed — in whole wall seconds, the only values
+/// SMG's `--load-monitor-interval` takes (3 s at time scale 4: 12 engine-seconds).
+pub fn load_poll(time_scale: f64) -> String {
+    format!("{}", (10.0 / time_scale.max(1.0)).round().max(1.0))
+}
+
+/// SMG with its defaults but the scenario's load poll (`load_poll`).
+pub fn smg_config(time_scale: f64) -> Template {
+    let mut smg = crate::overhead::smg_template();
+    smg.argv
+        .extend(["--load-monitor-interval".to_string(), load_poll(time_scale)]);
+    smg
+}
+
+/// The configurations: sluice three ways, and SMG when it is installed, every one with the
+/// scenario's load poll (`load_poll`).
 pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
-    let poll = format!("{}", 10.0 / time_scale.max(1.0));
+    let poll = load_poll(time_scale);
     let sluice = |name: &str, extra: &[&str]| quiet_sluice(name, exe, extra);
     let mut configs = vec![
         sluice("direct", &naive_flags(false)),
@@ -131,7 +146,7 @@ pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         ),
     ];
     if on_path("smg") {
-        configs.push(crate::overhead::smg_template());
+        configs.push(smg_config(time_scale));
     }
     configs
 }
@@ -314,4 +329,32 @@ pub async fn measure(
         report,
         engines,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value after `--load-monitor-interval` in `config`'s command, if any.
+    fn poll_of(config: &Template) -> Option<&str> {
+        let at = config
+            .argv
+            .iter()
+            .position(|a| a == "--load-monitor-interval")?;
+        config.argv.get(at + 1).map(String::as_str)
+    }
+
+    #[test]
+    fn every_gateway_gets_the_same_whole_second_load_poll_smg_included() {
+        assert_eq!(load_poll(4.0), "3", "10 engine-s at time scale 4, rounded");
+        assert_eq!(load_poll(1.0), "10");
+        assert_eq!(load_poll(40.0), "1", "never under a second");
+        assert_eq!(poll_of(&smg_config(4.0)), Some("3"));
+        for config in default_configs(Path::new("/bin/sluice"), 4.0)
+            .iter()
+            .filter(|c| c.name != "direct")
+        {
+            assert_eq!(poll_of(config), Some("3"), "{}", config.name);
+        }
+    }
 }

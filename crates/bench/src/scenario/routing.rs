@@ -39,7 +39,7 @@ fn config_name(gateway: &str, policy: &str) -> String {
 /// engines' clock), then SMG's round robin and cache-aware when SMG is installed. `direct` comes
 /// first: it sets C.
 pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
-    let poll = format!("{}", 10.0 / time_scale.max(1.0));
+    let poll = super::load_poll(time_scale);
     let mut configs = vec![quiet_sluice("direct", exe, &super::naive_flags(false))];
     for policy in POLICIES {
         let name = config_name("sluice", policy);
@@ -48,7 +48,7 @@ pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     }
     if crate::overhead::on_path("smg") {
         for policy in ["round_robin", "cache_aware"] {
-            let mut smg = crate::overhead::smg_template();
+            let mut smg = super::smg_config(time_scale);
             smg.name = config_name("smg", policy);
             for arg in smg.argv.iter_mut().filter(|a| *a == "round_robin") {
                 *arg = policy.into();

@@ -80,7 +80,7 @@ pub(super) fn queue_config(
 ) -> Template {
     let scale = time_scale.max(1.0);
     let size = size.to_string();
-    let poll = format!("{}", 10.0 / scale);
+    let poll = super::load_poll(scale);
     let wait = |objective: f64| (objective - ENGINE_TTFT_ALLOWANCE) / scale;
     let timeouts = format!("{},{},{}", wait(2.0), wait(5.0), 120.0 / scale);
     let objectives = wall_objectives(scale);
@@ -123,7 +123,7 @@ fn wall_objectives(scale: f64) -> String {
 /// least 1). Timers in wall time.
 pub fn smg_priority_config(engines: usize, time_scale: f64) -> Template {
     let scale = time_scale.max(1.0);
-    let mut smg = crate::overhead::smg_template();
+    let mut smg = super::smg_config(scale);
     smg.name = "smg-priority".into();
     let in_flight = (engines * (64 + 8)).to_string();
     let timeout = (((5.0 - ENGINE_TTFT_ALLOWANCE) / scale).round().max(1.0) as u64).to_string();
