@@ -283,8 +283,8 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             configs = crate::scenario::routing_configs(&exe, args.time_scale);
         }
         ScenarioName::Degradation => {
-            // Against the same gateway without the ladder, not against the plain defaults.
-            configs.retain(|t| t.name == "direct" || t.name == "smg");
+            // Against the same gateway without the ladder, and against the plain defaults.
+            configs.retain(|t| ["direct", "sluice", "smg"].contains(&t.name.as_str()));
             let own = crate::scenario::degradation_configs(&exe, args.time_scale, &args.out)
                 .map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
             configs.extend(own);
