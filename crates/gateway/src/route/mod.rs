@@ -267,11 +267,6 @@ impl Turn {
             let _ = ack.send(());
         }
     }
-
-    /// Whether this request still holds its turn.
-    pub fn holds(&self) -> bool {
-        self.0.is_some()
-    }
 }
 
 /// What a request gets when every worker it could use is overloaded.
