@@ -11,7 +11,9 @@
 pub mod pressure;
 pub mod rewrite;
 
-pub use pressure::{level_of, passes_release, room_for, Ladder, Pressure, MAX_LEVEL};
+pub use pressure::{
+    cascade_stays, level_of, passes_release, room_for, Ladder, Pressure, MAX_LEVEL,
+};
 pub use rewrite::{
     cascade, clamp_output, prune_context, reasoning, Applied, PruneBudget, ReasoningSwitch,
 };

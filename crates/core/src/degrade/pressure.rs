@@ -116,6 +116,19 @@ pub fn room_for(diverted: u64, released: u8, room: Option<u64>) -> bool {
     room.is_none_or(|room| room >= diverted.div_ceil(kept))
 }
 
+/// Whether a request the ladder's cascade covers stays on the model it asked for: it does when
+/// that model has room and either the cascade is being given back to it (`released`: the request
+/// drew a share given back) or the cascade's model has none — a cascade never moves a request
+/// from a model with room to one without. Each room is a scan of a model's workers, so each is
+/// asked at most once, and only when the answer matters.
+pub fn cascade_stays(
+    released: bool,
+    to_has_room: impl FnOnce() -> bool,
+    asked_has_room: impl FnOnce() -> bool,
+) -> bool {
+    (released || !to_has_room()) && asked_has_room()
+}
+
 /// Whether the request drawn `draw`-th (a counter over the requests the top step applies to)
 /// passes the top level's step while `released` quarters of them do.
 pub fn passes_release(released: u8, draw: u64) -> bool {
@@ -454,6 +467,32 @@ mod tests {
         assert!(!room_for(40, 3, Some(39)));
         assert!(room_for(40, 0, None), "unknown room: no opinion");
         assert!(room_for(0, 2, Some(0)), "nothing diverted");
+    }
+
+    #[test]
+    fn a_cascade_keeps_a_request_on_its_model_only_where_that_model_has_room() {
+        let asked = std::cell::Cell::new(0);
+        let room = |has: bool| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                has
+            }
+        };
+        // Given back, with room where it asked: it stays, the cascade's model never asked.
+        assert!(cascade_stays(true, room(false), room(true)));
+        assert_eq!(asked.replace(0), 1);
+        // Not given back: it stays only if the cascade's model is full and its own is not.
+        assert!(cascade_stays(false, room(false), room(true)));
+        assert!(!cascade_stays(false, room(true), room(true)));
+        assert_eq!(
+            asked.replace(0),
+            3,
+            "the asked model's room not asked when it goes"
+        );
+        // No room where it asked: it goes, whatever else.
+        assert!(!cascade_stays(true, room(false), room(false)));
+        assert!(!cascade_stays(false, room(false), room(false)));
     }
 
     #[test]

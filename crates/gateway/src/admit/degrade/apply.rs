@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_core::admission::Tier;
-use sluice_core::degrade::{clamp_output, prune_context, reasoning};
+use sluice_core::degrade::{cascade_stays, clamp_output, prune_context, reasoning};
 
 use super::{Degrader, Step, StepKind, CASCADE};
 use crate::context::Degraded;
@@ -53,9 +53,8 @@ impl Degrader {
             StepKind::Cascade(to) if step.scope.covers(tier, model) => Some(to.as_str()),
             _ => None,
         })?;
-        // Each model's room is asked at most once: it is a scan of its workers, per request.
         let released = level == CASCADE && self.passes_top_step();
-        if (released || !room(to)) && room(model) {
+        if cascade_stays(released, || room(to), || room(model)) {
             return None;
         }
         Some(to)
