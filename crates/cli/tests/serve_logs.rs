@@ -91,9 +91,32 @@ fn the_protective_settings_in_force_are_logged_once_at_startup() {
         .expect("a line with the protective settings");
     let plain: serde_json::Value = serde_json::from_str(&plain).unwrap();
     let fields = &plain["fields"];
+    assert_eq!(fields["defaults"], "sluice", "{fields}");
     assert_eq!(fields["waiting_ceiling"], "Some(8)", "{fields}");
-    assert_eq!(fields["queue_size"], 0, "{fields}");
+    assert_eq!(fields["queue_size"], 1024, "{fields}");
+    assert_eq!(
+        fields["codel_targets_ms"], "Some([200, 1000, 5000])",
+        "{fields}"
+    );
     assert_eq!(fields["overload_shed"], false, "{fields}");
+    let smg = line_with(
+        serve(&[
+            "--log-json",
+            "--smg-defaults",
+            // SMG's metrics listener (29000 on every interface) kept on loopback.
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            "0",
+        ]),
+        "protective settings",
+    )
+    .unwrap();
+    let smg: serde_json::Value = serde_json::from_str(&smg).unwrap();
+    let fields = &smg["fields"];
+    assert_eq!(fields["defaults"], "smg", "{fields}");
+    assert_eq!(fields["queue_size"], 0, "{fields}");
+    assert_eq!(fields["max_retries"], 4, "SMG's 5 attempts: {fields}");
     let tuned = line_with(
         serve(&[
             "--log-json",

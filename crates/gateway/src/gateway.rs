@@ -292,13 +292,14 @@ async fn serve_metrics(
 }
 
 /// The protective settings in force, once at startup: what an operator must know to read the
-/// gateway's behaviour under load, whether each came from a flag or a default.
+/// gateway's behaviour under load, and whose defaults filled what no flag gave.
 fn protections(config: &Config) {
     let secs = |d: Duration| d.as_secs_f64();
     let ceilings = config.load.ceilings;
     let queue = config.admission.queue.as_ref();
     let codel = queue.and_then(|q| q.codel);
     info!(
+        defaults = if config.smg_defaults { "smg" } else { "sluice" },
         waiting_ceiling = ?ceilings.waiting_requests,
         kv_ceiling = ?ceilings.token_usage,
         load_poll_secs = secs(config.load.interval),

@@ -148,6 +148,8 @@ async fn a_worker_at_its_limit_is_never_steered_to_and_a_queue_holds_its_request
         adaptive(c, Duration::from_secs(3600), 1_000, 1, Some(1));
         c.load.interval = Duration::from_millis(50);
         c.load.min_interval = Duration::from_millis(10);
+        // Seed 000's steering, which the queue below replaces.
+        c.admission.queue = None;
     })
     .await;
     let (limited, vetoed) = (s.worker_id(0).await, s.worker_id(1).await);
@@ -193,15 +195,13 @@ async fn with_every_worker_at_its_limit_a_request_waits_in_the_queue_or_is_refus
         move |c: &mut Config| {
             adaptive(c, Duration::from_secs(3600), 1_000, 1, Some(1));
             c.admission.default_tier = Tier::Interactive;
-            if queue {
-                c.admission.queue = Some(QueueConfig {
-                    size: 10,
-                    timeouts: [Duration::from_secs(30); 3],
-                    shed: false,
-                    shed_retry_after: Duration::from_secs(10),
-                    codel: None,
-                });
-            }
+            c.admission.queue = queue.then(|| QueueConfig {
+                size: 10,
+                timeouts: [Duration::from_secs(30); 3],
+                shed: false,
+                shed_retry_after: Duration::from_secs(10),
+                codel: None,
+            });
         }
     };
     // No queue: seed 000's rule, with nowhere to steer.

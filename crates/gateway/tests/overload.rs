@@ -113,6 +113,7 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
 async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
     let s = start(3, instant(Flavor::Vllm), |c| {
         fast_load(c);
+        steer_at_once(c);
         c.policy = Policy::RoundRobin;
     })
     .await;
@@ -149,10 +150,50 @@ async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
 }
 
 #[tokio::test]
+async fn by_default_a_fleet_all_over_holds_requests_in_the_gateway_until_one_has_room() {
+    let s = start(2, instant(Flavor::Vllm), fast_load).await;
+    for i in 0..2 {
+        s.fault(i, pin_waiting(12)).await;
+    }
+    until_all_overloaded(&s).await;
+    let before = s.received();
+    let waiting: Vec<_> = (0..3)
+        .map(|i| {
+            let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+            let body = chat_body("test-model", &format!("held {i}"), 1, false);
+            tokio::spawn(async move { post(&client, &url, &body).await })
+        })
+        .collect();
+    // The default tenant's tier is the agent tier (1).
+    bounded("three held in the gateway", async {
+        loop {
+            let view = get_admin(&s.client, &s.url("/admission")).await.json();
+            if view["queue"]["tiers"][1]["depth"] == 3 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(s.received(), before, "none steered onto a full engine");
+    s.fault(1, Fault::Clear).await;
+    for answer in waiting {
+        assert_eq!(bounded("served", answer).await.unwrap().status, 200);
+    }
+    let after = s.received();
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [0, 3],
+        "all three on the worker that had room"
+    );
+}
+
+#[tokio::test]
 async fn a_burst_onto_a_full_fleet_spreads_by_the_queues_it_builds_not_onto_one_worker() {
     // Reports 2 s apart, so the burst below falls between two of them.
     let s = start(3, timed(Flavor::Vllm, 1.0), |c| {
         fast_load(c);
+        steer_at_once(c);
         c.load.interval = Duration::from_secs(2);
         c.policy = Policy::RoundRobin;
     })
@@ -194,6 +235,7 @@ async fn a_burst_onto_a_full_fleet_spreads_by_the_queues_it_builds_not_onto_one_
 async fn with_shedding_a_full_fleet_refuses_at_once() {
     let s = start(3, instant(Flavor::Vllm), |c| {
         fast_load(c);
+        steer_at_once(c);
         c.policy = Policy::RoundRobin;
         c.shedding.enabled = true;
         c.health = HealthConfig {
@@ -251,6 +293,7 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
 async fn the_shed_status_can_be_529_for_dynamo_style_clients() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         fast_load(c);
+        steer_at_once(c);
         c.shedding.enabled = true;
         c.shedding.status = 529;
     })
@@ -341,6 +384,7 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
 async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         fast_load(c);
+        steer_at_once(c);
         c.load.interval = Duration::from_secs(3600);
         c.load.ceilings.waiting_requests = Some(2);
         c.shedding.enabled = true;

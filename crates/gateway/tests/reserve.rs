@@ -38,6 +38,7 @@ async fn a_worker_with_no_room_beyond_the_reserve_is_polled_again_when_a_request
 async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_load(c);
+        steer_at_once(c);
         c.shedding.enabled = true;
         // Requests may ask for any tier.
         c.admission.default_tier = Tier::Interactive;

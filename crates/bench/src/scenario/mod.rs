@@ -124,26 +124,31 @@ pub fn load_poll(time_scale: f64) -> String {
     format!("{}", (10.0 / time_scale.max(1.0)).round().max(1.0))
 }
 
-/// SMG with its defaults but the scenario's load poll (`load_poll`).
+/// SMG with its defaults (its cache_aware policy: the overhead benchmark's round robin is for
+/// comparing costs) but the scenario's load poll (`load_poll`).
 pub fn smg_config(time_scale: f64) -> Template {
     let mut smg = crate::overhead::smg_template();
+    if let Some(at) = smg.argv.iter().position(|a| a == "--policy") {
+        smg.argv.drain(at..at + 2);
+    }
     smg.argv
         .extend(["--load-monitor-interval".to_string(), load_poll(time_scale)]);
     smg
 }
 
-/// The configurations: sluice three ways, and SMG when it is installed, every one with the
-/// scenario's load poll (`load_poll`).
+/// The configurations: `sluice` with its defaults first (only the scenario's load poll given),
+/// sluice shedding, the plain proxy, and SMG with its defaults when it is installed; every one
+/// but the plain proxy with the scenario's load poll (`load_poll`).
 pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     let poll = load_poll(time_scale);
     let sluice = |name: &str, extra: &[&str]| quiet_sluice(name, exe, extra);
     let mut configs = vec![
-        sluice("direct", &naive_flags(false)),
         sluice("sluice", &["--load-monitor-interval", &poll]),
         sluice(
             "sluice-shed",
             &["--load-monitor-interval", &poll, "--worker-overload-shed"],
         ),
+        sluice("direct", &naive_flags(false)),
     ];
     if on_path("smg") {
         configs.push(smg_config(time_scale));
@@ -350,11 +355,41 @@ mod tests {
         assert_eq!(load_poll(1.0), "10");
         assert_eq!(load_poll(40.0), "1", "never under a second");
         assert_eq!(poll_of(&smg_config(4.0)), Some("3"));
+        assert!(
+            !smg_config(4.0).argv.iter().any(|a| a == "--policy"),
+            "SMG with its own default policy"
+        );
         for config in default_configs(Path::new("/bin/sluice"), 4.0)
             .iter()
             .filter(|c| c.name != "direct")
         {
             assert_eq!(poll_of(config), Some("3"), "{}", config.name);
+        }
+    }
+
+    #[test]
+    fn the_defaults_come_first_with_nothing_but_the_poll_given() {
+        let configs = default_configs(Path::new("/bin/sluice"), 4.0);
+        let first = &configs[0];
+        assert_eq!(first.name, "sluice");
+        let flags: Vec<&str> = first
+            .argv
+            .iter()
+            .map(String::as_str)
+            .filter(|a| a.starts_with("--"))
+            .collect();
+        for flag in flags {
+            assert!(
+                [
+                    "--load-monitor-interval",
+                    "--log-level",
+                    "--host",
+                    "--port",
+                    "--worker-urls"
+                ]
+                .contains(&flag),
+                "the defaults are given {flag}"
+            );
         }
     }
 }

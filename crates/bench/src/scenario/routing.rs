@@ -50,9 +50,8 @@ pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         for policy in ["round_robin", "cache_aware"] {
             let mut smg = super::smg_config(time_scale);
             smg.name = config_name("smg", policy);
-            for arg in smg.argv.iter_mut().filter(|a| *a == "round_robin") {
-                *arg = policy.into();
-            }
+            smg.argv
+                .extend(["--policy".to_string(), policy.to_string()]);
             configs.push(smg);
         }
     }

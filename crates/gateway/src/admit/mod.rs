@@ -345,7 +345,8 @@ impl Admit {
     }
 
     /// With the gateway queue: waits, if it must, until `pool` has room for the request and the
-    /// gateway a slot; then takes the slot. Its turn when it waited (its routing is then stale),
+    /// gateway a slot; then takes the slot. A pool with no worker that can serve at all (none
+    /// ready, or every circuit open) is not waited for. Its turn when it waited (its routing is then stale),
     /// `None` when it went on at once (or there is no queue).
     pub async fn wait_room(
         &self,
@@ -355,6 +356,10 @@ impl Admit {
         let Some(queue) = &self.queue else {
             return Ok(None);
         };
+        if !pool.has_routable() && self.take_slot(ctx, queue) {
+            // Nothing the queue could wait for: routing answers why.
+            return Ok(None);
+        }
         let slots_free = self.slots_free();
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         let mut turn: Option<Turn> = None;

@@ -40,6 +40,10 @@ pub struct TenantSpec {
     pub max_concurrent: Option<u32>,
 }
 
+/// The gateway queue's default size: deeper than any standing queue CoDel lets form in the
+/// benchmarks' bursts (docs/benchmarks.md), so it bounds memory rather than shapes waits.
+pub const DEFAULT_QUEUE_SIZE: usize = 1024;
+
 fn one() -> f64 {
     1.0
 }
@@ -102,9 +106,10 @@ pub struct AdmissionSettings {
 
     /// Requests that may wait in the gateway, when no worker of their model has room (or
     /// --max-concurrent-requests is reached), instead of being steered onto a full engine or
-    /// refused (SMG's flag). They leave in tier order, fair between tenants, to whichever worker
-    /// frees first. 0: no queue (the all-vetoed rule applies at once).
-    #[arg(long, default_value_t = 0)]
+    /// refused (SMG's flag; on by default here, so a burst waits in the gateway rather than in
+    /// the engines' queues: docs/migrating-from-smg.md). They leave in tier order, fair between
+    /// tenants, to whichever worker frees first. 0: no queue (the all-vetoed rule applies at once).
+    #[arg(long, default_value_t = DEFAULT_QUEUE_SIZE)]
     #[arg(help_heading = "Admission")]
     pub queue_size: usize,
 

@@ -1,29 +1,92 @@
 //! Flags and the `--config` file merged into one `Settings`: a flag given on the command line
 //! (or through its environment variable) wins, then the file, then the flag's default. A key the
-//! file has that no flag or table takes is refused with its line and column.
+//! file has that no flag or table takes is refused with its line and column. With
+//! `--smg-defaults`, SMG's default comes between the file and sluice's default.
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use serde::Deserialize;
 
-use super::{ConfigError, Settings};
+use std::path::Path;
 
-/// Builds the settings from parsed command-line arguments and, if `--config` names one, a file.
+use super::{smg_defaults, ConfigError, Settings};
+
+/// Builds the settings from parsed command-line arguments and, if `--config` names one, a file;
+/// with `--smg-defaults` (on the command line or in the file), SMG's defaults fill what neither
+/// gives.
 pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     let mut cli = Settings::from_arg_matches(matches)?;
     if cli.no_remove_unhealthy_workers {
         // One field carries the choice, so --print-config shows it.
         cli.remove_unhealthy_workers = Some(false);
     }
-    let Some(path) = cli.config.clone() else {
-        return Ok(cli);
+    let file = match &cli.config {
+        Some(path) => read_file(path, matches)?,
+        None => toml::Table::new(),
     };
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
+    let smg_defaults = cli.smg_defaults
+        || (!on_command_line(matches, "smg_defaults")
+            && file.get("smg_defaults") == Some(&toml::Value::Boolean(true)));
+    if cli.config.is_none() && !smg_defaults {
+        return Ok(cli);
+    }
+    let given = |key: &str| on_command_line(matches, key) || file.contains_key(key);
+    let mut merged = toml::Table::try_from(&cli)?;
+    if smg_defaults {
+        for (key, value) in smg_defaults::values() {
+            if !given(key) {
+                merged.insert(key.to_string(), value);
+            }
+        }
+    }
+    let queue_given = given("queue_size");
+    for (key, value) in file {
+        if !on_command_line(matches, &key) {
+            merged.insert(key, value);
+        }
+    }
+    if smg_defaults && !queue_given {
+        let cap = merged
+            .get("max_concurrent_requests")
+            .and_then(toml::Value::as_integer)
+            .unwrap_or(-1);
+        let size = i64::try_from(smg_defaults::smg_queue_size(cap)).unwrap_or(0);
+        merged.insert("queue_size".to_string(), toml::Value::Integer(size));
+    }
+    let mut settings = Settings::deserialize(merged).map_err(|source| match &cli.config {
+        Some(path) => ConfigError::File {
+            path: path.clone(),
+            source,
+        },
+        None => ConfigError::Defaults(source),
+    })?;
+    settings.config = cli.config;
+    settings.print_config = cli.print_config;
+    settings.smg_defaults = smg_defaults;
+    if cli.no_remove_unhealthy_workers {
+        settings.remove_unhealthy_workers = Some(false);
+    }
+    Ok(settings)
+}
+
+/// Whether the flag whose id is `key` was given on the command line or through its environment
+/// variable (a key no flag has was not).
+fn on_command_line(matches: &ArgMatches, key: &str) -> bool {
+    matches!(matches.try_get_raw(key), Ok(Some(_)))
+        && matches!(
+            matches.value_source(key),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+}
+
+/// The config file's table, every key one a flag or a file-only table takes.
+fn read_file(path: &Path, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
         source,
     })?;
     let file: toml::Table = toml::from_str(&text).map_err(|source| ConfigError::File {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     })?;
     if let Some(key) = file.keys().find(|key| {
@@ -31,33 +94,13 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     }) {
         let (line, column) = position_of_key(&text, key);
         return Err(ConfigError::UnknownKey {
-            path,
+            path: path.to_path_buf(),
             key: key.clone(),
             line,
             column,
         });
     }
-    let mut merged = toml::Table::try_from(&cli)?;
-    for (key, value) in file {
-        // Unknown keys are left to `deny_unknown_fields` below, which names them.
-        let known = matches!(matches.try_get_raw(&key), Ok(Some(_)));
-        let from_cli = known
-            && matches!(
-                matches.value_source(&key),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            );
-        if !from_cli {
-            merged.insert(key, value);
-        }
-    }
-    let mut settings =
-        Settings::deserialize(merged).map_err(|source| ConfigError::File { path, source })?;
-    settings.config = cli.config;
-    settings.print_config = cli.print_config;
-    if cli.no_remove_unhealthy_workers {
-        settings.remove_unhealthy_workers = Some(false);
-    }
-    Ok(settings)
+    Ok(file)
 }
 
 /// Settings only the config file can give (tables, not flags).

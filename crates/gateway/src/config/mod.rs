@@ -17,6 +17,7 @@ mod resilience;
 mod sections;
 mod settings;
 pub mod smg;
+mod smg_defaults;
 mod status;
 
 use std::net::SocketAddr;
@@ -105,6 +106,8 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Cli(#[from] clap::Error),
+    #[error("SMG's defaults do not fit the settings: {0}")]
+    Defaults(toml::de::Error),
     #[error("cannot render the settings as TOML: {0}")]
     Render(#[from] toml::ser::Error),
 }
@@ -276,6 +279,7 @@ impl Settings {
             health: self.health()?,
             load: self.load()?,
             shedding: self.shedding()?,
+            smg_defaults: self.smg_defaults,
             liveness: self.liveness()?,
             health_listen: self
                 .health_check_port
@@ -450,6 +454,8 @@ pub struct Config {
     pub shared: Option<crate::shared::SharedConfig>,
     pub load: LoadConfig,
     pub shedding: Shedding,
+    /// `--smg-defaults`: what was not given took SMG's default (said in the startup log).
+    pub smg_defaults: bool,
     /// `None` with `--disable-liveness-checks`.
     pub liveness: Option<LivenessConfig>,
     /// The dedicated probe listener (`--health-check-port`).

@@ -32,6 +32,15 @@ pub struct Settings {
     #[arg(help_heading = "Configuration")]
     pub print_config: bool,
 
+    /// Take SMG 1.13's default for every setting where sluice's differs and that is not given on
+    /// the command line, in the environment or in the config file: no gateway queue (SMG queues
+    /// only past --max-concurrent-requests, 100 deep), SMG's retry schedule, limits and listen
+    /// addresses (docs/migrating-from-smg.md lists each).
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Configuration")]
+    pub smg_defaults: bool,
+
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     #[arg(help_heading = "Listener")]

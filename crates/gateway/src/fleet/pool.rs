@@ -65,6 +65,16 @@ impl Pool {
         })
     }
 
+    /// Whether one of its workers can serve at all, full or not: ready, its circuit not open,
+    /// awake (both sides, disaggregated). With none, the gateway queue would hold a request for
+    /// a health check or a breaker's timeout: it is answered at once instead, as without a queue.
+    pub fn has_routable(&self) -> bool {
+        if let Some(pd) = &self.pd {
+            return pd.prefill.has_routable() && pd.decode.has_routable();
+        }
+        self.workers.iter().any(|w| w.is_routable())
+    }
+
     /// The share of each worker's capacity a request of `tier` must leave to the interactive
     /// tier: the reserve, for a less urgent request while the model has interactive traffic
     /// (an interactive first token on one of its workers within `RESERVE_HOLD`); none
