@@ -96,6 +96,8 @@ async fn gateway(urls: &[String], shed: bool) -> (Gateway, HttpClient) {
     let mut config = settings.validate().unwrap();
     config.admin_api_key = Some(ADMIN_KEY.into());
     config.admission.max_concurrent = Some(1);
+    // Agent requests: the cascade applies to tiers 1 and 2 unless told otherwise.
+    config.admission.default_tier = sluice_core::admission::Tier::Agent;
     config.admission.queue = Some(QueueConfig {
         size: 10,
         timeouts: [Duration::from_secs(60); 3],

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::pinned::*;
 use common::*;
+use sluice_core::admission::Tier;
 use sluice_core::health::Thresholds;
 use sluice_core::policy::Policy;
 use sluice_gateway::control::HealthConfig;
@@ -64,6 +65,9 @@ async fn every_policy_skips_a_worker_over_its_ceiling() {
 async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_load(c);
+        // Agent requests: an interactive one goes only where it starts at once, while another
+        // worker would start it.
+        c.admission.default_tier = Tier::Agent;
         c.policy = Policy::RoundRobin;
     })
     .await;
@@ -164,11 +168,11 @@ async fn by_default_a_fleet_all_over_holds_requests_in_the_gateway_until_one_has
             tokio::spawn(async move { post(&client, &url, &body).await })
         })
         .collect();
-    // The default tenant's tier is the agent tier (1).
+    // The default tenant's tier is the interactive tier (0).
     bounded("three held in the gateway", async {
         loop {
             let view = get_admin(&s.client, &s.url("/admission")).await.json();
-            if view["queue"]["tiers"][1]["depth"] == 3 {
+            if view["queue"]["tiers"][0]["depth"] == 3 {
                 break;
             }
             tokio::task::yield_now().await;

@@ -240,7 +240,8 @@ async fn a_request_for_a_fully_vetoed_pool_waits_and_goes_when_a_veto_lifts() {
     let before = received(&s);
 
     let waiting = spawn_chat(&s, "w", &[]);
-    until_depth(&s, 1, 1).await;
+    // The default tenant's tier: interactive.
+    until_depth(&s, 0, 1).await;
     assert_eq!(received(&s), before, "not steered onto a full engine");
 
     // The second engine's queue drains: its next report lifts its veto, and the waiter goes.
@@ -486,7 +487,7 @@ async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
     })
     .await;
     let waiters: Vec<_> = (0..10).map(|_| spawn_chat(&s, "w", &[])).collect();
-    until_depth(&s, 1, 10).await;
+    until_depth(&s, 0, 10).await;
     assert_eq!(s.received(), [3], "none steered onto a full engine");
 
     // Three running and, once the others leave, no queue: room for one, and the waiting
@@ -501,7 +502,7 @@ async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
     })
     .await;
     assert_eq!(s.received(), [3 + 3]);
-    assert_eq!(depth(&s, 1).await, 7, "the rest wait in the gateway");
+    assert_eq!(depth(&s, 0).await, 7, "the rest wait in the gateway");
 
     // Thawed, the engine serves what it holds, and the rest follow as room opens.
     engine.fault(Fault::Clear).await.unwrap();

@@ -12,8 +12,8 @@ use common::*;
 use sluice_core::admission::Tier;
 use sluice_core::slo::{Slo, Slos};
 
-/// A gateway whose requests may ask for any tier (the default tenant's is agent, and no request
-/// is more urgent than its tenant).
+/// A gateway whose requests may ask for any tier (no request is more urgent than its tenant:
+/// said here, not left to `--default-priority`'s default).
 fn any_tier(config: &mut Config) {
     config.admission.default_tier = Tier::Interactive;
 }

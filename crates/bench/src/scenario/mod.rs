@@ -167,8 +167,8 @@ pub fn quiet_sluice(name: &str, exe: &Path, extra: &[&str]) -> Template {
     crate::overhead::sluice_template(name, exe, &argv)
 }
 
-/// The flags of a gateway that only spreads requests: round robin, no retries, no health checks,
-/// no circuit breaker, no overload or liveness vetoes. With `keep_unreachable`, the liveness
+/// The flags of a gateway that only spreads requests: round robin, no gateway queue, no retries,
+/// no health checks, no circuit breaker, no overload or liveness vetoes. With `keep_unreachable`, the liveness
 /// checker stays on without its wedge and stale rules, so a worker whose connections fail is
 /// left out after 2 s of silence (and an unresponsive one after 5 s): the `direct` of earlier
 /// runs, kept as `direct-unreachable` for the incident scenarios.
@@ -176,6 +176,8 @@ pub fn naive_flags(keep_unreachable: bool) -> Vec<&'static str> {
     let mut flags = vec![
         "--policy",
         "round_robin",
+        "--queue-size",
+        "0",
         "--disable-worker-overload-protection",
         "--disable-health-check",
         "--disable-circuit-breaker",

@@ -79,8 +79,11 @@ pub struct AdmissionSettings {
     #[arg(help_heading = "Admission")]
     pub tenant_header_name: String,
 
-    /// The tier of requests whose tenant sets none: 0 interactive, 1 agent, 2 batch.
-    #[arg(long, default_value_t = 1)]
+    /// The tier of the default tenant and of tenants that set none, and the most urgent their
+    /// requests may ask for: 0 interactive, 1 agent, 2 batch. At 0, a request is served as
+    /// interactive unless it asks for less (`x-sluice-priority`, `x-smg-priority`), so tiers work
+    /// with nothing configured; give tenants their tiers to keep clients from asking.
+    #[arg(long, default_value_t = 0)]
     #[arg(help_heading = "Admission")]
     pub default_priority: u8,
 

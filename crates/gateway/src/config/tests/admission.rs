@@ -35,7 +35,8 @@ fn tenants_come_from_the_file_and_smgs_tenant_keys_from_flags() {
         [
             ("chat", vec!["c1".to_string()], Tier::Interactive, 3.0),
             ("batch", vec!["b1".to_string()], Tier::Batch, 1.0),
-            ("new", vec!["n1".to_string()], Tier::Agent, 1.0),
+            // A tenant that sets no tier gets --default-priority's: 0, interactive.
+            ("new", vec!["n1".to_string()], Tier::Interactive, 1.0),
         ]
     );
     assert_eq!(c.admission.tenants[0].tokens_per_minute, Some(100_000));
