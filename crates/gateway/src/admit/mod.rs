@@ -346,8 +346,8 @@ impl Admit {
 
     /// With the gateway queue: waits, if it must, until `pool` has room for the request and the
     /// gateway a slot; then takes the slot. A pool with no worker that can serve at all (none
-    /// ready, or every circuit open) is not waited for. Its turn when it waited (its routing is then stale),
-    /// `None` when it went on at once (or there is no queue).
+    /// ready, or every circuit open) is not waited for. Its turn when it waited (its routing is
+    /// then stale), `None` when it went on at once (or there is no queue).
     pub async fn wait_room(
         &self,
         ctx: &mut RequestContext,

@@ -3,11 +3,11 @@
 //! file has that no flag or table takes is refused with its line and column. With
 //! `--smg-defaults`, SMG's default comes between the file and sluice's default.
 
+use std::path::Path;
+
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 use serde::Deserialize;
-
-use std::path::Path;
 
 use super::{smg_defaults, ConfigError, Settings};
 
@@ -30,28 +30,18 @@ pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     if cli.config.is_none() && !smg_defaults {
         return Ok(cli);
     }
-    let given = |key: &str| on_command_line(matches, key) || file.contains_key(key);
     let mut merged = toml::Table::try_from(&cli)?;
-    if smg_defaults {
-        for (key, value) in smg_defaults::values() {
-            if !given(key) {
-                merged.insert(key.to_string(), value);
-            }
-        }
-    }
-    let queue_given = given("queue_size");
+    let mut given: Vec<String> = Vec::new();
     for (key, value) in file {
         if !on_command_line(matches, &key) {
+            given.push(key.clone());
             merged.insert(key, value);
         }
     }
-    if smg_defaults && !queue_given {
-        let cap = merged
-            .get("max_concurrent_requests")
-            .and_then(toml::Value::as_integer)
-            .unwrap_or(-1);
-        let size = i64::try_from(smg_defaults::smg_queue_size(cap)).unwrap_or(0);
-        merged.insert("queue_size".to_string(), toml::Value::Integer(size));
+    if smg_defaults {
+        smg_defaults::fill(&mut merged, |key| {
+            on_command_line(matches, key) || given.iter().any(|g| g == key)
+        });
     }
     let mut settings = Settings::deserialize(merged).map_err(|source| match &cli.config {
         Some(path) => ConfigError::File {

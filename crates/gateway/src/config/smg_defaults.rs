@@ -44,3 +44,21 @@ pub fn smg_queue_size(max_concurrent_requests: i64) -> usize {
         100
     }
 }
+
+/// Puts SMG's value into `merged` (the settings as flags and file give them) for every setting
+/// that differs and is not `given`.
+pub fn fill(merged: &mut toml::Table, given: impl Fn(&str) -> bool) {
+    for (key, value) in values() {
+        if !given(key) {
+            merged.insert(key.to_string(), value);
+        }
+    }
+    if !given("queue_size") {
+        let cap = merged
+            .get("max_concurrent_requests")
+            .and_then(Value::as_integer)
+            .unwrap_or(-1);
+        let size = i64::try_from(smg_queue_size(cap)).unwrap_or(0);
+        merged.insert("queue_size".to_string(), Value::Integer(size));
+    }
+}
