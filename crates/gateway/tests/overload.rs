@@ -169,16 +169,7 @@ async fn by_default_a_fleet_all_over_holds_requests_in_the_gateway_until_one_has
         })
         .collect();
     // The default tenant's tier is the interactive tier (0).
-    bounded("three held in the gateway", async {
-        loop {
-            let view = get_admin(&s.client, &s.url("/admission")).await.json();
-            if view["queue"]["tiers"][0]["depth"] == 3 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    until_depth(&s, 0, 3).await;
     assert_eq!(s.received(), before, "none steered onto a full engine");
     s.fault(1, Fault::Clear).await;
     for answer in waiting {

@@ -53,22 +53,6 @@ fn spawn_chat(
     tokio::spawn(async move { send(&client, "POST", &url, Some(&body), &headers).await })
 }
 
-/// The queue's depth in `tier`, as `/admission` shows it.
-async fn depth(s: &Setup, tier: usize) -> u64 {
-    let view = get_admin(&s.client, &s.url("/admission")).await.json();
-    view["queue"]["tiers"][tier]["depth"].as_u64().unwrap()
-}
-
-/// Reads `/admission` until the queue holds `n` in `tier` (the arrivals are on their own tasks).
-async fn until_depth(s: &Setup, tier: usize, n: u64) {
-    bounded("the queue's depth", async {
-        while depth(s, tier).await != n {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_waiter_goes_the_moment_room_opens_most_urgent_first() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {

@@ -121,6 +121,22 @@ pub async fn start(engines: usize, engine: EngineConfig, tune: impl FnOnce(&mut 
     serve(sims, config).await
 }
 
+/// The queue's depth in `tier`, as `/admission` shows it.
+pub async fn depth(s: &Setup, tier: usize) -> u64 {
+    let view = get_admin(&s.client, &s.url("/admission")).await.json();
+    view["queue"]["tiers"][tier]["depth"].as_u64().unwrap()
+}
+
+/// Reads `/admission` until the queue holds `n` in `tier` (the arrivals are on their own tasks).
+pub async fn until_depth(s: &Setup, tier: usize, n: u64) {
+    bounded("the queue's depth", async {
+        while depth(s, tier).await != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
 /// A gateway configured by `config` over `sims`, all its workers ready.
 pub async fn serve(sims: SimFleet, config: Config) -> Setup {
     let gateway = Gateway::start(config).await.unwrap();

@@ -63,14 +63,7 @@ pub async fn reported_once(fault: Fault, tune: impl FnOnce(&mut Config)) -> Setu
     fast_load(&mut config);
     config.load.interval = Duration::from_secs(3600);
     tune(&mut config);
-    let gateway = Gateway::start(config).await.unwrap();
-    let client = client();
-    until_workers(&gateway, &client, "workers ready", all_ready).await;
-    Setup {
-        sims,
-        gateway,
-        client,
-    }
+    serve(sims, config).await
 }
 
 /// Reports of `running` requests holding `kv_usage` of the cache, and no queue.
