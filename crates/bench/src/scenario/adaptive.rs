@@ -10,9 +10,6 @@ use std::path::Path;
 
 use crate::overhead::Template;
 
-/// The seed's CoDel targets for tiers 0, 1 and 2, and its interval, in engine milliseconds.
-const CODEL_TARGETS_MS: [f64; 3] = [200.0, 1000.0, 5000.0];
-const CODEL_INTERVAL_MS: f64 = 5000.0;
 /// The seed's inter-token targets (breach, healthy) and window, in engine time.
 pub const SEED_ITL_MS: (f64, f64) = (25.0, 15.0);
 /// Inter-token targets at the scenarios' own objective (100 ms per output token): a breach at it,
@@ -56,14 +53,8 @@ pub fn controlled_config(name: &str, exe: &Path, time_scale: f64, controls: Cont
     if controls.queue {
         add(&["--queue-size", "1024", "--default-priority", "0"]);
         if controls.codel {
-            let targets = CODEL_TARGETS_MS.map(|t| format!("{}", (t / scale).round().max(1.0)));
-            let interval = format!("{}", (CODEL_INTERVAL_MS / scale).round().max(1.0));
-            add(&[
-                "--codel-target-ms-by-tier",
-                &targets.join(","),
-                "--codel-interval-ms",
-                &interval,
-            ]);
+            let codel = super::codel_flags(scale);
+            add(&codel.each_ref().map(String::as_str));
         } else {
             add(&["--disable-codel"]);
         }

@@ -50,25 +50,13 @@ fn ladder_toml() -> String {
     )
 }
 
-/// CoDel's targets and interval (the seed's) in wall milliseconds under `time_scale`.
-fn codel_flags(time_scale: f64) -> [String; 4] {
-    let scale = time_scale.max(1.0);
-    let ms = |engine_ms: f64| format!("{}", (engine_ms / scale).round().max(1.0));
-    [
-        "--codel-target-ms-by-tier".into(),
-        format!("{},{},{}", ms(200.0), ms(1000.0), ms(5000.0)),
-        "--codel-interval-ms".into(),
-        ms(5000.0),
-    ]
-}
-
 /// The two sluice configurations: the gateway queue with tiers and CoDel, without and with the
 /// ladder (whose file is written to `out_dir`).
 pub fn configs(exe: &Path, time_scale: f64, out_dir: &Path) -> std::io::Result<Vec<Template>> {
     std::fs::create_dir_all(out_dir)?;
     let file = out_dir.join("ladder.toml");
     std::fs::write(&file, ladder_toml())?;
-    let codel = codel_flags(time_scale);
+    let codel = super::codel_flags(time_scale);
     let mut common: Vec<&str> = vec!["--default-priority", "0"];
     common.extend(codel.iter().map(String::as_str));
     let off = admission_config("sluice-tiers", exe, time_scale, &common);
@@ -99,6 +87,6 @@ mod tests {
         let table: toml::Table = toml::from_str(&text).unwrap();
         assert_eq!(table["cascade"][0]["to"].as_str(), Some(SMALL));
         assert_eq!(table["degradation"]["shed"].as_bool(), Some(true));
-        assert_eq!(codel_flags(4.0)[1], "50,250,1250");
+        assert_eq!(super::super::codel_flags(4.0)[1], "50,250,1250");
     }
 }

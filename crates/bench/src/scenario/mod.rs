@@ -10,8 +10,9 @@
 //!
 //! The engines run a real-GPU profile with `--time-scale`: their clock runs that many times
 //! faster than the wall clock, so a sweep finishes in minutes. Objectives and rates are stated in
-//! engine time and converted for the run; the gateways' own timers (polls, probes) are not scaled,
-//! which the report says.
+//! engine time and converted for the run, and so are the load poll (every gateway's) and
+//! sluice's queue timers (`queue_timers`); the gateways' other timers (probes, health checks) are
+//! not scaled, which the report says.
 
 mod adaptive;
 mod degradation;
@@ -124,6 +125,43 @@ pub fn load_poll(time_scale: f64) -> String {
     format!("{}", (10.0 / time_scale.max(1.0)).round().max(1.0))
 }
 
+/// The seed's CoDel targets for tiers 0, 1 and 2 and its interval, in engine milliseconds: the
+/// gateway's defaults.
+const CODEL_TARGETS_MS: [f64; 3] = [200.0, 1000.0, 5000.0];
+const CODEL_INTERVAL_MS: f64 = 5000.0;
+/// The gateway queue's default timeout, in engine seconds (SMG's).
+const QUEUE_TIMEOUT_SECS: f64 = 60.0;
+
+/// CoDel's default targets and interval in wall milliseconds under `time_scale` (whole, at
+/// least 1): 50,250,1250 and 1250 at time scale 4.
+pub(crate) fn codel_flags(time_scale: f64) -> [String; 4] {
+    let scale = time_scale.max(1.0);
+    let ms = |engine_ms: f64| format!("{}", (engine_ms / scale).round().max(1.0));
+    [
+        "--codel-target-ms-by-tier".into(),
+        CODEL_TARGETS_MS.map(ms).join(","),
+        "--codel-interval-ms".into(),
+        ms(CODEL_INTERVAL_MS),
+    ]
+}
+
+/// The gateway queue's default timers — CoDel's targets and interval, the queue timeout — in
+/// engine time, as the load poll is (`load_poll`): the gateway states them in wall time, and a
+/// queue that waits 5 wall seconds before cutting, in front of engines four times faster than
+/// real ones, is a queue that waits 20 seconds in front of real ones. Nothing at full speed: the
+/// defaults are then the defaults as they are.
+pub fn queue_timers(time_scale: f64) -> Vec<String> {
+    if time_scale <= 1.0 {
+        return Vec::new();
+    }
+    let mut flags = codel_flags(time_scale).to_vec();
+    flags.extend([
+        "--queue-timeout-secs".into(),
+        format!("{}", QUEUE_TIMEOUT_SECS / time_scale),
+    ]);
+    flags
+}
+
 /// SMG with its defaults (its cache_aware policy: the overhead benchmark's round robin is for
 /// comparing costs) but the scenario's load poll (`load_poll`).
 pub fn smg_config(time_scale: f64) -> Template {
@@ -136,18 +174,23 @@ pub fn smg_config(time_scale: f64) -> Template {
     smg
 }
 
-/// The configurations: `sluice` with its defaults first (only the scenario's load poll given),
-/// sluice shedding, the plain proxy, and SMG with its defaults when it is installed; every one
-/// but the plain proxy with the scenario's load poll (`load_poll`).
+/// The configurations: `sluice` with its defaults first (only the scenario's load poll and its
+/// queue timers in engine time given: `queue_timers`), sluice shedding, the plain proxy, and SMG
+/// with its defaults when it is installed; every one but the plain proxy with the scenario's
+/// load poll (`load_poll`).
 pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
-    let poll = load_poll(time_scale);
+    let mut defaults = vec!["--load-monitor-interval".to_string(), load_poll(time_scale)];
+    defaults.extend(queue_timers(time_scale));
+    let defaults: Vec<&str> = defaults.iter().map(String::as_str).collect();
+    let shed: Vec<&str> = defaults
+        .iter()
+        .copied()
+        .chain(["--worker-overload-shed"])
+        .collect();
     let sluice = |name: &str, extra: &[&str]| quiet_sluice(name, exe, extra);
     let mut configs = vec![
-        sluice("sluice", &["--load-monitor-interval", &poll]),
-        sluice(
-            "sluice-shed",
-            &["--load-monitor-interval", &poll, "--worker-overload-shed"],
-        ),
+        sluice("sluice", &defaults),
+        sluice("sluice-shed", &shed),
         sluice("direct", &naive_flags(false)),
     ];
     if on_path("smg") {
@@ -370,6 +413,27 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_timers_are_the_defaults_in_engine_time() {
+        assert_eq!(
+            queue_timers(4.0),
+            [
+                "--codel-target-ms-by-tier",
+                "50,250,1250",
+                "--codel-interval-ms",
+                "1250",
+                "--queue-timeout-secs",
+                "15"
+            ]
+        );
+        assert!(queue_timers(1.0).is_empty(), "at full speed, the defaults");
+        let at_full_speed = default_configs(Path::new("/bin/sluice"), 1.0);
+        assert!(!at_full_speed[0]
+            .argv
+            .iter()
+            .any(|a| a.starts_with("--codel")));
+    }
+
+    #[test]
     fn the_defaults_come_first_with_nothing_but_the_poll_given() {
         let configs = default_configs(Path::new("/bin/sluice"), 4.0);
         let first = &configs[0];
@@ -384,6 +448,9 @@ mod tests {
             assert!(
                 [
                     "--load-monitor-interval",
+                    "--codel-target-ms-by-tier",
+                    "--codel-interval-ms",
+                    "--queue-timeout-secs",
                     "--log-level",
                     "--host",
                     "--port",

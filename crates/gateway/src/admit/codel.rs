@@ -20,11 +20,11 @@ pub(super) struct CodelView {
     target_ms: u64,
     interval_ms: u64,
     /// The head's wait has stood at or above target since it was last under: a whole interval
-    /// of it starts dropping.
+    /// of it starts cutting.
     above_target: bool,
     /// Cutting a standing queue now.
     dropping: bool,
-    /// Heads dropped in the current (or last) dropping state.
+    /// Heads cut in the current (or last) cutting state.
     count: u32,
 }
 
@@ -51,7 +51,7 @@ impl TierCodels {
             let codel = &mut tiers[tier.index()];
             let head_since = loop {
                 let Some((ticket, head)) = queue.oldest(tier) else {
-                    codel.empty();
+                    codel.empty(now);
                     break None;
                 };
                 let since = arrived(&head.item);
@@ -77,9 +77,15 @@ impl TierCodels {
         self.tiers.lock()[tier.index()].dropping()
     }
 
-    /// Whether an arrival of `tier` expected to wait `expected` may join (`Codel::admits`).
-    pub(super) fn admits(&self, tier: Tier, expected: Option<std::time::Duration>) -> bool {
-        self.tiers.lock()[tier.index()].admits(expected)
+    /// Whether an arrival of `tier` expected to wait `expected` may join at `now`
+    /// (`Codel::admits`).
+    pub(super) fn admits(
+        &self,
+        tier: Tier,
+        expected: Option<std::time::Duration>,
+        now: Instant,
+    ) -> bool {
+        self.tiers.lock()[tier.index()].admits(expected, now)
     }
 
     pub(super) fn view(&self, tier: Tier) -> CodelView {
