@@ -4,19 +4,21 @@
 //! The controller watches the sojourn time of the waiter at the head of the queue (how long the
 //! oldest request has waited). While it stays at or above the target for a whole interval — the
 //! interval's minimum sojourn is above target, so no waiter got through quickly — the queue is
-//! standing, and the controller enters the cutting state. There every head whose wait has
-//! reached the target is refused, and so is every arrival expected to wait past it (`admits`):
-//! the queue is held at the target. The state ends after a whole interval in which nothing had
-//! to be refused — the load fits again.
+//! standing: the controller enters the dropping state and refuses the head, then again after
+//! `interval / sqrt(count)`, the paper's control law, so the pace of drops rises while the head's
+//! wait stays above target. While dropping, an arrival expected to wait past the target is
+//! refused as well (`admits`): LLM clients do not slow down after a refusal as TCP senders do
+//! after a drop, and against a steady excess the control law alone lets the queue stand
+//! (measured in docs/benchmarks.md). The seed's probabilistic drops at arrival are replaced by
+//! these two.
 //!
-//! This departs from the paper twice, both measured (docs/benchmarks.md). The paper drops one
-//! head at a time, `interval / sqrt(count)` apart, and leaves the state as soon as the head's
-//! wait falls under the target. Its pace is made for TCP senders, which halve their rate after
-//! one drop; LLM clients keep sending, and against a steady excess the paced drops let an
-//! interval's backlog be served, every request of it past its objective, while leaving at the
-//! first short wait let the next interval's backlog stand again: at twice and three times
-//! capacity the tier swung between the two, and most of what it served was late. Held at the
-//! target instead, what waits is what can still be served in time.
+//! The state ends when the head's wait is under target (or the queue is empty) and a whole
+//! interval has passed since the last refusal, of a head or of an arrival — not, as in the paper,
+//! as soon as the head's wait falls under target. Refusing arrivals is what brings the wait
+//! under target while the excess goes on, so leaving then let a whole interval of the excess in
+//! before the next cut: at two and three times capacity the tier swung between the two, and what
+//! it served of each interval's backlog was late (docs/benchmarks.md). An interval without a
+//! refusal is the sign that the load fits again.
 
 use std::time::Duration;
 
@@ -27,8 +29,8 @@ use tokio::time::Instant;
 pub struct CodelConfig {
     /// The sojourn time a queue may keep standing (the paper's `target`).
     pub target: Duration,
-    /// How long the sojourn must stay above target before cutting starts, and how long nothing
-    /// must be refused before it stops.
+    /// How long the sojourn must stay above target before dropping starts, the base of the
+    /// control law, and how long nothing must be refused before dropping stops.
     pub interval: Duration,
 }
 
@@ -45,13 +47,14 @@ pub enum HeadVerdict {
 #[derive(Debug, Clone)]
 pub struct Codel {
     config: CodelConfig,
-    /// When the sojourn first stayed above target, plus an interval: cutting may start then.
+    /// When the sojourn first stayed above target, plus an interval: dropping may start then.
     first_above: Option<Instant>,
     dropping: bool,
-    /// Heads cut in the current (or last) cutting state.
+    /// Heads dropped in the current (or last) dropping state.
     count: u32,
-    /// The last refusal while cutting, a head's or an arrival's: an interval without one ends
-    /// the state.
+    /// When the next head drop is due while dropping.
+    drop_next: Instant,
+    /// The last refusal while dropping, a head's or an arrival's.
     last_refusal: Instant,
 }
 
@@ -62,6 +65,7 @@ impl Codel {
             first_above: None,
             dropping: false,
             count: 0,
+            drop_next: now,
             last_refusal: now,
         }
     }
@@ -76,19 +80,19 @@ impl Codel {
     }
 
     /// Whether the head's sojourn has been seen at or above target since it was last below:
-    /// the interval that may end in cutting is running.
+    /// the interval that may end in dropping is running.
     pub fn above_target(&self) -> bool {
         self.first_above.is_some()
     }
 
-    /// Heads cut in the current (or last) cutting state.
+    /// Heads dropped in the current (or last) dropping state.
     pub fn count(&self) -> u32 {
         self.count
     }
 
-    /// The queue is empty at `now`: nothing stands, though a cutting state lasts until an
-    /// interval has passed without a refusal (a queue held at its target empties now and then
-    /// while the excess goes on).
+    /// The queue is empty at `now`: nothing stands, though the dropping state lasts until an
+    /// interval has passed without a refusal (a queue kept short by refusing arrivals empties
+    /// now and then while the excess goes on).
     pub fn empty(&mut self, now: Instant) {
         self.first_above = None;
         self.settle(now);
@@ -99,12 +103,16 @@ impl Codel {
     /// out by the caller, which then asks again for the new head.
     pub fn judge(&mut self, sojourn: Duration, now: Instant) -> HeadVerdict {
         if self.dropping {
-            if sojourn >= self.config.target {
+            if sojourn < self.config.target {
+                self.settle(now);
+                return HeadVerdict::Keep;
+            }
+            if now >= self.drop_next {
                 self.count = self.count.saturating_add(1);
+                self.drop_next = self.control_law(self.drop_next);
                 self.last_refusal = now;
                 return HeadVerdict::Drop;
             }
-            self.settle(now);
             return HeadVerdict::Keep;
         }
         if !self.above_for_an_interval(sojourn, now) {
@@ -113,16 +121,19 @@ impl Codel {
         self.dropping = true;
         self.first_above = None;
         self.count = 1;
+        self.drop_next = self.control_law(now);
         self.last_refusal = now;
         HeadVerdict::Drop
     }
 
     /// Whether an arrival expected to wait `expected` may join the queue at `now`. While
-    /// cutting, one expected to wait past the target is refused, and the refusal keeps the state
-    /// on; without an estimate (nothing left the queue lately) a standing queue is not moving,
-    /// and the arrival is refused too. Outside the cutting state every arrival may join.
+    /// dropping, one expected to wait past the target is refused (and the refusal keeps the
+    /// state on): the control law's pace rises only with the square root of its drops, which is
+    /// enough for senders that slow down after a drop (TCP, for which it was made) but not for
+    /// clients that keep sending at the same rate, whose excess it would let stand. Without an
+    /// estimate (nothing left the queue lately) a standing queue is not moving, and the arrival
+    /// is refused too. Outside the dropping state every arrival may join.
     pub fn admits(&mut self, expected: Option<Duration>, now: Instant) -> bool {
-        self.settle(now);
         if !self.dropping || expected.is_some_and(|wait| wait <= self.config.target) {
             return true;
         }
@@ -130,21 +141,25 @@ impl Codel {
         false
     }
 
-    /// When the head should be looked at again even if nothing happens: for a head waiting since
-    /// `head_since`, when its sojourn reaches the target (cut then, or the interval starts);
-    /// the end of the interval the sojourn has been above target for; while cutting, when an
-    /// interval without a refusal would end the state.
-    pub fn next_look(&self, head_since: Option<Instant>) -> Option<Instant> {
+    /// When the head should be looked at again at `now` if nothing else happens. Outside the
+    /// dropping state: the end of the interval the sojourn has been above target for, or — for a
+    /// head waiting since `head_since` and not yet seen above target — when its sojourn reaches
+    /// it. While dropping: when the head is both at target and due a drop, and when an interval
+    /// without a refusal would end the state.
+    pub fn next_look(&self, head_since: Option<Instant>, now: Instant) -> Option<Instant> {
         let reaches_target = head_since.map(|since| since + self.config.target);
-        if self.dropping {
-            let ends = self.last_refusal + self.config.interval;
-            Some(reaches_target.map_or(ends, |at| at.min(ends)))
-        } else {
-            self.first_above.or(reaches_target)
+        if !self.dropping {
+            return self.first_above.or(reaches_target);
+        }
+        let head_due = reaches_target.map(|at| at.max(self.drop_next));
+        let ends = Some(self.last_refusal + self.config.interval).filter(|at| *at > now);
+        match (head_due, ends) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
-    /// Leaves the cutting state once a whole interval has passed without a refusal.
+    /// Leaves the dropping state once a whole interval has passed without a refusal.
     fn settle(&mut self, now: Instant) {
         if self.dropping && now >= self.last_refusal + self.config.interval {
             self.dropping = false;
@@ -164,6 +179,14 @@ impl Codel {
             Some(at) => now >= at,
         }
     }
+
+    /// The paper's control law: the next drop `interval / sqrt(count)` after `t`.
+    fn control_law(&self, t: Instant) -> Instant {
+        t + self
+            .config
+            .interval
+            .div_f64(f64::from(self.count.max(1)).sqrt())
+    }
 }
 
 #[cfg(test)]
@@ -182,23 +205,23 @@ mod tests {
         )
     }
 
-    /// A controller that entered the cutting state at `t0 + 5 s`.
-    fn cutting(t0: Instant) -> Codel {
+    /// A controller that entered the dropping state at `t0 + 5 s`, its head waiting since `t0`.
+    fn dropping(t0: Instant) -> Codel {
         let mut c = codel(t0);
-        c.judge(250 * MS, t0);
-        assert_eq!(c.judge(5250 * MS, t0 + 5000 * MS), HeadVerdict::Drop);
+        c.judge(200 * MS, t0 + 200 * MS);
+        assert_eq!(c.judge(5200 * MS, t0 + 5200 * MS), HeadVerdict::Drop);
         c
     }
 
     #[test]
-    fn while_cutting_an_arrival_that_would_wait_past_the_target_is_refused() {
+    fn while_dropping_an_arrival_that_would_wait_past_the_target_is_refused() {
         let t0 = Instant::now();
         assert!(
             codel(t0).admits(Some(10_000 * MS), t0),
-            "not cutting: the queue takes it"
+            "not dropping: the queue takes it"
         );
-        let mut c = cutting(t0);
-        let now = t0 + 5000 * MS;
+        let mut c = dropping(t0);
+        let now = t0 + 5200 * MS;
         assert!(!c.admits(Some(201 * MS), now));
         assert!(c.admits(Some(200 * MS), now), "within the target");
         assert!(
@@ -206,7 +229,7 @@ mod tests {
             "no estimate: nothing leaves the standing queue"
         );
         assert_eq!(c.judge(100 * MS, now + 100 * MS), HeadVerdict::Keep);
-        assert!(c.dropping(), "a head under target does not end it");
+        assert!(c.dropping(), "a head under target does not end it at once");
     }
 
     #[test]
@@ -218,72 +241,86 @@ mod tests {
             assert_eq!(c.judge((300 + ms) * MS, t0 + ms * MS), HeadVerdict::Keep);
             assert!(c.admits(Some(10_000 * MS), t0 + ms * MS));
         }
-        assert_eq!(c.judge(50 * MS, t0 + 4950 * MS), HeadVerdict::Keep);
+        let now = t0 + 4950 * MS;
+        assert_eq!(c.judge(50 * MS, now), HeadVerdict::Keep);
         assert!(!c.dropping());
         assert_eq!(
-            c.next_look(None),
+            c.next_look(None, now),
             None,
             "below target and empty: nothing to watch for"
         );
         assert_eq!(
-            c.next_look(Some(t0)),
-            Some(t0 + c.config().target),
+            c.next_look(Some(now), now),
+            Some(now + c.config().target),
             "a head is looked at again when its sojourn reaches the target"
         );
         // Above again: a fresh interval starts.
         assert_eq!(c.judge(300 * MS, t0 + 5000 * MS), HeadVerdict::Keep);
-        assert_eq!(c.next_look(None), Some(t0 + 10_000 * MS));
+        assert_eq!(c.next_look(None, now), Some(t0 + 10_000 * MS));
     }
 
     #[test]
-    fn a_standing_queue_is_cut_to_its_target_at_once_after_a_whole_interval() {
+    fn a_standing_queue_is_cut_after_a_whole_interval_by_the_control_law() {
         let t0 = Instant::now();
         let mut c = codel(t0);
         assert_eq!(c.judge(250 * MS, t0), HeadVerdict::Keep);
-        assert_eq!(c.judge(5249 * MS, t0 + 4999 * MS), HeadVerdict::Keep);
+        assert_eq!(c.judge(250 * MS, t0 + 4999 * MS), HeadVerdict::Keep);
         let start = t0 + 5000 * MS;
-        // The interval's backlog, oldest first: every head at or past the target goes in the
-        // same look, the first under it stays.
-        for wait in [5250, 4000, 1000, 200] {
-            assert_eq!(c.judge(wait * MS, start), HeadVerdict::Drop, "{wait} ms");
-        }
-        assert_eq!(c.judge(199 * MS, start), HeadVerdict::Keep);
-        assert_eq!(c.count(), 4);
         assert_eq!(
-            c.next_look(Some(start - 199 * MS)),
-            Some(start + MS),
-            "looked at again when that head reaches the target"
-        );
-        assert_eq!(
-            c.judge(200 * MS, start + MS),
+            c.judge(250 * MS, start),
             HeadVerdict::Drop,
-            "and cut then"
+            "a whole interval"
         );
+        assert!(c.dropping());
+        assert_eq!(c.count(), 1);
+        assert_eq!(
+            c.judge(250 * MS, start),
+            HeadVerdict::Keep,
+            "one head, not the whole backlog"
+        );
+        // The next drops come interval / sqrt(count) apart: 5 s, 3.54 s, 2.89 s, 2.5 s, while
+        // the head stays above target (a head that arrived long ago).
+        let mut at = start;
+        for count in 1..=4u32 {
+            let gap = (5000 * MS).div_f64(f64::from(count).sqrt());
+            let next = c.next_look(Some(t0), at).unwrap();
+            assert_eq!(next, at + gap, "drop {} follows the control law", count + 1);
+            assert_eq!(
+                c.judge(250 * MS, next - MS),
+                HeadVerdict::Keep,
+                "not before"
+            );
+            assert_eq!(c.judge(250 * MS, next), HeadVerdict::Drop);
+            at = next;
+        }
+        assert_eq!(c.count(), 5);
     }
 
     #[test]
-    fn the_state_lasts_while_refusals_go_on_and_ends_an_interval_after_the_last() {
+    fn the_state_lasts_while_arrivals_are_refused_and_ends_an_interval_after_the_last() {
         let t0 = Instant::now();
-        let mut c = cutting(t0);
-        let mut now = t0 + 5000 * MS;
-        // A steady excess: an arrival refused every second, the queue emptying between.
-        for _ in 0..10 {
+        let mut c = dropping(t0);
+        let mut now = t0 + 5200 * MS;
+        // A steady excess: an arrival refused every second, the head under target or the queue
+        // empty between.
+        for i in 0..10 {
             now += 1000 * MS;
-            c.empty(now);
+            if i % 2 == 0 {
+                c.empty(now);
+            } else {
+                assert_eq!(c.judge(100 * MS, now), HeadVerdict::Keep);
+            }
             assert!(!c.admits(Some(500 * MS), now));
-            assert!(
-                c.dropping(),
-                "an empty queue does not end it while arrivals are refused"
-            );
+            assert!(c.dropping(), "the excess goes on");
         }
         assert_eq!(
-            c.next_look(None),
+            c.next_look(None, now),
             Some(now + 5000 * MS),
             "looked at again when an interval without a refusal would end it"
         );
-        c.empty(now + 4999 * MS);
+        assert_eq!(c.judge(100 * MS, now + 4999 * MS), HeadVerdict::Keep);
         assert!(c.dropping());
-        c.empty(now + 5000 * MS);
+        assert_eq!(c.judge(100 * MS, now + 5000 * MS), HeadVerdict::Keep);
         assert!(!c.dropping(), "a whole interval without a refusal");
         let later = now + 5000 * MS;
         assert!(
@@ -293,22 +330,28 @@ mod tests {
         assert_eq!(
             c.judge(250 * MS, later),
             HeadVerdict::Keep,
-            "a fresh interval before cutting again"
+            "a fresh interval before dropping again"
         );
     }
 
     #[test]
-    fn an_arrival_within_the_target_does_not_keep_the_state() {
+    fn a_head_above_target_keeps_the_state_and_is_looked_at_when_its_drop_is_due() {
         let t0 = Instant::now();
-        let mut c = cutting(t0);
-        let end = t0 + 10_000 * MS;
-        assert!(c.admits(Some(100 * MS), end - MS));
+        let mut c = dropping(t0);
+        // No arrival refused, the head standing above target: the next look is the next drop
+        // (5 s after the first), and the state has not ended by then.
+        let now = t0 + 7000 * MS;
+        let head_since = now - 400 * MS;
+        assert_eq!(c.judge(400 * MS, now), HeadVerdict::Keep, "not due yet");
+        let due = t0 + 10_200 * MS;
+        assert_eq!(c.next_look(Some(head_since), now), Some(due));
+        assert_eq!(c.judge(3600 * MS, due), HeadVerdict::Drop);
         assert!(c.dropping());
-        assert!(
-            c.admits(Some(10_000 * MS), end),
-            "ended at the interval's end"
-        );
-        assert!(!c.dropping());
+        // A head under target waits for both its target and the next drop, never for a moment
+        // already past.
+        let fresh = due + 100 * MS;
+        let next = c.next_look(Some(fresh), fresh).unwrap();
+        assert_eq!(next, due + (5000 * MS).div_f64(2f64.sqrt()));
     }
 
     #[test]
@@ -317,7 +360,7 @@ mod tests {
         let mut c = codel(t0);
         c.judge(250 * MS, t0);
         c.empty(t0 + MS);
-        assert_eq!(c.next_look(None), None);
+        assert_eq!(c.next_look(None, t0 + MS), None);
         assert_eq!(
             c.judge(250 * MS, t0 + 5000 * MS),
             HeadVerdict::Keep,

@@ -65,7 +65,7 @@ impl TierCodels {
                     }
                 }
             };
-            if let Some(at) = codel.next_look(head_since) {
+            if let Some(at) = codel.next_look(head_since, now) {
                 next_look = Some(next_look.map_or(at, |n| n.min(at)));
             }
         }

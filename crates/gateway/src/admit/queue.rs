@@ -15,10 +15,10 @@
 //! (`FairQueue::push`); each eviction is counted under the evicted request's tenant and tier.
 //!
 //! Each tier also runs CoDel (`codel`): whenever the dispatcher looks, and when a tier's head
-//! reaches its target or an interval ends, a queue that has stood above its target for an
-//! interval is cut to it — every head that waited that long is refused (503 `codel_drop`), and
-//! so is an arrival that would — until an interval passes with nothing to refuse; a burst that
-//! drains within the interval loses nothing.
+//! reaches its target, its next drop is due or an interval ends, a queue that has stood above
+//! its target for an interval is cut at its head (503 `codel_drop`), and an arrival that would
+//! wait past the target is refused the same way, until an interval passes with nothing to
+//! refuse; a burst that drains within the interval loses nothing.
 
 use std::sync::Arc;
 use std::time::Duration;

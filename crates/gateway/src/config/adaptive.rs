@@ -77,9 +77,9 @@ pub struct AdaptiveSettings {
     pub adaptive_initial_limit: u64,
 
     /// Turn CoDel off on the gateway queue (with --queue-size, each tier runs its own: once a
-    /// tier's shortest wait has stood over its target for a whole interval, every waiter and
-    /// arrival that would wait past the target is refused, 503 `codel_drop`, until an interval
-    /// passes with none to refuse).
+    /// tier's shortest wait has stood over its target for a whole interval, its head is cut,
+    /// 503 `codel_drop`, at the paper's rising pace, and so is every arrival that would wait past
+    /// the target, until an interval passes with none to refuse).
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
@@ -102,8 +102,9 @@ pub struct AdaptiveSettings {
     #[arg(help_heading = "Adaptive control")]
     pub codel_target_ms_by_tier: Vec<u64>,
 
-    /// How long a tier's wait must stand over its target before CoDel cuts, and how long it must
-    /// go without refusing anyone before it stops.
+    /// How long a tier's wait must stand over its target before CoDel cuts, the base of its pace
+    /// (next cut after interval / sqrt(cuts so far)), and how long it must go without refusing
+    /// anyone before it stops.
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     #[arg(help_heading = "Adaptive control")]
     pub codel_interval_ms: u64,
