@@ -20,11 +20,11 @@ pub(super) struct CodelView {
     target_ms: u64,
     interval_ms: u64,
     /// The head's wait has stood at or above target since it was last under: a whole interval
-    /// of it starts cutting.
+    /// of it starts dropping.
     above_target: bool,
     /// Cutting a standing queue now.
     dropping: bool,
-    /// Heads cut in the current (or last) cutting state.
+    /// Heads dropped in the current (or last) dropping state.
     count: u32,
 }
 
