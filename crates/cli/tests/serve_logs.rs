@@ -95,7 +95,7 @@ fn the_protective_settings_in_force_are_logged_once_at_startup() {
     assert_eq!(fields["waiting_ceiling"], "Some(8)", "{fields}");
     assert_eq!(fields["queue_size"], 1024, "{fields}");
     assert_eq!(
-        fields["codel_targets_ms"], "Some([200, 1000, 5000])",
+        fields["codel_targets_ms"], "Some([200, 1000, 30000])",
         "{fields}"
     );
     assert_eq!(fields["overload_shed"], false, "{fields}");

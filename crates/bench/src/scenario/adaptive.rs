@@ -148,7 +148,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn targets_and_windows_are_the_seeds_in_wall_time() {
+    fn targets_and_windows_are_the_defaults_in_wall_time() {
         let t = controlled_config(
             "x",
             Path::new("/bin/sluice"),
@@ -162,7 +162,7 @@ mod tests {
         );
         let argv = t.argv.join(" ");
         for flags in [
-            "--codel-target-ms-by-tier 50,250,1250",
+            "--codel-target-ms-by-tier 50,250,7500",
             "--codel-interval-ms 1250",
             "--adaptive-window-secs 2.5",
             "--adaptive-itl-breach-ms 6.25",

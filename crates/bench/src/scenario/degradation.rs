@@ -87,6 +87,6 @@ mod tests {
         let table: toml::Table = toml::from_str(&text).unwrap();
         assert_eq!(table["cascade"][0]["to"].as_str(), Some(SMALL));
         assert_eq!(table["degradation"]["shed"].as_bool(), Some(true));
-        assert_eq!(super::super::codel_flags(4.0)[1], "50,250,1250");
+        assert_eq!(super::super::codel_flags(4.0)[1], "50,250,7500");
     }
 }

@@ -125,15 +125,15 @@ pub fn load_poll(time_scale: f64) -> String {
     format!("{}", (10.0 / time_scale.max(1.0)).round().max(1.0))
 }
 
-/// The seed's CoDel targets for tiers 0, 1 and 2 and its interval, in engine milliseconds: the
-/// gateway's defaults.
-const CODEL_TARGETS_MS: [f64; 3] = [200.0, 1000.0, 5000.0];
+/// CoDel's targets for tiers 0, 1 and 2 and its interval, in engine milliseconds: the gateway's
+/// defaults.
+const CODEL_TARGETS_MS: [f64; 3] = [200.0, 1000.0, 30_000.0];
 const CODEL_INTERVAL_MS: f64 = 5000.0;
 /// The gateway queue's default timeout, in engine seconds (SMG's).
 const QUEUE_TIMEOUT_SECS: f64 = 60.0;
 
 /// CoDel's default targets and interval in wall milliseconds under `time_scale` (whole, at
-/// least 1): 50,250,1250 and 1250 at time scale 4.
+/// least 1): 50,250,7500 and 1250 at time scale 4.
 pub(crate) fn codel_flags(time_scale: f64) -> [String; 4] {
     let scale = time_scale.max(1.0);
     let ms = |engine_ms: f64| format!("{}", (engine_ms / scale).round().max(1.0));
@@ -418,7 +418,7 @@ mod tests {
             queue_timers(4.0),
             [
                 "--codel-target-ms-by-tier",
-                "50,250,1250",
+                "50,250,7500",
                 "--codel-interval-ms",
                 "1250",
                 "--queue-timeout-secs",

@@ -11,8 +11,11 @@ use super::checks::invalid;
 use super::ConfigError;
 use crate::control::AdaptiveConfig;
 
-/// The seed's CoDel targets for tiers 0, 1 and 2, in milliseconds.
-const CODEL_TARGETS_MS: [u64; 3] = [200, 1000, 5000];
+/// CoDel's targets for tiers 0, 1 and 2, in milliseconds: the seed's 200 ms for interactive
+/// requests; a batch request is there to wait for room, so its tier stands for 30 s before it is
+/// cut — at 5 s it cut batch work at exactly the fleet's capacity, which the engines would have
+/// served in time (docs/adaptive.md).
+pub(super) const CODEL_TARGETS_MS: [u64; 3] = [200, 1000, 30_000];
 
 /// Adaptive-control flags (`sluice serve --help`, "Adaptive control").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -96,7 +99,7 @@ pub struct AdaptiveSettings {
         long,
         value_delimiter = ',',
         value_name = "MS",
-        default_value = "200,1000,5000"
+        default_value = "200,1000,30000"
     )]
     #[serde(default = "default_codel_targets")]
     #[arg(help_heading = "Adaptive control")]

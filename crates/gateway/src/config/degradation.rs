@@ -42,7 +42,7 @@ impl DegradationSettings {
         let (codel_interval, reference) = codel.map_or(
             (
                 Duration::from_secs(5),
-                [200, 1000, 5000].map(Duration::from_millis),
+                super::adaptive::CODEL_TARGETS_MS.map(Duration::from_millis),
             ),
             |c| (c[0].interval, c.map(|t| t.target)),
         );

@@ -142,8 +142,8 @@ fn codel_runs_on_the_queue_with_per_tier_targets_unless_disabled() {
     };
     assert_eq!(
         targets(codel(&[]).unwrap().unwrap()),
-        [(200, 5000), (1000, 5000), (5000, 5000)],
-        "the seed's targets, 100 ms x 50"
+        [(200, 5000), (1000, 5000), (30_000, 5000)],
+        "the defaults: the seed's 200 ms, 30 s for batch work; 100 ms x 50"
     );
     assert_eq!(
         targets(
@@ -248,7 +248,7 @@ to = "llama-8b"
     );
     assert_eq!(
         ladder.references,
-        [200, 1000, 5000].map(Duration::from_millis),
+        [200, 1000, 30_000].map(Duration::from_millis),
         "the tiers' CoDel targets"
     );
     let kinds: Vec<(u8, &str)> = ladder
