@@ -225,9 +225,10 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
     until_vetoed(&s, &id, "re-admitted", None).await;
 }
 
-/// A completion of `tokens` prompt tokens (token ids, as the engine counts them).
-fn prompt_of(tokens: usize, max_tokens: u32) -> String {
-    serde_json::json!({"model": "test-model", "prompt": vec![7; tokens],
+/// A completion of `tokens` prompt tokens (token ids, as the engine counts them), all `token`:
+/// prompts of different tokens share no prefix the engine could have cached.
+fn prompt_of(token: u32, tokens: usize, max_tokens: u32) -> String {
+    serde_json::json!({"model": "test-model", "prompt": vec![token; tokens],
                        "max_tokens": max_tokens, "stream": true})
     .to_string()
 }
@@ -242,15 +243,22 @@ async fn a_long_prefill_with_requests_waiting_behind_it_is_not_read_as_a_freeze(
     for flavor in [Flavor::Vllm, Flavor::Sglang] {
         let s = start(1, timed(flavor, 8.0), fast).await;
         // The prefill rate, measured on 4k-token prompts, whose attention costs next to nothing.
-        for _ in 0..3 {
-            let a = post(&s.client, &s.url("/v1/completions"), &prompt_of(4096, 1)).await;
+        // Each is new to the engine: a prompt it had cached would answer in a fraction of its
+        // prefill and read as a faster rate.
+        for token in 1..=3 {
+            let a = post(
+                &s.client,
+                &s.url("/v1/completions"),
+                &prompt_of(token, 4096, 1),
+            )
+            .await;
             assert_eq!(a.status, 200, "{}", a.text());
         }
         // 120k tokens: 8.4 engine seconds (1 s here) before the first token; the engine gives
         // the prompt each step's whole budget, so the four requests sent after it wait.
         let long = tokio::spawn({
             let (client, url) = (s.client.clone(), s.url("/v1/completions"));
-            async move { post(&client, &url, &prompt_of(120_000, 2)).await }
+            async move { post(&client, &url, &prompt_of(7, 120_000, 2)).await }
         });
         s.sims.engines()[0].until(|e| e.running == 1).await;
         let behind = spawn_requests(&s, 4, 8, true);
