@@ -41,7 +41,30 @@ impl Slos {
     pub fn of(&self, tier: Tier) -> Slo {
         self.0[tier.index()]
     }
+
+    /// The longest each tier's requests should wait in the gateway queue, most urgent first: a
+    /// request still waiting when its first-token objective can no longer be met is better
+    /// refused — the client hears at once and may go elsewhere — than sent to an engine that
+    /// spends its time on an answer already late while requests behind it turn late too. So a
+    /// tier with a first-token objective waits that objective less `ENGINE_FIRST_TOKEN` (at
+    /// least half the objective), within `longest`; a tier without one (or with zero) waits
+    /// `longest`.
+    pub fn queue_waits(&self, longest: Duration) -> [Duration; 3] {
+        Tier::ALL.map(|tier| match self.of(tier).ttft.filter(|t| !t.is_zero()) {
+            Some(objective) => objective
+                .saturating_sub(ENGINE_FIRST_TOKEN)
+                .max(objective / 2)
+                .min(longest),
+            None => longest,
+        })
+    }
 }
+
+/// What an engine takes to a first token once a request leaves the gateway queue, left out of
+/// the tier's wait there (`Slos::queue_waits`): a prompt of a few thousand tokens prefilled
+/// behind the engine's own short waiting queue. The queue sends a request on only where it
+/// would start at once, so this is prefill time, not queueing.
+pub const ENGINE_FIRST_TOKEN: Duration = Duration::from_millis(500);
 
 /// What the gateway saw of one answer that completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +134,31 @@ mod tests {
         assert!(served(100, 60_000, Some(1)).within(&slo), "one token");
         assert!(served(4_000, 60_000, None).within(&slo), "a whole body");
         assert!(!served(6_000, 6_000, None).within(&slo));
+    }
+
+    #[test]
+    fn a_tier_waits_in_the_queue_its_first_token_objective_less_the_engines_time() {
+        let longest = Duration::from_secs(60);
+        assert_eq!(
+            Slos::default().queue_waits(longest),
+            [ms(1_500), ms(4_500), longest],
+            "interactive 2 s, agent 5 s, batch without an objective"
+        );
+        let tight = |ttft_ms: u64| Slo {
+            ttft: Some(ms(ttft_ms)),
+            tpot: None,
+        };
+        let slos = Slos::new([tight(600), tight(90_000), tight(0)]);
+        assert_eq!(
+            slos.queue_waits(longest),
+            [ms(300), longest, longest],
+            "at least half the objective; never past the longest wait; zero is no objective"
+        );
+        assert_eq!(
+            Slos::default().queue_waits(ms(1_000)),
+            [ms(1_000); 3],
+            "a shorter longest wait holds for every tier"
+        );
     }
 
     #[test]

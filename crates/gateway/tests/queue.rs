@@ -1,7 +1,8 @@
 //! The gateway queue, black-box: a request that cannot go now waits in the gateway and goes the
 //! moment room opens, most urgent tier first; a full queue evicts the least urgent, or the
 //! newest waiter of a tenant over its share for one under its own; a waiter
-//! times out, passes its deadline, or leaves with its client without reaching an engine.
+//! times out (by default once its tier's first-token objective can no longer be met), passes its
+//! deadline, or leaves with its client without reaching an engine.
 //!
 //! Room is made and taken with `--max-concurrent-requests 1`: a stream left open holds the one
 //! place, and dropping it frees it — an event the tests cause, never a timer they wait out.
@@ -15,6 +16,7 @@ use std::time::Duration;
 use common::*;
 use sluice_core::admission::Tier;
 use sluice_gateway::admit::QueueConfig;
+use sluice_gateway::Settings;
 use tokio::task::JoinHandle;
 
 /// A queue of `size` without shedding, each tier waiting at most its `timeouts` in seconds.
@@ -175,6 +177,53 @@ async fn a_waiter_times_out_passes_its_deadline_or_leaves_with_its_client_unseen
         engine.state().requests_received,
         2,
         "none of the waiters that gave up reached the engine"
+    );
+}
+
+/// The queue as the defaults configure it, but for a first-token objective of 1 s for the
+/// interactive tier and none for the others: interactive waits 0.5 s, the others 60 s.
+fn objectives_set_the_waits(c: &mut Config) {
+    let mut settings = Settings::defaults();
+    settings.status.slo_ttft_ms_by_tier = vec![1000, 0, 0];
+    let derived = settings.validate().unwrap();
+    c.slos = derived.slos;
+    c.admission.queue = derived.admission.queue;
+    c.admission.default_tier = Tier::Interactive;
+    c.admission.max_concurrent = Some(1);
+}
+
+#[tokio::test]
+async fn by_default_a_waiter_leaves_when_its_first_token_objective_can_no_longer_be_met() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), objectives_set_the_waits).await;
+    let engine = s.sims.engine(0).unwrap();
+    let holder = hold(&s).await;
+
+    let agent = spawn_chat(&s, "a", &[("x-sluice-priority", "agent")]);
+    until_depth(&s, 1, 1).await;
+    let sent = tokio::time::Instant::now();
+    let chat = spawn_chat(&s, "c", &[("x-sluice-priority", "interactive")]);
+    let chat = bounded("the interactive timeout", chat).await.unwrap();
+    assert_eq!(chat.status, 503, "{}", chat.text());
+    assert_eq!(code(&chat).as_deref(), Some("queue_timeout"));
+    assert!(chat.headers.contains_key("retry-after"));
+    assert!(
+        sent.elapsed() >= Duration::from_millis(500),
+        "it waited its 0.5 s: {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(
+        depth(&s, 1).await,
+        1,
+        "the agent tier, without an objective, waits on"
+    );
+
+    drop(holder);
+    let agent = bounded("the agent request", agent).await.unwrap();
+    assert_eq!(agent.status, 200, "{}", agent.text());
+    assert_eq!(
+        engine.state().requests_received,
+        2,
+        "the holder and the agent request; the interactive one never reached the engine"
     );
 }
 

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
+use sluice_core::slo::Slos;
 
 pub use adaptive::{controlled_config, incident_configs, Controls};
 pub use degradation::{
@@ -145,21 +146,44 @@ pub(crate) fn codel_flags(time_scale: f64) -> [String; 4] {
     ]
 }
 
-/// The gateway queue's default timers — CoDel's targets and interval, the queue timeout — in
-/// engine time, as the load poll is (`load_poll`): the gateway states them in wall time, and a
-/// queue that waits 5 wall seconds before cutting, in front of engines four times faster than
-/// real ones, is a queue that waits 20 seconds in front of real ones. Nothing at full speed: the
-/// defaults are then the defaults as they are.
+/// The gateway queue's default timers — CoDel's targets and interval, each tier's queue timeout
+/// and the first-token objectives it follows — in engine time, as the load poll is
+/// (`load_poll`): the gateway states them in wall time, and a queue that waits 5 wall seconds
+/// before cutting, in front of engines four times faster than real ones, is a queue that waits
+/// 20 seconds in front of real ones. The timeouts are the gateway's own rule
+/// (`Slos::queue_waits`) applied in engine time and scaled, since its allowance for the engine's
+/// first token is engine time too. Nothing at full speed: the defaults are then the defaults as
+/// they are.
 pub fn queue_timers(time_scale: f64) -> Vec<String> {
     if time_scale <= 1.0 {
         return Vec::new();
     }
+    let waits = Slos::default()
+        .queue_waits(Duration::from_secs_f64(QUEUE_TIMEOUT_SECS))
+        .map(|wait| format!("{}", wait.as_secs_f64() / time_scale));
     let mut flags = codel_flags(time_scale).to_vec();
     flags.extend([
-        "--queue-timeout-secs".into(),
-        format!("{}", QUEUE_TIMEOUT_SECS / time_scale),
+        "--queue-timeout-by-tier".into(),
+        waits.join(","),
+        "--slo-ttft-ms-by-tier".into(),
+        wall_objectives(time_scale),
     ]);
     flags
+}
+
+/// The gateway's time-to-first-token objectives (its defaults, in engine time) in wall
+/// milliseconds under `scale`: what it judges answers by, and the interactive tier's lateness
+/// that keeps its reserve (`--interactive-reserve`).
+pub(crate) fn wall_objectives(scale: f64) -> String {
+    let slos = Slos::default();
+    sluice_core::admission::Tier::ALL
+        .map(|tier| {
+            slos.of(tier)
+                .ttft
+                .map_or(0, |t| (t.as_secs_f64() * 1000.0 / scale).round() as u64)
+                .to_string()
+        })
+        .join(",")
 }
 
 /// SMG with its defaults (its cache_aware policy: the overhead benchmark's round robin is for
@@ -413,7 +437,7 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_timers_are_the_defaults_in_engine_time() {
+    fn the_queue_timers_and_the_objectives_they_follow_are_the_defaults_in_engine_time() {
         assert_eq!(
             queue_timers(4.0),
             [
@@ -421,10 +445,13 @@ mod tests {
                 "50,250,7500",
                 "--codel-interval-ms",
                 "1250",
-                "--queue-timeout-secs",
-                "15"
+                "--queue-timeout-by-tier",
+                "0.375,1.125,15",
+                "--slo-ttft-ms-by-tier",
+                "500,1250,0"
             ]
         );
+        assert_eq!(wall_objectives(1.0), "2000,5000,0");
         assert!(queue_timers(1.0).is_empty(), "at full speed, the defaults");
         let at_full_speed = default_configs(Path::new("/bin/sluice"), 1.0);
         assert!(!at_full_speed[0]
@@ -450,7 +477,8 @@ mod tests {
                     "--load-monitor-interval",
                     "--codel-target-ms-by-tier",
                     "--codel-interval-ms",
-                    "--queue-timeout-secs",
+                    "--queue-timeout-by-tier",
+                    "--slo-ttft-ms-by-tier",
                     "--log-level",
                     "--host",
                     "--port",

@@ -39,10 +39,6 @@ pub fn three_tiers() -> Vec<Tier> {
     ]
 }
 
-/// What the engine itself takes to a first token with its waiting queue at the gateway's ceiling,
-/// in engine seconds, left out of each tier's time in the gateway queue.
-const ENGINE_TTFT_ALLOWANCE: f64 = 0.5;
-
 /// sluice with admission: requests wait in the gateway queue by tier, each tier at most its
 /// time-to-first-token objective less the engine's own time to a first token (batch: its
 /// deadline), and waiting that cannot help is shed by tier. Every request may ask for any tier.
@@ -81,9 +77,8 @@ pub(super) fn queue_config(
     let scale = time_scale.max(1.0);
     let size = size.to_string();
     let poll = super::load_poll(scale);
-    let wait = |objective: f64| (objective - ENGINE_TTFT_ALLOWANCE) / scale;
-    let timeouts = format!("{},{},{}", wait(2.0), wait(5.0), 120.0 / scale);
-    let objectives = wall_objectives(scale);
+    let timeouts = wall_waits(scale).join(",");
+    let objectives = super::wall_objectives(scale);
     let mut argv = vec![
         "--log-level",
         "warn",
@@ -101,19 +96,12 @@ pub(super) fn queue_config(
     crate::overhead::sluice_template(name, exe, &argv)
 }
 
-/// The gateway's time-to-first-token objectives (its defaults, in engine time) in wall
-/// milliseconds under `scale`: what it judges answers by, and the interactive tier's lateness
-/// that keeps its reserve (`--interactive-reserve`).
-fn wall_objectives(scale: f64) -> String {
-    let slos = sluice_core::slo::Slos::default();
-    GatewayTier::ALL
-        .map(|tier| {
-            slos.of(tier)
-                .ttft
-                .map_or(0, |t| (t.as_secs_f64() * 1000.0 / scale).round() as u64)
-                .to_string()
-        })
-        .join(",")
+/// Each tier's wait in the gateway queue, in wall seconds under `scale`: the gateway's rule
+/// (`Slos::queue_waits`) in engine time, with the batch tier's deadline as the longest wait.
+fn wall_waits(scale: f64) -> [String; 3] {
+    sluice_core::slo::Slos::default()
+        .queue_waits(Duration::from_secs(120))
+        .map(|wait| format!("{}", wait.as_secs_f64() / scale))
 }
 
 /// SMG 1.13 with its priority scheduler: every request may ask for any class (its header,
@@ -126,7 +114,8 @@ pub fn smg_priority_config(engines: usize, time_scale: f64) -> Template {
     let mut smg = super::smg_config(scale);
     smg.name = "smg-priority".into();
     let in_flight = (engines * (64 + 8)).to_string();
-    let timeout = (((5.0 - ENGINE_TTFT_ALLOWANCE) / scale).round().max(1.0) as u64).to_string();
+    let agent_wait = sluice_core::slo::Slos::default().queue_waits(Duration::MAX)[1];
+    let timeout = ((agent_wait.as_secs_f64() / scale).round().max(1.0) as u64).to_string();
     smg.argv.extend(
         [
             "--priority-scheduler-enabled",
@@ -268,8 +257,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gateway_judges_by_the_objectives_in_wall_time() {
-        assert_eq!(wall_objectives(4.0), "500,1250,0");
-        assert_eq!(wall_objectives(1.0), "2000,5000,0");
+    fn each_tier_waits_its_objective_less_the_engines_first_token_in_wall_time() {
+        assert_eq!(wall_waits(4.0), ["0.375", "1.125", "30"]);
+        assert_eq!(
+            wall_waits(1.0),
+            ["1.5", "4.5", "120"],
+            "batch: its deadline"
+        );
     }
 }

@@ -9,6 +9,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use sluice_core::adaptive::CodelConfig;
 use sluice_core::admission::Tier;
+use sluice_core::slo::Slos;
 use sluice_core::TenantId;
 
 use super::checks::{invalid, positive_seconds};
@@ -116,7 +117,10 @@ pub struct AdmissionSettings {
     #[arg(help_heading = "Admission")]
     pub queue_size: usize,
 
-    /// Longest wait in the gateway queue (SMG's flag); past it 503 `queue_timeout`.
+    /// Longest wait in the gateway queue (SMG's flag); past it 503 `queue_timeout`. A tier with
+    /// a first-token objective (--slo-ttft-ms-by-tier) waits at most that objective less 0.5 s
+    /// for the engine's own first token: 1.5 s interactive, 4.5 s agent by default. SMG has one
+    /// timeout for every class (--smg-defaults restores it).
     #[arg(long, default_value_t = 60.0)]
     #[arg(help_heading = "Admission")]
     pub queue_timeout_secs: f64,
@@ -128,8 +132,8 @@ pub struct AdmissionSettings {
     #[arg(help_heading = "Admission")]
     pub default_deadline_ms_by_tier: Vec<u64>,
 
-    /// Per-tier queue timeouts, `INTERACTIVE,AGENT,BATCH` seconds (e.g. `5,30,120`); unset:
-    /// --queue-timeout-secs for every tier.
+    /// Per-tier queue timeouts, `INTERACTIVE,AGENT,BATCH` seconds (e.g. `5,30,120`), in place of
+    /// the waits --queue-timeout-secs and the first-token objectives give.
     #[arg(long, value_delimiter = ',', value_name = "SECONDS")]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
@@ -149,6 +153,7 @@ impl AdmissionSettings {
         client_keys: &[String],
         shedding: &Shedding,
         codel: Option<[CodelConfig; 3]>,
+        slos: &Slos,
     ) -> Result<AdmissionConfig, ConfigError> {
         let default_tier = tier("default-priority", self.default_priority)?;
         let tenants = self.tenants(default_tier, client_keys)?;
@@ -161,7 +166,7 @@ impl AdmissionSettings {
             .transpose()?;
         Ok(AdmissionConfig {
             tier_deadlines: self.tier_deadlines()?,
-            queue: self.queue(shedding, codel)?,
+            queue: self.queue(shedding, codel, slos)?,
             tenants,
             tenant_header,
             default_tier,
@@ -272,13 +277,14 @@ impl AdmissionSettings {
         &self,
         shedding: &Shedding,
         codel: Option<[CodelConfig; 3]>,
+        slos: &Slos,
     ) -> Result<Option<QueueConfig>, ConfigError> {
         if self.queue_size == 0 {
             return Ok(None);
         }
-        let all = positive_seconds("queue-timeout-secs", self.queue_timeout_secs)?;
+        let longest = positive_seconds("queue-timeout-secs", self.queue_timeout_secs)?;
         let timeouts = match self.queue_timeout_by_tier.as_slice() {
-            [] => [all; 3],
+            [] => slos.queue_waits(longest),
             [a, b, c] => [
                 positive_seconds("queue-timeout-by-tier", *a)?,
                 positive_seconds("queue-timeout-by-tier", *b)?,

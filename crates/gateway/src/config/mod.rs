@@ -233,6 +233,7 @@ impl Settings {
         let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
         let breaker = self.resilience.breaker()?;
+        let slos = self.status.slos()?;
         Ok(Config {
             listen: SocketAddr::new(host, self.port),
             workers: self.workers()?,
@@ -293,6 +294,7 @@ impl Settings {
                 &self.api_keys,
                 &self.shedding()?,
                 self.adaptive.codel()?,
+                &slos,
             )?,
             adaptive: self.adaptive.limiter()?,
             degradation: self
@@ -300,7 +302,7 @@ impl Settings {
                 .validate(self.adaptive.codel()?, self.load()?.interval)?,
             access_log: self.access_log.clone(),
             duration_buckets: self.duration_buckets()?,
-            slos: self.status.slos()?,
+            slos,
             ui: self.status.ui()?,
             discovery: self.discovery.validate()?,
             shared: self.replicas.validate(

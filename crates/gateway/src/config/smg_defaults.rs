@@ -13,7 +13,8 @@ use toml::Value;
 /// SMG's value of every setting whose sluice default differs, by config-file key (and the one
 /// bound of sluice's own that SMG's values need raised). `queue_size` is
 /// not here: SMG's queue only holds requests past `--max-concurrent-requests`, so its 100 applies
-/// only with a cap (`smg_queue_size`).
+/// only with a cap (`smg_queue_size`). Nor are the queue timeouts by tier: SMG has one,
+/// `--queue-timeout-secs`, for every class, whatever it is set to (`fill`).
 pub fn values() -> [(&'static str, Value); 12] {
     [
         (
@@ -60,5 +61,11 @@ pub fn fill(merged: &mut toml::Table, given: impl Fn(&str) -> bool) {
             .unwrap_or(-1);
         let size = i64::try_from(smg_queue_size(cap)).unwrap_or(0);
         merged.insert("queue_size".to_string(), Value::Integer(size));
+    }
+    if !given("queue_timeout_by_tier") {
+        if let Some(longest) = merged.get("queue_timeout_secs").cloned() {
+            let every_class = Value::Array(vec![longest; 3]);
+            merged.insert("queue_timeout_by_tier".to_string(), every_class);
+        }
     }
 }
