@@ -158,9 +158,7 @@ pub fn queue_timers(time_scale: f64) -> Vec<String> {
     if time_scale <= 1.0 {
         return Vec::new();
     }
-    let waits = Slos::default()
-        .queue_waits(Duration::from_secs_f64(QUEUE_TIMEOUT_SECS))
-        .map(|wait| format!("{}", wait.as_secs_f64() / time_scale));
+    let waits = wall_waits(time_scale, Duration::from_secs_f64(QUEUE_TIMEOUT_SECS));
     let mut flags = codel_flags(time_scale).to_vec();
     flags.extend([
         "--queue-timeout-by-tier".into(),
@@ -169,6 +167,14 @@ pub fn queue_timers(time_scale: f64) -> Vec<String> {
         wall_objectives(time_scale),
     ]);
     flags
+}
+
+/// Each tier's wait in the gateway queue, in wall seconds under `scale`: the gateway's rule
+/// (`Slos::queue_waits`) in engine time, `longest` (engine time) the longest wait.
+pub(crate) fn wall_waits(scale: f64, longest: Duration) -> [String; 3] {
+    Slos::default()
+        .queue_waits(longest)
+        .map(|wait| format!("{}", wait.as_secs_f64() / scale))
 }
 
 /// The gateway's time-to-first-token objectives (its defaults, in engine time) in wall

@@ -77,7 +77,8 @@ pub(super) fn queue_config(
     let scale = time_scale.max(1.0);
     let size = size.to_string();
     let poll = super::load_poll(scale);
-    let timeouts = wall_waits(scale).join(",");
+    // Batch waits out its deadline.
+    let timeouts = super::wall_waits(scale, Duration::from_secs(120)).join(",");
     let objectives = super::wall_objectives(scale);
     let mut argv = vec![
         "--log-level",
@@ -94,14 +95,6 @@ pub(super) fn queue_config(
     ];
     argv.extend_from_slice(extra);
     crate::overhead::sluice_template(name, exe, &argv)
-}
-
-/// Each tier's wait in the gateway queue, in wall seconds under `scale`: the gateway's rule
-/// (`Slos::queue_waits`) in engine time, with the batch tier's deadline as the longest wait.
-fn wall_waits(scale: f64) -> [String; 3] {
-    sluice_core::slo::Slos::default()
-        .queue_waits(Duration::from_secs(120))
-        .map(|wait| format!("{}", wait.as_secs_f64() / scale))
 }
 
 /// SMG 1.13 with its priority scheduler: every request may ask for any class (its header,
@@ -258,9 +251,13 @@ mod tests {
 
     #[test]
     fn each_tier_waits_its_objective_less_the_engines_first_token_in_wall_time() {
-        assert_eq!(wall_waits(4.0), ["0.375", "1.125", "30"]);
+        let batch_deadline = Duration::from_secs(120);
         assert_eq!(
-            wall_waits(1.0),
+            super::super::wall_waits(4.0, batch_deadline),
+            ["0.375", "1.125", "30"]
+        );
+        assert_eq!(
+            super::super::wall_waits(1.0, batch_deadline),
             ["1.5", "4.5", "120"],
             "batch: its deadline"
         );

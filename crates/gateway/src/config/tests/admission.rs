@@ -361,42 +361,47 @@ fn slos_by_tier_default_to_the_documented_objectives_and_zero_sets_none() {
 
 #[test]
 fn each_tier_waits_in_the_queue_its_first_token_objective_less_the_engines_time() {
-    let timeouts = |args: &[&str]| validated(args).map(|c| c.admission.queue.unwrap().timeouts);
     let s = Duration::from_secs_f64;
-    assert_eq!(
-        timeouts(&[]).unwrap(),
-        [s(1.5), s(4.5), s(60.0)],
-        "2 s and 5 s objectives less 0.5 s; batch, without one, --queue-timeout-secs"
-    );
-    assert_eq!(
-        timeouts(&["--slo-ttft-ms-by-tier", "1000,0,30000"]).unwrap(),
-        [s(0.5), s(60.0), s(29.5)],
-        "the waits follow the objectives given"
-    );
-    assert_eq!(
-        timeouts(&["--queue-timeout-secs", "3"]).unwrap(),
-        [s(1.5), s(3.0), s(3.0)],
-        "--queue-timeout-secs stays the longest wait"
-    );
-    assert_eq!(
-        timeouts(&["--queue-timeout-by-tier", "5,30,120"]).unwrap(),
-        [s(5.0), s(30.0), s(120.0)],
-        "given by tier, as given"
-    );
-    assert_eq!(
-        timeouts(&["--smg-defaults", "--queue-size", "8"]).unwrap(),
-        [s(60.0); 3],
-        "SMG: one timeout for every class"
-    );
-    assert_eq!(
-        timeouts(&[
-            "--smg-defaults",
-            "--queue-size",
-            "8",
-            "--queue-timeout-secs",
-            "9"
-        ])
-        .unwrap(),
-        [s(9.0); 3]
-    );
+    let cases: [(&[&str], [Duration; 3], &str); 6] = [
+        (
+            &[],
+            [s(1.5), s(4.5), s(60.0)],
+            "2 s and 5 s objectives less 0.5 s; batch, without one, --queue-timeout-secs",
+        ),
+        (
+            &["--slo-ttft-ms-by-tier", "1000,0,30000"],
+            [s(0.5), s(60.0), s(29.5)],
+            "the waits follow the objectives given",
+        ),
+        (
+            &["--queue-timeout-secs", "3"],
+            [s(1.5), s(3.0), s(3.0)],
+            "--queue-timeout-secs stays the longest wait",
+        ),
+        (
+            &["--queue-timeout-by-tier", "5,30,120"],
+            [s(5.0), s(30.0), s(120.0)],
+            "given by tier, as given",
+        ),
+        (
+            &["--smg-defaults", "--queue-size", "8"],
+            [s(60.0); 3],
+            "SMG: one timeout for every class",
+        ),
+        (
+            &[
+                "--smg-defaults",
+                "--queue-size",
+                "8",
+                "--queue-timeout-secs",
+                "9",
+            ],
+            [s(9.0); 3],
+            "SMG's one timeout, as given",
+        ),
+    ];
+    for (args, want, why) in cases {
+        let timeouts = validated(args).unwrap().admission.queue.unwrap().timeouts;
+        assert_eq!(timeouts, want, "{args:?}: {why}");
+    }
 }
