@@ -2,6 +2,7 @@
 //! engines; `sluice bench` measures them; `sluice demo` runs them all together, on one page.
 
 mod demo;
+mod epp;
 mod serve;
 mod sim;
 
@@ -37,6 +38,9 @@ enum Command {
     Demo(Box<demo::DemoArgs>),
     /// Run the gateway in front of OpenAI-compatible workers (vLLM, SGLang, ...).
     Serve(Box<serve::ServeArgs>),
+    /// Run the gateway as a Gateway API endpoint picker behind Envoy (ext_proc on --grpc-port):
+    /// the data plane sends each request where sluice decides.
+    Epp(Box<epp::EppArgs>),
     /// Run simulated vLLM / SGLang engines, each on its own port.
     Sim(Box<sim::SimArgs>),
     /// Benchmarks: engine capacity, gateway overhead, open-loop goodput runs, whole scenarios
@@ -134,6 +138,22 @@ fn main() -> anyhow::Result<()> {
                 settings.log_dir.as_deref(),
             )?;
             runtime()?.block_on(serve::run(settings))
+        }
+        Command::Epp(args) => {
+            let Some(epp_matches) = matches.subcommand_matches("epp") else {
+                anyhow::bail!("epp: no arguments");
+            };
+            let settings = serve::settings(epp_matches)?;
+            if settings.print_config {
+                print!("{}", settings.to_toml()?);
+                return Ok(());
+            }
+            init_tracing(
+                &settings.log_filter()?,
+                settings.log_json,
+                settings.log_dir.as_deref(),
+            )?;
+            runtime()?.block_on(epp::run(settings, args.epp))
         }
         Command::Demo(args) => {
             init_tracing("warn", false, None)?;

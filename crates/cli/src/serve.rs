@@ -28,7 +28,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 }
 
 #[cfg(unix)]
-async fn signal() -> std::io::Result<()> {
+pub async fn signal() -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     tokio::select! {
@@ -39,6 +39,6 @@ async fn signal() -> std::io::Result<()> {
 }
 
 #[cfg(not(unix))]
-async fn signal() -> std::io::Result<()> {
+pub async fn signal() -> std::io::Result<()> {
     tokio::signal::ctrl_c().await
 }

@@ -331,6 +331,27 @@ impl GatewayError {
         }
     }
 
+    /// A refusal because the fleet or the request's tier or tenant is at its limit (the queue,
+    /// CoDel, the ladder, overload shedding, budgets): what a Gateway API data plane expects as
+    /// 429 from an endpoint picker, whatever status `sluice serve` gives it.
+    pub fn is_shed(&self) -> bool {
+        use GatewayError::*;
+        matches!(
+            self,
+            WorkerOverloadShed { .. }
+                | OverloadedBeforeDispatch { .. }
+                | GatewayFull { .. }
+                | QueueFull { .. }
+                | QueueEvicted { .. }
+                | QueueTimeout { .. }
+                | CodelDrop { .. }
+                | DegradationShed { .. }
+                | RateLimited { .. }
+                | RequestTooLarge { .. }
+                | TenantConcurrency { .. }
+        )
+    }
+
     /// The OpenAI error `type`.
     pub fn kind(&self) -> &'static str {
         match self.status().as_u16() {

@@ -59,6 +59,9 @@ pub struct Gateway {
     /// Whether the shared limits are in use (`--redis-url`).
     shared_state: Option<watch::Receiver<crate::shared::SharedState>>,
     fleet: Arc<Fleet>,
+    /// The request path's stages, for a data plane's requests (`sluice epp`).
+    front: Arc<crate::front::Front>,
+    probes: Arc<crate::probes::Probes>,
     /// Set when shutdown begins.
     draining: Arc<AtomicBool>,
     in_flight: Arc<InFlight>,
@@ -149,6 +152,8 @@ impl Gateway {
             probe_listener,
             shared_state,
             fleet,
+            front: app.front.clone(),
+            probes: app.probes.clone(),
             draining,
             in_flight,
             stop,
@@ -181,6 +186,16 @@ impl Gateway {
     /// The fleet, for what no HTTP surface shows (tests say why when they use it).
     pub fn fleet(&self) -> &Arc<Fleet> {
         &self.fleet
+    }
+
+    /// The request path's stages: what an endpoint picker hands a data plane's requests to.
+    pub fn front(&self) -> &Arc<crate::front::Front> {
+        &self.front
+    }
+
+    /// What `/readiness` answers from (`Probes::is_ready`), for other surfaces' health.
+    pub fn probes(&self) -> &Arc<crate::probes::Probes> {
+        &self.probes
     }
 
     /// Changes whenever the fleet may have changed (a worker's health, a circuit, a veto, a load

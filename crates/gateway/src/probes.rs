@@ -81,6 +81,11 @@ impl Probes {
         fresh
     }
 
+    /// What `/readiness` answers, as a yes or no.
+    pub fn is_ready(&self) -> bool {
+        self.readiness().0 == StatusCode::OK
+    }
+
     fn readiness(&self) -> (StatusCode, Readiness) {
         let counted = self.counted();
         let reason = if self.draining.load(Ordering::Acquire) {

@@ -54,6 +54,17 @@ impl Tier {
         }
     }
 
+    /// A Gateway API InferenceObjective's priority mapped onto the tiers: above zero is more
+    /// urgent than the default (interactive), zero is the default, standard priority (agent),
+    /// and a negative priority is sheddable (batch), as the Inference Extension calls it.
+    pub fn from_objective_priority(priority: i32) -> Tier {
+        match priority {
+            1.. => Tier::Interactive,
+            0 => Tier::Agent,
+            _ => Tier::Batch,
+        }
+    }
+
     /// The tier a request gets: the one it asked for, but never more urgent than its tenant's.
     pub fn clamped(asked: Option<Tier>, tenant: Tier) -> Tier {
         asked.map_or(tenant, |asked| asked.max(tenant))
@@ -69,6 +80,24 @@ impl fmt::Display for Tier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objective_priorities_above_zero_are_interactive_and_negative_ones_batch() {
+        let tiers: Vec<Tier> = [100, 1, 0, -1, i32::MIN]
+            .into_iter()
+            .map(Tier::from_objective_priority)
+            .collect();
+        assert_eq!(
+            tiers,
+            [
+                Tier::Interactive,
+                Tier::Interactive,
+                Tier::Agent,
+                Tier::Batch,
+                Tier::Batch
+            ]
+        );
+    }
 
     #[test]
     fn numbers_and_names_in_any_case() {

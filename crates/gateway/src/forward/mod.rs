@@ -36,9 +36,40 @@ use crate::route::{Placement, Routed};
 use crate::stream::{read_ahead, Ahead, Answer};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
+mod handover;
 mod pd;
 
+pub(crate) use handover::ToDataPlane;
+pub use handover::{Handover, CLIENT_CREDENTIALS};
 pub use pd::PdConfig;
+
+/// Where a placed request goes: sent on to its worker (`Forwarder`, `sluice serve`), or handed to
+/// the data plane that sends it (`ToDataPlane`, `sluice epp`).
+pub(crate) trait Dispatch {
+    type Sent;
+
+    async fn dispatch(
+        &self,
+        ctx: &mut RequestContext,
+        parts: &Parts,
+        body: &Bytes,
+        placement: Placement<'_>,
+    ) -> Result<Self::Sent, GatewayError>;
+}
+
+impl Dispatch for Forwarder {
+    type Sent = Answer;
+
+    async fn dispatch(
+        &self,
+        ctx: &mut RequestContext,
+        parts: &Parts,
+        body: &Bytes,
+        placement: Placement<'_>,
+    ) -> Result<Answer, GatewayError> {
+        self.forward(ctx, parts, body, placement).await
+    }
+}
 
 /// The window the retry budget looks back over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);

@@ -8,6 +8,7 @@
 //! ends with it.
 
 mod parse;
+mod pick;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,15 +24,16 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
+pub use pick::{pick, Answered, Picked};
 
 use crate::admit::{AdmitStage, Asking, Placed};
 use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
-use crate::forward::Forwarder;
+use crate::forward::{Dispatch, Forwarder};
 use crate::http::{discard, read_body, request_id, BodyLimits, KeyOwner, Keys, REQUEST_ID};
 use crate::route::Wants;
-use crate::stream::{self, Answer};
+use crate::stream;
 use sluice_core::admission::Tier;
 
 /// What the gateway accepts of a request's own numbers.
@@ -122,7 +124,7 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
     // that passed it.
     let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
     let mut body = Some(body);
-    let served = serve(front, &mut ctx, route, &parts, &mut body).await;
+    let served = serve(front, &mut ctx, route, &parts, &mut body, &front.forward).await;
     let rate_limits = ctx.admission.rate_headers.take();
     let degraded = degraded_header(&ctx.degraded);
     let mut response = match served {
@@ -158,15 +160,17 @@ fn degraded_header(plan: &crate::context::Degraded) -> Option<HeaderValue> {
     HeaderValue::try_from(plan.notes.join(", ")).ok()
 }
 
-/// The stages in order: front's own checks, admit, forward.
-/// `body` is taken once it has been read whole; a refusal before that leaves it for the caller.
-async fn serve(
+/// The stages in order: front's own checks, admit, then `dispatch` (forward, or the handover to a
+/// data plane). `body` is taken once it has been read whole; a refusal before that leaves it for
+/// the caller.
+async fn serve<D: Dispatch>(
     front: &Front,
     ctx: &mut RequestContext,
     route: ApiRoute,
     parts: &Parts,
     body: &mut Option<Body>,
-) -> Result<Answer, GatewayError> {
+    dispatch: &D,
+) -> Result<D::Sent, GatewayError> {
     if front.is_draining() {
         return Err(GatewayError::ShuttingDown);
     }
@@ -195,20 +199,38 @@ async fn serve(
     };
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
-    admit_and_forward(front, ctx, route, parts, body, &facts, owner).await
+    let read = Read {
+        route,
+        parts,
+        body,
+        facts: &facts,
+    };
+    admit_and_dispatch(front, ctx, read, owner, dispatch).await
+}
+
+/// A request read whole and parsed.
+struct Read<'a> {
+    route: ApiRoute,
+    parts: &'a Parts,
+    body: &'a Bytes,
+    facts: &'a RequestFacts<'a>,
 }
 
 /// The stages after the request was read: admit (which places it, waiting in the gateway queue
-/// if it must), then forward.
-async fn admit_and_forward(
+/// if it must), then dispatch.
+async fn admit_and_dispatch<D: Dispatch>(
     front: &Front,
     ctx: &mut RequestContext,
-    route: ApiRoute,
-    parts: &Parts,
-    body: &Bytes,
-    facts: &RequestFacts<'_>,
+    read: Read<'_>,
     owner: KeyOwner,
-) -> Result<Answer, GatewayError> {
+    dispatch: &D,
+) -> Result<D::Sent, GatewayError> {
+    let Read {
+        route,
+        parts,
+        body,
+        facts,
+    } = read;
     let asking = Asking {
         headers: &parts.headers,
         owner,
@@ -228,10 +250,7 @@ async fn admit_and_forward(
         served: placed.placement.pool.model.as_str(),
     };
     let body = sending.body(&placed, ctx);
-    front
-        .forward
-        .forward(ctx, parts, &body, placed.placement)
-        .await
+    dispatch.dispatch(ctx, parts, &body, placed.placement).await
 }
 
 /// A request about to be sent to a worker of the `served` model.

@@ -31,6 +31,22 @@ impl Endpoint {
         self.scheme == Scheme::HTTPS
     }
 
+    /// The endpoint as an `ip:port` address, when its host is an IP address: what a data plane
+    /// that connects where it is told (Envoy's original-destination cluster) can use.
+    pub fn socket_addr(&self) -> Option<std::net::SocketAddr> {
+        let host = self.authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let ip: std::net::IpAddr = host.parse().ok()?;
+        let port = self
+            .authority
+            .port_u16()
+            .unwrap_or(if self.tls() { 443 } else { 80 });
+        Some(std::net::SocketAddr::new(ip, port))
+    }
+
     /// The absolute URI of `path` on this endpoint.
     pub fn uri(&self, path: PathAndQuery) -> Uri {
         let mut parts = axum::http::uri::Parts::default();

@@ -166,7 +166,7 @@ impl Http1Pool {
             return response.map(UpstreamBody::from);
         }
         response.map(|inner| UpstreamBody {
-            inner,
+            source: Source::Connection(inner),
             back: Some(Back {
                 pool: self.clone(),
                 authority: authority.clone(),
@@ -231,23 +231,56 @@ struct Back {
     sender: Sender,
 }
 
-/// A worker's answer body; read to its end, its pooled connection goes back to the pool.
+/// A worker's answer body: read from the worker's connection (its pooled connection goes back to
+/// the pool once read to its end), or handed over frame by frame by a data plane that made the
+/// exchange itself (`sluice epp`: Envoy sends the request and streams the answer through).
 pub struct UpstreamBody {
-    inner: Incoming,
+    source: Source,
     back: Option<Back>,
+}
+
+enum Source {
+    Connection(Incoming),
+    /// `None` in the channel is the end of the body. A sender dropped without it leaves the body
+    /// unfinished for good: the data plane went away, and whoever relays the body is about to be
+    /// dropped too — reading that as an end would judge a cut stream as a finished one.
+    HandedOver {
+        frames: tokio::sync::mpsc::Receiver<Option<Frame<Bytes>>>,
+        ended: bool,
+    },
 }
 
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamBody")
             .field("pooled", &self.back.is_some())
+            .field(
+                "handed_over",
+                &matches!(self.source, Source::HandedOver { .. }),
+            )
             .finish()
     }
 }
 
 impl From<Incoming> for UpstreamBody {
     fn from(inner: Incoming) -> Self {
-        Self { inner, back: None }
+        Self {
+            source: Source::Connection(inner),
+            back: None,
+        }
+    }
+}
+
+impl UpstreamBody {
+    /// A body whose frames a data plane hands over as they arrive; `None` ends it.
+    pub fn handed_over(frames: tokio::sync::mpsc::Receiver<Option<Frame<Bytes>>>) -> Self {
+        Self {
+            source: Source::HandedOver {
+                frames,
+                ended: false,
+            },
+            back: None,
+        }
     }
 }
 
@@ -259,9 +292,25 @@ impl Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        let inner = match &mut self.source {
+            Source::Connection(inner) => inner,
+            Source::HandedOver { frames, ended } => {
+                if *ended {
+                    return Poll::Ready(None);
+                }
+                return match std::task::ready!(frames.poll_recv(cx)) {
+                    Some(Some(frame)) => Poll::Ready(Some(Ok(frame))),
+                    Some(None) => {
+                        *ended = true;
+                        Poll::Ready(None)
+                    }
+                    None => Poll::Pending,
+                };
+            }
+        };
+        let frame = std::task::ready!(Pin::new(&mut *inner).poll_frame(cx));
         // A reader that knows the length stops at the last frame without asking for the end.
-        if frame.is_none() || self.inner.is_end_stream() {
+        if frame.is_none() || inner.is_end_stream() {
             if let Some(Back {
                 pool,
                 authority,
@@ -275,11 +324,17 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.source {
+            Source::Connection(inner) => inner.is_end_stream(),
+            Source::HandedOver { ended, .. } => *ended,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.source {
+            Source::Connection(inner) => inner.size_hint(),
+            Source::HandedOver { .. } => SizeHint::default(),
+        }
     }
 }
 

@@ -1,0 +1,151 @@
+//! The forward stage when a data plane sends the request itself (`sluice epp` behind Envoy): the
+//! placed request's worker is leased here as `Forwarder::forward` leases it, and handed over
+//! with what the data plane must add on the way (the worker's key, the request id, what is left
+//! of the client's deadline); the data plane's answer comes back as a head and a stream of
+//! frames, and is judged and relayed as a worker's answer is.
+//!
+//! There is one attempt: retries are the data plane's (its retry policy, on the endpoints it is
+//! given), so `--retry-*` do not apply. What a failed exchange looks like differs too: a
+//! connection the data plane could not make comes back as its own 503, judged as a worker's 503.
+
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::Dispatch;
+use crate::context::{RequestContext, DEADLINE};
+use crate::error::GatewayError;
+use crate::fleet::{Lease, Worker, AT_CAPACITY_VETO};
+use crate::http::REQUEST_ID;
+use crate::route::Placement;
+use crate::stream::{read_ahead, Answer};
+use crate::upstream::{UpstreamBody, UpstreamResponse};
+
+/// Headers a data plane must not pass from the client to the worker: the client's credentials
+/// (the worker gets its own key, or none).
+pub const CLIENT_CREDENTIALS: [HeaderName; 5] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::COOKIE,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+];
+
+/// A request placed and leased, for a data plane to send.
+#[derive(Debug)]
+pub struct Handover {
+    /// The worker's hold, until the answer ends (or the handover is dropped).
+    pub lease: Lease,
+    /// What to send: the client's body, or the one the ladder or the model's name rewrote.
+    pub body: Bytes,
+    /// Headers to set on the way to the worker; `CLIENT_CREDENTIALS` are to be removed first.
+    pub set_headers: HeaderMap,
+    /// When the worker was handed over (time to first byte counts from here).
+    pub sent_at: Instant,
+}
+
+/// Hands a placed request to a data plane: leased on a worker that `allowed` accepts (the data
+/// plane's subset, the workers it can reach), never on one it does not.
+pub(crate) struct ToDataPlane<'a> {
+    pub allowed: &'a (dyn Fn(&Worker) -> bool + Sync),
+}
+
+impl Dispatch for ToDataPlane<'_> {
+    type Sent = Handover;
+
+    async fn dispatch(
+        &self,
+        ctx: &mut RequestContext,
+        _parts: &axum::http::request::Parts,
+        body: &Bytes,
+        placement: Placement<'_>,
+    ) -> Result<Handover, GatewayError> {
+        ctx.forwarding();
+        let Placement {
+            pool,
+            request,
+            stage,
+            mut turn,
+        } = placement;
+        let routed = stage.routed(&pool, &request);
+        if routed.pd().is_some() {
+            // The prefill leg and the decode leg are two exchanges sluice makes itself.
+            return Err(GatewayError::NoAvailableWorkers {
+                model: pool.model.clone(),
+                detail: ": its prefill and decode workers are paired by `sluice serve`, \
+                         not behind a data plane"
+                    .to_string(),
+            });
+        }
+        let excluded: Vec<u64> = pool
+            .workers
+            .iter()
+            .filter(|w| !(self.allowed)(w))
+            .map(|w| w.key)
+            .collect();
+        let mut lease = routed.select(&excluded)?;
+        turn.taken();
+        ctx.attempt(&lease.worker().id);
+        lease.for_request(&ctx.id);
+        lease.prefilling(request.prompt_tokens);
+        if request.stream {
+            lease.streaming();
+        }
+        let set_headers = upstream_headers(ctx, &lease);
+        Ok(Handover {
+            lease,
+            body: body.clone(),
+            set_headers,
+            sent_at: Instant::now(),
+        })
+    }
+}
+
+/// What the worker gets on top of the client's headers: the request id, what is left of the
+/// client's deadline (so the engine can drop it in time too), the worker's own key.
+fn upstream_headers(ctx: &RequestContext, lease: &Lease) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(REQUEST_ID, ctx.id.clone());
+    if let Some(due) = ctx.admission.client_deadline {
+        let left = due.saturating_duration_since(Instant::now()).as_millis() as u64;
+        headers.insert(DEADLINE, HeaderValue::from(left));
+    }
+    if let Some(auth) = &lease.worker().live().authorization {
+        headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    headers
+}
+
+impl Handover {
+    /// The worker's answer as the data plane streams it through: `status` and `headers` from its
+    /// head, the body's frames from `frames` (`None` ends it). Read ahead and judged as
+    /// `Forwarder` judges an answer — an engine that says it is full is kept off for a moment —
+    /// then relayed: the returned answer's body yields what the data plane passes on.
+    pub(crate) async fn answered(
+        self,
+        ctx: &RequestContext,
+        status: axum::http::StatusCode,
+        headers: HeaderMap,
+        frames: tokio::sync::mpsc::Receiver<Option<http_body::Frame<Bytes>>>,
+    ) -> Answer {
+        let mut response = UpstreamResponse::new(UpstreamBody::handed_over(frames));
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        let worker = self.lease.worker().clone();
+        worker.signals.contact(Instant::now());
+        // Handed-over frames never fail: a data plane that goes away leaves the body unfinished,
+        // and the exchange is dropped with it.
+        let ahead = read_ahead(&mut response, ctx.admission.deadline)
+            .await
+            .unwrap_or_default();
+        if ahead.at_capacity {
+            worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
+        }
+        Answer {
+            response,
+            lease: self.lease,
+            sent_at: self.sent_at,
+            ahead,
+        }
+    }
+}
