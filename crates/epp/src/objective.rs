@@ -78,7 +78,7 @@ mod tests {
                 .get(&PRIORITY)
                 .map(|v| v.to_str().unwrap().to_string())
         };
-        let objective = OBJECTIVE.as_str();
+        let objective = "x-gateway-inference-objective";
         assert_eq!(
             tier_of(&[(objective, "realtime")]).as_deref(),
             Some("interactive")
