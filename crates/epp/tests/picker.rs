@@ -67,11 +67,11 @@ async fn bad_input_is_answered_by_the_picker_in_the_openai_shape() {
 
 #[tokio::test]
 async fn a_request_shed_for_load_is_429_with_the_gateways_code_and_retry_after() {
-    let s = start(1, instant(Flavor::Vllm), |settings, _| {
+    let s = start(1, instant(Flavor::Vllm), |c, _| {
         // One request admitted, then none for a long while; nothing waits.
-        settings.admission.max_concurrent_requests = 1;
-        settings.admission.rate_limit_tokens_per_second = Some(0.001);
-        settings.admission.queue_size = 0;
+        c.admission.max_concurrent = Some(1);
+        c.admission.request_rate = Some(0.001);
+        c.admission.queue = None;
     })
     .await;
     let mut plane = s.data_plane().await;
@@ -107,7 +107,7 @@ async fn the_data_planes_subset_hint_is_honoured() {
             .exchange_with(
                 &head,
                 Some(body.as_bytes()),
-                Some(subset_hint(&[only.clone()])),
+                Some(subset_hint(std::slice::from_ref(&only))),
             )
             .await;
         assert_eq!(

@@ -2,7 +2,9 @@
 //! full-duplex streamed mode, sends the request where the picker says with the headers and body
 //! the picker gave back, and streams the worker's answer through the picker to the "client"
 //! (the test). Black-box: only the picker's gRPC port and the engines' HTTP ports are used.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod envoy;
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,10 +20,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::value::Kind;
 use http_body_util::BodyExt;
-use sluice_epp::{EppSettings, Picker};
-use sluice_gateway::Settings;
+pub use sluice_epp::{EppSettings, Picker};
+pub use sluice_gateway::Config;
 pub use sluice_sim::testkit::*;
-pub use sluice_sim::{EngineConfig, Flavor, FleetConfig, SimFleet};
+pub use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, SimFleet};
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -54,19 +56,15 @@ pub struct Setup {
 pub async fn start(
     engines: usize,
     engine: EngineConfig,
-    tune: impl FnOnce(&mut Settings, &mut EppSettings),
+    tune: impl FnOnce(&mut Config, &mut EppSettings),
 ) -> Setup {
     let sims = SimFleet::start(FleetConfig::local(engines, engine))
         .await
         .unwrap();
-    let mut settings = Settings::defaults();
-    settings.port = 0;
-    settings.worker_urls = sims.urls();
+    let mut config = Config::local(&sims.urls());
     let mut epp = epp_settings();
-    tune(&mut settings, &mut epp);
-    let picker = Picker::start(settings.validate().unwrap(), &epp)
-        .await
-        .unwrap();
+    tune(&mut config, &mut epp);
+    let picker = Picker::start(config, &epp).await.unwrap();
     let s = Setup { sims, picker };
     s.until_ready(engines).await;
     s
@@ -514,4 +512,39 @@ pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> String {
         "stream": stream,
     })
     .to_string()
+}
+
+impl Setup {
+    /// The picker's `/workers` until worker `i`'s view satisfies `done`; on change notices.
+    pub async fn until_worker(
+        &self,
+        i: usize,
+        what: &str,
+        mut done: impl FnMut(&serde_json::Value) -> bool,
+    ) {
+        let gateway = self.picker.gateway();
+        let url = format!("{}/workers", gateway.url());
+        let http = client();
+        let mut changes = gateway.changes();
+        bounded(what, async {
+            loop {
+                changes.borrow_and_update();
+                let view = get(&http, &url).await.json();
+                if done(&view["workers"][i]) {
+                    return;
+                }
+                changes.changed().await.unwrap();
+            }
+        })
+        .await;
+    }
+
+    /// Requests each engine has received.
+    pub fn received(&self) -> Vec<u64> {
+        self.sims
+            .engines()
+            .iter()
+            .map(|e| e.state().requests_received)
+            .collect()
+    }
 }
