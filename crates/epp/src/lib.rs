@@ -19,7 +19,9 @@
 //! - `objective` — InferenceObjective priorities onto the tiers.
 //! - `health` — the gRPC health service: liveness, readiness, the ext_proc service.
 //! - `tls` — the gRPC listeners' certificate: given, or made at start.
+//! - `deploy` — the Envoy configuration the picker runs behind, for tests and benchmarks.
 
+pub mod deploy;
 mod exchange;
 mod health;
 pub mod objective;

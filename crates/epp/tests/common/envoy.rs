@@ -35,41 +35,20 @@ fn binary() -> String {
     std::env::var("SLUICE_ENVOY").unwrap_or_else(|_| "envoy".to_string())
 }
 
-/// The repository's configuration for `route`, listening on `port`, its admin on `admin`.
-fn config(route: Route, port: u16, admin: u16) -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/envoy-epp.yaml");
-    let mut text = std::fs::read_to_string(path).unwrap();
-    let picker = route.picker.port();
-    for (from, to) in [
-        ("port_value: 19000", format!("port_value: {admin}")),
-        ("port_value: 8081", format!("port_value: {port}")),
-        ("port_value: 9002", format!("port_value: {picker}")),
-        ("localhost:9002", format!("localhost:{picker}")),
-    ] {
-        assert!(
-            text.contains(from),
-            "deploy/envoy-epp.yaml no longer has `{from}`"
-        );
-        text = text.replace(from, &to);
-    }
-    if route.failure_mode_allow {
-        text = text.replace("failure_mode_allow: false", "failure_mode_allow: true");
-    }
-    if !route.tls {
-        // The cluster's `transport_socket` block, to the end of its validation context.
-        let start = text.find("      transport_socket:").unwrap();
-        let end = text[start..].find("validation_context: {}\n").unwrap() + start;
-        text.replace_range(start..end + "validation_context: {}\n".len(), "");
-    }
-    text
-}
-
 impl Envoy {
     /// Envoy in front of the picker at `route`, once it serves.
     pub fn start(route: Route) -> Self {
         let (port, admin) = (free_port(), free_port());
         let path = std::env::temp_dir().join(format!("sluice-envoy-{port}.yaml"));
-        std::fs::write(&path, config(route, port, admin)).unwrap();
+        let yaml = sluice_epp::deploy::envoy_yaml(sluice_epp::deploy::EnvoyFront {
+            listen: port,
+            admin,
+            picker: route.picker.port(),
+            tls: route.tls,
+            failure_mode_allow: route.failure_mode_allow,
+        })
+        .unwrap();
+        std::fs::write(&path, yaml).unwrap();
         let mut child = Command::new(binary())
             .arg("-c")
             .arg(&path)
