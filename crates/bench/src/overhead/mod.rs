@@ -6,6 +6,7 @@
 //! divided by the requests it served is its cost per request. Both cores' busy shares are
 //! reported, so a reader can check which side set each figure.
 
+mod envoy;
 pub(crate) mod load;
 mod report;
 mod targets;

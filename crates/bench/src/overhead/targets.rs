@@ -3,7 +3,9 @@
 //! user's) is measured the same way.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use super::envoy;
 
 /// Where the load goes.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,6 +14,11 @@ pub enum Target {
     Direct,
     /// nginx as a plain keep-alive reverse proxy, unbuffered: what proxying alone costs here.
     Nginx,
+    /// Envoy as a plain round-robin proxy (`envoy::plain_config`).
+    Envoy { envoy: PathBuf },
+    /// Envoy in front of `sluice epp`, as `deploy/envoy-epp.yaml` sets it up: both processes
+    /// are the target (their CPU and memory are counted together).
+    EnvoyEpp { envoy: PathBuf, sluice: PathBuf },
     /// A gateway process started from a template.
     Gateway(Template),
 }
@@ -21,6 +28,8 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Nginx => "nginx",
+            Target::Envoy { .. } => "envoy",
+            Target::EnvoyEpp { .. } => "envoy-epp",
             Target::Gateway(t) => &t.name,
         }
     }
@@ -54,8 +63,54 @@ impl Target {
                 argv.push(config.display().to_string());
                 Ok(Some(argv))
             }
+            Target::Envoy { envoy } => {
+                let admin = spare_ports(1)?;
+                let config = dir.join("envoy-plain.yaml");
+                std::fs::write(&config, envoy::plain_config(port, admin, engines))?;
+                Ok(Some(envoy::argv(envoy, &config)))
+            }
+            Target::EnvoyEpp { envoy, sluice } => {
+                epp_command(port, engines, dir, envoy, sluice).map(Some)
+            }
         }
     }
+}
+
+/// Free loopback ports beside the target's own: `n` in a row, the first returned.
+fn spare_ports(n: u16) -> std::io::Result<u16> {
+    super::free_ports(n).map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+/// `sluice epp` (its HTTP port, gRPC port and health port in a row) and, in the same process
+/// tree, Envoy in front of it on `port`: one shell that starts the picker and becomes Envoy.
+fn epp_command(
+    port: u16,
+    engines: &[SocketAddr],
+    dir: &Path,
+    envoy: &Path,
+    sluice: &Path,
+) -> std::io::Result<Vec<String>> {
+    let base = spare_ports(4)?;
+    let (http, grpc, health, admin) = (base, base + 1, base + 2, base + 3);
+    let yaml = sluice_epp::deploy::envoy_yaml(sluice_epp::deploy::EnvoyFront {
+        listen: port,
+        admin,
+        picker: grpc,
+        tls: true,
+        failure_mode_allow: false,
+    })
+    .map_err(std::io::Error::other)?;
+    let config = dir.join("envoy-epp.yaml");
+    std::fs::write(&config, yaml)?;
+    let workers: Vec<String> = engines.iter().map(|a| format!("http://{a}")).collect();
+    let picker = format!(
+        "{} epp --host 127.0.0.1 --port {http} --grpc-port {grpc} --grpc-health-port {health} \
+         --log-level warn --policy round_robin --worker-urls {}",
+        sluice.display(),
+        workers.join(" ")
+    );
+    let script = format!("{picker} & exec {}", envoy::argv(envoy, &config).join(" "));
+    Ok(vec!["sh".into(), "-c".into(), script])
 }
 
 /// One worker process, keep-alive to the engines, no buffering (SSE passes as it comes), no
@@ -104,10 +159,12 @@ pub enum TemplateError {
     Shape(String),
     #[error("--gateway {0:?}: the command must contain {{port}} and {{workers}}")]
     Placeholders(String),
-    #[error("unknown target {0:?}: built in are direct, nginx, sluice, sluice-cache-aware and smg, or define it with --gateway NAME=COMMAND")]
+    #[error("unknown target {0:?}: built in are direct, nginx, envoy, envoy-epp, sluice, sluice-cache-aware and smg, or define it with --gateway NAME=COMMAND")]
     Unknown(String),
     #[error("target {0} needs `{0}` on the PATH ({1})")]
     Missing(&'static str, &'static str),
+    #[error(transparent)]
+    Envoy(#[from] envoy::EnvoyError),
 }
 
 impl Template {
@@ -198,6 +255,18 @@ pub fn resolve(
         if smg_here {
             all.push(Target::Gateway(smg()));
         }
+        if on_path("envoy") {
+            let envoy = PathBuf::from("envoy");
+            all.extend([
+                Target::Envoy {
+                    envoy: envoy.clone(),
+                },
+                Target::EnvoyEpp {
+                    envoy,
+                    sluice: exe.into(),
+                },
+            ]);
+        }
         all.extend(custom.iter().cloned().map(Target::Gateway));
         return Ok(all);
     }
@@ -217,6 +286,13 @@ pub fn resolve(
                 "sluice-cache-aware" => Ok(Target::Gateway(sluice("sluice-cache-aware", exe, &[]))),
                 "smg" if smg_here => Ok(Target::Gateway(smg())),
                 "smg" => Err(TemplateError::Missing("smg", "pip install smg==1.13.0")),
+                "envoy" => Ok(Target::Envoy {
+                    envoy: envoy::binary()?,
+                }),
+                "envoy-epp" => Ok(Target::EnvoyEpp {
+                    envoy: envoy::binary()?,
+                    sluice: exe.into(),
+                }),
                 "nginx" if nginx_here => Ok(Target::Nginx),
                 "nginx" => Err(TemplateError::Missing(
                     "nginx",
