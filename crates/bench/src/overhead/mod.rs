@@ -6,7 +6,7 @@
 //! divided by the requests it served is its cost per request. Both cores' busy shares are
 //! reported, so a reader can check which side set each figure.
 
-mod envoy;
+pub mod envoy;
 pub(crate) mod load;
 mod report;
 mod targets;
@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 pub use report::{Layout, Load, OverheadReport, Row};
 pub use targets::{
-    on_path, resolve, sluice as sluice_template, smg as smg_template, Target, Template,
-    TemplateError,
+    envoy_plain, on_path, resolve, sluice as sluice_template, sluice_epp as sluice_epp_template,
+    smg as smg_template, Launcher, Target, Template, TemplateError,
 };
 
 use crate::procs::{self, CoreTimes, Launch, Proc, ProcError};

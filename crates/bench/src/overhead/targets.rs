@@ -14,11 +14,6 @@ pub enum Target {
     Direct,
     /// nginx as a plain keep-alive reverse proxy, unbuffered: what proxying alone costs here.
     Nginx,
-    /// Envoy as a plain round-robin proxy (`envoy::plain_config`).
-    Envoy { envoy: PathBuf },
-    /// Envoy in front of `sluice epp`, as `deploy/envoy-epp.yaml` sets it up: both processes
-    /// are the target (their CPU and memory are counted together).
-    EnvoyEpp { envoy: PathBuf, sluice: PathBuf },
     /// A gateway process started from a template.
     Gateway(Template),
 }
@@ -28,8 +23,6 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Nginx => "nginx",
-            Target::Envoy { .. } => "envoy",
-            Target::EnvoyEpp { .. } => "envoy-epp",
             Target::Gateway(t) => &t.name,
         }
     }
@@ -46,7 +39,7 @@ impl Target {
             Target::Direct => Ok(None),
             Target::Gateway(template) => {
                 let workers: Vec<String> = engines.iter().map(|a| format!("http://{a}")).collect();
-                Ok(Some(template.render(port, &workers)))
+                template.launch(port, &workers, dir).map(Some)
             }
             Target::Nginx => {
                 let config = dir.join("nginx.conf");
@@ -63,15 +56,6 @@ impl Target {
                 argv.push(config.display().to_string());
                 Ok(Some(argv))
             }
-            Target::Envoy { envoy } => {
-                let admin = spare_ports(1)?;
-                let config = dir.join("envoy-plain.yaml");
-                std::fs::write(&config, envoy::plain_config(port, admin, engines))?;
-                Ok(Some(envoy::argv(envoy, &config)))
-            }
-            Target::EnvoyEpp { envoy, sluice } => {
-                epp_command(port, engines, dir, envoy, sluice).map(Some)
-            }
         }
     }
 }
@@ -81,37 +65,16 @@ fn spare_ports(n: u16) -> std::io::Result<u16> {
     super::free_ports(n).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
-/// `sluice epp` (its HTTP port, gRPC port and health port in a row) and, in the same process
-/// tree, Envoy in front of it on `port`: one shell that starts the picker and becomes Envoy.
-fn epp_command(
-    port: u16,
-    engines: &[SocketAddr],
-    dir: &Path,
-    envoy: &Path,
-    sluice: &Path,
-) -> std::io::Result<Vec<String>> {
-    let base = spare_ports(4)?;
-    let (http, grpc, health, admin) = (base, base + 1, base + 2, base + 3);
-    let yaml = sluice_epp::deploy::envoy_yaml(sluice_epp::deploy::EnvoyFront {
-        listen: port,
-        admin,
-        picker: grpc,
-        tls: true,
-        failure_mode_allow: false,
-    })
-    .map_err(std::io::Error::other)?;
-    let config = dir.join("envoy-epp.yaml");
-    std::fs::write(&config, yaml)?;
-    let workers: Vec<String> = engines.iter().map(|a| format!("http://{a}")).collect();
-    let picker = format!(
-        "{} epp --host 127.0.0.1 --port {http} --grpc-port {grpc} --grpc-health-port {health} \
-         --log-level warn --policy round_robin --worker-urls {}",
-        sluice.display(),
-        workers.join(" ")
-    );
-    let script = format!("{picker} & exec {}", envoy::argv(envoy, &config).join(" "));
-    Ok(vec!["sh".into(), "-c".into(), script])
+/// `argv` as one line for `sh`, each word quoted.
+fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
+
+/// `sluice` as the overhead benchmark runs it: round robin, like the plain proxies.
+const ROUND_ROBIN: [&str; 2] = ["--policy", "round_robin"];
 
 /// One worker process, keep-alive to the engines, no buffering (SSE passes as it comes), no
 /// access log: the cheapest honest proxy configuration.
@@ -150,6 +113,21 @@ fn nginx_config(port: u16, engines: &[SocketAddr], dir: &Path) -> String {
 pub struct Template {
     pub name: String,
     pub argv: Vec<String>,
+    pub launcher: Launcher,
+}
+
+/// How a template's command becomes a running gateway.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Launcher {
+    /// The command itself.
+    Command,
+    /// Envoy as a plain round-robin proxy over the workers (`envoy::plain_config`; no command).
+    Envoy { envoy: PathBuf },
+    /// The command is a `sluice epp`, started with its gRPC ports, with Envoy in front of it on
+    /// the port, as `deploy/envoy-epp.yaml` sets it up. One shell starts the picker and becomes
+    /// Envoy, so both are one process tree: stopped together, their CPU and memory counted
+    /// together.
+    EnvoyPicker { envoy: PathBuf },
 }
 
 /// Why a `--gateway NAME=COMMAND` could not be used.
@@ -182,7 +160,68 @@ impl Template {
         Ok(Self {
             name: name.trim().into(),
             argv,
+            launcher: Launcher::Command,
         })
+    }
+
+    /// The command line that starts it on `port` before `workers`, writing any file it needs
+    /// into `dir`.
+    pub fn launch(
+        &self,
+        port: u16,
+        workers: &[String],
+        dir: &Path,
+    ) -> std::io::Result<Vec<String>> {
+        match &self.launcher {
+            Launcher::Command => Ok(self.render(port, workers)),
+            Launcher::Envoy { envoy } => {
+                let engines: Vec<SocketAddr> = workers
+                    .iter()
+                    .filter_map(|w| w.trim_start_matches("http://").parse().ok())
+                    .collect();
+                let admin = spare_ports(1)?;
+                let config = dir.join(format!("{}.yaml", self.name));
+                std::fs::write(&config, envoy::plain_config(port, admin, &engines))?;
+                Ok(envoy::argv(envoy, &config))
+            }
+            Launcher::EnvoyPicker { envoy } => self.picker_behind_envoy(port, workers, dir, envoy),
+        }
+    }
+
+    /// `sluice epp` (its HTTP, gRPC and health ports in a row) and Envoy in front of it on
+    /// `port`: one shell that starts the picker and becomes Envoy.
+    fn picker_behind_envoy(
+        &self,
+        port: u16,
+        workers: &[String],
+        dir: &Path,
+        envoy: &Path,
+    ) -> std::io::Result<Vec<String>> {
+        let base = spare_ports(4)?;
+        let (http, grpc, health, admin) = (base, base + 1, base + 2, base + 3);
+        let mut picker = self.render(http, workers);
+        picker.extend([
+            "--grpc-port".into(),
+            grpc.to_string(),
+            "--grpc-health-port".into(),
+            health.to_string(),
+        ]);
+        let yaml = sluice_epp::deploy::envoy_yaml(sluice_epp::deploy::EnvoyFront {
+            listen: port,
+            admin,
+            picker: grpc,
+            tls: true,
+            failure_mode_allow: false,
+        })
+        .map_err(std::io::Error::other)?;
+        let config = dir.join(format!("{}.yaml", self.name));
+        std::fs::write(&config, yaml)?;
+        let script = format!(
+            "{} & exec {}",
+            shell_words(&picker),
+            shell_words(&envoy::argv(envoy, &config))
+        );
+        Ok(vec!["sh".into(), "-c".into(), script])
     }
 
     /// The command line for one run.
@@ -215,6 +254,24 @@ pub fn sluice(name: &str, exe: &Path, extra: &[&str]) -> Template {
     Template {
         name: name.into(),
         argv,
+        launcher: Launcher::Command,
+    }
+}
+
+/// `sluice epp` with `extra` flags behind Envoy, as `deploy/envoy-epp.yaml` sets it up.
+pub fn sluice_epp(name: &str, exe: &Path, extra: &[&str], envoy: PathBuf) -> Template {
+    let mut template = sluice(name, exe, extra);
+    template.argv[1] = "epp".into();
+    template.launcher = Launcher::EnvoyPicker { envoy };
+    template
+}
+
+/// Envoy alone, round robin over the engines: the plain-proxy floor of the `sluice epp` setup.
+pub fn envoy_plain(envoy: PathBuf) -> Template {
+    Template {
+        name: "envoy".into(),
+        argv: Vec::new(),
+        launcher: Launcher::Envoy { envoy },
     }
 }
 
@@ -225,6 +282,7 @@ pub fn smg() -> Template {
     Template {
         name: "smg".into(),
         argv: argv.split_whitespace().map(String::from).collect(),
+        launcher: Launcher::Command,
     }
 }
 
@@ -255,16 +313,10 @@ pub fn resolve(
         if smg_here {
             all.push(Target::Gateway(smg()));
         }
-        if on_path("envoy") {
-            let envoy = PathBuf::from("envoy");
+        if let Some(envoy) = envoy::installed() {
             all.extend([
-                Target::Envoy {
-                    envoy: envoy.clone(),
-                },
-                Target::EnvoyEpp {
-                    envoy,
-                    sluice: exe.into(),
-                },
+                Target::Gateway(envoy_plain(envoy.clone())),
+                Target::Gateway(sluice_epp("envoy-epp", exe, &ROUND_ROBIN, envoy)),
             ]);
         }
         all.extend(custom.iter().cloned().map(Target::Gateway));
@@ -286,13 +338,13 @@ pub fn resolve(
                 "sluice-cache-aware" => Ok(Target::Gateway(sluice("sluice-cache-aware", exe, &[]))),
                 "smg" if smg_here => Ok(Target::Gateway(smg())),
                 "smg" => Err(TemplateError::Missing("smg", "pip install smg==1.13.0")),
-                "envoy" => Ok(Target::Envoy {
-                    envoy: envoy::binary()?,
-                }),
-                "envoy-epp" => Ok(Target::EnvoyEpp {
-                    envoy: envoy::binary()?,
-                    sluice: exe.into(),
-                }),
+                "envoy" => Ok(Target::Gateway(envoy_plain(envoy::binary()?))),
+                "envoy-epp" => Ok(Target::Gateway(sluice_epp(
+                    "envoy-epp",
+                    exe,
+                    &ROUND_ROBIN,
+                    envoy::binary()?,
+                ))),
                 "nginx" if nginx_here => Ok(Target::Nginx),
                 "nginx" => Err(TemplateError::Missing(
                     "nginx",
@@ -362,6 +414,43 @@ mod tests {
             assert!(config.contains(line), "{line} missing from:\n{config}");
         }
         assert_eq!(config.matches('{').count(), config.matches('}').count());
+    }
+
+    #[test]
+    fn the_picker_and_envoy_start_as_one_tree_with_envoy_in_front() {
+        let dir = std::env::temp_dir().join(format!("sluice-launch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = sluice_epp(
+            "envoy-epp",
+            Path::new("/opt/my sluice"),
+            &ROUND_ROBIN,
+            "envoy".into(),
+        );
+        let workers = ["http://127.0.0.1:8001".to_string()];
+        let argv = t.launch(9000, &workers, &dir).unwrap();
+        assert_eq!(argv[..2], ["sh", "-c"]);
+        let script = &argv[2];
+        assert!(
+            script.starts_with("'/opt/my sluice' 'epp' '--host' '127.0.0.1' '--port'"),
+            "{script}"
+        );
+        assert!(
+            script.contains("'--worker-urls' 'http://127.0.0.1:8001' '--grpc-port'"),
+            "{script}"
+        );
+        assert!(script.contains(" & exec 'envoy' '-c'"), "{script}");
+        let yaml = std::fs::read_to_string(dir.join("envoy-epp.yaml")).unwrap();
+        assert!(
+            yaml.contains("port_value: 9000 }"),
+            "Envoy listens on the target's port"
+        );
+        let plain = envoy_plain("envoy".into())
+            .launch(9000, &workers, &dir)
+            .unwrap();
+        assert_eq!(plain[0], "envoy");
+        let yaml = std::fs::read_to_string(dir.join("envoy.yaml")).unwrap();
+        assert!(yaml.contains("port_value: 8001 }"), "{yaml}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -229,6 +229,24 @@ pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     configs
 }
 
+/// Envoy in the scenario: `envoy`, a plain round-robin Envoy, and `envoy-epp`, Envoy in front
+/// of `sluice epp` with the same flags as `sluice` (the defaults, the scenario's load poll and
+/// its queue timers in engine time).
+pub fn envoy_configs(exe: &Path, time_scale: f64, envoy: PathBuf) -> Vec<Template> {
+    let mut flags = vec![
+        "--log-level".to_string(),
+        "warn".to_string(),
+        "--load-monitor-interval".to_string(),
+        load_poll(time_scale),
+    ];
+    flags.extend(queue_timers(time_scale));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    vec![
+        crate::overhead::envoy_plain(envoy.clone()),
+        crate::overhead::sluice_epp_template("envoy-epp", exe, &flags, envoy),
+    ]
+}
+
 /// sluice with `extra` flags, logging only warnings: a log line per veto is kept, one per
 /// request is not.
 pub fn quiet_sluice(name: &str, exe: &Path, extra: &[&str]) -> Template {
@@ -277,7 +295,13 @@ impl Gateway {
         out_dir: &Path,
     ) -> Result<Self, ScenarioError> {
         let port = free_ports(1)?;
-        let argv = template.render(port, workers);
+        let argv =
+            template
+                .launch(port, workers, out_dir)
+                .map_err(|source| ScenarioError::Write {
+                    path: out_dir.into(),
+                    source,
+                })?;
         let mut proc = Proc::spawn(Launch {
             name: &template.name,
             argv: &argv,
