@@ -1,5 +1,6 @@
-//! `sluice`: the one binary. `sluice serve` runs the gateway; `sluice sim` runs simulated
-//! engines; `sluice bench` measures them; `sluice demo` runs them all together, on one page.
+//! `sluice`: the one binary. `sluice serve` runs the gateway; `sluice epp` runs it as a Gateway
+//! API endpoint picker behind Envoy; `sluice sim` runs simulated engines; `sluice bench`
+//! measures them; `sluice demo` runs them all together, on one page.
 
 mod demo;
 mod epp;

@@ -16,13 +16,17 @@
 //!
 //! - `front` — the OpenAI routes: draining, the API key, the content type, the body limit, the
 //!   JSON facts routing needs (`parse`); bad input ends here. It makes the request's context,
-//!   runs the stages and writes the body the worker gets. Also `/v1/models`.
+//!   runs the stages and writes the body the worker gets. Also `/v1/models`. `front::pick` is
+//!   the same path for a data plane that sends requests itself (`sluice epp`): it ends in a
+//!   worker handed over (`forward::Handover`), and the answer the data plane streams back is
+//!   relayed as a worker's.
 //! - `admit` — whether a request goes on, where and when: tenants, tiers, deadlines, budgets and
 //!   caps, the degradation ladder (`admit::degrade`), and placement — the pool (with the
 //!   ladder's cascade), feasibility, the gateway queue, the pool found again after a wait. Its
 //!   answer is one `route::Placement`, carrying the queue's turn.
 //! - `forward` — consumes the placement: the worker for each attempt, safe retries with backoff
-//!   and a budget, every outcome into the worker's breaker.
+//!   and a budget, every outcome into the worker's breaker; or, for a data plane, one worker
+//!   leased and handed over (`forward::handover`).
 //! - `stream` — the response relayed frame by frame, timed, with the mid-stream failure and
 //!   client-disconnect endings.
 //! - `route` — the chooser below the stages: the model's pool, the candidates a request could
