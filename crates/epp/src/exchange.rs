@@ -117,9 +117,16 @@ pub(crate) async fn run(
 }
 
 impl Pump {
-    /// Hands on what the data plane sends until it closes or resets the stream.
+    /// Hands on what the data plane sends until it resets the stream, or closes its side
+    /// before the worker's answer has all come: then the exchange is over. A data plane that
+    /// closes its side once it has sent everything is still answered to the end.
     async fn run(mut self) {
-        while let Ok(Some(message)) = self.inbound.message().await {
+        loop {
+            let message = match self.inbound.message().await {
+                Ok(Some(message)) => message,
+                Ok(None) if self.sent_everything() => return std::future::pending().await,
+                Ok(None) | Err(_) => return,
+            };
             let Some(request) = message.request else {
                 continue;
             };
@@ -155,6 +162,11 @@ impl Pump {
                 processing_request::Request::RequestHeaders(_) => {}
             }
         }
+    }
+
+    /// The worker's answer has all come (its head, and its body's end).
+    fn sent_everything(&self) -> bool {
+        self.response_head.is_none() && self.response_body.is_none()
     }
 }
 

@@ -13,8 +13,7 @@ async fn a_stream_goes_to_a_ready_worker_and_comes_back_through_the_picker() {
     let s = start(2, instant(Flavor::Vllm), |_, _| {}).await;
     let mut plane = s.data_plane().await;
     let answer = plane
-        .post(
-            "/v1/chat/completions",
+        .chat(
             &chat_body("hello", 4, true),
             &[
                 ("authorization", "Bearer client-secret"),
@@ -52,7 +51,7 @@ async fn a_stream_goes_to_a_ready_worker_and_comes_back_through_the_picker() {
 async fn bad_input_is_answered_by_the_picker_in_the_openai_shape() {
     let s = start(1, instant(Flavor::Vllm), |_, _| {}).await;
     let mut plane = s.data_plane().await;
-    let answer = plane.post("/v1/chat/completions", "{not json", &[]).await;
+    let answer = plane.chat("{not json", &[]).await;
     assert_eq!(answer.decision, Decision::Immediate);
     assert_eq!(answer.status, 400);
     assert_eq!(answer.code(), Some("invalid_json"));
@@ -75,13 +74,9 @@ async fn a_request_shed_for_load_is_429_with_the_gateways_code_and_retry_after()
     })
     .await;
     let mut plane = s.data_plane().await;
-    let first = plane
-        .post("/v1/chat/completions", &chat_body("one", 2, false), &[])
-        .await;
+    let first = plane.chat(&chat_body("one", 2, false), &[]).await;
     assert_eq!(first.status, 200);
-    let shed = plane
-        .post("/v1/chat/completions", &chat_body("two", 2, false), &[])
-        .await;
+    let shed = plane.chat(&chat_body("two", 2, false), &[]).await;
     assert_eq!(shed.decision, Decision::Immediate);
     assert_eq!(
         shed.status, 429,
@@ -134,8 +129,7 @@ async fn an_inference_objectives_priority_sets_the_tier() {
     .await;
     let mut plane = s.data_plane().await;
     let answer = plane
-        .post(
-            "/v1/chat/completions",
+        .chat(
             &chat_body("later", 2, true),
             &[("x-gateway-inference-objective", "batch-sheddable")],
         )
@@ -147,4 +141,53 @@ async fn an_inference_objectives_priority_sets_the_tier() {
             .any(|l| l.starts_with("sluice_slo_attained_total{tier=\"batch\"} 1")),
         "served as batch: {text}"
     );
+}
+
+#[tokio::test]
+async fn a_body_the_gateway_changes_is_sent_back_changed_and_any_other_as_it_came() {
+    let s = start(1, instant(Flavor::Vllm), |_, _| {}).await;
+    let mut plane = s.data_plane().await;
+    // No model named: the one the fleet serves is spliced in, as sluice serve does.
+    let unnamed = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+    let answer = plane.chat(unnamed, &[]).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let sent: serde_json::Value = serde_json::from_slice(&answer.sent_body).unwrap();
+    assert_eq!(sent["model"], "test-model");
+    assert_eq!(
+        answer.sent_headers["content-length"],
+        answer.sent_body.len().to_string().as_str()
+    );
+    let named = chat_body("as it came", 2, false);
+    let answer = plane.chat(&named, &[]).await;
+    assert_eq!(answer.sent_body, named.as_bytes(), "byte for byte");
+}
+
+#[tokio::test]
+async fn a_deadline_that_cannot_be_met_is_answered_by_the_picker_and_one_that_runs_out_ends_the_stream(
+) {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |_, _| {}).await;
+    let mut plane = s.data_plane().await;
+    let gone = plane
+        .chat(
+            &chat_body("too late", 2, false),
+            &[("x-request-deadline-ms", "0")],
+        )
+        .await;
+    assert_eq!(gone.decision, Decision::Immediate);
+    assert_eq!(gone.status, 504);
+    assert_eq!(gone.code(), Some("deadline_exceeded"));
+    assert_eq!(s.received(), [0], "it never reached the engine");
+
+    // A long answer with 1.5 s to live: cut by the picker with the client's reason, no [DONE].
+    let cut = plane
+        .chat(
+            &chat_body("a long answer", 4000, true),
+            &[("x-request-deadline-ms", "1500")],
+        )
+        .await;
+    assert_eq!(cut.status, 200);
+    let events = sse_events(&cut.text());
+    let last = events.last().unwrap();
+    assert!(last.contains("deadline_exceeded"), "{last}");
+    assert!(!events.iter().any(|e| e == "[DONE]"));
 }

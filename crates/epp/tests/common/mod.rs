@@ -117,6 +117,8 @@ pub struct Exchange {
     pub body: Bytes,
     /// The headers the worker received, when it was sent to one.
     pub sent_headers: http::HeaderMap,
+    /// The body the worker received.
+    pub sent_body: Bytes,
 }
 
 impl Exchange {
@@ -232,6 +234,11 @@ impl DataPlane {
         self.exchange(&all, Some(body.as_bytes())).await
     }
 
+    /// A chat completion through the picker.
+    pub async fn chat(&mut self, body: &str, headers: &[(&str, &str)]) -> Exchange {
+        self.post("/v1/chat/completions", body, headers).await
+    }
+
     /// One request through the picker and, when it says so, a worker.
     pub async fn exchange(&mut self, head: &[(&str, &str)], body: Option<&[u8]>) -> Exchange {
         self.exchange_with(head, body, None).await
@@ -293,6 +300,7 @@ impl DataPlane {
                     headers,
                     body: Bytes::from(immediate.body),
                     sent_headers: http::HeaderMap::new(),
+                    sent_body: Bytes::new(),
                 };
             }
             processing_response::Response::RequestHeaders(routed) => routed,
@@ -360,8 +368,9 @@ impl DataPlane {
                 request = request.header(name, value);
             }
         }
+        let sent_body = Bytes::from(body);
         let request = request
-            .body(http_body_util::Full::new(Bytes::from(body)))
+            .body(http_body_util::Full::new(sent_body.clone()))
             .unwrap();
         let response = self.http.request(request).await.unwrap();
         let (parts, mut worker_body) = response.into_parts();
@@ -391,7 +400,7 @@ impl DataPlane {
                     ..HttpBody::default()
                 }));
                 if tx.send(piece).await.is_err() {
-                    return tx;
+                    return;
                 }
             }
             let _ = tx
@@ -402,7 +411,9 @@ impl DataPlane {
                     },
                 )))
                 .await;
-            tx
+            // The data plane keeps its side open until the client's answer is over.
+            std::future::pending::<()>().await;
+            drop(tx);
         });
         let mut client_headers = parts.headers.clone();
         match next(&mut answers).await {
@@ -425,8 +436,9 @@ impl DataPlane {
                 other => panic!("expected the response body, got {other:?}"),
             }
         }
-        // The stream is over: the data plane closes its side.
-        drop(pump.await.unwrap());
+        // The client's answer is over (the picker may end it before the worker does, at a
+        // deadline): the data plane stops reading the worker and closes its side.
+        pump.abort();
         Exchange {
             decision: Decision::Routed {
                 endpoint: headers["x-gateway-destination-endpoint"]
@@ -438,6 +450,7 @@ impl DataPlane {
             headers: client_headers,
             body: Bytes::from(client_body),
             sent_headers: headers,
+            sent_body,
         }
     }
 }
