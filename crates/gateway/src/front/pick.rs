@@ -50,11 +50,6 @@ impl Picked {
         &self.handover.set_headers
     }
 
-    /// When the request's deadline passes (the gateway's request timeout, or the client's own).
-    pub fn deadline(&self) -> Instant {
-        self.ctx.admission.deadline
-    }
-
     /// The worker's answer as the data plane streams it: its head, then its body's frames from
     /// `frames` (`None` ends it). Returns the answer to pass on — the head cleaned and given the
     /// gateway's headers, the body relayed (an error event may be appended, as `sluice serve`
