@@ -120,42 +120,40 @@ fn parse() -> clap::ArgMatches {
     })
 }
 
+/// The gateway's settings for `sluice serve` or `sluice epp` (`command`), with logging started;
+/// `None` when `--print-config` printed them instead.
+fn gateway_settings(
+    matches: &clap::ArgMatches,
+    command: &str,
+) -> anyhow::Result<Option<sluice_gateway::Settings>> {
+    let Some(matches) = matches.subcommand_matches(command) else {
+        anyhow::bail!("{command}: no arguments");
+    };
+    let settings = serve::settings(matches)?;
+    if settings.print_config {
+        print!("{}", settings.to_toml()?);
+        return Ok(None);
+    }
+    init_tracing(
+        &settings.log_filter()?,
+        settings.log_json,
+        settings.log_dir.as_deref(),
+    )?;
+    Ok(Some(settings))
+}
+
 fn main() -> anyhow::Result<()> {
     let matches = parse();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Serve(_) => {
-            let Some(serve_matches) = matches.subcommand_matches("serve") else {
-                anyhow::bail!("serve: no arguments");
-            };
-            let settings = serve::settings(serve_matches)?;
-            if settings.print_config {
-                print!("{}", settings.to_toml()?);
-                return Ok(());
-            }
-            init_tracing(
-                &settings.log_filter()?,
-                settings.log_json,
-                settings.log_dir.as_deref(),
-            )?;
-            runtime()?.block_on(serve::run(settings))
-        }
-        Command::Epp(args) => {
-            let Some(epp_matches) = matches.subcommand_matches("epp") else {
-                anyhow::bail!("epp: no arguments");
-            };
-            let settings = serve::settings(epp_matches)?;
-            if settings.print_config {
-                print!("{}", settings.to_toml()?);
-                return Ok(());
-            }
-            init_tracing(
-                &settings.log_filter()?,
-                settings.log_json,
-                settings.log_dir.as_deref(),
-            )?;
-            runtime()?.block_on(epp::run(settings, args.epp))
-        }
+        Command::Serve(_) => match gateway_settings(&matches, "serve")? {
+            Some(settings) => runtime()?.block_on(serve::run(settings)),
+            None => Ok(()),
+        },
+        Command::Epp(args) => match gateway_settings(&matches, "epp")? {
+            Some(settings) => runtime()?.block_on(epp::run(settings, args.epp)),
+            None => Ok(()),
+        },
         Command::Demo(args) => {
             init_tracing("warn", false, None)?;
             runtime()?.block_on(demo::run(*args))

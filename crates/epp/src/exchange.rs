@@ -25,8 +25,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use http_body::Frame;
 use http_body_util::BodyExt;
-use sluice_gateway::forward::CLIENT_CREDENTIALS;
 use sluice_gateway::front::{self, Answered, Front, Picked};
+use sluice_gateway::http::CLIENT_CREDENTIALS;
 use sluice_gateway::upstream::UpstreamBody;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, Streaming};

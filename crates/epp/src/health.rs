@@ -4,7 +4,8 @@
 //! `liveness` is serving while the process answers. Every other name — `readiness`, the
 //! Inference Extension's `inference-extension`, the ext_proc service's own name, and the empty
 //! name (the whole server) — follows the gateway's `/readiness`: a worker a request could use, and
-//! not draining. It is set again whenever the fleet changes, never polled.
+//! not draining. It is looked at again whenever the fleet changes (never polled), and set when
+//! it changed.
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -50,7 +51,8 @@ impl Readiness {
             .set_service_status("liveness", ServingStatus::Serving)
             .await;
         let probes = gateway.probes().clone();
-        set(&reporter, probes.is_ready()).await;
+        let mut ready = probes.is_ready();
+        set(&reporter, ready).await;
         let mut changes = gateway.changes();
         let keeper = reporter.clone();
         tasks.spawn(async move {
@@ -64,7 +66,12 @@ impl Readiness {
                         if changed.is_err() {
                             return;
                         }
-                        set(&keeper, probes.is_ready()).await;
+                        // The fleet changes with every load report; readiness seldom.
+                        let now = probes.is_ready();
+                        if now != ready {
+                            ready = now;
+                            set(&keeper, ready).await;
+                        }
                     }
                     () = &mut stopping => return,
                 }

@@ -8,28 +8,17 @@
 //! given), so `--retry-*` do not apply. What a failed exchange looks like differs too: a
 //! connection the data plane could not make comes back as its own 503, judged as a worker's 503.
 
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::http::HeaderMap;
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::Dispatch;
-use crate::context::{RequestContext, DEADLINE};
+use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{Lease, Worker, AT_CAPACITY_VETO};
-use crate::http::REQUEST_ID;
 use crate::route::Placement;
 use crate::stream::{read_ahead, Answer};
 use crate::upstream::{UpstreamBody, UpstreamResponse};
-
-/// Headers a data plane must not pass from the client to the worker: the client's credentials
-/// (the worker gets its own key, or none).
-pub const CLIENT_CREDENTIALS: [HeaderName; 5] = [
-    header::AUTHORIZATION,
-    header::PROXY_AUTHORIZATION,
-    header::COOKIE,
-    HeaderName::from_static("x-api-key"),
-    HeaderName::from_static("api-key"),
-];
 
 /// A request placed and leased, for a data plane to send.
 #[derive(Debug)]
@@ -38,7 +27,8 @@ pub struct Handover {
     pub lease: Lease,
     /// What to send: the client's body, or the one the ladder or the model's name rewrote.
     pub body: Bytes,
-    /// Headers to set on the way to the worker; `CLIENT_CREDENTIALS` are to be removed first.
+    /// Headers to set on the way to the worker; `http::CLIENT_CREDENTIALS` are to be removed
+    /// first.
     pub set_headers: HeaderMap,
     /// When the worker was handed over (time to first byte counts from here).
     pub sent_at: Instant,
@@ -91,7 +81,13 @@ impl Dispatch for ToDataPlane<'_> {
         if request.stream {
             lease.streaming();
         }
-        let set_headers = upstream_headers(ctx, &lease);
+        let mut set_headers = HeaderMap::new();
+        super::add_worker_headers(
+            &mut set_headers,
+            &ctx.id,
+            ctx.admission.client_deadline,
+            lease.worker(),
+        );
         Ok(Handover {
             lease,
             body: body.clone(),
@@ -99,21 +95,6 @@ impl Dispatch for ToDataPlane<'_> {
             sent_at: Instant::now(),
         })
     }
-}
-
-/// What the worker gets on top of the client's headers: the request id, what is left of the
-/// client's deadline (so the engine can drop it in time too), the worker's own key.
-fn upstream_headers(ctx: &RequestContext, lease: &Lease) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(REQUEST_ID, ctx.id.clone());
-    if let Some(due) = ctx.admission.client_deadline {
-        let left = due.saturating_duration_since(Instant::now()).as_millis() as u64;
-        headers.insert(DEADLINE, HeaderValue::from(left));
-    }
-    if let Some(auth) = &lease.worker().live().authorization {
-        headers.insert(header::AUTHORIZATION, auth.clone());
-    }
-    headers
 }
 
 impl Handover {

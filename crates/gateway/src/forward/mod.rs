@@ -39,8 +39,8 @@ use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 mod handover;
 mod pd;
 
+pub use handover::Handover;
 pub(crate) use handover::ToDataPlane;
-pub use handover::{Handover, CLIENT_CREDENTIALS};
 pub use pd::PdConfig;
 
 /// Where a placed request goes: sent on to its worker (`Forwarder`, `sluice serve`), or handed to
@@ -470,14 +470,24 @@ fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
     }
     let headers = request.headers_mut();
     copy_request_headers(&at.job.parts.headers, headers);
-    headers.insert(REQUEST_ID, at.request_id.clone());
-    if let Some(due) = at.client_deadline {
-        // What is left of the client's budget, so the engine can drop it in time too.
+    add_worker_headers(headers, at.request_id, at.client_deadline, worker);
+    request
+}
+
+/// What a worker gets from the gateway on top of the client's headers: the request id, what is
+/// left of the client's deadline (so the engine can drop it in time too), the worker's own key.
+fn add_worker_headers(
+    headers: &mut axum::http::HeaderMap,
+    request_id: &HeaderValue,
+    client_deadline: Option<Instant>,
+    worker: &crate::fleet::Worker,
+) {
+    headers.insert(REQUEST_ID, request_id.clone());
+    if let Some(due) = client_deadline {
         let left = due.saturating_duration_since(Instant::now()).as_millis() as u64;
         headers.insert(DEADLINE, HeaderValue::from(left));
     }
     if let Some(auth) = &worker.live().authorization {
         headers.insert(axum::http::header::AUTHORIZATION, auth.clone());
     }
-    request
 }

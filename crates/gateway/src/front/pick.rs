@@ -45,7 +45,7 @@ impl Picked {
         &self.handover.body
     }
 
-    /// Headers to set on the way to the worker (after removing `forward::CLIENT_CREDENTIALS`).
+    /// Headers to set on the way to the worker (after removing `http::CLIENT_CREDENTIALS`).
     pub fn upstream_headers(&self) -> &HeaderMap {
         &self.handover.set_headers
     }

@@ -22,18 +22,18 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-/// Headers that carry the client's credentials or are the client's business alone. The length is
-/// set again from the body actually sent.
-const CLIENT_ONLY: [HeaderName; 8] = [
-    header::HOST,
-    header::CONTENT_LENGTH,
+/// The client's credentials: never sent to a worker (it gets its own key, or none).
+pub const CLIENT_CREDENTIALS: [HeaderName; 5] = [
     header::AUTHORIZATION,
     header::PROXY_AUTHORIZATION,
     header::COOKIE,
     HeaderName::from_static("x-api-key"),
     HeaderName::from_static("api-key"),
-    header::EXPECT,
 ];
+
+/// Other headers that are the client's business alone. The length is set again from the body
+/// actually sent.
+const CLIENT_ONLY: [HeaderName; 3] = [header::HOST, header::CONTENT_LENGTH, header::EXPECT];
 
 /// Headers named in `Connection` are hop-by-hop too.
 fn named_in_connection(headers: &HeaderMap, name: &HeaderName) -> bool {
@@ -51,6 +51,7 @@ pub fn copy_request_headers(from: &HeaderMap, to: &mut HeaderMap) {
     for (name, value) in from {
         if HOP_BY_HOP.contains(name)
             || CLIENT_ONLY.contains(name)
+            || CLIENT_CREDENTIALS.contains(name)
             || *name == REQUEST_ID
             || (has_connection && named_in_connection(from, name))
         {

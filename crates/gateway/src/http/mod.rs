@@ -15,7 +15,9 @@ mod woken;
 
 pub use auth::{ControlPlaneKey, ControlPlaneKeyError, KeyOwner, Keys};
 pub use body::{declared_length, discard, read_body, BodyLimits, Buffered};
-pub use headers::{clean_response_headers, copy_request_headers, is_event_stream};
+pub use headers::{
+    clean_response_headers, copy_request_headers, is_event_stream, CLIENT_CREDENTIALS,
+};
 pub use request_id::{accept_or_make as request_id, REQUEST_ID};
 pub use server::{serve, stopped, Limits};
 pub use woken::OnWake;
