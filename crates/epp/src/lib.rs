@@ -120,7 +120,13 @@ impl ExternalProcessor for ExtProc {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let (out, answers) = mpsc::channel(exchange::ANSWERS);
-        tokio::spawn(exchange::run(self.0.clone(), request.into_inner(), out));
+        // Boxed: the exchange's state is kilobytes, and a task's future is moved whole as the
+        // task starts and ends; a pointer moves for free.
+        tokio::spawn(Box::pin(exchange::run(
+            self.0.clone(),
+            request.into_inner(),
+            out,
+        )));
         Ok(Response::new(ReceiverStream::new(answers)))
     }
 }
