@@ -120,38 +120,60 @@ fn parse() -> clap::ArgMatches {
     })
 }
 
-/// The gateway's settings for `sluice serve` or `sluice epp` (`command`), with logging started;
-/// `None` when `--print-config` printed them instead.
-fn gateway_settings(
-    matches: &clap::ArgMatches,
+/// `command`'s own arguments.
+fn subcommand<'a>(
+    matches: &'a clap::ArgMatches,
     command: &str,
-) -> anyhow::Result<Option<sluice_gateway::Settings>> {
-    let Some(matches) = matches.subcommand_matches(command) else {
-        anyhow::bail!("{command}: no arguments");
-    };
-    let settings = serve::settings(matches)?;
+) -> anyhow::Result<&'a clap::ArgMatches> {
+    matches
+        .subcommand_matches(command)
+        .ok_or_else(|| anyhow::anyhow!("{command}: no arguments"))
+}
+
+/// `sluice serve`'s settings, with logging started; `None` when `--print-config` printed them
+/// instead.
+fn serve_settings(matches: &clap::ArgMatches) -> anyhow::Result<Option<sluice_gateway::Settings>> {
+    let settings = serve::settings(subcommand(matches, "serve")?)?;
     if settings.print_config {
         print!("{}", settings.to_toml()?);
         return Ok(None);
     }
+    start_logging(&settings)?;
+    Ok(Some(settings))
+}
+
+/// `sluice epp`'s settings (the gateway's and the picker's own, from the same flags and file),
+/// with logging started; `None` when `--print-config` printed them instead.
+fn epp_settings(
+    matches: &clap::ArgMatches,
+) -> anyhow::Result<Option<(sluice_gateway::Settings, sluice_epp::EppSettings)>> {
+    let (settings, epp) = sluice_gateway::config::load_with(subcommand(matches, "epp")?)?;
+    if settings.print_config {
+        print!("{}", settings.to_toml_with(&epp)?);
+        return Ok(None);
+    }
+    start_logging(&settings)?;
+    Ok(Some((settings, epp)))
+}
+
+fn start_logging(settings: &sluice_gateway::Settings) -> anyhow::Result<()> {
     init_tracing(
         &settings.log_filter()?,
         settings.log_json,
         settings.log_dir.as_deref(),
-    )?;
-    Ok(Some(settings))
+    )
 }
 
 fn main() -> anyhow::Result<()> {
     let matches = parse();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Serve(_) => match gateway_settings(&matches, "serve")? {
+        Command::Serve(_) => match serve_settings(&matches)? {
             Some(settings) => runtime()?.block_on(serve::run(settings)),
             None => Ok(()),
         },
-        Command::Epp(args) => match gateway_settings(&matches, "epp")? {
-            Some(settings) => runtime()?.block_on(epp::run(settings, args.epp)),
+        Command::Epp(_) => match epp_settings(&matches)? {
+            Some((settings, epp)) => runtime()?.block_on(epp::run(settings, epp)),
             None => Ok(()),
         },
         Command::Demo(args) => {

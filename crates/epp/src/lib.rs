@@ -48,8 +48,10 @@ use tracing::{info, warn};
 pub use objective::{ObjectiveSpecError, Objectives};
 
 /// What `sluice epp` adds to `sluice serve`'s settings (names and defaults as the Inference
-/// Extension's reference picker has them).
-#[derive(Debug, Clone, clap::Args)]
+/// Extension's reference picker has them). The same keys in `--config`'s file, snake_case, as
+/// for `sluice serve`'s settings.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EppSettings {
     /// The port the data plane's ext_proc filter calls (on --host).
     #[arg(long, default_value_t = 9002)]
@@ -80,6 +82,7 @@ pub struct EppSettings {
     /// mounted as files). Unset: a self-signed certificate made at start.
     #[arg(long, value_name = "DIR")]
     #[arg(help_heading = "Endpoint picker")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cert_path: Option<PathBuf>,
 
     /// An InferenceObjective's priority, `NAME=PRIORITY` (repeatable): a request naming it in
@@ -264,5 +267,61 @@ async fn serve(
         .await
     {
         warn!(error = %e, listener = what, "gRPC listener stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+    use sluice_gateway::Settings;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+        #[command(flatten)]
+        epp: EppSettings,
+    }
+
+    fn load(args: &[&str]) -> (Settings, EppSettings) {
+        let matches = Cli::command().try_get_matches_from(args).unwrap();
+        sluice_gateway::config::load_with(&matches).unwrap()
+    }
+
+    #[test]
+    fn the_pickers_settings_are_keys_of_the_config_file_too() {
+        let dir = std::env::temp_dir().join(format!("sluice-epp-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("epp.toml");
+        let file = path.to_str().unwrap();
+        std::fs::write(
+            &path,
+            "worker_urls = [\"http://10.0.0.5:8000\"]\ngrpc_port = 9102\n\
+             secure_serving = false\ncert_path = \"/etc/epp\"\n\
+             inference_objectives = [\"chat=10\", \"offline=-1\"]\n",
+        )
+        .unwrap();
+        let (settings, epp) = load(&["sluice", "--config", file, "--grpc-port", "9202"]);
+        assert_eq!(settings.worker_urls, ["http://10.0.0.5:8000"]);
+        assert_eq!(epp.grpc_port, 9202, "the flag wins");
+        assert_eq!(epp.grpc_health_port, 9003, "the default stays");
+        assert!(!epp.secure_serving);
+        assert_eq!(
+            epp.cert_path.as_deref(),
+            Some(std::path::Path::new("/etc/epp"))
+        );
+        assert_eq!(epp.inference_objectives, ["chat=10", "offline=-1"]);
+
+        // --print-config's file loads back to the same settings, an unset path left out.
+        let unset = EppSettings {
+            cert_path: None,
+            ..epp.clone()
+        };
+        for epp in [epp, unset] {
+            std::fs::write(&path, settings.to_toml_with(&epp).unwrap()).unwrap();
+            assert_eq!(load(&["sluice", "--config", file]).1, epp);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,8 +6,9 @@
 use std::path::Path;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, FromArgMatches};
-use serde::Deserialize;
+use clap::{ArgMatches, Args, FromArgMatches};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::{smg_defaults, ConfigError, Settings};
 
@@ -15,15 +16,59 @@ use super::{smg_defaults, ConfigError, Settings};
 /// with `--smg-defaults` (on the command line or in the file), SMG's defaults fill what neither
 /// gives.
 pub fn load(matches: &ArgMatches) -> Result<Settings, ConfigError> {
+    let cli = command_line(matches)?;
+    let file = file_of(&cli, matches)?;
+    merge(cli, file, matches)
+}
+
+/// The gateway's settings and a command's own (`sluice epp`'s), each a flag over the file over
+/// its default: a key of the file goes to whichever of the two takes it, so `sluice epp`'s file
+/// is `sluice serve`'s with the picker's keys added.
+pub fn load_with<T>(matches: &ArgMatches) -> Result<(Settings, T), ConfigError>
+where
+    T: Args + FromArgMatches + Serialize + DeserializeOwned,
+{
+    let cli = command_line(matches)?;
+    let mut file = file_of(&cli, matches)?;
+    let own_file: toml::Table = T::augment_args(clap::Command::new("own"))
+        .get_arguments()
+        .filter_map(|arg| {
+            let key = arg.get_id().as_str();
+            let value = file.remove(key)?;
+            (!on_command_line(matches, key)).then(|| (key.to_string(), value))
+        })
+        .collect();
+    let path = cli.config.clone();
+    let settings = merge(cli, file, matches)?;
+    let mut own = T::from_arg_matches(matches)?;
+    if let (Some(path), false) = (path, own_file.is_empty()) {
+        let mut table = toml::Table::try_from(&own)?;
+        table.extend(own_file);
+        own = T::deserialize(table).map_err(|source| ConfigError::File { path, source })?;
+    }
+    Ok((settings, own))
+}
+
+/// The settings the command line gives, defaults where it gives none.
+fn command_line(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     let mut cli = Settings::from_arg_matches(matches)?;
     if cli.no_remove_unhealthy_workers {
         // One field carries the choice, so --print-config shows it.
         cli.remove_unhealthy_workers = Some(false);
     }
-    let file = match &cli.config {
-        Some(path) => read_file(path, matches)?,
-        None => toml::Table::new(),
-    };
+    Ok(cli)
+}
+
+/// The `--config` file's table (empty without one).
+fn file_of(cli: &Settings, matches: &ArgMatches) -> Result<toml::Table, ConfigError> {
+    match &cli.config {
+        Some(path) => read_file(path, matches),
+        None => Ok(toml::Table::new()),
+    }
+}
+
+/// The command line over the file over (with `--smg-defaults`) SMG's defaults over sluice's.
+fn merge(cli: Settings, file: toml::Table, matches: &ArgMatches) -> Result<Settings, ConfigError> {
     let smg_defaults = cli.smg_defaults
         || (!on_command_line(matches, "smg_defaults")
             && file.get("smg_defaults") == Some(&toml::Value::Boolean(true)));

@@ -35,7 +35,7 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
-pub use load::load;
+pub use load::{load, load_with};
 pub use replicas::ReplicaSettings;
 pub use resilience::ResilienceSettings;
 pub use settings::Settings;
@@ -226,6 +226,14 @@ impl Settings {
     /// The settings as a TOML file `--config` would accept.
     pub fn to_toml(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string(self)?)
+    }
+
+    /// The settings and a command's own (`load_with`'s) as one TOML file `--config` would
+    /// accept.
+    pub fn to_toml_with<T: serde::Serialize>(&self, own: &T) -> Result<String, ConfigError> {
+        let mut table = toml::Table::try_from(self)?;
+        table.extend(toml::Table::try_from(own)?);
+        Ok(toml::to_string(&table)?)
     }
 
     pub fn validate(&self) -> Result<Config, ConfigError> {

@@ -536,3 +536,65 @@ fn liveness_checks_are_on_unless_turned_off_whatever_their_thresholds() {
         "the thresholds are still checked"
     );
 }
+
+/// A command's own settings beside the gateway's, as `sluice epp` has them.
+#[derive(Debug, clap::Args, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Own {
+    #[arg(long, default_value_t = 9002)]
+    grpc_port: u16,
+    #[arg(long, default_value_t = 9003)]
+    grpc_health_port: u16,
+}
+
+#[derive(Parser)]
+struct CliWithOwn {
+    #[command(flatten)]
+    settings: Settings,
+    #[command(flatten)]
+    own: Own,
+}
+
+fn load_with_own(args: &[&str]) -> Result<(Settings, Own), ConfigError> {
+    let matches = CliWithOwn::command().try_get_matches_from(args)?;
+    load_with(&matches)
+}
+
+#[test]
+fn a_commands_own_settings_come_from_the_same_file_as_the_gateways() {
+    let dir = std::env::temp_dir().join(format!("sluice-config-own-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("epp.toml");
+    let file = path.to_str().unwrap();
+    std::fs::write(
+        &path,
+        "port = 9000\ngrpc_port = 9102\ngrpc_health_port = 9103\n",
+    )
+    .unwrap();
+    let (settings, own) =
+        load_with_own(&["sluice", "--config", file, "--grpc-health-port", "9200"]).unwrap();
+    assert_eq!(settings.port, 9000, "the gateway's key from the file");
+    assert_eq!(own.grpc_port, 9102, "the command's own key from the file");
+    assert_eq!(own.grpc_health_port, 9200, "the flag wins");
+
+    // What --print-config prints loads back to the same settings.
+    std::fs::write(&path, settings.to_toml_with(&own).unwrap()).unwrap();
+    let (again, own_again) = load_with_own(&["sluice", "--config", file]).unwrap();
+    assert_eq!((again.port, own_again), (9000, own));
+
+    // Without a file, the flags and the defaults.
+    let (_, own) = load_with_own(&["sluice", "--grpc-port", "1"]).unwrap();
+    assert_eq!((own.grpc_port, own.grpc_health_port), (1, 9003));
+
+    std::fs::write(&path, "grpc_prot = 1\n").unwrap();
+    let said = load_with_own(&["sluice", "--config", file])
+        .unwrap_err()
+        .to_string();
+    assert!(said.contains(":1:1: unknown setting `grpc_prot`"), "{said}");
+    std::fs::write(&path, "grpc_port = \"x\"\n").unwrap();
+    let said = load_with_own(&["sluice", "--config", file])
+        .unwrap_err()
+        .to_string();
+    assert!(said.contains("grpc_port"), "{said}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
