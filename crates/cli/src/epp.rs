@@ -16,7 +16,7 @@ pub struct EppArgs {
 
 /// Picks until SIGTERM or Ctrl-C, then drains.
 pub async fn run(settings: Settings, epp: EppSettings) -> anyhow::Result<()> {
-    let config = settings.validate()?;
+    let config = epp.config(&settings)?;
     let picker = Picker::start(config, &epp).await?;
     crate::serve::signal().await?;
     if let Stopped::GraceExpired { in_flight } = picker.shutdown().await {

@@ -152,7 +152,12 @@ fn the_gateways_arguments_and_config_file_are_valid_settings() {
         .kubernetes
         .as_ref()
         .expect("workers found as pods");
-    assert_eq!(kubernetes.selectors[0].labels, "app=vllm");
+    let sluice_gateway::control::discovery::Members::Selected { selectors, .. } =
+        &kubernetes.members
+    else {
+        panic!("pods by selector: {:?}", kubernetes.members);
+    };
+    assert_eq!(selectors[0].labels, "app=vllm");
     assert_eq!(kubernetes.namespace.as_deref(), Some("default"));
     assert_eq!(pod.service_account_name.as_deref(), Some("sluice"));
     let role: Role =

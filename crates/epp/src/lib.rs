@@ -16,7 +16,9 @@
 //! - `exchange` — one ext_proc stream: the pump that reads what the data plane sends, the drive
 //!   that answers in the protocol's order.
 //! - `wire` — ext_proc messages to and from HTTP types; the protocol's keys.
-//! - `objective` — InferenceObjective priorities onto the tiers.
+//! - `objective` — InferenceObjective priorities onto the tiers: given as flags, or followed in
+//!   the cluster (`objective::cluster`).
+//! - `pool` — `--pool-name`: the InferencePool's pods as the gateway's workers, its objectives.
 //! - `health` — the gRPC health service: liveness, readiness, the ext_proc service.
 //! - `tls` — the gRPC listeners' certificate: given, or made at start.
 //! - `deploy` — the Envoy configuration the picker runs behind, for tests and benchmarks.
@@ -25,6 +27,7 @@ pub mod deploy;
 mod exchange;
 mod health;
 pub mod objective;
+pub mod pool;
 mod tls;
 pub mod wire;
 
@@ -91,6 +94,25 @@ pub struct EppSettings {
     #[arg(long = "inference-objective", value_name = "NAME=PRIORITY")]
     #[arg(help_heading = "Endpoint picker")]
     pub inference_objectives: Vec<String>,
+
+    /// The InferencePool whose pods are the workers (`inference.networking.k8s.io/v1`, in
+    /// --pool-namespace): its Ready pods on its target ports, followed as the pool and its pods
+    /// change, and the priorities of the InferenceObjectives that name it. Instead of
+    /// --service-discovery; --worker-urls may add workers beside it.
+    #[arg(long, value_name = "NAME")]
+    #[arg(help_heading = "Endpoint picker")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_name: Option<String>,
+
+    /// The pool's namespace (cross-namespace pools are not part of the API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    #[arg(help_heading = "Endpoint picker")]
+    pub pool_namespace: String,
+
+    /// The pool's API group; only `inference.networking.k8s.io` (InferencePool v1) is read.
+    #[arg(long, default_value = sluice_gateway::control::discovery::pool::POOL_GROUP)]
+    #[arg(help_heading = "Endpoint picker")]
+    pub pool_group: String,
 }
 
 /// Why the picker could not start.
@@ -109,6 +131,10 @@ pub enum EppError {
     },
     #[error("--grpc-port: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Pool(#[from] pool::PoolError),
+    #[error("--pool-name: {0}")]
+    Kubernetes(#[from] sluice_gateway::control::discovery::KubeError),
 }
 
 /// The ext_proc service: each stream is one request, run on its own task.
@@ -161,6 +187,10 @@ impl Picker {
     /// `--host`.
     pub async fn start(config: Config, epp: &EppSettings) -> Result<Self, EppError> {
         let objectives = Objectives::parse(epp.inference_objectives.iter().map(String::as_str))?;
+        let following = match pool::watched(&config) {
+            Some(pool) => Some(objectives.follow(&pool).await?),
+            None => None,
+        };
         let identity = if epp.secure_serving {
             Some(tls::identity(epp.cert_path.as_deref())?)
         } else {
@@ -192,6 +222,9 @@ impl Picker {
         let (stop, stopped) = watch::channel(false);
         let mut servers = JoinSet::new();
         let readiness = health::Readiness::start(&gateway, stopped.clone(), &mut servers).await;
+        if let Some(following) = following {
+            servers.spawn(following.run(stopped.clone()));
+        }
         let shared = Arc::new(exchange::Shared {
             front: gateway.front().clone(),
             objectives,

@@ -2,12 +2,18 @@
 //! the objective's priority sets the request's tier (`Tier::from_objective_priority`: above zero
 //! interactive, zero agent, below zero — sheddable — batch).
 //!
-//! Until the pool's objectives are watched in the cluster, their priorities are given on the
-//! command line (`--inference-objective NAME=PRIORITY`). An objective not named there is standard
-//! priority, 0, as the Inference Extension treats a request without one.
+//! With `--pool-name` the priorities are the pool's InferenceObjectives', followed in the cluster
+//! (`cluster`); `--inference-objective NAME=PRIORITY` gives them without a cluster, and for
+//! objectives the cluster does not have (an objective in the cluster wins over a flag of the same
+//! name: it is what the workload's owner set, and it changes without a restart). An objective
+//! named nowhere is standard priority, 0, as the Inference Extension treats a request without one.
+
+pub mod cluster;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use sluice_core::admission::Tier;
 
@@ -22,8 +28,13 @@ const PRIORITY: HeaderName = HeaderName::from_static("x-sluice-priority");
 pub struct ObjectiveSpecError(pub String);
 
 /// The objectives' priorities by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Objectives(HashMap<String, i32>);
+#[derive(Debug, Clone, Default)]
+pub struct Objectives {
+    /// `--inference-objective`.
+    given: HashMap<String, i32>,
+    /// The pool's InferenceObjectives as last listed; written by `cluster::Follower` alone.
+    cluster: Arc<ArcSwap<HashMap<String, i32>>>,
+}
 
 impl Objectives {
     /// From `NAME=PRIORITY` specs; a name given twice takes its last priority.
@@ -39,12 +50,22 @@ impl Objectives {
             let priority: i32 = priority.trim().parse().map_err(|_| bad())?;
             by_name.insert(name.to_string(), priority);
         }
-        Ok(Self(by_name))
+        Ok(Self {
+            given: by_name,
+            cluster: Arc::default(),
+        })
     }
 
     /// The tier of a request naming `objective`.
     pub fn tier(&self, objective: &str) -> Tier {
-        Tier::from_objective_priority(self.0.get(objective).copied().unwrap_or(0))
+        let priority = self
+            .cluster
+            .load()
+            .get(objective)
+            .or_else(|| self.given.get(objective))
+            .copied()
+            .unwrap_or(0);
+        Tier::from_objective_priority(priority)
     }
 
     /// A request naming an objective asks for the objective's tier, unless it asks for one
@@ -104,8 +125,8 @@ mod tests {
     fn specs_must_name_a_whole_priority() {
         for bad in ["realtime", "=5", "x=high", "x=1.5"] {
             assert_eq!(
-                Objectives::parse([bad]),
-                Err(ObjectiveSpecError(bad.to_string()))
+                Objectives::parse([bad]).unwrap_err(),
+                ObjectiveSpecError(bad.to_string())
             );
         }
     }

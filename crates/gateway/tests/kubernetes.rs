@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::kube_api::FakeApi;
 use common::*;
-use sluice_gateway::control::discovery::{Cluster, KubeConfig, ModelFrom, Selector};
+use sluice_gateway::control::discovery::{Cluster, KubeConfig, Members, ModelFrom, Selector};
 use sluice_gateway::fleet::WorkerType;
 
 /// One engine at each of 127.0.0.2 and 127.0.0.3, on the same port (as pods of one Deployment
@@ -48,11 +48,13 @@ async fn ready_pods_are_workers_through_dropped_watches_expired_versions_and_fla
     api.set("vllm-b", "127.0.0.3", false);
     let mut config = Config::local(&[]);
     config.discovery.kubernetes = Some(KubeConfig {
-        selectors: vec![Selector {
-            labels: "app=vllm".into(),
-            role: WorkerType::Regular,
-        }],
-        port,
+        members: Members::Selected {
+            selectors: vec![Selector {
+                labels: "app=vllm".into(),
+                role: WorkerType::Regular,
+            }],
+            port,
+        },
         namespace: Some("llm".into()),
         model_from: Some(ModelFrom::Label("model".into())),
         cluster: Cluster::At(api.url().parse().unwrap()),
@@ -163,11 +165,13 @@ async fn prefill_and_decode_pods_are_found_by_their_selectors_and_serve_as_a_pai
     };
     let mut config = Config::local(&[]);
     config.discovery.kubernetes = Some(KubeConfig {
-        selectors: vec![
-            selector("app=sglang,role=prefill", WorkerType::Prefill),
-            selector("app=sglang,role=decode", WorkerType::Decode),
-        ],
-        port,
+        members: Members::Selected {
+            selectors: vec![
+                selector("app=sglang,role=prefill", WorkerType::Prefill),
+                selector("app=sglang,role=decode", WorkerType::Decode),
+            ],
+            port,
+        },
         namespace: Some("llm".into()),
         model_from: None,
         cluster: Cluster::At(api.url().parse().unwrap()),

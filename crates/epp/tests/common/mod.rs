@@ -44,6 +44,9 @@ pub fn epp_settings() -> EppSettings {
         secure_serving: false,
         cert_path: None,
         inference_objectives: Vec::new(),
+        pool_name: None,
+        pool_namespace: "default".into(),
+        pool_group: sluice_gateway::control::discovery::pool::POOL_GROUP.into(),
     }
 }
 

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::checks::{invalid, positive_seconds};
 use super::ConfigError;
 use crate::control::discovery::{
-    parse_target, Cluster, DiscoveryConfig, DnsConfig, FileConfig, KubeConfig, ModelFrom, Selector,
-    SystemResolver,
+    parse_target, Cluster, DiscoveryConfig, DnsConfig, FileConfig, KubeConfig, Members, ModelFrom,
+    Selector, SystemResolver,
 };
 use crate::fleet::WorkerType;
 
@@ -191,8 +191,10 @@ impl DiscoverySettings {
             None => None,
         };
         Ok(Some(KubeConfig {
-            selectors,
-            port: self.service_discovery_port,
+            members: Members::Selected {
+                selectors,
+                port: self.service_discovery_port,
+            },
             namespace: self.service_discovery_namespace.clone(),
             model_from,
             cluster: Cluster::Infer,

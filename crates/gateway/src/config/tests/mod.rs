@@ -1,6 +1,7 @@
 //! The settings as people type them, turned into a `Config`: defaults, files, flags, values.
 
 use super::*;
+use crate::control::discovery::Members;
 use clap::{CommandFactory, Parser};
 use sluice_core::admission::Tier;
 use sluice_core::overload::Ceilings;
@@ -360,9 +361,12 @@ fn discovery_sources_are_checked() {
         "auto-recovery follows discovery"
     );
     let k8s = k8s.discovery.kubernetes.unwrap();
-    assert_eq!(k8s.selectors.len(), 1);
-    assert_eq!(k8s.selectors[0].labels, "app=vllm,tier=gpu");
-    assert_eq!(k8s.port, 80, "SMG's default port");
+    let Members::Selected { selectors, port } = &k8s.members else {
+        panic!("pods by selector: {:?}", k8s.members);
+    };
+    assert_eq!(selectors.len(), 1);
+    assert_eq!(selectors[0].labels, "app=vllm,tier=gpu");
+    assert_eq!(*port, 80, "SMG's default port");
     assert_eq!(k8s.namespace.as_deref(), Some("llm"));
     assert_eq!(
         k8s.model_from,
@@ -435,8 +439,10 @@ fn prefill_and_decode_selectors_give_each_side_its_role_and_need_pd_mode() {
     ])
     .unwrap();
     let k8s = pd.discovery.kubernetes.unwrap();
-    let sides: Vec<(&str, WorkerType)> = k8s
-        .selectors
+    let Members::Selected { selectors, .. } = &k8s.members else {
+        panic!("pods by selector: {:?}", k8s.members);
+    };
+    let sides: Vec<(&str, WorkerType)> = selectors
         .iter()
         .map(|s| (s.labels.as_str(), s.role))
         .collect();

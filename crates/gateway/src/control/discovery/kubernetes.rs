@@ -1,11 +1,13 @@
-//! `--service-discovery`: the pods `--selector` matches, watched through the Kubernetes API.
+//! `--service-discovery`: the pods `--selector` matches, or an InferencePool's pods (`sluice epp
+//! --pool-name`, in `pool`), watched through the Kubernetes API.
 //!
 //! kube-rs's watcher lists the pods, then watches them from the list's resource version; a
 //! dropped watch is resumed, and a resource version the server no longer has (410 Gone) is met
-//! with a fresh list, swapped in whole once complete — so a listing is never built from half a
-//! relist. A pod is a worker while it is Ready, has an IP and is not being deleted:
-//! `http://POD_IP:--service-discovery-port`, its model from `--model-id-from` when given. A pod
-//! that stops being Ready, or goes, leaves the listing and its worker drains.
+//! with a fresh list, swapped in whole once complete (`Mirror`) — so a listing is never built
+//! from half a relist. A pod is a worker while it is Ready, has an IP and is not being deleted:
+//! `http://POD_IP:PORT` (`--service-discovery-port`, or the pool's target port), its model from
+//! `--model-id-from` when given. A pod that stops being Ready, or goes, leaves the listing and
+//! its worker drains.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -20,6 +22,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
+use super::pool::{self, PoolRef};
 use super::{Listing, Look, Source};
 use crate::fleet::{Origin, WorkerSpec, WorkerType};
 
@@ -60,15 +63,22 @@ pub enum Cluster {
 /// `--service-discovery` and its settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeConfig {
-    /// `--selector`, `--prefill-selector`, `--decode-selector`: each a label selector
-    /// (`app=vllm,tier=gpu`) and the role of the pods it matches.
-    pub selectors: Vec<Selector>,
-    /// `--service-discovery-port`: the port every pod serves on.
-    pub port: u16,
-    /// `--service-discovery-namespace`; every namespace when unset.
+    pub members: Members,
+    /// `--service-discovery-namespace` (every namespace when unset), or the pool's.
     pub namespace: Option<String>,
     pub model_from: Option<ModelFrom>,
     pub cluster: Cluster,
+}
+
+/// Which pods are workers, and on which port.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Members {
+    /// `--selector`, `--prefill-selector`, `--decode-selector`: each a label selector
+    /// (`app=vllm,tier=gpu`) and the role of the pods it matches, all serving on `port`
+    /// (`--service-discovery-port`).
+    Selected { selectors: Vec<Selector>, port: u16 },
+    /// The pods an InferencePool selects, on its target ports, followed as the pool changes.
+    Pool(PoolRef),
 }
 
 /// Pods by their labels, and what they are.
@@ -90,8 +100,13 @@ pub enum KubeError {
     Client(#[from] kube::Error),
 }
 
-/// The worker a pod matched by `role`'s selector is now, if it is one.
-pub fn worker_of(pod: &Pod, config: &KubeConfig, role: WorkerType) -> Option<WorkerSpec> {
+/// The worker a pod matched by `role`'s selector is now on `port`, if it is one.
+pub fn worker_of(
+    pod: &Pod,
+    port: u16,
+    model_from: Option<&ModelFrom>,
+    role: WorkerType,
+) -> Option<WorkerSpec> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -105,9 +120,9 @@ pub fn worker_of(pod: &Pod, config: &KubeConfig, role: WorkerType) -> Option<Wor
     if !ready {
         return None;
     }
-    let url = format!("http://{}", SocketAddr::new(ip, config.port));
+    let url = format!("http://{}", SocketAddr::new(ip, port));
     let mut spec = WorkerSpec::from_url(&url, None).ok()?;
-    spec.model_id = match &config.model_from {
+    spec.model_id = match model_from {
         None => None,
         Some(ModelFrom::Namespace) => pod.metadata.namespace.clone(),
         Some(ModelFrom::Label(key)) => pod.metadata.labels.as_ref()?.get(key).cloned(),
@@ -142,45 +157,67 @@ impl Drop for KubeSource {
     }
 }
 
+impl Cluster {
+    /// A client of this API server; credentials are read now.
+    pub async fn client(&self) -> Result<Client, KubeError> {
+        Ok(match self {
+            Cluster::Infer => Client::try_default().await?,
+            Cluster::At(uri) => Client::try_from(kube::Config::new(uri.clone()))?,
+        })
+    }
+}
+
 impl KubeSource {
     /// Connects (credentials are read now: missing ones stop the start) and starts watching.
     pub async fn start(config: KubeConfig) -> Result<Self, KubeError> {
-        let client = match &config.cluster {
-            Cluster::Infer => Client::try_default().await?,
-            Cluster::At(uri) => Client::try_from(kube::Config::new(uri.clone()))?,
-        };
+        let client = config.cluster.client().await?;
         let pods: Api<Pod> = match &config.namespace {
-            Some(ns) => Api::namespaced(client, ns),
-            None => Api::all(client),
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
         };
-        let matched: Vec<String> = config
-            .selectors
-            .iter()
-            .map(|s| match s.role {
-                WorkerType::Regular => s.labels.clone(),
-                role => format!("{} ({})", s.labels, role.as_str()),
-            })
-            .collect();
-        let target = format!(
-            "pods {} in {}",
-            matched.join(" and "),
-            config.namespace.as_deref().unwrap_or("every namespace")
-        );
+        let namespace = config.namespace.as_deref().unwrap_or("every namespace");
         let (error_tx, error) = watch::channel(None);
         let error_tx = Arc::new(error_tx);
         let (mut listings, mut tasks) = (Vec::new(), Vec::new());
-        for selector in config.selectors.clone() {
-            let (listing_tx, listing) = watch::channel(Listing::new());
-            let watching = watch_pods(
-                pods.clone(),
-                config.clone(),
-                selector,
-                listing_tx,
-                error_tx.clone(),
-            );
-            tasks.push(tokio::spawn(watching).abort_handle());
-            listings.push(listing);
-        }
+        let target = match &config.members {
+            Members::Selected { selectors, port } => {
+                let matched: Vec<String> = selectors
+                    .iter()
+                    .map(|s| match s.role {
+                        WorkerType::Regular => s.labels.clone(),
+                        role => format!("{} ({})", s.labels, role.as_str()),
+                    })
+                    .collect();
+                for selector in selectors.clone() {
+                    let (listing_tx, listing) = watch::channel(Listing::new());
+                    let watching = watch_pods(
+                        pods.clone(),
+                        (*port, config.model_from.clone()),
+                        selector,
+                        listing_tx,
+                        error_tx.clone(),
+                    );
+                    tasks.push(tokio::spawn(watching).abort_handle());
+                    listings.push(listing);
+                }
+                format!("pods {} in {namespace}", matched.join(" and "))
+            }
+            Members::Pool(pool) => {
+                let (listing_tx, listing) = watch::channel(Listing::new());
+                let watching = pool::watch(
+                    client,
+                    pods,
+                    config.namespace.clone().unwrap_or_default(),
+                    pool.clone(),
+                    config.model_from.clone(),
+                    listing_tx,
+                    error_tx,
+                );
+                tasks.push(tokio::spawn(watching).abort_handle());
+                listings.push(listing);
+                format!("the pods of InferencePool {} in {namespace}", pool.name)
+            }
+        };
         Ok(Self {
             target,
             listings,
@@ -190,11 +227,66 @@ impl KubeSource {
     }
 }
 
-/// Follows the pods and publishes the listing they make after each change (from the first
-/// complete list on), and the watch's last error (cleared by the next event).
+/// The objects a watch has shown: kept through resumed watches, and through a relist, which is
+/// swapped in whole once complete.
+pub struct Mirror<K> {
+    pub known: BTreeMap<String, K>,
+    relisting: Option<BTreeMap<String, K>>,
+    /// A first list has completed.
+    pub listed: bool,
+}
+
+impl<K: kube::Resource> Default for Mirror<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: kube::Resource> Mirror<K> {
+    pub fn new() -> Self {
+        Self {
+            known: BTreeMap::new(),
+            relisting: None,
+            listed: false,
+        }
+    }
+
+    pub fn apply(&mut self, event: Event<K>) {
+        match event {
+            Event::Apply(object) => {
+                self.known.insert(key(&object), object);
+            }
+            Event::Delete(object) => {
+                self.known.remove(&key(&object));
+            }
+            Event::Init => self.relisting = Some(BTreeMap::new()),
+            Event::InitApply(object) => {
+                self.relisting
+                    .get_or_insert_default()
+                    .insert(key(&object), object);
+            }
+            Event::InitDone => {
+                self.known = self.relisting.take().unwrap_or_default();
+                self.listed = true;
+            }
+        }
+    }
+}
+
+/// Publishes `now` if it differs from what was published.
+pub(super) fn publish(listing: &watch::Sender<Listing>, now: Listing) {
+    listing.send_if_modified(|before| {
+        let changed = *before != now;
+        *before = now;
+        changed
+    });
+}
+
+/// Follows the pods `selector` matches and publishes the listing they make after each change
+/// (from the first complete list on), and the watch's last error (cleared by the next event).
 async fn watch_pods(
     pods: Api<Pod>,
-    config: KubeConfig,
+    (port, model_from): (u16, Option<ModelFrom>),
     selector: Selector,
     listing: watch::Sender<Listing>,
     error: Arc<watch::Sender<Option<String>>>,
@@ -203,54 +295,36 @@ async fn watch_pods(
     let mut events = watcher::watcher(pods, watch_config)
         .default_backoff()
         .boxed();
-    let mut known: BTreeMap<String, Pod> = BTreeMap::new();
-    let mut relisting: Option<BTreeMap<String, Pod>> = None;
-    let mut listed = false;
+    let mut seen = Mirror::new();
     while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
+        match event {
+            Ok(event) => {
+                error.send_if_modified(|e| e.take().is_some());
+                seen.apply(event);
+            }
             Err(e) => {
                 error.send_replace(Some(e.to_string()));
                 continue;
             }
-        };
-        error.send_if_modified(|e| e.take().is_some());
-        match event {
-            Event::Apply(pod) => {
-                known.insert(key(&pod), pod);
-            }
-            Event::Delete(pod) => {
-                known.remove(&key(&pod));
-            }
-            Event::Init => relisting = Some(BTreeMap::new()),
-            Event::InitApply(pod) => {
-                relisting.get_or_insert_default().insert(key(&pod), pod);
-            }
-            Event::InitDone => {
-                known = relisting.take().unwrap_or_default();
-                listed = true;
-            }
         }
-        if listed {
-            let now: Listing = known
+        if seen.listed {
+            let now: Listing = seen
+                .known
                 .values()
-                .filter_map(|pod| worker_of(pod, &config, selector.role))
+                .filter_map(|pod| worker_of(pod, port, model_from.as_ref(), selector.role))
                 .map(|spec| (spec.url.clone(), spec))
                 .collect();
-            listing.send_if_modified(|before| {
-                let changed = *before != now;
-                *before = now;
-                changed
-            });
+            publish(&listing, now);
         }
     }
 }
 
-fn key(pod: &Pod) -> String {
+fn key(object: &impl kube::Resource) -> String {
+    let meta = object.meta();
     format!(
         "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
     )
 }
 
@@ -289,19 +363,6 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-    fn config(model_from: Option<ModelFrom>) -> KubeConfig {
-        KubeConfig {
-            selectors: vec![Selector {
-                labels: "app=vllm".into(),
-                role: WorkerType::Regular,
-            }],
-            port: 8000,
-            namespace: Some("llm".into()),
-            model_from,
-            cluster: Cluster::Infer,
-        }
-    }
-
     fn pod(ip: Option<&str>, ready: &str) -> Pod {
         Pod {
             metadata: ObjectMeta {
@@ -328,7 +389,8 @@ mod tests {
     fn a_ready_pod_with_an_ip_is_a_worker_on_the_discovery_port() {
         let spec = worker_of(
             &pod(Some("10.1.2.3"), "True"),
-            &config(None),
+            8000,
+            None,
             WorkerType::Regular,
         )
         .unwrap();
@@ -336,7 +398,8 @@ mod tests {
         assert_eq!(spec.model_id, None);
         let v6 = worker_of(
             &pod(Some("fd00::7"), "True"),
-            &config(None),
+            8000,
+            None,
             WorkerType::Regular,
         )
         .unwrap();
@@ -347,14 +410,15 @@ mod tests {
     fn a_pod_not_ready_without_an_ip_or_being_deleted_is_not() {
         assert!(worker_of(
             &pod(Some("10.1.2.3"), "False"),
-            &config(None),
+            8000,
+            None,
             WorkerType::Regular
         )
         .is_none());
-        assert!(worker_of(&pod(None, "True"), &config(None), WorkerType::Regular).is_none());
+        assert!(worker_of(&pod(None, "True"), 8000, None, WorkerType::Regular).is_none());
         let mut leaving = pod(Some("10.1.2.3"), "True");
         leaving.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert!(worker_of(&leaving, &config(None), WorkerType::Regular).is_none());
+        assert!(worker_of(&leaving, 8000, None, WorkerType::Regular).is_none());
     }
 
     #[test]
@@ -363,7 +427,8 @@ mod tests {
             let from = from.parse().unwrap();
             worker_of(
                 &pod(Some("10.1.2.3"), "True"),
-                &config(Some(from)),
+                8000,
+                Some(&from),
                 WorkerType::Regular,
             )
             .unwrap()

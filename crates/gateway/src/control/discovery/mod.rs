@@ -18,10 +18,13 @@
 //!   `--discovery-check-interval-secs`; the resolver is injectable.
 //! - `kubernetes` — `--service-discovery`: Ready pods matching `--selector`, watched through the
 //!   API server (kube-rs's watcher: list, then watch, relisting when the watch is too old).
+//! - `pool` — an InferencePool's Ready pods on its target ports (`sluice epp --pool-name`), the
+//!   pool watched beside its namespace's pods.
 
 mod dns;
 mod file;
 mod kubernetes;
+pub mod pool;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -38,9 +41,10 @@ use tracing::{debug, info, warn};
 pub use dns::{parse_target, DnsConfig, DnsSource, Resolve, SystemResolver};
 pub use file::{parse_listing, FileConfig, FileSource, ListingError};
 pub use kubernetes::{
-    worker_of, Cluster, KubeConfig, KubeError, KubeSource, ModelFrom, Selector,
+    worker_of, Cluster, KubeConfig, KubeError, KubeSource, Members, Mirror, ModelFrom, Selector,
     BOOTSTRAP_PORT_ANNOTATION,
 };
+pub use pool::PoolRef;
 
 use super::Control;
 use crate::error::GatewayError;
