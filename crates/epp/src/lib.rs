@@ -163,6 +163,7 @@ impl ExternalProcessor for ExtProc {
 /// A running endpoint picker: the gateway, and its gRPC listeners.
 pub struct Picker {
     gateway: Gateway,
+    objective_changes: watch::Receiver<u64>,
     grpc_addr: SocketAddr,
     health_addr: SocketAddr,
     readiness: health::Readiness,
@@ -225,6 +226,7 @@ impl Picker {
         if let Some(following) = following {
             servers.spawn(following.run(stopped.clone()));
         }
+        let objective_changes = objectives.changes();
         let shared = Arc::new(exchange::Shared {
             front: gateway.front().clone(),
             objectives,
@@ -248,6 +250,7 @@ impl Picker {
         );
         Ok(Self {
             gateway,
+            objective_changes,
             grpc_addr,
             health_addr,
             readiness,
@@ -264,6 +267,11 @@ impl Picker {
     /// The gRPC health service's own listener.
     pub fn health_addr(&self) -> SocketAddr {
         self.health_addr
+    }
+
+    /// Changes each time the pool's InferenceObjectives give new priorities.
+    pub fn objective_changes(&self) -> watch::Receiver<u64> {
+        self.objective_changes.clone()
     }
 
     /// The gateway behind the picker (its HTTP port: admin API, `/metrics`, the status page).

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use sluice_core::admission::Tier;
+use tokio::sync::watch;
 
 /// The header a request names its objective in.
 pub const OBJECTIVE: HeaderName = HeaderName::from_static("x-gateway-inference-objective");
@@ -28,12 +29,14 @@ const PRIORITY: HeaderName = HeaderName::from_static("x-sluice-priority");
 pub struct ObjectiveSpecError(pub String);
 
 /// The objectives' priorities by name.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Objectives {
     /// `--inference-objective`.
     given: HashMap<String, i32>,
     /// The pool's InferenceObjectives as last listed; written by `cluster::Follower` alone.
     cluster: Arc<ArcSwap<HashMap<String, i32>>>,
+    /// Counts the follower's changes, for whoever awaits one.
+    changed: Arc<watch::Sender<u64>>,
 }
 
 impl Objectives {
@@ -53,7 +56,13 @@ impl Objectives {
         Ok(Self {
             given: by_name,
             cluster: Arc::default(),
+            changed: Arc::new(watch::channel(0).0),
         })
+    }
+
+    /// Changes each time the cluster's priorities are replaced.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// The tier of a request naming `objective`.

@@ -89,6 +89,7 @@ pub struct Follower {
     objectives: Api<InferenceObjective>,
     pool: String,
     into: Arc<ArcSwap<HashMap<String, i32>>>,
+    changed: Arc<watch::Sender<u64>>,
 }
 
 impl Objectives {
@@ -99,6 +100,7 @@ impl Objectives {
             objectives: Api::namespaced_with(client, &pool.namespace, &objective_resource()),
             pool: pool.name.clone(),
             into: self.cluster.clone(),
+            changed: self.changed.clone(),
         })
     }
 }
@@ -137,6 +139,7 @@ impl Follower {
                 if **self.into.load() != now {
                     info!(pool = %self.pool, objectives = ?now, "InferenceObjective priorities");
                     self.into.store(Arc::new(now));
+                    self.changed.send_modify(|n| *n += 1);
                 }
             }
         }

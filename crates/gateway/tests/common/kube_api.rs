@@ -1,10 +1,11 @@
-//! A fake Kubernetes API server for pods on a free loopback port, speaking the list-and-watch
-//! protocol clients use: a list answers with the pods and a resource version; a watch from a
-//! resource version streams newline-delimited `ADDED`, `MODIFIED` and `DELETED` events, and
-//! one from a version the server no longer keeps gets an `ERROR` event with a 410 `Expired`
-//! status, after which a client must list again. The test changes the pods, drops the watches,
-//! and expires the history, and can await a client's next watch. Equality label selectors
-//! (`k=v,k2=v2`) filter lists and watches.
+//! A fake Kubernetes API server on a free loopback port, for pods and the Inference Extension's
+//! InferencePools and InferenceObjectives, speaking the list-and-watch protocol clients use: a
+//! list answers with the objects and a resource version; a watch from a resource version streams
+//! newline-delimited `ADDED`, `MODIFIED` and `DELETED` events, and one from a version the server
+//! no longer keeps gets an `ERROR` event with a 410 `Expired` status, after which a client must
+//! list again. The test changes the objects, drops the watches, and expires the history, and can
+//! await a client's next watch. Equality label selectors (`k=v,k2=v2`) and the `metadata.name`
+//! field selector filter lists and watches.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,21 +21,46 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
+/// The resources served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Resource {
+    Pods,
+    Pools,
+    Objectives,
+}
+
+impl Resource {
+    fn list_kind(self) -> &'static str {
+        match self {
+            Resource::Pods => "PodList",
+            Resource::Pools => "InferencePoolList",
+            Resource::Objectives => "InferenceObjectiveList",
+        }
+    }
+}
+
+/// An open watch: what it asked for, and where its events go.
+struct Watch {
+    resource: Resource,
+    labels: String,
+    fields: String,
+    tx: mpsc::UnboundedSender<Value>,
+}
+
 #[derive(Default)]
-struct Pods {
-    /// By name: the pod's JSON.
-    pods: BTreeMap<String, Value>,
+struct Store {
+    /// By resource and name: the object's JSON.
+    objects: BTreeMap<(Resource, String), Value>,
     version: u64,
     /// Versions at or before this are gone from the history.
     expired_before: u64,
-    /// Open watches and the label selector each asked with.
-    watches: Vec<(String, mpsc::UnboundedSender<Value>)>,
+    watches: Vec<Watch>,
 }
 
 pub struct FakeApi {
     pub addr: SocketAddr,
-    pods: Arc<Mutex<Pods>>,
-    /// Watches and lists served so far, and the label selector last asked for.
+    store: Arc<Mutex<Store>>,
+    /// Watches and lists served so far, and the label selector pods were last asked with.
     served: watch::Sender<(u64, u64, String)>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -47,26 +73,68 @@ impl Drop for FakeApi {
 
 #[derive(Clone)]
 struct Shared {
-    pods: Arc<Mutex<Pods>>,
+    store: Arc<Mutex<Store>>,
     served: watch::Sender<(u64, u64, String)>,
 }
 
-/// Whether `pod`'s labels satisfy an equality selector (`k=v,k2=v2`; empty: every pod).
-fn selects(selector: &str, pod: &Value) -> bool {
+/// Whether `object`'s labels satisfy an equality selector (`k=v,k2=v2`; empty: every object).
+fn selects(selector: &str, object: &Value) -> bool {
     selector
         .split(',')
         .filter(|p| !p.is_empty())
         .all(|pair| match pair.split_once('=') {
-            Some((k, v)) => pod["metadata"]["labels"][k] == v,
+            Some((k, v)) => object["metadata"]["labels"][k] == v,
             None => false,
         })
 }
 
-/// Sends `event` to the watches whose selector takes its pod; forgets closed ones.
-fn tell(watches: &mut Vec<(String, mpsc::UnboundedSender<Value>)>, event: &Value) {
-    watches.retain(|(selector, w)| {
-        !selects(selector, &event["object"]) || w.send(event.clone()).is_ok()
-    });
+/// Whether `object` satisfies a field selector (`metadata.name=NAME` only; empty: every one).
+fn fields_select(fields: &str, object: &Value) -> bool {
+    fields
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .all(|pair| match pair.split_once('=') {
+            Some(("metadata.name", name)) => object["metadata"]["name"] == name,
+            _ => false,
+        })
+}
+
+impl Watch {
+    fn takes(&self, resource: Resource, object: &Value) -> bool {
+        self.resource == resource
+            && selects(&self.labels, object)
+            && fields_select(&self.fields, object)
+    }
+}
+
+impl Store {
+    /// Stores `object` under `resource` at a new version, telling the watches that take it.
+    fn put(&mut self, resource: Resource, name: &str, mut object: Value) {
+        self.version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        let key = (resource, name.to_string());
+        let kind = if self.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.objects.insert(key, object.clone());
+        self.tell(resource, json!({"type": kind, "object": object}));
+    }
+
+    fn remove(&mut self, resource: Resource, name: &str) {
+        self.version += 1;
+        if let Some(mut object) = self.objects.remove(&(resource, name.to_string())) {
+            object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+            self.tell(resource, json!({"type": "DELETED", "object": object}));
+        }
+    }
+
+    /// Sends `event` to the watches that take its object; forgets closed ones.
+    fn tell(&mut self, resource: Resource, event: Value) {
+        self.watches
+            .retain(|w| !w.takes(resource, &event["object"]) || w.tx.send(event.clone()).is_ok());
+    }
 }
 
 /// A pod of namespace `llm` at `ip`, Ready or not.
@@ -90,15 +158,28 @@ pub fn pod(name: &str, ip: &str, ready: bool, version: u64) -> Value {
 
 impl FakeApi {
     pub async fn start() -> Self {
-        let pods = Arc::new(Mutex::new(Pods::default()));
+        let store = Arc::new(Mutex::new(Store::default()));
         let served = watch::channel((0, 0, String::new())).0;
         let shared = Shared {
-            pods: pods.clone(),
+            store: store.clone(),
             served: served.clone(),
         };
+        let serve = |resource: Resource| {
+            move |State(shared): State<Shared>, Query(query): Query<BTreeMap<String, String>>| async move {
+                list_or_watch(shared, query, resource)
+            }
+        };
         let app = Router::new()
-            .route("/api/v1/namespaces/{ns}/pods", get(pods_route))
-            .route("/api/v1/pods", get(pods_route))
+            .route("/api/v1/namespaces/{ns}/pods", get(serve(Resource::Pods)))
+            .route("/api/v1/pods", get(serve(Resource::Pods)))
+            .route(
+                "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
+                get(serve(Resource::Pools)),
+            )
+            .route(
+                "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives",
+                get(serve(Resource::Objectives)),
+            )
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -107,7 +188,7 @@ impl FakeApi {
         });
         Self {
             addr,
-            pods,
+            store,
             served,
             server,
         }
@@ -137,40 +218,61 @@ impl FakeApi {
         labels: Value,
         annotations: Value,
     ) {
-        let mut state = self.pods.lock();
-        state.version += 1;
-        let mut pod = pod(name, ip, ready, state.version);
+        let mut pod = pod(name, ip, ready, 0);
         pod["metadata"]["labels"] = labels;
         pod["metadata"]["annotations"] = annotations;
-        let kind = if state.pods.contains_key(name) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        state.pods.insert(name.to_string(), pod.clone());
-        let event = json!({"type": kind, "object": pod});
-        tell(&mut state.watches, &event);
+        self.store.lock().put(Resource::Pods, name, pod);
     }
 
     /// Deletes pod `name`, telling every open watch.
     pub fn delete(&self, name: &str) {
-        let mut state = self.pods.lock();
-        state.version += 1;
-        if let Some(mut pod) = state.pods.remove(name) {
-            pod["metadata"]["resourceVersion"] = json!(state.version.to_string());
-            let event = json!({"type": "DELETED", "object": pod});
-            tell(&mut state.watches, &event);
+        self.store.lock().remove(Resource::Pods, name);
+    }
+
+    /// Adds or changes InferencePool `name` (namespace `llm`): the pods `match_labels` selects,
+    /// on `port`.
+    pub fn set_pool(&self, name: &str, match_labels: Value, port: u16) {
+        let pool = json!({
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"name": name, "namespace": "llm", "uid": format!("uid-pool-{name}")},
+            "spec": {
+                "selector": {"matchLabels": match_labels},
+                "targetPorts": [{"number": port}],
+                "endpointPickerRef": {"name": "sluice-epp", "port": {"number": 9002}},
+            },
+        });
+        self.store.lock().put(Resource::Pools, name, pool);
+    }
+
+    /// Deletes InferencePool `name`.
+    pub fn delete_pool(&self, name: &str) {
+        self.store.lock().remove(Resource::Pools, name);
+    }
+
+    /// Adds or changes InferenceObjective `name` for `pool`, with `priority` (unset: none).
+    pub fn set_objective(&self, name: &str, pool: &str, priority: Option<i32>) {
+        let mut spec = json!({"poolRef": {"name": pool}});
+        if let Some(priority) = priority {
+            spec["priority"] = json!(priority);
         }
+        let objective = json!({
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+            "kind": "InferenceObjective",
+            "metadata": {"name": name, "namespace": "llm", "uid": format!("uid-objective-{name}")},
+            "spec": spec,
+        });
+        self.store.lock().put(Resource::Objectives, name, objective);
     }
 
     /// Ends every open watch (the connection closes cleanly, as when a server times it out).
     pub fn drop_watches(&self) {
-        self.pods.lock().watches.clear();
+        self.store.lock().watches.clear();
     }
 
     /// Forgets the history up to now: a watch resumed from an earlier version gets 410 Gone.
     pub fn expire_history(&self) {
-        let mut state = self.pods.lock();
+        let mut state = self.store.lock();
         state.version += 1;
         state.expired_before = state.version;
         state.watches.clear();
@@ -182,7 +284,7 @@ impl FakeApi {
         (watches, lists)
     }
 
-    /// The label selector the client last asked with.
+    /// The label selector the client last asked for pods with.
     pub fn selector(&self) -> String {
         self.served.borrow().2.clone()
     }
@@ -194,31 +296,40 @@ impl FakeApi {
     }
 }
 
-async fn pods_route(
-    State(shared): State<Shared>,
-    Query(query): Query<BTreeMap<String, String>>,
-) -> Response {
-    let selector = query.get("labelSelector").cloned().unwrap_or_default();
+fn list_or_watch(shared: Shared, query: BTreeMap<String, String>, resource: Resource) -> Response {
+    let labels = query.get("labelSelector").cloned().unwrap_or_default();
+    let fields = query.get("fieldSelector").cloned().unwrap_or_default();
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let from: u64 = query
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let mut state = shared.pods.lock();
+    let count = |watch: bool| {
+        shared.served.send_modify(|(watches, lists, s)| {
+            if watch {
+                *watches += 1;
+            } else {
+                *lists += 1;
+            }
+            if resource == Resource::Pods {
+                *s = labels.clone();
+            }
+        })
+    };
+    let mut state = shared.store.lock();
     if !watching {
-        shared.served.send_modify(|(_, lists, s)| {
-            *lists += 1;
-            *s = selector.clone();
-        });
+        count(false);
         let items: Vec<Value> = state
-            .pods
-            .values()
-            .filter(|pod| selects(&selector, pod))
-            .cloned()
+            .objects
+            .iter()
+            .filter(|((r, _), o)| {
+                *r == resource && selects(&labels, o) && fields_select(&fields, o)
+            })
+            .map(|(_, o)| o.clone())
             .collect();
         let list = json!({
             "apiVersion": "v1",
-            "kind": "PodList",
+            "kind": resource.list_kind(),
             "metadata": {"resourceVersion": state.version.to_string()},
             "items": items,
         });
@@ -233,13 +344,15 @@ async fn pods_route(
         }});
         let _ = tx.send(gone);
     } else {
-        state.watches.push((selector.clone(), tx));
+        state.watches.push(Watch {
+            resource,
+            labels: labels.clone(),
+            fields: fields.clone(),
+            tx,
+        });
     }
     drop(state);
-    shared.served.send_modify(|(watches, _, s)| {
-        *watches += 1;
-        *s = selector.clone();
-    });
+    count(true);
     let lines = tokio_stream_of(rx).map(|event| {
         let mut line = serde_json::to_vec(&event).unwrap();
         line.push(b'\n');
