@@ -5,109 +5,39 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+#[path = "common/manifests.rs"]
+mod manifests;
 
 use clap::{CommandFactory, Parser};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-use serde_json::Value;
-
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
-}
-
-/// Every document of every manifest, with the file it came from.
-fn documents() -> Vec<(String, Value)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no manifests in {:?}", deploy_dir());
-    files
-        .into_iter()
-        .flat_map(|path| {
-            let text = std::fs::read_to_string(&path).unwrap();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            serde_saphyr::from_multiple::<Value>(&text)
-                .unwrap_or_else(|e| panic!("{name}: not YAML: {e}"))
-                .into_iter()
-                .map(move |doc| (name.clone(), doc))
-        })
-        .collect()
-}
-
-/// The document read as `T` and written back.
-fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Value, String> {
-    let typed: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
-    serde_json::to_value(typed).map_err(|e| e.to_string())
-}
-
-/// Where `original` and `back` differ, as paths (`spec.template.spec.containers[0].args`).
-fn differences(original: &Value, back: &Value, at: &str, out: &mut Vec<String>) {
-    match (original, back) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (key, value) in a {
-                let here = if at.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{at}.{key}")
-                };
-                match b.get(key) {
-                    Some(other) => differences(value, other, &here, out),
-                    None => out.push(format!("{here} (lost)")),
-                }
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                differences(x, y, &format!("{at}[{i}]"), out);
-            }
-        }
-        (a, b) if a != b => out.push(format!("{at}: {a} became {b}")),
-        _ => {}
-    }
-}
+use manifests::{documents, find, lost_in};
 
 #[test]
 fn every_manifest_survives_k8s_openapis_types_whole() {
-    let docs = documents();
+    let docs = documents("kubernetes");
     let mut kinds = Vec::new();
     for (file, doc) in &docs {
         let kind = doc["kind"]
             .as_str()
             .unwrap_or_else(|| panic!("{file}: no kind"));
-        let back = match kind {
-            "Deployment" => round_trip::<Deployment>(doc),
-            "Service" => round_trip::<Service>(doc),
-            "ConfigMap" => round_trip::<ConfigMap>(doc),
-            "ServiceAccount" => round_trip::<ServiceAccount>(doc),
-            "Role" => round_trip::<Role>(doc),
-            "RoleBinding" => round_trip::<RoleBinding>(doc),
+        let lost = match kind {
+            "Deployment" => lost_in::<Deployment>(doc),
+            "Service" => lost_in::<Service>(doc),
+            "ConfigMap" => lost_in::<ConfigMap>(doc),
+            "ServiceAccount" => lost_in::<ServiceAccount>(doc),
+            "Role" => lost_in::<Role>(doc),
+            "RoleBinding" => lost_in::<RoleBinding>(doc),
             other => panic!("{file}: a {other}, which this test does not know: add it"),
         }
         .unwrap_or_else(|e| panic!("{file}: not a valid {kind}: {e}"));
-        let mut lost = Vec::new();
-        differences(doc, &back, "", &mut lost);
         assert!(lost.is_empty(), "{file} ({kind}): {lost:#?}");
         kinds.push(kind);
     }
     for needed in ["Deployment", "Service", "ConfigMap", "Role", "RoleBinding"] {
         assert!(kinds.contains(&needed), "no {needed} in {kinds:?}");
     }
-}
-
-/// The manifest document of `kind` named `name`.
-fn find<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
-    &docs
-        .iter()
-        .find(|(_, d)| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name}"))
-        .1
 }
 
 #[derive(Parser)]
@@ -118,7 +48,7 @@ struct Serve {
 
 #[test]
 fn the_gateways_arguments_and_config_file_are_valid_settings() {
-    let docs = documents();
+    let docs = documents("kubernetes");
     let config: ConfigMap =
         serde_json::from_value(find(&docs, "ConfigMap", "sluice-config").clone()).unwrap();
     let toml = &config.data.as_ref().unwrap()["sluice.toml"];
