@@ -3,7 +3,6 @@
 //! one refuses is a 429 with sluice's code. Both stay ready: neither waits to be a leader.
 #![allow(clippy::unwrap_used)]
 
-#[allow(dead_code)]
 #[path = "../../gateway/tests/common/certs.rs"]
 mod certs;
 mod common;
