@@ -1,7 +1,7 @@
 //! The picker following an InferencePool through a fake Kubernetes API server (list and watch):
-//! the pool's Ready pods are its workers, on the pool's port; a pod leaving, a pod flapping (its
-//! id kept), a selector and a port change, the pool gone and back, and history expired (a
-//! relist) are all followed without a restart; the InferenceObjectives naming the pool set the
+//! the pool's Ready pods are its workers, on the pool's port; watches the server drops (resumed),
+//! a pod leaving, a pod flapping (its id kept), a selector and a port change, history expired (a
+//! relist) and the pool gone are all followed without a restart; the InferenceObjectives naming the pool set the
 //! tiers of the requests that name them, and follow their changes.
 #![allow(clippy::unwrap_used)]
 
@@ -111,12 +111,18 @@ async fn the_pools_ready_pods_are_the_workers_and_every_change_is_followed() {
         "{endpoint}"
     );
 
+    // The server ends every watch (the pool's, the pods', the objectives'): each is resumed
+    // from where it was, without a new list, and a change made then is seen.
+    let (watches, lists) = api.served();
+    api.drop_watches();
+    api.until_watches(watches + 3).await;
     // A pod that stops being Ready leaves, and comes back with the same id.
     api.set("vllm-b", "127.0.0.3", false);
     until_workers(&picker, "B not Ready", std::slice::from_ref(&url_a)).await;
     api.set("vllm-b", "127.0.0.3", true);
     let back = until_workers(&picker, "B Ready again", &both).await;
     assert_eq!(back[&url_b], first[&url_b], "the same id");
+    assert_eq!(api.served().1, lists, "resumed without listing again");
 
     // The pool's selector changes: its pods change with it, from what is already known.
     api.set_labeled(
