@@ -90,7 +90,8 @@ pub struct EppSettings {
 
     /// An InferenceObjective's priority, `NAME=PRIORITY` (repeatable): a request naming it in
     /// `x-gateway-inference-objective` is served in the tier of its priority — above 0
-    /// interactive, 0 agent, below 0 (sheddable) batch. An objective not listed has priority 0.
+    /// interactive, 0 agent, below 0 (sheddable) batch. The pool's InferenceObjectives
+    /// (--pool-name) win over these; an objective named nowhere has priority 0.
     #[arg(long = "inference-objective", value_name = "NAME=PRIORITY")]
     #[arg(help_heading = "Endpoint picker")]
     pub inference_objectives: Vec<String>,
@@ -105,12 +106,21 @@ pub struct EppSettings {
     pub pool_name: Option<String>,
 
     /// The pool's namespace (cross-namespace pools are not part of the API).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "default",
+        value_name = "NAMESPACE"
+    )]
     #[arg(help_heading = "Endpoint picker")]
     pub pool_namespace: String,
 
     /// The pool's API group; only `inference.networking.k8s.io` (InferencePool v1) is read.
-    #[arg(long, default_value = sluice_gateway::control::discovery::pool::POOL_GROUP)]
+    #[arg(
+        long,
+        default_value = sluice_gateway::control::discovery::pool::POOL_GROUP,
+        value_name = "GROUP"
+    )]
     #[arg(help_heading = "Endpoint picker")]
     pub pool_group: String,
 }
