@@ -48,6 +48,8 @@ pub enum AssembleError {
     AccessLog(#[from] AccessLogError),
     #[error(transparent)]
     Shared(#[from] crate::shared::SharedError),
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
 }
 
 /// An assembled gateway before it listens: the app, and what starting and stopping it needs.
@@ -59,6 +61,8 @@ pub(crate) struct Assembled {
     /// OpenAI requests in flight, which shutdown waits for.
     pub in_flight: Arc<InFlight>,
     pub access_log_writer: Option<AccessLogWriter>,
+    /// The trace exporter's task (`--enable-trace`).
+    pub trace_exporting: Option<crate::trace::Exporting>,
     /// The state shared with the other replicas (`--redis-url`), whose task the gateway runs.
     pub shared: Option<Arc<Shared>>,
 }
@@ -80,6 +84,11 @@ impl App {
             Some(path) => AccessLog::open(path, metrics.clone())
                 .await
                 .map(|(log, writer)| (Some(log), Some(writer)))?,
+            None => (None, None),
+        };
+        let (tracing, trace_exporting) = match &config.trace {
+            Some(trace) => crate::trace::Tracing::start(trace, metrics.clone())
+                .map(|(tracing, exporting)| (Some(tracing), Some(exporting)))?,
             None => (None, None),
         };
         let in_flight = Arc::new(InFlight::default());
@@ -127,6 +136,7 @@ impl App {
             accounts: Accounts {
                 metrics,
                 access_log,
+                tracing,
                 in_flight: in_flight.clone(),
             },
         };
@@ -144,6 +154,7 @@ impl App {
             draining,
             in_flight,
             access_log_writer,
+            trace_exporting,
             shared,
         })
     }

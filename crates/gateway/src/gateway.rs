@@ -69,6 +69,8 @@ pub struct Gateway {
     listeners: JoinSet<()>,
     /// Written out at shutdown.
     access_log_writer: Option<AccessLogWriter>,
+    /// Exported at shutdown.
+    trace_exporting: Option<crate::trace::Exporting>,
     grace: Duration,
 }
 
@@ -91,6 +93,7 @@ impl Gateway {
             draining,
             in_flight,
             access_log_writer,
+            trace_exporting,
             shared,
         } = App::assemble(&config).await?;
         if let Some(shared) = &shared {
@@ -159,6 +162,7 @@ impl Gateway {
             stop,
             listeners,
             access_log_writer,
+            trace_exporting,
             grace: config.shutdown_grace,
         })
     }
@@ -245,6 +249,9 @@ impl Gateway {
         if let Some(writer) = self.access_log_writer.take() {
             // Its handles go with the connections, which end with the listeners.
             writer.finish(ACCESS_LOG_FLUSH).await;
+        }
+        if let Some(exporting) = self.trace_exporting.take() {
+            exporting.finish(ACCESS_LOG_FLUSH).await;
         }
         info!("stopped");
         outcome

@@ -55,6 +55,8 @@
 //!   headers that may cross.
 //! - `app` — the one place the routers are assembled; `gateway` starts and stops it all.
 //! - `error` — every answer the gateway makes itself: status, code, OpenAI error body.
+//! - `trace` — `--enable-trace`: a sampled request's spans, exported over OTLP off the request
+//!   path; `traceparent` to every worker.
 //! - `metrics`, `access_log`, `config` — what their names say.
 //!
 //! No folder imports one that imports it back (`tests/layout.rs` checks the `use` lines). The
@@ -81,6 +83,7 @@ pub mod shared;
 pub mod status;
 pub mod stream;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 
 pub use config::{Config, ConfigError, Settings};

@@ -15,6 +15,8 @@ use sluice_core::admission::Tier;
 
 use super::degrade::Degrader;
 use super::{Admit, Asking};
+use tokio::time::Instant;
+
 use crate::context::RequestContext;
 use crate::error::{reflected, GatewayError};
 use crate::fleet::{Fleet, Snapshot};
@@ -69,7 +71,9 @@ impl AdmitStage {
             ctx.model = Some(pool.model.clone());
             self.admit.feasible(ctx, &pool, wanted.prompt_tokens)?;
             if turn.is_none() {
+                let asked = Instant::now();
                 if let Some(called) = self.admit.wait_room(ctx, &pool).await? {
+                    ctx.queued(asked.elapsed());
                     turn = Some(called);
                     continue;
                 }

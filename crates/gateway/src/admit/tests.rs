@@ -14,6 +14,7 @@ fn accounts() -> Accounts {
     Accounts {
         metrics: Metrics::register(&mut Registry::default()),
         access_log: None,
+        tracing: None,
         in_flight: Arc::new(InFlight::default()),
     }
 }

@@ -223,6 +223,43 @@ impl Settings {
             })
     }
 
+    fn trace(&self) -> Result<Option<crate::trace::TraceConfig>, ConfigError> {
+        if !self.enable_trace {
+            return Ok(None);
+        }
+        let ratio = self.trace_sample_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(invalid(
+                "trace-sample-ratio",
+                format!("{ratio} is not between 0 and 1"),
+            ));
+        }
+        let protocol = self.otlp_traces_protocol;
+        let endpoint = match &self.otlp_traces_endpoint {
+            Some(given) => {
+                let given = given.trim();
+                let port = given
+                    .rsplit_once(':')
+                    .map(|(host, port)| (host, port.parse::<u16>()));
+                match port {
+                    Some((host, Ok(port))) if !host.is_empty() && port > 0 => given.to_string(),
+                    _ => {
+                        return Err(invalid(
+                            "otlp-traces-endpoint",
+                            format!("'{given}' is not HOST:PORT"),
+                        ))
+                    }
+                }
+            }
+            None => format!("localhost:{}", protocol.default_port()),
+        };
+        Ok(Some(crate::trace::TraceConfig {
+            endpoint,
+            protocol,
+            sample_ratio: ratio,
+        }))
+    }
+
     /// The settings as a TOML file `--config` would accept.
     pub fn to_toml(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string(self)?)
@@ -309,6 +346,7 @@ impl Settings {
                 .degradation
                 .validate(self.adaptive.codel()?, self.load()?.interval)?,
             access_log: self.access_log.clone(),
+            trace: self.trace()?,
             duration_buckets: self.duration_buckets()?,
             slos,
             ui: self.status.ui()?,
@@ -479,6 +517,8 @@ pub struct Config {
     /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
     pub degradation: Option<crate::admit::degrade::DegradationConfig>,
     pub access_log: Option<PathBuf>,
+    /// `--enable-trace` and its settings; `None`: off.
+    pub trace: Option<crate::trace::TraceConfig>,
     /// `--prometheus-duration-buckets`; `None`: the defaults.
     pub duration_buckets: Option<Vec<f64>>,
     /// `--slo-ttft-ms-by-tier`, `--slo-tpot-ms-by-tier`.

@@ -516,6 +516,33 @@ pub struct Settings {
     #[arg(help_heading = "Metrics and logs")]
     pub access_log: Option<PathBuf>,
 
+    /// Export a trace of each sampled request to an OpenTelemetry collector over OTLP (SMG's
+    /// flag): the request, its admission and queue wait, each attempt on a worker, the first byte
+    /// and the end. Workers get `traceparent`. Spans the collector cannot take in time are
+    /// dropped and counted (`sluice_trace_spans_dropped_total`); requests never wait for it.
+    #[arg(long)]
+    #[arg(help_heading = "Traces")]
+    #[serde(default)]
+    pub enable_trace: bool,
+
+    /// The collector, `HOST:PORT` (SMG's flag). Unset: localhost:4317 with gRPC, localhost:4318
+    /// with HTTP.
+    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(help_heading = "Traces")]
+    #[serde(default)]
+    pub otlp_traces_endpoint: Option<String>,
+
+    /// OTLP over `grpc`, or `http` (HTTP/protobuf, to /v1/traces).
+    #[arg(long, value_enum, default_value = "grpc")]
+    #[arg(help_heading = "Traces")]
+    pub otlp_traces_protocol: crate::trace::Protocol,
+
+    /// The share of traces started here that are recorded, 0 to 1. A request whose client sent a
+    /// `traceparent` follows the client's sampled flag instead.
+    #[arg(long, default_value_t = 1.0, value_name = "RATIO")]
+    #[arg(help_heading = "Traces")]
+    pub trace_sample_ratio: f64,
+
     /// Bucket bounds, in seconds and increasing, of the request-duration and time-to-first-byte
     /// histograms (SMG's flag). Default: 0.005 to 300.
     #[arg(long, num_args = 1.., value_delimiter = ',', value_name = "SECONDS")]

@@ -39,8 +39,6 @@ const STORE: &str =
     "sluice stores no conversations or responses (/v1/responses passes through to the engine); drop the flag";
 const TOK: &str =
     "sluice does not tokenize or apply chat templates (HTTP workers do); drop the flag";
-const TRACE: &str =
-    "OpenTelemetry export is not supported: follow a request by its x-request-id, which sluice sends to the worker and writes in its logs and --access-log";
 const WARM: &str = "sluice has no warm-up slice for new workers; drop the flag";
 const WASM: &str = "sluice runs no WebAssembly plugins; drop the flag";
 
@@ -183,8 +181,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("--redis-pool-max", STORE),
     ("--redis-retention-days", STORE),
     ("--redis-op-timeout-secs", STORE),
-    ("--enable-trace", TRACE),
-    ("--otlp-traces-endpoint", TRACE),
     (
         "--control-plane-audit-enabled",
         "sluice keeps no audit log; drop the flag",

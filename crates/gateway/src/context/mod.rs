@@ -13,9 +13,12 @@
 //! - `admission` — what admission decided (tenant, tier, deadline) and holds (permits,
 //!   reservations), given back on drop.
 //! - `inflight` — the gateway's count of requests in flight, which shutdown waits on.
+//! - `traced` — what the request's trace says of it (`--enable-trace`): the attributes of its
+//!   spans, from what the context learned.
 
 mod admission;
 mod inflight;
+mod traced;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,6 +33,7 @@ pub use inflight::{InFlight, InFlightGuard};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::error::GatewayError;
 use crate::metrics::{CancelLabels, Metrics};
+use crate::trace::{AttemptEnd, RequestTrace, Tracing};
 
 /// Where a request is on its way, which decides what its drop means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +53,8 @@ enum Phase {
 pub struct Accounts {
     pub metrics: Arc<Metrics>,
     pub access_log: Option<AccessLog>,
+    /// `--enable-trace`.
+    pub tracing: Option<Tracing>,
     pub in_flight: Arc<InFlight>,
 }
 
@@ -94,6 +100,10 @@ pub struct RequestContext {
     metrics: Arc<Metrics>,
     /// The access log and the arrival in Unix milliseconds, when the log is on.
     access: Option<(AccessLog, u64)>,
+    /// Its trace, when traces are on (recorded only when sampled).
+    trace: Option<RequestTrace>,
+    /// How long it waited in the gateway queue, if it did.
+    queue_wait: Option<Duration>,
     /// Counted in flight until the context is gone.
     _in_flight: InFlightGuard,
 }
@@ -135,7 +145,45 @@ impl RequestContext {
             chunks: 0,
             metrics: accounts.metrics.clone(),
             access,
+            trace: None,
+            queue_wait: None,
             _in_flight: in_flight,
+        }
+    }
+
+    /// Starts the request's trace, when traces are on: the client's `traceparent` in `headers`
+    /// is its parent.
+    pub fn trace_from(&mut self, accounts: &Accounts, headers: &axum::http::HeaderMap) {
+        self.trace = accounts
+            .tracing
+            .as_ref()
+            .map(|tracing| tracing.begin(headers, self.route));
+    }
+
+    /// The trace, for the headers a worker gets.
+    pub fn trace(&self) -> Option<&RequestTrace> {
+        self.trace.as_ref()
+    }
+
+    /// Admission ran from `from` until now, and admitted the request or `refused` it.
+    pub fn admission_ended(&mut self, from: Instant, refused: Option<&GatewayError>) {
+        if self.trace.as_ref().is_some_and(RequestTrace::sampled) {
+            let attributes = traced::admission(self, refused);
+            if let Some(trace) = &mut self.trace {
+                trace.admission(from, attributes, refused.map(GatewayError::code));
+            }
+        }
+    }
+
+    /// It waited `wait` in the gateway queue for a turn.
+    pub fn queued(&mut self, wait: Duration) {
+        self.queue_wait = Some(wait);
+    }
+
+    /// The attempt on the current worker is given up for another, because of `cause`.
+    pub fn retrying(&mut self, cause: &'static str) {
+        if let Some(trace) = &mut self.trace {
+            trace.attempt_ended(AttemptEnd::Retried(cause));
         }
     }
 
@@ -149,6 +197,12 @@ impl RequestContext {
     pub fn attempt(&mut self, worker: &WorkerId) {
         self.attempts += 1;
         self.worker = Some(worker.clone());
+        if self.trace.is_some() {
+            let (name, attributes) = traced::attempt(self, worker);
+            if let Some(trace) = &mut self.trace {
+                trace.attempt(name, attributes);
+            }
+        }
     }
 
     pub fn attempts(&self) -> u32 {
@@ -164,12 +218,19 @@ impl RequestContext {
     pub fn respond(&mut self, status: u16) {
         self.answered(status, None);
         self.phase = Phase::Responding;
+        if let Some(trace) = &mut self.trace {
+            trace.attempt_ended(AttemptEnd::Answered(status));
+            trace.event("first byte", Instant::now(), Vec::new());
+        }
     }
 
     /// The gateway answers the request itself with `error`.
     pub fn refuse(&mut self, error: &GatewayError) {
         self.answered(error.status().as_u16(), Some(error.code()));
         self.phase = Phase::Ended;
+        if let Some(trace) = &mut self.trace {
+            trace.attempt_ended(AttemptEnd::Failed(error.code()));
+        }
     }
 
     fn answered(&mut self, status: u16, code: Option<&'static str>) {
@@ -274,6 +335,13 @@ impl Drop for RequestContext {
         if let Some((log, ts_ms)) = self.access.take() {
             log.record(self.access_record(ts_ms, &ending));
         }
+        if let Some(mut trace) = self.trace.take() {
+            if trace.sampled() {
+                trace.event("end", Instant::now(), traced::end_event(&ending));
+                let (attributes, status) = traced::request(self, &ending);
+                trace.finish(attributes, status);
+            }
+        }
     }
 }
 
@@ -299,6 +367,7 @@ mod tests {
         let accounts = Accounts {
             metrics: Metrics::register(&mut registry),
             access_log: None,
+            tracing: None,
             in_flight: Arc::new(InFlight::default()),
         };
         (accounts, registry)

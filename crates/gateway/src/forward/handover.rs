@@ -87,6 +87,7 @@ impl Dispatch for ToDataPlane<'_> {
             &ctx.id,
             ctx.admission.client_deadline,
             lease.worker(),
+            ctx.trace(),
         );
         Ok(Handover {
             lease,

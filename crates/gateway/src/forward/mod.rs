@@ -174,6 +174,7 @@ impl Forwarder {
                 Tried::Final(error) => return Err(error),
                 Tried::Retry(worker, failure) => {
                     tried.push(worker);
+                    ctx.retrying(retry_reason(failure));
                     self.back_off(ctx, attempts, failure).await?;
                 }
             }
@@ -343,16 +344,11 @@ impl Forwarder {
     }
 
     fn count_retry(&self, failure: AttemptFailure) {
-        let reason = match failure {
-            AttemptFailure::AtCapacity => "at_capacity",
-            AttemptFailure::Dropped => "dropped",
-            AttemptFailure::ServerError => "status",
-            AttemptFailure::Unresponsive => "unresponsive",
-            _ => "connect",
-        };
         self.metrics
             .retries
-            .get_or_create(&ReasonLabel { reason })
+            .get_or_create(&ReasonLabel {
+                reason: retry_reason(failure),
+            })
             .inc();
     }
 
@@ -401,6 +397,17 @@ fn transport_failure(
     }
 }
 
+/// Why an attempt is given up for another worker, as metrics and traces name it.
+fn retry_reason(failure: AttemptFailure) -> &'static str {
+    match failure {
+        AttemptFailure::AtCapacity => "at_capacity",
+        AttemptFailure::Dropped => "dropped",
+        AttemptFailure::ServerError => "status",
+        AttemptFailure::Unresponsive => "unresponsive",
+        _ => "connect",
+    }
+}
+
 /// What waiting for an answer's head gives: the deadline passed, or the exchange's result.
 type Sent = Result<
     Result<(UpstreamResponse, Ahead), crate::upstream::SendError>,
@@ -423,6 +430,8 @@ pub(super) struct Attempt<'a> {
     client_deadline: Option<Instant>,
     /// `deadline` is the client's (not the gateway's request timeout).
     by_client: bool,
+    /// The request's trace, which names the attempt to the worker.
+    trace: Option<&'a crate::trace::RequestTrace>,
 }
 
 /// How one attempt ended. Returned once per attempt and matched at once: boxing the answer
@@ -449,6 +458,7 @@ impl<'a> Attempt<'a> {
             timeout: deadline.saturating_duration_since(ctx.started),
             client_deadline: ctx.admission.client_deadline,
             by_client: ctx.admission.cut_by_client(),
+            trace: ctx.trace(),
         }
     }
 }
@@ -470,18 +480,23 @@ fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
     }
     let headers = request.headers_mut();
     copy_request_headers(&at.job.parts.headers, headers);
-    add_worker_headers(headers, at.request_id, at.client_deadline, worker);
+    add_worker_headers(headers, at.request_id, at.client_deadline, worker, at.trace);
     request
 }
 
 /// What a worker gets from the gateway on top of the client's headers: the request id, what is
-/// left of the client's deadline (so the engine can drop it in time too), the worker's own key.
+/// left of the client's deadline (so the engine can drop it in time too), the worker's own key,
+/// and with traces on, the attempt's `traceparent`.
 fn add_worker_headers(
     headers: &mut axum::http::HeaderMap,
     request_id: &HeaderValue,
     client_deadline: Option<Instant>,
     worker: &crate::fleet::Worker,
+    trace: Option<&crate::trace::RequestTrace>,
 ) {
+    if let Some(trace) = trace {
+        trace.to_worker(headers);
+    }
     headers.insert(REQUEST_ID, request_id.clone());
     if let Some(due) = client_deadline {
         let left = due.saturating_duration_since(Instant::now()).as_millis() as u64;

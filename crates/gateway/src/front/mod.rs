@@ -123,6 +123,7 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
     // Counted in flight from here, before the draining check, so shutdown cannot miss a request
     // that passed it.
     let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
+    ctx.trace_from(&front.accounts, &parts.headers);
     let mut body = Some(body);
     let served = serve(front, &mut ctx, route, &parts, &mut body, &front.forward).await;
     let rate_limits = ctx.admission.rate_headers.take();
@@ -239,10 +240,13 @@ async fn admit_and_dispatch<D: Dispatch>(
         n: facts.n,
     };
     let wants = wants(front, parts, facts);
+    let admitting = Instant::now();
     let placed = front
         .admit
         .place(ctx, &asking, wants, route.takes_model())
-        .await?;
+        .await;
+    ctx.admission_ended(admitting, placed.as_ref().err());
+    let placed = placed?;
     let sending = Sending {
         route,
         facts,

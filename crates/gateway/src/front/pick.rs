@@ -111,6 +111,7 @@ pub async fn pick(
     let started = Instant::now();
     let id = request_id(&parts.headers, &front.request_id_headers);
     let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
+    ctx.trace_from(&front.accounts, &parts.headers);
     let mut body = Some(body);
     let dispatch = ToDataPlane { allowed };
     let picked = serve(front, &mut ctx, route, &parts, &mut body, &dispatch).await;

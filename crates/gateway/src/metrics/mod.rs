@@ -157,6 +157,9 @@ pub struct Metrics {
     pub cancellations: Family<CancelLabels, Counter>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub access_log_dropped: Counter,
+    /// Spans the OTLP exporter took, and spans dropped (the queue full, an export failed).
+    pub trace_spans_exported: Counter,
+    pub trace_spans_dropped_by: Family<ReasonLabel, Counter>,
     /// 1 Ready, 0 any other state; deleted with the worker.
     pub worker_health: Family<WorkerLabel, Gauge>,
     pub health_checks: Family<ResultLabel, Counter>,
@@ -232,6 +235,8 @@ impl Metrics {
             cancellations: Family::default(),
             upstream_errors: Family::default(),
             access_log_dropped: Counter::default(),
+            trace_spans_exported: Counter::default(),
+            trace_spans_dropped_by: Family::default(),
             worker_health: Family::default(),
             health_checks: Family::default(),
             engine_waiting: Family::default(),
@@ -254,7 +259,18 @@ impl Metrics {
         for result in ["success", "failure"] {
             let _ = m.health_checks.get_or_create(&ResultLabel { result });
         }
+        for reason in ["queue_full", "export_failed"] {
+            let _ = m
+                .trace_spans_dropped_by
+                .get_or_create(&ReasonLabel { reason });
+        }
         Arc::new(m)
+    }
+
+    /// Spans dropped for `reason`.
+    pub fn trace_spans_dropped(&self, reason: &'static str) -> Counter {
+        self.trace_spans_dropped_by
+            .get_or_create_owned(&ReasonLabel { reason })
     }
 
     /// Requests as the gateway answered them: answers, durations, retries, cancellations, the
@@ -289,6 +305,16 @@ impl Metrics {
             "access_log_dropped",
             "Access log lines dropped because the writer fell behind",
             self.access_log_dropped.clone(),
+        );
+        r.register(
+            "trace_spans_exported",
+            "Spans exported to the OTLP collector (--enable-trace)",
+            self.trace_spans_exported.clone(),
+        );
+        r.register(
+            "trace_spans_dropped",
+            "Spans dropped instead of exported: queue_full (the collector slower than the requests), export_failed (the collector away or refusing)",
+            self.trace_spans_dropped_by.clone(),
         );
         r.register(
             "pd_admission_waits",

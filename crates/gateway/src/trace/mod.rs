@@ -1,0 +1,160 @@
+//! Traces (`--enable-trace`): a sampled request becomes spans in the operator's tracing
+//! backend — the request, its admission (and wait in the queue), each attempt on a worker, the
+//! first byte and the stream's end — exported over OTLP off the request path.
+//!
+//! The client's W3C `traceparent` (and `tracestate`) is the parent when it is valid, and its
+//! sampled flag is followed; without one, `--trace-sample-ratio` decides by trace id. Every
+//! attempt's worker gets a `traceparent` naming the attempt's span, sampled or not, so an
+//! engine's own spans join the trace.
+//!
+//! Attribute names follow OpenTelemetry's semantic conventions 1.42.0 (the
+//! `opentelemetry-semantic-conventions` crate, 0.33) for HTTP, and its GenAI attributes
+//! (`genai`, experimental; that crate marks them as moved to the semantic-conventions-genai
+//! repository) for the model and usage; what they do not name is `sluice.*`.
+//!
+//! ## Layout
+//!
+//! - `export` — a bounded queue the request path hands finished spans to, and the task that
+//!   exports them in batches; what cannot be exported in time is dropped and counted.
+//! - `request` — one request's spans while it runs.
+
+mod export;
+pub mod genai;
+mod request;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{SpanContext, TraceContextExt};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{RandomIdGenerator, Sampler};
+use opentelemetry_sdk::Resource;
+
+pub use export::Exporting;
+pub use request::{AttemptEnd, RequestTrace};
+
+use crate::metrics::Metrics;
+
+/// How spans leave: OTLP over gRPC (port 4317 by convention) or HTTP/protobuf (4318).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    /// The collector's conventional port for this protocol.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Protocol::Grpc => 4317,
+            Protocol::Http => 4318,
+        }
+    }
+}
+
+/// `--enable-trace` and its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceConfig {
+    /// `--otlp-traces-endpoint`, `HOST:PORT`.
+    pub endpoint: String,
+    pub protocol: Protocol,
+    /// `--trace-sample-ratio`: the share of traces started here that are recorded.
+    pub sample_ratio: f64,
+}
+
+/// The longest one export may take before its spans count as dropped.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why traces cannot be exported.
+#[derive(Debug, thiserror::Error)]
+#[error("--otlp-traces-endpoint: {0}")]
+pub struct TraceError(#[from] opentelemetry_otlp::ExporterBuildError);
+
+/// What every request's trace shares.
+#[derive(Debug, Clone)]
+pub struct Tracing(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    sampler: Sampler,
+    ids: RandomIdGenerator,
+    propagator: TraceContextPropagator,
+    queue: export::Queue,
+    scope: opentelemetry::InstrumentationScope,
+}
+
+impl Tracing {
+    /// Builds the exporter for `config` and starts the export task. The exporter connects
+    /// lazily: a collector that is not up yet costs dropped spans, not a failed start.
+    pub fn start(
+        config: &TraceConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, Exporting), TraceError> {
+        let resource = Resource::builder()
+            .with_service_name(
+                std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "sluice".to_string()),
+            )
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let (queue, exporting) = match config.protocol {
+            Protocol::Grpc => {
+                let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(format!("http://{}", config.endpoint))
+                    .with_timeout(EXPORT_TIMEOUT)
+                    .build()?;
+                opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
+                export::start(exporter, metrics)
+            }
+            Protocol::Http => {
+                let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_endpoint(format!("http://{}/v1/traces", config.endpoint))
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_timeout(EXPORT_TIMEOUT)
+                    .build()?;
+                opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
+                export::start(exporter, metrics)
+            }
+        };
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sample_ratio)));
+        let scope = opentelemetry::InstrumentationScope::builder("sluice")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .with_schema_url(opentelemetry_semantic_conventions::SCHEMA_URL)
+            .build();
+        let shared = Shared {
+            sampler,
+            ids: RandomIdGenerator::default(),
+            propagator: TraceContextPropagator::new(),
+            queue,
+            scope,
+        };
+        Ok((Self(Arc::new(shared)), exporting))
+    }
+
+    /// The trace of a request that arrived with `headers`: the client's context, if it sent a
+    /// valid one, is its parent.
+    pub fn begin(&self, headers: &HeaderMap, route: &'static str) -> RequestTrace {
+        let parent_cx = self.0.propagator.extract(&HeaderExtractor(headers));
+        let parent: Option<SpanContext> =
+            Some(parent_cx.span().span_context().clone()).filter(SpanContext::is_valid);
+        RequestTrace::begin(self.clone(), parent, &parent_cx, route)
+    }
+}
+
+impl Shared {
+    fn inject(&self, span: &SpanContext, headers: &mut HeaderMap) {
+        let cx = Context::new().with_remote_span_context(span.clone());
+        self.propagator
+            .inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
+    }
+}
