@@ -167,6 +167,15 @@ impl Gateway {
         })
     }
 
+    /// The trace exporter's counts as they change (`--enable-trace`).
+    pub fn trace_exports(&self) -> Option<watch::Receiver<crate::trace::ExportStats>> {
+        self.front
+            .accounts
+            .tracing
+            .as_ref()
+            .map(crate::trace::Tracing::stats)
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

@@ -253,11 +253,9 @@ impl Settings {
             }
             None => format!("localhost:{}", protocol.default_port()),
         };
-        Ok(Some(crate::trace::TraceConfig {
-            endpoint,
-            protocol,
-            sample_ratio: ratio,
-        }))
+        Ok(Some(crate::trace::TraceConfig::new(
+            endpoint, protocol, ratio,
+        )))
     }
 
     /// The settings as a TOML file `--config` would accept.

@@ -160,6 +160,11 @@ impl RequestContext {
             .map(|tracing| tracing.begin(headers, self.route));
     }
 
+    /// Its trace is recorded (traces on, and it was sampled).
+    pub fn traced(&self) -> bool {
+        self.trace.as_ref().is_some_and(RequestTrace::sampled)
+    }
+
     /// The trace, for the headers a worker gets.
     pub fn trace(&self) -> Option<&RequestTrace> {
         self.trace.as_ref()
@@ -167,7 +172,7 @@ impl RequestContext {
 
     /// Admission ran from `from` until now, and admitted the request or `refused` it.
     pub fn admission_ended(&mut self, from: Instant, refused: Option<&GatewayError>) {
-        if self.trace.as_ref().is_some_and(RequestTrace::sampled) {
+        if self.traced() {
             let attributes = traced::admission(self, refused);
             if let Some(trace) = &mut self.trace {
                 trace.admission(from, attributes, refused.map(GatewayError::code));

@@ -195,8 +195,9 @@ impl Relay {
         // A worker under an adaptive limit is measured on its successful answers; a whole body
         // is read for its token count.
         let measured = status == 200 && lease.worker().adaptive.measuring();
-        let meter =
-            (ctx.admission.metered || (measured && !sse)).then(|| Box::new(Meter::new(sse)));
+        // A traced request's span says what it used too.
+        let meter = (ctx.admission.metered || (measured && !sse) || ctx.traced())
+            .then(|| Box::new(Meter::new(sse)));
         Self {
             inner,
             ahead: None,

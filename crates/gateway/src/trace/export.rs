@@ -12,25 +12,49 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::metrics::Metrics;
 
-/// Requests whose spans may wait to be exported before new ones are dropped.
-const QUEUE: usize = 2048;
 /// Spans sent in one export at most.
 const BATCH: usize = 512;
 /// The longest a span waits for its batch to fill.
 const LINGER: Duration = Duration::from_secs(1);
 
+/// Spans exported and dropped so far, for whoever awaits the exporter (the metrics say the same).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    pub exported: u64,
+    pub dropped: u64,
+}
+
 /// Where finished requests' spans go; cloned into every request.
 #[derive(Debug, Clone)]
 pub struct Queue {
     tx: mpsc::Sender<Vec<SpanData>>,
+    counts: Counts,
+}
+
+/// Where exports and drops are counted.
+#[derive(Debug, Clone)]
+struct Counts {
     metrics: Arc<Metrics>,
+    stats: Arc<watch::Sender<ExportStats>>,
+}
+
+impl Counts {
+    fn exported(&self, n: u64) {
+        self.metrics.trace_spans_exported.inc_by(n);
+        self.stats.send_modify(|s| s.exported += n);
+    }
+
+    fn dropped(&self, reason: &'static str, n: u64) {
+        self.metrics.trace_spans_dropped(reason).inc_by(n);
+        self.stats.send_modify(|s| s.dropped += n);
+    }
 }
 
 impl Queue {
@@ -38,8 +62,13 @@ impl Queue {
     pub fn send(&self, spans: Vec<SpanData>) {
         let n = spans.len() as u64;
         if self.tx.try_send(spans).is_err() {
-            self.metrics.trace_spans_dropped("queue_full").inc_by(n);
+            self.counts.dropped("queue_full", n);
         }
+    }
+
+    /// The exporter's counts as they change.
+    pub fn stats(&self) -> watch::Receiver<ExportStats> {
+        self.counts.stats.subscribe()
     }
 }
 
@@ -64,12 +93,20 @@ impl Exporting {
     }
 }
 
-/// Starts the export task with `exporter`.
-pub fn start<E: SpanExporter + 'static>(exporter: E, metrics: Arc<Metrics>) -> (Queue, Exporting) {
-    let (tx, rx) = mpsc::channel(QUEUE);
+/// Starts the export task with `exporter`; up to `queue` requests' spans wait for it.
+pub fn start<E: SpanExporter + 'static>(
+    exporter: E,
+    queue: usize,
+    metrics: Arc<Metrics>,
+) -> (Queue, Exporting) {
+    let (tx, rx) = mpsc::channel(queue.max(1));
     let (stop, stopped) = oneshot::channel();
-    let task = tokio::spawn(export(rx, stopped, exporter, metrics.clone()));
-    (Queue { tx, metrics }, Exporting { task, stop })
+    let counts = Counts {
+        metrics,
+        stats: Arc::new(watch::channel(ExportStats::default()).0),
+    };
+    let task = tokio::spawn(export(rx, stopped, exporter, counts.clone()));
+    (Queue { tx, counts }, Exporting { task, stop })
 }
 
 /// Batches: up to `BATCH` spans, or what came within `LINGER` of the batch's start.
@@ -77,7 +114,7 @@ async fn export<E: SpanExporter>(
     mut rx: mpsc::Receiver<Vec<SpanData>>,
     mut stopped: oneshot::Receiver<()>,
     exporter: E,
-    metrics: Arc<Metrics>,
+    counts: Counts,
 ) {
     let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH);
     let mut open = true;
@@ -106,11 +143,11 @@ async fn export<E: SpanExporter>(
         let n = spans.len() as u64;
         match exporter.export(spans).await {
             Ok(()) => {
-                metrics.trace_spans_exported.inc_by(n);
+                counts.exported(n);
                 failing = false;
             }
             Err(e) => {
-                metrics.trace_spans_dropped("export_failed").inc_by(n);
+                counts.dropped("export_failed", n);
                 if !failing {
                     warn!(error = %e, "cannot export spans: they are dropped until the collector takes them");
                     failing = true;

@@ -35,7 +35,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{RandomIdGenerator, Sampler};
 use opentelemetry_sdk::Resource;
 
-pub use export::Exporting;
+pub use export::{ExportStats, Exporting};
 pub use request::{AttemptEnd, RequestTrace};
 
 use crate::metrics::Metrics;
@@ -68,10 +68,24 @@ pub struct TraceConfig {
     pub protocol: Protocol,
     /// `--trace-sample-ratio`: the share of traces started here that are recorded.
     pub sample_ratio: f64,
+    /// The longest one export may take before its spans count as dropped.
+    pub export_timeout: Duration,
+    /// Requests whose spans may wait for the exporter before new ones are dropped.
+    pub queue: usize,
 }
 
-/// The longest one export may take before its spans count as dropped.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+impl TraceConfig {
+    /// The defaults for a collector at `endpoint`.
+    pub fn new(endpoint: String, protocol: Protocol, sample_ratio: f64) -> Self {
+        Self {
+            endpoint,
+            protocol,
+            sample_ratio,
+            export_timeout: Duration::from_secs(5),
+            queue: 2048,
+        }
+    }
+}
 
 /// Why traces cannot be exported.
 #[derive(Debug, thiserror::Error)]
@@ -109,20 +123,20 @@ impl Tracing {
                 let mut exporter = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_endpoint(format!("http://{}", config.endpoint))
-                    .with_timeout(EXPORT_TIMEOUT)
+                    .with_timeout(config.export_timeout)
                     .build()?;
                 opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
-                export::start(exporter, metrics)
+                export::start(exporter, config.queue, metrics)
             }
             Protocol::Http => {
                 let mut exporter = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
                     .with_endpoint(format!("http://{}/v1/traces", config.endpoint))
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_timeout(EXPORT_TIMEOUT)
+                    .with_timeout(config.export_timeout)
                     .build()?;
                 opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
-                export::start(exporter, metrics)
+                export::start(exporter, config.queue, metrics)
             }
         };
         let sampler =
@@ -139,6 +153,11 @@ impl Tracing {
             scope,
         };
         Ok((Self(Arc::new(shared)), exporting))
+    }
+
+    /// The exporter's counts as they change.
+    pub fn stats(&self) -> tokio::sync::watch::Receiver<ExportStats> {
+        self.0.queue.stats()
     }
 
     /// The trace of a request that arrived with `headers`: the client's context, if it sent a

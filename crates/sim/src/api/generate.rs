@@ -215,6 +215,7 @@ pub(super) async fn checked(
     let engine = &st.engine;
     let cfg = engine.config();
     authorize(cfg, headers)?;
+    engine.saw_trace_context(headers.get("traceparent").and_then(|v| v.to_str().ok()));
     let request =
         GenerationRequest::parse(route, body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if request.model != cfg.model {

@@ -87,6 +87,10 @@ pub struct Engine {
     fault_control: Arc<watch::Sender<FaultSet>>,
     /// When its (modelled) startup ends: SGLang's `/health` answers 503 until then.
     ready_at: Instant,
+    /// The W3C trace context the last generation request carried: the headers vLLM and SGLang
+    /// read to join a caller's trace (`TRACE_HEADERS`, traceparent and tracestate, in
+    /// vllm/tracing.py and sglang/srt/tracing/trace.py).
+    trace_context: parking_lot::Mutex<Option<String>>,
 }
 
 impl Engine {
@@ -134,6 +138,7 @@ impl Engine {
             disagg,
             fault_control,
             ready_at: Instant::now(),
+            trace_context: parking_lot::Mutex::new(None),
             cfg,
             ranks,
             metrics,
@@ -174,6 +179,16 @@ impl Engine {
 
     pub fn totals(&self) -> &Totals {
         &self.totals
+    }
+
+    /// A generation request arrived with this `traceparent` (or none).
+    pub fn saw_trace_context(&self, traceparent: Option<&str>) {
+        *self.trace_context.lock() = traceparent.map(str::to_string);
+    }
+
+    /// The `traceparent` of the last generation request, if it had one.
+    pub fn last_trace_context(&self) -> Option<String> {
+        self.trace_context.lock().clone()
     }
 
     pub fn faults(&self) -> FaultSet {
