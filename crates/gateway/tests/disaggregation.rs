@@ -139,6 +139,33 @@ async fn both_legs_meet_in_one_room_and_the_answer_streams_from_the_decode_engin
 }
 
 #[tokio::test]
+async fn with_traces_on_both_legs_carry_the_attempts_traceparent() {
+    let mut receiver = common::otlp::Receiver::grpc().await;
+    let trace = sluice_gateway::trace::TraceConfig::new(
+        receiver.endpoint(),
+        sluice_gateway::trace::Protocol::Grpc,
+        1.0,
+    );
+    let s = pd(1, sglang(), 1, sglang(), |c| c.trace = Some(trace)).await;
+    let answer = s.chat(&exact("hello", 3, false)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let spans = bounded("the pair's spans", receiver.take(3)).await;
+    let attempt = spans
+        .iter()
+        .find(|s| s.kind == opentelemetry_proto::tonic::trace::v1::span::SpanKind::Client as i32)
+        .unwrap();
+    let want = format!(
+        "00-{}-{}-01",
+        common::otlp::hex(&attempt.trace_id),
+        common::otlp::hex(&attempt.span_id)
+    );
+    for (leg, slot) in ["prefill", "decode"].iter().zip(s.sims.engines()) {
+        let told = slot.engine().unwrap().last_trace_context();
+        assert_eq!(told.as_deref(), Some(want.as_str()), "the {leg} leg");
+    }
+}
+
+#[tokio::test]
 async fn the_window_holds_the_next_request_until_a_room_frees_and_gives_it_to_the_longest_waiter() {
     let s = pd(1, sglang(), 1, one_slot_decode(), |_| {}).await;
     until_window(&s, "the window reported", |w| w["size"] == 1).await;
