@@ -52,6 +52,9 @@ pub struct AccessRecord {
     /// What the degradation ladder did to it, as `x-sluice-degraded` says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// Its trace, when it was traced (`--enable-trace`, sampled): 32 hex digits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// The sending side, cloned into every request.

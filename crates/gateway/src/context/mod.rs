@@ -202,11 +202,14 @@ impl RequestContext {
     pub fn attempt(&mut self, worker: &WorkerId) {
         self.attempts += 1;
         self.worker = Some(worker.clone());
-        if self.trace.is_some() {
-            let (name, attributes) = traced::attempt(self, worker);
-            if let Some(trace) = &mut self.trace {
-                trace.attempt(name, attributes);
-            }
+        // A trace not recorded still names each attempt to its worker: an id, nothing more.
+        let (name, attributes) = if self.traced() {
+            traced::attempt(self, worker)
+        } else {
+            (std::borrow::Cow::Borrowed(""), Vec::new())
+        };
+        if let Some(trace) = &mut self.trace {
+            trace.attempt(name, attributes);
         }
     }
 
@@ -303,6 +306,11 @@ impl RequestContext {
             interrupted: ending.interrupted,
             error_event: self.error_event,
             degraded: (!self.degraded.notes.is_empty()).then(|| self.degraded.notes.join(", ")),
+            trace_id: self
+                .trace
+                .as_ref()
+                .filter(|t| t.sampled())
+                .map(|t| t.trace_id().to_string()),
         }
     }
 }

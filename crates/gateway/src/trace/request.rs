@@ -241,7 +241,7 @@ impl RequestTrace {
     /// the worker's parent.
     pub fn to_worker(&self, headers: &mut HeaderMap) {
         let span = self.attempt.as_ref().map_or(&self.span, |open| &open.span);
-        self.tracing.0.inject(span, headers);
+        super::inject(span, headers);
     }
 
     /// Something happened at `at` (the first byte, say).
