@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
@@ -72,14 +72,19 @@ pub struct AccessLogError {
     source: std::io::Error,
 }
 
-/// The writer task, which ends once every `AccessLog` handle is gone and its queue is written.
+/// The writer task; it writes what is queued and ends when told to, or once every `AccessLog`
+/// handle is gone.
 #[derive(Debug)]
-pub struct AccessLogWriter(JoinHandle<()>);
+pub struct AccessLogWriter {
+    task: JoinHandle<()>,
+    stop: oneshot::Sender<()>,
+}
 
 impl AccessLogWriter {
-    /// Waits up to `within` for the queued lines to be written (every handle must be gone).
+    /// Writes the lines queued now and stops, waiting up to `within`.
     pub async fn finish(self, within: Duration) {
-        if tokio::time::timeout(within, self.0).await.is_err() {
+        let _ = self.stop.send(());
+        if tokio::time::timeout(within, self.task).await.is_err() {
             warn!(
                 ?within,
                 "the access log writer did not finish; its last lines may be lost"
@@ -109,7 +114,11 @@ impl AccessLog {
             Box::new(file)
         };
         let (tx, rx) = mpsc::channel(QUEUE);
-        let writer = AccessLogWriter(tokio::spawn(write_lines(rx, out)));
+        let (stop, stopped) = oneshot::channel();
+        let writer = AccessLogWriter {
+            task: tokio::spawn(write_lines(rx, stopped, out)),
+            stop,
+        };
         Ok((Self { tx, metrics }, writer))
     }
 
@@ -122,11 +131,23 @@ impl AccessLog {
 
 async fn write_lines(
     mut rx: mpsc::Receiver<AccessRecord>,
+    mut stopped: oneshot::Receiver<()>,
     out: Box<dyn AsyncWrite + Send + Unpin>,
 ) {
     let mut out = BufWriter::new(out);
     let mut line = Vec::with_capacity(512);
-    while let Some(record) = rx.recv().await {
+    let mut stopping = false;
+    loop {
+        let record = tokio::select! {
+            record = rx.recv() => record,
+            _ = &mut stopped, if !stopping => {
+                // What was queued before the stop is written; nothing after it.
+                stopping = true;
+                rx.close();
+                continue;
+            }
+        };
+        let Some(record) = record else { break };
         line.clear();
         if serde_json::to_writer(&mut line, &record).is_err() {
             continue;

@@ -48,7 +48,13 @@ fn has_event(span: &Span, name: &str) -> bool {
 #[tokio::test]
 async fn a_request_is_a_server_span_over_its_admission_and_attempt_in_the_clients_trace() {
     let mut receiver = Receiver::grpc().await;
-    let s = traced(&receiver, Protocol::Grpc, 1.0).await;
+    let log = std::env::temp_dir().join(format!("sluice-traces-{}.log", std::process::id()));
+    let trace = TraceConfig::new(receiver.endpoint(), Protocol::Grpc, 1.0);
+    let s = start(1, instant(Flavor::Vllm), |c| {
+        c.trace = Some(trace);
+        c.access_log = Some(log.clone());
+    })
+    .await;
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     let url = s.url("/v1/chat/completions");
     let body = serde_json::json!({
@@ -131,7 +137,16 @@ async fn a_request_is_a_server_span_over_its_admission_and_attempt_in_the_client
         seen,
         Some(format!("00-{CLIENT_TRACE}-{}-01", hex(&attempt.span_id)))
     );
+    // The request's access-log line leads to its trace.
     s.gateway.shutdown().await;
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let line: Value = lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["request_id"] == "t-1")
+        .unwrap();
+    assert_eq!(line["trace_id"], CLIENT_TRACE);
 }
 
 #[tokio::test]
@@ -145,6 +160,24 @@ async fn over_http_a_new_trace_starts_and_a_refused_request_is_traced_too() {
     assert!(request.parent_span_id.is_empty(), "a trace of its own");
     assert_eq!(request.trace_id.len(), 16);
     assert!(spans.iter().all(|s| s.trace_id == request.trace_id));
+
+    // A malformed traceparent is not a parent: a trace of its own.
+    let malformed = send(
+        &s.client,
+        "POST",
+        &s.url("/v1/chat/completions"),
+        Some(&chat_body("test-model", "hi", 2, false)),
+        &[("traceparent", "00-not-a-trace-01")],
+    )
+    .await;
+    assert_eq!(malformed.status, 200);
+    let spans = bounded("the malformed one's spans", receiver.take(3)).await;
+    let request = named(&spans, "POST /v1/chat/completions");
+    assert!(
+        request.parent_span_id.is_empty(),
+        "no parent from a malformed header"
+    );
+    assert_eq!(request.trace_id.len(), 16);
 
     // Bad input never reaches admission: one span, with the error.
     let bad = post(&s.client, &s.url("/v1/chat/completions"), "{not json").await;
