@@ -544,3 +544,52 @@ async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
     }
     assert_eq!(s.received(), [3 + 10]);
 }
+
+#[tokio::test]
+async fn a_traced_waiter_says_how_long_it_waited_in_the_queue() {
+    let mut receiver = common::otlp::Receiver::grpc().await;
+    let trace = sluice_gateway::trace::TraceConfig::new(
+        receiver.endpoint(),
+        sluice_gateway::trace::Protocol::Grpc,
+        1.0,
+    );
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        one_at_a_time(c, 10, [30, 30, 30]);
+        c.trace = Some(trace);
+    })
+    .await;
+    let holder = hold(&s).await;
+    let waiter = spawn_chat(&s, "w", &[]);
+    until_depth(&s, 0, 1).await;
+    drop(holder);
+    let answer = bounded("the waiter", waiter).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    // The holder's three spans (its client left) and the waiter's three.
+    let spans = bounded("both requests' spans", receiver.take(6)).await;
+    let waited: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "admission")
+        .filter(|s| {
+            common::otlp::attribute(s, "sluice.admission.decision").as_deref()
+                == Some("admitted after waiting")
+        })
+        .collect();
+    assert_eq!(waited.len(), 1, "{spans:?}");
+    let wait: f64 = common::otlp::attribute(waited[0], "sluice.queue.wait_ms")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(wait > 0.0);
+    let answered = spans
+        .iter()
+        .filter(|s| {
+            common::otlp::attribute(s, "sluice.attempt.outcome").as_deref() == Some("answered")
+        })
+        .count();
+    assert_eq!(answered, 2, "both attempts were answered");
+    let left = spans
+        .iter()
+        .filter(|s| common::otlp::attribute(s, "sluice.cancelled").as_deref() == Some("true"))
+        .count();
+    assert_eq!(left, 1, "the holder's client left mid-answer");
+}
