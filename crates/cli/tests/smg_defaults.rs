@@ -15,7 +15,11 @@ const MIGRATING: &str = include_str!("../../../docs/migrating-from-smg.md");
 
 /// Settings SMG's launcher leaves to its server, or whose shape differs, each with why the
 /// comparison does not apply.
-const NOT_COMPARED: [(&str, &str); 6] = [
+const NOT_COMPARED: [(&str, &str); 7] = [
+    (
+        "otlp_traces_endpoint",
+        "unset resolves by --otlp-traces-protocol: localhost:4317 for gRPC, SMG's default and protocol",
+    ),
     (
         "queue_size",
         "SMG's 100 holds only requests past --max-concurrent-requests: checked below",
