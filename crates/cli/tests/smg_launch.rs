@@ -168,8 +168,11 @@ fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs
             "--queue-size", "100",
             "--queue-timeout-secs", "30",
         ],
-        // Resilience tuned.
+        // Resilience tuned, traced (to a loopback port nothing listens on: the spans are
+        // dropped and counted, and the requests served as ever).
         &[
+            "--enable-trace",
+            "--otlp-traces-endpoint", "127.0.0.1:9",
             "--policy", "consistent_hashing",
             "--retry-max-retries", "3",
             "--retry-initial-backoff-ms", "10",
