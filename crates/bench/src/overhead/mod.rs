@@ -4,8 +4,11 @@
 //! going direct is the gateway's. The gateway is pinned to one core and the load generator and
 //! engines to the other, so the gateway's core saturates first and its own CPU time (from `/proc`)
 //! divided by the requests it served is its cost per request. Both cores' busy shares are
-//! reported, so a reader can check which side set each figure.
+//! reported, so a reader can check which side set each figure, and every ratio against the
+//! run's plain proxy (nginx, else Envoy) says whether the two cores were in the same regime
+//! (`compare`).
 
+mod compare;
 pub mod envoy;
 pub(crate) mod load;
 mod report;

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::compare::{self, Ratio};
 use super::load::Tally;
 use super::{Measured, OverheadPlan};
 use crate::stats::percentile;
 
 /// A core busier than this during a window is what limited it.
-const SATURATED: f64 = 0.9;
+pub(super) const SATURATED: f64 = 0.9;
 
 /// The request shape of a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -140,6 +141,8 @@ pub struct Memory {
 pub struct OverheadReport {
     pub rows: Vec<Row>,
     pub memory: Vec<Memory>,
+    /// CPU against the plain proxy of the run, each marked like for like or not.
+    pub ratios: Vec<Ratio>,
     pub engines: usize,
     pub stream_tokens: u32,
     pub warmup_secs: f64,
@@ -160,6 +163,7 @@ impl OverheadReport {
         Self {
             rows: Vec::new(),
             memory: Vec::new(),
+            ratios: Vec::new(),
             engines: plan.engines,
             stream_tokens: plan.stream_tokens,
             warmup_secs: plan.warmup.as_secs_f64(),
@@ -183,8 +187,10 @@ impl OverheadReport {
         self.rows.extend(measured.rows);
     }
 
-    /// Fills the added latencies from the `direct` row of the same load and connections.
+    /// Fills the added latencies from the `direct` row of the same load and connections, and
+    /// the ratios against the run's plain proxy.
     pub(super) fn compare_with_direct(&mut self) {
+        self.ratios = compare::ratios(&self.rows);
         let direct: Vec<Row> = self
             .rows
             .iter()
@@ -225,6 +231,38 @@ impl OverheadReport {
         out.push_str(&self.stream_table());
         out.push('\n');
         out.push_str(&self.memory_table());
+        if !self.ratios.is_empty() {
+            out.push('\n');
+            out.push_str(&self.ratio_table());
+        }
+        out
+    }
+
+    fn ratio_table(&self) -> String {
+        let mut out = String::from(
+            "Gateway CPU against the plain proxy, window by window (a ratio between cores in \
+             different regimes is not like for like):\n\n\
+             | target | against | gateway on | load | conns | CPU ratio | its core | the proxy's core | like for like |\n\
+             | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |\n",
+        );
+        for r in &self.ratios {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.2}x | {} | {} | {} |",
+                r.target,
+                r.reference,
+                r.layout.label(),
+                match r.load {
+                    Load::Small => "small",
+                    Load::Stream => "stream",
+                },
+                r.connections,
+                r.ratio,
+                share(r.target_busy),
+                share(r.reference_busy),
+                if r.like_for_like { "yes" } else { "no" },
+            );
+        }
         out
     }
 
@@ -367,6 +405,7 @@ mod tests {
                 ),
             ],
             memory: Vec::new(),
+            ratios: Vec::new(),
             engines: 2,
             stream_tokens: 10,
             warmup_secs: 1.0,
