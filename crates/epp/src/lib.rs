@@ -322,7 +322,7 @@ async fn serve(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use clap::{CommandFactory, Parser};
     use sluice_gateway::Settings;
@@ -335,7 +335,9 @@ mod tests {
         epp: EppSettings,
     }
 
-    fn load(args: &[&str]) -> (Settings, EppSettings) {
+    /// `sluice epp`'s settings from these arguments (the program name first), as the binary
+    /// loads them.
+    pub(crate) fn load(args: &[&str]) -> (Settings, EppSettings) {
         let matches = Cli::command().try_get_matches_from(args).unwrap();
         sluice_gateway::config::load_with(&matches).unwrap()
     }

@@ -74,20 +74,9 @@ pub fn watched(config: &Config) -> Option<Watched> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{CommandFactory, Parser};
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        settings: Settings,
-        #[command(flatten)]
-        epp: EppSettings,
-    }
 
     fn config(args: &[&str]) -> Result<Config, PoolError> {
-        let matches = Cli::command().try_get_matches_from(args).unwrap();
-        let (settings, epp): (Settings, EppSettings) =
-            sluice_gateway::config::load_with(&matches).unwrap();
+        let (settings, epp) = crate::tests::load(args);
         epp.config(&settings)
     }
 

@@ -100,8 +100,9 @@ pub struct RequestContext {
     metrics: Arc<Metrics>,
     /// The access log and the arrival in Unix milliseconds, when the log is on.
     access: Option<(AccessLog, u64)>,
-    /// Its trace, when traces are on (recorded only when sampled).
-    trace: Option<RequestTrace>,
+    /// Its trace, when traces are on (recorded only when sampled); boxed, so a context without
+    /// one stays small.
+    trace: Option<Box<RequestTrace>>,
     /// How long it waited in the gateway queue, if it did.
     queue_wait: Option<Duration>,
     /// Counted in flight until the context is gone.
@@ -157,17 +158,17 @@ impl RequestContext {
         self.trace = accounts
             .tracing
             .as_ref()
-            .map(|tracing| tracing.begin(headers, self.route));
+            .map(|tracing| Box::new(tracing.begin(headers, self.route)));
     }
 
     /// Its trace is recorded (traces on, and it was sampled).
     pub fn traced(&self) -> bool {
-        self.trace.as_ref().is_some_and(RequestTrace::sampled)
+        self.trace.as_deref().is_some_and(RequestTrace::sampled)
     }
 
     /// The trace, for the headers a worker gets.
     pub fn trace(&self) -> Option<&RequestTrace> {
-        self.trace.as_ref()
+        self.trace.as_deref()
     }
 
     /// Admission ran from `from` until now, and admitted the request or `refused` it.
@@ -352,7 +353,7 @@ impl Drop for RequestContext {
             if trace.sampled() {
                 trace.event("end", Instant::now(), traced::end_event(&ending));
                 let (attributes, status) = traced::request(self, &ending);
-                trace.finish(attributes, status);
+                (*trace).finish(attributes, status);
             }
         }
     }
