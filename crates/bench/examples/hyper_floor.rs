@@ -5,7 +5,9 @@
 //! It exists to be measured beside `sluice serve` (docs/benchmarks.md, "What a request costs"):
 //! the instructions it spends per request are the floor that sluice's own work sits on.
 //!
-//! `cargo run --release -p sluice-bench --example hyper_floor -- LISTEN_ADDR UPSTREAM_ADDR`
+//! `cargo run --release -p sluice-bench --example hyper_floor -- LISTEN_ADDR UPSTREAM...`, each
+//! upstream `host:port` or `http://host:port`; client connections take them in turn, as
+//! `sluice bench overhead --gateway 'floor=hyper_floor 127.0.0.1:{port} {workers}'` gives them.
 
 use std::net::SocketAddr;
 
@@ -33,11 +35,17 @@ enum Failed {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: hyper_floor LISTEN_ADDR UPSTREAM_ADDR";
+    let usage = "usage: hyper_floor LISTEN_ADDR UPSTREAM...";
     let listen: SocketAddr = args.next().ok_or(usage)?.parse()?;
-    let upstream: SocketAddr = args.next().ok_or(usage)?.parse()?;
+    let upstreams = args
+        .map(|a| a.trim_start_matches("http://").parse())
+        .collect::<Result<Vec<SocketAddr>, _>>()?;
+    if upstreams.is_empty() {
+        return Err(usage.into());
+    }
     let listener = TcpListener::bind(listen).await?;
-    loop {
+    for turn in 0.. {
+        let upstream = upstreams[turn % upstreams.len()];
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
@@ -52,6 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 .await;
         });
     }
+    Ok(())
 }
 
 async fn proxy(

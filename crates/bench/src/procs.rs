@@ -99,6 +99,11 @@ impl Proc {
         self.pid
     }
 
+    /// The process and everything under it, now.
+    pub fn pids(&self) -> Vec<u32> {
+        tree(self.pid)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -79,3 +79,40 @@ fn overhead_measures_direct_and_sluice_and_reports_json() {
         "every figure names what it was measured on"
     );
 }
+
+/// `--instructions` starts the gateway once more under callgrind and counts what it spends per
+/// request and per event (valgrind is one of the packages `scripts/test` installs).
+#[test]
+fn instructions_are_counted_under_callgrind() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "overhead",
+            "--targets",
+            "sluice",
+            "--no-shared-core",
+        ])
+        .args(["--connections", "2", "--stream-connections", "2"])
+        .args(["--stream-tokens", "20", "--warmup-secs", "0.1"])
+        .args(["--window-secs", "0.3", "--json", "--instructions"])
+        .args(["--instruction-requests", "80"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counted = report["instructions"].as_array().unwrap();
+    assert_eq!(counted.len(), 1, "{report}");
+    let sluice = &counted[0];
+    assert_eq!(sluice["target"], "sluice");
+    assert_eq!(sluice["requests"], 80);
+    // 16 streams of 20 tokens, each event counted once.
+    assert!(sluice["events"].as_u64().unwrap() >= 16 * 20, "{sluice}");
+    // A request crosses a server, a client and the gateway's stages: tens of thousands of
+    // instructions, not hundreds, and not millions.
+    let per_request = sluice["per_request"].as_f64().unwrap();
+    assert!((10_000.0..1_000_000.0).contains(&per_request), "{sluice}");
+    let per_event = sluice["per_sse_event"].as_f64().unwrap();
+    assert!((100.0..100_000.0).contains(&per_event), "{sluice}");
+    assert!(sluice["idle_per_sec"].as_f64().unwrap() > 0.0, "{sluice}");
+}

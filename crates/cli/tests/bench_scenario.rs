@@ -181,10 +181,11 @@ fn the_noisy_tenant_reports_each_tenant_for_sluice_with_tenants_at_each_queue_si
 }
 
 #[test]
-fn many_streams_are_held_open_through_both_upstream_protocols_and_all_complete() {
+fn many_streams_are_held_open_through_both_upstream_protocols_and_envoy_and_all_complete() {
     let dir = out_dir("many-streams");
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["bench", "scenario", "many-streams", "--engines", "2"])
+        .args(["--configs", "sluice-http2,sluice-http1,envoy"])
         .args(["--streams", "40", "--stream-tokens", "3", "--json", "--out"])
         .arg(&dir)
         .output()
@@ -195,7 +196,7 @@ fn many_streams_are_held_open_through_both_upstream_protocols_and_all_complete()
     assert!(report["processor"].as_str().unwrap().contains("cores"));
     let rows = report["rows"].as_array().unwrap();
     let configs: Vec<&str> = rows.iter().map(|r| r["config"].as_str().unwrap()).collect();
-    assert_eq!(configs, ["sluice-http2", "sluice-http1"]);
+    assert_eq!(configs, ["sluice-http2", "sluice-http1", "envoy"]);
     for row in rows {
         let streams = &row["streams"];
         assert_eq!(streams["streams"], 40, "{row}");
@@ -215,6 +216,7 @@ fn many_streams_are_held_open_through_both_upstream_protocols_and_all_complete()
             "HTTP/2 to the engines leaves room for more clients"
         );
         assert_eq!(room(1), (files - 64) / 2);
+        assert_eq!(room(2), room(1), "Envoy holds two connections a stream too");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -125,6 +125,14 @@ pub struct OverheadArgs {
     /// gateway's own added latency, without cross-core wake-ups).
     #[arg(long)]
     pub no_shared_core: bool,
+    /// Also count each target's instructions per small request and per SSE event under
+    /// callgrind (valgrind must be installed): a figure that does not move with the machine's
+    /// load. Each target is started once more for it, on the gateway's core.
+    #[arg(long)]
+    pub instructions: bool,
+    /// Small requests counted with --instructions (a quarter as many warm up first).
+    #[arg(long, default_value_t = 3200)]
+    pub instruction_requests: u64,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -178,6 +186,8 @@ pub enum BenchError {
     Duration(&'static str),
     #[error(transparent)]
     Target(#[from] crate::overhead::TemplateError),
+    #[error("--instructions counts with callgrind, and valgrind is not installed (apt-get install valgrind)")]
+    NoValgrind,
     #[error(transparent)]
     Overhead(#[from] crate::overhead::OverheadError),
     #[error("--{0} must be a positive number")]
@@ -295,6 +305,11 @@ pub(crate) async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
             return Err(BenchError::Zero(flag));
         }
     }
+    if args.instructions
+        && !(crate::overhead::on_path("valgrind") && crate::overhead::on_path("callgrind_control"))
+    {
+        return Err(BenchError::NoValgrind);
+    }
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     let custom = args
         .gateways
@@ -314,6 +329,7 @@ pub(crate) async fn overhead(args: OverheadArgs) -> Result<(), BenchError> {
         shared_core: !args.no_shared_core,
         sluice_exe: exe,
         pinned: true,
+        instruction_requests: args.instructions.then_some(args.instruction_requests),
     };
     // The load generator gets a single-threaded runtime of its own: it shares one core with
     // the engines, and work stealing there would only add cost.

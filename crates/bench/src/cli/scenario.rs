@@ -94,7 +94,8 @@ pub struct ScenarioArgs {
     /// slow-worker: sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue,
     /// sluice-codel, sluice-adaptive, sluice-adaptive-slo; routing: direct and only its own,
     /// sluice-round-robin, sluice-least-load, sluice-power-of-two, sluice-consistent-hash,
-    /// sluice-cache-aware, smg-round-robin, smg-cache-aware), or names from --gateway [default:
+    /// sluice-cache-aware, smg-round-robin, smg-cache-aware; many-streams: sluice-http2,
+    /// sluice-http1, envoy), or names from --gateway [default:
     /// all that can run here; direct always runs first, it sets C].
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
@@ -169,6 +170,8 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
             load_core: 1,
             engines: 2,
             no_shared_core: false,
+            instructions: false,
+            instruction_requests: 3200,
             json: args.json,
         })
         .await;
@@ -238,6 +241,14 @@ async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
         return Err(BenchError::Positive("stream-rate"));
     }
     let opening = (streams as f64 / args.stream_rate).ceil() as u32;
+    // Envoy is installed now only when asked for by name.
+    let envoy = match crate::overhead::envoy::installed() {
+        Some(envoy) => Some(envoy),
+        None if args.configs.iter().any(|c| c == "envoy") => {
+            Some(crate::overhead::envoy::binary().map_err(crate::overhead::TemplateError::from)?)
+        }
+        None => None,
+    };
     let report = crate::scenario::many_streams(&crate::scenario::ManyStreamsPlan {
         sluice_exe: std::env::current_exe().map_err(BenchError::Exe)?,
         out_dir: args.out.clone(),
@@ -246,6 +257,7 @@ async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
         tokens: args.stream_tokens.unwrap_or(opening + 20).max(1),
         rate: args.stream_rate,
         configs: args.configs.clone(),
+        envoy,
     })
     .await?;
     print_report(args.json, &report, || report.table());

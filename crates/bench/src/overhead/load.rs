@@ -82,6 +82,23 @@ pub enum LoadError {
     },
 }
 
+/// When a connection's loop ends.
+#[derive(Clone, Copy, Debug)]
+enum Until {
+    Deadline(Instant),
+    /// After this many requests (answered or failed).
+    Sent(u64),
+}
+
+impl Until {
+    fn more(self, sent: u64) -> bool {
+        match self {
+            Until::Deadline(deadline) => Instant::now() < deadline,
+            Until::Sent(total) => sent < total,
+        }
+    }
+}
+
 /// Runs `connections` closed loops for `duration`, spreading connections over `targets`.
 pub async fn closed_loop(
     targets: &[SocketAddr],
@@ -89,13 +106,39 @@ pub async fn closed_loop(
     shot: &Shot,
     duration: Duration,
 ) -> Result<Tally, LoadError> {
+    let deadline = Instant::now() + duration;
+    run_loops(targets, connections, shot, |_| Until::Deadline(deadline)).await
+}
+
+/// Sends `requests` in all over `connections` closed loops (as evenly as they divide), for a
+/// figure counted per request rather than per second.
+pub async fn counted_loop(
+    targets: &[SocketAddr],
+    connections: usize,
+    shot: &Shot,
+    requests: u64,
+) -> Result<Tally, LoadError> {
+    let connections = connections.max(1);
+    let each = requests / connections as u64;
+    let extra = requests % connections as u64;
+    run_loops(targets, connections, shot, |i| {
+        Until::Sent(each + u64::from((i as u64) < extra))
+    })
+    .await
+}
+
+async fn run_loops(
+    targets: &[SocketAddr],
+    connections: usize,
+    shot: &Shot,
+    until: impl Fn(usize) -> Until,
+) -> Result<Tally, LoadError> {
     let start = Instant::now();
-    let deadline = start + duration;
     let mut loops = JoinSet::new();
     for i in 0..connections {
         let addr = targets[i % targets.len()];
         let shot = shot.clone();
-        loops.spawn(connection_loop(addr, shot, deadline));
+        loops.spawn(connection_loop(addr, shot, until(i)));
     }
     let mut tally = Tally::default();
     while let Some(done) = loops.join_next().await {
@@ -121,15 +164,11 @@ pub(crate) async fn connect(addr: SocketAddr) -> Result<Sender, LoadError> {
     Ok(sender)
 }
 
-async fn connection_loop(
-    addr: SocketAddr,
-    shot: Shot,
-    deadline: Instant,
-) -> Result<Tally, LoadError> {
+async fn connection_loop(addr: SocketAddr, shot: Shot, until: Until) -> Result<Tally, LoadError> {
     let host: Arc<str> = addr.to_string().into();
     let mut tally = Tally::default();
     let mut sender = connect(addr).await?;
-    while Instant::now() < deadline {
+    while until.more(tally.completed() + tally.failed) {
         if sender.ready().await.is_err() {
             // The server closed the connection after an answer (nginx does every
             // keepalive_requests): not a failure, but counted, since it costs.

@@ -10,6 +10,7 @@
 
 mod compare;
 pub mod envoy;
+mod instructions;
 pub(crate) mod load;
 mod report;
 mod targets;
@@ -21,6 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+pub use instructions::Instructions;
 pub use report::{Layout, Load, OverheadReport, Row};
 pub use targets::{
     envoy_plain, on_path, resolve, sluice as sluice_template, sluice_epp as sluice_epp_template,
@@ -58,6 +60,9 @@ pub struct OverheadPlan {
     pub sluice_exe: PathBuf,
     /// Whether processes are pinned to their cores (set by `run` once it has checked).
     pub pinned: bool,
+    /// Also count each target's instructions under callgrind, over this many small requests
+    /// (`instructions`).
+    pub instruction_requests: Option<u64>,
 }
 
 impl OverheadPlan {
@@ -82,6 +87,12 @@ pub enum OverheadError {
     },
     #[error("{name} exited before answering; its output is in {log}")]
     Exited { name: String, log: PathBuf },
+    #[error("callgrind_control {flag} was refused by every process of {name}")]
+    CallgrindControl { name: String, flag: String },
+    #[error("no instruction count in callgrind's dump {path}")]
+    CallgrindOutput { path: PathBuf },
+    #[error("{failed} requests to {name} failed while its instructions were counted")]
+    CountedFailures { name: String, failed: u64 },
     #[error("{name} did not answer within {secs} s; its output is in {log}")]
     NotReady {
         name: String,
@@ -231,8 +242,18 @@ pub(crate) async fn wait_until_serving(
     addr: SocketAddr,
     model: &str,
 ) -> Result<(), OverheadError> {
+    wait_until_serving_within(proc, addr, model, STARTUP_LIMIT).await
+}
+
+/// `wait_until_serving`, giving up after `limit`.
+async fn wait_until_serving_within(
+    proc: &mut Proc,
+    addr: SocketAddr,
+    model: &str,
+    limit: Duration,
+) -> Result<(), OverheadError> {
     let shot = hello_shot(model);
-    let give_up = Instant::now() + STARTUP_LIMIT;
+    let give_up = Instant::now() + limit;
     loop {
         if load::answers(addr, &shot).await {
             return Ok(());
@@ -246,7 +267,7 @@ pub(crate) async fn wait_until_serving(
         if Instant::now() >= give_up {
             return Err(OverheadError::NotReady {
                 name: proc.name().into(),
-                secs: STARTUP_LIMIT.as_secs(),
+                secs: limit.as_secs(),
                 log: proc.log().into(),
             });
         }
@@ -260,6 +281,7 @@ pub struct Measured {
     pub rows: Vec<Row>,
     pub rss_idle: Option<u64>,
     pub rss_peak: Option<u64>,
+    pub instructions: Option<Instructions>,
 }
 
 /// A target that answers: the gateway process (none when direct) and where to send load.
@@ -363,11 +385,13 @@ async fn measure(
         rows.push(window.run(Load::Small, 1, &small).await?);
         shared.stop().await;
     }
+    let instructions = instructions::count(plan, target, engines, log_dir, &small, &stream).await?;
     Ok(Measured {
         target: target.name().into(),
         rows,
         rss_idle,
         rss_peak,
+        instructions,
     })
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::compare::{self, Ratio};
 use super::load::Tally;
-use super::{Measured, OverheadPlan};
+use super::{Instructions, Measured, OverheadPlan};
 use crate::stats::percentile;
 
 /// A core busier than this during a window is what limited it.
@@ -141,6 +141,8 @@ pub struct Memory {
 pub struct OverheadReport {
     pub rows: Vec<Row>,
     pub memory: Vec<Memory>,
+    /// Counted under callgrind, when asked (`--instructions`).
+    pub instructions: Vec<Instructions>,
     /// CPU against the plain proxy of the run, each marked like for like or not.
     pub ratios: Vec<Ratio>,
     pub engines: usize,
@@ -163,6 +165,7 @@ impl OverheadReport {
         Self {
             rows: Vec::new(),
             memory: Vec::new(),
+            instructions: Vec::new(),
             ratios: Vec::new(),
             engines: plan.engines,
             stream_tokens: plan.stream_tokens,
@@ -185,6 +188,7 @@ impl OverheadReport {
             });
         }
         self.rows.extend(measured.rows);
+        self.instructions.extend(measured.instructions);
     }
 
     /// Fills the added latencies from the `direct` row of the same load and connections, and
@@ -234,6 +238,42 @@ impl OverheadReport {
         if !self.ratios.is_empty() {
             out.push('\n');
             out.push_str(&self.ratio_table());
+        }
+        if !self.instructions.is_empty() {
+            out.push('\n');
+            out.push_str(&self.instruction_table());
+        }
+        out
+    }
+
+    fn instruction_table(&self) -> String {
+        let reference = compare::REFERENCES
+            .iter()
+            .find_map(|name| self.instructions.iter().find(|i| i.target == *name));
+        let mut out = format!(
+            "Instructions under callgrind (whole process tree, what it spends idle in the same \
+             time taken off; every target saturated, so like for like){}:\n\n\
+             | target | requests | per small request | SSE events | per SSE event | idle per s | request ratio | event ratio |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            reference.map_or_else(String::new, |r| format!(", ratios against {}", r.target)),
+        );
+        for i in &self.instructions {
+            let ratio = |own: Option<f64>, base: Option<f64>| match (own, base) {
+                (Some(own), Some(base)) if base > 0.0 => format!("{:.2}x", own / base),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {} | {} | {:.0} | {} | {} |",
+                i.target,
+                i.requests,
+                i.per_request,
+                i.events,
+                opt(i.per_sse_event, 0),
+                i.idle_per_sec,
+                ratio(Some(i.per_request), reference.map(|r| r.per_request)),
+                ratio(i.per_sse_event, reference.and_then(|r| r.per_sse_event)),
+            );
         }
         out
     }
@@ -405,6 +445,7 @@ mod tests {
                 ),
             ],
             memory: Vec::new(),
+            instructions: Vec::new(),
             ratios: Vec::new(),
             engines: 2,
             stream_tokens: 10,

@@ -60,6 +60,26 @@ impl Target {
     }
 }
 
+impl Target {
+    /// `command`, for a run under callgrind. As root, nginx's worker would switch to `nobody`
+    /// and then could not answer `callgrind_control`, whose pipes are root's: it keeps root's
+    /// user there instead.
+    pub fn counted_command(
+        &self,
+        port: u16,
+        engines: &[SocketAddr],
+        dir: &Path,
+    ) -> std::io::Result<Option<Vec<String>>> {
+        use std::os::unix::fs::MetadataExt;
+        let mut command = self.command(port, engines, dir)?;
+        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        if let (Target::Nginx, Some(argv), true) = (self, command.as_mut(), root) {
+            argv.extend(["-g".into(), "user root;".into()]);
+        }
+        Ok(command)
+    }
+}
+
 /// Free loopback ports beside the target's own: `n` in a row, the first returned.
 fn spare_ports(n: u16) -> std::io::Result<u16> {
     super::free_ports(n).map_err(|e| std::io::Error::other(e.to_string()))

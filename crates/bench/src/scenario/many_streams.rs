@@ -13,7 +13,9 @@
 //! Over HTTP/1.1 every stream also holds a connection to its engine, so a gateway under an
 //! open-file limit takes half as many (`sluice_core::room`); `sluice-http1` runs as many streams
 //! as fit, and the report says how many. Over HTTP/2 (`sluice-http2`) an engine takes one
-//! connection for all of its streams.
+//! connection for all of its streams. `envoy` is Envoy as the plain proxy (one worker thread,
+//! HTTP/1.1 to the engines, `overhead::envoy::plain_config`), under the same limit as
+//! `sluice-http1`, when an Envoy is installed or the configuration is named.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,11 +33,30 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{quiet_sluice, Gateway, ScenarioError, MODEL};
 use crate::overhead::load::{connect, EventEnds, Sender, Shot};
-use crate::overhead::{spawn_engines, OverheadError};
+use crate::overhead::{spawn_engines, OverheadError, Template};
 use crate::procs::{processor, Proc};
 
-/// The configurations: sluice's defaults, speaking HTTP/2 or HTTP/1.1 to the engines.
-const CONFIGS: [(&str, bool); 2] = [("sluice-http2", true), ("sluice-http1", false)];
+/// A gateway the scenario measures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Config {
+    /// sluice with its defaults, speaking HTTP/2 or HTTP/1.1 to the engines.
+    Sluice { http2: bool },
+    /// Envoy as the plain proxy (HTTP/1.1 to the engines).
+    Envoy,
+}
+
+impl Config {
+    fn http2(self) -> bool {
+        matches!(self, Config::Sluice { http2: true })
+    }
+}
+
+/// The configurations, by name.
+const CONFIGS: [(&str, Config); 3] = [
+    ("sluice-http2", Config::Sluice { http2: true }),
+    ("sluice-http1", Config::Sluice { http2: false }),
+    ("envoy", Config::Envoy),
+];
 /// How long the streams may take to all have their first event once the last is opened.
 const SETTLE: Duration = Duration::from_secs(60);
 /// How often memory is read while every stream is open.
@@ -54,8 +75,10 @@ pub struct ManyStreamsPlan {
     pub tokens: u32,
     /// Streams opened per second.
     pub rate: f64,
-    /// Configurations by name (empty: both).
+    /// Configurations by name (empty: every one that can run here).
     pub configs: Vec<String>,
+    /// The Envoy to run as `envoy`; without one that configuration is left out.
+    pub envoy: Option<PathBuf>,
 }
 
 /// Every configuration's figures.
@@ -117,13 +140,17 @@ pub async fn many_streams(plan: &ManyStreamsPlan) -> Result<ManyStreamsReport, S
         .and_then(|l| sluice_core::room::open_file_limit(&l));
     let (engines, workers) = start_engines(plan).await?;
     let mut rows = Vec::new();
-    for (name, http2) in CONFIGS {
+    for (name, config) in CONFIGS {
         if !plan.configs.is_empty() && !plan.configs.iter().any(|c| c == name) {
             continue;
         }
-        let room = open_files
-            .map(|files| sluice_core::room::client_connections(files, http2, workers.len()));
-        let row = measure(plan, name, http2, room, &workers).await;
+        let room = open_files.map(|files| {
+            sluice_core::room::client_connections(files, config.http2(), workers.len())
+        });
+        let Some(template) = template(plan, name, config, room) else {
+            continue;
+        };
+        let row = measure(plan, &template, config.http2(), room, &workers).await;
         match row {
             Ok(row) => rows.push(row),
             Err(e) => {
@@ -148,22 +175,38 @@ async fn start_engines(plan: &ManyStreamsPlan) -> Result<(Proc, Vec<String>), Sc
     Ok((sim, addrs.iter().map(|a| format!("http://{a}")).collect()))
 }
 
-async fn measure(
+/// How `config` is started, taking at most `room` client connections (None: Envoy without an
+/// Envoy installed).
+fn template(
     plan: &ManyStreamsPlan,
     name: &str,
+    config: Config,
+    room: Option<usize>,
+) -> Option<Template> {
+    let cap = room.unwrap_or(plan.streams).to_string();
+    match config {
+        Config::Sluice { http2 } => {
+            let mut flags = vec!["--max-connections", &cap];
+            if http2 {
+                flags.push("--upstream-http2");
+            }
+            Some(quiet_sluice(name, &plan.sluice_exe, &flags))
+        }
+        Config::Envoy => plan.envoy.clone().map(crate::overhead::envoy_plain),
+    }
+}
+
+async fn measure(
+    plan: &ManyStreamsPlan,
+    template: &Template,
     http2: bool,
     room: Option<usize>,
     workers: &[String],
 ) -> Result<StreamsRow, ScenarioError> {
     let streams = room.map_or(plan.streams, |room| plan.streams.min(room));
-    let cap = room.unwrap_or(streams).to_string();
-    let mut flags = vec!["--max-connections", &cap];
-    if http2 {
-        flags.push("--upstream-http2");
-    }
-    let template = quiet_sluice(name, &plan.sluice_exe, &flags);
+    let name = template.name.as_str();
 
-    let gateway = Gateway::start(&template, workers, &plan.out_dir).await?;
+    let gateway = Gateway::start(template, workers, &plan.out_dir).await?;
     tracing::info!(
         config = name,
         connections = streams,
@@ -172,7 +215,7 @@ async fn measure(
     let idle = idle_connections(&gateway, streams).await;
     gateway.stop().await;
 
-    let gateway = Gateway::start(&template, workers, &plan.out_dir).await?;
+    let gateway = Gateway::start(template, workers, &plan.out_dir).await?;
     tracing::info!(config = name, streams, "streams");
     let held = hold_streams(plan, &gateway, streams).await;
     gateway.stop().await;
