@@ -128,6 +128,8 @@ pub struct Streams {
     /// Streams answered 200 with every token and `[DONE]`.
     pub completed: u64,
     pub failed: u64,
+    /// Why streams failed, by reason (`connect`, `status 429`, `cut`, `short`, `timeout`).
+    pub failures: std::collections::BTreeMap<String, u64>,
     pub events: u64,
     /// The gateway's CPU time over the events relayed while every stream was open.
     pub cpu_us_per_event: Option<f64>,
@@ -186,7 +188,16 @@ fn template(
     let cap = room.unwrap_or(plan.streams).to_string();
     match config {
         Config::Sluice { http2 } => {
-            let mut flags = vec!["--max-connections", &cap];
+            // The slow engines take new requests only as each one-second step starts, so by
+            // their reports each holds a queue of about a second's arrivals: overload
+            // protection would read that as a full engine and hold the streams in the gateway's
+            // queue, refusing those that wait past its timeout. Right for such engines, but not
+            // what is measured here: the memory of streams in progress.
+            let mut flags = vec![
+                "--max-connections",
+                &cap,
+                "--disable-worker-overload-protection",
+            ];
             if http2 {
                 flags.push("--upstream-http2");
             }
@@ -312,10 +323,18 @@ async fn hold_streams(
     );
     let (rss, cpu_us_per_event) = while_all_open(gateway, &progress).await?;
     let (mut completed, mut failed) = (0, 0);
+    let mut failures = std::collections::BTreeMap::new();
     while let Some(done) = tasks.join_next().await {
         match done {
-            Ok(true) => completed += 1,
-            _ => failed += 1,
+            Ok(Ok(())) => completed += 1,
+            Ok(Err(why)) => {
+                failed += 1;
+                *failures.entry(why.to_string()).or_insert(0) += 1;
+            }
+            Err(_) => {
+                failed += 1;
+                *failures.entry("panicked".to_string()).or_insert(0) += 1;
+            }
         }
     }
     Ok(Streams {
@@ -326,6 +345,7 @@ async fn hold_streams(
         per_stream_bytes: rss.saturating_sub(rss_idle) / count.max(1) as u64,
         completed,
         failed,
+        failures,
         events: progress.events.load(Ordering::Relaxed),
         cpu_us_per_event,
     })
@@ -368,9 +388,33 @@ fn stream_shot(tokens: u32) -> Shot {
     }
 }
 
-/// One stream on its own connection; true when it was answered 200 with every token and the
-/// closing `[DONE]`.
-async fn stream(addr: SocketAddr, shot: Shot, tokens: u32, progress: Arc<Progress>) -> bool {
+/// Why a stream did not complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum StreamFailure {
+    #[error("connect")]
+    Connect,
+    #[error("request")]
+    Request,
+    #[error("status {0}")]
+    Status(u16),
+    /// The body ended in an error (the connection was cut).
+    #[error("cut")]
+    Cut,
+    /// It ended without every token or without `[DONE]`.
+    #[error("short")]
+    Short,
+    #[error("timeout")]
+    Timeout,
+}
+
+/// One stream on its own connection; complete when it was answered 200 with every token and
+/// the closing `[DONE]`.
+async fn stream(
+    addr: SocketAddr,
+    shot: Shot,
+    tokens: u32,
+    progress: Arc<Progress>,
+) -> Result<(), StreamFailure> {
     let mut started = false;
     // Three times its length and then some: a stream that takes longer has failed.
     let limit = Duration::from_secs(3 * u64::from(tokens)) + SETTLE;
@@ -379,14 +423,13 @@ async fn stream(addr: SocketAddr, shot: Shot, tokens: u32, progress: Arc<Progres
         read_stream(addr, &shot, tokens, &progress, &mut started),
     )
     .await
-    .ok()
-    .flatten();
+    .unwrap_or(Err(StreamFailure::Timeout));
     if started {
         progress.finished.fetch_add(1, Ordering::Relaxed);
     } else {
         progress.settled.fetch_add(1, Ordering::Relaxed);
     }
-    complete.unwrap_or(false)
+    complete
 }
 
 async fn read_stream(
@@ -395,19 +438,22 @@ async fn read_stream(
     tokens: u32,
     progress: &Progress,
     started: &mut bool,
-) -> Option<bool> {
-    let mut sender = connect(addr).await.ok()?;
+) -> Result<(), StreamFailure> {
+    let mut sender = connect(addr).await.map_err(|_| StreamFailure::Connect)?;
+    let request = shot
+        .request(&addr.to_string())
+        .ok_or(StreamFailure::Request)?;
     let response = sender
-        .send_request(shot.request(&addr.to_string())?)
+        .send_request(request)
         .await
-        .ok()?;
+        .map_err(|_| StreamFailure::Request)?;
     if response.status() != StatusCode::OK {
-        return Some(false);
+        return Err(StreamFailure::Status(response.status().as_u16()));
     }
     let mut body = response.into_body();
     let (mut ends, mut events, mut done) = (EventEnds::default(), 0u64, false);
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.ok()?.into_data() else {
+        let Ok(data) = frame.map_err(|_| StreamFailure::Cut)?.into_data() else {
             continue;
         };
         let n = ends.count(&data);
@@ -419,7 +465,24 @@ async fn read_stream(
         progress.events.fetch_add(n, Ordering::Relaxed);
         done |= data.windows(12).any(|w| w == b"data: [DONE]");
     }
-    Some(done && events > u64::from(tokens))
+    if done && events > u64::from(tokens) {
+        Ok(())
+    } else {
+        Err(StreamFailure::Short)
+    }
+}
+
+/// The failed count, with its reasons when there are any.
+fn failed(s: &Streams) -> String {
+    if s.failures.is_empty() {
+        return s.failed.to_string();
+    }
+    let why: Vec<String> = s
+        .failures
+        .iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect();
+    format!("{} ({})", s.failed, why.join(", "))
 }
 
 impl ManyStreamsReport {
@@ -449,7 +512,7 @@ impl ManyStreamsReport {
                 mb(s.rss_bytes),
                 kb(s.per_stream_bytes),
                 s.completed,
-                s.failed,
+                failed(s),
                 s.cpu_us_per_event.map_or("–".into(), |c| format!("{c:.1}")),
             );
         }

@@ -198,8 +198,13 @@ pub fn judge(
         return None;
     }
     let bound = wedge_bound(cfg.wedge, o.prefill_allowance);
-    if o.engine_stalled_since
-        .is_some_and(|since| now.saturating_duration_since(since) >= bound)
+    // Tokens this gateway received from it within the bound outweigh its reports: an engine
+    // whose report stands still while its answers trickle out (a starved API process writing
+    // out one step's tokens for longer than the bound) is slow, not wedged.
+    let progressing = now.saturating_duration_since(o.last_progress) < bound;
+    if !progressing
+        && o.engine_stalled_since
+            .is_some_and(|since| now.saturating_duration_since(since) >= bound)
     {
         return Some(LivenessVeto::EngineSilent);
     }

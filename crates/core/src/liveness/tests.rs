@@ -369,6 +369,28 @@ fn the_engines_own_silence_vetoes_by_itself_past_the_wedge_bound_unless_wedging_
 }
 
 #[test]
+fn tokens_this_gateway_received_within_the_bound_outweigh_a_report_that_stands_still() {
+    let t0 = Instant::now();
+    // The report has stood still for 10 s, but a token came 250 ms ago: the engine steps, its
+    // answers are only slow to come out.
+    let trickling = Observed {
+        engine_stalled_since: Some(t0),
+        last_progress: t0 + secs(10) - Duration::from_millis(250),
+        pile: 1336,
+        pile_at_progress: 1336,
+        in_flight: 1336,
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &trickling, &CFG, t0 + secs(10)), None);
+    // Then nothing for the bound either: wedged.
+    let last = trickling.last_progress;
+    assert_eq!(
+        judge(None, &trickling, &CFG, last + secs(3)),
+        Some(LivenessVeto::EngineSilent)
+    );
+}
+
+#[test]
 fn the_engines_silence_is_allowed_the_prefill_it_holds_for_this_gateway() {
     let t0 = Instant::now();
     let prefilling = Observed {
