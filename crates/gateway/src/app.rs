@@ -175,6 +175,16 @@ impl App {
         }
     }
 
+    /// What the main listener serves: the router, with the model-routed routes taken before it
+    /// (`front::shortcut`) unless a CORS layer wraps the router, which they must pass too.
+    pub fn routes(&self) -> http::Routes {
+        let shortcut = self
+            .cors
+            .is_none()
+            .then(|| front::shortcut(self.front.clone()));
+        http::Routes::new(self.router(), shortcut)
+    }
+
     /// `/metrics` alone, for `--prometheus-port`.
     pub fn metrics_router(&self) -> Router {
         probes::metrics_routes(self.registry.clone())

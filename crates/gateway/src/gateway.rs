@@ -132,7 +132,7 @@ impl Gateway {
         listeners.spawn(http::serve(
             listener,
             tls,
-            app.router(),
+            app.routes(),
             limits,
             stop_rx.clone(),
         ));

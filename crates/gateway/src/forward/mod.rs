@@ -474,8 +474,15 @@ fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
         .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
     let mut request = Request::new(Full::new(at.job.body.clone()));
     *request.method_mut() = at.job.parts.method.clone();
-    *request.uri_mut() = worker.endpoint.uri(path);
-    if worker.endpoint.http2 {
+    let endpoint = &worker.endpoint;
+    *request.uri_mut() = if endpoint.http2 || endpoint.tls() {
+        endpoint.uri(path)
+    } else {
+        // Cleartext HTTP/1.1 sends the path alone (the pool adds `Host`): made so here rather
+        // than made absolute and taken apart again.
+        axum::http::Uri::from(path)
+    };
+    if endpoint.http2 {
         *request.version_mut() = Version::HTTP_2;
     }
     let headers = request.headers_mut();

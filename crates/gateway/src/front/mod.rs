@@ -16,11 +16,12 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Response};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
+use hyper::body::Incoming;
 use tokio::time::Instant;
 
 pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
@@ -31,7 +32,9 @@ use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
 use crate::forward::{Dispatch, Forwarder};
-use crate::http::{discard, read_body, request_id, BodyLimits, KeyOwner, Keys, REQUEST_ID};
+use crate::http::{
+    discard, read_body, request_id, BodyLimits, KeyOwner, Keys, Shortcut, REQUEST_ID,
+};
 use crate::route::Wants;
 use crate::stream;
 use sluice_core::admission::Tier;
@@ -112,6 +115,23 @@ pub fn routes(front: Arc<Front>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
         .with_state(front)
+}
+
+/// The model-routed routes answered before the router (`http::Shortcut`): a POST to one of their
+/// paths goes straight to `openai`, as the router would send it; anything else is handed back.
+pub fn shortcut(front: Arc<Front>) -> Shortcut {
+    Arc::new(move |request: Request<Incoming>| {
+        let route = (request.method() == Method::POST)
+            .then(|| ApiRoute::at(request.uri().path()))
+            .flatten();
+        let Some(route) = route else {
+            return Err(request);
+        };
+        let front = front.clone();
+        Ok(Box::pin(async move {
+            openai(&front, route, request.map(Body::new)).await
+        }))
+    })
 }
 
 /// One OpenAI request, from arrival to the start of its response. Its context is made here and

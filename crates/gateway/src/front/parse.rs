@@ -69,6 +69,11 @@ impl ApiRoute {
         }
     }
 
+    /// The route a request for `path` takes, if it is one of these.
+    pub fn at(path: &str) -> Option<ApiRoute> {
+        ApiRoute::ALL.into_iter().find(|route| route.path() == path)
+    }
+
     /// Whether the body is a multipart form (an audio upload) rather than JSON.
     pub fn is_form(self) -> bool {
         matches!(self, ApiRoute::Transcriptions | ApiRoute::Translations)
@@ -359,6 +364,22 @@ fn count(raw: &RawValue, param: &'static str) -> Result<u64, GatewayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_route_is_found_at_its_path_and_nothing_else_is() {
+        for route in ApiRoute::ALL {
+            assert_eq!(ApiRoute::at(route.path()), Some(route));
+        }
+        for other in [
+            "/v1/models",
+            "/v1/chat/completions/",
+            "/V1/chat/completions",
+            "",
+            "/",
+        ] {
+            assert_eq!(ApiRoute::at(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn reads_only_what_routing_needs() {

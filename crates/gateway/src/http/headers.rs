@@ -63,6 +63,12 @@ pub fn copy_request_headers(from: &HeaderMap, to: &mut HeaderMap) {
 
 /// Removes from a worker's response what must not reach the client.
 pub fn clean_response_headers(headers: &mut HeaderMap) {
+    // The usual answer has none of them: one pass over its few names instead of a hashed
+    // removal per name (eight a response, 1.2k instructions).
+    let unwanted = |name: &HeaderName| HOP_BY_HOP.contains(name) || *name == ERROR_CODE_HEADER;
+    if !headers.keys().any(unwanted) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -139,5 +145,27 @@ mod tests {
         assert!(h.get("connection").is_none());
         assert!(is_event_stream(&h));
         assert_eq!(h["x-vllm-thing"], "1");
+    }
+
+    #[test]
+    fn each_unwanted_header_is_found_alone_and_a_clean_answer_is_left_as_it_is() {
+        for unwanted in [
+            "x-sluice-error-code",
+            "keep-alive",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = map(&[(unwanted, "x"), ("content-type", "application/json")]);
+            clean_response_headers(&mut h);
+            assert!(h.get(unwanted).is_none(), "{unwanted}");
+            assert_eq!(h.len(), 1);
+        }
+        let clean = map(&[
+            ("content-type", "application/json"),
+            ("content-length", "2"),
+        ]);
+        let mut h = clean.clone();
+        clean_response_headers(&mut h);
+        assert_eq!(h, clean);
     }
 }

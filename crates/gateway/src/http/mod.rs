@@ -19,7 +19,7 @@ pub use headers::{
     clean_response_headers, copy_request_headers, is_event_stream, CLIENT_CREDENTIALS,
 };
 pub use request_id::{accept_or_make as request_id, REQUEST_ID};
-pub use server::{serve, stopped, Limits};
+pub use server::{serve, stopped, Answering, Limits, Routes, Shortcut};
 pub use woken::OnWake;
 
 use axum::body::Body;

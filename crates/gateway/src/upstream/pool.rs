@@ -213,12 +213,14 @@ async fn sweep(pool: Weak<Http1Pool>, idle_timeout: Duration) {
 
 /// HTTP/1.1 sends the path, with the authority in `Host` (unless the request names one).
 fn origin_form(request: &mut UpstreamRequest, authority: &Authority) {
-    let path = request
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
-    *request.uri_mut() = Uri::from(path);
+    if request.uri().authority().is_some() {
+        let path = request
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
+        *request.uri_mut() = Uri::from(path);
+    }
     if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
         request.headers_mut().entry(HOST).or_insert(host);
     }
