@@ -96,7 +96,7 @@ impl Routes {
             },
             None => request,
         };
-        Dispatched::Routed(self.router.call(request))
+        Dispatched::Routed(Box::new(self.router.call(request)))
     }
 }
 
@@ -106,10 +106,12 @@ impl From<Router> for Routes {
     }
 }
 
-/// A request on its way to an answer: through a shortcut or through the router.
+/// A request on its way to an answer: through a shortcut or through the router. The router's
+/// future is boxed: the rarer way pays the allocation, and the connection's state, which holds
+/// this, stays small for the common one.
 pub(super) enum Dispatched {
     Shortcut(Answering),
-    Routed(RouteFuture<Infallible>),
+    Routed(Box<RouteFuture<Infallible>>),
 }
 
 impl Future for Dispatched {
@@ -118,7 +120,7 @@ impl Future for Dispatched {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             Dispatched::Shortcut(answering) => answering.as_mut().poll(cx).map(Ok),
-            Dispatched::Routed(routed) => Pin::new(routed).poll(cx),
+            Dispatched::Routed(routed) => Pin::new(&mut **routed).poll(cx),
         }
     }
 }
