@@ -70,6 +70,11 @@ fn overhead_measures_direct_and_sluice_and_reports_json() {
             assert!(streams > 0 && per_stream >= 20.0, "{row}");
         }
     }
+    assert_eq!(
+        report["instructions"].as_array().unwrap().len(),
+        0,
+        "counted only with --instructions"
+    );
     let memory = report["memory"].as_array().unwrap();
     assert_eq!(memory.len(), 1);
     assert!(memory[0]["rss_idle_bytes"].as_u64().unwrap() > 0);

@@ -241,14 +241,7 @@ async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
         return Err(BenchError::Positive("stream-rate"));
     }
     let opening = (streams as f64 / args.stream_rate).ceil() as u32;
-    // Envoy is installed now only when asked for by name.
-    let envoy = match crate::overhead::envoy::installed() {
-        Some(envoy) => Some(envoy),
-        None if args.configs.iter().any(|c| c == "envoy") => {
-            Some(crate::overhead::envoy::binary().map_err(crate::overhead::TemplateError::from)?)
-        }
-        None => None,
-    };
+    let envoy = envoy_for(args.configs.iter().any(|c| c == "envoy"))?;
     let report = crate::scenario::many_streams(&crate::scenario::ManyStreamsPlan {
         sluice_exe: std::env::current_exe().map_err(BenchError::Exe)?,
         out_dir: args.out.clone(),
@@ -262,6 +255,18 @@ async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
     .await?;
     print_report(args.json, &report, || report.table());
     Ok(())
+}
+
+/// The Envoy a scenario runs: the one installed, else, only when a configuration of it was asked
+/// for by name, one installed now; none otherwise.
+fn envoy_for(named: bool) -> Result<Option<std::path::PathBuf>, BenchError> {
+    Ok(match crate::overhead::envoy::installed() {
+        Some(envoy) => Some(envoy),
+        None if named => {
+            Some(crate::overhead::envoy::binary().map_err(crate::overhead::TemplateError::from)?)
+        }
+        None => None,
+    })
 }
 
 fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError> {
@@ -320,16 +325,8 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         args.name,
         ScenarioName::TieredOverload | ScenarioName::FrozenEngine
     ) {
-        // Installed now only when asked for by name.
         let named = args.configs.iter().any(|c| c.starts_with("envoy"));
-        let envoy = match crate::overhead::envoy::installed() {
-            Some(envoy) => Some(envoy),
-            None if named => Some(
-                crate::overhead::envoy::binary().map_err(crate::overhead::TemplateError::from)?,
-            ),
-            None => None,
-        };
-        if let Some(envoy) = envoy {
+        if let Some(envoy) = envoy_for(named)? {
             configs.extend(crate::scenario::envoy_configs(&exe, args.time_scale, envoy));
         }
     }

@@ -81,7 +81,8 @@ impl Counts {
     }
 }
 
-/// Counts `target`'s instructions (None when it has no process of its own: `direct`).
+/// Counts `target`'s instructions (None when not asked to, or when it has no process of its
+/// own: `direct`).
 pub(super) async fn count(
     plan: &OverheadPlan,
     target: &Target,
@@ -90,6 +91,9 @@ pub(super) async fn count(
     small: &Shot,
     stream: &Shot,
 ) -> Result<Option<Instructions>, OverheadError> {
+    let Some(requests) = plan.instruction_requests else {
+        return Ok(None);
+    };
     let dir = out_dir(log_dir)?;
     let port = free_ports(1)?;
     let command = target
@@ -111,9 +115,6 @@ pub(super) async fn count(
     })?;
     let addr = [loopback(port)];
     wait_until_serving_within(&mut proc, addr[0], super::MODEL, STARTUP_LIMIT).await?;
-    let Some(requests) = plan.instruction_requests else {
-        return Ok(None);
-    };
     counted_loop(&addr, CONNECTIONS, small, requests / 4).await?;
     let mut dumps = Dumps::new(dir, target.name());
     let (requests_took, small_count) = dumps
@@ -129,6 +130,13 @@ pub(super) async fn count(
         .around(&proc, counted_loop(&addr, CONNECTIONS, stream, STREAMS))
         .await?;
     proc.stop(super::STOP_GRACE).await;
+    let failed = small_count.tally.failed + stream_count.tally.failed;
+    if failed > 0 {
+        return Err(OverheadError::CountedFailures {
+            name: target.name().into(),
+            failed,
+        });
+    }
     let counts = Counts {
         requests: small_count.tally.completed(),
         requests_took,
@@ -139,12 +147,6 @@ pub(super) async fn count(
         streams_took,
         stream: stream_count.instructions,
     };
-    if small_count.tally.failed > 0 || stream_count.tally.failed > 0 {
-        return Err(OverheadError::CountedFailures {
-            name: target.name().into(),
-            failed: small_count.tally.failed + stream_count.tally.failed,
-        });
-    }
     Ok(Some(counts.figures(target.name())))
 }
 

@@ -58,9 +58,7 @@ impl Target {
             }
         }
     }
-}
 
-impl Target {
     /// `command`, for a run under callgrind. As root, nginx's worker would switch to `nobody`
     /// and then could not answer `callgrind_control`, whose pipes are root's: it keeps root's
     /// user there instead.

@@ -39,7 +39,8 @@ use crate::procs::{processor, Proc};
 /// A gateway the scenario measures.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Config {
-    /// sluice with its defaults, speaking HTTP/2 or HTTP/1.1 to the engines.
+    /// sluice with its defaults but overload protection (see `template`), speaking HTTP/2 or
+    /// HTTP/1.1 to the engines.
     Sluice { http2: bool },
     /// Envoy as the plain proxy (HTTP/1.1 to the engines).
     Envoy,
