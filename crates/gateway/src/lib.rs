@@ -43,7 +43,8 @@
 //! - `shared` — budgets and caps shared with the other replicas through Redis (`--redis-url`),
 //!   below `admit`, which spends them.
 //! - `upstream` — the HTTP client to workers, at the bottom: used by `forward` and `control`,
-//!   importing nothing above it. `tls` beside it: the certificates both ways.
+//!   importing nothing above it; cleartext HTTP/1.1 on connections of its own (`upstream::wire`),
+//!   TLS and HTTP/2 on hyper's. `tls` beside it: the certificates both ways.
 //!
 //! Around them:
 //!

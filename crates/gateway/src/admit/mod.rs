@@ -45,6 +45,7 @@ use prometheus_client::registry::Registry;
 use sluice_core::admission::deadline::{feasible, Expected};
 use sluice_core::admission::drain::Hold;
 use sluice_core::admission::{Refusal, Tier};
+use sluice_core::ModelName;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -352,6 +353,7 @@ impl Admit {
         &self,
         ctx: &mut RequestContext,
         pool: &crate::fleet::Pool,
+        snapshot: &crate::fleet::Snapshot,
     ) -> Result<Option<Turn>, GatewayError> {
         let Some(queue) = &self.queue else {
             return Ok(None);
@@ -362,11 +364,18 @@ impl Admit {
         }
         let slots_free = self.slots_free();
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        let capped = self.gateway.slots.is_some();
+        let has_room = |model: &ModelName, tier: Tier| {
+            snapshot
+                .pools
+                .get(model)
+                .is_some_and(|p| p.has_room_for(tier))
+        };
         let mut turn: Option<Turn> = None;
         loop {
             let must_wait = !slots_free()
                 || !pool.has_room_for(tier)
-                || queue.has_waiters_for(&pool.model, tier);
+                || queue.has_waiters_for(&pool.model, tier, capped, has_room);
             if (turn.is_some() || !must_wait) && self.take_slot(ctx, queue) {
                 if turn.is_none() {
                     queue.went_direct(tier);

@@ -72,7 +72,7 @@ impl AdmitStage {
             self.admit.feasible(ctx, &pool, wanted.prompt_tokens)?;
             if turn.is_none() {
                 let asked = Instant::now();
-                if let Some(called) = self.admit.wait_room(ctx, &pool).await? {
+                if let Some(called) = self.admit.wait_room(ctx, &pool, &snapshot).await? {
                     ctx.queued(asked.elapsed());
                     turn = Some(called);
                     continue;

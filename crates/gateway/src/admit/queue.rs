@@ -226,19 +226,30 @@ impl GatewayQueue {
         Ok(())
     }
 
-    /// Whether the queue holds anyone of `tier` or a more urgent one waiting for `model`, or
-    /// one sent out that has not taken its worker yet (an arrival for it then waits too, so it
-    /// does not pass them or take the room one was sent for). Less urgent waiters do not hold
-    /// it back: they would go after it, and may be waiting for room beyond the interactive
-    /// reserve it does not need.
-    pub fn has_waiters_for(&self, model: &ModelName, tier: Tier) -> bool {
-        if self.in_transit.lock().as_ref() == Some(model) {
-            return true;
+    /// Whether an arrival for `model` at `tier` must queue rather than go on: someone of its
+    /// tier or a more urgent one waits for the same model, or was sent out for it and has not
+    /// taken its worker yet (the arrival would pass them, or take the room one was sent for).
+    /// With the gateway's slots capped (`capped`), also such a waiter for another model that
+    /// has room (`has_room`), or one sent out for it: they wait only for a slot, which they
+    /// asked for first, and an arrival taking a slot as it frees would pass them. Less urgent
+    /// waiters do not hold it back: they would go after it, and may be waiting for room beyond
+    /// the interactive reserve it does not need.
+    pub fn has_waiters_for(
+        &self,
+        model: &ModelName,
+        tier: Tier,
+        capped: bool,
+        has_room: impl Fn(&ModelName, Tier) -> bool,
+    ) -> bool {
+        if let Some(sent) = self.in_transit.lock().as_ref() {
+            if sent == model || capped {
+                return true;
+            }
         }
-        self.waiting
-            .lock()
-            .waiters()
-            .any(|w| &w.item.model == model && w.tier <= tier)
+        self.waiting.lock().waiters().any(|w| {
+            w.tier <= tier
+                && (&w.item.model == model || (capped && has_room(&w.item.model, w.tier)))
+        })
     }
 
     /// Waits for the request's turn: the dispatcher sends it when its model has room. Refused
@@ -478,5 +489,56 @@ impl GatewayQueue {
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> Arc<GatewayQueue> {
+        let config = QueueConfig {
+            size: 8,
+            timeouts: [Duration::from_secs(60); 3],
+            shed: false,
+            shed_retry_after: Duration::from_secs(5),
+            codel: None,
+        };
+        GatewayQueue::new(config, &mut Registry::default())
+    }
+
+    fn asker(model: &str, tier: Tier) -> Asker {
+        Asker {
+            tier,
+            tenant: TenantId::new("t"),
+            weight: 1.0,
+            cost: 1,
+            model: ModelName::new(model),
+            deadline: None,
+            counters: None,
+            hold: drain::Hold::Full,
+        }
+    }
+
+    /// A waiter for model `big` of the agent tier; an arrival for `small` waits behind it only
+    /// when the gateway's slots are capped and `big` has room: then it waits for a slot alone.
+    #[tokio::test]
+    async fn an_arrival_waits_behind_a_waiter_for_another_model_only_for_a_capped_slot() {
+        let queue = queue();
+        let waiting = queue.wait_turn(asker("big", Tier::Agent));
+        tokio::pin!(waiting);
+        assert!(futures_util::poll!(&mut waiting).is_pending(), "it waits");
+        let small = ModelName::new("small");
+        let room = |_: &ModelName, _: Tier| true;
+        let full = |_: &ModelName, _: Tier| false;
+        assert!(queue.has_waiters_for(&small, Tier::Agent, true, room));
+        assert!(!queue.has_waiters_for(&small, Tier::Agent, true, full));
+        assert!(!queue.has_waiters_for(&small, Tier::Agent, false, room));
+        // A more urgent arrival goes before it anyway; a less urgent one waits.
+        assert!(!queue.has_waiters_for(&small, Tier::Interactive, true, room));
+        assert!(queue.has_waiters_for(&small, Tier::Batch, true, room));
+        // For its own model, whatever the slots.
+        let big = ModelName::new("big");
+        assert!(queue.has_waiters_for(&big, Tier::Agent, false, full));
     }
 }

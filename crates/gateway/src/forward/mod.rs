@@ -21,7 +21,6 @@ use std::time::Duration;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
-use http_body_util::Full;
 use sluice_core::breaker::Outcome;
 use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
@@ -472,7 +471,7 @@ fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
-    let mut request = Request::new(Full::new(at.job.body.clone()));
+    let mut request = Request::new(at.job.body.clone());
     *request.method_mut() = at.job.parts.method.clone();
     let endpoint = &worker.endpoint;
     *request.uri_mut() = if endpoint.http2 || endpoint.tls() {

@@ -63,8 +63,8 @@ enum LegEnd {
     /// answer says).
     Done(Bytes),
     /// The prefill worker refused the request itself (a 4xx but 429): the client's answer, as
-    /// the decode worker would give it too.
-    Refused(UpstreamResponse, Instant),
+    /// the decode worker would give it too. Boxed: rare, and larger than the others.
+    Refused(Box<UpstreamResponse>, Instant),
     Failed(AttemptFailure),
     /// Silent past its bound.
     Silent,
@@ -272,7 +272,7 @@ impl Forwarder {
         let failure = match end {
             LegEnd::Refused(response, sent_at) => {
                 return Paired::Answered(Answer {
-                    response,
+                    response: *response,
                     lease,
                     sent_at,
                     ahead: Ahead::default(),
@@ -331,7 +331,7 @@ impl Forwarder {
             Ok(Ok(Err(refused))) => {
                 lease.first_byte();
                 lease.settle(Outcome::Success);
-                LegEnd::Refused(refused, sent_at)
+                LegEnd::Refused(Box::new(refused), sent_at)
             }
             Ok(Ok(Ok(body))) => {
                 lease.first_byte_after(sent_at.elapsed());

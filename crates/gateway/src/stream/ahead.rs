@@ -16,7 +16,7 @@ use sluice_core::sse::SseParser;
 use tokio::time::Instant;
 
 use crate::http::is_event_stream;
-use crate::upstream::UpstreamResponse;
+use crate::upstream::{ExchangeError, UpstreamResponse};
 
 /// Bytes read ahead of the client: the most an event stream's first event, or a 503's body, may
 /// take before the answer is passed on without a verdict.
@@ -42,7 +42,7 @@ pub struct Ahead {
 pub async fn read_ahead(
     response: &mut UpstreamResponse,
     deadline: Instant,
-) -> Result<Ahead, hyper::Error> {
+) -> Result<Ahead, ExchangeError> {
     let status = response.status().as_u16();
     let first_event = status == 200 && is_event_stream(response.headers());
     if !first_event && status != 503 {
@@ -59,7 +59,7 @@ async fn read_body_ahead(
     response: &mut UpstreamResponse,
     first_event: bool,
     deadline: Instant,
-) -> Result<Ahead, hyper::Error> {
+) -> Result<Ahead, ExchangeError> {
     let status = response.status().as_u16();
     let mut ahead = Ahead::default();
     let mut read = BytesMut::new();

@@ -1,5 +1,5 @@
 //! The HTTP client to workers: keep-alive connections per worker, HTTP/1.1 by default (cleartext
-//! ones in `pool`), HTTP/2 for workers configured for it (prior knowledge over cleartext, ALPN
+//! ones in `pool`, on connections of our own, `wire`), HTTP/2 for workers configured for it (prior knowledge over cleartext, ALPN
 //! `h2` over TLS); `https` workers over rustls.
 
 use std::sync::{Arc, OnceLock};
@@ -20,7 +20,8 @@ use crate::tls::ClientTls;
 /// TCP keep-alive on worker connections, so a vanished peer is noticed on idle connections.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
-pub type UpstreamRequest = Request<Full<Bytes>>;
+/// A request to a worker: its body is always read whole first (the gateway routes on it).
+pub type UpstreamRequest = Request<Bytes>;
 pub type UpstreamResponse = axum::http::Response<UpstreamBody>;
 
 /// Why a request got no answer from a worker.
@@ -30,10 +31,8 @@ pub enum SendError {
     Connect(#[source] std::io::Error),
     #[error("no connection within {0:?}")]
     ConnectTimeout(Duration),
-    #[error("the HTTP handshake failed: {0}")]
-    Handshake(#[source] hyper::Error),
     #[error("the exchange failed: {0}")]
-    Exchange(#[source] hyper::Error),
+    Exchange(#[source] ExchangeError),
     /// From the pooled client (TLS or HTTP/2 workers).
     #[error(transparent)]
     Pooled(hyper_util::client::legacy::Error),
@@ -43,11 +42,22 @@ impl SendError {
     /// The worker could not be reached at all (nothing was sent).
     pub fn is_connect(&self) -> bool {
         match self {
-            SendError::Connect(_) | SendError::ConnectTimeout(_) | SendError::Handshake(_) => true,
+            SendError::Connect(_) | SendError::ConnectTimeout(_) => true,
             SendError::Exchange(_) => false,
             SendError::Pooled(e) => e.is_connect(),
         }
     }
+}
+
+/// Why an exchange broke off once the request was on its way, or its answer's body did.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// On hyper's pooled client (TLS or HTTP/2 workers).
+    #[error(transparent)]
+    Hyper(hyper::Error),
+    /// On a connection of our own (cleartext HTTP/1.1 workers).
+    #[error(transparent)]
+    Wire(super::wire::WireError),
 }
 
 type Plain = Client<HttpConnector, Full<Bytes>>;
@@ -149,9 +159,9 @@ impl Upstream {
     ) -> Result<UpstreamResponse, SendError> {
         let pooled = match (endpoint.tls(), endpoint.http2) {
             (false, false) => return self.http1.send(&endpoint.authority, request).await,
-            (false, true) => self.http2.request(request),
-            (true, false) => self.tls.clients().0.request(request),
-            (true, true) => self.tls.clients().1.request(request),
+            (false, true) => self.http2.request(request.map(Full::new)),
+            (true, false) => self.tls.clients().0.request(request.map(Full::new)),
+            (true, true) => self.tls.clients().1.request(request.map(Full::new)),
         };
         let response = pooled.await.map_err(SendError::Pooled)?;
         Ok(response.map(UpstreamBody::from))

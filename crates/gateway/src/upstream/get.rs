@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::http::uri::PathAndQuery;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 
 use super::{Endpoint, Upstream};
 
@@ -54,9 +54,7 @@ pub async fn get(
     if let Some(auth) = authorization {
         request = request.header(header::AUTHORIZATION, auth.clone());
     }
-    let request = request
-        .body(Full::new(Bytes::new()))
-        .map_err(|_| GetError::Uri)?;
+    let request = request.body(Bytes::new()).map_err(|_| GetError::Uri)?;
     let exchange = async {
         let response = upstream.send(endpoint, request).await.map_err(|e| {
             if e.is_connect() {

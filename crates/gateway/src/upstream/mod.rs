@@ -8,8 +8,11 @@
 mod client;
 mod get;
 mod pool;
+mod wire;
 
-pub use client::{SendError, Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse};
+pub use client::{
+    ExchangeError, SendError, Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse,
+};
 pub use get::{get, GetError};
 pub use pool::UpstreamBody;
 

@@ -3,16 +3,16 @@
 //! hyper-util's pooled client serves every scheme and protocol through one keyed pool, and pays
 //! for it on each request: a checkout through its waiter machinery, a channel handshake, and a
 //! task spawned to put the connection back once it is ready again. Here a worker's idle
-//! connections are a stack behind a mutex held for a push or a pop: a request takes the most
-//! recently used one (its socket is warmest), and its answer's body puts the connection back
-//! when it has been read to the end. A body dropped before its end drops its connection, which
-//! hyper closes, as the pooled client does.
+//! connections (our own, `wire`) are a stack behind a mutex held for a push or a pop: a request
+//! takes the most recently used one (its socket is warmest), and its answer's body puts the
+//! connection back when it has been read to the end. A body dropped before its end drops its
+//! connection, which closes it: the engine sees its client leave and stops.
 //!
-//! A connection the worker closed while idle is noticed when it is taken (hyper reports it
-//! closed, or not ready); a request that could not be written on it is sent on the next one, or
-//! on a fresh connection, never twice. Idle connections are closed after the idle timeout,
-//! before the worker's own keep-alive timeout can close one under a request: those found stale
-//! when taken, and the rest by a sweep every half timeout.
+//! A connection the worker closed while idle is noticed when it is taken (its socket reads the
+//! end); a request that could not be written on it is sent on the next one, or on a fresh
+//! connection, never twice. Idle connections are closed after the idle timeout, before the
+//! worker's own keep-alive timeout can close one under a request: those found stale when taken,
+//! and the rest by a sweep every half timeout.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -22,24 +22,20 @@ use std::time::Duration;
 
 use axum::http::header::HOST;
 use axum::http::uri::Authority;
-use axum::http::{HeaderValue, Uri};
+use axum::http::{request, HeaderValue};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::client::{SendError, UpstreamRequest, UpstreamResponse};
-
-type Sender = http1::SendRequest<Full<Bytes>>;
+use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
+use super::wire::{self, Conn, WireError};
 
 /// One idle connection, and since when.
 struct Idle {
-    sender: Sender,
+    conn: Conn,
     since: Instant,
 }
 
@@ -76,59 +72,73 @@ impl Http1Pool {
         }
     }
 
-    /// Sends `request` (its URI absolute) to `authority` on an idle connection, or a new one.
+    /// Sends `request` to `authority` on an idle connection, or a new one, and reads the
+    /// answer's head.
     pub async fn send(
         self: &Arc<Self>,
         authority: &Authority,
-        mut request: UpstreamRequest,
+        request: UpstreamRequest,
     ) -> Result<UpstreamResponse, SendError> {
-        origin_form(&mut request, authority);
-        while let Some(mut sender) = self.take(authority) {
-            if sender.ready().await.is_err() {
+        let (mut parts, body) = request.into_parts();
+        add_host(&mut parts, authority);
+        let (head, close) = wire::request_head(&parts, body.len());
+        let mut conn = loop {
+            if let Some(mut conn) = self.take(authority) {
+                // Not taken whole: the connection had closed. The next one gets it.
+                if conn.write(&head, &body).await.is_ok() {
+                    break conn;
+                }
                 continue;
             }
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.pooled(authority, sender, response)),
-                Err(mut refused) => match refused.take_message() {
-                    // Not written: the connection had closed. The next one gets it.
-                    Some(unsent) => request = unsent,
-                    None => return Err(SendError::Exchange(refused.into_error())),
-                },
+            // Boxed: a new connection is rare, and its future (name resolution, the TCP
+            // handshake) would otherwise sit inline in every request's future, which is moved
+            // whole into a box per request on its way through the router.
+            let mut conn = Box::pin(self.connect(authority)).await?;
+            conn.write(&head, &body).await.map_err(exchange)?;
+            break conn;
+        };
+        let answer = conn.read_head(&parts.method).await.map_err(exchange)?;
+        let (response, mut body) = answer.body(conn, close);
+        let back = if body.is_end() {
+            // No body to read (a refusal with none, say): the connection is free already.
+            if let Some(conn) = body.take_reusable() {
+                self.put(authority, conn);
             }
-        }
-        // Boxed: a new connection is rare, and its future (name resolution, the TCP and HTTP
-        // handshakes) would otherwise sit inline in every request's future, which is moved
-        // whole into a box per request on its way through the router.
-        let mut sender = Box::pin(self.connect(authority)).await?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(SendError::Exchange)?;
-        Ok(self.pooled(authority, sender, response))
+            None
+        } else {
+            Some(Back {
+                pool: self.clone(),
+                authority: authority.clone(),
+            })
+        };
+        Ok(response.map(|()| UpstreamBody {
+            source: Source::Wire(body),
+            back,
+        }))
     }
 
     /// The most recently used live connection to `authority`; stale ones are dropped.
-    fn take(&self, authority: &Authority) -> Option<Sender> {
+    fn take(&self, authority: &Authority) -> Option<Conn> {
         let mut idle = self.idle.lock();
         let stack = idle.get_mut(authority.as_str())?;
-        while let Some(conn) = stack.pop_back() {
-            if !conn.sender.is_closed() && conn.since.elapsed() < self.idle_timeout {
-                return Some(conn.sender);
+        while let Some(idle) = stack.pop_back() {
+            if idle.since.elapsed() < self.idle_timeout && !idle.conn.is_closed() {
+                return Some(idle.conn);
             }
         }
         None
     }
 
-    fn put(self: &Arc<Self>, authority: &Authority, sender: Sender) {
+    fn put(self: &Arc<Self>, authority: &Authority, conn: Conn) {
         // An idle timeout of zero keeps nothing: every request gets its own connection.
-        if sender.is_closed() || self.idle_timeout.is_zero() {
+        if self.idle_timeout.is_zero() {
             return;
         }
         self.sweeping.call_once(|| {
             tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout));
         });
         let conn = Idle {
-            sender,
+            conn,
             since: Instant::now(),
         };
         let mut idle = self.idle.lock();
@@ -146,7 +156,7 @@ impl Http1Pool {
         for stack in idle.values_mut() {
             while stack
                 .front()
-                .is_some_and(|c| c.sender.is_closed() || c.since.elapsed() >= self.idle_timeout)
+                .is_some_and(|c| c.since.elapsed() >= self.idle_timeout || c.conn.is_closed())
             {
                 stack.pop_front();
             }
@@ -154,30 +164,9 @@ impl Http1Pool {
         idle.retain(|_, stack| !stack.is_empty());
     }
 
-    fn pooled(
-        self: &Arc<Self>,
-        authority: &Authority,
-        sender: Sender,
-        response: axum::http::Response<Incoming>,
-    ) -> UpstreamResponse {
-        if response.body().is_end_stream() {
-            // No body to read (a refusal with none, say): the connection is free already.
-            self.put(authority, sender);
-            return response.map(UpstreamBody::from);
-        }
-        response.map(|inner| UpstreamBody {
-            source: Source::Connection(inner),
-            back: Some(Back {
-                pool: self.clone(),
-                authority: authority.clone(),
-                sender,
-            }),
-        })
-    }
-
     /// A new connection: TCP within the connect timeout, no Nagle delay, TCP keep-alive so a
-    /// vanished worker is noticed on an idle connection; hyper's side runs in its own task.
-    async fn connect(&self, authority: &Authority) -> Result<Sender, SendError> {
+    /// vanished worker is noticed on an idle connection.
+    async fn connect(&self, authority: &Authority) -> Result<Conn, SendError> {
         let host = authority
             .host()
             .trim_start_matches('[')
@@ -190,12 +179,12 @@ impl Http1Pool {
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new().with_time(self.keepalive);
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(SendError::Handshake)?;
-        tokio::spawn(connection);
-        Ok(sender)
+        Ok(Conn::new(stream))
     }
+}
+
+fn exchange(e: impl Into<WireError>) -> SendError {
+    SendError::Exchange(ExchangeError::Wire(e.into()))
 }
 
 /// Runs until the pool is gone.
@@ -211,18 +200,10 @@ async fn sweep(pool: Weak<Http1Pool>, idle_timeout: Duration) {
     }
 }
 
-/// HTTP/1.1 sends the path, with the authority in `Host` (unless the request names one).
-fn origin_form(request: &mut UpstreamRequest, authority: &Authority) {
-    if request.uri().authority().is_some() {
-        let path = request
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| axum::http::uri::PathAndQuery::from_static("/"));
-        *request.uri_mut() = Uri::from(path);
-    }
+/// The worker's authority in `Host`, unless the request names one.
+fn add_host(parts: &mut request::Parts, authority: &Authority) {
     if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-        request.headers_mut().entry(HOST).or_insert(host);
+        parts.headers.entry(HOST).or_insert(host);
     }
 }
 
@@ -230,10 +211,9 @@ fn origin_form(request: &mut UpstreamRequest, authority: &Authority) {
 struct Back {
     pool: Arc<Http1Pool>,
     authority: Authority,
-    sender: Sender,
 }
 
-/// A worker's answer body: read from the worker's connection (its pooled connection goes back to
+/// A worker's answer body: read from the worker's connection (a pooled connection goes back to
 /// the pool once read to its end), or handed over frame by frame by a data plane that made the
 /// exchange itself (`sluice epp`: Envoy sends the request and streams the answer through).
 pub struct UpstreamBody {
@@ -242,7 +222,10 @@ pub struct UpstreamBody {
 }
 
 enum Source {
+    /// From hyper's pooled client (TLS or HTTP/2 workers).
     Connection(Incoming),
+    /// From a connection of our own (cleartext HTTP/1.1 workers).
+    Wire(wire::Body),
     /// `None` in the channel is the end of the body. A sender dropped without it leaves the body
     /// unfinished for good: the data plane went away, and whoever relays the body is about to be
     /// dropped too — reading that as an end would judge a cut stream as a finished one.
@@ -254,12 +237,14 @@ enum Source {
 
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match self.source {
+            Source::Connection(_) => "pooled client",
+            Source::Wire(_) => "own connection",
+            Source::HandedOver { .. } => "handed over",
+        };
         f.debug_struct("UpstreamBody")
-            .field("pooled", &self.back.is_some())
-            .field(
-                "handed_over",
-                &matches!(self.source, Source::HandedOver { .. }),
-            )
+            .field("source", &source)
+            .field("goes_back", &self.back.is_some())
             .finish()
     }
 }
@@ -288,46 +273,48 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ExchangeError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let inner = match &mut self.source {
-            Source::Connection(inner) => inner,
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        let this = self.get_mut();
+        match &mut this.source {
+            Source::Connection(inner) => {
+                Pin::new(inner).poll_frame(cx).map_err(ExchangeError::Hyper)
+            }
+            Source::Wire(body) => {
+                let data = std::task::ready!(body.poll_data(cx));
+                // A reader that knows the length stops at the last frame without asking for
+                // the end: the connection goes back with that frame.
+                if body.is_end() {
+                    if let (Some(back), Some(conn)) = (this.back.take(), body.take_reusable()) {
+                        back.pool.put(&back.authority, conn);
+                    }
+                }
+                Poll::Ready(data.map(|d| d.map(Frame::data).map_err(ExchangeError::Wire)))
+            }
             Source::HandedOver { frames, ended } => {
                 if *ended {
                     return Poll::Ready(None);
                 }
-                return match std::task::ready!(frames.poll_recv(cx)) {
+                match std::task::ready!(frames.poll_recv(cx)) {
                     Some(Some(frame)) => Poll::Ready(Some(Ok(frame))),
                     Some(None) => {
                         *ended = true;
                         Poll::Ready(None)
                     }
                     None => Poll::Pending,
-                };
-            }
-        };
-        let frame = std::task::ready!(Pin::new(&mut *inner).poll_frame(cx));
-        // A reader that knows the length stops at the last frame without asking for the end.
-        if frame.is_none() || inner.is_end_stream() {
-            if let Some(Back {
-                pool,
-                authority,
-                sender,
-            }) = self.back.take()
-            {
-                pool.put(&authority, sender);
+                }
             }
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.source {
             Source::Connection(inner) => inner.is_end_stream(),
+            Source::Wire(body) => body.is_end(),
             Source::HandedOver { ended, .. } => *ended,
         }
     }
@@ -335,6 +322,9 @@ impl Body for UpstreamBody {
     fn size_hint(&self) -> SizeHint {
         match &self.source {
             Source::Connection(inner) => inner.size_hint(),
+            Source::Wire(body) => body
+                .remaining()
+                .map_or_else(SizeHint::default, SizeHint::with_exact),
             Source::HandedOver { .. } => SizeHint::default(),
         }
     }
@@ -383,7 +373,7 @@ mod tests {
 
     fn request(authority: &Authority) -> UpstreamRequest {
         axum::http::Request::get(format!("http://{authority}/health"))
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .unwrap()
     }
 

@@ -1,0 +1,422 @@
+//! Where an HTTP/1.1 answer's body ends (RFC 9112 section 6): no body, a known length, chunks,
+//! or the connection's close; and taking the body's data out of what was read.
+//!
+//! The decoder is given the bytes read so far and takes what it can use: data as it comes (a
+//! frame need not wait for its whole chunk), chunk sizes and their line ends, trailers (read and
+//! dropped: no worker sends any, and no client of a gateway relies on them).
+
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::WireError;
+
+/// The longest chunk-size line, or trailer line, taken before the answer is judged malformed.
+const MAX_LINE: usize = 4096;
+/// The most trailer bytes read and dropped.
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// How the rest of an answer's body is framed, and how far it has got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Framing {
+    /// Read to its end.
+    Done,
+    /// This many bytes left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Everything until the worker closes the connection (which then cannot be used again).
+    UntilClose,
+}
+
+/// Where a chunked body stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of the current chunk left.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one; this many bytes of them so far.
+    Trailers(usize),
+}
+
+/// What one step of decoding gave.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Decoded {
+    Data(Bytes),
+    /// More must be read first.
+    NeedMore,
+    End,
+}
+
+impl Framing {
+    /// The body's framing from the answer's head, for a request sent with `method`
+    /// (RFC 9112 section 6.3). A length that cannot be trusted is an error: reading on would
+    /// misread the next answer on the connection.
+    pub(super) fn of(
+        method: &Method,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Result<Self, WireError> {
+        if *method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Ok(Framing::Done);
+        }
+        if headers.contains_key(header::TRANSFER_ENCODING) {
+            // Only a final `chunked` coding says where the body ends; any other runs to the close.
+            let last = headers
+                .get_all(header::TRANSFER_ENCODING)
+                .iter()
+                .next_back()
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.rsplit(',').next())
+                .map(str::trim);
+            return Ok(match last {
+                Some(coding) if coding.eq_ignore_ascii_case("chunked") => {
+                    Framing::Chunked(Chunk::Size)
+                }
+                _ => Framing::UntilClose,
+            });
+        }
+        let mut length = None;
+        for value in headers.get_all(header::CONTENT_LENGTH) {
+            for part in value.to_str().map_err(|_| WireError::BadLength)?.split(',') {
+                let n: u64 = part.trim().parse().map_err(|_| WireError::BadLength)?;
+                if length.is_some_and(|seen| seen != n) {
+                    return Err(WireError::BadLength);
+                }
+                length = Some(n);
+            }
+        }
+        Ok(match length {
+            Some(0) => Framing::Done,
+            Some(n) => Framing::Length(n),
+            None => Framing::UntilClose,
+        })
+    }
+
+    /// The body's bytes left, when known.
+    pub(super) fn remaining(&self) -> Option<u64> {
+        match self {
+            Framing::Done => Some(0),
+            Framing::Length(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// Takes what it can from `read`: data, the framing between it, or the end.
+    pub(super) fn decode(&mut self, read: &mut BytesMut) -> Result<Decoded, WireError> {
+        loop {
+            match self {
+                Framing::Done => return Ok(Decoded::End),
+                Framing::Length(left) => {
+                    let Some(data) = take_data(read, left) else {
+                        return Ok(Decoded::NeedMore);
+                    };
+                    if *left == 0 {
+                        *self = Framing::Done;
+                    }
+                    return Ok(Decoded::Data(data));
+                }
+                Framing::UntilClose => {
+                    if read.is_empty() {
+                        return Ok(Decoded::NeedMore);
+                    }
+                    return Ok(Decoded::Data(read.split().freeze()));
+                }
+                Framing::Chunked(chunk) => match chunk.step(read)? {
+                    Step::Data(data) => return Ok(Decoded::Data(data)),
+                    Step::NeedMore => return Ok(Decoded::NeedMore),
+                    Step::End => *self = Framing::Done,
+                    Step::Next => {}
+                },
+            }
+        }
+    }
+
+    /// The connection closed: the end of a body that runs to the close, else a cut one.
+    pub(super) fn closed(&mut self) -> Result<(), WireError> {
+        match self {
+            Framing::Done => Ok(()),
+            Framing::UntilClose => {
+                *self = Framing::Done;
+                Ok(())
+            }
+            _ => Err(WireError::Truncated),
+        }
+    }
+}
+
+/// At most `left` bytes of data from `read`, none when it is empty.
+fn take_data(read: &mut BytesMut, left: &mut u64) -> Option<Bytes> {
+    if read.is_empty() {
+        return None;
+    }
+    let n = usize::try_from(*left).unwrap_or(usize::MAX).min(read.len());
+    *left -= n as u64;
+    Some(read.split_to(n).freeze())
+}
+
+enum Step {
+    Data(Bytes),
+    NeedMore,
+    /// The chunk framing moved on; go again.
+    Next,
+    /// The last chunk and its trailers were read.
+    End,
+}
+
+impl Chunk {
+    fn step(&mut self, read: &mut BytesMut) -> Result<Step, WireError> {
+        match self {
+            Chunk::Size => match httparse::parse_chunk_size(read) {
+                Ok(httparse::Status::Complete((used, size))) => {
+                    read.advance(used);
+                    *self = if size == 0 {
+                        Chunk::Trailers(0)
+                    } else {
+                        Chunk::Data(size)
+                    };
+                    Ok(Step::Next)
+                }
+                Ok(httparse::Status::Partial) if read.len() < MAX_LINE => Ok(Step::NeedMore),
+                _ => Err(WireError::BadChunk),
+            },
+            Chunk::Data(left) => {
+                let Some(data) = take_data(read, left) else {
+                    return Ok(Step::NeedMore);
+                };
+                if *left == 0 {
+                    *self = Chunk::DataEnd;
+                }
+                Ok(Step::Data(data))
+            }
+            Chunk::DataEnd => {
+                if read.len() < 2 {
+                    return Ok(Step::NeedMore);
+                }
+                if &read[..2] != b"\r\n" {
+                    return Err(WireError::BadChunk);
+                }
+                read.advance(2);
+                *self = Chunk::Size;
+                Ok(Step::Next)
+            }
+            Chunk::Trailers(seen) => {
+                let Some(end) = read.iter().position(|&b| b == b'\n') else {
+                    if read.len() >= MAX_LINE {
+                        return Err(WireError::BadChunk);
+                    }
+                    return Ok(Step::NeedMore);
+                };
+                let line = &read[..end];
+                let empty = line.is_empty() || line == b"\r";
+                *seen += end + 1;
+                read.advance(end + 1);
+                if empty {
+                    return Ok(Step::End);
+                }
+                if *seen > MAX_TRAILERS {
+                    return Err(WireError::BadChunk);
+                }
+                Ok(Step::Next)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    fn framing(status: u16, pairs: &[(&'static str, &'static str)]) -> Result<Framing, WireError> {
+        Framing::of(
+            &Method::POST,
+            StatusCode::from_u16(status).unwrap(),
+            &headers(pairs),
+        )
+    }
+
+    /// Feeds `input` to a decoder in pieces of `cut` bytes, then the close; what it gave.
+    fn decode_all(mut framing: Framing, input: &[u8], cut: usize) -> Result<Vec<u8>, WireError> {
+        let mut read = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in input.chunks(cut.max(1)) {
+            read.extend_from_slice(piece);
+            loop {
+                match framing.decode(&mut read)? {
+                    Decoded::Data(data) => out.extend_from_slice(&data),
+                    Decoded::NeedMore => break,
+                    Decoded::End => return Ok(out),
+                }
+            }
+        }
+        framing.closed()?;
+        Ok(out)
+    }
+
+    #[test]
+    fn the_head_says_how_the_body_is_framed() {
+        assert_eq!(
+            framing(200, &[("content-length", "12")]).unwrap(),
+            Framing::Length(12)
+        );
+        assert_eq!(
+            framing(200, &[("content-length", "0")]).unwrap(),
+            Framing::Done
+        );
+        assert_eq!(
+            framing(
+                200,
+                &[("transfer-encoding", "chunked"), ("content-length", "3")]
+            )
+            .unwrap(),
+            Framing::Chunked(Chunk::Size)
+        );
+        assert_eq!(
+            framing(200, &[("transfer-encoding", "gzip")]).unwrap(),
+            Framing::UntilClose
+        );
+        assert_eq!(framing(200, &[]).unwrap(), Framing::UntilClose);
+        assert_eq!(
+            framing(204, &[("content-length", "5")]).unwrap(),
+            Framing::Done
+        );
+        assert_eq!(
+            framing(304, &[("transfer-encoding", "chunked")]).unwrap(),
+            Framing::Done
+        );
+        let head = Framing::of(
+            &Method::HEAD,
+            StatusCode::OK,
+            &headers(&[("content-length", "9")]),
+        );
+        assert_eq!(head.unwrap(), Framing::Done);
+    }
+
+    #[test]
+    fn a_length_that_cannot_be_trusted_is_refused() {
+        for bad in [
+            &[("content-length", "-1")][..],
+            &[("content-length", "12a")],
+            &[("content-length", "3"), ("content-length", "4")],
+            &[("content-length", "3, 4")],
+        ] {
+            assert!(
+                matches!(framing(200, bad), Err(WireError::BadLength)),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            framing(200, &[("content-length", "3, 3")]).unwrap(),
+            Framing::Length(3)
+        );
+    }
+
+    #[test]
+    fn chunks_with_extensions_and_trailers_give_their_data() {
+        let input = b"5;name=value\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n";
+        let out = decode_all(Framing::Chunked(Chunk::Size), input, 3).unwrap();
+        assert_eq!(out, b"hello 0123456789");
+    }
+
+    #[test]
+    fn a_body_cut_before_its_end_is_an_error() {
+        let cut = decode_all(Framing::Length(10), b"short", 64);
+        assert!(matches!(cut, Err(WireError::Truncated)));
+        let cut = decode_all(Framing::Chunked(Chunk::Size), b"5\r\nhel", 64);
+        assert!(matches!(cut, Err(WireError::Truncated)));
+        let ended = decode_all(Framing::UntilClose, b"all of it", 4).unwrap();
+        assert_eq!(ended, b"all of it");
+    }
+
+    #[test]
+    fn malformed_chunks_are_refused() {
+        for bad in [
+            &b"zz\r\nhello\r\n0\r\n\r\n"[..],
+            b"5\r\nhelloXX0\r\n\r\n",
+            &[b'1'; MAX_LINE + 1],
+        ] {
+            let out = decode_all(Framing::Chunked(Chunk::Size), bad, 64);
+            assert!(matches!(out, Err(WireError::BadChunk)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_length_body_stops_at_its_length() {
+        let mut framing = Framing::Length(4);
+        let mut read = BytesMut::from(&b"abcdHTTP/1.1"[..]);
+        assert_eq!(
+            framing.decode(&mut read).unwrap(),
+            Decoded::Data(Bytes::from_static(b"abcd"))
+        );
+        assert_eq!(framing, Framing::Done);
+        assert_eq!(framing.decode(&mut read).unwrap(), Decoded::End);
+        assert_eq!(
+            &read[..],
+            b"HTTP/1.1",
+            "what follows is left for the next answer"
+        );
+    }
+
+    fn chunked(body: &[u8], sizes: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut rest = body;
+        let mut sizes = sizes.iter().cycle();
+        while !rest.is_empty() {
+            let n = (*sizes.next().unwrap()).clamp(1, rest.len());
+            out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+            out.extend_from_slice(&rest[..n]);
+            out.extend_from_slice(b"\r\n");
+            rest = &rest[n..];
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    proptest! {
+        /// However the worker cuts its chunks and however the reads split them, the data comes
+        /// out whole and in order, and nothing after the body is taken.
+        #[test]
+        fn chunked_bodies_come_out_whole(
+            body in proptest::collection::vec(any::<u8>(), 0..2048),
+            sizes in proptest::collection::vec(1usize..300, 1..8),
+            cut in 1usize..64,
+        ) {
+            let mut input = chunked(&body, &sizes);
+            let framed = input.len();
+            input.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+            let mut framing = Framing::Chunked(Chunk::Size);
+            let mut read = BytesMut::new();
+            let mut out = Vec::new();
+            let mut fed = 0;
+            'feed: for piece in input.chunks(cut) {
+                read.extend_from_slice(piece);
+                fed += piece.len();
+                loop {
+                    match framing.decode(&mut read).unwrap() {
+                        Decoded::Data(data) => out.extend_from_slice(&data),
+                        Decoded::NeedMore => break,
+                        Decoded::End => break 'feed,
+                    }
+                }
+            }
+            prop_assert_eq!(&out, &body);
+            prop_assert_eq!(framing, Framing::Done);
+            prop_assert_eq!(fed - read.len(), framed);
+        }
+    }
+}

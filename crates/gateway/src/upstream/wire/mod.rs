@@ -1,0 +1,267 @@
+//! HTTP/1.1 to cleartext workers on connections of our own, driven by the request's own task.
+//!
+//! vLLM and SGLang speak HTTP/1.1 only, so every stream to them holds a worker connection for
+//! its whole length. hyper's client gives each connection a task of its own that the request
+//! reaches over channels, a dispatch channel block (9 KB), and 8 KiB read and write buffers that
+//! do not shrink: 25 KB a connection, most of a stream's cost. Here a connection is its socket
+//! and one read buffer, 2 KiB at first, doubled only when a read fills it, and let go while the
+//! connection is idle; the request's task writes the request in one vectored write and reads the
+//! answer itself, with no task or channel between.
+//!
+//! What it does not do, because workers do not need it: pipelining, `Expect: 100-continue`,
+//! protocol upgrades (a 101 is an error), HTTP/1.0 keep-alive (such a connection is closed after
+//! its answer). Trailers of a chunked answer are read and dropped. Heads and chunk sizes are
+//! parsed by httparse, the parser hyper uses.
+//!
+//! ## Layout
+//!
+//! - `mod.rs` — the connection, writing a request, reading an answer's head.
+//! - `framing` — where an answer's body ends, and taking its data out of what was read.
+//! - `body` — the body as the request's task reads it.
+
+mod body;
+mod framing;
+
+use std::io::{self, IoSlice};
+use std::ops::Range;
+
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
+use axum::http::{request, Version};
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub(super) use body::Body;
+use framing::Framing;
+
+/// The first read of an answer: most heads and a first event fit.
+const FIRST_READ: usize = 2048;
+/// The largest read buffer a long answer grows to.
+const MAX_READ: usize = 64 * 1024;
+/// The largest answer head taken (hyper's default limit is 400 KiB of buffer; heads from
+/// engines are a few hundred bytes).
+const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields an answer may have (hyper's limit).
+const MAX_HEADERS: usize = 100;
+
+/// Why an exchange on a connection of our own failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("the connection failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("the worker closed the connection before answering")]
+    ClosedBeforeAnswer,
+    #[error("the worker closed the connection before the end of its answer")]
+    Truncated,
+    #[error("the answer's head is malformed: {0}")]
+    MalformedHead(httparse::Error),
+    #[error("the answer's head is longer than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    #[error("the answer's length is invalid")]
+    BadLength,
+    #[error("the answer's chunked encoding is malformed")]
+    BadChunk,
+    #[error("the worker switched protocols, which was not asked for")]
+    Upgrade,
+}
+
+/// A connection to a worker, idle or in an exchange.
+#[derive(Debug)]
+pub(super) struct Conn {
+    stream: TcpStream,
+    /// What was read and not yet used; empty (no allocation) while idle.
+    read: BytesMut,
+    /// How much the next read asks for.
+    read_size: usize,
+}
+
+/// An answer's head, and where its body ends.
+pub(super) struct Head {
+    pub response: Response<()>,
+    framing: Framing,
+    /// The connection may carry another exchange once the body is read.
+    reusable: bool,
+}
+
+impl Conn {
+    pub(super) fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            read: BytesMut::new(),
+            read_size: FIRST_READ,
+        }
+    }
+
+    /// The worker closed the connection, or sent something nobody asked for, while it was idle.
+    /// Free unless the socket was woken since its last read.
+    pub(super) fn is_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Writes the request whole: its head and `body` in one vectored write where the socket
+    /// takes it. An error here is a request the worker did not get whole.
+    pub(super) async fn write(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
+        let (mut head, mut body) = (head, body);
+        while !head.is_empty() || !body.is_empty() {
+            let written = self
+                .stream
+                .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+                .await?;
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            let of_head = written.min(head.len());
+            head = &head[of_head..];
+            body = &body[written - of_head..];
+        }
+        Ok(())
+    }
+
+    /// Reads the answer's head (informational answers skipped) for a request sent as `method`.
+    pub(super) async fn read_head(&mut self, method: &Method) -> Result<Head, WireError> {
+        loop {
+            if let Some(head) = self.parse_head(method)? {
+                if head.response.status().is_informational() {
+                    continue;
+                }
+                return Ok(head);
+            }
+            if self.read.len() >= MAX_HEAD {
+                return Err(WireError::HeadTooLarge);
+            }
+            self.read.reserve(self.read_size);
+            if self.stream.read_buf(&mut self.read).await? == 0 {
+                return Err(if self.read.is_empty() {
+                    WireError::ClosedBeforeAnswer
+                } else {
+                    WireError::Truncated
+                });
+            }
+        }
+    }
+
+    /// A whole head at the front of what was read, taken off it; `None` when more must be read.
+    fn parse_head(&mut self, method: &Method) -> Result<Option<Head>, WireError> {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let len = match parsed.parse(&self.read) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(WireError::MalformedHead(e)),
+        };
+        let status = parsed
+            .code
+            .and_then(|code| StatusCode::from_u16(code).ok())
+            .ok_or(WireError::MalformedHead(httparse::Error::Status))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(WireError::Upgrade);
+        }
+        let version = if parsed.version == Some(1) {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        };
+        // Where each field sits in the head, so the values can share one copy of it: the read
+        // buffer itself stays free for the body.
+        let base = self.read.as_ptr() as usize;
+        let at = |s: &[u8]| s.as_ptr() as usize - base..s.as_ptr() as usize - base + s.len();
+        let spans: Vec<(Range<usize>, Range<usize>)> = parsed
+            .headers
+            .iter()
+            .map(|h| (at(h.name.as_bytes()), at(h.value)))
+            .collect();
+        let text = Bytes::copy_from_slice(&self.read[..len]);
+        self.read.advance(len);
+        let mut headers = HeaderMap::with_capacity(spans.len());
+        for (name, value) in spans {
+            let name = HeaderName::from_bytes(&text[name])
+                .map_err(|_| WireError::MalformedHead(httparse::Error::HeaderName))?;
+            let value = HeaderValue::from_maybe_shared(text.slice(value))
+                .map_err(|_| WireError::MalformedHead(httparse::Error::HeaderValue))?;
+            headers.append(name, value);
+        }
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        let framing = Framing::of(method, status, &headers)?;
+        let reusable =
+            version == Version::HTTP_11 && framing != Framing::UntilClose && !says_close(&headers);
+        *response.headers_mut() = headers;
+        Ok(Some(Head {
+            response,
+            framing,
+            reusable,
+        }))
+    }
+
+    /// Ready to wait in the pool: nothing left unread, the read buffer let go.
+    fn idle(mut self) -> Option<Self> {
+        if !self.read.is_empty() {
+            // Bytes after an answer's end: the worker and the gateway disagree on framing.
+            return None;
+        }
+        self.read = BytesMut::new();
+        self.read_size = FIRST_READ;
+        Some(self)
+    }
+}
+
+impl Head {
+    /// The body of this answer, read from `conn`; with `close`, the request asked for the
+    /// connection to close after it.
+    pub(super) fn body(self, conn: Conn, close: bool) -> (Response<()>, Body) {
+        let reusable = self.reusable && !close;
+        (self.response, Body::new(conn, self.framing, reusable))
+    }
+}
+
+/// `Connection: close` among the headers.
+fn says_close(headers: &HeaderMap) -> bool {
+    headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|token| token.trim().eq_ignore_ascii_case("close"))
+        })
+    })
+}
+
+/// A request's head as HTTP/1.1 writes it, for a body of `body_len` bytes: the target in
+/// origin form, the headers as given (`Host` among them) but for the framing ones, which are
+/// written from the body actually sent. Also whether the request asks to close the connection.
+pub(super) fn request_head(parts: &request::Parts, body_len: usize) -> (Vec<u8>, bool) {
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let size: usize = parts
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    let mut head = Vec::with_capacity(parts.method.as_str().len() + target.len() + size + 48);
+    head.extend_from_slice(parts.method.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(target.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    let may_have_body = !matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::CONNECT
+    );
+    if body_len > 0 || may_have_body {
+        head.extend_from_slice(b"content-length: ");
+        head.extend_from_slice(body_len.to_string().as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    (head, says_close(&parts.headers))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+use std::future::poll_fn;
+
+use axum::http::Request;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// A connection to a worker that is a socket the test writes to: `answer` in pieces of `cut`
+/// bytes (each flushed on its own), then, with `close`, the end of the connection.
+async fn scripted(answer: &'static [u8], cut: usize, close: bool) -> Conn {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        socket.set_nodelay(true).unwrap();
+        for piece in answer.chunks(cut) {
+            if socket.write_all(piece).await.is_err() {
+                return;
+            }
+        }
+        if !close {
+            // Held open until the test's side closes it.
+            let mut sink = [0u8; 64];
+            while matches!(socket.read(&mut sink).await, Ok(n) if n > 0) {}
+        }
+    });
+    Conn::new(TcpStream::connect(addr).await.unwrap())
+}
+
+async fn body_of(body: &mut Body) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::new();
+    while let Some(data) = poll_fn(|cx| body.poll_data(cx)).await {
+        out.extend_from_slice(&data?);
+    }
+    Ok(out)
+}
+
+async fn exchange(
+    answer: &'static [u8],
+    cut: usize,
+    close: bool,
+) -> (Response<()>, Result<Vec<u8>, WireError>, Body) {
+    let mut conn = scripted(answer, cut, close).await;
+    let head = conn.read_head(&Method::POST).await.unwrap();
+    let (response, mut body) = head.body(conn, false);
+    let read = body_of(&mut body).await;
+    (response, read, body)
+}
+
+#[tokio::test]
+async fn a_chunked_stream_read_a_byte_at_a_time_comes_whole_and_frees_its_connection() {
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+        transfer-encoding: chunked\r\n\r\n\
+        f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+    let (response, read, mut body) = exchange(ANSWER, 1, false).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.version(), Version::HTTP_11);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert_eq!(read.unwrap(), b"data: {\"a\":1}\n\ndata: [DONE]\n\n");
+    assert!(body.take_reusable().is_some());
+}
+
+#[tokio::test]
+async fn a_head_and_body_in_one_read_with_a_length() {
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\nx-a: 1\r\nx-a: 2\r\n\r\nhello world";
+    let (response, read, mut body) = exchange(ANSWER, ANSWER.len(), false).await;
+    assert_eq!(read.unwrap(), b"hello world");
+    let repeated: Vec<_> = response.headers().get_all("x-a").iter().collect();
+    assert_eq!(repeated, ["1", "2"]);
+    assert!(body.take_reusable().is_some());
+}
+
+#[tokio::test]
+async fn informational_answers_are_skipped() {
+    const ANSWER: &[u8] =
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
+    let (response, read, _) = exchange(ANSWER, 7, false).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(read.unwrap(), b"ok");
+}
+
+#[tokio::test]
+async fn connections_that_cannot_carry_another_exchange_are_not_given_back() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"[..],
+        b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        // Bytes after the answer's end: the framing is not agreed on.
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",
+    ] {
+        let mut conn = scripted(answer.to_vec().leak(), answer.len(), false).await;
+        let head = conn.read_head(&Method::POST).await.unwrap();
+        let (_, mut body) = head.body(conn, false);
+        assert_eq!(body_of(&mut body).await.unwrap(), b"ok");
+        assert!(body.take_reusable().is_none(), "{answer:?}");
+    }
+    // The request asked for the close.
+    let mut conn = scripted(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 64, false).await;
+    let head = conn.read_head(&Method::POST).await.unwrap();
+    let (_, mut body) = head.body(conn, true);
+    assert_eq!(body_of(&mut body).await.unwrap(), b"ok");
+    assert!(body.take_reusable().is_none());
+}
+
+#[tokio::test]
+async fn a_body_without_length_runs_to_the_close() {
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nevery byte until the end";
+    let (_, read, mut body) = exchange(ANSWER, 5, true).await;
+    assert_eq!(read.unwrap(), b"every byte until the end");
+    assert!(body.take_reusable().is_none());
+}
+
+#[tokio::test]
+async fn a_body_cut_by_the_worker_is_an_error() {
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nnot all";
+    let (_, read, mut body) = exchange(ANSWER, 64, true).await;
+    assert!(matches!(read, Err(WireError::Truncated)));
+    assert!(body.take_reusable().is_none());
+    let done = poll_fn(|cx| body.poll_data(cx)).await;
+    assert!(done.is_none(), "nothing after the error");
+}
+
+#[tokio::test]
+async fn bad_heads_are_errors() {
+    async fn head_of(answer: &'static [u8]) -> Result<Head, WireError> {
+        scripted(answer, 64, true)
+            .await
+            .read_head(&Method::GET)
+            .await
+    }
+    assert!(matches!(
+        head_of(b"").await,
+        Err(WireError::ClosedBeforeAnswer)
+    ));
+    assert!(matches!(
+        head_of(b"HTTP/1.1 200 OK\r\ncontent-").await,
+        Err(WireError::Truncated)
+    ));
+    assert!(matches!(
+        head_of(b"SMTP ready\r\n\r\n").await,
+        Err(WireError::MalformedHead(_))
+    ));
+    assert!(matches!(
+        head_of(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n").await,
+        Err(WireError::Upgrade)
+    ));
+    assert!(matches!(
+        head_of(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").await,
+        Err(WireError::BadLength)
+    ));
+    let endless: &'static [u8] = [&b"HTTP/1.1 200 OK\r\n"[..], &[b'x'; MAX_HEAD + 10]]
+        .concat()
+        .leak();
+    assert!(matches!(
+        head_of(endless).await,
+        Err(WireError::HeadTooLarge)
+    ));
+}
+
+#[tokio::test]
+async fn a_closed_idle_connection_is_seen_closed_and_an_open_one_is_not() {
+    let open = scripted(b"", 1, false).await;
+    let closed = scripted(b"", 1, true).await;
+    // The close is seen once the socket reads its end.
+    let probe = closed;
+    poll_fn(|cx| probe.stream.poll_read_ready(cx))
+        .await
+        .unwrap();
+    assert!(probe.is_closed());
+    assert!(!open.is_closed());
+}
+
+fn parts(request: Request<()>) -> request::Parts {
+    request.into_parts().0
+}
+
+#[test]
+fn a_request_head_is_written_in_origin_form_with_its_own_length() {
+    let request = Request::post("/v1/chat/completions?x=1")
+        .header("host", "10.0.0.1:8000")
+        .header("content-length", "999")
+        .header("transfer-encoding", "chunked")
+        .header("x-request-id", "abc")
+        .body(())
+        .unwrap();
+    let (head, close) = request_head(&parts(request), 12);
+    assert_eq!(
+        String::from_utf8(head).unwrap(),
+        "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\n\
+         x-request-id: abc\r\ncontent-length: 12\r\n\r\n"
+    );
+    assert!(!close);
+}
+
+#[test]
+fn a_get_has_no_length_and_an_empty_post_says_zero() {
+    let (get, _) = request_head(&parts(Request::get("/health").body(()).unwrap()), 0);
+    assert_eq!(get, b"GET /health HTTP/1.1\r\n\r\n");
+    let (post, _) = request_head(&parts(Request::post("/x").body(()).unwrap()), 0);
+    assert_eq!(post, b"POST /x HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
+    let closing = Request::get("/")
+        .header("connection", "Close")
+        .body(())
+        .unwrap();
+    assert!(request_head(&parts(closing), 0).1);
+}
