@@ -185,8 +185,14 @@ impl Conn {
         *response.status_mut() = status;
         *response.version_mut() = version;
         let framing = Framing::of(method, status, &headers)?;
-        let reusable =
-            version == Version::HTTP_11 && framing != Framing::UntilClose && !says_close(&headers);
+        // Both framings given: the chunks rule (RFC 9112 section 6.3) and the length goes, so no
+        // client is told one the body does not have; the connection is not trusted again.
+        let both = headers.contains_key(header::TRANSFER_ENCODING)
+            && headers.remove(header::CONTENT_LENGTH).is_some();
+        let reusable = version == Version::HTTP_11
+            && framing != Framing::UntilClose
+            && !both
+            && !says_close(&headers);
         *response.headers_mut() = headers;
         Ok(Some(Head {
             response,

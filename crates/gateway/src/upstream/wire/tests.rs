@@ -104,6 +104,16 @@ async fn connections_that_cannot_carry_another_exchange_are_not_given_back() {
 }
 
 #[tokio::test]
+async fn an_answer_with_a_length_and_chunks_is_read_by_its_chunks_and_loses_the_length() {
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\
+        transfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+    let (response, read, mut body) = exchange(ANSWER, 64, false).await;
+    assert_eq!(read.unwrap(), b"ok");
+    assert!(!response.headers().contains_key("content-length"));
+    assert!(body.take_reusable().is_none(), "not trusted again");
+}
+
+#[tokio::test]
 async fn a_body_without_length_runs_to_the_close() {
     const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nevery byte until the end";
     let (_, read, mut body) = exchange(ANSWER, 5, true).await;
