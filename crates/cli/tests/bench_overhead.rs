@@ -121,3 +121,42 @@ fn instructions_are_counted_under_callgrind() {
     assert!((100.0..100_000.0).contains(&per_event), "{sluice}");
     assert!(sluice["idle_per_sec"].as_f64().unwrap() > 0.0, "{sluice}");
 }
+
+/// `bench symbol-order` profiles `sluice serve` under callgrind, from its start to its exit, and
+/// writes the functions it ran, once each: the request path among them, which is what
+/// `scripts/release` lays out together.
+#[test]
+fn a_symbol_order_names_each_function_the_gateway_ran_once() {
+    let out_file = std::env::temp_dir().join(format!("sluice-order-test-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "symbol-order",
+            "--requests",
+            "40",
+            "--idle-secs",
+            "0.2",
+        ])
+        .arg("--out")
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "symbol-order failed: {stderr}");
+    let order = std::fs::read_to_string(&out_file).unwrap();
+    std::fs::remove_file(&out_file).unwrap();
+    let names: Vec<&str> = order.lines().collect();
+    let unique: std::collections::HashSet<&str> = names.iter().copied().collect();
+    assert_eq!(unique.len(), names.len(), "each name once");
+    assert!(names.iter().all(|n| !n.is_empty() && !n.contains(' ')));
+    // Mangled as the linker knows them: the forward stage and the worker connection ran.
+    for module in ["14sluice_gateway7forward", "14sluice_gateway8upstream4wire"] {
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("_ZN") && n.contains(module)),
+            "{module} not in the {} names",
+            names.len()
+        );
+    }
+}

@@ -34,6 +34,23 @@ pub enum BenchCommand {
     /// A whole experiment: starts simulated engines, each gateway configuration in turn and the
     /// load, reports, and stops everything it started.
     Scenario(ScenarioArgs),
+    /// The functions `sluice serve` runs starting, idle and serving, profiled with callgrind from
+    /// this binary: a symbol ordering for the linker, which lays them out together so an idle
+    /// gateway maps few pages of its binary (`scripts/release` builds with it).
+    SymbolOrder(SymbolOrderArgs),
+}
+
+#[derive(Args)]
+pub struct SymbolOrderArgs {
+    /// Where to write the ordering: one symbol name a line.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Small chat completions sent through the gateway (8 streams follow them).
+    #[arg(long, default_value_t = 800)]
+    pub requests: u64,
+    /// Seconds the gateway is left idle before the requests (its probes and polls run).
+    #[arg(long, default_value_t = 3.0)]
+    pub idle_secs: f64,
 }
 
 #[derive(Args)]
@@ -186,7 +203,7 @@ pub enum BenchError {
     Duration(&'static str),
     #[error(transparent)]
     Target(#[from] crate::overhead::TemplateError),
-    #[error("--instructions counts with callgrind, and valgrind is not installed (apt-get install valgrind)")]
+    #[error("--instructions and symbol-order profile with callgrind, and valgrind is not installed (apt-get install valgrind)")]
     NoValgrind,
     #[error(transparent)]
     Overhead(#[from] crate::overhead::OverheadError),
@@ -227,7 +244,26 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Overhead(args) => overhead(args).await,
         BenchCommand::Run(args) => open_loop(args).await,
         BenchCommand::Scenario(args) => scenario(args).await,
+        BenchCommand::SymbolOrder(args) => symbol_order(args).await,
     }
+}
+
+async fn symbol_order(args: SymbolOrderArgs) -> Result<(), BenchError> {
+    if !crate::overhead::on_path("valgrind") {
+        return Err(BenchError::NoValgrind);
+    }
+    if args.requests == 0 {
+        return Err(BenchError::Zero("requests"));
+    }
+    let plan = crate::overhead::LayoutPlan {
+        exe: std::env::current_exe().map_err(BenchError::Exe)?,
+        out: args.out,
+        requests: args.requests,
+        idle: seconds("idle-secs", args.idle_secs)?,
+    };
+    let functions = crate::overhead::symbol_order(&plan).await?;
+    println!("{functions} functions written to {}", plan.out.display());
+    Ok(())
 }
 
 fn segment(spec: &str, ramp: bool) -> Result<Segment, BenchError> {

@@ -152,7 +152,7 @@ pub(super) async fn count(
 
 /// Where callgrind writes: a directory anyone may write to, since a process started as another
 /// user (or one that drops privileges) dumps there too.
-fn out_dir(log_dir: &Path) -> Result<PathBuf, OverheadError> {
+pub(super) fn out_dir(log_dir: &Path) -> Result<PathBuf, OverheadError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = log_dir.join("callgrind");
     let made = std::fs::create_dir_all(&dir)

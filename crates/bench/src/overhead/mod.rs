@@ -11,6 +11,7 @@
 mod compare;
 pub mod envoy;
 mod instructions;
+mod layout;
 pub(crate) mod load;
 mod report;
 mod targets;
@@ -23,6 +24,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 pub use instructions::Instructions;
+pub use layout::{symbol_order, LayoutPlan};
 pub use report::{Layout, Load, OverheadReport, Row};
 pub use targets::{
     envoy_plain, on_path, resolve, sluice as sluice_template, sluice_epp as sluice_epp_template,

@@ -121,7 +121,13 @@ impl Conn {
     /// Reads the answer's head (informational answers skipped) for a request sent as `method`.
     pub(super) async fn read_head(&mut self, method: &Method) -> Result<Head, WireError> {
         loop {
-            if let Some(head) = self.parse_head(method)? {
+            // Nothing read is nothing to parse: each parse zeroes room for 100 fields.
+            let parsed = if self.read.is_empty() {
+                None
+            } else {
+                self.parse_head(method)?
+            };
+            if let Some(head) = parsed {
                 if head.response.status().is_informational() {
                     continue;
                 }
