@@ -4,6 +4,7 @@
 
 mod demo;
 mod epp;
+mod flags;
 mod serve;
 mod sim;
 
@@ -48,6 +49,9 @@ enum Command {
     /// (overload sweep, incidents).
     #[command(subcommand)]
     Bench(Box<sluice_bench::cli::BenchCommand>),
+    /// Print the reference of every flag of `sluice serve` and `sluice epp` (meaning, default,
+    /// config-file key, SMG's default where it differs) as Markdown: docs/flags.md.
+    Flags,
 }
 
 /// Logs to stderr — text, coloured only on a terminal, or JSON lines — and, with a directory,
@@ -187,6 +191,10 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(command) => {
             init_tracing("info", false, None)?;
             Ok(runtime()?.block_on(sluice_bench::cli::run(*command))?)
+        }
+        Command::Flags => {
+            print!("{}", flags::reference(&Cli::command()));
+            Ok(())
         }
     }
 }

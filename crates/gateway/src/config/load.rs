@@ -125,7 +125,9 @@ fn read_file(path: &Path, matches: &ArgMatches) -> Result<toml::Table, ConfigErr
         source,
     })?;
     if let Some(key) = file.keys().find(|key| {
-        !FILE_ONLY_KEYS.contains(&key.as_str()) && matches.try_get_raw(key.as_str()).is_err()
+        COMMAND_LINE_ONLY.contains(&key.as_str())
+            || (!FILE_ONLY_KEYS.contains(&key.as_str())
+                && matches.try_get_raw(key.as_str()).is_err())
     }) {
         let (line, column) = position_of_key(&text, key);
         return Err(ConfigError::UnknownKey {
@@ -140,6 +142,10 @@ fn read_file(path: &Path, matches: &ArgMatches) -> Result<toml::Table, ConfigErr
 
 /// Settings only the config file can give (tables, not flags).
 const FILE_ONLY_KEYS: [&str; 3] = ["tenants", "degradation", "cascade"];
+
+/// Flags a config file cannot set: which file to read, what to do with it, and the negative
+/// spelling of a switch whose key is the positive one (`remove_unhealthy_workers = false`).
+pub const COMMAND_LINE_ONLY: [&str; 3] = ["config", "print_config", "no_remove_unhealthy_workers"];
 
 /// Where `key = ...` stands in a TOML text, 1-based (line 1, column 1 if it is not found).
 fn position_of_key(text: &str, key: &str) -> (usize, usize) {

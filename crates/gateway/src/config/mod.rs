@@ -35,10 +35,11 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
-pub use load::{load, load_with};
+pub use load::{load, load_with, COMMAND_LINE_ONLY};
 pub use replicas::ReplicaSettings;
 pub use resilience::ResilienceSettings;
 pub use settings::Settings;
+pub use smg_defaults::values as smg_default_values;
 pub use status::{StatusSettings, UiConfig};
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};

@@ -39,6 +39,14 @@ fn the_file_fills_in_and_the_command_line_wins() {
     let said = err.to_string();
     assert!(said.contains(":3:3: unknown setting `prot`"), "{said}");
     assert_eq!(said.matches("prot").count(), 1, "reported once: {said}");
+
+    // A flag no file can set (which file to read, the negative spelling of a switch) is refused
+    // there rather than ignored.
+    for key in COMMAND_LINE_ONLY {
+        std::fs::write(&path, format!("{key} = true\n")).unwrap();
+        let err = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap_err();
+        assert!(err.to_string().contains(&format!("`{key}`")), "{err}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
