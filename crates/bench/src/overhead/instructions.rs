@@ -7,7 +7,7 @@
 //! The target is started under `valgrind --tool=callgrind --trace-children=yes` (nginx's worker
 //! and a launcher's children are counted too). After a warm-up its counters are zeroed, a fixed
 //! number of requests is sent, and the counters are dumped; then zeroed again and the gateway
-//! left idle for as long as the requests took, and dumped. What an idle gateway spends in that
+//! left idle for as long as the requests took (5 s at least), and dumped. What an idle gateway spends in that
 //! time (health probes, load polls, a status page's sampler) is taken off: under callgrind a
 //! window lasts some fifty times longer than at full speed, and that background work, which a
 //! real load spreads over fifty times more requests, would otherwise be charged to these.
@@ -34,6 +34,9 @@ const CONNECTIONS: usize = 8;
 const STREAMS: u64 = 16;
 /// How long one `callgrind_control` may take.
 const CONTROL_LIMIT: Duration = Duration::from_secs(30);
+/// The shortest idle stretch: idle work comes in ticks (the status page's sampler, probes,
+/// polls), and a stretch of a tick or two would take off one tick too many or too few.
+const IDLE_AT_LEAST: Duration = Duration::from_secs(5);
 /// Starting under valgrind is slow (Envoy takes tens of seconds).
 const STARTUP_LIMIT: Duration = Duration::from_secs(300);
 
@@ -122,7 +125,7 @@ pub(super) async fn count(
         .await?;
     let (idle_took, idle) = dumps
         .around(&proc, async {
-            tokio::time::sleep(requests_took).await;
+            tokio::time::sleep(requests_took.max(IDLE_AT_LEAST)).await;
             Ok(Default::default())
         })
         .await?;
