@@ -1,6 +1,7 @@
 //! `sluice`: the one binary. `sluice serve` runs the gateway; `sluice epp` runs it as a Gateway
 //! API endpoint picker behind Envoy; `sluice sim` runs simulated engines; `sluice bench`
-//! measures them; `sluice demo` runs them all together, on one page.
+//! measures them; `sluice demo` runs them all together, on one page; `sluice flags` prints the
+//! flag reference (docs/flags.md).
 
 mod demo;
 mod epp;
