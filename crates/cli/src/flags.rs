@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use clap::{Arg, ArgAction, Command};
-use sluice_gateway::config::{smg_default_values, COMMAND_LINE_ONLY};
+use sluice_gateway::config::{smg_default_values, COMMAND_LINE_ONLY, SMG_QUEUE};
 
 const SMG_DEFAULTS: &str = include_str!("../../../fixtures/smg/launch-defaults-1.13.0.tsv");
 
@@ -30,14 +30,15 @@ pub fn reference(root: &Command) -> String {
     let serve_ids: Vec<&str> = serve
         .map(|c| c.get_arguments().map(|a| a.get_id().as_str()).collect())
         .unwrap_or_default();
+    let smg = Smg::new();
     if let Some(serve) = serve {
-        section(&mut page, "sluice serve", serve, |_| true);
+        section(&mut page, "sluice serve", serve, &smg, |_| true);
     }
     if let Some(epp) = root.find_subcommand("epp") {
         page.push_str(
             "\n`sluice epp` takes every flag of `sluice serve` above, and these of its own.\n",
         );
-        section(&mut page, "sluice epp", epp, |arg| {
+        section(&mut page, "sluice epp", epp, &smg, |arg| {
             !serve_ids.contains(&arg.get_id().as_str())
         });
     }
@@ -46,8 +47,13 @@ pub fn reference(root: &Command) -> String {
 
 /// One command's flags that `keep` keeps, a table per help heading, in the order `--help`
 /// shows them.
-fn section(page: &mut String, title: &str, command: &Command, keep: impl Fn(&Arg) -> bool) {
-    let smg = Smg::new();
+fn section(
+    page: &mut String,
+    title: &str,
+    command: &Command,
+    smg: &Smg,
+    keep: impl Fn(&Arg) -> bool,
+) {
     let _ = write!(page, "\n## `{title}`\n");
     let mut headings: Vec<&str> = Vec::new();
     let args: Vec<&Arg> = command
@@ -177,7 +183,7 @@ impl Smg {
 
     fn about(&self, key: &str) -> String {
         if key == "queue_size" {
-            return "100, only past `--max-concurrent-requests`; none without it".into();
+            return SMG_QUEUE.into();
         }
         match self.differs.get(key) {
             Some(value) => format!("default `{value}`"),

@@ -39,7 +39,7 @@ pub use load::{load, load_with, COMMAND_LINE_ONLY};
 pub use replicas::ReplicaSettings;
 pub use resilience::ResilienceSettings;
 pub use settings::Settings;
-pub use smg_defaults::values as smg_default_values;
+pub use smg_defaults::{values as smg_default_values, SMG_QUEUE};
 pub use status::{StatusSettings, UiConfig};
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};

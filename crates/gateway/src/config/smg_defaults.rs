@@ -37,6 +37,9 @@ pub fn values() -> [(&'static str, Value); 12] {
     ]
 }
 
+/// SMG's queue as `smg_queue_size` gives it, in words (the flag reference's SMG column).
+pub const SMG_QUEUE: &str = "100, only past `--max-concurrent-requests`; none without it";
+
 /// SMG's queue: 100 requests past `--max-concurrent-requests`, none without a cap.
 pub fn smg_queue_size(max_concurrent_requests: i64) -> usize {
     if max_concurrent_requests == -1 {

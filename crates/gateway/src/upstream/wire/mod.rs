@@ -121,7 +121,7 @@ impl Conn {
     /// Reads the answer's head (informational answers skipped) for a request sent as `method`.
     pub(super) async fn read_head(&mut self, method: &Method) -> Result<Head, WireError> {
         loop {
-            // Nothing read is nothing to parse: each parse zeroes room for 100 fields.
+            // Nothing read is nothing to parse: the first look would always come back empty.
             let parsed = if self.read.is_empty() {
                 None
             } else {
