@@ -17,8 +17,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 /// mimalloc instead of glibc's malloc: a request makes some forty short-lived allocations, and
 /// glibc's malloc and free were 12% of the gateway's instructions; with mimalloc a small request
 /// takes about 6% fewer and an open stream 10% less memory, for 0.85 MB more anonymous memory
-/// at idle (docs/benchmarks.md, "The allocator, link-time optimisation, the pool's key and the
-/// watchers"). Built without transparent huge pages, which cost 12 MB at idle. A static because
+/// at idle (CHANGELOG.md, 2026-12-02). Built without transparent huge pages, which cost 12 MB at idle. A static because
 /// Rust's allocator hook is one; it holds no state.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
