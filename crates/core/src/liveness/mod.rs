@@ -10,7 +10,10 @@
 //!   engine errors are not transport failures and never arm it.
 //! - **Unreachable** (stale): nothing at all arrives — polls and probes time out rather than
 //!   fail (at least one has, since the last contact), requests in flight get no byte — for
-//!   `stale` while the gateway holds requests on it. Any contact clears it.
+//!   `stale` while the gateway holds requests on it; or, for a worker that has pushed a load
+//!   record (a gRPC worker's event stream, which carries one with every batch and a heartbeat
+//!   through quiet spells), nothing heard for `stale` at all, requests held or not. Any contact
+//!   clears it.
 //! - **Wedged**: streams in flight on the worker, evidence it should be producing (a waiting
 //!   queue in its report, or a pile of the gateway's streams that grew since the last progress or
 //!   stands 4 deep), and no token for the wedge bound (`wedge`, stretched to the time in-flight
@@ -146,6 +149,12 @@ pub struct Observed {
     pub prefill_allowance: Duration,
     /// This gateway's unanswered requests against the engine's reports.
     pub unanswered: Unanswered,
+    /// It has pushed a load record (a gRPC worker's event stream, whose servicer sends one with
+    /// every batch and a heartbeat through quiet spells): from then on it is held to that
+    /// cadence, and total silence for the stale bound means it is gone whether or not this
+    /// gateway holds requests on it. Workers that only answer polls are judged by silence only
+    /// while requests wait on them.
+    pub pushed_load: bool,
 }
 
 /// What the unresponsive rule reads.
@@ -187,7 +196,9 @@ pub fn judge(
         return Some(LivenessVeto::Unreachable);
     }
     let timed_out_since_contact = o.last_timeout.is_some_and(|t| t >= o.last_contact);
-    let stale = (o.in_flight > 0 && timed_out_since_contact) || prev == Some(LivenessVeto::Stale);
+    let stale = o.pushed_load
+        || (o.in_flight > 0 && timed_out_since_contact)
+        || prev == Some(LivenessVeto::Stale);
     if !cfg.stale.is_zero() && stale && silence >= cfg.stale {
         return Some(LivenessVeto::Stale);
     }

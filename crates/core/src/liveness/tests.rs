@@ -22,6 +22,7 @@ fn quiet(now: Instant) -> Observed {
         engine_stalled_since: None,
         prefill_allowance: Duration::ZERO,
         unanswered: Unanswered::default(),
+        pushed_load: false,
     }
 }
 
@@ -520,5 +521,44 @@ fn unreachable_wins_over_wedged() {
     assert_eq!(
         judge(Some(LivenessVeto::WedgedPile), &o, &CFG, t0 + secs(5)),
         Some(LivenessVeto::Unreachable)
+    );
+}
+
+#[test]
+fn a_worker_that_pushed_load_records_is_stale_after_total_silence_with_nothing_held() {
+    let t0 = Instant::now();
+    let pushed = Observed {
+        pushed_load: true,
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &pushed, &CFG, t0 + secs(14)), None);
+    assert_eq!(
+        judge(None, &pushed, &CFG, t0 + secs(15)),
+        Some(LivenessVeto::Stale),
+        "held to its cadence: silence alone, nothing in flight"
+    );
+    let polled_only = quiet(t0);
+    assert_eq!(
+        judge(None, &polled_only, &CFG, t0 + secs(60)),
+        None,
+        "a worker that never pushed is not judged by silence while nothing waits on it"
+    );
+    let heard = Observed {
+        last_contact: t0 + secs(20),
+        ..pushed
+    };
+    assert_eq!(
+        judge(Some(LivenessVeto::Stale), &heard, &CFG, t0 + secs(21)),
+        None,
+        "any contact (a record, a poll, a probe, a token) re-admits it"
+    );
+    let off = LivenessConfig {
+        stale: Duration::ZERO,
+        ..CFG
+    };
+    assert_eq!(
+        judge(None, &pushed, &off, t0 + secs(600)),
+        None,
+        "0 disables the rule"
     );
 }
