@@ -31,7 +31,6 @@ pub mod smg {
 }
 
 /// Package `sglang.grpc`.
-#[allow(clippy::module_inception)]
 pub mod sglang {
     /// Package `sglang.grpc`.
     pub mod grpc {

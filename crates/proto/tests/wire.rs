@@ -204,4 +204,22 @@ fn the_fields_sluice_relies_on_encode_at_their_numbers() {
         ..Default::default()
     };
     assert_eq!(batch.encode_to_vec(), [0x08, 0x02, 0x20, 0x00, 0x42, 0x00]);
+
+    // GetLoads' sections at 12-16, read into the same messages the pushed record carries:
+    // memory's token_capacity at 4, queues' waiting at 1.
+    let rank = SchedulerLoad {
+        memory: Some(common::EngineMemory {
+            token_capacity: 5,
+            ..Default::default()
+        }),
+        queues: Some(common::EngineQueues {
+            waiting: 2,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        rank.encode_to_vec(),
+        [0x62, 0x02, 0x20, 0x05, 0x82, 0x01, 0x02, 0x08, 0x02]
+    );
 }
