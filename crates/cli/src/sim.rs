@@ -39,6 +39,11 @@ pub struct SimArgs {
     /// the next ports), with this command's other engine flags (not --reasoning). Repeatable.
     #[arg(long = "also-serve", value_name = "MODEL=PROFILE:ENGINES")]
     pub also_serve: Vec<String>,
+    /// Write the simulated model's files (tokenizer.json, tokenizer_config.json with its chat
+    /// template, config.json) into DIR at startup: what a gateway's --tokenizer-path or
+    /// --model-path points at to talk to --grpc engines, whose answers are token ids.
+    #[arg(long, value_name = "DIR")]
+    pub write_model_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -78,6 +83,12 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         .iter()
         .map(|f| parse_fault(f))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(dir) = &args.write_model_dir {
+        sluice_sim::vocab::Vocab::new()
+            .write_model_dir(dir, &engine.model)
+            .with_context(|| format!("cannot write the model's files into {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), "model files written");
+    }
     let mut also = Vec::new();
     for spec in &args.also_serve {
         let (model, profile, engines) = parse_also(spec)?;
@@ -104,6 +115,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             profile = engine.profile.name,
             time_scale = engine.time_scale,
             reasoning = engine.reasoning.is_some(),
+            grpc = engine.grpc.is_some(),
             "engine listening"
         );
         if let Some(addr) = slot.bootstrap_addr() {

@@ -124,6 +124,17 @@ pub struct EngineArgs {
     /// seconds (SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT).
     #[arg(long, default_value_t = crate::pd::DEFAULT_BOOTSTRAP_TIMEOUT_SECS)]
     pub pd_bootstrap_timeout_secs: f64,
+    /// Serve SMG's gRPC worker protocol (SGLang's scheduler service, `grpc://` workers) instead
+    /// of HTTP, as SGLang behind smg-grpc-servicer; needs --flavor sglang.
+    #[arg(long)]
+    pub grpc: bool,
+    /// With --grpc: publish no KV events (SGLang without --kv-events-config), so
+    /// `SubscribeKvEvents` is unimplemented and the load must be polled.
+    #[arg(long, requires = "grpc")]
+    pub no_kv_events: bool,
+    /// With --grpc: an older servicer whose event stream carries no load records or heartbeats.
+    #[arg(long, requires = "grpc")]
+    pub no_load_records: bool,
 }
 
 impl EngineArgs {
@@ -174,6 +185,10 @@ impl EngineArgs {
             PdRoleArg::Decode => PdRole::Decode,
         });
         cfg.bootstrap_timeout_secs = self.pd_bootstrap_timeout_secs;
+        cfg.grpc = self.grpc.then_some(crate::config::GrpcConfig {
+            kv_events: !self.no_kv_events,
+            load_records: !self.no_load_records,
+        });
         if self.max_model_len.is_none() {
             cfg.fit_context();
         }

@@ -70,6 +70,28 @@ pub struct EngineConfig {
     pub pd_role: Option<PdRole>,
     /// A prefill engine's bootstrap deadline, in engine seconds.
     pub bootstrap_timeout_secs: f64,
+    /// Served over SMG's gRPC protocol (`--grpc`) instead of HTTP; `None`: HTTP.
+    pub grpc: Option<GrpcConfig>,
+}
+
+/// How the gRPC service behaves, as the servicer in front of a real engine is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcConfig {
+    /// KV events published (SGLang's `--kv-events-config`): without them `SubscribeKvEvents`
+    /// answers `UNIMPLEMENTED` and a gateway must poll `GetLoads`.
+    pub kv_events: bool,
+    /// The event stream carries a load record on every batch and heartbeats through quiet
+    /// spells (smg-grpc-servicer 0.14); off: an older servicer, cache events only.
+    pub load_records: bool,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            kv_events: true,
+            load_records: true,
+        }
+    }
 }
 
 /// A setting that cannot work, named so the user knows which flag to fix.
@@ -96,6 +118,12 @@ pub enum ConfigError {
         needed: u32,
         available: u32,
     },
+    #[error(
+        "--grpc serves SGLang's scheduler service (sglang.grpc.scheduler): use --flavor sglang"
+    )]
+    GrpcFlavor,
+    #[error("--grpc does not serve --pd-role yet: disaggregated engines are served over HTTP")]
+    GrpcDisaggregation,
 }
 
 impl EngineConfig {
@@ -123,6 +151,7 @@ impl EngineConfig {
             prefix_caching: true,
             pd_role: None,
             bootstrap_timeout_secs: DEFAULT_BOOTSTRAP_TIMEOUT_SECS,
+            grpc: None,
             profile,
         }
     }
@@ -173,6 +202,12 @@ impl EngineConfig {
         }
         if !(0.0..1.0).contains(&self.watermark) {
             return Err(ConfigError::Watermark(self.watermark));
+        }
+        if self.grpc.is_some() && self.flavor != Flavor::Sglang {
+            return Err(ConfigError::GrpcFlavor);
+        }
+        if self.grpc.is_some() && self.pd_role.is_some() {
+            return Err(ConfigError::GrpcDisaggregation);
         }
         let needed = blocks_for(self.max_model_len, self.block_size);
         let available = self.num_gpu_blocks.saturating_sub(self.watermark_blocks());

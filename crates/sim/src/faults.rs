@@ -91,6 +91,13 @@ pub enum Fault {
     Wake,
     /// The load endpoints fail in the given way.
     LoadEndpoint { mode: LoadEndpointMode },
+    /// The KV-event stream goes quiet: no more batches, no heartbeats, the stream left open;
+    /// generation, polls and health answer as before (a servicer whose relay stalled).
+    EventsStop,
+    /// Nothing comes back from the engine any more — no answers, no tokens, no events, no
+    /// heartbeats — while requests still reach it and connections stay up: a link that carries
+    /// traffic one way only, which no transport error reports.
+    OneWay,
     /// Pins what the load endpoints report, without changing what the engine does. Fields left
     /// out keep their real value; `rank` picks one data-parallel rank (all when left out).
     Report {
@@ -135,6 +142,10 @@ pub struct FaultSet {
     pub error_rate: f64,
     pub hang: bool,
     pub cut_streams: bool,
+    /// The gRPC event stream sends nothing more.
+    pub events_stopped: bool,
+    /// Nothing the engine sends reaches its peer.
+    pub one_way: bool,
     /// The share of requests failed by an error event, and the status it carries.
     pub error_event: Option<(f64, u16)>,
     /// Asleep, and how deeply.
@@ -171,6 +182,8 @@ impl FaultSet {
             error_rate: 0.0,
             hang: false,
             cut_streams: false,
+            events_stopped: false,
+            one_way: false,
             error_event: None,
             asleep: None,
             load_endpoint: None,
@@ -202,6 +215,8 @@ impl FaultSet {
             }
             Fault::Hang => self.hang = true,
             Fault::CutStreams => self.cut_streams = true,
+            Fault::EventsStop => self.events_stopped = true,
+            Fault::OneWay => self.one_way = true,
             Fault::ErrorEvent { rate, code } => {
                 if !(0.0..=1.0).contains(&rate) {
                     return Err(FaultError::ErrorRate(rate));
@@ -285,6 +300,8 @@ mod tests {
             }
         );
         assert_eq!(parse(r#"{"kind":"sleep"}"#), Fault::Sleep { level: 1 });
+        assert_eq!(parse(r#"{"kind":"events-stop"}"#), Fault::EventsStop);
+        assert_eq!(parse(r#"{"kind":"one-way"}"#), Fault::OneWay);
         assert_eq!(
             parse(r#"{"kind":"slow-start","secs":30}"#),
             Fault::SlowStart { secs: 30.0 }

@@ -19,6 +19,7 @@ use crate::api::{self, ApiState};
 use crate::config::{ConfigError, EngineConfig, Flavor};
 use crate::engine::{Engine, RankView, Totals};
 use crate::faults::{Fault, FaultError, FaultSet};
+use crate::grpc;
 use crate::pd::{self, Disagg, PdRole};
 use crate::server;
 
@@ -173,9 +174,14 @@ impl EngineSlot {
         self.bootstrap
     }
 
-    /// `http://host:port`, what a gateway is given.
+    /// `http://host:port`, or `grpc://host:port` for a gRPC engine: what a gateway is given.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.cfg.grpc.is_some() {
+            "grpc"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn is_up(&self) -> bool {
@@ -272,7 +278,12 @@ impl EngineSlot {
             .ready_at(ready_at),
         );
         let state = ApiState::new(engine.clone()).with_bootstrap(self.bootstrap);
-        let router = api::router(Arc::new(state));
+        let state = Arc::new(state);
+        let router = if self.cfg.grpc.is_some() {
+            grpc::router(state)
+        } else {
+            api::router(state)
+        };
         let (kill, killed) = watch::channel(false);
         let bootstrap = match (bootstrap, engine.disagg()) {
             (Some(listener), Some(Disagg::Prefill(rooms))) => Some(tokio::spawn(server::serve(

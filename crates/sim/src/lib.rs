@@ -31,6 +31,7 @@ pub mod control;
 pub mod engine;
 pub mod faults;
 pub mod fleet;
+pub mod grpc;
 pub mod pd;
 pub mod profile;
 pub mod reasoning;
@@ -38,8 +39,9 @@ pub mod request;
 pub mod scheduler;
 mod server;
 pub mod testkit;
+pub mod vocab;
 
-pub use config::{EngineConfig, Flavor};
+pub use config::{EngineConfig, Flavor, GrpcConfig};
 pub use faults::{Fault, LoadEndpointMode};
 pub use fleet::{EngineSlot, EngineState, FleetConfig, FleetError, SimFleet};
 pub use pd::PdRole;

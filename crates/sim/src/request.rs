@@ -318,6 +318,42 @@ impl GenerationRequest {
         })
     }
 
+    /// A request that arrives as token ids with its sampling settings already read (a gRPC
+    /// worker's `Generate`): one prompt, no reasoning asks, no disaggregation.
+    pub fn from_token_ids(
+        model: &str,
+        ids: &[u32],
+        n: u32,
+        max_tokens: Option<u32>,
+        min_tokens: u32,
+        ignore_eos: bool,
+        stream: bool,
+    ) -> Result<Self, RequestError> {
+        if ids.is_empty() {
+            return Err(RequestError::Invalid {
+                field: "input_ids",
+                rule: "non-empty",
+            });
+        }
+        Ok(Self {
+            route: Route::Completions,
+            model: model.to_string(),
+            stream,
+            include_usage: false,
+            prompts: vec![token_prompt(ids)],
+            n: n.max(1),
+            max_tokens,
+            min_tokens,
+            ignore_eos,
+            seed: None,
+            thinking: crate::reasoning::ThinkingAsk::default(),
+            bootstrap_host: None,
+            bootstrap_port: None,
+            bootstrap_room: None,
+            kv_transfer_params: None,
+        })
+    }
+
     /// Prompt tokens over every choice, as `usage` counts them.
     pub fn prompt_tokens(&self) -> u64 {
         self.prompts
@@ -423,7 +459,7 @@ fn natural_length(
 }
 
 /// Words the simulated model says, one per token.
-const WORDS: [&str; 16] = [
+pub(crate) const WORDS: [&str; 16] = [
     " the",
     " engine",
     " answers",
@@ -444,7 +480,12 @@ const WORDS: [&str; 16] = [
 
 /// The text of the `index`-th token of a choice.
 pub fn token_text(choice: u32, index: u32) -> &'static str {
-    WORDS[((choice as usize) * 7 + index as usize) % WORDS.len()]
+    WORDS[word_index(choice, index)]
+}
+
+/// Which of `WORDS` the `index`-th token of a choice is.
+pub(crate) fn word_index(choice: u32, index: u32) -> usize {
+    ((choice as usize) * 7 + index as usize) % WORDS.len()
 }
 
 #[cfg(test)]

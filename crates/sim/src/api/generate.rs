@@ -51,13 +51,18 @@ struct Held {
 
 /// The answer to a request that failed, counted when the engine itself refused it.
 pub(super) fn refuse(st: &ApiState, error: ApiError) -> Response {
+    count_refusal(st, &error);
+    error.respond(st.engine.config().flavor)
+}
+
+/// Counts a refusal as the engine's own when it is (not the caller's mistake).
+pub(crate) fn count_refusal(st: &ApiState, error: &ApiError) {
     if matches!(
         error,
         ApiError::QueueFull | ApiError::AtCapacity | ApiError::Internal | ApiError::Failed(_)
     ) {
         st.engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
     }
-    error.respond(st.engine.config().flavor)
 }
 
 async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -197,7 +202,7 @@ async fn admit(
     })
 }
 
-pub(super) fn submit(st: &ApiState, choices: &[SeqSpec]) -> Result<Submission, ApiError> {
+pub(crate) fn submit(st: &ApiState, choices: &[SeqSpec]) -> Result<Submission, ApiError> {
     st.engine.submit(choices).map_err(|e| match e {
         SubmitError::QueueFull { .. } => ApiError::QueueFull,
         SubmitError::ShutDown => ApiError::Internal,

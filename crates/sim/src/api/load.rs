@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::errors::ApiError;
 use super::{authorize, ApiState};
-use crate::config::Flavor;
+use crate::config::{EngineConfig, Flavor};
 use crate::engine::{EventKind, RankView, SeqSpec};
 use crate::faults::{LoadEndpointMode, PinnedLoad, SleepLevel};
 use crate::pd::PdRole;
@@ -27,7 +27,7 @@ pub const VLLM_VERSION: &str = "0.11.0";
 pub const SGLANG_VERSION: &str = "0.5.4";
 
 /// SGLang's health check fails after this long without output (divided by the time scale).
-const SGLANG_HEALTH_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const SGLANG_HEALTH_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Applies the `load-endpoint` fault: `Some` is the answer to give instead of the real one.
 async fn load_fault(st: &ApiState) -> Option<Response> {
@@ -39,7 +39,7 @@ async fn load_fault(st: &ApiState) -> Option<Response> {
 }
 
 /// Each rank's load as the engine reports it: real, unless a `report` fault pinned it.
-fn reported(st: &ApiState) -> Vec<(RankView, PinnedLoad)> {
+pub(crate) fn reported(st: &ApiState) -> Vec<(RankView, PinnedLoad)> {
     let pins = st.engine.faults().report;
     st.engine
         .ranks()
@@ -179,9 +179,49 @@ impl Include {
     }
 }
 
-/// One rank's load in SGLang's `/v1/loads` shape (the scheduler's `get_loads`, read late
-/// 2026): `num_waiting_reqs` counts the disaggregation queues too, the request in chunked
-/// prefill is in neither count, and `num_waiting_uncached_tokens` holds what is left to prefill.
+/// One rank's load as SGLang's scheduler reports it (`get_loads`, read late 2026), the figures
+/// both its `/v1/loads` and the gRPC `GetLoads` carry: `num_waiting_reqs` counts the
+/// disaggregation queues too, the request in chunked prefill is in neither count, and
+/// `num_waiting_uncached_tokens` holds what is left to prefill.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SglangLoad {
+    pub running: u64,
+    pub waiting: u64,
+    pub waiting_uncached_tokens: u64,
+    pub used_tokens: u64,
+    pub total_tokens: u64,
+    pub token_usage: f64,
+    pub gen_throughput: f64,
+    pub cache_hit_rate: f64,
+    pub max_running: u32,
+    /// The `queues` section's `waiting`: every queue a request can wait in.
+    pub queued: u64,
+    pub retracted: u64,
+}
+
+impl SglangLoad {
+    pub(crate) fn of(cfg: &EngineConfig, view: &RankView, pin: &PinnedLoad) -> Self {
+        let total_tokens = u64::from(cfg.num_gpu_blocks) * u64::from(cfg.block_size);
+        let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
+        Self {
+            running: pin
+                .running
+                .unwrap_or(view.running - view.chunked.min(view.running)),
+            waiting: pin.waiting.unwrap_or(view.waiting),
+            waiting_uncached_tokens: view.pending_prefill_tokens,
+            used_tokens: (usage * total_tokens as f64).round() as u64,
+            total_tokens,
+            token_usage: usage,
+            gen_throughput: view.gen_throughput,
+            cache_hit_rate: view.cache_hit_rate,
+            max_running: cfg.max_num_seqs,
+            queued: pin.waiting.unwrap_or(view.queued()),
+            retracted: view.retracted,
+        }
+    }
+}
+
+/// One rank's load in SGLang's `/v1/loads` shape.
 fn sglang_rank_load(
     st: &ApiState,
     rank: usize,
@@ -190,29 +230,27 @@ fn sglang_rank_load(
     include: Include,
 ) -> serde_json::Value {
     let cfg = st.engine.config();
-    let total_tokens = u64::from(cfg.num_gpu_blocks) * u64::from(cfg.block_size);
-    let usage = pin.kv_usage.unwrap_or_else(|| view.kv_usage());
-    let used_tokens = (usage * total_tokens as f64).round() as u64;
+    let l = SglangLoad::of(cfg, view, pin);
     let mut load = json!({
         "dp_rank": rank,
-        "num_running_reqs": pin.running.unwrap_or(view.running - view.chunked.min(view.running)),
-        "num_waiting_reqs": pin.waiting.unwrap_or(view.waiting),
-        "num_waiting_uncached_tokens": view.pending_prefill_tokens,
-        "num_used_tokens": used_tokens,
-        "num_total_tokens": used_tokens,
-        "max_total_num_tokens": total_tokens,
-        "token_usage": usage,
-        "gen_throughput": view.gen_throughput,
-        "cache_hit_rate": view.cache_hit_rate,
-        "utilization": usage,
-        "max_running_requests": cfg.max_num_seqs,
+        "num_running_reqs": l.running,
+        "num_waiting_reqs": l.waiting,
+        "num_waiting_uncached_tokens": l.waiting_uncached_tokens,
+        "num_used_tokens": l.used_tokens,
+        "num_total_tokens": l.used_tokens,
+        "max_total_num_tokens": l.total_tokens,
+        "token_usage": l.token_usage,
+        "gen_throughput": l.gen_throughput,
+        "cache_hit_rate": l.cache_hit_rate,
+        "utilization": l.token_usage,
+        "max_running_requests": l.max_running,
     });
     if include.queues {
         load["queues"] = json!({
-            "waiting": pin.waiting.unwrap_or(view.queued()),
+            "waiting": l.queued,
             "grammar": 0,
             "paused": 0,
-            "retracted": view.retracted,
+            "retracted": l.retracted,
         });
     }
     if let (true, Some(role)) = (include.disagg, cfg.pd_role) {

@@ -15,8 +15,8 @@
 
 mod embed;
 mod errors;
-mod generate;
-mod load;
+pub(crate) mod generate;
+pub(crate) mod load;
 mod pd;
 mod sse;
 
@@ -87,13 +87,13 @@ impl ApiState {
         sse::Renderer::new(route, flavor, self.response_id(route), self.created, model)
     }
 
-    fn inject_error(&self) -> bool {
+    pub(crate) fn inject_error(&self) -> bool {
         let rate = self.engine.faults().error_rate;
         rate > 0.0 && self.error_rng.lock().random_bool(rate.min(1.0))
     }
 
     /// The status of the error event this request will fail with (the `error-event` fault).
-    fn inject_error_event(&self) -> Option<u16> {
+    pub(crate) fn inject_error_event(&self) -> Option<u16> {
         let (rate, code) = self.engine.faults().error_event?;
         (rate > 0.0 && self.error_rng.lock().random_bool(rate.min(1.0))).then_some(code)
     }
@@ -120,7 +120,8 @@ async fn hang_if_faulted(
     request: Request,
     next: Next,
 ) -> Response {
-    if st.engine.faults().hang {
+    let faults = st.engine.faults();
+    if faults.hang || faults.one_way {
         return std::future::pending().await;
     }
     next.run(request).await

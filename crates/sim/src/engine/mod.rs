@@ -23,7 +23,7 @@ pub use stats::{RankGauges, RankView, Totals};
 use crate::config::EngineConfig;
 use crate::faults::FaultSet;
 use crate::pd::Disagg;
-use crate::scheduler::prefix::block_hashes;
+use crate::scheduler::prefix::{block_hashes, CacheEvent};
 use crate::scheduler::{FinishReason, NewSeq, Scheduler, SeqId};
 use rank::{RankCommand, RankContext, Subscriber};
 
@@ -51,6 +51,18 @@ pub struct SeqSpec {
     /// Prompt tokens whose KV arrives computed from a prefill engine.
     pub preloaded: u32,
 }
+
+/// One step's changes to a rank's prefix cache: a batch of KV events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvBatch {
+    pub rank: u32,
+    /// Numbered from 1 per rank, one more per batch.
+    pub sequence: u64,
+    pub events: Vec<CacheEvent>,
+}
+
+/// Batches a slow subscriber may fall behind by before it loses events.
+const KV_EVENT_BACKLOG: usize = 4096;
 
 /// Why the engine refused a request.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -91,6 +103,8 @@ pub struct Engine {
     /// read to join a caller's trace (`TRACE_HEADERS`, traceparent and tracestate, in
     /// vllm/tracing.py and sglang/srt/tracing/trace.py).
     trace_context: parking_lot::Mutex<Option<String>>,
+    /// Every rank's KV events.
+    kv_events: tokio::sync::broadcast::Sender<Arc<KvBatch>>,
 }
 
 impl Engine {
@@ -105,6 +119,7 @@ impl Engine {
         let faults = fault_control.subscribe();
         let metrics = Arc::new(EngineMetrics::new(&cfg));
         let progress = Arc::new(parking_lot::Mutex::new(Instant::now()));
+        let (kv_events, _) = tokio::sync::broadcast::channel(KV_EVENT_BACKLOG);
         let ranks = (0..cfg.dp_size as usize)
             .map(|index| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -118,6 +133,7 @@ impl Engine {
                     faults: faults.clone(),
                     progress: progress.clone(),
                     published: published.clone(),
+                    kv_events: kv_events.clone(),
                 };
                 let task = tokio::spawn(rank::run(Scheduler::new(cfg.scheduler()), rx, ctx));
                 Rank {
@@ -139,6 +155,7 @@ impl Engine {
             fault_control,
             ready_at: Instant::now(),
             trace_context: parking_lot::Mutex::new(None),
+            kv_events,
             cfg,
             ranks,
             metrics,
@@ -193,6 +210,11 @@ impl Engine {
 
     pub fn faults(&self) -> FaultSet {
         self.faults.borrow().clone()
+    }
+
+    /// The standing faults as they change, for whoever must wait until one is lifted.
+    pub fn fault_watch(&self) -> watch::Receiver<FaultSet> {
+        self.faults.clone()
     }
 
     pub fn gate(&self) -> Option<&AdmissionGate> {
@@ -284,6 +306,12 @@ impl Engine {
             events: rx,
             abort: AbortOnDrop { commands, ids },
         })
+    }
+
+    /// The KV events of every rank from now on; a subscriber that falls more than a few thousand
+    /// batches behind is told it lagged.
+    pub fn subscribe_kv_events(&self) -> tokio::sync::broadcast::Receiver<Arc<KvBatch>> {
+        self.kv_events.subscribe()
     }
 
     /// Tells every rank to stop, aborting what it was doing (a crash).

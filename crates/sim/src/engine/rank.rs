@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::metrics::EngineMetrics;
 use super::stats::{RankGauges, RankView, Totals};
-use super::{ChoiceEvent, EventKind};
+use super::{ChoiceEvent, EventKind, KvBatch};
 use crate::faults::FaultSet;
 use crate::scheduler::{Counters, NewSeq, Scheduler, SeqEvent, SeqId};
 
@@ -47,6 +47,8 @@ pub(crate) struct RankContext {
     pub progress: Arc<parking_lot::Mutex<Instant>>,
     /// Woken on every publish, for whoever awaits a change of state.
     pub published: Arc<tokio::sync::Notify>,
+    /// Where the rank's KV events go, a batch per step that changed its cache.
+    pub kv_events: tokio::sync::broadcast::Sender<Arc<KvBatch>>,
 }
 
 /// Keeps the modelled clock and the host clock together: steps are timed against absolute
@@ -182,6 +184,7 @@ pub(crate) async fn run(
     let mut subscribers: HashMap<SeqId, Subscriber> = HashMap::new();
     let mut pacer = Pacer::new(ctx.time_scale);
     let mut reporter = Reporter::new(&scheduler);
+    let mut batches = 0;
     publish(&scheduler, &ctx, &mut reporter);
     loop {
         // Apply whatever arrived during the last step.
@@ -228,7 +231,24 @@ pub(crate) async fn run(
         }
         deliver(&step.events, &mut subscribers, &ctx);
         publish(&scheduler, &ctx, &mut reporter);
+        publish_cache_events(&mut scheduler, &ctx, &mut batches);
     }
+}
+
+/// Sends the step's cache changes as one numbered batch, as SGLang's and vLLM's event
+/// publishers send one per scheduler step (numbered per rank). Nobody listening costs nothing
+/// but the drain.
+fn publish_cache_events(scheduler: &mut Scheduler, ctx: &RankContext, batches: &mut u64) {
+    let events = scheduler.take_cache_events();
+    if events.is_empty() || ctx.kv_events.receiver_count() == 0 {
+        return;
+    }
+    *batches += 1;
+    let _ = ctx.kv_events.send(Arc::new(KvBatch {
+        rank: ctx.index as u32,
+        sequence: *batches,
+        events,
+    }));
 }
 
 /// Applies a command; false means the rank must shut down.

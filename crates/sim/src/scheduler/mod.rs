@@ -226,6 +226,11 @@ impl Scheduler {
         &self.cache
     }
 
+    /// The prefix cache's changes since the last call (its KV events).
+    pub fn take_cache_events(&mut self) -> Vec<prefix::CacheEvent> {
+        self.cache.take_events()
+    }
+
     pub fn counters(&self) -> Counters {
         self.counters
     }

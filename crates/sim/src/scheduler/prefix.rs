@@ -21,6 +21,15 @@ struct Entry {
     released: u64,
 }
 
+/// A change to the blocks the cache holds, as an engine publishes it in its KV events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// A block was computed and cached under this hash.
+    Stored(u64),
+    /// A cached block was evicted.
+    Removed(u64),
+}
+
 /// Block hash -> cached block.
 #[derive(Debug, Default)]
 pub struct PrefixCache {
@@ -28,6 +37,8 @@ pub struct PrefixCache {
     /// Evictable blocks, oldest release first.
     evictable: BTreeSet<(u64, u64)>,
     clock: u64,
+    /// What changed since the engine last took the events.
+    events: Vec<CacheEvent>,
 }
 
 /// What taking a reference did to the pool's count of used blocks.
@@ -82,6 +93,7 @@ impl PrefixCache {
                 released: 0,
             },
         );
+        self.events.push(CacheEvent::Stored(hash));
         true
     }
 
@@ -107,7 +119,13 @@ impl PrefixCache {
                 break;
             };
             self.entries.remove(&hash);
+            self.events.push(CacheEvent::Removed(hash));
         }
+    }
+
+    /// The changes since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        std::mem::take(&mut self.events)
     }
 
     /// Cached blocks nobody holds.
@@ -177,6 +195,16 @@ mod tests {
         assert_eq!(cache.acquire(1), Some(Acquired::Revived));
         assert_eq!(cache.acquire(1), Some(Acquired::Shared));
         cache.shrink_to(0);
+        assert_eq!(
+            cache.take_events(),
+            [1, 2, 3]
+                .map(CacheEvent::Stored)
+                .into_iter()
+                .chain([2, 3].map(CacheEvent::Removed))
+                .collect::<Vec<_>>(),
+            "what the engine publishes: each block stored once, each eviction"
+        );
+        assert!(cache.take_events().is_empty());
         assert_eq!(
             cache.lookup(&[1, 3]),
             (1, 0),

@@ -1,0 +1,117 @@
+//! `GetLoads` and the load record the event stream carries, from the figures SGLang's
+//! `/v1/loads` reports (`api::load::SglangLoad`), so the HTTP and the gRPC engine never
+//! disagree about their load.
+
+use std::time::SystemTime;
+
+use sluice_proto::common::{EngineLoad, EngineQueues};
+use sluice_proto::sglang_scheduler::{
+    AggregateMetrics, GetLoadsRequest, GetLoadsResponse, SchedulerLoad,
+};
+use tonic::Status;
+
+use crate::api::load::{reported, SglangLoad, SGLANG_VERSION};
+use crate::api::ApiState;
+
+/// One rank's `SchedulerLoad`, with the queues section when asked for.
+fn scheduler_load(rank: usize, l: &SglangLoad, queues: bool) -> SchedulerLoad {
+    let clamp = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
+    SchedulerLoad {
+        dp_rank: rank as i32,
+        num_running_reqs: clamp(l.running),
+        num_waiting_reqs: clamp(l.waiting),
+        num_total_reqs: clamp(l.running + l.waiting),
+        num_used_tokens: clamp(l.used_tokens),
+        max_total_num_tokens: clamp(l.total_tokens),
+        token_usage: l.token_usage,
+        gen_throughput: l.gen_throughput,
+        cache_hit_rate: l.cache_hit_rate,
+        utilization: l.token_usage,
+        max_running_requests: l.max_running as i32,
+        queues: queues.then(|| EngineQueues {
+            waiting: clamp(l.queued),
+            grammar: 0,
+            paused: 0,
+            retracted: clamp(l.retracted),
+        }),
+        num_waiting_uncached_tokens: clamp(l.waiting_uncached_tokens),
+        ..Default::default()
+    }
+}
+
+/// Each rank's figures now, as the engine reports them (pinned by the `report` fault).
+fn ranks(st: &ApiState) -> Vec<SglangLoad> {
+    let cfg = st.engine.config();
+    reported(st)
+        .iter()
+        .map(|(view, pin)| SglangLoad::of(cfg, view, pin))
+        .collect()
+}
+
+/// `GetLoads`: every rank, or the one asked for (`INVALID_ARGUMENT` for a rank it lacks).
+pub(super) fn get_loads(
+    st: &ApiState,
+    request: &GetLoadsRequest,
+) -> Result<GetLoadsResponse, Status> {
+    let queues = request.include.iter().any(|s| s == "queues" || s == "all");
+    let all = ranks(st);
+    let chosen: Vec<(usize, &SglangLoad)> = match request.dp_rank {
+        Some(rank) => {
+            let index = usize::try_from(rank).ok().filter(|r| *r < all.len());
+            let index = index.ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "dp_rank {rank} out of range: the engine has {} ranks",
+                    all.len()
+                ))
+            })?;
+            vec![(index, &all[index])]
+        }
+        None => all.iter().enumerate().collect(),
+    };
+    let loads: Vec<SchedulerLoad> = chosen
+        .iter()
+        .map(|(rank, l)| scheduler_load(*rank, l, queues))
+        .collect();
+    let count = loads.len().max(1) as f64;
+    let running: i32 = loads.iter().map(|l| l.num_running_reqs).sum();
+    let waiting: i32 = loads.iter().map(|l| l.num_waiting_reqs).sum();
+    let usage = loads.iter().map(|l| l.token_usage).sum::<f64>() / count;
+    let aggregate = AggregateMetrics {
+        total_running_reqs: running,
+        total_waiting_reqs: waiting,
+        total_reqs: running + waiting,
+        avg_token_usage: usage,
+        avg_throughput: loads.iter().map(|l| l.gen_throughput).sum::<f64>() / count,
+        avg_utilization: usage,
+    };
+    Ok(GetLoadsResponse {
+        timestamp: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        version: SGLANG_VERSION.into(),
+        dp_rank_count: all.len() as i32,
+        loads,
+        aggregate: Some(aggregate),
+    })
+}
+
+/// The record for `rank` as smg-grpc-servicer builds it from `GetLoads`
+/// (`load_record.py`, `engine_load_from`, with the queued token work its SGLang servicer
+/// reports): the core, the cache hit rate, the token counts and the sections. It sets none of
+/// the silence, step or pending-prefill fields (0.14.1 has no writer for them).
+pub(super) fn record(st: &ApiState, rank: u32) -> Option<EngineLoad> {
+    let all = ranks(st);
+    let l = all.get(rank as usize)?;
+    let load = scheduler_load(rank as usize, l, true);
+    Some(EngineLoad {
+        running_requests: load.num_running_reqs.max(0) as u32,
+        waiting_requests: load.num_waiting_reqs.max(0) as u32,
+        waiting_uncached_tokens: Some(load.num_waiting_uncached_tokens.max(0) as u32),
+        token_usage: load.token_usage,
+        gen_throughput: load.gen_throughput,
+        max_running_requests: load.max_running_requests.max(0) as u32,
+        cache_hit_rate: Some(load.cache_hit_rate),
+        num_used_tokens: Some(load.num_used_tokens),
+        max_total_num_tokens: Some(load.max_total_num_tokens),
+        queues: load.queues,
+        ..Default::default()
+    })
+}

@@ -1,0 +1,168 @@
+//! Real SMG 1.13 (`pip install smg==1.13.0`; `scripts/test` installs it) against the simulated
+//! engine's gRPC service: SMG fetches the model's tokenizer over `GetTokenizer`, routes a chat
+//! through `Generate` and detokenizes the answer, and reads the engine's load from the records
+//! its KV-event stream pushes. A client nobody here wrote agreeing with the service is the
+//! check that the simulator speaks the protocol as SMG expects of a servicer.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice_sim::request::token_text;
+use sluice_sim::testkit::{client, get, instant, post, sse_events};
+use sluice_sim::{Flavor, FleetConfig, GrpcConfig, SimFleet};
+
+/// `smg` on the PATH, or `SLUICE_SMG`.
+fn binary() -> String {
+    std::env::var("SLUICE_SMG").unwrap_or_else(|_| "smg".to_string())
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A running `smg launch`, killed by its PID when dropped; its log lines, as they come.
+struct Smg {
+    child: Child,
+    port: u16,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Smg {
+    fn launch(worker: &str) -> Self {
+        let (port, metrics) = (free_port(), free_port());
+        let mut child = Command::new(binary())
+            .args(["launch", "--host", "127.0.0.1"])
+            .args(["--port", &port.to_string()])
+            .args(["--prometheus-port", &metrics.to_string()])
+            .args(["--worker-urls", worker])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("smg (pip's smg==1.13.0; scripts/test installs it)");
+        let (tx, lines) = mpsc::channel();
+        fn pump(pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) {
+            std::thread::spawn(move || {
+                // Read to the end, so SMG never blocks on a full pipe.
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        pump(child.stdout.take().unwrap(), tx.clone());
+        pump(child.stderr.take().unwrap(), tx);
+        Self { child, port, lines }
+    }
+
+    /// Waits for a log line containing `needle`; panics with what was logged if none comes.
+    fn logged(&self, needle: &str) {
+        let mut seen = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(60)) {
+            if line.contains(needle) {
+                return;
+            }
+            seen.push(line);
+        }
+        panic!(
+            "SMG never logged {needle:?}; it logged:\n{}",
+            seen.join("\n")
+        );
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for Smg {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smg_routes_a_chat_through_the_simulated_grpc_engine_and_reads_its_pushed_load() {
+    let mut cfg = instant(Flavor::Sglang);
+    cfg.grpc = Some(GrpcConfig::default());
+    let fleet = SimFleet::start(FleetConfig::local(1, cfg)).await.unwrap();
+    let worker = fleet.urls()[0].clone();
+    let smg = Smg::launch(&worker);
+    smg.logged("KV event stream connected");
+    smg.logged("Successfully loaded tokenizer 'test-model'");
+
+    let http = client();
+    let chat = json!({
+        "model": "test-model",
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 8,
+    });
+    let whole = post(&http, &smg.url("/v1/chat/completions"), &chat.to_string()).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let body = whole.json();
+    let tokens = body["usage"]["completion_tokens"].as_u64().unwrap() as u32;
+    assert!((1..=8).contains(&tokens), "{body}");
+    // A stop ends on the end-of-turn token, which decodes to nothing.
+    let words = match body["choices"][0]["finish_reason"].as_str() {
+        Some("stop") => tokens - 1,
+        Some("length") => tokens,
+        other => panic!("finish_reason {other:?}"),
+    };
+    let said: String = (0..words).map(|i| token_text(0, i)).collect();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], said,
+        "SMG decoded the engine's token ids with the tokenizer it fetched"
+    );
+
+    let mut streamed = chat;
+    streamed["stream"] = json!(true);
+    streamed["max_tokens"] = json!(4096);
+    let answer = post(
+        &http,
+        &smg.url("/v1/chat/completions"),
+        &streamed.to_string(),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let events = sse_events(&answer.text());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let finishes: Vec<Value> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|e| e["choices"][0].get("finish_reason").cloned())
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(
+        finishes,
+        [json!("stop")],
+        "the end of turn ended the answer"
+    );
+
+    // SMG's view of the engine's load turns from its registration poll's (versioned by the
+    // engine) to the pushed records' once a record has arrived: the next batch or heartbeat.
+    // SMG offers nothing to await, so its view is read until it turns, within a bound.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let workers = loop {
+        let workers = get(&http, &smg.url("/workers")).await.json();
+        let pushed = workers["workers"][0]["engine_load"]["version"] == "pushed";
+        if pushed || tokio::time::Instant::now() > deadline {
+            break workers;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let load = &workers["workers"][0]["engine_load"];
+    assert_eq!(load["version"], "pushed", "{workers}");
+    let engine = fleet.engine(0).unwrap().config().clone();
+    let capacity = u64::from(engine.num_gpu_blocks) * u64::from(engine.block_size);
+    assert_eq!(load["loads"][0]["max_total_num_tokens"], capacity);
+    assert_eq!(
+        load["loads"][0]["max_running_requests"],
+        engine.max_num_seqs
+    );
+}
