@@ -14,6 +14,10 @@
 //!   lock-free gauges the HTTP side reads.
 //! - `request` — OpenAI request bodies: prompt token counts, choices, answer lengths.
 //! - `api` — the HTTP routes of each flavor, their error shapes and SSE rendering.
+//! - `grpc` — the gRPC service of `--grpc` (SGLang's scheduler service as SMG's servicer serves
+//!   it): generation on token ids, abort, health, loads, the tokenizer, the KV-event stream with
+//!   its load records and heartbeats.
+//! - `vocab` — the simulated model's tokenizer and chat template, as a model directory's files.
 //! - `pd` — prefill/decode disaggregation (`--pd-role`): bootstrap rooms and deadlines on the
 //!   prefill side, the running window and the claim on the decode side.
 //! - `server` — the accept loop that can crash for real (connections reset).
