@@ -45,6 +45,9 @@
 //! - `upstream` — the HTTP client to workers, at the bottom: used by `forward` and `control`,
 //!   importing nothing above it; cleartext HTTP/1.1 on connections of its own (`upstream::wire`),
 //!   TLS and HTTP/2 on hyper's. `tls` beside it: the certificates both ways.
+//! - `tokens` — the model's tokenizer and chat template (SMG's `--model-path`,
+//!   `--tokenizer-path`, `--chat-template`) and streamed detokenization, for workers that take
+//!   token ids; at the bottom with `upstream`, importing nothing of the gateway.
 //!
 //! Around them:
 //!
@@ -84,6 +87,7 @@ pub mod shared;
 pub mod status;
 pub mod stream;
 pub mod tls;
+pub mod tokens;
 pub mod trace;
 pub mod upstream;
 
