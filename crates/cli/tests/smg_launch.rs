@@ -130,14 +130,15 @@ type PdPair = (String, String, String);
 
 /// Launch lines as SMG users write them, with every "works" flag of the page among them.
 #[rustfmt::skip]
-fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs, pd: &PdPair) -> Vec<Vec<String>> {
+fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs, pd: &PdPair, model: &str) -> Vec<Vec<String>> {
     let worker_port = worker.rsplit(':').next().unwrap().to_string();
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
     let (ca, server_cert, server_key) = (path(&certs.ca), path(&certs.server_cert), path(&certs.server_key));
     let (client_cert, client_key) = (path(&certs.client_cert), path(&certs.client_key));
     // The worker requires the key: SMG's --api-key is also the key it is sent.
     let common = ["--host", "127.0.0.1", "--port", "0", "--worker-urls", worker, "--api-key", "secret"];
-    let lines: [&[&str]; 8] = [
+    let (tokenizer, template) = (format!("{model}/tokenizer.json"), format!("{model}/chat.jinja"));
+    let lines: [&[&str]; 10] = [
         // A keyed fleet behind a cache-aware gateway, with its logs, metrics and CORS.
         &[
             "--control-plane-api-keys", "k1:ops:admin:admin-secret",
@@ -253,6 +254,13 @@ fn launch_lines(worker: &str, log_dir: &str, listing: &str, certs: &certs::Certs
             "--decode-policy", "power_of_two",
             "--pd-admission-wait-secs", "10",
         ],
+        // The model's files, for grpc:// workers (an HTTP fleet serves as before).
+        &[
+            "--model-path", model,
+            "--tokenizer-path", &tokenizer,
+            "--chat-template", &template,
+        ],
+        &["--model", model],
     ];
     lines
         .iter()
@@ -302,12 +310,18 @@ fn smg_launch_lines_using_every_working_flag_start_and_serve() {
     std::fs::create_dir_all(&log_dir).unwrap();
     let listing = log_dir.join("workers.json");
     std::fs::write(&listing, format!("[\"{worker}\"]")).unwrap();
+    let model = log_dir.join("model");
+    sluice_sim::vocab::Vocab::new()
+        .write_model_dir(&model, "test-model")
+        .unwrap();
+    std::fs::write(model.join("chat.jinja"), sluice_sim::vocab::CHAT_TEMPLATE).unwrap();
     let lines = launch_lines(
         &worker,
         log_dir.to_str().unwrap(),
         listing.to_str().unwrap(),
         &certs,
         &pd,
+        model.to_str().unwrap(),
     );
     // The API server --service-discovery asks, named by a kubeconfig: one Ready pod, the worker.
     let api = runtime.block_on(kube_api::FakeApi::start());

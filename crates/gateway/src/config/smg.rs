@@ -11,7 +11,7 @@ const DISC: &str =
 const DP: &str =
     "sluice does not schedule data-parallel ranks (it reads their loads to judge a worker); drop the flag";
 const GRPC: &str =
-    "sluice speaks HTTP to workers (no gRPC or ZMQ): give their HTTP URLs with --worker-urls; drop the flag";
+    "sluice speaks HTTP to workers, and SGLang's gRPC service to grpc:// ones, not ZMQ: give their HTTP or gRPC URLs with --worker-urls; drop the flag";
 const JOBQ: &str = "sluice registers workers directly, without a job queue; drop the flag";
 const JWT: &str =
     "JWT/OIDC authentication is not supported: use --admin-api-key or --control-plane-api-keys";
@@ -38,7 +38,7 @@ const STICKY: &str =
 const STORE: &str =
     "sluice stores no conversations or responses (/v1/responses passes through to the engine); drop the flag";
 const TOK: &str =
-    "sluice does not tokenize or apply chat templates (HTTP workers do); drop the flag";
+    "sluice tokenizes for grpc:// workers from the model's files on disk (--model-path, --tokenizer-path, --chat-template), without SMG's tokenizer caches, autoload or parser choice; drop the flag";
 const WARM: &str = "sluice has no warm-up slice for new workers; drop the flag";
 const WASM: &str = "sluice runs no WebAssembly plugins; drop the flag";
 
@@ -139,10 +139,6 @@ pub const REFUSED: &[(&str, &str)] = &[
         "sluice closes an idle keep-alive connection after --header-read-timeout-secs (as nginx's keepalive_timeout does): set that instead",
     ),
     ("--max-background-responses", STORE),
-    ("--model-path", TOK),
-    ("--model", TOK),
-    ("--tokenizer-path", TOK),
-    ("--chat-template", TOK),
     ("--disable-tokenizer-autoload", TOK),
     ("--parser", TOK),
     ("--tokenizer-cache-enable-l0", TOK),

@@ -29,6 +29,8 @@ pub enum DiscoverError {
     Json(#[from] serde_json::Error),
     #[error("GET /v1/models lists no model")]
     NoModels,
+    #[error("GetModelInfo failed: {0}")]
+    Grpc(tonic::Status),
 }
 
 #[derive(Deserialize)]
@@ -95,8 +97,16 @@ fn startup_expired(fleet: &Arc<Fleet>, control: &Control, worker: &Arc<Worker>, 
     }
 }
 
-/// One `GET /v1/models`.
+/// One `GET /v1/models`, or a gRPC worker's `GetModelInfo`.
 pub async fn fetch(upstream: &Upstream, worker: &Worker) -> Result<WorkerInfo, DiscoverError> {
+    if worker.endpoint.grpc() {
+        let info = upstream
+            .grpc()
+            .model_info(&worker.endpoint, MODELS_TIMEOUT)
+            .await
+            .map_err(DiscoverError::Grpc)?;
+        return grpc_models(&info);
+    }
     let (status, body) = get(
         upstream,
         worker,
@@ -109,6 +119,31 @@ pub async fn fetch(upstream: &Upstream, worker: &Worker) -> Result<WorkerInfo, D
         return Err(DiscoverError::Status(status.as_u16()));
     }
     parse_models(&body)
+}
+
+/// A gRPC worker's model as a models-list card: the served name (the model path when it gives
+/// none), SGLang's flavor (the service is SGLang's scheduler), its context.
+fn grpc_models(
+    info: &sluice_proto::sglang_scheduler::GetModelInfoResponse,
+) -> Result<WorkerInfo, DiscoverError> {
+    let id = [&info.served_model_name, &info.model_path]
+        .into_iter()
+        .find(|name| !name.is_empty())
+        .ok_or(DiscoverError::NoModels)?;
+    let card = serde_json::json!({
+        "id": id,
+        "object": "model",
+        "owned_by": "sglang",
+        "root": info.model_path,
+        "max_model_len": info.max_context_length,
+    });
+    Ok(WorkerInfo {
+        flavor: "sglang".into(),
+        models: vec![ModelCard {
+            id: ModelName::new(id.clone()),
+            card,
+        }],
+    })
 }
 
 /// The models and flavor in an OpenAI models list.

@@ -3,6 +3,7 @@
 //! breaker readmission on promotion, removal of failed workers when auto-recovery is on, the
 //! `sluice_worker_health` gauge and one log line with the cause.
 //!
+//! A `grpc://` worker is probed with its servicer's `HealthCheck` (a one-token generation) instead.
 //! A probe is `GET <worker url><--health-check-endpoint>` with the worker's API key as a bearer
 //! token; it passes on a 2xx within the timeout. Every worker has its own task, so a slow one
 //! delays nobody else, and a semaphore keeps at most `MAX_PROBES_IN_FLIGHT` probes out at once.
@@ -90,12 +91,22 @@ pub enum ProbeError {
     Get(#[from] GetError),
     #[error("answered {0}")]
     Status(u16),
+    /// A gRPC worker's `HealthCheck` failed as a call.
+    #[error("HealthCheck failed: {0}")]
+    Grpc(tonic::Status),
+    /// A gRPC worker's `HealthCheck` answered unhealthy, with its servicer's reason.
+    #[error("HealthCheck answered unhealthy: {0}")]
+    Unhealthy(String),
 }
 
 impl ProbeError {
     /// A connection-level failure (a liveness signal), as opposed to a timeout or a bad status.
     pub fn is_transport(&self) -> bool {
-        matches!(self, ProbeError::Get(e) if e.is_transport())
+        match self {
+            ProbeError::Get(e) => e.is_transport(),
+            ProbeError::Grpc(status) => std::error::Error::source(status).is_some(),
+            ProbeError::Status(_) | ProbeError::Unhealthy(_) => false,
+        }
     }
 }
 
@@ -110,6 +121,19 @@ pub async fn probe(
     endpoint: &str,
     timeout: Duration,
 ) -> Result<(), ProbeError> {
+    if worker.endpoint.grpc() {
+        // The servicer's own probe (one token through the scheduler), as SMG asks it.
+        let answer = upstream
+            .grpc()
+            .health(&worker.endpoint, timeout)
+            .await
+            .map_err(ProbeError::Grpc)?;
+        return if answer.healthy {
+            Ok(())
+        } else {
+            Err(ProbeError::Unhealthy(answer.message))
+        };
+    }
     let (status, _) = get(upstream, worker, endpoint, PROBE_MAX_BYTES, timeout).await?;
     if status.is_success() {
         Ok(())

@@ -28,6 +28,15 @@ pub struct Tokens {
     template: Option<ChatTemplate>,
 }
 
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("vocab_size", &self.vocab_size())
+            .field("chat_template", &self.template.is_some())
+            .finish()
+    }
+}
+
 impl Tokens {
     /// Loads what `files` names; every failure names the file and what is wrong with it.
     pub fn load(files: &ModelFiles) -> Result<Self, TokensError> {

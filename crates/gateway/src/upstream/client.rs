@@ -36,6 +36,12 @@ pub enum SendError {
     /// From the pooled client (TLS or HTTP/2 workers).
     #[error(transparent)]
     Pooled(hyper_util::client::legacy::Error),
+    /// A gRPC worker's transport failed (`connect`: before anything was sent).
+    #[error("gRPC transport: {status}")]
+    Grpc {
+        connect: bool,
+        status: tonic::Status,
+    },
 }
 
 impl SendError {
@@ -45,6 +51,7 @@ impl SendError {
             SendError::Connect(_) | SendError::ConnectTimeout(_) => true,
             SendError::Exchange(_) => false,
             SendError::Pooled(e) => e.is_connect(),
+            SendError::Grpc { connect, .. } => *connect,
         }
     }
 }
@@ -58,6 +65,9 @@ pub enum ExchangeError {
     /// On a connection of our own (cleartext HTTP/1.1 workers).
     #[error(transparent)]
     Wire(super::wire::WireError),
+    /// A gRPC worker's stream broke off.
+    #[error("gRPC stream: {0}")]
+    Grpc(tonic::Status),
 }
 
 type Plain = Client<HttpConnector, Full<Bytes>>;
@@ -71,6 +81,7 @@ pub struct Upstream {
     http1: Arc<Http1Pool>,
     http2: Plain,
     tls: Arc<LazyTls>,
+    grpc: Arc<super::grpc::GrpcUpstream>,
 }
 
 /// How connections to workers are made and kept.
@@ -83,6 +94,8 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     /// How `https` workers are verified and what they are shown.
     pub tls: ClientTls,
+    /// The model's tokenizer and chat template, for `grpc://` workers.
+    pub tokens: Option<Arc<crate::tokens::Tokens>>,
 }
 
 /// The TLS clients, made on first use.
@@ -148,7 +161,16 @@ impl Upstream {
                 config: config.clone(),
                 clients: OnceLock::new(),
             }),
+            grpc: Arc::new(super::grpc::GrpcUpstream::new(
+                config.connect_timeout,
+                config.tokens.clone(),
+            )),
         }
+    }
+
+    /// The client to `grpc://` workers, for the control loops' own calls.
+    pub fn grpc(&self) -> &super::grpc::GrpcUpstream {
+        &self.grpc
     }
 
     /// Sends one request to `endpoint` over the pool for its scheme and protocol.
@@ -157,6 +179,9 @@ impl Upstream {
         endpoint: &Endpoint,
         request: UpstreamRequest,
     ) -> Result<UpstreamResponse, SendError> {
+        if endpoint.grpc() {
+            return self.grpc.send(endpoint, request).await;
+        }
         let pooled = match (endpoint.tls(), endpoint.http2) {
             (false, false) => return self.http1.send(&endpoint.authority, request).await,
             (false, true) => self.http2.request(request.map(Full::new)),

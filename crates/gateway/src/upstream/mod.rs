@@ -2,11 +2,13 @@
 //! control loops (the gateway's own probes, load polls and model lists).
 //!
 //! It sits at the bottom of the crate: it knows endpoints, not workers, and imports nothing of the
-//! gateway above it but `tls` (which imports nothing), so both of its users can depend on it
-//! without depending on each other.
+//! gateway above it but `tls` and `tokens` (which import nothing), so both of its users can depend
+//! on it without depending on each other. `grpc` speaks to `grpc://` workers and answers like an
+//! HTTP worker.
 
 mod client;
 mod get;
+pub mod grpc;
 mod pool;
 mod wire;
 
@@ -29,6 +31,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// A `grpc://` worker: SGLang's scheduler service over HTTP/2 (`grpc`).
+    pub fn grpc(&self) -> bool {
+        self.scheme.as_str() == grpc::SCHEME
+    }
+
     /// Reached over TLS (`https`).
     pub fn tls(&self) -> bool {
         self.scheme == Scheme::HTTPS

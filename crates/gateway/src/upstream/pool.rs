@@ -233,6 +233,9 @@ enum Source {
         frames: tokio::sync::mpsc::Receiver<Option<Frame<Bytes>>>,
         ended: bool,
     },
+    /// Rendered by the gateway from a gRPC worker's replies: the channel's end is the body's
+    /// end (the renderer closes it only when it is done), an error its break.
+    Rendered(tokio::sync::mpsc::Receiver<Result<Bytes, ExchangeError>>),
 }
 
 impl std::fmt::Debug for UpstreamBody {
@@ -241,6 +244,7 @@ impl std::fmt::Debug for UpstreamBody {
             Source::Connection(_) => "pooled client",
             Source::Wire(_) => "own connection",
             Source::HandedOver { .. } => "handed over",
+            Source::Rendered(_) => "rendered",
         };
         f.debug_struct("UpstreamBody")
             .field("source", &source)
@@ -259,6 +263,14 @@ impl From<Incoming> for UpstreamBody {
 }
 
 impl UpstreamBody {
+    /// A body the gateway renders as it goes (a gRPC worker's answer in OpenAI's shape).
+    pub fn rendered(pieces: tokio::sync::mpsc::Receiver<Result<Bytes, ExchangeError>>) -> Self {
+        Self {
+            source: Source::Rendered(pieces),
+            back: None,
+        }
+    }
+
     /// A body whose frames a data plane hands over as they arrive; `None` ends it.
     pub fn handed_over(frames: tokio::sync::mpsc::Receiver<Option<Frame<Bytes>>>) -> Self {
         Self {
@@ -308,6 +320,9 @@ impl Body for UpstreamBody {
                     None => Poll::Pending,
                 }
             }
+            Source::Rendered(pieces) => std::task::ready!(pieces.poll_recv(cx))
+                .map(|piece| piece.map(Frame::data))
+                .into(),
         }
     }
 
@@ -316,6 +331,7 @@ impl Body for UpstreamBody {
             Source::Connection(inner) => inner.is_end_stream(),
             Source::Wire(body) => body.is_end(),
             Source::HandedOver { ended, .. } => *ended,
+            Source::Rendered(_) => false,
         }
     }
 
@@ -325,7 +341,7 @@ impl Body for UpstreamBody {
             Source::Wire(body) => body
                 .remaining()
                 .map_or_else(SizeHint::default, SizeHint::with_exact),
-            Source::HandedOver { .. } => SizeHint::default(),
+            Source::HandedOver { .. } | Source::Rendered(_) => SizeHint::default(),
         }
     }
 }

@@ -146,12 +146,17 @@ pub(super) async fn generate(
         ticket.slot().await;
         engine.notify_changed();
     }
-    let (choices, _) = parsed.choices_thinking(
+    let (mut choices, _) = parsed.choices_thinking(
         cfg.seed,
         cfg.profile.output_median_tokens,
         None,
         cfg.max_model_len,
     );
+    let stops: Vec<Option<String>> = choices
+        .iter_mut()
+        .enumerate()
+        .map(|(index, choice)| stop_string(choice, index as u32, &params.stop))
+        .collect();
     let submission = submit(st, &choices).map_err(|e| refused(st, e))?;
     let expected: u64 = choices.iter().map(|c| u64::from(c.output_tokens)).sum();
     let half_way = (expected / 2).max(1);
@@ -164,9 +169,11 @@ pub(super) async fn generate(
         vocab: svc.vocab.clone(),
         choices: choices
             .iter()
-            .map(|c| Choice {
+            .zip(stops)
+            .map(|(c, stop)| Choice {
                 planned: c.output_tokens,
                 finish: c.finish,
+                stop,
                 sent: Vec::new(),
                 emitted: 0,
                 done: None,
@@ -189,6 +196,30 @@ pub(super) async fn generate(
     Ok(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) }).boxed())
 }
 
+/// Ends a choice at the first of `stops` its words reach, as SGLang's detokenizer stops a
+/// request on a stop string (the tokens up to the one that completes it are generated): the
+/// stop string it matched, if any.
+fn stop_string(
+    choice: &mut crate::engine::SeqSpec,
+    index: u32,
+    stops: &[String],
+) -> Option<String> {
+    let stops: Vec<&String> = stops.iter().filter(|s| !s.is_empty()).collect();
+    if stops.is_empty() {
+        return None;
+    }
+    let mut text = String::new();
+    for i in 0..choice.output_tokens {
+        text.push_str(crate::request::token_text(index, i));
+        if let Some(stop) = stops.iter().find(|s| text.contains(s.as_str())) {
+            choice.output_tokens = i + 1;
+            choice.finish = FinishReason::Stop;
+            return Some((*stop).clone());
+        }
+    }
+    None
+}
+
 /// What a generation keeps alive until it ends.
 struct Held {
     _load: LoadGuard,
@@ -202,6 +233,8 @@ struct Choice {
     planned: u32,
     /// How it ends when it runs its course.
     finish: FinishReason,
+    /// The stop string its text reaches, which ends it there (`matched_stop_str`).
+    stop: Option<String>,
     /// Ids not yet sent (this step's, or all of them for a whole answer).
     sent: Vec<u32>,
     emitted: u32,
@@ -257,8 +290,10 @@ impl Generation {
                 match e.kind {
                     EventKind::Token => {
                         let id = self.vocab.answer_token(e.choice, choice.emitted);
+                        // A natural stop ends on the end-of-turn token; a stop string on a word.
                         let last_of_stop = choice.emitted + 1 == choice.planned
-                            && choice.finish == FinishReason::Stop;
+                            && choice.finish == FinishReason::Stop
+                            && choice.stop.is_none();
                         choice
                             .sent
                             .push(if last_of_stop { self.vocab.eos() } else { id });
@@ -382,9 +417,14 @@ impl Generation {
         reason: FinishReason,
     ) -> GenerateComplete {
         let choice = &self.choices[index];
-        let (finish_reason, matched_stop) = match reason {
-            FinishReason::Length => ("length", None),
-            FinishReason::Stop => ("stop", Some(MatchedStop::MatchedTokenId(self.vocab.eos()))),
+        let (finish_reason, matched_stop) = match (reason, &choice.stop) {
+            (FinishReason::Length, _) => ("length", None),
+            (FinishReason::Stop, Some(stop)) => {
+                ("stop", Some(MatchedStop::MatchedStopStr(stop.clone())))
+            }
+            (FinishReason::Stop, None) => {
+                ("stop", Some(MatchedStop::MatchedTokenId(self.vocab.eos())))
+            }
         };
         GenerateComplete {
             output_ids,

@@ -28,8 +28,9 @@ fn answer(healthy: bool, message: &str) -> HealthCheckResponse {
 }
 
 /// A one-token generation from token 0: healthy once the engine produces anything after the
-/// probe started (a busy engine's output counts before the probe's own turn comes), unhealthy
-/// when the probe cannot be submitted, and after SGLang's 20 s (engine time) without output.
+/// probe started (a busy engine's output counts before the probe's own turn comes, and a full
+/// queue's refusal is the scheduler answering), unhealthy when the probe cannot be submitted at
+/// all, and after SGLang's 20 s (engine time) without output.
 pub(super) async fn health(st: &ApiState) -> HealthCheckResponse {
     let engine = &st.engine;
     if engine.starting() {
@@ -44,8 +45,15 @@ pub(super) async fn health(st: &ApiState) -> HealthCheckResponse {
         finish: FinishReason::Length,
         preloaded: 0,
     }];
-    let Ok(mut submission) = engine.submit(&probe) else {
-        return answer(false, "Health check probe failed");
+    let mut submission = match engine.submit(&probe) {
+        Ok(submission) => submission,
+        // The scheduler answered, with an abort: that is a push, and a push is health.
+        Err(crate::engine::SubmitError::QueueFull { .. }) => {
+            return answer(true, "Health check passed")
+        }
+        Err(crate::engine::SubmitError::ShutDown) => {
+            return answer(false, "Health check probe failed")
+        }
     };
     let deadline = started + timeout;
     loop {

@@ -76,20 +76,38 @@ pub enum PollError {
         path: &'static str,
         error: load::LoadError,
     },
+    /// A gRPC worker's `GetLoads` failed as a call.
+    #[error("GetLoads failed: {0}")]
+    Grpc(tonic::Status),
 }
 
 impl PollError {
     pub fn is_transport(&self) -> bool {
-        matches!(self, PollError::Get(e) if e.is_transport())
+        match self {
+            PollError::Get(e) => e.is_transport(),
+            PollError::Grpc(status) => std::error::Error::source(status).is_some(),
+            _ => false,
+        }
     }
 
     pub fn is_timeout(&self) -> bool {
-        matches!(self, PollError::Get(e) if e.is_timeout())
+        match self {
+            PollError::Get(e) => e.is_timeout(),
+            PollError::Grpc(status) => status.code() == tonic::Code::DeadlineExceeded,
+            _ => false,
+        }
     }
 
     /// The worker answered, if not with a report: it is there.
     pub fn answered(&self) -> bool {
-        matches!(self, PollError::Status { .. } | PollError::Report { .. })
+        match self {
+            PollError::Status { .. } | PollError::Report { .. } => true,
+            PollError::Grpc(status) => {
+                std::error::Error::source(status).is_none()
+                    && status.code() != tonic::Code::DeadlineExceeded
+            }
+            _ => false,
+        }
     }
 
     /// The request was refused as malformed: its query, by an engine that checks it.
@@ -140,6 +158,9 @@ impl Sources {
         worker: &Worker,
         timeout: Duration,
     ) -> Result<Polled, PollError> {
+        if worker.endpoint.grpc() {
+            return poll_grpc(upstream, worker, timeout).await.map(whole);
+        }
         let preferred = match worker.info().map(|i| i.flavor.clone()).as_deref() {
             Some("vllm") => Source::VllmMetrics,
             Some("sglang") => Source::SglangLoads,
@@ -217,12 +238,48 @@ async fn poll_one(
     Ok((report, path))
 }
 
+/// A gRPC worker's `GetLoads`, read as the `/v1/loads` answer it mirrors field for field (so one
+/// parser says what every SGLang report means).
+async fn poll_grpc(
+    upstream: &Upstream,
+    worker: &Worker,
+    timeout: Duration,
+) -> Result<(LoadReport, &'static str), PollError> {
+    const PATH: &str = "GetLoads";
+    let loads = upstream
+        .grpc()
+        .loads(&worker.endpoint, timeout)
+        .await
+        .map_err(PollError::Grpc)?;
+    let body = crate::upstream::grpc::loads_json(&loads);
+    let report = load::parse_sglang_loads(body.as_bytes())
+        .map_err(|error| PollError::Report { path: PATH, error })?;
+    Ok((report, PATH))
+}
+
 /// SGLang's prefill chunk (`/server_info` `chunked_prefill_size`), its tokens per batch.
 pub(super) async fn sglang_batch_size(
     upstream: &Upstream,
     worker: &Worker,
     timeout: Duration,
 ) -> Option<u64> {
+    if worker.endpoint.grpc() {
+        let info = upstream
+            .grpc()
+            .server_info(&worker.endpoint, timeout)
+            .await
+            .ok()?;
+        let size = info
+            .server_args?
+            .fields
+            .get("chunked_prefill_size")?
+            .kind
+            .clone()?;
+        return match size {
+            prost_types::value::Kind::NumberValue(n) if n > 0.0 => Some(n as u64),
+            _ => None,
+        };
+    }
     let (status, body) = get(upstream, worker, "/server_info", 1024 * 1024, timeout)
         .await
         .ok()?;

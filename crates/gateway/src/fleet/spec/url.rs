@@ -4,7 +4,8 @@ use axum::http::Uri;
 
 use super::{spec_error, SpecError};
 
-/// `http[s]://host[:port][/]` -> `http[s]://host:port`.
+/// `http[s]://host[:port][/]` -> `http[s]://host:port`; `grpc://host:port` (SMG's form for a
+/// worker behind its gRPC servicer) keeps its scheme and must name its port.
 pub(super) fn normalize_url(url: &str) -> Result<String, SpecError> {
     let uri: Uri = url
         .parse()
@@ -12,10 +13,11 @@ pub(super) fn normalize_url(url: &str) -> Result<String, SpecError> {
     let (scheme, default_port) = match uri.scheme_str() {
         Some("http") => ("http", 80),
         Some("https") => ("https", 443),
+        Some("grpc") => ("grpc", 0),
         _ => {
             return Err(spec_error(
                 "url",
-                format!("'{url}' must start with http:// or https://"),
+                format!("'{url}' must start with http://, https:// or grpc://"),
             ))
         }
     };
@@ -35,6 +37,12 @@ pub(super) fn normalize_url(url: &str) -> Result<String, SpecError> {
         ));
     }
     let port = authority.port_u16().unwrap_or(default_port);
+    if port == 0 && authority.port_u16().is_none() {
+        return Err(spec_error(
+            "url",
+            format!("'{url}' must name the port of the worker's gRPC service"),
+        ));
+    }
     if port == 0 {
         return Err(spec_error(
             "url",

@@ -1,0 +1,226 @@
+//! `grpc://` workers, black-box: the gateway on loopback in front of simulated engines serving
+//! SMG's gRPC protocol (`sluice sim --grpc`), with the simulated model's tokenizer and chat
+//! template as the model's files. The gateway registers them from `GetModelInfo`, probes them
+//! with `HealthCheck`, tokenizes and templates each chat, and answers in OpenAI's shape.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{bounded, chat_body, serve, Setup};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use sluice_gateway::config::Config;
+use sluice_gateway::tokens::{ModelFiles, Tokens};
+use sluice_sim::request::token_text;
+use sluice_sim::testkit::{instant, sse_events, timed};
+use sluice_sim::vocab::Vocab;
+use sluice_sim::{EngineConfig, Flavor, FleetConfig, GrpcConfig, SimFleet};
+
+/// The simulated model's files in a directory of their own, removed when dropped.
+struct ModelDir(PathBuf);
+
+impl ModelDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sluice-grpc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Vocab::new().write_model_dir(&dir, "test-model").unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for ModelDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `engines` gRPC engines of `engine`'s settings, and a gateway with the model's files.
+async fn grpc_setup(engines: usize, mut engine: EngineConfig, model: &ModelDir) -> Setup {
+    engine.grpc = Some(GrpcConfig::default());
+    let sims = SimFleet::start(FleetConfig::local(engines, engine))
+        .await
+        .unwrap();
+    assert!(sims.urls().iter().all(|u| u.starts_with("grpc://")));
+    let mut config = Config::local(&sims.urls());
+    let files = ModelFiles {
+        model_path: Some(model.0.clone()),
+        ..ModelFiles::default()
+    };
+    config.upstream.tokens = Some(Arc::new(Tokens::load(&files).unwrap()));
+    serve(sims, config).await
+}
+
+/// The words a choice of `tokens` tokens says, its end-of-turn (a stop) decoding to nothing.
+fn said(tokens: u64, finish: &str) -> String {
+    let words = if finish == "stop" { tokens - 1 } else { tokens };
+    (0..words as u32).map(|i| token_text(0, i)).collect()
+}
+
+#[tokio::test]
+async fn a_chat_is_tokenized_sent_as_ids_and_answered_in_openais_shape() {
+    let model = ModelDir::new("chat");
+    let s = grpc_setup(2, instant(Flavor::Sglang), &model).await;
+    let workers = s.workers().await;
+    assert!(
+        workers.iter().all(|w| w["flavor"] == "sglang"),
+        "registered from GetModelInfo: {workers:?}"
+    );
+    let answer = s
+        .chat(&chat_body("test-model", "Hello there", 8, false))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let body = answer.json();
+    assert_eq!(body["object"], "chat.completion");
+    let tokens = body["usage"]["completion_tokens"].as_u64().unwrap();
+    let finish = body["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        said(tokens, finish)
+    );
+    let prompt = Tokens::load(&ModelFiles {
+        model_path: Some(model.0.clone()),
+        ..ModelFiles::default()
+    })
+    .unwrap()
+    .chat_ids(&[sluice_gateway::tokens::ChatMessage {
+        role: "user".into(),
+        content: "Hello there".into(),
+    }])
+    .unwrap();
+    assert_eq!(
+        body["usage"]["prompt_tokens"],
+        prompt.len(),
+        "the templated prompt's ids"
+    );
+
+    let mut streamed: Value =
+        serde_json::from_str(&chat_body("test-model", "Hello there", 4096, true)).unwrap();
+    streamed["stream_options"] = json!({"include_usage": true});
+    let answer = s.chat(&streamed.to_string()).await;
+    assert_eq!(answer.status, 200);
+    let events = sse_events(&answer.text());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let usage = &chunks.last().unwrap()["usage"];
+    let tokens = usage["completion_tokens"].as_u64().unwrap();
+    assert_eq!(
+        text,
+        said(tokens, "stop"),
+        "a free answer ends on its end of turn"
+    );
+}
+
+#[tokio::test]
+async fn what_the_grpc_path_cannot_honour_is_a_400_naming_the_field() {
+    let model = ModelDir::new("refused");
+    let s = grpc_setup(1, instant(Flavor::Sglang), &model).await;
+    let mut body: Value = serde_json::from_str(&chat_body("test-model", "hi", 8, false)).unwrap();
+    body["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
+    let answer = s.chat(&body.to_string()).await;
+    assert_eq!(answer.status, 400);
+    assert!(answer.text().contains("`tools`"), "{}", answer.text());
+    body.as_object_mut().unwrap().remove("tools");
+    body["logprobs"] = json!(true);
+    let answer = s.chat(&body.to_string()).await;
+    assert_eq!(answer.status, 400);
+    assert!(answer.text().contains("`logprobs`"), "{}", answer.text());
+    assert_eq!(s.received(), [0], "nothing refused reached the engine");
+}
+
+#[tokio::test]
+async fn a_stop_sequence_ends_the_answer_and_the_engines_work() {
+    let model = ModelDir::new("stop");
+    let s = grpc_setup(1, timed(Flavor::Sglang, 1.0), &model).await;
+    let mut body: Value =
+        serde_json::from_str(&chat_body("test-model", "hi", 100_000, false)).unwrap();
+    body["ignore_eos"] = json!(true);
+    body["stop"] = json!(" simulated");
+    let answer = bounded("the stopped answer", s.chat(&body.to_string())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let answer = answer.json();
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        " the engine answers with"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        answer["usage"]["completion_tokens"], 5,
+        "the engine stopped at the token that completed the stop sequence"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_aborts_the_generation_in_the_engine() {
+    let model = ModelDir::new("leave");
+    let s = grpc_setup(1, timed(Flavor::Sglang, 1.0), &model).await;
+    let mut body: Value =
+        serde_json::from_str(&chat_body("test-model", "hi", 100_000, true)).unwrap();
+    body["ignore_eos"] = json!(true);
+    let url = s.url("/v1/chat/completions");
+    let request = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let mut response = s.client.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    bounded("a first chunk", response.body_mut().frame())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(response);
+    let engine = s.sims.engine(0).unwrap();
+    let state = bounded("the abort", engine.until(|st| st.aborted == 1)).await;
+    assert_eq!(state.running, 0, "the engine freed the request");
+}
+
+#[tokio::test]
+async fn a_full_engine_queue_is_at_capacity_and_the_request_goes_to_another_worker() {
+    let model = ModelDir::new("full");
+    let mut full = instant(Flavor::Sglang);
+    full.grpc = Some(GrpcConfig::default());
+    // A queue limit of 0: the engine refuses every request as SGLang's full queue does.
+    full.max_queued_requests = Some(0);
+    let mut open = full.clone();
+    open.max_queued_requests = None;
+    let sims = SimFleet::start(FleetConfig::local(1, full).also(1, open))
+        .await
+        .unwrap();
+    let mut config = Config::local(&sims.urls());
+    config.policy = sluice_core::policy::Policy::RoundRobin;
+    let files = ModelFiles {
+        model_path: Some(model.0.clone()),
+        ..ModelFiles::default()
+    };
+    config.upstream.tokens = Some(Arc::new(Tokens::load(&files).unwrap()));
+    let s = serve(sims, config).await;
+    for _ in 0..4 {
+        let answer = s.chat(&chat_body("test-model", "hi", 4, false)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let full = s.sims.engine(0).unwrap().state();
+    assert!(
+        full.rejected >= 1,
+        "round robin asked the full engine: {full:?}"
+    );
+    assert_eq!(full.finished, 0);
+    let served = s.sims.engine(1).unwrap().state();
+    // Its health probes are one-token generations too.
+    assert!(
+        served.finished >= 4,
+        "every request served there: {served:?}"
+    );
+}
