@@ -9,6 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::{bounded, chat_body, serve, Setup};
 use http_body_util::BodyExt;
@@ -39,7 +40,17 @@ impl Drop for ModelDir {
 }
 
 /// `engines` gRPC engines of `engine`'s settings, and a gateway with the model's files.
-async fn grpc_setup(engines: usize, mut engine: EngineConfig, model: &ModelDir) -> Setup {
+async fn grpc_setup(engines: usize, engine: EngineConfig, model: &ModelDir) -> Setup {
+    grpc_setup_with(engines, engine, model, |_| {}).await
+}
+
+/// `grpc_setup`, the gateway's configuration tuned.
+async fn grpc_setup_with(
+    engines: usize,
+    mut engine: EngineConfig,
+    model: &ModelDir,
+    tune: impl FnOnce(&mut Config),
+) -> Setup {
     engine.grpc = Some(GrpcConfig::default());
     let sims = SimFleet::start(FleetConfig::local(engines, engine))
         .await
@@ -51,7 +62,22 @@ async fn grpc_setup(engines: usize, mut engine: EngineConfig, model: &ModelDir) 
         ..ModelFiles::default()
     };
     config.upstream.tokens = Some(Arc::new(Tokens::load(&files).unwrap()));
+    tune(&mut config);
     serve(sims, config).await
+}
+
+/// A poll so rare it never comes in a test: what the gateway knows of the load is pushed.
+fn poll_rarely(c: &mut Config) {
+    c.load.interval = Duration::from_secs(3600);
+}
+
+/// Reads `/loads` until worker 0's report came from `source`.
+async fn until_load_from(s: &Setup, source: &str) -> Value {
+    let view = common::until_view(&s.gateway, &s.client, source, "/loads", |v| {
+        v["workers"][0]["load"]["source"] == source
+    })
+    .await;
+    view["workers"][0].clone()
 }
 
 /// The words a choice of `tokens` tokens says, its end-of-turn (a stop) decoding to nothing.
@@ -222,5 +248,105 @@ async fn a_full_engine_queue_is_at_capacity_and_the_request_goes_to_another_work
     assert!(
         served.finished >= 4,
         "every request served there: {served:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_load_comes_pushed_on_the_event_stream_and_the_poll_steps_aside() {
+    let model = ModelDir::new("pushed");
+    let s = grpc_setup_with(1, instant(Flavor::Sglang), &model, poll_rarely).await;
+    // The engine's first batch of KV events carries its load record.
+    let answer = s
+        .chat(&chat_body(
+            "test-model",
+            "Hello there, how are you?",
+            4,
+            false,
+        ))
+        .await;
+    assert_eq!(answer.status, 200);
+    let worker = until_load_from(&s, "pushed").await;
+    let engine = s.sims.engine(0).unwrap().config().clone();
+    let capacity = u64::from(engine.num_gpu_blocks) * u64::from(engine.block_size);
+    assert_eq!(
+        worker["load"]["ranks"][0]["kv_capacity"], capacity,
+        "{worker}"
+    );
+    assert_eq!(
+        worker["load"]["ranks"][0]["max_running"],
+        engine.max_num_seqs
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_pushed_and_then_answers_nothing_is_excluded_as_unreachable() {
+    let model = ModelDir::new("stale");
+    let s = grpc_setup_with(2, instant(Flavor::Sglang), &model, |c| {
+        poll_rarely(c);
+        c.health.interval = Duration::from_secs(3600);
+        c.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
+    })
+    .await;
+    for _ in 0..2 {
+        let answer = s
+            .chat(&chat_body(
+                "test-model",
+                "Hello there, how are you?",
+                4,
+                false,
+            ))
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    until_load_from(&s, "pushed").await;
+    let id = s.worker_id(0).await;
+    // Nothing comes back from it now: no records, no heartbeats, no answers.
+    s.fault(0, sluice_sim::Fault::OneWay).await;
+    let view = s
+        .until_worker(&id, "the stale veto", |w| {
+            w["vetoes"]["liveness"] == "stale" || w["vetoes"]["liveness"] == "unreachable"
+        })
+        .await;
+    assert_eq!(view["status"], "ready", "health is untouched: {view}");
+    // Any contact lifts it: the link carries again, the held heartbeats arrive.
+    s.fault(0, sluice_sim::Fault::Clear).await;
+    s.until_worker(&id, "contact again", |w| w["vetoes"]["liveness"].is_null())
+        .await;
+}
+
+#[tokio::test]
+async fn a_stopped_event_stream_alone_is_not_staleness_while_polls_answer() {
+    let model = ModelDir::new("polled");
+    let s = grpc_setup_with(1, instant(Flavor::Sglang), &model, |c| {
+        c.load.interval = Duration::from_millis(200);
+        c.load.min_interval = Duration::from_millis(50);
+        c.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
+    })
+    .await;
+    let answer = s
+        .chat(&chat_body(
+            "test-model",
+            "Hello there, how are you?",
+            4,
+            false,
+        ))
+        .await;
+    assert_eq!(answer.status, 200);
+    until_load_from(&s, "pushed").await;
+    s.fault(0, sluice_sim::Fault::EventsStop).await;
+    // The records stop; the poll takes over and its answers are contact.
+    let worker = until_load_from(&s, "GetLoads").await;
+    assert!(worker["vetoes"]["liveness"].is_null(), "{worker}");
+    let id = s.worker_id(0).await;
+    let view = s
+        .until_worker(&id, "a poll after the stale bound", |w| {
+            w["engine_load"]["age_secs"]
+                .as_f64()
+                .is_some_and(|a| a < 0.5)
+        })
+        .await;
+    assert!(
+        view["vetoes"]["liveness"].is_null(),
+        "polled, so not stale: {view}"
     );
 }

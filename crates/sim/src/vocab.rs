@@ -266,7 +266,9 @@ mod tests {
         let vocab = Vocab::new();
         let ids: Vec<u32> = (0..16).map(|i| vocab.answer_token(0, i)).collect();
         // Words of several bytes are merged tokens; "." is its byte.
-        assert!(ids[..15].iter().all(|id| *id >= 256 && *id < vocab.size() - 4));
+        assert!(ids[..15]
+            .iter()
+            .all(|id| *id >= 256 && *id < vocab.size() - 4));
         assert_eq!(ids[15], u32::from(b'.'));
         // " the" appears twice in the words and is one token both times.
         assert_eq!(ids[0], ids[11]);

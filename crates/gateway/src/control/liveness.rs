@@ -45,8 +45,8 @@ fn observe(worker: &Worker, heard: &Heard, seen: &mut Seen) -> Observed {
             heard.prefill_rate,
         ),
         unanswered: heard.unanswered,
-        // HTTP workers answer polls and never push a load record.
-        pushed_load: false,
+        // Only a gRPC worker's KV-event stream pushes load records.
+        pushed_load: heard.pushed_load,
     }
 }
 

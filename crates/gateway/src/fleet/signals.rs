@@ -6,7 +6,7 @@
 //! relayed token costs one relaxed store. The liveness checker (`control::liveness`) reads them
 //! several times a second and judges.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice_core::liveness::{prefill_rate, Unanswered};
@@ -38,6 +38,9 @@ pub struct Signals {
     /// When an interactive request on it last had its first token: the interactive reserve is
     /// kept for a while after (`reserve_in_force`).
     interactive_answered: AtomicInstant,
+    /// It has pushed a load record (a gRPC worker's KV-event stream): from then on it is held
+    /// to the stream's cadence (the stale rule).
+    pushed_load: AtomicBool,
 }
 
 impl Default for Signals {
@@ -54,6 +57,7 @@ impl Default for Signals {
             short_since: AtomicInstant::none(),
             short_reports: AtomicU32::new(0),
             interactive_answered: AtomicInstant::none(),
+            pushed_load: AtomicBool::new(false),
         }
     }
 }
@@ -72,6 +76,8 @@ pub struct Heard {
     /// Prompt tokens per second; 0 until measured.
     pub prefill_rate: f64,
     pub unanswered: Unanswered,
+    /// It has pushed a load record.
+    pub pushed_load: bool,
 }
 
 impl Signals {
@@ -163,6 +169,13 @@ impl Signals {
         }
     }
 
+    /// A load record arrived on its KV-event stream at `at`: contact, and from now on the
+    /// worker is expected to keep pushing.
+    pub fn load_pushed(&self, at: Instant) {
+        self.pushed_load.store(true, Ordering::Relaxed);
+        self.contact(at);
+    }
+
     /// The load monitor's finding on the engine's stepping: since when it showed none.
     pub fn set_engine_stalled_since(&self, since: Option<Instant>) {
         match since {
@@ -188,6 +201,7 @@ impl Signals {
                 short_since: self.short_since.load(),
                 short_reports: self.short_reports.load(Ordering::Relaxed),
             },
+            pushed_load: self.pushed_load.load(Ordering::Relaxed),
         }
     }
 }

@@ -7,9 +7,11 @@
 //! ## Layout
 //!
 //! - `poll` — one poll: the endpoint for the worker's flavor and the report it gives.
+//! - `pushed` — a gRPC worker's KV-event stream: its load records, each a report.
 //! - `verdict` — what a report means for the worker's vetoes and gauges.
 
 mod poll;
+mod pushed;
 mod verdict;
 
 use std::sync::{Arc, Weak};
@@ -71,15 +73,32 @@ impl LoadConfig {
 /// monitor into a busy loop.
 const EARLY_POLL_SPACING: Duration = Duration::from_millis(250);
 
+/// The next push of a gRPC worker's stream; never, for a worker without one.
+async fn next_push(
+    pushed: &mut Option<pushed::Pushed>,
+    upstream: &crate::upstream::Upstream,
+    worker: &Worker,
+) -> pushed::Push {
+    match pushed {
+        Some(pushed) => pushed.next(upstream, worker).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Polls one worker while it is registered: every interval of its pool, only while Ready (the
-/// first poll as soon as it is).
+/// first poll as soon as it is). A gRPC worker's pushed records are reports too, each ingested
+/// as it comes; its poll is skipped while a record came within the interval, and takes over when
+/// they stop.
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
+    let weak = fleet.clone();
     let upstream = &control.upstream;
     let mut sources = poll::Sources::default();
     let mut told = verdict::Told::default();
     let mut size = RunningSize::default();
     // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
     let mut engine_batch: Option<Option<u64>> = None;
+    let mut pushed = worker.endpoint.grpc().then(pushed::Pushed::new);
+    let mut last_record: Option<Instant> = None;
     loop {
         let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
             (
@@ -92,6 +111,25 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
         };
         match worker.status() {
             HealthState::Draining => return,
+            HealthState::Ready if last_record.is_some_and(|at| at.elapsed() < interval) => {
+                // Records are arriving: no poll, only the next push or the interval's end.
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    push = next_push(&mut pushed, upstream, &worker) => {
+                        let Some(strong) = weak.upgrade() else {
+                            return;
+                        };
+                        let kept = verdict::Kept {
+                            told: &mut told,
+                            size: &mut size,
+                            interval,
+                        };
+                        if control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept) {
+                            last_record = Some(Instant::now());
+                        }
+                    }
+                }
+            }
             HealthState::Ready => {
                 let result = sources.poll(upstream, &worker, timeout).await;
                 let sglang = worker.info().is_some_and(|i| i.flavor == "sglang");
@@ -116,6 +154,19 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                 tokio::select! {
                     () = tokio::time::sleep(interval) => {}
                     () = early => {}
+                    push = next_push(&mut pushed, upstream, &worker) => {
+                        let Some(strong) = weak.upgrade() else {
+                            return;
+                        };
+                        let kept = verdict::Kept {
+                            told: &mut told,
+                            size: &mut size,
+                            interval,
+                        };
+                        if control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept) {
+                            last_record = Some(Instant::now());
+                        }
+                    }
                 }
             }
             _ => {
@@ -127,6 +178,40 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
 }
 
 impl Control {
+    /// Ingests one push of a gRPC worker's stream: a record is a report (judged as a poll's
+    /// answer is), a batch without one is contact, a broken stream a transport failure. True
+    /// when it was a record.
+    fn load_pushed(
+        &self,
+        fleet: &Fleet,
+        worker: &Worker,
+        push: pushed::Push,
+        engine_batch: Option<u64>,
+        kept: verdict::Kept<'_>,
+    ) -> bool {
+        let now = Instant::now();
+        match push {
+            pushed::Push::Report(report) => {
+                worker.signals.load_pushed(now);
+                let polled = poll::Polled {
+                    report,
+                    source: "pushed",
+                    fell_back: false,
+                };
+                self.load_polled(fleet, worker, Ok(polled), engine_batch, kept);
+                true
+            }
+            pushed::Push::Contact => {
+                worker.signals.contact(now);
+                false
+            }
+            pushed::Push::Lost => {
+                worker.signals.transport_failure(now);
+                false
+            }
+        }
+    }
+
     /// How often `worker` is polled: the smallest interval asked by any worker of its pools (its
     /// own spec's, else the flag), never under a second.
     fn poll_interval_of(&self, fleet: &Fleet, worker: &Worker) -> Duration {

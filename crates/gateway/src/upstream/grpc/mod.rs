@@ -200,6 +200,19 @@ impl GrpcUpstream {
             .into_inner())
     }
 
+    /// `SubscribeKvEvents`: the engine's KV events, each batch with its load record.
+    pub async fn subscribe_kv_events(
+        &self,
+        endpoint: &Endpoint,
+        request: sluice_proto::common::SubscribeKvEventsRequest,
+    ) -> Result<Streaming<sluice_proto::common::KvEventBatch>, Status> {
+        Ok(self
+            .client(endpoint)
+            .subscribe_kv_events(request)
+            .await?
+            .into_inner())
+    }
+
     /// `GetLoads` with every section: each rank's load, as `/v1/loads?include=all` gives it.
     pub async fn loads(
         &self,

@@ -1,0 +1,224 @@
+//! A gRPC worker's KV-event stream as a source of load reports: smg-grpc-servicer puts the
+//! engine's load record on every batch and sends heartbeats through quiet spells, so while the
+//! stream flows the worker's load is known at every scheduler step instead of every poll, and
+//! every batch is contact. The monitor ingests each record as it ingests a poll's answer (the
+//! overload check runs once per report, seed 000) and skips the poll while records arrive.
+//!
+//! The stream is asked for records before its first batch (`load_records_before_first_batch`),
+//! so a quiet engine's load is known at once where the servicer honours it. A servicer without
+//! KV events answers `UNIMPLEMENTED`: the worker is then only polled. A stream that breaks at the
+//! transport is a liveness signal and is opened again after a second; one the servicer ends
+//! (`OUT_OF_RANGE`, `DATA_LOSS`: it lost events) is opened again at once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice_core::load::{LoadReport, RankLoad};
+use sluice_proto::common::{EngineLoad, KvEventBatch, SubscribeKvEventsRequest};
+use tonic::{Code, Streaming};
+
+use crate::fleet::Worker;
+use crate::upstream::Upstream;
+
+/// How long a stream broken at the transport waits before it is opened again.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+
+/// What the stream gave.
+#[derive(Debug)]
+pub(super) enum Push {
+    /// A batch with a load record: every rank's latest, as a report.
+    Report(LoadReport),
+    /// A batch without one (events only, an older servicer): contact, no report.
+    Contact,
+    /// The stream broke at the transport.
+    Lost,
+}
+
+/// One worker's subscription, opened and reopened as needed.
+pub(super) struct Pushed {
+    stream: Option<Streaming<KvEventBatch>>,
+    /// The servicer serves no KV events: nothing will come.
+    unsupported: bool,
+    /// Not opened again before then, after a transport failure (kept across a cancelled wait).
+    retry_at: Option<tokio::time::Instant>,
+    /// Each rank's latest record, telemetry kept from the record that last carried it.
+    ranks: BTreeMap<u32, RankLoad>,
+}
+
+impl Pushed {
+    pub(super) fn new() -> Self {
+        Self {
+            stream: None,
+            unsupported: false,
+            retry_at: None,
+            ranks: BTreeMap::new(),
+        }
+    }
+
+    /// The next thing the stream gives; never resolves for a worker without KV events.
+    pub(super) async fn next(&mut self, upstream: &Upstream, worker: &Worker) -> Push {
+        loop {
+            if self.unsupported {
+                return std::future::pending().await;
+            }
+            if let Some(at) = self.retry_at {
+                tokio::time::sleep_until(at).await;
+                self.retry_at = None;
+            }
+            let stream = match self.stream.as_mut() {
+                Some(stream) => stream,
+                None => match subscribe(upstream, worker).await {
+                    Ok(stream) => self.stream.insert(stream),
+                    Err(status) => {
+                        if let Some(push) = self.failed(&status) {
+                            return push;
+                        }
+                        continue;
+                    }
+                },
+            };
+            match stream.message().await {
+                Ok(Some(batch)) => return self.batch(&batch),
+                Ok(None) => {
+                    // The servicer closed the stream: open it again.
+                    self.stream = None;
+                }
+                Err(status) => {
+                    self.stream = None;
+                    if let Some(push) = self.failed(&status) {
+                        return push;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A failed call or stream: `Lost` for the transport's failure (and a pause before the next
+    /// try); nothing, to try again, for the servicer's own ending.
+    fn failed(&mut self, status: &tonic::Status) -> Option<Push> {
+        if status.code() == Code::Unimplemented {
+            self.unsupported = true;
+            return None;
+        }
+        if std::error::Error::source(status).is_some() || status.code() == Code::Unavailable {
+            self.retry_at = Some(tokio::time::Instant::now() + RESUBSCRIBE_AFTER);
+            return Some(Push::Lost);
+        }
+        None
+    }
+
+    fn batch(&mut self, batch: &KvEventBatch) -> Push {
+        let Some(record) = &batch.load else {
+            return Push::Contact;
+        };
+        let rank = batch
+            .dp_rank
+            .and_then(|r| u32::try_from(r).ok())
+            .unwrap_or(0);
+        let previous = self.ranks.remove(&rank);
+        let merged = rank_load(rank, record, previous.as_ref());
+        self.ranks.insert(rank, merged);
+        Push::Report(LoadReport {
+            ranks: self.ranks.values().cloned().collect(),
+            dropped: Vec::new(),
+        })
+    }
+}
+
+async fn subscribe(
+    upstream: &Upstream,
+    worker: &Worker,
+) -> Result<Streaming<KvEventBatch>, tonic::Status> {
+    let request = SubscribeKvEventsRequest {
+        start_sequence_number: 0,
+        load_records_before_first_batch: true,
+    };
+    upstream
+        .grpc()
+        .subscribe_kv_events(&worker.endpoint, request)
+        .await
+}
+
+/// A pushed record as the rank's load, as `/v1/loads` would report it: the queue is the
+/// `queues` section's when the record carries it (telemetry rides heartbeats), else every
+/// waiting request; what a record between heartbeats leaves out is kept from the last that had it.
+fn rank_load(rank: u32, record: &EngineLoad, previous: Option<&RankLoad>) -> RankLoad {
+    let kept = |get: fn(&RankLoad) -> Option<u64>| previous.and_then(get);
+    let waiting = u64::from(record.waiting_requests);
+    let (queue_waiting, retracted) = match &record.queues {
+        Some(q) => (
+            Some(u64::try_from(q.waiting).unwrap_or(0)),
+            Some(u64::try_from(q.retracted).unwrap_or(0)),
+        ),
+        None => (None, kept(|r| r.retracted)),
+    };
+    let queue = queue_waiting.unwrap_or(waiting);
+    RankLoad {
+        rank,
+        waiting: queue,
+        deferred: waiting.saturating_sub(queue),
+        running: u64::from(record.running_requests),
+        kv_usage: record.token_usage.clamp(0.0, 1.0),
+        kv_capacity: record
+            .max_total_num_tokens
+            .and_then(|t| u64::try_from(t).ok())
+            .or_else(|| kept(|r| r.kv_capacity)),
+        max_running: Some(u64::from(record.max_running_requests))
+            .filter(|m| *m > 0)
+            .or_else(|| kept(|r| r.max_running)),
+        gen_throughput: Some(record.gen_throughput).filter(|t| t.is_finite()),
+        retracted,
+        pending_prefill_tokens: record.waiting_uncached_tokens.map(u64::from),
+        ..RankLoad::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::common::EngineQueues;
+
+    #[test]
+    fn a_record_reads_as_sglangs_report_and_keeps_the_telemetry_heartbeats_carry() {
+        let whole = EngineLoad {
+            running_requests: 3,
+            waiting_requests: 5,
+            token_usage: 0.4,
+            max_running_requests: 64,
+            max_total_num_tokens: Some(1000),
+            waiting_uncached_tokens: Some(700),
+            queues: Some(EngineQueues {
+                waiting: 4,
+                retracted: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let first = rank_load(0, &whole, None);
+        assert_eq!((first.waiting, first.deferred, first.running), (4, 1, 3));
+        assert_eq!(
+            (first.kv_capacity, first.max_running, first.retracted),
+            (Some(1000), Some(64), Some(1))
+        );
+        assert_eq!(first.pending_prefill_tokens, Some(700));
+        let core = EngineLoad {
+            running_requests: 2,
+            waiting_requests: 2,
+            token_usage: 0.5,
+            ..Default::default()
+        };
+        let next = rank_load(0, &core, Some(&first));
+        assert_eq!(
+            (next.waiting, next.deferred),
+            (2, 0),
+            "no queues: every waiting request"
+        );
+        assert_eq!(
+            next.kv_capacity,
+            Some(1000),
+            "kept from the record that carried it"
+        );
+        assert_eq!(next.max_running, Some(64));
+        assert_eq!(next.pending_prefill_tokens, None);
+    }
+}
