@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use sluice_gateway::config::Config;
 use sluice_gateway::tokens::{ModelFiles, Tokens};
 use sluice_sim::request::token_text;
-use sluice_sim::testkit::{instant, sse_events, timed};
+use sluice_sim::testkit::{instant, post, sse_events, timed};
 use sluice_sim::vocab::Vocab;
 use sluice_sim::{EngineConfig, Flavor, FleetConfig, GrpcConfig, SimFleet};
 
@@ -349,4 +349,51 @@ async fn a_stopped_event_stream_alone_is_not_staleness_while_polls_answer() {
         view["vetoes"]["liveness"].is_null(),
         "polled, so not stale: {view}"
     );
+}
+
+#[tokio::test]
+async fn a_frozen_grpc_engine_under_a_deep_pile_of_streams_is_wedged_until_it_resumes() {
+    let model = ModelDir::new("pile");
+    let s = grpc_setup_with(2, timed(Flavor::Sglang, 1.0), &model, |c| {
+        c.policy = sluice_core::policy::Policy::RoundRobin;
+        c.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
+    })
+    .await;
+    let id = s.worker_id(0).await;
+    s.fault(0, sluice_sim::Fault::Freeze).await;
+    // Its reports show no queue (pinned), so only the pile of streams that get no token tells;
+    // the heartbeats still come (the servicer is alive), so it is not stale either.
+    s.fault(
+        0,
+        sluice_sim::Fault::Report {
+            rank: None,
+            waiting: Some(0),
+            running: Some(0),
+            kv_usage: None,
+        },
+    )
+    .await;
+    // Round robin puts four of eight on it: a pile four deep.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let client = s.client.clone();
+        let url = s.url("/v1/chat/completions");
+        let body = chat_body("test-model", "Hello there", 64, true);
+        held.push(tokio::spawn(
+            async move { post(&client, &url, &body).await },
+        ));
+    }
+    let view = s
+        .until_worker(&id, "the pile's veto", |w| {
+            w["vetoes"]["liveness"] == "wedged_pile"
+        })
+        .await;
+    assert_eq!(view["status"], "ready", "{view}");
+    s.fault(0, sluice_sim::Fault::Clear).await;
+    s.until_worker(&id, "progress again", |w| w["vetoes"]["liveness"].is_null())
+        .await;
+    for request in held {
+        let answer = bounded("a held stream", request).await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
 }

@@ -139,6 +139,10 @@ pub struct Observed {
     pub pile: u32,
     /// The pile when progress was last seen.
     pub pile_at_progress: u32,
+    /// The pile rule applies: the streams are gRPC generations, whose tokens arrive as the
+    /// engine makes them. An HTTP worker's streams only show that requests are held (the queue
+    /// rule's evidence); they never form a pile to be judged by (seed 000).
+    pub pile_rule: bool,
     /// Requests of any kind in flight on it through this gateway.
     pub in_flight: u64,
     /// Its reported waiting queue; `None` without a report or when the report has none.
@@ -227,7 +231,7 @@ pub fn judge(
     }
     if o.queue.is_some_and(|q| q > 0) {
         Some(LivenessVeto::WedgedQueue)
-    } else if o.pile > o.pile_at_progress || o.pile >= DEEP_PILE {
+    } else if o.pile_rule && (o.pile > o.pile_at_progress || o.pile >= DEEP_PILE) {
         Some(LivenessVeto::WedgedPile)
     } else {
         None

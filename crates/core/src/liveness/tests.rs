@@ -17,6 +17,7 @@ fn quiet(now: Instant) -> Observed {
         last_progress: now,
         pile: 0,
         pile_at_progress: 0,
+        pile_rule: true,
         in_flight: 0,
         queue: None,
         engine_stalled_since: None,
@@ -560,5 +561,32 @@ fn a_worker_that_pushed_load_records_is_stale_after_total_silence_with_nothing_h
         judge(None, &pushed, &off, t0 + secs(600)),
         None,
         "0 disables the rule"
+    );
+}
+
+#[test]
+fn an_http_workers_streams_form_no_pile_but_still_show_its_queue_held() {
+    let t0 = Instant::now();
+    let http = Observed {
+        pile: 6,
+        pile_at_progress: 2,
+        pile_rule: false,
+        in_flight: 6,
+        ..quiet(t0)
+    };
+    let later = t0 + secs(10);
+    assert_eq!(
+        judge(None, &http, &CFG, later),
+        None,
+        "a deep, growing pile of HTTP streams is not evidence (seed 000)"
+    );
+    let queued = Observed {
+        queue: Some(3),
+        ..http
+    };
+    assert_eq!(
+        judge(None, &queued, &CFG, later),
+        Some(LivenessVeto::WedgedQueue),
+        "streams held and a waiting queue without progress are"
     );
 }

@@ -37,6 +37,7 @@ fn observe(worker: &Worker, heard: &Heard, seen: &mut Seen) -> Observed {
         last_progress: heard.last_progress,
         pile: heard.pile,
         pile_at_progress: seen.pile_at_progress,
+        pile_rule: worker.endpoint.grpc(),
         in_flight: worker.traffic.in_flight(),
         queue: worker.vetoes.load().map(|l| l.report.waiting()),
         engine_stalled_since: heard.engine_stalled_since,
