@@ -397,3 +397,27 @@ async fn a_frozen_grpc_engine_under_a_deep_pile_of_streams_is_wedged_until_it_re
         assert_eq!(answer.status, 200, "{}", answer.text());
     }
 }
+
+#[tokio::test]
+async fn the_health_rpc_demotes_a_frozen_grpc_engine_and_passes_once_it_produces_again() {
+    let model = ModelDir::new("health");
+    // SGLang's 20 s probe wait is 0.2 s at 100x.
+    let s = grpc_setup_with(1, timed(Flavor::Sglang, 100.0), &model, |c| {
+        c.health.interval = Duration::from_millis(100);
+        c.health.timeout = Duration::from_secs(5);
+        c.health.thresholds.failure = 1;
+        c.health.thresholds.success = 1;
+    })
+    .await;
+    let id = s.worker_id(0).await;
+    s.fault(0, sluice_sim::Fault::Freeze).await;
+    let view = s.until_status(&id, "not_ready").await;
+    assert!(
+        view["health"]["last_probe"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Health check timeout")),
+        "the servicer's own verdict: {view}"
+    );
+    s.fault(0, sluice_sim::Fault::Clear).await;
+    s.until_status(&id, "ready").await;
+}
