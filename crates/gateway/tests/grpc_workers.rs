@@ -51,7 +51,7 @@ async fn grpc_setup_with(
     model: &ModelDir,
     tune: impl FnOnce(&mut Config),
 ) -> Setup {
-    engine.grpc = Some(GrpcConfig::default());
+    engine.grpc = Some(engine.grpc.unwrap_or_default());
     let sims = SimFleet::start(FleetConfig::local(engines, engine))
         .await
         .unwrap();
@@ -420,4 +420,51 @@ async fn the_health_rpc_demotes_a_frozen_grpc_engine_and_passes_once_it_produces
     );
     s.fault(0, sluice_sim::Fault::Clear).await;
     s.until_status(&id, "ready").await;
+}
+
+#[tokio::test]
+async fn an_engine_that_reports_its_own_silence_is_caught_holding_a_single_stream() {
+    let model = ModelDir::new("silence");
+    let mut engine = timed(Flavor::Sglang, 1.0);
+    engine.grpc = Some(GrpcConfig {
+        report_silence: true,
+        ..GrpcConfig::default()
+    });
+    let s = grpc_setup_with(1, engine, &model, |c| {
+        poll_rarely(c);
+        c.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
+    })
+    .await;
+    // A first answer measures the worker's prefill rate: on SGLang's wire (token batches only)
+    // the engine's silence passes no verdict before.
+    let answer = s
+        .chat(&chat_body("test-model", "Hello there", 4, false))
+        .await;
+    assert_eq!(answer.status, 200);
+    let id = s.worker_id(0).await;
+    s.fault(0, sluice_sim::Fault::Freeze).await;
+    // One stream, no queue (pinned): neither a pile nor a queue tells; the engine's record does.
+    s.fault(
+        0,
+        sluice_sim::Fault::Report {
+            rank: None,
+            waiting: Some(0),
+            running: None,
+            kv_usage: None,
+        },
+    )
+    .await;
+    let client = s.client.clone();
+    let url = s.url("/v1/chat/completions");
+    let body = chat_body("test-model", "Hello again", 64, true);
+    let held = tokio::spawn(async move { post(&client, &url, &body).await });
+    s.until_worker(&id, "the engine's own silence", |w| {
+        w["vetoes"]["liveness"] == "engine_silent"
+    })
+    .await;
+    s.fault(0, sluice_sim::Fault::Clear).await;
+    s.until_worker(&id, "output again", |w| w["vetoes"]["liveness"].is_null())
+        .await;
+    let answer = bounded("the held stream", held).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
 }

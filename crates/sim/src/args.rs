@@ -135,6 +135,10 @@ pub struct EngineArgs {
     /// With --grpc: an older servicer whose event stream carries no load records or heartbeats.
     #[arg(long, requires = "grpc")]
     pub no_load_records: bool,
+    /// With --grpc: a newer servicer whose records also carry the engine's own silence and the
+    /// prefill it holds (engine_silence_ms, prefill_pending_tokens).
+    #[arg(long, requires = "grpc")]
+    pub report_engine_silence: bool,
 }
 
 impl EngineArgs {
@@ -188,6 +192,7 @@ impl EngineArgs {
         cfg.grpc = self.grpc.then_some(crate::config::GrpcConfig {
             kv_events: !self.no_kv_events,
             load_records: !self.no_load_records,
+            report_silence: self.report_engine_silence,
         });
         if self.max_model_len.is_none() {
             cfg.fit_context();

@@ -83,6 +83,11 @@ pub struct GrpcConfig {
     /// The event stream carries a load record on every batch and heartbeats through quiet
     /// spells (smg-grpc-servicer 0.14); off: an older servicer, cache events only.
     pub load_records: bool,
+    /// The records also say how long the engine has been silent while holding work
+    /// (`engine_silence_ms`, with `engine_reports_steps` false: SGLang's wire carries token
+    /// batches only) and the prefill in hand (`prefill_pending_tokens`): the fields of
+    /// smg-grpc-proto 0.4.28 that 0.14.1's servicer does not yet fill.
+    pub report_silence: bool,
 }
 
 impl Default for GrpcConfig {
@@ -90,6 +95,7 @@ impl Default for GrpcConfig {
         Self {
             kv_events: true,
             load_records: true,
+            report_silence: false,
         }
     }
 }

@@ -334,8 +334,8 @@ async fn a_stopped_event_stream_sends_nothing_until_the_fault_clears() {
     let mut cfg = instant(Flavor::Sglang);
     cfg.block_size = 4;
     cfg.grpc = Some(GrpcConfig {
-        kv_events: true,
         load_records: false,
+        ..GrpcConfig::default()
     });
     let (fleet, mut client) = grpc_fleet(cfg).await;
     let mut events = client
@@ -372,7 +372,7 @@ async fn without_kv_events_the_stream_is_unimplemented_and_a_cursor_is_refused()
     let mut cfg = instant(Flavor::Sglang);
     cfg.grpc = Some(GrpcConfig {
         kv_events: false,
-        load_records: true,
+        ..GrpcConfig::default()
     });
     let (_fleet, mut client) = grpc_fleet(cfg).await;
     let off = client

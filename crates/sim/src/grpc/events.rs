@@ -203,6 +203,7 @@ pub(super) fn subscribe(
         batches: st.engine.subscribe_kv_events(),
         recorder: grpc.load_records.then(|| LoadRecorder::new(Instant::now())),
         next_event_id: 0,
+        silence: grpc.report_silence.then(load::SilenceClock::default),
     };
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(relay.run(tx));
@@ -215,9 +216,17 @@ struct Relay {
     batches: broadcast::Receiver<Arc<KvBatch>>,
     recorder: Option<LoadRecorder>,
     next_event_id: u64,
+    /// A newer servicer's silence figure (`--report-engine-silence`).
+    silence: Option<load::SilenceClock>,
 }
 
 impl Relay {
+    /// The engine's record for `rank` now, as the servicer builds it.
+    fn record(&mut self, rank: u32) -> Option<EngineLoad> {
+        let silence = self.silence.as_mut().map(|clock| clock.read(&self.st));
+        load::record(&self.st, rank, silence)
+    }
+
     async fn run(mut self, tx: mpsc::Sender<Result<KvEventBatch, Status>>) {
         let mut tick = tokio::time::interval(LOAD_TICK);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -259,9 +268,11 @@ impl Relay {
             dp_rank: Some(batch.rank as i32),
             ..Default::default()
         };
-        if let Some(recorder) = self.recorder.as_mut() {
-            let current = load::record(&self.st, batch.rank);
-            recorder.stamp(&mut out, Instant::now(), current);
+        if self.recorder.is_some() {
+            let current = self.record(batch.rank);
+            if let Some(recorder) = self.recorder.as_mut() {
+                recorder.stamp(&mut out, Instant::now(), current);
+            }
         }
         Some(Ok(out))
     }
@@ -270,10 +281,9 @@ impl Relay {
         if self.silenced() {
             return None;
         }
-        let recorder = self.recorder.as_mut()?;
-        let rank = recorder.rank().unwrap_or(0).max(0) as u32;
-        let current = load::record(&self.st, rank);
-        recorder.heartbeat(Instant::now(), current)
+        let rank = self.recorder.as_ref()?.rank().unwrap_or(0).max(0) as u32;
+        let current = self.record(rank);
+        self.recorder.as_mut()?.heartbeat(Instant::now(), current)
     }
 }
 

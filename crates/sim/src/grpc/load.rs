@@ -96,8 +96,9 @@ pub(super) fn get_loads(
 /// The record for `rank` as smg-grpc-servicer builds it from `GetLoads`
 /// (`load_record.py`, `engine_load_from`, with the queued token work its SGLang servicer
 /// reports): the core, the cache hit rate, the token counts and the sections. It sets none of
-/// the silence, step or pending-prefill fields (0.14.1 has no writer for them).
-pub(super) fn record(st: &ApiState, rank: u32) -> Option<EngineLoad> {
+/// the silence, step or pending-prefill fields (0.14.1 has no writer for them); `silence` adds
+/// them as a newer servicer would (`--report-engine-silence`).
+pub(super) fn record(st: &ApiState, rank: u32, silence: Option<Silence>) -> Option<EngineLoad> {
     let all = ranks(st);
     let l = all.get(rank as usize)?;
     let load = scheduler_load(rank as usize, l, true);
@@ -112,6 +113,45 @@ pub(super) fn record(st: &ApiState, rank: u32) -> Option<EngineLoad> {
         num_used_tokens: Some(load.num_used_tokens),
         max_total_num_tokens: Some(load.max_total_num_tokens),
         queues: load.queues,
+        engine_silence_ms: silence.and_then(|s| s.ms),
+        engine_reports_steps: silence.map(|_| false),
+        prefill_pending_tokens: silence.map(|_| load.num_waiting_uncached_tokens.max(0) as u32),
         ..Default::default()
     })
+}
+
+/// What a newer servicer says of its engine's silence: how long it has produced nothing while
+/// holding work (`None` when it holds none).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Silence {
+    pub ms: Option<u32>,
+}
+
+/// Tracks since when the engine has held work, to tell its silence: from the later of that and
+/// its last output (so the first request after an idle spell is not read as a long silence).
+#[derive(Debug, Default)]
+pub(super) struct SilenceClock {
+    busy_since: Option<tokio::time::Instant>,
+}
+
+impl SilenceClock {
+    pub(super) fn read(&mut self, st: &ApiState) -> Silence {
+        let now = tokio::time::Instant::now();
+        let held: u64 = st
+            .engine
+            .ranks()
+            .iter()
+            .map(|r| r.running + r.queued())
+            .sum();
+        if held == 0 {
+            self.busy_since = None;
+            return Silence { ms: None };
+        }
+        let since = *self.busy_since.get_or_insert(now);
+        let quiet_from = since.max(st.engine.last_progress());
+        let ms = now.saturating_duration_since(quiet_from).as_millis();
+        Silence {
+            ms: Some(u32::try_from(ms).unwrap_or(u32::MAX)),
+        }
+    }
 }

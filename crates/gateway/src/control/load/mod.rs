@@ -191,7 +191,7 @@ impl Control {
     ) -> bool {
         let now = Instant::now();
         match push {
-            pushed::Push::Report(report) => {
+            pushed::Push::Report(report, silence) => {
                 worker.signals.load_pushed(now);
                 let polled = poll::Polled {
                     report,
@@ -199,6 +199,7 @@ impl Control {
                     fell_back: false,
                 };
                 self.load_polled(fleet, worker, Ok(polled), engine_batch, kept);
+                self.engine_silence(worker, silence, now);
                 true
             }
             pushed::Push::Contact => {
@@ -210,6 +211,25 @@ impl Control {
                 false
             }
         }
+    }
+
+    /// The engine's own silence, when its record reports one (seed 000, "The engine's own
+    /// silence"): it stalled that long ago. On a wire that carries token batches only a long
+    /// prefill is silent too, so there the signal passes no verdict until the gateway has
+    /// measured the worker's prefill rate (the wedge bound then stretches over the prefill in
+    /// hand). A record without the figure leaves the signal as the report left it.
+    fn engine_silence(&self, worker: &Worker, silence: pushed::Silence, now: Instant) {
+        let Some(ms) = silence.ms else {
+            return;
+        };
+        let judged = self.settings.liveness.is_some_and(|l| !l.wedge.is_zero());
+        let rate_known = worker.signals.heard().prefill_rate > 0.0;
+        let since = (ms > 0 && (silence.reports_steps || rate_known))
+            .then(|| now.checked_sub(Duration::from_millis(u64::from(ms))))
+            .flatten();
+        worker
+            .signals
+            .set_engine_stalled_since(since.filter(|_| judged));
     }
 
     /// How often `worker` is polled: the smallest interval asked by any worker of its pools (its

@@ -23,11 +23,22 @@ use crate::upstream::Upstream;
 /// How long a stream broken at the transport waits before it is opened again.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 
+/// What a record says of the engine's own silence (smg-grpc-proto 0.4.28's `engine_silence_ms`
+/// and `engine_reports_steps`; servicers that predate them send neither).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Silence {
+    /// How long the engine has produced nothing while holding streaming work; `None`: the
+    /// servicer does not say (or holds none).
+    pub ms: Option<u32>,
+    /// The wire reports every scheduler step, so a silence is never a prefill in progress.
+    pub reports_steps: bool,
+}
+
 /// What the stream gave.
 #[derive(Debug)]
 pub(super) enum Push {
-    /// A batch with a load record: every rank's latest, as a report.
-    Report(LoadReport),
+    /// A batch with a load record: every rank's latest, as a report, and the engine's silence.
+    Report(LoadReport, Silence),
     /// A batch without one (events only, an older servicer): contact, no report.
     Contact,
     /// The stream broke at the transport.
@@ -118,10 +129,15 @@ impl Pushed {
         let previous = self.ranks.remove(&rank);
         let merged = rank_load(rank, record, previous.as_ref());
         self.ranks.insert(rank, merged);
-        Push::Report(LoadReport {
+        let silence = Silence {
+            ms: record.engine_silence_ms,
+            reports_steps: record.engine_reports_steps == Some(true),
+        };
+        let report = LoadReport {
             ranks: self.ranks.values().cloned().collect(),
             dropped: Vec::new(),
-        })
+        };
+        Push::Report(report, silence)
     }
 }
 
@@ -168,7 +184,12 @@ fn rank_load(rank: u32, record: &EngineLoad, previous: Option<&RankLoad>) -> Ran
             .or_else(|| kept(|r| r.max_running)),
         gen_throughput: Some(record.gen_throughput).filter(|t| t.is_finite()),
         retracted,
-        pending_prefill_tokens: record.waiting_uncached_tokens.map(u64::from),
+        // The prompt tokens the servicer has handed the engine without output yet, when it says
+        // (the newer field), else SGLang's queued token work.
+        pending_prefill_tokens: record
+            .prefill_pending_tokens
+            .max(record.waiting_uncached_tokens)
+            .map(u64::from),
         ..RankLoad::default()
     }
 }
