@@ -78,6 +78,13 @@ pub enum GatewayError {
     },
     #[error("'{param}' is a required property")]
     MissingParameter { param: &'static str },
+    /// A request a `grpc://` worker cannot take as it is (a field the token path cannot honour,
+    /// a prompt the chat template refuses): the client's to change.
+    #[error("{message}")]
+    NotOnGrpc {
+        param: Option<&'static str>,
+        message: String,
+    },
     #[error("'model' is required: this gateway serves {served} models")]
     ModelRequired { served: usize },
     #[error("The model '{model}' does not exist")]
@@ -237,6 +244,7 @@ impl GatewayError {
             | BodyNotObject
             | InvalidForm { .. }
             | MissingParameter { .. }
+            | NotOnGrpc { .. }
             | ModelRequired { .. }
             | BodyUnreadable
             | InvalidHeader { .. }
@@ -290,6 +298,8 @@ impl GatewayError {
             AboveMax { .. } => "integer_above_max_value",
             BelowMin { .. } => "integer_below_min_value",
             MissingParameter { .. } | ModelRequired { .. } => "missing_required_parameter",
+            NotOnGrpc { param: Some(_), .. } => "unsupported_parameter",
+            NotOnGrpc { param: None, .. } => "invalid_request",
             ModelNotFound { .. } => "model_not_found",
             PayloadTooLarge { .. } => "request_body_too_large",
             UnsupportedMediaType => "unsupported_media_type",
@@ -372,6 +382,7 @@ impl GatewayError {
             | AboveMax { param, .. }
             | BelowMin { param, .. } => Some(param),
             ModelRequired { .. } | ModelNotFound { .. } => Some("model"),
+            NotOnGrpc { param, .. } => *param,
             InvalidWorkerSpec { field, .. } => Some(field),
             InvalidHeader { header, .. } => Some(header),
             _ => None,

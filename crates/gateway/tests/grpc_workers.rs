@@ -156,7 +156,20 @@ async fn what_the_grpc_path_cannot_honour_is_a_400_naming_the_field() {
     body["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
     let answer = s.chat(&body.to_string()).await;
     assert_eq!(answer.status, 400);
-    assert!(answer.text().contains("`tools`"), "{}", answer.text());
+    assert_eq!(
+        common::code(&answer).as_deref(),
+        Some("unsupported_parameter")
+    );
+    let error = &answer.json()["error"];
+    assert_eq!(
+        error["param"], "tools",
+        "the OpenAI error shape names the field: {error}"
+    );
+    assert_eq!(error["type"], "invalid_request_error");
+    assert!(
+        error["message"].as_str().unwrap().contains("`tools`"),
+        "{error}"
+    );
     body.as_object_mut().unwrap().remove("tools");
     body["logprobs"] = json!(true);
     let answer = s.chat(&body.to_string()).await;

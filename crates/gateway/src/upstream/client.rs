@@ -42,6 +42,10 @@ pub enum SendError {
         connect: bool,
         status: tonic::Status,
     },
+    /// The request cannot be put to a gRPC worker as it is: the client's to change, nothing
+    /// was sent.
+    #[error(transparent)]
+    NotOnGrpc(super::grpc::Refused),
 }
 
 impl SendError {
@@ -52,6 +56,7 @@ impl SendError {
             SendError::Exchange(_) => false,
             SendError::Pooled(e) => e.is_connect(),
             SendError::Grpc { connect, .. } => *connect,
+            SendError::NotOnGrpc(_) => false,
         }
     }
 }

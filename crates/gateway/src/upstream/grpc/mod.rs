@@ -268,7 +268,7 @@ impl GrpcUpstream {
         };
         let (generate, asked) = match converted {
             Ok(Ok(converted)) => converted,
-            Ok(Err(refused)) => return Ok(error_answer(400, &refused.to_string())),
+            Ok(Err(refused)) => return Err(SendError::NotOnGrpc(refused)),
             Err(_) => return Ok(error_answer(500, "tokenizing the prompt failed")),
         };
         let mut client = self.client(endpoint);

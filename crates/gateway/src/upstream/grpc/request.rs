@@ -45,6 +45,16 @@ pub enum Refused {
     Tokens(#[from] TokensError),
 }
 
+impl Refused {
+    /// The request field it names, when it names one.
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            Refused::Unsupported { field, .. } | Refused::Invalid { field, .. } => Some(field),
+            Refused::Body(_) | Refused::Tokens(_) => None,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Stop {
