@@ -98,7 +98,6 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
     // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
     let mut engine_batch: Option<Option<u64>> = None;
     let mut pushed = worker.endpoint.grpc().then(pushed::Pushed::new);
-    let mut last_record: Option<Instant> = None;
     loop {
         let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
             (
@@ -111,7 +110,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
         };
         match worker.status() {
             HealthState::Draining => return,
-            HealthState::Ready if last_record.is_some_and(|at| at.elapsed() < interval) => {
+            HealthState::Ready if pushed.as_ref().is_some_and(|p| p.fresh(interval)) => {
                 // Records are arriving: no poll, only the next push or the interval's end.
                 tokio::select! {
                     () = tokio::time::sleep(interval) => {}
@@ -124,9 +123,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                             size: &mut size,
                             interval,
                         };
-                        if control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept) {
-                            last_record = Some(Instant::now());
-                        }
+                        control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept);
                     }
                 }
             }
@@ -163,9 +160,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                             size: &mut size,
                             interval,
                         };
-                        if control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept) {
-                            last_record = Some(Instant::now());
-                        }
+                        control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept);
                     }
                 }
             }
@@ -179,8 +174,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
 
 impl Control {
     /// Ingests one push of a gRPC worker's stream: a record is a report (judged as a poll's
-    /// answer is), a batch without one is contact, a broken stream a transport failure. True
-    /// when it was a record.
+    /// answer is), a batch without one is contact, a broken stream a transport failure.
     fn load_pushed(
         &self,
         fleet: &Fleet,
@@ -188,7 +182,7 @@ impl Control {
         push: pushed::Push,
         engine_batch: Option<u64>,
         kept: verdict::Kept<'_>,
-    ) -> bool {
+    ) {
         let now = Instant::now();
         match push {
             pushed::Push::Report(report, silence) => {
@@ -200,16 +194,9 @@ impl Control {
                 };
                 self.load_polled(fleet, worker, Ok(polled), engine_batch, kept);
                 self.engine_silence(worker, silence, now);
-                true
             }
-            pushed::Push::Contact => {
-                worker.signals.contact(now);
-                false
-            }
-            pushed::Push::Lost => {
-                worker.signals.transport_failure(now);
-                false
-            }
+            pushed::Push::Contact => worker.signals.contact(now),
+            pushed::Push::Lost => worker.signals.transport_failure(now),
         }
     }
 

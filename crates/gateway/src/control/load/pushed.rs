@@ -54,6 +54,8 @@ pub(super) struct Pushed {
     retry_at: Option<tokio::time::Instant>,
     /// Each rank's latest record, telemetry kept from the record that last carried it.
     ranks: BTreeMap<u32, RankLoad>,
+    /// When each rank's last record came.
+    heard: BTreeMap<u32, tokio::time::Instant>,
 }
 
 impl Pushed {
@@ -63,7 +65,14 @@ impl Pushed {
             unsupported: false,
             retry_at: None,
             ranks: BTreeMap::new(),
+            heard: BTreeMap::new(),
         }
+    }
+
+    /// Every rank that pushes has delivered a record within `interval`: the poll may skip this
+    /// tick (seed 000); once one falls silent, the poll takes over.
+    pub(super) fn fresh(&self, interval: Duration) -> bool {
+        !self.heard.is_empty() && self.heard.values().all(|at| at.elapsed() < interval)
     }
 
     /// The next thing the stream gives; never resolves for a worker without KV events.
@@ -126,6 +135,7 @@ impl Pushed {
             .dp_rank
             .and_then(|r| u32::try_from(r).ok())
             .unwrap_or(0);
+        self.heard.insert(rank, tokio::time::Instant::now());
         let previous = self.ranks.remove(&rank);
         let merged = rank_load(rank, record, previous.as_ref());
         self.ranks.insert(rank, merged);
@@ -241,5 +251,34 @@ mod tests {
         );
         assert_eq!(next.max_running, Some(64));
         assert_eq!(next.pending_prefill_tokens, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_poll_steps_aside_only_while_every_pushing_rank_is_fresh() {
+        let mut pushed = Pushed::new();
+        let interval = Duration::from_secs(10);
+        assert!(!pushed.fresh(interval), "nothing pushed yet: polled");
+        let batch = |rank: i32| KvEventBatch {
+            dp_rank: Some(rank),
+            load: Some(EngineLoad::default()),
+            ..KvEventBatch::default()
+        };
+        let Push::Report(report, _) = pushed.batch(&batch(0)) else {
+            panic!("a record is a report");
+        };
+        assert_eq!(report.ranks.len(), 1);
+        pushed.batch(&batch(1));
+        assert!(pushed.fresh(interval));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        pushed.batch(&batch(0));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(
+            !pushed.fresh(interval),
+            "rank 1 fell silent: the poll takes over"
+        );
+        assert!(matches!(
+            pushed.batch(&KvEventBatch::default()),
+            Push::Contact
+        ));
     }
 }
