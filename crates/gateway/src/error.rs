@@ -85,6 +85,10 @@ pub enum GatewayError {
         param: Option<&'static str>,
         message: String,
     },
+    /// A `grpc://` worker takes token ids and no tokenizer is loaded: none was named on the
+    /// command line and no worker has served one yet.
+    #[error("The model's tokenizer is not loaded: start the gateway with --model-path, or use workers that serve their tokenizer")]
+    TokenizerUnavailable,
     #[error("'model' is required: this gateway serves {served} models")]
     ModelRequired { served: usize },
     #[error("The model '{model}' does not exist")]
@@ -275,7 +279,7 @@ impl GatewayError {
             UnsupportedMediaType | UnsupportedContentEncoding { .. } => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
-            NoAvailableWorkers { .. } | ShuttingDown | BodyBuffersFull => {
+            NoAvailableWorkers { .. } | ShuttingDown | BodyBuffersFull | TokenizerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             UpstreamUnreachable { .. }
@@ -325,6 +329,7 @@ impl GatewayError {
             StreamEventTooLarge { .. } => "upstream_event_too_large",
             RequestTimeout { .. } => "request_timeout",
             ShuttingDown => "shutting_down",
+            TokenizerUnavailable => "tokenizer_unavailable",
             InvalidWorkerSpec { .. } => "invalid_worker_spec",
             WorkerExists { .. } => "worker_exists",
             WorkerNotFound { .. } => "worker_not_found",
@@ -394,6 +399,7 @@ impl GatewayError {
         match self {
             NoAvailableWorkers { .. }
             | ShuttingDown
+            | TokenizerUnavailable
             | BodyBuffersFull
             | RequestTimeout { .. }
             | WorkerOverloadShed { .. }

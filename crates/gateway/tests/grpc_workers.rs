@@ -481,3 +481,27 @@ async fn an_engine_that_reports_its_own_silence_is_caught_holding_a_single_strea
     let answer = bounded("the held stream", held).await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
+
+#[tokio::test]
+async fn without_a_model_directory_the_tokenizer_comes_from_the_worker() {
+    let mut engine = instant(Flavor::Sglang);
+    engine.grpc = Some(GrpcConfig::default());
+    let sims = SimFleet::start(FleetConfig::local(1, engine))
+        .await
+        .unwrap();
+    // No --model-path: the gateway asks the worker (GetTokenizer), as SMG does.
+    let config = Config::local(&sims.urls());
+    assert!(config.upstream.tokens.is_none());
+    let s = serve(sims, config).await;
+    let answer = s
+        .chat(&chat_body("test-model", "Hello there", 8, false))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let body = answer.json();
+    let tokens = body["usage"]["completion_tokens"].as_u64().unwrap();
+    let finish = body["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        said(tokens, finish)
+    );
+}

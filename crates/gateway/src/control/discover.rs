@@ -105,6 +105,12 @@ pub async fn fetch(upstream: &Upstream, worker: &Worker) -> Result<WorkerInfo, D
             .model_info(&worker.endpoint, MODELS_TIMEOUT)
             .await
             .map_err(DiscoverError::Grpc)?;
+        // With no model directory on the command line, the worker's own tokenizer (as SMG
+        // loads it); a worker that cannot serve one still registers, and its requests are
+        // refused with 503 tokenizer_unavailable until some worker has.
+        if let Err(e) = upstream.grpc().fetch_tokenizer(&worker.endpoint).await {
+            warn!(worker = %worker.id, error = %e, "the worker's tokenizer could not be loaded");
+        }
         return grpc_models(&info);
     }
     let (status, body) = get(

@@ -231,6 +231,10 @@ impl Forwarder {
                     message: refused.to_string(),
                 })
             }
+            // The gateway's own want, not the worker's failure.
+            Ok(Err(crate::upstream::SendError::NoTokenizer)) => {
+                Tried::Final(GatewayError::TokenizerUnavailable)
+            }
             Ok(Err(e)) => self.transport_failed(&at, lease, &e),
         }
     }

@@ -46,6 +46,9 @@ pub enum SendError {
     /// was sent.
     #[error(transparent)]
     NotOnGrpc(super::grpc::Refused),
+    /// No tokenizer for a gRPC worker yet: none named, none fetched from a worker.
+    #[error("no tokenizer is loaded for gRPC workers")]
+    NoTokenizer,
 }
 
 impl SendError {
@@ -56,7 +59,7 @@ impl SendError {
             SendError::Exchange(_) => false,
             SendError::Pooled(e) => e.is_connect(),
             SendError::Grpc { connect, .. } => *connect,
-            SendError::NotOnGrpc(_) => false,
+            SendError::NotOnGrpc(_) | SendError::NoTokenizer => false,
         }
     }
 }

@@ -19,9 +19,12 @@
 //! ## Layout
 //! - `request` — the OpenAI body as a `GenerateRequest`; what is refused on this path.
 //! - `render` — replies as OpenAI's event stream or completion.
+//! - `tokenizer` — the model's tokenizer fetched from a worker (`GetTokenizer`) when the command
+//!   line names no model directory.
 
 mod render;
 mod request;
+mod tokenizer;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +44,7 @@ use tonic::{Code, Status, Streaming};
 
 pub use render::Renderer;
 pub use request::{Asked, Refused, Route};
+pub use tokenizer::FetchError;
 
 use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
 use super::pool::UpstreamBody;
@@ -64,7 +68,9 @@ pub(super) type Client = SglangSchedulerClient<Channel>;
 pub struct GrpcUpstream {
     channels: Mutex<HashMap<String, Channel>>,
     connect_timeout: Duration,
-    tokens: Option<Arc<Tokens>>,
+    /// The model's tokens: from the command line's files, else fetched from the first worker
+    /// that serves them (`fetch_tokenizer`).
+    tokens: arc_swap::ArcSwapOption<Tokens>,
 }
 
 /// A gRPC failure that is the transport's (no status the engine sent).
@@ -133,7 +139,7 @@ impl GrpcUpstream {
         Self {
             channels: Mutex::new(HashMap::new()),
             connect_timeout,
-            tokens,
+            tokens: arc_swap::ArcSwapOption::new(tokens),
         }
     }
 
@@ -243,11 +249,8 @@ impl GrpcUpstream {
                 ))
             }
         };
-        let Some(tokens) = self.tokens.clone() else {
-            return Ok(error_answer(
-                500,
-                "no tokenizer: gRPC workers need --model-path or --tokenizer-path",
-            ));
+        let Some(tokens) = self.tokens.load_full() else {
+            return Err(SendError::NoTokenizer);
         };
         let request_id = request
             .headers()
