@@ -403,3 +403,26 @@ async fn a_slow_start_answers_sglang_health_503_and_keeps_a_vllm_port_closed_unt
     slot.fault(Fault::Restart).await.unwrap();
     assert_eq!(get(&c, &format!("{}/health", slot.url())).await.status, 200);
 }
+
+#[tokio::test]
+async fn over_a_one_way_link_the_request_runs_and_its_answer_waits_for_the_link() {
+    let fleet = fleet(instant(Flavor::Vllm)).await;
+    let slot = fleet.engine(0).unwrap();
+    let base = slot.url();
+    let c = client();
+    slot.fault(Fault::OneWay).await.unwrap();
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        let url = format!("{base}/v1/completions");
+        async move { post(&c, &url, &completion(4, false)).await }
+    });
+    let state = slot.until(|s| s.finished >= 1).await;
+    assert_eq!(
+        state.requests_received, 1,
+        "the request reached the engine and ran"
+    );
+    assert!(!waiting.is_finished(), "its answer did not come back");
+    slot.fault(Fault::Clear).await.unwrap();
+    let answer = waiting.await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}

@@ -11,7 +11,8 @@
 //! | info | `/version` | `/server_info`, `/get_server_info` |
 //! | sleep (vLLM's dev mode) | `POST /sleep?level=1\|2`, `POST /wake_up`, `GET /is_sleeping` | |
 //!
-//! The `hang` fault is applied here to every route: the request is accepted and never answered.
+//! The `hang` fault is applied here to every route: the request is accepted and never answered;
+//! under `one-way` it runs and its answer is held until the fault is lifted.
 
 mod embed;
 mod errors;
@@ -120,11 +121,15 @@ async fn hang_if_faulted(
     request: Request,
     next: Next,
 ) -> Response {
-    let faults = st.engine.faults();
-    if faults.hang || faults.one_way {
+    if st.engine.faults().hang {
         return std::future::pending().await;
     }
-    next.run(request).await
+    let response = next.run(request).await;
+    // A one-way link: the request reached the engine and runs; its answer is held until the
+    // link carries again.
+    let mut faults = st.engine.fault_watch();
+    let _ = faults.wait_for(|f| !f.one_way).await;
+    response
 }
 
 /// The engine's routes for its flavor.

@@ -107,6 +107,8 @@ impl Renderer {
                         return (text, true);
                     }
                 }
+                // An id the tokenizer does not know decodes to nothing (a model and tokenizer
+                // out of step); the rest of the answer still does.
                 Err(_) => continue,
             }
         }
