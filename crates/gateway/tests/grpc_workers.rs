@@ -505,3 +505,20 @@ async fn without_a_model_directory_the_tokenizer_comes_from_the_worker() {
         said(tokens, finish)
     );
 }
+
+#[tokio::test]
+async fn a_client_that_leaves_a_whole_answer_aborts_it_in_the_engine_too() {
+    let model = ModelDir::new("leave-whole");
+    let s = grpc_setup(1, timed(Flavor::Sglang, 1.0), &model).await;
+    let mut body: Value =
+        serde_json::from_str(&chat_body("test-model", "hi", 100_000, false)).unwrap();
+    body["ignore_eos"] = json!(true);
+    let client = s.client.clone();
+    let url = s.url("/v1/chat/completions");
+    let asked = tokio::spawn(async move { post(&client, &url, &body.to_string()).await });
+    let engine = s.sims.engine(0).unwrap();
+    bounded("the request running", engine.until(|st| st.running == 1)).await;
+    asked.abort();
+    let state = bounded("the abort", engine.until(|st| st.aborted == 1)).await;
+    assert_eq!(state.running, 0, "the engine freed the request");
+}

@@ -292,6 +292,36 @@ impl GrpcUpstream {
     }
 }
 
+/// A call the gateway is waiting on before it has an answer to give: dropped meanwhile (the
+/// client left, or the request's deadline passed), it sends `Abort`, so the engine stops the
+/// work at once rather than when it notices the call was cancelled.
+struct Waiting<'a> {
+    call: &'a Call,
+    answered: bool,
+}
+
+impl<'a> Waiting<'a> {
+    fn on(call: &'a Call) -> Self {
+        Self {
+            call,
+            answered: false,
+        }
+    }
+
+    /// The engine answered (or failed): nothing to abort.
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.call.abort();
+        }
+    }
+}
+
 /// One `Generate` call in flight.
 struct Call {
     client: Client,
@@ -327,29 +357,31 @@ impl Call {
         replies: &mut Streaming<GenerateResponse>,
         mut renderer: Renderer,
     ) -> Result<UpstreamResponse, SendError> {
-        loop {
+        let waiting = Waiting::on(&self);
+        let ended = loop {
             match replies.message().await {
                 Ok(Some(reply)) => {
-                    if let Some(reply) = reply.response {
-                        if renderer.whole(&reply) {
-                            break;
-                        }
+                    if reply.response.as_ref().is_some_and(|r| renderer.whole(r)) {
+                        break Ok(());
                     }
                 }
-                Ok(None) => {
-                    return Ok(error_answer(
-                        500,
-                        "the engine ended the answer without completing it",
-                    ))
-                }
-                Err(status) => return self.refused(status),
+                Ok(None) => break Err(None),
+                Err(status) => break Err(Some(status)),
             }
+        };
+        waiting.answered();
+        match ended {
+            Ok(()) => Ok(answer(
+                StatusCode::OK,
+                "application/json",
+                renderer.completion(),
+            )),
+            Err(None) => Ok(error_answer(
+                500,
+                "the engine ended the answer without completing it",
+            )),
+            Err(Some(status)) => self.refused(status),
         }
-        Ok(answer(
-            StatusCode::OK,
-            "application/json",
-            renderer.completion(),
-        ))
     }
 
     /// Waits for the first reply (a refusal before it is the HTTP answer), then relays the rest
@@ -359,7 +391,10 @@ impl Call {
         mut replies: Streaming<GenerateResponse>,
         renderer: Renderer,
     ) -> Result<UpstreamResponse, SendError> {
-        let first = match replies.message().await {
+        let waiting = Waiting::on(&self);
+        let first = replies.message().await;
+        waiting.answered();
+        let first = match first {
             Ok(first) => first,
             Err(status) => return self.refused(status),
         };
