@@ -16,8 +16,8 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sluice_gateway::config::Config;
 use sluice_gateway::tokens::{ModelFiles, Tokens};
-use sluice_sim::request::token_text;
 use sluice_sim::testkit::{instant, post, sse_events, timed};
+use sluice_sim::vocab::token_text;
 use sluice_sim::vocab::Vocab;
 use sluice_sim::{EngineConfig, Flavor, FleetConfig, GrpcConfig, SimFleet};
 

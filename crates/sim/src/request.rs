@@ -458,36 +458,6 @@ fn natural_length(
     }
 }
 
-/// Words the simulated model says, one per token.
-pub(crate) const WORDS: [&str; 16] = [
-    " the",
-    " engine",
-    " answers",
-    " with",
-    " simulated",
-    " tokens",
-    " while",
-    " its",
-    " batch",
-    " grows",
-    " and",
-    " the",
-    " cache",
-    " fills",
-    " up",
-    ".",
-];
-
-/// The text of the `index`-th token of a choice.
-pub fn token_text(choice: u32, index: u32) -> &'static str {
-    WORDS[word_index(choice, index)]
-}
-
-/// Which of `WORDS` the `index`-th token of a choice is.
-pub(crate) fn word_index(choice: u32, index: u32) -> usize {
-    ((choice as usize) * 7 + index as usize) % WORDS.len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,8 @@
 //! `tokenizer_config.json`. `write_model_dir` writes both files where a model's files would be,
 //! so a gateway's `--tokenizer-path` points at them as at a real model's.
 //!
+//! The words it says (`token_text`) are what the HTTP engine writes too, one per token.
+//!
 //! Ids: 0-255 are the 256 bytes (id = byte value), then every prefix of a word the model says
 //! (the merges' results), then the special tokens.
 
@@ -18,7 +20,35 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::request::WORDS;
+/// Words the simulated model says, one per token.
+const WORDS: [&str; 16] = [
+    " the",
+    " engine",
+    " answers",
+    " with",
+    " simulated",
+    " tokens",
+    " while",
+    " its",
+    " batch",
+    " grows",
+    " and",
+    " the",
+    " cache",
+    " fills",
+    " up",
+    ".",
+];
+
+/// The text of the `index`-th token of a choice.
+pub fn token_text(choice: u32, index: u32) -> &'static str {
+    WORDS[word_index(choice, index)]
+}
+
+/// Which of `WORDS` the `index`-th token of a choice is.
+fn word_index(choice: u32, index: u32) -> usize {
+    ((choice as usize) * 7 + index as usize) % WORDS.len()
+}
 
 /// The special tokens, in id order after the merged tokens.
 pub const BEGIN_OF_TEXT: &str = "<|begin_of_text|>";
@@ -111,9 +141,9 @@ impl Vocab {
         self.special(BEGIN_OF_TEXT).unwrap_or(0)
     }
 
-    /// The id of the `index`-th token a choice says: the word `request::token_text` names.
+    /// The id of the `index`-th token a choice says: the word `token_text` names.
     pub fn answer_token(&self, choice: u32, index: u32) -> u32 {
-        let i = crate::request::word_index(choice, index);
+        let i = word_index(choice, index);
         self.word_ids[i]
     }
 

@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice_sim::request::token_text;
 use sluice_sim::testkit::{client, get, instant, post, sse_events};
+use sluice_sim::vocab::token_text;
 use sluice_sim::{Flavor, FleetConfig, GrpcConfig, SimFleet};
 
 /// `smg` on the PATH, or `SLUICE_SMG`.
@@ -145,8 +145,9 @@ async fn smg_routes_a_chat_through_the_simulated_grpc_engine_and_reads_its_pushe
     );
 
     // SMG's view of the engine's load turns from its registration poll's (versioned by the
-    // engine) to the pushed records' once a record has arrived: the next batch or heartbeat.
-    // SMG offers nothing to await, so its view is read until it turns, within a bound.
+    // engine) to the pushed records' once it has ingested one; it announces nothing to await,
+    // so its view is read again until it turns (as the gateway tests read `/workers`), within a
+    // bound.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let workers = loop {
         let workers = get(&http, &smg.url("/workers")).await.json();
@@ -154,7 +155,7 @@ async fn smg_routes_a_chat_through_the_simulated_grpc_engine_and_reads_its_pushe
         if pushed || tokio::time::Instant::now() > deadline {
             break workers;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::task::yield_now().await;
     };
     let load = &workers["workers"][0]["engine_load"];
     assert_eq!(load["version"], "pushed", "{workers}");

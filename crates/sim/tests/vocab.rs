@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sluice_sim::request::token_text;
-use sluice_sim::vocab::{Vocab, CHAT_TEMPLATE};
+use sluice_sim::vocab::{token_text, Vocab, CHAT_TEMPLATE};
 use tokenizers::Tokenizer;
 
 /// A fresh directory for one test's files, removed when dropped.

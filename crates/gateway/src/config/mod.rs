@@ -19,6 +19,7 @@ mod settings;
 pub mod smg;
 mod smg_defaults;
 mod status;
+mod tokens;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -417,29 +418,6 @@ impl Settings {
             tls: self.upstream_tls()?,
             tokens: self.tokens()?,
         })
-    }
-
-    /// The model's tokenizer and chat template, when its files are named: loaded now, so a
-    /// file that is missing or broken stops startup with what is wrong.
-    fn tokens(&self) -> Result<Option<std::sync::Arc<crate::tokens::Tokens>>, ConfigError> {
-        let files = crate::tokens::ModelFiles {
-            model_path: self.model_path.clone(),
-            tokenizer_path: self.tokenizer_path.clone(),
-            chat_template: self.chat_template.clone(),
-        };
-        if files.is_empty() {
-            return Ok(None);
-        }
-        let flag = if files.tokenizer_path.is_some() {
-            "tokenizer-path"
-        } else if files.model_path.is_some() {
-            "model-path"
-        } else {
-            "chat-template"
-        };
-        crate::tokens::Tokens::load(&files)
-            .map(|tokens| Some(std::sync::Arc::new(tokens)))
-            .map_err(|e| invalid(flag, e.to_string()))
     }
 
     /// `--worker-startup-timeout-secs`; 0: none.

@@ -8,8 +8,9 @@ use std::fmt::Write;
 use serde_json::json;
 
 use crate::config::Flavor;
-use crate::request::{token_text, Route};
+use crate::request::Route;
 use crate::scheduler::FinishReason;
+use crate::vocab::token_text;
 
 /// An event stream's response: `body` with the engines' content type.
 pub fn event_stream(body: axum::body::Body) -> axum::response::Response {

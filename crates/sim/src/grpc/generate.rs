@@ -210,7 +210,7 @@ fn stop_string(
     }
     let mut text = String::new();
     for i in 0..choice.output_tokens {
-        text.push_str(crate::request::token_text(index, i));
+        text.push_str(crate::vocab::token_text(index, i));
         if let Some(stop) = stops.iter().find(|s| text.contains(s.as_str())) {
             choice.output_tokens = i + 1;
             choice.finish = FinishReason::Stop;

@@ -90,7 +90,6 @@ async fn next_push(
 /// as it comes; its poll is skipped while a record came within the interval, and takes over when
 /// they stop.
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
-    let weak = fleet.clone();
     let upstream = &control.upstream;
     let mut sources = poll::Sources::default();
     let mut told = verdict::Told::default();
@@ -110,41 +109,33 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
         };
         match worker.status() {
             HealthState::Draining => return,
-            HealthState::Ready if pushed.as_ref().is_some_and(|p| p.fresh(interval)) => {
-                // Records are arriving: no poll, only the next push or the interval's end.
-                tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
-                    push = next_push(&mut pushed, upstream, &worker) => {
-                        let Some(strong) = weak.upgrade() else {
-                            return;
-                        };
-                        let kept = verdict::Kept {
-                            told: &mut told,
-                            size: &mut size,
-                            interval,
-                        };
-                        control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept);
-                    }
-                }
-            }
             HealthState::Ready => {
-                let result = sources.poll(upstream, &worker, timeout).await;
-                let sglang = worker.info().is_some_and(|i| i.flavor == "sglang");
-                if result.is_ok() && sglang && engine_batch.is_none() {
-                    engine_batch = Some(poll::sglang_batch_size(upstream, &worker, timeout).await);
-                }
-                let Some(fleet) = fleet.upgrade() else {
-                    return;
+                // While records are arriving the poll steps aside: only the next push or the
+                // interval's end is waited for.
+                let polled = if pushed.as_ref().is_some_and(|p| p.fresh(interval)) {
+                    None
+                } else {
+                    let result = sources.poll(upstream, &worker, timeout).await;
+                    let sglang = worker.info().is_some_and(|i| i.flavor == "sglang");
+                    if result.is_ok() && sglang && engine_batch.is_none() {
+                        engine_batch =
+                            Some(poll::sglang_batch_size(upstream, &worker, timeout).await);
+                    }
+                    let Some(fleet) = fleet.upgrade() else {
+                        return;
+                    };
+                    let kept = verdict::Kept {
+                        told: &mut told,
+                        size: &mut size,
+                        interval,
+                    };
+                    control.load_polled(&fleet, &worker, result, engine_batch.flatten(), kept);
+                    Some(Instant::now())
                 };
-                let polled = Instant::now();
-                let kept = verdict::Kept {
-                    told: &mut told,
-                    size: &mut size,
-                    interval,
-                };
-                control.load_polled(&fleet, &worker, result, engine_batch.flatten(), kept);
-                drop(fleet);
                 let early = async {
+                    let Some(polled) = polled else {
+                        return std::future::pending().await;
+                    };
                     worker.vetoes.early_poll_wanted().await;
                     tokio::time::sleep_until(polled + EARLY_POLL_SPACING.min(interval)).await;
                 };
@@ -152,7 +143,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                     () = tokio::time::sleep(interval) => {}
                     () = early => {}
                     push = next_push(&mut pushed, upstream, &worker) => {
-                        let Some(strong) = weak.upgrade() else {
+                        let Some(fleet) = fleet.upgrade() else {
                             return;
                         };
                         let kept = verdict::Kept {
@@ -160,7 +151,7 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                             size: &mut size,
                             interval,
                         };
-                        control.load_pushed(&strong, &worker, push, engine_batch.flatten(), kept);
+                        control.load_pushed(&fleet, &worker, push, engine_batch.flatten(), kept);
                     }
                 }
             }

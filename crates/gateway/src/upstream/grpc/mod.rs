@@ -73,6 +73,13 @@ pub struct GrpcUpstream {
     tokens: arc_swap::ArcSwapOption<Tokens>,
 }
 
+/// A control call's request, bounded by `timeout` (sent to the worker as `grpc-timeout` too).
+fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
 /// A gRPC failure that is the transport's (no status the engine sent).
 fn is_transport(status: &Status) -> bool {
     std::error::Error::source(status).is_some()
@@ -166,8 +173,7 @@ impl GrpcUpstream {
         endpoint: &Endpoint,
         timeout: Duration,
     ) -> Result<GetModelInfoResponse, Status> {
-        let mut request = tonic::Request::new(GetModelInfoRequest {});
-        request.set_timeout(timeout);
+        let request = timed(GetModelInfoRequest {}, timeout);
         Ok(self
             .client(endpoint)
             .get_model_info(request)
@@ -181,8 +187,7 @@ impl GrpcUpstream {
         endpoint: &Endpoint,
         timeout: Duration,
     ) -> Result<HealthCheckResponse, Status> {
-        let mut request = tonic::Request::new(HealthCheckRequest {});
-        request.set_timeout(timeout);
+        let request = timed(HealthCheckRequest {}, timeout);
         Ok(self
             .client(endpoint)
             .health_check(request)
@@ -196,9 +201,10 @@ impl GrpcUpstream {
         endpoint: &Endpoint,
         timeout: Duration,
     ) -> Result<sluice_proto::sglang_scheduler::GetServerInfoResponse, Status> {
-        let mut request =
-            tonic::Request::new(sluice_proto::sglang_scheduler::GetServerInfoRequest {});
-        request.set_timeout(timeout);
+        let request = timed(
+            sluice_proto::sglang_scheduler::GetServerInfoRequest {},
+            timeout,
+        );
         Ok(self
             .client(endpoint)
             .get_server_info(request)
@@ -225,11 +231,13 @@ impl GrpcUpstream {
         endpoint: &Endpoint,
         timeout: Duration,
     ) -> Result<GetLoadsResponse, Status> {
-        let mut request = tonic::Request::new(GetLoadsRequest {
-            dp_rank: None,
-            include: vec!["all".into()],
-        });
-        request.set_timeout(timeout);
+        let request = timed(
+            GetLoadsRequest {
+                dp_rank: None,
+                include: vec!["all".into()],
+            },
+            timeout,
+        );
         Ok(self.client(endpoint).get_loads(request).await?.into_inner())
     }
 
