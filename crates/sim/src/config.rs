@@ -128,8 +128,6 @@ pub enum ConfigError {
         "--grpc serves SGLang's scheduler service (sglang.grpc.scheduler): use --flavor sglang"
     )]
     GrpcFlavor,
-    #[error("--grpc does not serve --pd-role yet: disaggregated engines are served over HTTP")]
-    GrpcDisaggregation,
 }
 
 impl EngineConfig {
@@ -211,9 +209,6 @@ impl EngineConfig {
         }
         if self.grpc.is_some() && self.flavor != Flavor::Sglang {
             return Err(ConfigError::GrpcFlavor);
-        }
-        if self.grpc.is_some() && self.pd_role.is_some() {
-            return Err(ConfigError::GrpcDisaggregation);
         }
         let needed = blocks_for(self.max_model_len, self.block_size);
         let available = self.num_gpu_blocks.saturating_sub(self.watermark_blocks());

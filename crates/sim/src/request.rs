@@ -373,6 +373,11 @@ impl GenerationRequest {
             .0
     }
 
+    /// How many choices the request asks for: `n` for each prompt.
+    pub fn choice_count(&self) -> usize {
+        self.prompts.len() * self.n as usize
+    }
+
     /// Every choice to generate, and how many of each one's first tokens are thinking, for a
     /// model that thinks `reasoning` tokens (median) before it answers. Thinking comes out of the
     /// same `max_tokens`.
@@ -383,7 +388,7 @@ impl GenerationRequest {
         reasoning: Option<u32>,
         max_model_len: u32,
     ) -> (Vec<SeqSpec>, Vec<u32>) {
-        let capacity = self.prompts.len() * self.n as usize;
+        let capacity = self.choice_count();
         let (mut out, mut thinking) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
         let thinks = self.route == Route::Chat && self.thinking.enabled;
         for prompt in &self.prompts {

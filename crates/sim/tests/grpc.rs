@@ -13,7 +13,7 @@ use sluice_proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClie
 use sluice_proto::sglang_scheduler::*;
 use sluice_sim::testkit::{instant, timed};
 use sluice_sim::vocab::Vocab;
-use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, GrpcConfig, SimFleet};
+use sluice_sim::{EngineConfig, Fault, Flavor, FleetConfig, GrpcConfig, PdRole, SimFleet};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -400,4 +400,143 @@ fn grpc_needs_sglangs_flavor() {
         cfg.validate(),
         Err(sluice_sim::config::ConfigError::GrpcFlavor)
     );
+}
+
+/// A gRPC prefill engine (engine 0) and a gRPC decode engine (engine 1), and a client of each.
+async fn grpc_pair() -> (
+    SimFleet,
+    SglangSchedulerClient<Channel>,
+    SglangSchedulerClient<Channel>,
+) {
+    let mut prefill = instant(Flavor::Sglang);
+    prefill.grpc = Some(GrpcConfig::default());
+    prefill.pd_role = Some(PdRole::Prefill);
+    let mut decode = prefill.clone();
+    decode.pd_role = Some(PdRole::Decode);
+    let fleet = SimFleet::start(FleetConfig::local(1, prefill).also(1, decode))
+        .await
+        .unwrap();
+    let connect = |i: usize| {
+        let url = fleet.urls()[i].replace("grpc://", "http://");
+        SglangSchedulerClient::connect(url)
+    };
+    let (p, d) = (connect(0).await.unwrap(), connect(1).await.unwrap());
+    (fleet, p, d)
+}
+
+/// A request of `tokens` answer tokens whose halves meet in `room` at the prefill engine (a
+/// prompt of 1,000 tokens, its own for each room).
+fn disaggregated(fleet: &SimFleet, room: i32, tokens: u32, stream: bool) -> GenerateRequest {
+    let bootstrap = fleet.engine(0).unwrap().bootstrap_addr().unwrap();
+    let prompt = vec![room as u32 + 3; 1000];
+    let mut asked = request("pd", prompt, Some(tokens), stream);
+    asked.sampling_params.as_mut().unwrap().ignore_eos = true;
+    asked.disaggregated_params = Some(DisaggregatedParams {
+        bootstrap_host: bootstrap.ip().to_string(),
+        bootstrap_port: i32::from(bootstrap.port()),
+        bootstrap_room: room,
+    });
+    asked
+}
+
+fn completes(replies: &[Reply]) -> Vec<&GenerateComplete> {
+    replies
+        .iter()
+        .filter_map(|r| match r {
+            Reply::Complete(c) => Some(c),
+            Reply::Chunk(_) => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn over_grpc_the_halves_meet_in_the_room_their_disaggregated_params_name() {
+    let (fleet, mut prefill, mut decode) = grpc_pair().await;
+    for (room, stream) in [(0, false), (7, true)] {
+        let asked = disaggregated(&fleet, room, 20, stream);
+        let (p, d) = tokio::join!(
+            collect(&mut prefill, asked.clone()),
+            collect(&mut decode, asked)
+        );
+        let (p, d) = (p.unwrap(), d.unwrap());
+        let (p, d) = (completes(&p), completes(&d));
+        assert_eq!(
+            (p[0].finish_reason.as_str(), p[0].completion_tokens),
+            ("length", 1),
+            "the prefill answers its first token once the KV is across"
+        );
+        assert_eq!(
+            (d[0].finish_reason.as_str(), d[0].completion_tokens),
+            ("length", 20)
+        );
+    }
+    let (p, d) = (
+        fleet.engine(0).unwrap().state(),
+        fleet.engine(1).unwrap().state(),
+    );
+    assert_eq!((p.transfer_failures, d.transfer_failures), (0, 0));
+    assert_eq!(
+        p.prompt_tokens_computed, 2000,
+        "the prefill computes both prompts"
+    );
+    assert_eq!(
+        d.prompt_tokens_computed, 2,
+        "the decode engine only their last tokens"
+    );
+
+    let info = decode
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap();
+    let args = info.into_inner().server_args.unwrap().fields;
+    assert_eq!(
+        args["disaggregation_mode"].kind,
+        Some(prost_types::value::Kind::StringValue("decode".into()))
+    );
+    let info = prefill
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap();
+    let args = info.into_inner().server_args.unwrap().fields;
+    let port = fleet.engine(0).unwrap().bootstrap_addr().unwrap().port();
+    assert_eq!(
+        args["disaggregation_bootstrap_port"].kind,
+        Some(prost_types::value::Kind::NumberValue(f64::from(port)))
+    );
+
+    let mut bare = request("bare", vec![3; 10], Some(4), false);
+    for client in [&mut prefill, &mut decode] {
+        bare.request_id.push('x');
+        let refused = collect(client, bare.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains("disaggregated_params"));
+    }
+}
+
+#[tokio::test]
+async fn abort_ends_a_decode_half_still_waiting_for_its_prefill() {
+    let (fleet, _prefill, mut decode) = grpc_pair().await;
+    // No prefill half comes: the decode half waits in its claim.
+    let asked = disaggregated(&fleet, 3, 20, false);
+    let waiting = tokio::spawn({
+        let mut decode = decode.clone();
+        async move { collect(&mut decode, asked).await }
+    });
+    let aborted = loop {
+        let answer = decode
+            .abort(AbortRequest {
+                request_id: "pd".into(),
+                reason: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if answer.success {
+            break answer;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(aborted.message, "Request pd aborted");
+    let replies = waiting.await.unwrap().unwrap();
+    assert_eq!(completes(&replies)[0].finish_reason, "abort");
 }

@@ -106,7 +106,7 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         prompt_tokens: request.prompt_tokens(),
         completion_tokens: 0,
     };
-    let choices = request.prompts.len() * request.n as usize;
+    let choices = request.choice_count();
     if request.stream {
         let half_way = (expected_tokens / 2).max(1);
         let cut_after = engine.faults().cut_streams.then_some(half_way);
@@ -181,7 +181,7 @@ async fn admit(
     );
     let window = match engine.disagg() {
         Some(Disagg::Decode(side)) => {
-            Some(pd::decode_half(st, side, &request, &mut choices).await?)
+            Some(pd::decode_half_http(st, side, &request, &mut choices).await?)
         }
         _ => None,
     };

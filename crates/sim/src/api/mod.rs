@@ -18,7 +18,7 @@ mod embed;
 mod errors;
 pub(crate) mod generate;
 pub(crate) mod load;
-mod pd;
+pub(crate) mod pd;
 mod sse;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,6 +71,11 @@ impl ApiState {
     pub fn with_bootstrap(mut self, bootstrap: Option<std::net::SocketAddr>) -> Self {
         self.bootstrap = bootstrap;
         self
+    }
+
+    /// The engine's bootstrap server, if it is a prefill engine.
+    pub fn bootstrap(&self) -> Option<std::net::SocketAddr> {
+        self.bootstrap
     }
 
     fn response_id(&self, route: Route) -> String {

@@ -50,9 +50,8 @@ impl Drop for AbortedIfDropped<'_> {
     }
 }
 
-/// The decode half up to the moment its KV is in place: the running slots it holds until it
-/// ends. Its choices are marked preloaded.
-pub(super) async fn decode_half(
+/// The decode half of an HTTP request: where its KV waits is in the body.
+pub(super) async fn decode_half_http(
     st: &ApiState,
     side: &DecodeSide,
     request: &GenerationRequest,
@@ -66,6 +65,17 @@ pub(super) async fn decode_half(
                 .into(),
         ));
     };
+    decode_half(st, side, &at, choices).await
+}
+
+/// The decode half up to the moment its KV is in place: the running slots it holds until it
+/// ends. Its choices are marked preloaded.
+pub(crate) async fn decode_half(
+    st: &ApiState,
+    side: &DecodeSide,
+    at: &Bootstrap,
+    choices: &mut [SeqSpec],
+) -> Result<OwnedSemaphorePermit, ApiError> {
     let pending = AbortedIfDropped::new(st);
     let rooms = u32::try_from(choices.len()).unwrap_or(u32::MAX);
     st.engine.notify_changed();
@@ -75,7 +85,7 @@ pub(super) async fn decode_half(
         ))
     })?;
     st.engine.notify_changed();
-    if let Err(why) = side.claim(&at).await {
+    if let Err(why) = side.claim(at).await {
         let totals = st.engine.totals();
         totals.transfer_failures.fetch_add(1, Ordering::Relaxed);
         pending.disarm();
@@ -141,10 +151,26 @@ pub(super) async fn prefill(
                 ),
             ),
         };
-    let leg = match rooms.land(room) {
-        Ok(leg) => leg,
-        Err(why) => return refuse(st, ApiError::Disaggregation(why)),
-    };
+    if let Err(error) = prefill_half(st, rooms, room, vllm, &request).await {
+        return refuse(st, error);
+    }
+    let handed = vllm.then(|| kv_handed(st, room, &request));
+    answer(st, route, &request, request.choice_count(), handed)
+}
+
+/// The prefill half's work once its request is read: it lands in `room`, waits for the decode
+/// engine's claim (SGLang's way; vLLM's computes first), and computes each choice's first
+/// token. When it returns `Ok` the KV is across (SGLang's prefill answers only then:
+/// `disaggregation/prefill.py`, a request leaves the inflight queue on the transfer's success,
+/// `FINISH_LENGTH(length=0)`).
+pub(crate) async fn prefill_half(
+    st: &ApiState,
+    rooms: &Arc<Rooms>,
+    room: u64,
+    vllm: bool,
+    request: &GenerationRequest,
+) -> Result<(), ApiError> {
+    let leg = rooms.land(room).map_err(ApiError::Disaggregation)?;
     let pending = AbortedIfDropped::new(st);
     if vllm {
         // Nothing to wait for before computing.
@@ -154,7 +180,7 @@ pub(super) async fn prefill(
             totals.bootstrap_timeouts.fetch_add(1, Ordering::Relaxed);
         }
         pending.disarm();
-        return refuse(st, ApiError::Disaggregation(why));
+        return Err(ApiError::Disaggregation(why));
     }
     let cfg = st.engine.config();
     let (mut choices, _) = request.choices_thinking(
@@ -167,22 +193,18 @@ pub(super) async fn prefill(
         choice.output_tokens = 1;
         choice.finish = FinishReason::Length;
     }
-    let mut submission = match submit(st, &choices) {
-        Ok(submission) => submission,
-        Err(error) => return refuse(st, error),
-    };
+    let mut submission = submit(st, &choices)?;
     pending.disarm();
     let computed = tokio::select! {
         computed = first_tokens(&mut submission, choices.len()) => computed,
         // The decode engine left: its KV has nowhere to go (dropping the submission aborts).
-        () = leg.decode_gone() => return refuse(st, ApiError::Disaggregation(Failure::DecodeGone)),
+        () = leg.decode_gone() => return Err(ApiError::Disaggregation(Failure::DecodeGone)),
     };
     if !computed {
-        return refuse(st, ApiError::Internal);
+        return Err(ApiError::Internal);
     }
     leg.done();
-    let handed = vllm.then(|| kv_handed(st, room, &request));
-    answer(st, route, &request, choices.len(), handed)
+    Ok(())
 }
 
 /// vLLM's `kv_transfer_params` in a prefill's answer: where the decode engine pulls the KV.

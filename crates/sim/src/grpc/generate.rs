@@ -24,13 +24,14 @@ use sluice_proto::sglang_scheduler::generate_response::Response as Reply;
 use sluice_proto::sglang_scheduler::{
     AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tonic::Status;
 
-use super::{status_for, Service, Streamed};
+use super::{pd, status_for, Service, Streamed};
 use crate::api::generate::{count_refusal, submit};
 use crate::api::{ApiError, ApiState};
 use crate::engine::{EventKind, GateTicket, LoadGuard, Submission};
+use crate::pd::Disagg;
 use crate::request::GenerationRequest;
 use crate::scheduler::FinishReason;
 use crate::vocab::Vocab;
@@ -146,12 +147,25 @@ pub(super) async fn generate(
         ticket.slot().await;
         engine.notify_changed();
     }
+    let (mut aborted, registered) = svc.live.register(&request.request_id);
+    if let Some(Disagg::Prefill(rooms)) = engine.disagg() {
+        return pd::prefill(svc, rooms, &request, &parsed, &mut aborted).await;
+    }
     let (mut choices, _) = parsed.choices_thinking(
         cfg.seed,
         cfg.profile.output_median_tokens,
         None,
         cfg.max_model_len,
     );
+    let window = match engine.disagg() {
+        Some(Disagg::Decode(side)) => {
+            match pd::decode(svc, side, &request, &mut choices, &mut aborted).await? {
+                Ok(window) => Some(window),
+                Err(aborted) => return Ok(aborted),
+            }
+        }
+        _ => None,
+    };
     let stops: Vec<Option<String>> = choices
         .iter_mut()
         .enumerate()
@@ -161,7 +175,6 @@ pub(super) async fn generate(
     let expected: u64 = choices.iter().map(|c| u64::from(c.output_tokens)).sum();
     let half_way = (expected / 2).max(1);
     let faults = engine.faults();
-    let (aborted, registered) = svc.live.register(&request.request_id);
     let generation = Generation {
         request_id: request.request_id,
         stream: request.stream,
@@ -188,6 +201,7 @@ pub(super) async fn generate(
         _held: Held {
             _load: load,
             _ticket: ticket,
+            _window: window,
             _registered: registered,
         },
     };
@@ -224,6 +238,8 @@ fn stop_string(
 struct Held {
     _load: LoadGuard,
     _ticket: Option<GateTicket>,
+    /// A decode engine's running slots.
+    _window: Option<OwnedSemaphorePermit>,
     _registered: Registered,
 }
 

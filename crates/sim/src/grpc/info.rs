@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::api::load::{SGLANG_HEALTH_TIMEOUT, SGLANG_VERSION};
 use crate::api::ApiState;
 use crate::engine::{EventKind, SeqSpec};
+use crate::pd::PdRole;
 use crate::scheduler::FinishReason;
 use crate::vocab::Vocab;
 
@@ -108,6 +109,15 @@ fn text(v: &str) -> prost_types::Value {
     }
 }
 
+/// `server_args.disaggregation_mode`, as SGLang spells its `DisaggregationMode`.
+fn disaggregation_mode(role: Option<PdRole>) -> &'static str {
+    match role {
+        None => "null",
+        Some(PdRole::Prefill) => "prefill",
+        Some(PdRole::Decode) => "decode",
+    }
+}
+
 /// The engine's settings as SGLang's `server_args` name them.
 pub(super) fn server_info(st: &ApiState, active: usize) -> GetServerInfoResponse {
     let engine = &st.engine;
@@ -125,9 +135,16 @@ pub(super) fn server_info(st: &ApiState, active: usize) -> GetServerInfoResponse
         ("page_size", number(cfg.block_size.into())),
         ("dp_size", number(cfg.dp_size.into())),
         ("schedule_policy", text("fcfs")),
-        ("disaggregation_mode", text("null")),
+        (
+            "disaggregation_mode",
+            text(disaggregation_mode(cfg.pd_role)),
+        ),
     ]
     .into_iter()
+    .chain(
+        st.bootstrap()
+            .map(|at| ("disaggregation_bootstrap_port", number(at.port().into()))),
+    )
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     let now = SystemTime::now()

@@ -24,11 +24,14 @@
 //!   of load records.
 //! - `load` — `GetLoads` and the load record, from the same figures as `/v1/loads`.
 //! - `info` — `HealthCheck`, `GetModelInfo`, `GetServerInfo`.
+//! - `pd` — the halves of a disaggregated request (`--pd-role`), met in the bootstrap room the
+//!   request's `disaggregated_params` name.
 
 mod events;
 mod generate;
 mod info;
 mod load;
+mod pd;
 
 use std::sync::Arc;
 
