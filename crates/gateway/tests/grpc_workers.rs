@@ -7,37 +7,16 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::model::ModelDir;
 use common::{bounded, chat_body, serve, Setup};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sluice_gateway::config::Config;
-use sluice_gateway::tokens::{ModelFiles, Tokens};
 use sluice_sim::testkit::{instant, post, sse_events, timed};
 use sluice_sim::vocab::token_text;
-use sluice_sim::vocab::Vocab;
 use sluice_sim::{EngineConfig, Flavor, FleetConfig, GrpcConfig, SimFleet};
-
-/// The simulated model's files in a directory of their own, removed when dropped.
-struct ModelDir(PathBuf);
-
-impl ModelDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("sluice-grpc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        Vocab::new().write_model_dir(&dir, "test-model").unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for ModelDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `engines` gRPC engines of `engine`'s settings, and a gateway with the model's files.
 async fn grpc_setup(engines: usize, engine: EngineConfig, model: &ModelDir) -> Setup {
@@ -57,11 +36,7 @@ async fn grpc_setup_with(
         .unwrap();
     assert!(sims.urls().iter().all(|u| u.starts_with("grpc://")));
     let mut config = Config::local(&sims.urls());
-    let files = ModelFiles {
-        model_path: Some(model.0.clone()),
-        ..ModelFiles::default()
-    };
-    config.upstream.tokens = Some(Arc::new(Tokens::load(&files).unwrap()));
+    config.upstream.tokens = Some(model.tokens());
     tune(&mut config);
     serve(sims, config).await
 }
@@ -107,16 +82,13 @@ async fn a_chat_is_tokenized_sent_as_ids_and_answered_in_openais_shape() {
         body["choices"][0]["message"]["content"],
         said(tokens, finish)
     );
-    let prompt = Tokens::load(&ModelFiles {
-        model_path: Some(model.0.clone()),
-        ..ModelFiles::default()
-    })
-    .unwrap()
-    .chat_ids(&[sluice_gateway::tokens::ChatMessage {
-        role: "user".into(),
-        content: "Hello there".into(),
-    }])
-    .unwrap();
+    let prompt = model
+        .tokens()
+        .chat_ids(&[sluice_gateway::tokens::ChatMessage {
+            role: "user".into(),
+            content: "Hello there".into(),
+        }])
+        .unwrap();
     assert_eq!(
         body["usage"]["prompt_tokens"],
         prompt.len(),
@@ -240,11 +212,7 @@ async fn a_full_engine_queue_is_at_capacity_and_the_request_goes_to_another_work
         .unwrap();
     let mut config = Config::local(&sims.urls());
     config.policy = sluice_core::policy::Policy::RoundRobin;
-    let files = ModelFiles {
-        model_path: Some(model.0.clone()),
-        ..ModelFiles::default()
-    };
-    config.upstream.tokens = Some(Arc::new(Tokens::load(&files).unwrap()));
+    config.upstream.tokens = Some(model.tokens());
     let s = serve(sims, config).await;
     for _ in 0..4 {
         let answer = s.chat(&chat_body("test-model", "hi", 4, false)).await;

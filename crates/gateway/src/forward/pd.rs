@@ -8,7 +8,8 @@
 //! that frees goes to the most urgent tier's longest waiter; no room in time, or a request wider
 //! than the window, is shed with the overload answer. Then a prefill worker; both get the request
 //! with the same `bootstrap_host`, `bootstrap_port` (the prefill's bootstrap server) and a fresh
-//! `bootstrap_room`, at once.
+//! `bootstrap_room`, at once. gRPC workers get them in `Generate`'s `disaggregated_params`
+//! (`upstream::grpc`), whose room is an `int32`: theirs are drawn below 2^31.
 //!
 //! The decode worker's answer is the client's, relayed once the prefill leg has ended well — the
 //! KV is across by then — so until then nothing has reached the client and a failed pair can be
@@ -424,8 +425,13 @@ impl Exchange {
                     _ => None,
                 };
                 let host = worker.endpoint.authority.host().trim_matches(['[', ']']);
-                // SGLang's rooms are non-negative 63-bit integers.
-                let room = rand::random::<u64>() >> 1;
+                // SGLang's rooms are non-negative 63-bit integers; SMG's gRPC protocol carries
+                // them as an `int32`.
+                let room = if worker.endpoint.grpc() {
+                    u64::from(rand::random::<u32>() >> 1)
+                } else {
+                    rand::random::<u64>() >> 1
+                };
                 vec![
                     ("bootstrap_host", Some(host.into())),
                     ("bootstrap_port", Some(port.into())),

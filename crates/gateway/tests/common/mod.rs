@@ -6,6 +6,7 @@ use std::time::Duration;
 
 pub mod certs;
 pub mod kube_api;
+pub mod model;
 pub mod otlp;
 pub mod pinned;
 pub mod redis;

@@ -15,7 +15,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_proto::sglang_scheduler::sampling_params::Constraint;
-use sluice_proto::sglang_scheduler::{GenerateRequest, SamplingParams, TokenizedInput};
+use sluice_proto::sglang_scheduler::{
+    DisaggregatedParams, GenerateRequest, SamplingParams, TokenizedInput,
+};
 
 use crate::tokens::{ChatMessage, Tokens, TokensError};
 
@@ -127,6 +129,14 @@ struct Body {
     skip_special_tokens: Option<bool>,
     #[serde(default)]
     response_format: Option<Value>,
+    /// Where a disaggregated request's halves meet (the gateway's prefill/decode path sets
+    /// them, as SGLang's HTTP engines read them).
+    #[serde(default)]
+    bootstrap_host: Option<String>,
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
+    #[serde(default)]
+    bootstrap_room: Option<u64>,
 }
 
 /// Fields refused by name when present and not null (or `false`, for `logprobs`).
@@ -217,6 +227,23 @@ fn constraint(format: Option<&Value>) -> Result<Option<Constraint>, Refused> {
     }
 }
 
+/// The bootstrap fields as the protocol's `DisaggregatedParams`, if a room is named. The
+/// protocol's room is an `int32` (smg-grpc-proto 0.4.28, `sglang_scheduler.proto`).
+fn disaggregated(body: &Body) -> Result<Option<DisaggregatedParams>, Refused> {
+    let Some(room) = body.bootstrap_room else {
+        return Ok(None);
+    };
+    let room = i32::try_from(room).map_err(|_| Refused::Invalid {
+        field: "bootstrap_room",
+        rule: "must be below 2^31 on gRPC workers",
+    })?;
+    Ok(Some(DisaggregatedParams {
+        bootstrap_host: body.bootstrap_host.clone().unwrap_or_default(),
+        bootstrap_port: body.bootstrap_port.map_or(0, i32::from),
+        bootstrap_room: room,
+    }))
+}
+
 /// Builds the engine's request; tokenizing is CPU work the caller runs off the runtime.
 pub fn generate_request(
     route: Route,
@@ -263,6 +290,7 @@ pub fn generate_request(
             rule: "must be at least 1",
         });
     }
+    let disaggregated_params = disaggregated(&body)?;
     let stop = match body.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
@@ -299,6 +327,7 @@ pub fn generate_request(
         }),
         sampling_params: Some(sampling),
         stream: body.stream,
+        disaggregated_params,
         ..Default::default()
     };
     let asked = Asked {
@@ -310,4 +339,32 @@ pub fn generate_request(
         prompt_tokens,
     };
     Ok((request, asked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(json: Value) -> Body {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_bootstrap_fields_become_disaggregated_params_and_a_room_past_int32_is_refused() {
+        assert_eq!(disaggregated(&body(serde_json::json!({}))).unwrap(), None);
+        let meet = body(serde_json::json!({
+            "bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 0,
+        }));
+        assert_eq!(
+            disaggregated(&meet).unwrap(),
+            Some(DisaggregatedParams {
+                bootstrap_host: "10.0.0.7".into(),
+                bootstrap_port: 8998,
+                bootstrap_room: 0,
+            })
+        );
+        let wide = body(serde_json::json!({"bootstrap_room": 1u64 << 31}));
+        let refused = disaggregated(&wide).unwrap_err();
+        assert_eq!(refused.param(), Some("bootstrap_room"));
+    }
 }

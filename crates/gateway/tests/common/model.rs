@@ -1,0 +1,34 @@
+//! The simulated model's files (tokenizer, chat template) for gRPC workers' tests.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sluice_gateway::tokens::{ModelFiles, Tokens};
+use sluice_sim::vocab::Vocab;
+
+/// The simulated model's files in a directory of their own, removed when dropped.
+pub struct ModelDir(pub PathBuf);
+
+impl ModelDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sluice-grpc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Vocab::new().write_model_dir(&dir, "test-model").unwrap();
+        Self(dir)
+    }
+
+    /// The gateway's tokens, loaded from the directory as `--model-path` loads them.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        let files = ModelFiles {
+            model_path: Some(self.0.clone()),
+            ..ModelFiles::default()
+        };
+        Arc::new(Tokens::load(&files).unwrap())
+    }
+}
+
+impl Drop for ModelDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
