@@ -454,24 +454,36 @@ async fn an_engine_that_reports_its_own_silence_is_caught_holding_a_single_strea
 async fn without_a_model_directory_the_tokenizer_comes_from_the_worker() {
     let mut engine = instant(Flavor::Sglang);
     engine.grpc = Some(GrpcConfig::default());
-    let sims = SimFleet::start(FleetConfig::local(1, engine))
+    // Workers registering at once each ask for the tokenizer: one fetch must not spoil another.
+    let sims = SimFleet::start(FleetConfig::local(4, engine))
         .await
         .unwrap();
     // No --model-path: the gateway asks the worker (GetTokenizer), as SMG does.
-    let config = Config::local(&sims.urls());
+    let mut config = Config::local(&sims.urls());
+    config.policy = sluice_core::policy::Policy::RoundRobin;
     assert!(config.upstream.tokens.is_none());
     let s = serve(sims, config).await;
-    let answer = s
-        .chat(&chat_body("test-model", "Hello there", 8, false))
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.text());
-    let body = answer.json();
-    let tokens = body["usage"]["completion_tokens"].as_u64().unwrap();
-    let finish = body["choices"][0]["finish_reason"].as_str().unwrap();
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        said(tokens, finish)
-    );
+    for _ in 0..4 {
+        let answer = s
+            .chat(&chat_body("test-model", "Hello there", 8, false))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let body = answer.json();
+        let tokens = body["usage"]["completion_tokens"].as_u64().unwrap();
+        let finish = body["choices"][0]["finish_reason"].as_str().unwrap();
+        assert_eq!(
+            body["choices"][0]["message"]["content"],
+            said(tokens, finish)
+        );
+    }
+    assert_eq!(s.received(), [1, 1, 1, 1]);
+    let fetches: u64 = s
+        .sims
+        .engines()
+        .iter()
+        .map(|e| e.state().tokenizer_fetches)
+        .sum();
+    assert_eq!(fetches, 1, "one fetch; the other workers found it loaded");
 }
 
 #[tokio::test]

@@ -153,6 +153,8 @@ pub struct EngineState {
     pub bootstrap_timeouts: u64,
     /// A decode engine's requests failed because their KV never came.
     pub transfer_failures: u64,
+    /// `GetTokenizer` calls it answered (`--grpc`).
+    pub tokenizer_fetches: u64,
 }
 
 impl EngineSlot {
@@ -363,6 +365,7 @@ impl EngineSlot {
             pd_role: self.cfg.pd_role,
             bootstrap_timeouts: load(&t.bootstrap_timeouts),
             transfer_failures: load(&t.transfer_failures),
+            tokenizer_fetches: load(&t.tokenizer_fetches),
         }
     }
 }

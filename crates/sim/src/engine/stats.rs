@@ -136,6 +136,8 @@ pub struct Totals {
     /// Decode halves failed because their KV never came (the prefill failed, was aborted or
     /// could not be reached).
     pub transfer_failures: AtomicU64,
+    /// `GetTokenizer` calls answered (`--grpc`).
+    pub tokenizer_fetches: AtomicU64,
 }
 
 impl Totals {

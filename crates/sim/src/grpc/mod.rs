@@ -33,6 +33,7 @@ mod info;
 mod load;
 mod pd;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::stream::{BoxStream, StreamExt};
@@ -158,6 +159,8 @@ impl SglangScheduler for Service {
         _: Request<GetTokenizerRequest>,
     ) -> Result<Response<Self::GetTokenizerStream>, Status> {
         self.unless_one_way().await;
+        let totals = self.st.engine.totals();
+        totals.tokenizer_fetches.fetch_add(1, Ordering::Relaxed);
         let model = &self.st.engine.config().model;
         let (archive, sha256) = self
             .vocab

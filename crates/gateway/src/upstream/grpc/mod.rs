@@ -71,6 +71,8 @@ pub struct GrpcUpstream {
     /// The model's tokens: from the command line's files, else fetched from the first worker
     /// that serves them (`fetch_tokenizer`).
     tokens: arc_swap::ArcSwapOption<Tokens>,
+    /// Held while a worker's tokenizer is fetched (an async lock: the fetch awaits the worker).
+    fetching: tokio::sync::Mutex<()>,
 }
 
 /// A control call's request, bounded by `timeout` (sent to the worker as `grpc-timeout` too).
@@ -147,6 +149,7 @@ impl GrpcUpstream {
             channels: Mutex::new(HashMap::new()),
             connect_timeout,
             tokens: arc_swap::ArcSwapOption::new(tokens),
+            fetching: tokio::sync::Mutex::new(()),
         }
     }
 

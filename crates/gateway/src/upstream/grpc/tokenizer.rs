@@ -35,7 +35,10 @@ fn hex(bytes: &[u8]) -> String {
 
 impl GrpcUpstream {
     /// Loads the model's tokenizer from `endpoint` unless one is loaded already.
+    /// Workers registering at once fetch one at a time: the first loads it, the others find it
+    /// loaded.
     pub async fn fetch_tokenizer(&self, endpoint: &Endpoint) -> Result<(), FetchError> {
+        let _one_at_a_time = self.fetching.lock().await;
         if self.tokens.load().is_some() {
             return Ok(());
         }
@@ -58,11 +61,7 @@ impl GrpcUpstream {
         let tokens = tokio::task::spawn_blocking(move || unpack(&archive, &said))
             .await
             .map_err(|e| FetchError::Archive(e.to_string()))??;
-        // Two workers may race here: the first one's stays, they serve one model.
-        self.tokens.compare_and_swap(
-            &None::<std::sync::Arc<Tokens>>,
-            Some(std::sync::Arc::new(tokens)),
-        );
+        self.tokens.store(Some(std::sync::Arc::new(tokens)));
         Ok(())
     }
 }
@@ -76,10 +75,12 @@ fn unpack(archive: &[u8], said: &str) -> Result<Tokens, FetchError> {
             got,
         });
     }
+    // A directory of this unpacking's own, never one another could be reading or removing.
     let dir: PathBuf = std::env::temp_dir().join(format!(
-        "sluice-tokenizer-{}-{}",
+        "sluice-tokenizer-{}-{}-{:016x}",
         std::process::id(),
-        &got[..16]
+        &got[..16],
+        rand::random::<u64>()
     ));
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(archive))
         .map_err(|e| FetchError::Archive(e.to_string()))?;
