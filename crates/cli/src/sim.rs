@@ -30,8 +30,8 @@ pub struct SimArgs {
     /// A fault to apply at startup, `[ENGINE=]JSON`, e.g. `1={"kind":"slow","factor":3}`
     /// (all engines when no index is given). Repeatable. Kinds: freeze, crash, restart,
     /// slow-start (secs), slow (factor), error-rate (rate), error-event (rate, code), hang,
-    /// cut-streams, events-stop, one-way, load-endpoint (mode), report (waiting, running, kv_usage, rank), sleep
-    /// (level), wake, clear; see docs/simulator.md.
+    /// cut-streams, events-stop, one-way, no-tokenizer, load-endpoint (mode), report (waiting,
+    /// running, kv_usage, rank), sleep (level), wake, clear; see docs/simulator.md.
     #[arg(long = "fault", value_name = "[ENGINE=]JSON")]
     pub faults: Vec<String>,
     /// More engines serving another model, `MODEL=PROFILE:ENGINES`, e.g.

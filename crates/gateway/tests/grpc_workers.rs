@@ -502,3 +502,41 @@ async fn a_client_that_leaves_a_whole_answer_aborts_it_in_the_engine_too() {
     let state = bounded("the abort", engine.until(|st| st.aborted == 1)).await;
     assert_eq!(state.running, 0, "the engine freed the request");
 }
+
+#[tokio::test]
+async fn a_tokenizer_no_worker_could_serve_at_registration_is_asked_for_again() {
+    let mut engine = instant(Flavor::Sglang);
+    engine.grpc = Some(GrpcConfig::default());
+    let mut fleet = FleetConfig::local(1, engine);
+    // A servicer started without a tokenizer path refuses GetTokenizer.
+    fleet.faults.push((None, sluice_sim::Fault::NoTokenizer));
+    let sims = SimFleet::start(fleet).await.unwrap();
+    let mut config = Config::local(&sims.urls());
+    config.health.interval = Duration::from_millis(100);
+    let s = serve(sims, config).await;
+    let refused = s.chat(&chat_body("test-model", "hi", 4, false)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        common::code(&refused).as_deref(),
+        Some("tokenizer_unavailable")
+    );
+
+    s.fault(0, sluice_sim::Fault::Clear).await;
+    let engine = s.sims.engine(0).unwrap();
+    bounded(
+        "the tokenizer asked for again",
+        engine.until(|st| st.tokenizer_fetches == 1),
+    )
+    .await;
+    let answer = bounded("an answer", async {
+        loop {
+            let answer = s.chat(&chat_body("test-model", "hi", 4, false)).await;
+            if answer.status != 503 {
+                break answer;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}

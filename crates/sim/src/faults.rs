@@ -98,6 +98,9 @@ pub enum Fault {
     /// heartbeats — while requests still reach it and connections stay up: a link that carries
     /// traffic one way only, which no transport error reports.
     OneWay,
+    /// `GetTokenizer` fails with `FAILED_PRECONDITION`, as a servicer started without a
+    /// tokenizer path answers it; everything else answers as before.
+    NoTokenizer,
     /// Pins what the load endpoints report, without changing what the engine does. Fields left
     /// out keep their real value; `rank` picks one data-parallel rank (all when left out).
     Report {
@@ -146,6 +149,8 @@ pub struct FaultSet {
     pub events_stopped: bool,
     /// Nothing the engine sends reaches its peer.
     pub one_way: bool,
+    /// `GetTokenizer` is refused.
+    pub no_tokenizer: bool,
     /// The share of requests failed by an error event, and the status it carries.
     pub error_event: Option<(f64, u16)>,
     /// Asleep, and how deeply.
@@ -184,6 +189,7 @@ impl FaultSet {
             cut_streams: false,
             events_stopped: false,
             one_way: false,
+            no_tokenizer: false,
             error_event: None,
             asleep: None,
             load_endpoint: None,
@@ -217,6 +223,7 @@ impl FaultSet {
             Fault::CutStreams => self.cut_streams = true,
             Fault::EventsStop => self.events_stopped = true,
             Fault::OneWay => self.one_way = true,
+            Fault::NoTokenizer => self.no_tokenizer = true,
             Fault::ErrorEvent { rate, code } => {
                 if !(0.0..=1.0).contains(&rate) {
                     return Err(FaultError::ErrorRate(rate));
@@ -302,6 +309,7 @@ mod tests {
         assert_eq!(parse(r#"{"kind":"sleep"}"#), Fault::Sleep { level: 1 });
         assert_eq!(parse(r#"{"kind":"events-stop"}"#), Fault::EventsStop);
         assert_eq!(parse(r#"{"kind":"one-way"}"#), Fault::OneWay);
+        assert_eq!(parse(r#"{"kind":"no-tokenizer"}"#), Fault::NoTokenizer);
         assert_eq!(
             parse(r#"{"kind":"slow-start","secs":30}"#),
             Fault::SlowStart { secs: 30.0 }

@@ -3,7 +3,8 @@
 //! breaker readmission on promotion, removal of failed workers when auto-recovery is on, the
 //! `sluice_worker_health` gauge and one log line with the cause.
 //!
-//! A `grpc://` worker is probed with its servicer's `HealthCheck` (a one-token generation) instead.
+//! A `grpc://` worker is probed with its servicer's `HealthCheck` (a one-token generation) instead;
+//! while no worker has served the model's tokenizer, each passing probe asks for it again.
 //! A probe is `GET <worker url><--health-check-endpoint>` with the worker's API key as a bearer
 //! token; it passes on a 2xx within the timeout. Every worker has its own task, so a slow one
 //! delays nobody else, and a semaphore keeps at most `MAX_PROBES_IN_FLIGHT` probes out at once.
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use sluice_core::health::{HealthState, Probe, Thresholds};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{get, Control};
 use crate::fleet::{Fleet, HealthOverrides, ProbeRecord, Worker};
@@ -129,6 +130,11 @@ pub async fn probe(
             .await
             .map_err(ProbeError::Grpc)?;
         return if answer.healthy {
+            // A tokenizer none of the workers could serve at registration is asked for again
+            // on every passing probe, until one has.
+            if let Err(e) = upstream.grpc().fetch_tokenizer(&worker.endpoint).await {
+                warn!(worker = %worker.id, error = %e, "the worker's tokenizer could not be loaded");
+            }
             Ok(())
         } else {
             Err(ProbeError::Unhealthy(answer.message))

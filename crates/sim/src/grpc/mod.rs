@@ -159,6 +159,11 @@ impl SglangScheduler for Service {
         _: Request<GetTokenizerRequest>,
     ) -> Result<Response<Self::GetTokenizerStream>, Status> {
         self.unless_one_way().await;
+        if self.st.engine.faults().no_tokenizer {
+            return Err(Status::failed_precondition(
+                "Tokenizer path is not configured on this server.",
+            ));
+        }
         let totals = self.st.engine.totals();
         totals.tokenizer_fetches.fetch_add(1, Ordering::Relaxed);
         let model = &self.st.engine.config().model;

@@ -38,6 +38,9 @@ impl GrpcUpstream {
     /// Workers registering at once fetch one at a time: the first loads it, the others find it
     /// loaded.
     pub async fn fetch_tokenizer(&self, endpoint: &Endpoint) -> Result<(), FetchError> {
+        if self.tokens.load().is_some() {
+            return Ok(());
+        }
         let _one_at_a_time = self.fetching.lock().await;
         if self.tokens.load().is_some() {
             return Ok(());
