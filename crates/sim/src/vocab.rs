@@ -12,8 +12,13 @@
 //!
 //! The words it says (`token_text`) are what the HTTP engine writes too, one per token.
 //!
+//! Every word the benchmarks' prompts are made of (a space and three lowercase letters) is one
+//! token too, so a benchmark's prompt is as long on a gRPC engine as on an HTTP one (4 bytes a
+//! token); a vocabulary of 18,565 ids.
+//!
 //! Ids: 0-255 are the 256 bytes (id = byte value), then every prefix of a word the model says
-//! (the merges' results), then the special tokens.
+//! (the merges' results), then every prefix of a prompt word not already there, then the special
+//! tokens.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -48,6 +53,16 @@ pub fn token_text(choice: u32, index: u32) -> &'static str {
 /// Which of `WORDS` the `index`-th token of a choice is.
 fn word_index(choice: u32, index: u32) -> usize {
     ((choice as usize) * 7 + index as usize) % WORDS.len()
+}
+
+/// The words benchmark prompts are made of (`sluice bench`: three lowercase letters after a
+/// space, 4 bytes a token): each is one token, so a prompt is as many tokens here as the HTTP
+/// engine counts at 4 bytes a token.
+fn prompt_words() -> impl Iterator<Item = String> {
+    let letters = || (b'a'..=b'z').map(char::from);
+    letters().flat_map(move |a| {
+        letters().flat_map(move |b| letters().map(move |c| format!(" {a}{b}{c}")))
+    })
 }
 
 /// The special tokens, in id order after the merged tokens.
@@ -94,8 +109,9 @@ impl Vocab {
             .map(|(id, t)| (t.clone(), id as u32))
             .collect();
         let mut merges = Vec::new();
-        let mut word_ids = Vec::with_capacity(WORDS.len());
-        for word in WORDS {
+        // Each word merges left to right from its first byte, so words sharing a beginning
+        // share its merges and no merge can split another word's path.
+        let mut merge = |word: &str| {
             let chars: Vec<char> = word.bytes().map(|b| alphabet[b as usize]).collect();
             let mut merged = chars[0].to_string();
             for next in &chars[1..] {
@@ -107,7 +123,11 @@ impl Vocab {
                 }
                 merged = joined;
             }
-            word_ids.push(ids[&merged]);
+            ids[&merged]
+        };
+        let word_ids = WORDS.iter().map(|w| merge(w)).collect();
+        for word in prompt_words() {
+            merge(&word);
         }
         tokens.extend(SPECIALS.iter().map(|s| s.to_string()));
         Self {
@@ -308,6 +328,22 @@ mod tests {
         // Space is shifted to 'Ġ' (U+0120) as in GPT-2.
         assert_eq!(byte_alphabet()[b' ' as usize], '\u{120}');
         assert_eq!(byte_alphabet()[b'a' as usize], 'a');
+    }
+
+    #[test]
+    fn every_prompt_word_is_one_token() {
+        let vocab = Vocab::new();
+        assert_eq!(vocab.size(), 18_565);
+        let ids: Vec<u32> = [" abc", " zzz", " the", " eng"]
+            .iter()
+            .map(|w| {
+                let text: String = w.bytes().map(|b| byte_alphabet()[b as usize]).collect();
+                vocab.tokens.iter().position(|t| *t == text).unwrap() as u32
+            })
+            .collect();
+        assert!(ids.iter().all(|id| *id >= 256), "{ids:?}");
+        // " the" is the model's own word, whatever else shares its letters.
+        assert_eq!(ids[2], vocab.answer_token(0, 0));
     }
 
     #[test]

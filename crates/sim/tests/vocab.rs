@@ -54,6 +54,9 @@ fn any_text_round_trips_and_the_models_words_are_single_tokens() {
     let ids: Vec<u32> = (0..20).map(|i| vocab.answer_token(1, i)).collect();
     let said: String = (0..20).map(|i| token_text(1, i)).collect();
     assert_eq!(tokenizer.decode(&ids, false).unwrap(), said);
+    // A benchmark prompt is a token a word, as the HTTP engine counts it at 4 bytes a token.
+    let prompt = " qxz abc zzz the eng";
+    assert_eq!(tokenizer.encode(prompt, false).unwrap().get_ids().len(), 5);
     // A multi-byte character spans tokens, so a streaming decoder must wait for its last byte.
     let check = tokenizer.encode("✓", false).unwrap();
     assert_eq!(check.get_ids().len(), 3);
