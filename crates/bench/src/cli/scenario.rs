@@ -148,6 +148,10 @@ pub struct ScenarioArgs {
     /// decode engines with their whole KV cache), one prompt in twenty of 32k-128k tokens.
     #[arg(long)]
     pub disaggregated: bool,
+    /// The engines serve SMG's gRPC protocol (`sluice sim --grpc --flavor sglang`) and every
+    /// gateway reaches them as `grpc://` workers, fetching the model's tokenizer from them.
+    #[arg(long)]
+    pub grpc: bool,
     /// Where the plot and the processes' logs go.
     #[arg(long, default_value = "sluice-bench-out")]
     pub out: PathBuf,
@@ -389,6 +393,13 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             })
             .split_whitespace()
             .map(String::from)
+            .chain(
+                args.grpc
+                    .then_some(["--grpc", "--flavor", "sglang"])
+                    .into_iter()
+                    .flatten()
+                    .map(String::from),
+            )
             .collect(),
         fleet: match args.name {
             ScenarioName::Degradation => crate::scenario::degradation_shape(engines),

@@ -255,9 +255,27 @@ async fn wait_until_serving_within(
     limit: Duration,
 ) -> Result<(), OverheadError> {
     let shot = hello_shot(model);
+    wait_for(proc, limit, || load::answers(addr, &shot)).await
+}
+
+/// Waits until something accepts connections at `addr` (a process with no OpenAI route to ask).
+pub(crate) async fn wait_until_listening(
+    proc: &mut Proc,
+    addr: SocketAddr,
+) -> Result<(), OverheadError> {
+    let listening = || async move { tokio::net::TcpStream::connect(addr).await.is_ok() };
+    wait_for(proc, STARTUP_LIMIT, listening).await
+}
+
+/// Polls `ready` until it holds, failing when `proc` exits or `limit` passes.
+async fn wait_for<F: std::future::Future<Output = bool>>(
+    proc: &mut Proc,
+    limit: Duration,
+    mut ready: impl FnMut() -> F,
+) -> Result<(), OverheadError> {
     let give_up = Instant::now() + limit;
     loop {
-        if load::answers(addr, &shot).await {
+        if ready().await {
             return Ok(());
         }
         if proc.exited() {

@@ -15,7 +15,7 @@ use sluice_sim::Fault;
 
 use super::{ScenarioError, ScenarioPlan, MODEL};
 use crate::client::HttpClient;
-use crate::overhead::{free_ports, loopback, wait_until_serving};
+use crate::overhead::{free_ports, loopback, wait_until_listening, wait_until_serving};
 use crate::procs::{Launch, Proc};
 
 /// Engine totals that show wasted work, prefix caching, and whether the engines kept their clock.
@@ -178,7 +178,8 @@ impl SimFleet {
                 control: loopback(port + 1),
                 before_kill: EngineTotals::default(),
             });
-            fleet.workers.push(format!("http://{}", loopback(port)));
+            let scheme = if fleet.grpc() { "grpc" } else { "http" };
+            fleet.workers.push(format!("{scheme}://{}", loopback(port)));
             fleet.launch(i).await?;
         }
         Ok(fleet)
@@ -214,9 +215,20 @@ impl SimFleet {
             log_dir: &self.log_dir,
         })?;
         let model = self.shape.of(i, self.main).0.to_string();
-        wait_until_serving(&mut proc, loopback(engine.port), &model).await?;
+        if self.grpc() {
+            // No OpenAI route to ask: the engine is up once its control listener answers.
+            let control = engine.control;
+            wait_until_listening(&mut proc, control).await?;
+        } else {
+            wait_until_serving(&mut proc, loopback(engine.port), &model).await?;
+        }
         self.engines[i].proc = Some(proc);
         Ok(())
+    }
+
+    /// The engines serve SMG's gRPC protocol (`--grpc` among their flags).
+    fn grpc(&self) -> bool {
+        self.engine_args.iter().any(|a| a == "--grpc")
     }
 
     /// SIGKILL to engine `i`: its connections reset and its port refuses. The work it held
