@@ -9,37 +9,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::model::ModelDir;
+use common::model::{grpc_setup, grpc_setup_with, ModelDir};
 use common::{bounded, chat_body, serve, Setup};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sluice_gateway::config::Config;
 use sluice_sim::testkit::{instant, post, sse_events, timed};
 use sluice_sim::vocab::token_text;
-use sluice_sim::{EngineConfig, Flavor, FleetConfig, GrpcConfig, SimFleet};
-
-/// `engines` gRPC engines of `engine`'s settings, and a gateway with the model's files.
-async fn grpc_setup(engines: usize, engine: EngineConfig, model: &ModelDir) -> Setup {
-    grpc_setup_with(engines, engine, model, |_| {}).await
-}
-
-/// `grpc_setup`, the gateway's configuration tuned.
-async fn grpc_setup_with(
-    engines: usize,
-    mut engine: EngineConfig,
-    model: &ModelDir,
-    tune: impl FnOnce(&mut Config),
-) -> Setup {
-    engine.grpc = Some(engine.grpc.unwrap_or_default());
-    let sims = SimFleet::start(FleetConfig::local(engines, engine))
-        .await
-        .unwrap();
-    assert!(sims.urls().iter().all(|u| u.starts_with("grpc://")));
-    let mut config = Config::local(&sims.urls());
-    config.upstream.tokens = Some(model.tokens());
-    tune(&mut config);
-    serve(sims, config).await
-}
+use sluice_sim::{Flavor, FleetConfig, GrpcConfig, SimFleet};
 
 /// A poll so rare it never comes in a test: what the gateway knows of the load is pushed.
 fn poll_rarely(c: &mut Config) {

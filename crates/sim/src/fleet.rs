@@ -155,6 +155,8 @@ pub struct EngineState {
     pub transfer_failures: u64,
     /// `GetTokenizer` calls it answered (`--grpc`).
     pub tokenizer_fetches: u64,
+    /// Connections open on its port now.
+    pub open_connections: u64,
 }
 
 impl EngineSlot {
@@ -293,6 +295,7 @@ impl EngineSlot {
                 pd::bootstrap::router(rooms.clone()),
                 self.faults.subscribe(),
                 killed.clone(),
+                None,
             ))),
             _ => None,
         };
@@ -301,6 +304,10 @@ impl EngineSlot {
             router,
             self.faults.subscribe(),
             killed,
+            Some(server::Tally {
+                totals: self.totals.clone(),
+                changed: self.changed.clone(),
+            }),
         ));
         *running = Some(Incarnation {
             engine,
@@ -366,6 +373,7 @@ impl EngineSlot {
             bootstrap_timeouts: load(&t.bootstrap_timeouts),
             transfer_failures: load(&t.transfer_failures),
             tokenizer_fetches: load(&t.tokenizer_fetches),
+            open_connections: load(&t.open_connections),
         }
     }
 }

@@ -6,6 +6,8 @@
 //! not a clean close, as when a process dies. The listener goes with the loop.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -15,9 +17,39 @@ use hyper_util::service::TowerToHyperService;
 use socket2::SockRef;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
+use crate::engine::Totals;
 use crate::faults::FaultSet;
+
+/// Where an engine's port counts its open connections, and whom a change wakes: a test awaits
+/// a peer letting go of the engine.
+#[derive(Clone)]
+pub(crate) struct Tally {
+    pub totals: Arc<Totals>,
+    pub changed: Arc<Notify>,
+}
+
+/// One open connection, counted while it lives.
+struct Open(Tally);
+
+impl Tally {
+    fn open(&self) -> Open {
+        self.totals.open_connections.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+        Open(self.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0
+            .totals
+            .open_connections
+            .fetch_sub(1, Ordering::Relaxed);
+        self.0.changed.notify_waiters();
+    }
+}
 
 /// Resolves when the kill signal fires (or its sender is gone).
 async fn killed(mut kill: watch::Receiver<bool>) {
@@ -38,12 +70,13 @@ where
     });
 }
 
-/// Accepts connections until killed.
+/// Accepts connections until killed, counting them in `tally` if given.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     faults: watch::Receiver<FaultSet>,
     kill: watch::Receiver<bool>,
+    tally: Option<Tally>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // No cap on streams per HTTP/2 connection (hyper's default is 200): a gateway speaking HTTP/2
@@ -61,8 +94,12 @@ pub(crate) async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let open = tally.as_ref().map(Tally::open);
         if faults.borrow().hang {
-            spawn_killable(&kill, swallow(stream));
+            spawn_killable(&kill, async move {
+                swallow(stream).await;
+                drop(open);
+            });
             continue;
         }
         let Some((stream, shadow)) = with_shadow(stream) else {
@@ -72,6 +109,7 @@ pub(crate) async fn serve(
         let builder = builder.clone();
         let kill = kill.clone();
         tokio::spawn(async move {
+            let _open = open;
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             tokio::select! {
                 _ = connection => {}

@@ -42,6 +42,7 @@ pub use resilience::ResilienceSettings;
 pub use settings::Settings;
 pub use smg_defaults::{values as smg_default_values, SMG_QUEUE};
 pub use status::{StatusSettings, UiConfig};
+pub use tokens::TokenizerSettings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
 

@@ -15,6 +15,7 @@ use super::pd::PdSettings;
 use super::replicas::ReplicaSettings;
 use super::resilience::ResilienceSettings;
 use super::status::StatusSettings;
+use super::tokens::TokenizerSettings;
 
 /// How to run the gateway.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
@@ -466,28 +467,6 @@ pub struct Settings {
     #[arg(help_heading = "Listener")]
     pub shutdown_grace_period_secs: f64,
 
-    /// The model's directory (Hugging Face's layout: tokenizer.json, tokenizer_config.json with
-    /// its chat template), for grpc:// workers, which take token ids: the gateway tokenizes
-    /// prompts, applies the chat template and detokenizes answers. Read from disk at startup; a
-    /// Hugging Face model id is not downloaded. HTTP workers do not need it.
-    #[arg(long, alias = "model", value_name = "DIR")]
-    #[serde(default)]
-    #[arg(help_heading = "Tokenizer")]
-    pub model_path: Option<PathBuf>,
-
-    /// The tokenizer (a tokenizer.json, or the directory holding it), overriding --model-path's.
-    #[arg(long, value_name = "PATH")]
-    #[serde(default)]
-    #[arg(help_heading = "Tokenizer")]
-    pub tokenizer_path: Option<PathBuf>,
-
-    /// The chat template (a Jinja file, or JSON with a chat_template key), overriding the model
-    /// directory's (chat_template.jinja, or tokenizer_config.json's chat_template).
-    #[arg(long, value_name = "FILE")]
-    #[serde(default)]
-    #[arg(help_heading = "Tokenizer")]
-    pub chat_template: Option<PathBuf>,
-
     /// Serve HTTPS on --port with this certificate chain (PEM), with --tls-key-path (SMG's flag).
     /// HTTP/2 and HTTP/1.1 are offered by ALPN; the probe and metrics ports stay plain HTTP.
     #[arg(long, value_name = "FILE")]
@@ -618,4 +597,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub status: StatusSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tokenizer: TokenizerSettings,
 }

@@ -162,8 +162,28 @@ impl Supervise for Control {
             tasks
                 .push(tokio::spawn(adaptive::run_limiter(worker.clone(), adaptive)).abort_handle());
         }
+        if worker.endpoint.grpc() {
+            let held = HeldConnection(self.clone(), worker.endpoint.clone());
+            tasks.push(tokio::spawn(held.until_removed()).abort_handle());
+        }
         tasks.push(tokio::spawn(load::run_monitor(weak, worker.clone(), self)).abort_handle());
         tasks
+    }
+}
+
+/// A gRPC worker's connection, held for as long as its registration lives: the fleet aborts
+/// the task that owns it when the registration ends, and the connection is forgotten then.
+struct HeldConnection(Arc<Control>, upstream::Endpoint);
+
+impl HeldConnection {
+    async fn until_removed(self) {
+        std::future::pending::<()>().await;
+    }
+}
+
+impl Drop for HeldConnection {
+    fn drop(&mut self) {
+        self.0.upstream.grpc().forget(&self.1);
     }
 }
 

@@ -3,8 +3,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sluice_gateway::config::Config;
 use sluice_gateway::tokens::{ModelFiles, Tokens};
 use sluice_sim::vocab::Vocab;
+use sluice_sim::{EngineConfig, FleetConfig, SimFleet};
+
+use super::Setup;
 
 /// The simulated model's files in a directory of their own, removed when dropped.
 pub struct ModelDir(pub PathBuf);
@@ -31,4 +35,27 @@ impl Drop for ModelDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// `engines` gRPC engines of `engine`'s settings, and a gateway with the model's files.
+pub async fn grpc_setup(engines: usize, engine: EngineConfig, model: &ModelDir) -> Setup {
+    grpc_setup_with(engines, engine, model, |_| {}).await
+}
+
+/// `grpc_setup`, the gateway's configuration tuned.
+pub async fn grpc_setup_with(
+    engines: usize,
+    mut engine: EngineConfig,
+    model: &ModelDir,
+    tune: impl FnOnce(&mut Config),
+) -> Setup {
+    engine.grpc = Some(engine.grpc.unwrap_or_default());
+    let sims = SimFleet::start(FleetConfig::local(engines, engine))
+        .await
+        .unwrap();
+    assert!(sims.urls().iter().all(|u| u.starts_with("grpc://")));
+    let mut config = Config::local(&sims.urls());
+    config.upstream.tokens = Some(model.tokens());
+    tune(&mut config);
+    super::serve(sims, config).await
 }

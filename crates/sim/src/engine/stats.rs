@@ -138,6 +138,8 @@ pub struct Totals {
     pub transfer_failures: AtomicU64,
     /// `GetTokenizer` calls answered (`--grpc`).
     pub tokenizer_fetches: AtomicU64,
+    /// Connections open on the engine's port now (not a total: closing one takes it off).
+    pub open_connections: AtomicU64,
 }
 
 impl Totals {

@@ -170,6 +170,13 @@ impl GrpcUpstream {
         SglangSchedulerClient::new(channel.clone()).max_decoding_message_size(usize::MAX)
     }
 
+    /// Forgets the connection to `endpoint`, whose worker's registration ended: kept, it would
+    /// hold a task and an idle connection (pinged every `KEEPALIVE`) to an engine no longer in
+    /// the fleet, one more with every worker discovery replaces. Calls holding it finish on it.
+    pub fn forget(&self, endpoint: &Endpoint) {
+        self.channels.lock().remove(endpoint.authority.as_str());
+    }
+
     /// `GetModelInfo`: what the worker serves, as the control loop registers it.
     pub async fn model_info(
         &self,
