@@ -21,6 +21,8 @@
 //!   cache aware, consistent hash) as one pure `choose` over a pool's candidates.
 //! - `prefix` — prompt prefix blocks and the bounded index of which workers were sent them, for
 //!   the cache-aware policy.
+//! - `held_blocks` — the KV blocks one engine holds, learned from its KV events and keyed by the
+//!   gateway's hash of their token ids, for precise prefix routing.
 //! - `breaker` — the per-worker circuit breaker state machine.
 //! - `pd_window` — prefill/decode disaggregation's decode admission window: dispatch, wait or
 //!   shed, and which waiter a freed room goes to.
@@ -49,6 +51,7 @@ pub mod discovery;
 pub mod engine_error;
 pub mod hash;
 pub mod health;
+pub mod held_blocks;
 pub mod histogram;
 pub mod ids;
 pub mod liveness;
