@@ -23,6 +23,7 @@
 //!   the cache-aware policy.
 //! - `held_blocks` — the KV blocks one engine holds, learned from its KV events and keyed by the
 //!   gateway's hash of their token ids, for precise prefix routing.
+//! - `kv_events` — the KV events vLLM and SGLang publish over ZMQ, decoded from MessagePack.
 //! - `breaker` — the per-worker circuit breaker state machine.
 //! - `pd_window` — prefill/decode disaggregation's decode admission window: dispatch, wait or
 //!   shed, and which waiter a freed room goes to.
@@ -54,6 +55,7 @@ pub mod health;
 pub mod held_blocks;
 pub mod histogram;
 pub mod ids;
+pub mod kv_events;
 pub mod liveness;
 pub mod load;
 pub mod overload;
