@@ -171,6 +171,7 @@ mod tests {
             output_tokens: 2,
             finish: crate::scheduler::FinishReason::Stop,
             prefix: std::sync::Arc::from([]),
+            prompt: std::sync::Arc::from([]),
             preloaded: 0,
         });
         let mut elapsed = 0.0;

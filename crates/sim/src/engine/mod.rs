@@ -288,6 +288,11 @@ impl Engine {
                 prompt_tokens: spec.prompt_tokens,
                 output_tokens: spec.output_tokens,
                 finish: spec.finish,
+                prompt: if prefix.is_empty() {
+                    Arc::from([])
+                } else {
+                    spec.prompt.clone()
+                },
                 prefix,
                 preloaded: spec.preloaded,
             };

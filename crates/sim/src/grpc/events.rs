@@ -148,21 +148,27 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A step's cache changes as the protocol's events: each stored block, and each run of
-/// evictions as one removal.
+/// A step's cache changes as the protocol's events: each stored block with its tokens and the
+/// block it follows, and each run of evictions as one removal.
 fn events_of(batch: &KvBatch, block_size: u32, next_id: &mut u64) -> Vec<KvCacheEvent> {
     let mut out: Vec<KvCacheEvent> = Vec::with_capacity(batch.events.len());
     for event in &batch.events {
-        let data = match *event {
-            CacheEvent::Stored(hash) => Data::Stored(KvBlocksStored {
+        let data = match event {
+            CacheEvent::Stored {
+                hash,
+                parent,
+                tokens,
+            } => Data::Stored(KvBlocksStored {
                 blocks: vec![KvBlock {
-                    block_hash: hash as i64,
+                    block_hash: *hash as i64,
+                    token_ids: tokens.clone(),
                     block_size: block_size as i32,
                     ..Default::default()
                 }],
+                parent_block_hash: parent.map(|p| p as i64),
                 ..Default::default()
             }),
-            CacheEvent::Removed(hash) => {
+            &CacheEvent::Removed(hash) => {
                 if let Some(Data::Removed(removed)) = out.last_mut().and_then(|e| e.data.as_mut()) {
                     removed.block_hashes.push(hash as i64);
                     continue;
@@ -372,7 +378,11 @@ mod tests {
             events: vec![
                 CacheEvent::Removed(1),
                 CacheEvent::Removed(2),
-                CacheEvent::Stored(3),
+                CacheEvent::Stored {
+                    hash: 3,
+                    parent: Some(9),
+                    tokens: vec![5, 6],
+                },
                 CacheEvent::Removed(4),
             ],
         };
@@ -386,7 +396,9 @@ mod tests {
         }
         match &events[1].data {
             Some(Data::Stored(s)) => {
-                assert_eq!((s.blocks[0].block_hash, s.blocks[0].block_size), (3, 16))
+                assert_eq!((s.blocks[0].block_hash, s.blocks[0].block_size), (3, 16));
+                assert_eq!(s.blocks[0].token_ids, [5, 6]);
+                assert_eq!(s.parent_block_hash, Some(9));
             }
             other => panic!("expected a store, got {other:?}"),
         }

@@ -99,9 +99,16 @@ pub(super) fn cache_computed(
 ) {
     let full =
         (seq.computed.min(seq.prompt_tokens) / block_size.max(1)).min(seq.prefix.len() as u32);
+    let size = block_size.max(1) as usize;
     while seq.shared < full {
-        let hash = seq.prefix[seq.shared as usize];
-        if !cache.register(hash) {
+        let at = seq.shared as usize;
+        let hash = seq.prefix[at];
+        let parent = at.checked_sub(1).map(|p| seq.prefix[p]);
+        let tokens = seq
+            .prompt
+            .get(at * size..(at + 1) * size)
+            .unwrap_or_default();
+        if !cache.register(hash, parent, tokens) {
             if cache.acquire(hash) == Some(Acquired::Revived) {
                 pool.try_take(1);
             }

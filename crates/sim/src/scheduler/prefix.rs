@@ -22,10 +22,15 @@ struct Entry {
 }
 
 /// A change to the blocks the cache holds, as an engine publishes it in its KV events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheEvent {
-    /// A block was computed and cached under this hash.
-    Stored(u64),
+    /// A block was computed and cached under this hash, after the block `parent` (none: it is
+    /// a prompt's first); it holds `tokens`.
+    Stored {
+        hash: u64,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+    },
     /// A cached block was evicted.
     Removed(u64),
 }
@@ -80,9 +85,10 @@ impl PrefixCache {
         }
     }
 
-    /// Caches a block just computed by a request that holds it (one reference). False when the
-    /// hash is cached already: the caller keeps its copy private.
-    pub fn register(&mut self, hash: u64) -> bool {
+    /// Caches a block just computed by a request that holds it (one reference): `hash`, after
+    /// the block `parent`, holding `tokens`. False when the hash is cached already: the caller
+    /// keeps its copy private.
+    pub fn register(&mut self, hash: u64, parent: Option<u64>, tokens: &[u32]) -> bool {
         if self.entries.contains_key(&hash) {
             return false;
         }
@@ -93,7 +99,11 @@ impl PrefixCache {
                 released: 0,
             },
         );
-        self.events.push(CacheEvent::Stored(hash));
+        self.events.push(CacheEvent::Stored {
+            hash,
+            parent,
+            tokens: tokens.to_vec(),
+        });
         true
     }
 
@@ -182,9 +192,12 @@ mod tests {
     fn released_blocks_are_evicted_oldest_first() {
         let mut cache = PrefixCache::default();
         for hash in 1..=3 {
-            assert!(cache.register(hash));
+            assert!(cache.register(hash, hash.checked_sub(1).filter(|&p| p > 0), &[hash as u32]));
         }
-        assert!(!cache.register(2), "a cached hash is not cached twice");
+        assert!(
+            !cache.register(2, Some(1), &[2]),
+            "a cached hash is not cached twice"
+        );
         assert!(cache.release(2));
         assert!(cache.release(1));
         assert!(cache.release(3));
@@ -197,8 +210,12 @@ mod tests {
         cache.shrink_to(0);
         assert_eq!(
             cache.take_events(),
-            [1, 2, 3]
-                .map(CacheEvent::Stored)
+            [1u64, 2, 3]
+                .map(|hash| CacheEvent::Stored {
+                    hash,
+                    parent: hash.checked_sub(1).filter(|&p| p > 0),
+                    tokens: vec![hash as u32],
+                })
                 .into_iter()
                 .chain([2, 3].map(CacheEvent::Removed))
                 .collect::<Vec<_>>(),

@@ -40,6 +40,9 @@ pub struct NewSeq {
     /// The chained hashes of the prompt's full KV blocks (`prefix::block_hashes`); empty when
     /// prefix caching is off.
     pub prefix: Arc<[u64]>,
+    /// The prompt's token ids, which the KV event of each block it stores carries (empty when
+    /// prefix caching is off).
+    pub prompt: Arc<[u32]>,
     /// Prompt tokens whose KV another engine computed and sent (the decode half of a
     /// disaggregated request): admitted, they are in the cache without a prefill.
     pub preloaded: u32,
@@ -79,6 +82,8 @@ pub struct Seq {
     pub work: u64,
     /// The prompt's block hashes, for the prefix cache.
     pub prefix: Arc<[u64]>,
+    /// The prompt's token ids (`NewSeq::prompt`).
+    pub prompt: Arc<[u32]>,
     /// Leading prompt blocks held as references on the prefix cache (counted among `blocks`);
     /// the rest of `blocks` are its own.
     pub shared: u32,
@@ -101,6 +106,7 @@ impl Seq {
             admitted_at: 0,
             work: 0,
             prefix: new.prefix,
+            prompt: new.prompt,
             shared: 0,
             preloaded: new.preloaded,
         }

@@ -37,6 +37,7 @@ fn seq(id: u64, prompt: u32, output: u32) -> NewSeq {
         output_tokens: output,
         finish: FinishReason::Stop,
         prefix: Arc::from([]),
+        prompt: Arc::from([]),
         preloaded: 0,
     }
 }
@@ -78,6 +79,7 @@ fn prompt_of(family: u32, unique: u64, shared: u32, len: u32) -> Vec<u32> {
 fn cached_seq(id: u64, tokens: &[u32], output: u32, block_size: u32) -> NewSeq {
     NewSeq {
         prefix: prefix::block_hashes(tokens, block_size).into(),
+        prompt: tokens.into(),
         ..seq(id, tokens.len() as u32, output)
     }
 }
