@@ -14,6 +14,8 @@ pub enum ArgsError {
     UnknownProfile(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    KvEvents(#[from] crate::zmq_events::KvEventsError),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -139,6 +141,11 @@ pub struct EngineArgs {
     /// prefill it holds (engine_silence_ms, prefill_pending_tokens).
     #[arg(long, requires = "grpc")]
     pub report_engine_silence: bool,
+    /// Publish the prefix cache's KV events over ZMQ, as the engines' own flag does (JSON:
+    /// `{"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": ""}`; vLLM's
+    /// `enable_kv_cache_events` too), in the flavor's encoding; rank r at the port plus r.
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<String>,
 }
 
 impl EngineArgs {
@@ -194,6 +201,10 @@ impl EngineArgs {
             load_records: !self.no_load_records,
             report_silence: self.report_engine_silence,
         });
+        cfg.kv_events_zmq = match &self.kv_events_config {
+            Some(json) => crate::zmq_events::KvEventsConfig::parse(json)?,
+            None => None,
+        };
         if self.max_model_len.is_none() {
             cfg.fit_context();
         }

@@ -72,6 +72,8 @@ pub struct EngineConfig {
     pub bootstrap_timeout_secs: f64,
     /// Served over SMG's gRPC protocol (`--grpc`) instead of HTTP; `None`: HTTP.
     pub grpc: Option<GrpcConfig>,
+    /// KV events published over ZMQ (`--kv-events-config`); `None`: not published.
+    pub kv_events_zmq: Option<crate::zmq_events::KvEventsConfig>,
 }
 
 /// How the gRPC service behaves, as the servicer in front of a real engine is configured.
@@ -156,6 +158,7 @@ impl EngineConfig {
             pd_role: None,
             bootstrap_timeout_secs: DEFAULT_BOOTSTRAP_TIMEOUT_SECS,
             grpc: None,
+            kv_events_zmq: None,
             profile,
         }
     }

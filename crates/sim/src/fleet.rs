@@ -90,6 +90,8 @@ pub enum FleetError {
     NoSuchEngine { index: usize, engines: usize },
     #[error("engine {0} is already running")]
     AlreadyRunning(usize),
+    #[error(transparent)]
+    KvEvents(#[from] crate::zmq_events::KvEventsError),
 }
 
 struct Incarnation {
@@ -99,6 +101,8 @@ struct Incarnation {
     server: tokio::task::JoinHandle<()>,
     /// A prefill engine's bootstrap server, killed with it.
     bootstrap: Option<tokio::task::JoinHandle<()>>,
+    /// Where each rank publishes its KV events over ZMQ (`--kv-events-config`).
+    kv_event_endpoints: Vec<String>,
 }
 
 /// One engine's place in the fleet.
@@ -157,6 +161,8 @@ pub struct EngineState {
     pub tokenizer_fetches: u64,
     /// Connections open on its port now.
     pub open_connections: u64,
+    /// Where each rank publishes its KV events over ZMQ (`--kv-events-config`), while up.
+    pub kv_event_endpoints: Vec<String>,
 }
 
 impl EngineSlot {
@@ -237,7 +243,8 @@ impl EngineSlot {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        self.launch(listener, bootstrap, ready_at)
+        let publishers = self.bind_publishers().await?;
+        self.launch(listener, bootstrap, publishers, ready_at)
     }
 
     /// Closes the listener, resets every connection and drops all work in flight; returns once
@@ -262,10 +269,23 @@ impl EngineSlot {
         Some(incarnation)
     }
 
+    /// Each rank's KV event publisher, bound, when the engine publishes over ZMQ.
+    async fn bind_publishers(&self) -> Result<Vec<crate::zmq_events::Publisher>, FleetError> {
+        let Some(cfg) = &self.cfg.kv_events_zmq else {
+            return Ok(Vec::new());
+        };
+        let mut publishers = Vec::new();
+        for rank in 0..self.cfg.dp_size {
+            publishers.push(crate::zmq_events::Publisher::bind(cfg, rank).await?);
+        }
+        Ok(publishers)
+    }
+
     fn launch(
         &self,
         listener: TcpListener,
         bootstrap: Option<TcpListener>,
+        publishers: Vec<crate::zmq_events::Publisher>,
         ready_at: Instant,
     ) -> Result<(), FleetError> {
         let mut running = self.running.lock();
@@ -299,6 +319,32 @@ impl EngineSlot {
             ))),
             _ => None,
         };
+        let topic = bytes::Bytes::from(
+            self.cfg
+                .kv_events_zmq
+                .as_ref()
+                .map(|c| c.topic.clone())
+                .unwrap_or_default(),
+        );
+        let mut kv_event_endpoints = Vec::new();
+        for (rank, publisher) in publishers.into_iter().enumerate() {
+            kv_event_endpoints.push(publisher.endpoint.clone());
+            let publish = crate::zmq_events::run(
+                publisher,
+                engine.subscribe_kv_events(),
+                rank as u32,
+                self.cfg.flavor,
+                self.cfg.block_size,
+                topic.clone(),
+            );
+            let mut killed = killed.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = publish => {}
+                    _ = killed.wait_for(|k| *k) => {}
+                }
+            });
+        }
         let server = tokio::spawn(server::serve(
             listener,
             router,
@@ -314,6 +360,7 @@ impl EngineSlot {
             kill,
             server,
             bootstrap,
+            kv_event_endpoints,
         });
         Ok(())
     }
@@ -374,6 +421,12 @@ impl EngineSlot {
             transfer_failures: load(&t.transfer_failures),
             tokenizer_fetches: load(&t.tokenizer_fetches),
             open_connections: load(&t.open_connections),
+            kv_event_endpoints: self
+                .running
+                .lock()
+                .as_ref()
+                .map(|r| r.kv_event_endpoints.clone())
+                .unwrap_or_default(),
         }
     }
 }
@@ -444,7 +497,8 @@ impl SimFleet {
                 running: parking_lot::Mutex::new(None),
                 changed: Arc::new(tokio::sync::Notify::new()),
             });
-            slot.launch(listener, bootstrap, Instant::now())?;
+            let publishers = slot.bind_publishers().await?;
+            slot.launch(listener, bootstrap, publishers, Instant::now())?;
             slots.push(slot);
         }
         let fleet = Self { slots };

@@ -21,6 +21,7 @@
 //! - `pd` — prefill/decode disaggregation (`--pd-role`): bootstrap rooms and deadlines on the
 //!   prefill side, the running window and the claim on the decode side.
 //! - `server` — the accept loop that can crash for real (connections reset).
+//! - `zmq_events` — the prefix cache's KV events over ZMQ, in vLLM's or SGLang's encoding.
 //! - `faults` — injectable faults and the standing fault set.
 //! - `fleet` — several engines in one process, crash and restart, ground-truth state.
 //! - `control` — the control listener's routes over a fleet.
@@ -44,6 +45,7 @@ pub mod scheduler;
 mod server;
 pub mod testkit;
 pub mod vocab;
+pub mod zmq_events;
 
 pub use config::{EngineConfig, Flavor, GrpcConfig};
 pub use faults::{Fault, LoadEndpointMode};

@@ -1,0 +1,270 @@
+//! The prefix cache's KV events published over ZMQ, as vLLM and SGLang publish them when started
+//! with `--kv-events-config '{"publisher": "zmq", ...}'`.
+//!
+//! Both engines send one batch per scheduler step that changed the cache, on a PUB socket bound
+//! at the config's `endpoint` (`tcp://*:5557` by default; data-parallel rank `r` at the port plus
+//! `r`), each as three frames: the `topic`, the sequence number (8 bytes, big-endian, from 0 per
+//! publisher), and the batch as msgspec's MessagePack. The batch's shape follows the flavor:
+//! - vLLM (`vllm/distributed/kv_events.py` and `vllm/v1/core/sched/scheduler.py`,
+//!   vllm-project/vllm@0181ea3): a map (`ts`, `events`, `data_parallel_rank`), each event a map
+//!   whose `type` names it; block hashes as bytes (vLLM's default, without
+//!   `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`); stored and removed blocks on the `GPU` medium.
+//! - SGLang (`python/sglang/srt/disaggregation/kv_events.py`, sgl-project/sglang@006d053):
+//!   array-like, a batch `[ts, events]` and each event `[tag, fields...]`; hashes as integers.
+//!
+//! The replay socket (`replay_endpoint`) is not served: a subscriber that misses batches sees
+//! the gap in the sequence numbers and must start over from what comes next.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rmpv::Value;
+use serde::Deserialize;
+use tokio::sync::broadcast;
+use zeromq::{Socket, SocketSend, ZmqMessage};
+
+use crate::config::Flavor;
+use crate::engine::KvBatch;
+use crate::scheduler::prefix::CacheEvent;
+
+/// `--kv-events-config`, as both engines read it (the fields the simulator uses).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct KvEventsConfig {
+    /// `zmq` publishes; `null` (or, in vLLM, `enable_kv_cache_events` false) does not.
+    #[serde(default)]
+    pub publisher: Option<String>,
+    #[serde(default)]
+    pub enable_kv_cache_events: Option<bool>,
+    #[serde(default = "default_endpoint")]
+    pub endpoint: String,
+    #[serde(default)]
+    pub topic: String,
+}
+
+fn default_endpoint() -> String {
+    "tcp://*:5557".to_string()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvEventsError {
+    #[error("--kv-events-config is not the engines' JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+    #[error("--kv-events-config endpoint {0}: only tcp://HOST:PORT is served")]
+    Endpoint(String),
+    #[error("cannot bind the KV event publisher at {endpoint}: {reason}")]
+    Bind { endpoint: String, reason: String },
+}
+
+impl KvEventsConfig {
+    /// The config from the flag's JSON; `None` when it publishes nothing.
+    pub fn parse(json: &str) -> Result<Option<Self>, KvEventsError> {
+        let cfg: Self = serde_json::from_str(json)?;
+        let zmq = match cfg.publisher.as_deref() {
+            Some(publisher) => publisher == "zmq",
+            None => cfg.enable_kv_cache_events == Some(true),
+        };
+        if !cfg.endpoint.starts_with("tcp://") {
+            return Err(KvEventsError::Endpoint(cfg.endpoint));
+        }
+        Ok(zmq.then_some(cfg))
+    }
+
+    /// Rank `rank`'s endpoint: the port plus the rank, as vLLM's and SGLang's publishers offset
+    /// it (port 0 stays 0: any free port), a wildcard host as every address.
+    fn endpoint_of(&self, rank: u32) -> Result<String, KvEventsError> {
+        let bad = || KvEventsError::Endpoint(self.endpoint.clone());
+        let (host, port) = self.endpoint["tcp://".len()..]
+            .rsplit_once(':')
+            .ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let port = if port == 0 {
+            0
+        } else {
+            port.checked_add(rank as u16).ok_or_else(bad)?
+        };
+        let host = if host == "*" { "0.0.0.0" } else { host };
+        Ok(format!("tcp://{host}:{port}"))
+    }
+}
+
+/// One rank's publisher, bound.
+pub(crate) struct Publisher {
+    socket: zeromq::PubSocket,
+    /// Where it was bound (the port resolved), for tests and the engine's state.
+    pub endpoint: String,
+}
+
+impl Publisher {
+    pub(crate) async fn bind(cfg: &KvEventsConfig, rank: u32) -> Result<Self, KvEventsError> {
+        let endpoint = cfg.endpoint_of(rank)?;
+        let mut socket = zeromq::PubSocket::new();
+        let bound = socket
+            .bind(&endpoint)
+            .await
+            .map_err(|e| KvEventsError::Bind {
+                endpoint: endpoint.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            socket,
+            endpoint: bound.to_string(),
+        })
+    }
+}
+
+/// Publishes each of `rank`'s batches until the engine goes. A batch the publisher fell behind
+/// on is dropped unnumbered, as the engines' bounded queues drop them.
+pub(crate) async fn run(
+    mut publisher: Publisher,
+    mut batches: broadcast::Receiver<Arc<KvBatch>>,
+    rank: u32,
+    flavor: Flavor,
+    block_size: u32,
+    topic: Bytes,
+) {
+    let mut sequence: u64 = 0;
+    loop {
+        let batch = match batches.recv().await {
+            Ok(batch) if batch.rank == rank => batch,
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let payload = encode(&batch, flavor, block_size, now_secs());
+        let frames = vec![
+            topic.clone(),
+            Bytes::copy_from_slice(&sequence.to_be_bytes()),
+            Bytes::from(payload),
+        ];
+        let Ok(message) = ZmqMessage::try_from(frames) else {
+            return;
+        };
+        if publisher.socket.send(message).await.is_err() {
+            return;
+        }
+        sequence += 1;
+    }
+}
+
+/// The wall clock in seconds, as `time.time()` stamps a batch.
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// A batch as the flavor's engine encodes it.
+pub fn encode(batch: &KvBatch, flavor: Flavor, block_size: u32, ts: f64) -> Vec<u8> {
+    let value = match flavor {
+        Flavor::Vllm => vllm_batch(batch, block_size, ts),
+        Flavor::Sglang => sglang_batch(batch, block_size, ts),
+    };
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &value).expect("writing to a Vec cannot fail");
+    out
+}
+
+fn map(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect(),
+    )
+}
+
+fn tokens(ids: &[u32]) -> Value {
+    Value::Array(ids.iter().map(|&t| Value::from(t)).collect())
+}
+
+/// vLLM's block hash on the wire: bytes.
+fn vllm_hash(hash: u64) -> Value {
+    Value::Binary(hash.to_be_bytes().to_vec())
+}
+
+fn vllm_batch(batch: &KvBatch, block_size: u32, ts: f64) -> Value {
+    let events = batch
+        .events
+        .iter()
+        .map(|event| match event {
+            CacheEvent::Stored {
+                hash,
+                parent,
+                tokens: ids,
+            } => map(vec![
+                ("type", Value::from("BlockStored")),
+                ("block_hashes", Value::Array(vec![vllm_hash(*hash)])),
+                ("parent_block_hash", parent.map_or(Value::Nil, vllm_hash)),
+                ("token_ids", tokens(ids)),
+                ("block_size", Value::from(block_size)),
+                ("lora_id", Value::Nil),
+                ("medium", Value::from("GPU")),
+                ("lora_name", Value::Nil),
+            ]),
+            CacheEvent::Removed(hash) => map(vec![
+                ("type", Value::from("BlockRemoved")),
+                ("block_hashes", Value::Array(vec![vllm_hash(*hash)])),
+                ("medium", Value::from("GPU")),
+            ]),
+        })
+        .collect();
+    map(vec![
+        ("ts", Value::F64(ts)),
+        ("events", Value::Array(events)),
+        ("data_parallel_rank", Value::from(batch.rank)),
+    ])
+}
+
+fn sglang_batch(batch: &KvBatch, block_size: u32, ts: f64) -> Value {
+    let events = batch
+        .events
+        .iter()
+        .map(|event| match event {
+            CacheEvent::Stored {
+                hash,
+                parent,
+                tokens: ids,
+            } => Value::Array(vec![
+                Value::from("BlockStored"),
+                Value::Array(vec![Value::from(*hash)]),
+                parent.map_or(Value::Nil, Value::from),
+                tokens(ids),
+                Value::from(block_size),
+                Value::Nil,
+            ]),
+            CacheEvent::Removed(hash) => Value::Array(vec![
+                Value::from("BlockRemoved"),
+                Value::Array(vec![Value::from(*hash)]),
+            ]),
+        })
+        .collect();
+    Value::Array(vec![Value::F64(ts), Value::Array(events)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_publishes_only_with_zmq_and_offsets_each_ranks_port() {
+        assert_eq!(
+            KvEventsConfig::parse(r#"{"publisher": "null"}"#).unwrap(),
+            None
+        );
+        assert_eq!(
+            KvEventsConfig::parse(r#"{"enable_kv_cache_events": false}"#).unwrap(),
+            None
+        );
+        let cfg = KvEventsConfig::parse(r#"{"enable_kv_cache_events": true}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(cfg.endpoint_of(0).unwrap(), "tcp://0.0.0.0:5557");
+        assert_eq!(cfg.endpoint_of(2).unwrap(), "tcp://0.0.0.0:5559");
+        let any = KvEventsConfig::parse(r#"{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0"}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(any.endpoint_of(1).unwrap(), "tcp://127.0.0.1:0");
+        assert!(KvEventsConfig::parse(r#"{"publisher": "zmq", "endpoint": "ipc:///x"}"#).is_err());
+        assert!(KvEventsConfig::parse("zmq").is_err());
+    }
+}
