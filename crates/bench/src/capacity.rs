@@ -144,6 +144,7 @@ fn virtual_level(engine: &EngineConfig, plan: &CapacityPlan, concurrency: u32) -
             output_tokens: shape.output_tokens,
             finish: FinishReason::Length,
             prefix: std::sync::Arc::from([]),
+            prompt: std::sync::Arc::from([]),
             preloaded: 0,
         });
         arrivals.insert(id, (now, false));
