@@ -8,6 +8,10 @@
 //! ids (`token_block_hashes`, the hash that prompts are cut into too) and keeps a map from the
 //! engine's hash to that key, so a removal, which names only the engine's hash, finds it.
 //!
+//! vLLM does not de-duplicate its cache (`vllm/v1/core/block_pool.py`, `cache_full_blocks`: two
+//! requests that fill identical blocks cache both, under one hash, and each eviction is a
+//! `BlockRemoved` of that hash), so a hash stored twice is held until it is removed twice.
+//!
 //! A stored block whose parent the index does not know (events missed, or a subscription that
 //! began mid-stream) cannot be placed in a prefix chain and is skipped, counted as an orphan; a
 //! cleared cache or a lost stream clears everything (`clear`). Memory is bounded: past
@@ -81,8 +85,9 @@ pub enum EventError {
 /// The blocks one engine holds, by the gateway's key, and the engine's hash for each.
 #[derive(Debug, Clone)]
 pub struct HeldBlocks {
-    /// The engine's block hash -> the gateway's key of that block.
-    by_engine: HashMap<u64, u64>,
+    /// The engine's block hash -> the gateway's key of that block, and how many of the
+    /// engine's blocks carry that hash.
+    by_engine: HashMap<u64, (u64, u32)>,
     /// The gateway's key -> how many of the engine's blocks hold it (the same tokens may be
     /// stored under two hashes, e.g. with different extra keys).
     held: HashMap<u64, u32>,
@@ -101,7 +106,7 @@ impl HeldBlocks {
         }
     }
 
-    /// Blocks held (by the engine's count).
+    /// The engine's distinct block hashes held.
     pub fn len(&self) -> usize {
         self.by_engine.len()
     }
@@ -136,7 +141,7 @@ impl HeldBlocks {
         let previous = match event.parent {
             None => 0,
             Some(parent) => match self.by_engine.get(&parent) {
-                Some(&key) => key,
+                Some(&(key, _)) => key,
                 None => {
                     return Ok(StoreOutcome {
                         orphaned: blocks,
@@ -148,14 +153,15 @@ impl HeldBlocks {
         let mut outcome = StoreOutcome::default();
         let keys = chained(previous, event.tokens, size);
         for (&engine_hash, key) in event.engine_hashes.iter().zip(keys) {
-            if self.by_engine.contains_key(&engine_hash) {
+            if let Some((_, copies)) = self.by_engine.get_mut(&engine_hash) {
+                *copies += 1;
                 continue;
             }
             if self.by_engine.len() >= self.capacity {
                 outcome.refused += 1;
                 continue;
             }
-            self.by_engine.insert(engine_hash, key);
+            self.by_engine.insert(engine_hash, (key, 1));
             *self.held.entry(key).or_insert(0) += 1;
             outcome.added += 1;
         }
@@ -167,10 +173,16 @@ impl HeldBlocks {
     pub fn remove(&mut self, engine_hashes: &[u64]) -> usize {
         let mut known = 0;
         for engine_hash in engine_hashes {
-            let Some(key) = self.by_engine.remove(engine_hash) else {
+            let Some((key, copies)) = self.by_engine.get_mut(engine_hash) else {
                 continue;
             };
             known += 1;
+            *copies -= 1;
+            if *copies > 0 {
+                continue;
+            }
+            let key = *key;
+            self.by_engine.remove(engine_hash);
             if let Some(count) = self.held.get_mut(&key) {
                 *count -= 1;
                 if *count == 0 {
@@ -281,12 +293,26 @@ mod tests {
         let prompt = tokens(4);
         held.store(&stored(None, &[1], &prompt)).unwrap();
         held.store(&stored(None, &[2], &prompt)).unwrap();
-        let again = held.store(&stored(None, &[1], &prompt)).unwrap();
-        assert_eq!(again.added, 0, "a hash already held is not counted twice");
         let keys = token_block_hashes(&prompt, BS, 100);
         held.remove(&[1]);
         assert_eq!(held.held_prefix(&keys), 1);
         held.remove(&[2]);
+        assert_eq!(held.held_prefix(&keys), 0);
+    }
+
+    #[test]
+    fn a_hash_stored_twice_is_held_until_removed_twice() {
+        // vLLM caches identical blocks of two requests under one hash, and evicts each.
+        let mut held = HeldBlocks::new(100);
+        let prompt = tokens(4);
+        held.store(&stored(None, &[1], &prompt)).unwrap();
+        let again = held.store(&stored(None, &[1], &prompt)).unwrap();
+        assert_eq!(again.added, 0, "no new block");
+        assert_eq!(held.len(), 1);
+        let keys = token_block_hashes(&prompt, BS, 100);
+        held.remove(&[1]);
+        assert_eq!(held.held_prefix(&keys), 1, "one copy left");
+        held.remove(&[1]);
         assert_eq!(held.held_prefix(&keys), 0);
     }
 
@@ -362,8 +388,8 @@ mod tests {
         #[test]
         fn the_match_is_what_the_engine_holds(ops in proptest::collection::vec(op(), 1..40)) {
             let mut held = HeldBlocks::new(1000);
-            // The engine's held blocks: its hash -> (prompt, block).
-            let mut engine: HashMap<u64, (u64, usize)> = HashMap::new();
+            // The engine's held blocks: its hash -> (prompt, block) and its copies.
+            let mut engine: HashMap<u64, ((u64, usize), u32)> = HashMap::new();
             for op in ops {
                 match op {
                     Op::Store { p, from, n } => {
@@ -375,7 +401,7 @@ mod tests {
                         let outcome = held.store(&event).unwrap();
                         if parent.is_none_or(|h| engine.contains_key(&h)) {
                             for (i, h) in hashes.iter().enumerate() {
-                                engine.insert(*h, (p, from + i));
+                                engine.entry(*h).or_insert(((p, from + i), 0)).1 += 1;
                             }
                         } else {
                             proptest::prop_assert_eq!(outcome.orphaned, n);
@@ -383,7 +409,12 @@ mod tests {
                     }
                     Op::Remove { p, b } => {
                         let h = p * 100 + b as u64;
-                        engine.remove(&h);
+                        if let Some((_, copies)) = engine.get_mut(&h) {
+                            *copies -= 1;
+                            if *copies == 0 {
+                                engine.remove(&h);
+                            }
+                        }
                         held.remove(&[h]);
                     }
                     Op::Clear => {
@@ -395,7 +426,7 @@ mod tests {
                     let keys = token_block_hashes(&prompt(p), BS, 100);
                     // Block 0 is the same tokens in every prompt: any prompt's block 0 counts.
                     let holds = |b: usize| {
-                        engine.values().any(|&(q, c)| c == b && (q == p || b == 0))
+                        engine.values().any(|&((q, c), _)| c == b && (q == p || b == 0))
                     };
                     let expected = (0..5).take_while(|&b| holds(b)).count();
                     proptest::prop_assert_eq!(held.held_prefix(&keys), expected);

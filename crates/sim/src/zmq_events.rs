@@ -8,7 +8,9 @@
 //! - vLLM (`vllm/distributed/kv_events.py` and `vllm/v1/core/sched/scheduler.py`,
 //!   vllm-project/vllm@0181ea3): a map (`ts`, `events`, `data_parallel_rank`), each event a map
 //!   whose `type` names it; block hashes as bytes (vLLM's default, without
-//!   `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`); stored and removed blocks on the `GPU` medium.
+//!   `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`); stored and removed blocks on the `GPU` medium; a
+//!   request's chained new blocks one `BlockStored`, each eviction one `BlockRemoved`
+//!   (`vllm/v1/core/block_pool.py` @002f349).
 //! - SGLang (`python/sglang/srt/disaggregation/kv_events.py`, sgl-project/sglang@006d053):
 //!   array-like, a batch `[ts, events]` and each event `[tag, fields...]`; hashes as integers.
 //!
@@ -182,28 +184,74 @@ fn vllm_hash(hash: u64) -> Value {
     Value::Binary(hash.to_be_bytes().to_vec())
 }
 
-fn vllm_batch(batch: &KvBatch, block_size: u32, ts: f64) -> Value {
-    let events = batch
-        .events
-        .iter()
-        .map(|event| match event {
+/// A run of stored blocks, each after the one before: vLLM's one `BlockStored` for the blocks a
+/// request filled in a step (`block_pool.py`, `cache_full_blocks`: the new full blocks' hashes,
+/// the parent of the first, the tokens of all).
+struct Run {
+    hashes: Vec<u64>,
+    parent: Option<u64>,
+    tokens: Vec<u32>,
+}
+
+/// An event as vLLM reports it.
+enum VllmEvent {
+    Stored(Run),
+    /// Each evicted block is a removal of its own (`_maybe_evict_cached_block`).
+    Removed(u64),
+}
+
+/// The batch's events with runs of chained stores joined, as vLLM reports them.
+fn vllm_events(events: &[CacheEvent]) -> Vec<VllmEvent> {
+    let mut out: Vec<VllmEvent> = Vec::new();
+    for event in events {
+        match event {
             CacheEvent::Stored {
                 hash,
                 parent,
                 tokens: ids,
-            } => map(vec![
+            } => {
+                if let Some(VllmEvent::Stored(run)) = out.last_mut() {
+                    if *parent == run.hashes.last().copied() {
+                        run.hashes.push(*hash);
+                        run.tokens.extend(ids);
+                        continue;
+                    }
+                }
+                out.push(VllmEvent::Stored(Run {
+                    hashes: vec![*hash],
+                    parent: *parent,
+                    tokens: ids.clone(),
+                }));
+            }
+            CacheEvent::Removed(hash) => out.push(VllmEvent::Removed(*hash)),
+        }
+    }
+    out
+}
+
+fn vllm_batch(batch: &KvBatch, block_size: u32, ts: f64) -> Value {
+    let events = vllm_events(&batch.events)
+        .into_iter()
+        .map(|event| match event {
+            VllmEvent::Stored(run) => map(vec![
                 ("type", Value::from("BlockStored")),
-                ("block_hashes", Value::Array(vec![vllm_hash(*hash)])),
-                ("parent_block_hash", parent.map_or(Value::Nil, vllm_hash)),
-                ("token_ids", tokens(ids)),
+                (
+                    "block_hashes",
+                    Value::Array(run.hashes.into_iter().map(vllm_hash).collect()),
+                ),
+                (
+                    "parent_block_hash",
+                    run.parent.map_or(Value::Nil, vllm_hash),
+                ),
+                ("token_ids", tokens(&run.tokens)),
                 ("block_size", Value::from(block_size)),
                 ("lora_id", Value::Nil),
                 ("medium", Value::from("GPU")),
                 ("lora_name", Value::Nil),
             ]),
-            CacheEvent::Removed(hash) => map(vec![
+            VllmEvent::Removed(hash) => map(vec![
                 ("type", Value::from("BlockRemoved")),
-                ("block_hashes", Value::Array(vec![vllm_hash(*hash)])),
+                ("block_hashes", Value::Array(vec![vllm_hash(hash)])),
                 ("medium", Value::from("GPU")),
             ]),
         })
@@ -266,5 +314,43 @@ mod tests {
         assert_eq!(any.endpoint_of(1).unwrap(), "tcp://127.0.0.1:0");
         assert!(KvEventsConfig::parse(r#"{"publisher": "zmq", "endpoint": "ipc:///x"}"#).is_err());
         assert!(KvEventsConfig::parse("zmq").is_err());
+    }
+
+    #[test]
+    fn vllm_reports_a_requests_chained_blocks_as_one_store_and_each_eviction_alone() {
+        let stored = |hash, parent, t: u32| CacheEvent::Stored {
+            hash,
+            parent,
+            tokens: vec![t, t],
+        };
+        let events = vllm_events(&[
+            stored(1, None, 1),
+            stored(2, Some(1), 2),
+            stored(3, Some(2), 3),
+            stored(9, Some(7), 9),
+            CacheEvent::Removed(4),
+            CacheEvent::Removed(5),
+        ]);
+        let shape: Vec<String> = events
+            .iter()
+            .map(|e| match e {
+                VllmEvent::Stored(run) => {
+                    format!(
+                        "stored {:?} after {:?} {:?}",
+                        run.hashes, run.parent, run.tokens
+                    )
+                }
+                VllmEvent::Removed(hash) => format!("removed {hash}"),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "stored [1, 2, 3] after None [1, 1, 2, 2, 3, 3]",
+                "stored [9] after Some(7) [9, 9]",
+                "removed 4",
+                "removed 5",
+            ]
+        );
     }
 }
