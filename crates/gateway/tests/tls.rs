@@ -81,8 +81,8 @@ async fn the_listener_serves_https_with_h2_by_alpn_and_http1() {
         .await
         .unwrap();
     let config = settings(&sims.urls(), |s| {
-        s.tls_cert_path = Some(certs.server_cert.clone());
-        s.tls_key_path = Some(certs.server_key.clone());
+        s.tls.tls_cert_path = Some(certs.server_cert.clone());
+        s.tls.tls_key_path = Some(certs.server_key.clone());
     });
     let gateway = Gateway::start(config).await.unwrap();
     assert!(gateway.url().starts_with("https://"), "{}", gateway.url());
@@ -172,9 +172,9 @@ async fn https_workers_are_verified_by_the_ca_and_shown_the_client_certificate()
     let http = client();
 
     let trusted = Gateway::start(settings(std::slice::from_ref(&worker), |s| {
-        s.ca_cert_paths = vec![certs.ca.clone()];
-        s.client_cert_path = Some(certs.client_cert.clone());
-        s.client_key_path = Some(certs.client_key.clone());
+        s.tls.ca_cert_paths = vec![certs.ca.clone()];
+        s.tls.client_cert_path = Some(certs.client_cert.clone());
+        s.tls.client_key_path = Some(certs.client_key.clone());
     }))
     .await
     .unwrap();
@@ -201,12 +201,12 @@ async fn https_workers_are_verified_by_the_ca_and_shown_the_client_certificate()
         Gateway::start(config)
     };
     let no_ca = untrusting(|s, certs| {
-        s.client_cert_path = Some(certs.client_cert.clone());
-        s.client_key_path = Some(certs.client_key.clone());
+        s.tls.client_cert_path = Some(certs.client_cert.clone());
+        s.tls.client_key_path = Some(certs.client_key.clone());
     })
     .await
     .unwrap();
-    let no_client_cert = untrusting(|s, certs| s.ca_cert_paths = vec![certs.ca.clone()])
+    let no_client_cert = untrusting(|s, certs| s.tls.ca_cert_paths = vec![certs.ca.clone()])
         .await
         .unwrap();
     for gateway in [&no_ca, &no_client_cert] {

@@ -19,6 +19,7 @@ mod settings;
 pub mod smg;
 mod smg_defaults;
 mod status;
+mod tls_files;
 mod tokens;
 
 use std::net::SocketAddr;
@@ -42,6 +43,7 @@ pub use resilience::ResilienceSettings;
 pub use settings::Settings;
 pub use smg_defaults::{values as smg_default_values, SMG_QUEUE};
 pub use status::{StatusSettings, UiConfig};
+pub use tls_files::TlsSettings;
 pub use tokens::TokenizerSettings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
@@ -353,10 +355,11 @@ impl Settings {
             ui: self.status.ui()?,
             discovery: self.discovery.validate()?,
             shared: self.replicas.validate(
-                &self.ca_cert_paths,
-                self.client_cert_path
+                &self.tls.ca_cert_paths,
+                self.tls
+                    .client_cert_path
                     .as_deref()
-                    .zip(self.client_key_path.as_deref()),
+                    .zip(self.tls.client_key_path.as_deref()),
             )?,
         })
     }

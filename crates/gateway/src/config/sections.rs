@@ -182,8 +182,8 @@ impl Settings {
 
     pub(super) fn listen_tls(&self) -> Result<Option<Arc<rustls::ServerConfig>>, ConfigError> {
         let identity = Self::identity(
-            ("tls-cert-path", &self.tls_cert_path),
-            ("tls-key-path", &self.tls_key_path),
+            ("tls-cert-path", &self.tls.tls_cert_path),
+            ("tls-key-path", &self.tls.tls_key_path),
         )?;
         identity
             .map(|identity| {
@@ -197,16 +197,16 @@ impl Settings {
 
     pub(super) fn upstream_tls(&self) -> Result<tls::ClientTls, ConfigError> {
         let identity = Self::identity(
-            ("client-cert-path", &self.client_cert_path),
-            ("client-key-path", &self.client_key_path),
+            ("client-cert-path", &self.tls.client_cert_path),
+            ("client-key-path", &self.tls.client_key_path),
         )?;
-        tls::ClientTls::read(&self.ca_cert_paths, identity.as_ref()).map_err(|source| {
+        tls::ClientTls::read(&self.tls.ca_cert_paths, identity.as_ref()).map_err(|source| {
             ConfigError::Tls {
                 setting: match source {
                     tls::TlsError::BadCa { .. } => "ca-cert-paths",
                     tls::TlsError::Pem { ref path, .. }
                     | tls::TlsError::NoCertificate { ref path }
-                        if self.ca_cert_paths.contains(path) =>
+                        if self.tls.ca_cert_paths.contains(path) =>
                     {
                         "ca-cert-paths"
                     }

@@ -15,6 +15,7 @@ use super::pd::PdSettings;
 use super::replicas::ReplicaSettings;
 use super::resilience::ResilienceSettings;
 use super::status::StatusSettings;
+use super::tls_files::TlsSettings;
 use super::tokens::TokenizerSettings;
 
 /// How to run the gateway.
@@ -467,39 +468,6 @@ pub struct Settings {
     #[arg(help_heading = "Listener")]
     pub shutdown_grace_period_secs: f64,
 
-    /// Serve HTTPS on --port with this certificate chain (PEM), with --tls-key-path (SMG's flag).
-    /// HTTP/2 and HTTP/1.1 are offered by ALPN; the probe and metrics ports stay plain HTTP.
-    #[arg(long, value_name = "FILE")]
-    #[serde(default)]
-    #[arg(help_heading = "TLS")]
-    pub tls_cert_path: Option<PathBuf>,
-
-    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of --tls-cert-path.
-    #[arg(long, value_name = "FILE")]
-    #[serde(default)]
-    #[arg(help_heading = "TLS")]
-    pub tls_key_path: Option<PathBuf>,
-
-    /// CA certificates (PEM) https workers' certificates may chain to, besides the system's.
-    /// Repeatable.
-    #[arg(long, num_args = 1.., value_name = "FILE")]
-    #[serde(default)]
-    #[arg(help_heading = "TLS")]
-    pub ca_cert_paths: Vec<PathBuf>,
-
-    /// A client certificate (PEM) shown to https workers that ask for one (mTLS), with
-    /// --client-key-path.
-    #[arg(long, value_name = "FILE")]
-    #[serde(default)]
-    #[arg(help_heading = "TLS")]
-    pub client_cert_path: Option<PathBuf>,
-
-    /// The private key (PEM) of --client-cert-path.
-    #[arg(long, value_name = "FILE")]
-    #[serde(default)]
-    #[arg(help_heading = "TLS")]
-    pub client_key_path: Option<PathBuf>,
-
     /// Also serve /metrics on this port.
     #[arg(long)]
     #[serde(default)]
@@ -601,4 +569,8 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub tokenizer: TokenizerSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSettings,
 }
