@@ -68,7 +68,7 @@ pub struct StoreOutcome {
 }
 
 /// Errors in an event that the index cannot apply at all.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum EventError {
     #[error("a block size of 0")]
     NoBlockSize,

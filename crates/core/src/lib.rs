@@ -24,6 +24,8 @@
 //! - `held_blocks` — the KV blocks one engine holds, learned from its KV events and keyed by the
 //!   gateway's hash of their token ids, for precise prefix routing.
 //! - `kv_events` — the KV events vLLM and SGLang publish over ZMQ, decoded from MessagePack.
+//! - `engine_cache` — one worker's held blocks across its ranks and event streams: batch
+//!   numbers, gaps and lost streams, the media and cache groups that count.
 //! - `breaker` — the per-worker circuit breaker state machine.
 //! - `pd_window` — prefill/decode disaggregation's decode admission window: dispatch, wait or
 //!   shed, and which waiter a freed room goes to.
@@ -49,6 +51,7 @@ pub mod admission;
 pub mod breaker;
 pub mod degrade;
 pub mod discovery;
+pub mod engine_cache;
 pub mod engine_error;
 pub mod hash;
 pub mod health;
