@@ -21,8 +21,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::held_blocks::{EventError, HeldBlocks, Stored};
 use crate::kv_events::{EventBatch, KvEvent};
 
-/// How a stream names the batch after the last one: vLLM's ZMQ publisher counts from 0 by one
-/// per batch; smg-grpc-servicer repeats the last number on heartbeats.
+/// A batch's place on its stream: vLLM's and SGLang's ZMQ publishers count from 0 by one per
+/// batch (a restarted engine from 0 again); smg-grpc-servicer repeats the last number on
+/// heartbeats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Numbered {
     pub stream: u32,
@@ -34,7 +35,7 @@ pub struct Numbered {
 pub struct Applied {
     /// Batches were missed before this one: its stream's ranks were cleared first.
     pub gap: bool,
-    /// A batch already applied (a replayed or repeated number): nothing done.
+    /// The last batch's number again (a servicer's heartbeat): nothing done.
     pub repeated: bool,
     pub added: usize,
     pub removed: usize,
@@ -76,11 +77,13 @@ impl EngineCache {
         let mut applied = Applied::default();
         let rank = batch.dp_rank.unwrap_or(rank);
         match self.streams.get(&numbered.stream) {
-            Some((last, _)) if numbered.sequence <= *last => {
+            Some((last, _)) if numbered.sequence == *last => {
                 applied.repeated = true;
                 return applied;
             }
-            Some((last, _)) if numbered.sequence > last + 1 => {
+            // Numbers skipped, or counting again from below (the publisher restarted, its
+            // cache with it): either way what was known is not any more.
+            Some((last, _)) if numbered.sequence != last + 1 => {
                 applied.gap = true;
                 self.lost(numbered.stream);
             }
@@ -114,6 +117,11 @@ impl EngineCache {
                 held.clear();
             }
         }
+    }
+
+    /// A stream has delivered a batch and has not been lost since: events flow.
+    pub fn is_live(&self) -> bool {
+        !self.streams.is_empty()
     }
 
     /// Blocks held, summed over the ranks (each rank's cache is its own).
@@ -237,8 +245,18 @@ mod tests {
         assert!(gapped.gap, "2 was never seen");
         assert_eq!(cache.blocks(), 2, "rank 1 cleared, rank 0 kept");
         assert!(cache.apply(at(1, 3), 1, &batch(vec![])).repeated);
+        cache.apply(at(1, 4), 1, &batch(vec![stored(&[20, 21], None, &PROMPT)]));
+        let restarted = cache.apply(at(1, 0), 1, &batch(vec![]));
+        assert!(
+            restarted.gap,
+            "counting from 0 again: the publisher restarted"
+        );
+        assert_eq!(cache.blocks(), 2, "rank 1 cleared again");
         cache.lost(0);
         assert_eq!(cache.held_prefix(BS, &keys()), 0, "a lost stream clears");
+        assert!(cache.is_live(), "stream 1 still flows");
+        cache.lost(1);
+        assert!(!cache.is_live());
         assert!(
             !cache.apply(at(0, 9), 0, &batch(vec![])).gap,
             "a stream opened again starts afresh"
@@ -307,7 +325,11 @@ mod tests {
             applied.error,
             Some(EventError::TokensDoNotFill { .. })
         ));
-        assert_eq!(cache.held_prefix(BS, &keys()), 2, "a CPU removal leaves the GPU's");
+        assert_eq!(
+            cache.held_prefix(BS, &keys()),
+            2,
+            "a CPU removal leaves the GPU's"
+        );
         let cleared = cache.apply(at(0, 1), 0, &batch(vec![KvEvent::AllCleared]));
         assert!(cleared.cleared);
         assert_eq!(cache.blocks(), 0);

@@ -92,6 +92,21 @@ pub struct Candidate {
     pub prefix_match: u32,
 }
 
+/// The whole prompt, as a share (`prefix_share`): candidates whose matches are counted in
+/// different blocks (an engine's KV blocks where its events flow, the approximate index's
+/// 64-byte blocks elsewhere) are compared as shares of their prompt, `RouteInput::prefix_blocks`
+/// set to this.
+pub const PREFIX_SHARE_SCALE: u32 = 1 << 20;
+
+/// `matched` of `of` blocks as a share of `PREFIX_SHARE_SCALE`.
+pub fn prefix_share(matched: usize, of: usize) -> u32 {
+    if of == 0 {
+        return 0;
+    }
+    let share = matched.min(of) as u64 * u64::from(PREFIX_SHARE_SCALE) / of as u64;
+    share as u32
+}
+
 /// What a policy knows about the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RouteInput {
@@ -244,6 +259,34 @@ mod tests {
 
     fn pick(policy: Policy, c: &[Candidate], input: RouteInput, ticket: u64, random: u64) -> usize {
         choose(&policy, c, &input, Draw { ticket, random }).unwrap()
+    }
+
+    #[test]
+    fn shares_compare_matches_counted_in_different_blocks() {
+        assert_eq!(prefix_share(0, 0), 0);
+        assert_eq!(prefix_share(4, 4), PREFIX_SHARE_SCALE);
+        assert_eq!(
+            prefix_share(9, 4),
+            PREFIX_SHARE_SCALE,
+            "never past the whole"
+        );
+        // 3 of 4 engine blocks beats 10 of 16 approximate ones, and the threshold reads shares.
+        let mut c = pool(&[6, 5]);
+        c[0].prefix_match = prefix_share(3, 4);
+        c[1].prefix_match = prefix_share(10, 16);
+        let input = RouteInput {
+            routing_key: None,
+            prefix_blocks: PREFIX_SHARE_SCALE,
+        };
+        let policy = Policy::CacheAware(CacheAware::default());
+        assert_eq!(choose(&policy, &c, &input, Draw::default()), Some(0));
+        c[0].prefix_match = prefix_share(1, 4);
+        c[1].prefix_match = prefix_share(1, 16);
+        assert_eq!(
+            choose(&policy, &c, &input, Draw::default()),
+            Some(1),
+            "25% is under the threshold: the least loaded"
+        );
     }
 
     #[test]

@@ -291,7 +291,8 @@ fn admit_stage(
         route: RouteStage::new(config.policy, config.shedding, metrics.clone())
             .with_aliases(config.model_aliases.clone())
             .with_pd_policies(config.prefill_policy, config.decode_policy)
-            .with_projection(projection),
+            .with_projection(projection)
+            .with_tokens(config.upstream.tokens.clone()),
         degrade,
     }
 }

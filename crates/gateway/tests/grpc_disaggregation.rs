@@ -52,7 +52,7 @@ async fn pd_grpc(
         }
         config.workers.push(spec);
     }
-    config.upstream.tokens = Some(model.tokens());
+    config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
     config.load.interval = Duration::from_millis(50);
     config.load.min_interval = Duration::from_millis(10);
     config.admin_api_key = Some(ADMIN_KEY.into());

@@ -189,7 +189,7 @@ async fn a_full_engine_queue_is_at_capacity_and_the_request_goes_to_another_work
         .unwrap();
     let mut config = Config::local(&sims.urls());
     config.policy = sluice_core::policy::Policy::RoundRobin;
-    config.upstream.tokens = Some(model.tokens());
+    config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
     let s = serve(sims, config).await;
     for _ in 0..4 {
         let answer = s.chat(&chat_body("test-model", "hi", 4, false)).await;
@@ -438,7 +438,7 @@ async fn without_a_model_directory_the_tokenizer_comes_from_the_worker() {
     // No --model-path: the gateway asks the worker (GetTokenizer), as SMG does.
     let mut config = Config::local(&sims.urls());
     config.policy = sluice_core::policy::Policy::RoundRobin;
-    assert!(config.upstream.tokens.is_none());
+    assert!(!config.upstream.tokens.is_set());
     let s = serve(sims, config).await;
     for _ in 0..4 {
         let answer = s

@@ -83,8 +83,9 @@ impl AdmitStage {
                 ctx.admission.hold(degrade.diverting());
             }
             self.admit.count_admitted(ctx);
+            let held = self.route.held_keys(&pool, &wanted).await;
             let placement = Placement {
-                request: self.route.request(&pool, &wanted),
+                request: self.route.request(&pool, &wanted, held),
                 pool,
                 stage: &self.route,
                 turn: turn.unwrap_or_default(),

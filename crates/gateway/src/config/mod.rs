@@ -420,7 +420,7 @@ impl Settings {
                 self.upstream_pool_idle_timeout_secs,
             )?,
             tls: self.upstream_tls()?,
-            tokens: self.tokens()?,
+            tokens: crate::tokens::SharedTokens::new(self.tokens()?),
         })
     }
 

@@ -23,11 +23,13 @@
 //! - `atomic` — the typed cells those facts live in (an enum, an instant).
 //! - `spec` — the worker spec of `--worker-urls` and the admin API.
 //! - `collector` — per-worker gauges read at scrape time.
+//! - `held` — the KV blocks its engine holds, as its events tell (precise prefix routing).
 
 mod adaptive;
 mod atomic;
 mod breaker;
 mod collector;
+mod held;
 mod pd;
 mod pool;
 mod signals;
@@ -55,6 +57,7 @@ pub use adaptive::{AdaptiveLimit, LimitWindow};
 pub use atomic::{AtomicEnum, AtomicInstant, Packed};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
+pub use held::{HeldIndex, PrefixCacheView};
 pub use pd::{DecodeRooms, DecodeWindow, NoRoom, Role};
 pub use pool::{PdPools, Pool, PoolState};
 pub use signals::{Heard, Signals};

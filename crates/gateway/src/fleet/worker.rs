@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::adaptive::AdaptiveLimit;
 use super::atomic::AtomicEnum;
 use super::breaker::WorkerBreaker;
+use super::held::HeldIndex;
 use super::pd::{DecodeWindow, Role};
 use super::signals::Signals;
 use super::spec::WorkerSpec;
@@ -185,6 +186,8 @@ pub struct Worker {
     pub adaptive: AdaptiveLimit,
     /// A decode worker's admission window (the request path, through `DecodeRooms`).
     pub decode_window: Arc<DecodeWindow>,
+    /// The KV blocks its engine holds, as its events tell (its event subscriber).
+    pub held: HeldIndex,
     pub metrics: WorkerMetrics,
 }
 
@@ -217,6 +220,7 @@ impl Worker {
             breaker,
             adaptive: AdaptiveLimit::default(),
             decode_window: Arc::new(DecodeWindow::new(notices.changed)),
+            held: HeldIndex::default(),
             metrics,
         }
     }

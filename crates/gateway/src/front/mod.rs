@@ -37,6 +37,7 @@ use crate::http::{
 };
 use crate::route::Wants;
 use crate::stream;
+use crate::tokens::PromptJson;
 use sluice_core::admission::Tier;
 
 /// What the gateway accepts of a request's own numbers.
@@ -262,7 +263,7 @@ async fn admit_and_dispatch<D: Dispatch>(
         max_tokens: facts.max_tokens,
         n: facts.n,
     };
-    let wants = wants(front, parts, facts);
+    let wants = wants(front, route, parts, facts);
     let admitting = Instant::now();
     let placed = front
         .admit
@@ -302,7 +303,12 @@ impl Sending<'_> {
 }
 
 /// What the chooser reads of a request (its tier is admission's to set).
-fn wants<'a>(front: &'a Front, parts: &'a Parts, facts: &'a RequestFacts<'a>) -> Wants<'a> {
+fn wants<'a>(
+    front: &'a Front,
+    route: ApiRoute,
+    parts: &'a Parts,
+    facts: &'a RequestFacts<'a>,
+) -> Wants<'a> {
     Wants {
         model: facts.model.as_deref(),
         routing_key: front
@@ -312,6 +318,11 @@ fn wants<'a>(front: &'a Front, parts: &'a Parts, facts: &'a RequestFacts<'a>) ->
             .map(HeaderValue::as_bytes)
             .or(facts.user.as_deref().map(str::as_bytes)),
         prompt: facts.prompt,
+        prompt_json: match route {
+            ApiRoute::Chat => Some(PromptJson::Messages(facts.prompt)),
+            ApiRoute::Completions => Some(PromptJson::Completion(facts.prompt)),
+            _ => None,
+        },
         prompt_tokens: facts.prompt_tokens_estimate(),
         stream: facts.stream,
         n: facts.n,

@@ -21,13 +21,19 @@
 //! where it starts at once (`Worker::starts_now`) when some would and some would not: the room
 //! the reserve keeps is of no use to it on another worker, behind an engine's queue.
 //!
+//! Where a pool's engines publish KV events, the cache-aware policy scores by the blocks they
+//! hold (`held`); elsewhere by where prompts were sent.
+//!
 //! `RouteStage` holds the policies and the shedding rule, shared by every request. A request's
 //! placement (`admit::Placement`) holds its pool and its `RouteRequest`; the forward stage makes
 //! a `Routed` of them and asks it for a worker per attempt, so a retry is routed by the same
 //! rules as the first try.
 
+mod held;
+
 use std::sync::Arc;
 
+pub use held::HeldKeys;
 use sluice_core::admission::Tier;
 use sluice_core::overload::{when_all_vetoed, AllVetoed, Projection, VetoClass, Vetoed};
 use sluice_core::policy::{choose, Candidate, Draw, Policy, RouteInput};
@@ -39,6 +45,7 @@ use sluice_core::health::HealthState;
 
 use crate::fleet::{Lease, Pool, Snapshot, Worker};
 use crate::metrics::{Metrics, StageLabel};
+use crate::tokens::{PromptJson, SharedTokens};
 
 /// The route stage, shared by every request.
 #[derive(Debug)]
@@ -54,6 +61,8 @@ pub struct RouteStage {
     projection: Projection,
     /// `--model-alias`: extra client-facing names, each for a served model.
     aliases: std::collections::HashMap<String, ModelName>,
+    /// The model's tokens, to cut prompts into the blocks engines' events name.
+    tokens: SharedTokens,
     metrics: Arc<Metrics>,
 }
 
@@ -66,6 +75,8 @@ pub struct Wants<'a> {
     pub routing_key: Option<&'a [u8]>,
     /// The raw JSON of the prompt, hashed into prefix blocks for the cache-aware policy.
     pub prompt: &'a [u8],
+    /// The same, for a chat or a completion: what can be tokenized as its engine will.
+    pub prompt_json: Option<PromptJson<'a>>,
     pub prompt_tokens: u64,
     pub stream: bool,
     /// `n`: the sequences it asks the engine for, each counted in the worker's load.
@@ -92,8 +103,16 @@ impl RouteStage {
             shedding,
             projection: Projection::Hopeful,
             aliases: std::collections::HashMap::new(),
+            tokens: SharedTokens::default(),
             metrics,
         }
+    }
+
+    /// With the model's tokens (`--model-path`, or fetched from a gRPC worker): prompts can be
+    /// matched against what engines' KV events say they hold.
+    pub fn with_tokens(mut self, tokens: SharedTokens) -> Self {
+        self.tokens = tokens;
+        self
     }
 
     /// With a gateway queue: room is judged as the queue judges it (`Pool::has_room`), so a
@@ -137,9 +156,11 @@ impl RouteStage {
         pool(snapshot, model).cloned()
     }
 
-    /// What the policy reads of a request that goes to `pool`.
-    pub fn request(&self, pool: &Pool, wants: &Wants<'_>) -> RouteRequest {
+    /// What the policy reads of a request that goes to `pool`, with its prompt's block keys
+    /// where the pool's engines publish what they hold (`held_keys`).
+    pub fn request(&self, pool: &Pool, wants: &Wants<'_>, held: Option<HeldKeys>) -> RouteRequest {
         let mut request = RouteRequest::new(self.wants_prefix(), wants);
+        request.held = held;
         request.reserve = pool.reserve_for(wants.tier);
         request.seeks_room = pool.seeks_room(wants.tier);
         request
@@ -292,6 +313,8 @@ pub struct RouteRequest {
     pub input: RouteInput,
     /// Prefix block hashes, only when the policy uses them.
     pub blocks: Vec<u64>,
+    /// The prompt's keys in its engines' blocks, where their KV events flow.
+    pub held: Option<HeldKeys>,
     /// The prompt's estimated size, counted as waiting for prefill on the chosen worker.
     pub prompt_tokens: u64,
     /// A streaming request, counted in the chosen worker's pile of streams.
@@ -319,6 +342,7 @@ impl RouteRequest {
                 prefix_blocks: blocks.len() as u32,
             },
             blocks,
+            held: None,
             prompt_tokens: wants.prompt_tokens,
             stream: wants.stream,
             weight: wants.n.max(1),
@@ -436,6 +460,11 @@ fn pick(
             .lock()
             .annotate(&request.blocks, &mut candidates);
     }
+    let precise = policy
+        .wants_prefix()
+        .then(|| held::score(&workers, request, &mut candidates))
+        .flatten();
+    let input = precise.unwrap_or(request.input);
     while !candidates.is_empty() {
         let draw = Draw {
             ticket: pool
@@ -444,7 +473,7 @@ fn pick(
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             random: rand::random(),
         };
-        let i = choose(policy, &candidates, &request.input, draw)?;
+        let i = choose(policy, &candidates, &input, draw)?;
         let worker = workers[i];
         if let Some(lease) = Lease::acquire(worker, request.weight) {
             if policy.wants_prefix() && !request.blocks.is_empty() {

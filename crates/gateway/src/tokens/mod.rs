@@ -11,16 +11,42 @@
 //! - `template` — the chat template, rendered by minijinja with the Python string methods
 //!   Hugging Face templates call.
 //! - `decode` — incremental, UTF-8-safe detokenization with stop sequences.
+//! - `routed` — a request's prompt as the engine's ids, for precise prefix routing.
 
 mod decode;
 mod files;
+mod routed;
 mod template;
 
 use std::sync::Arc;
 
 pub use decode::{Decoded, Detokenizer};
 pub use files::{ModelFiles, TokensError};
+pub use routed::PromptJson;
 pub use template::{ChatMessage, ChatTemplate};
+
+/// The model's tokens where several parts read them (the gRPC client, the route stage): set at
+/// startup from the model's files, or later from the first worker that serves them.
+#[derive(Debug, Clone, Default)]
+pub struct SharedTokens(Arc<arc_swap::ArcSwapOption<Tokens>>);
+
+impl SharedTokens {
+    pub fn new(tokens: Option<Arc<Tokens>>) -> Self {
+        Self(Arc::new(arc_swap::ArcSwapOption::new(tokens)))
+    }
+
+    pub fn get(&self) -> Option<Arc<Tokens>> {
+        self.0.load_full()
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load().is_some()
+    }
+
+    pub fn set(&self, tokens: Arc<Tokens>) {
+        self.0.store(Some(tokens));
+    }
+}
 
 /// A model's tokenizer and chat template.
 pub struct Tokens {
@@ -67,9 +93,14 @@ impl Tokens {
 
     /// A text prompt as ids, as the engine's own tokenizer would make them.
     pub fn prompt_ids(&self, text: &str) -> Result<Vec<u32>, TokensError> {
+        self.encode(text, false)
+    }
+
+    /// `text` as ids, with the tokenizer's own special tokens (a BOS) when `special`.
+    fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TokensError> {
         let encoding = self
             .tokenizer
-            .encode(text, false)
+            .encode(text, special)
             .map_err(|e| TokensError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }

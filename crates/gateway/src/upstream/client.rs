@@ -102,8 +102,8 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     /// How `https` workers are verified and what they are shown.
     pub tls: ClientTls,
-    /// The model's tokenizer and chat template, for `grpc://` workers.
-    pub tokens: Option<Arc<crate::tokens::Tokens>>,
+    /// The model's tokenizer and chat template, for `grpc://` workers (and the route stage).
+    pub tokens: crate::tokens::SharedTokens,
 }
 
 /// The TLS clients, made on first use.

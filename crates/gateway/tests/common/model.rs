@@ -55,7 +55,7 @@ pub async fn grpc_setup_with(
         .unwrap();
     assert!(sims.urls().iter().all(|u| u.starts_with("grpc://")));
     let mut config = Config::local(&sims.urls());
-    config.upstream.tokens = Some(model.tokens());
+    config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
     tune(&mut config);
     super::serve(sims, config).await
 }

@@ -27,7 +27,6 @@ mod request;
 mod tokenizer;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, Response, StatusCode};
@@ -49,7 +48,7 @@ pub use tokenizer::FetchError;
 use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
 use super::pool::UpstreamBody;
 use super::Endpoint;
-use crate::tokens::Tokens;
+use crate::tokens::SharedTokens;
 
 /// The scheme of a gRPC worker's URL (SMG's form).
 pub const SCHEME: &str = "grpc";
@@ -70,7 +69,7 @@ pub struct GrpcUpstream {
     connect_timeout: Duration,
     /// The model's tokens: from the command line's files, else fetched from the first worker
     /// that serves them (`fetch_tokenizer`).
-    tokens: arc_swap::ArcSwapOption<Tokens>,
+    tokens: SharedTokens,
     /// Held while a worker's tokenizer is fetched (an async lock: the fetch awaits the worker).
     fetching: tokio::sync::Mutex<()>,
 }
@@ -144,11 +143,11 @@ fn answer(status: StatusCode, content_type: &'static str, body: Bytes) -> Upstre
 }
 
 impl GrpcUpstream {
-    pub(super) fn new(connect_timeout: Duration, tokens: Option<Arc<Tokens>>) -> Self {
+    pub(super) fn new(connect_timeout: Duration, tokens: SharedTokens) -> Self {
         Self {
             channels: Mutex::new(HashMap::new()),
             connect_timeout,
-            tokens: arc_swap::ArcSwapOption::new(tokens),
+            tokens,
             fetching: tokio::sync::Mutex::new(()),
         }
     }
@@ -267,7 +266,7 @@ impl GrpcUpstream {
                 ))
             }
         };
-        let Some(tokens) = self.tokens.load_full() else {
+        let Some(tokens) = self.tokens.get() else {
             return Err(SendError::NoTokenizer);
         };
         let request_id = request

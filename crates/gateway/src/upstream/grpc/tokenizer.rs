@@ -38,11 +38,11 @@ impl GrpcUpstream {
     /// Workers registering at once fetch one at a time: the first loads it, the others find it
     /// loaded.
     pub async fn fetch_tokenizer(&self, endpoint: &Endpoint) -> Result<(), FetchError> {
-        if self.tokens.load().is_some() {
+        if self.tokens.is_set() {
             return Ok(());
         }
         let _one_at_a_time = self.fetching.lock().await;
-        if self.tokens.load().is_some() {
+        if self.tokens.is_set() {
             return Ok(());
         }
         let mut pieces = self
@@ -64,7 +64,7 @@ impl GrpcUpstream {
         let tokens = tokio::task::spawn_blocking(move || unpack(&archive, &said))
             .await
             .map_err(|e| FetchError::Archive(e.to_string()))??;
-        self.tokens.store(Some(std::sync::Arc::new(tokens)));
+        self.tokens.set(std::sync::Arc::new(tokens));
         Ok(())
     }
 }
