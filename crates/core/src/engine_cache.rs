@@ -76,6 +76,11 @@ impl EngineCache {
     pub fn apply(&mut self, numbered: Numbered, rank: u32, batch: &EventBatch) -> Applied {
         let mut applied = Applied::default();
         let rank = batch.dp_rank.unwrap_or(rank);
+        if batch.events.is_empty() && !self.streams.contains_key(&numbered.stream) {
+            // A stream that has carried no event yet (a servicer's heartbeats, an engine
+            // without KV events behind it) says nothing of the cache: it is not live.
+            return applied;
+        }
         match self.streams.get(&numbered.stream) {
             Some((last, _)) if numbered.sequence == *last => {
                 applied.repeated = true;
@@ -122,6 +127,11 @@ impl EngineCache {
     /// A stream has delivered a batch and has not been lost since: events flow.
     pub fn is_live(&self) -> bool {
         !self.streams.is_empty()
+    }
+
+    #[cfg(test)]
+    fn is_live_stream(&self, stream: u32) -> bool {
+        self.streams.contains_key(&stream)
     }
 
     /// Blocks held, summed over the ranks (each rank's cache is its own).
@@ -239,6 +249,10 @@ mod tests {
         assert_eq!((first.added, first.gap), (2, false));
         cache.apply(at(1, 0), 1, &batch(vec![stored(&[20, 21], None, &PROMPT)]));
         assert_eq!(cache.held_prefix(BS, &keys()), 2);
+        assert!(
+            !cache.apply(at(2, 0), 2, &batch(vec![])).gap && !cache.is_live_stream(2),
+            "heartbeats alone do not make a stream live"
+        );
         let next = cache.apply(at(0, 1), 0, &batch(vec![]));
         assert!(!next.gap, "the next number: no gap");
         let gapped = cache.apply(at(1, 3), 1, &batch(vec![]));

@@ -220,6 +220,7 @@ fn control_and_fleet(
             startup_delay: config.startup_delay,
             startup_timeout: config.startup_timeout,
             adaptive: config.adaptive,
+            kv_events: config.kv_events,
         },
         upstream.clone(),
     );

@@ -169,6 +169,9 @@ pub struct WorkerView {
     /// Its adaptive concurrency limit, when on.
     #[serde(skip_serializing_if = "Option::is_none")]
     concurrency: Option<load::LimitView>,
+    /// How the cache-aware policy scores it: by the blocks its engine's KV events say it holds,
+    /// or by where prompts were sent; what its events have done.
+    prefix_cache: crate::fleet::PrefixCacheView,
     spec: WorkerSpec,
 }
 
@@ -191,6 +194,7 @@ impl WorkerView {
             vetoes: load::VetoView::of(worker),
             engine_load: load::LoadView::of(worker),
             concurrency: load::LimitView::of(worker),
+            prefix_cache: worker.held.view(),
             circuit: CircuitView {
                 state: worker.breaker.state().as_str(),
                 consecutive_failures: worker.breaker.consecutive_failures(),

@@ -10,6 +10,7 @@ mod admission;
 mod checks;
 mod degradation;
 mod discovery;
+mod kv_events;
 mod load;
 mod pd;
 mod replicas;
@@ -37,6 +38,7 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
+pub use kv_events::KvEventsSettings;
 pub use load::{load, load_with, COMMAND_LINE_ONLY};
 pub use replicas::ReplicaSettings;
 pub use resilience::ResilienceSettings;
@@ -345,6 +347,7 @@ impl Settings {
                 &slos,
             )?,
             adaptive: self.adaptive.limiter()?,
+            kv_events: self.kv_events()?,
             degradation: self
                 .degradation
                 .validate(self.adaptive.codel()?, self.load()?.interval)?,
@@ -519,6 +522,8 @@ pub struct Config {
     pub admission: AdmissionConfig,
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<crate::control::AdaptiveConfig>,
+    /// `--kv-events-port`, `--kv-events-ranks`, `--kv-events-max-blocks`.
+    pub kv_events: crate::control::KvEventsConfig,
     /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
     pub degradation: Option<crate::admit::degrade::DegradationConfig>,
     pub access_log: Option<PathBuf>,

@@ -11,6 +11,7 @@ use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
 use super::degradation::DegradationSettings;
 use super::discovery::DiscoverySettings;
+use super::kv_events::KvEventsSettings;
 use super::pd::PdSettings;
 use super::replicas::ReplicaSettings;
 use super::resilience::ResilienceSettings;
@@ -569,6 +570,10 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub tokenizer: TokenizerSettings,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kv_events: KvEventsSettings,
 
     #[command(flatten)]
     #[serde(flatten)]

@@ -13,6 +13,8 @@
 //!   (`--adaptive-concurrency`).
 //! - `liveness` — one checker for the fleet: transport failures, silence and missing progress
 //!   turned into unreachable and wedged vetoes.
+//! - `kv_events` — each HTTP worker's KV events over ZMQ, subscribed per rank, applied to what
+//!   its engine is known to hold (a gRPC worker's come on the load monitor's stream).
 //! - `discovery` — workers registered, re-registered and drained as a source lists them
 //!   (`--discovery-file`, `--discovery-dns`).
 //!
@@ -23,6 +25,7 @@ mod adaptive;
 mod discover;
 pub mod discovery;
 mod health;
+mod kv_events;
 mod liveness;
 mod load;
 
@@ -41,6 +44,7 @@ use tracing::info;
 pub use adaptive::AdaptiveConfig;
 pub use discover::{parse_models, DiscoverError};
 pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
+pub use kv_events::KvEventsConfig;
 pub use liveness::CHECK_EVERY;
 pub use load::{activity, busy_thresholds, LoadConfig, PollError};
 
@@ -63,6 +67,8 @@ pub struct ControlSettings {
     pub startup_timeout: Option<Duration>,
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<AdaptiveConfig>,
+    /// Where workers' KV events are subscribed to.
+    pub kv_events: KvEventsConfig,
 }
 
 /// What the control loops share.
@@ -165,6 +171,11 @@ impl Supervise for Control {
         if worker.endpoint.grpc() {
             let held = HeldConnection(self.clone(), worker.endpoint.clone());
             tasks.push(tokio::spawn(held.until_removed()).abort_handle());
+        }
+        if let Some(endpoints) = self.settings.kv_events.endpoints(worker) {
+            let max_blocks = self.settings.kv_events.max_blocks;
+            let subscriber = kv_events::run_subscriber(worker.clone(), endpoints, max_blocks);
+            tasks.push(tokio::spawn(subscriber).abort_handle());
         }
         tasks.push(tokio::spawn(load::run_monitor(weak, worker.clone(), self)).abort_handle());
         tasks

@@ -63,7 +63,7 @@ pub use pool::{PdPools, Pool, PoolState};
 pub use signals::{Heard, Signals};
 pub use spec::{
     AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
-    WorkerType,
+    WorkerType, ZmqEndpoint,
 };
 pub use traffic::{Lease, Traffic};
 pub use veto::{EngineLoad, Vetoes, AT_CAPACITY_VETO};

@@ -8,10 +8,12 @@
 //!
 //! - `poll` — one poll: the endpoint for the worker's flavor and the report it gives.
 //! - `pushed` — a gRPC worker's KV-event stream: its load records, each a report.
+//! - `pushed_events` — the same stream's block events: what the worker's engine holds.
 //! - `verdict` — what a report means for the worker's vetoes and gauges.
 
 mod poll;
 mod pushed;
+mod pushed_events;
 mod verdict;
 
 use std::sync::{Arc, Weak};
@@ -97,6 +99,10 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
     // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
     let mut engine_batch: Option<Option<u64>> = None;
     let mut pushed = worker.endpoint.grpc().then(pushed::Pushed::new);
+    if pushed.is_some() {
+        // This task is the one writer of a gRPC worker's held blocks.
+        worker.held.begin(control.settings.kv_events.max_blocks);
+    }
     loop {
         let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
             (

@@ -1,4 +1,5 @@
-//! A gRPC worker's KV-event stream as a source of load reports: smg-grpc-servicer puts the
+//! A gRPC worker's KV-event stream as a source of load reports (its block events are applied
+//! by `pushed_events`): smg-grpc-servicer puts the
 //! engine's load record on every batch and sends heartbeats through quiet spells, so while the
 //! stream flows the worker's load is known at every scheduler step instead of every poll, and
 //! every batch is contact. The monitor ingests each record as it ingests a poll's answer (the
@@ -98,13 +99,18 @@ impl Pushed {
                 },
             };
             match stream.message().await {
-                Ok(Some(batch)) => return self.batch(&batch),
+                Ok(Some(batch)) => {
+                    super::pushed_events::apply(worker, &batch);
+                    return self.batch(&batch);
+                }
                 Ok(None) => {
                     // The servicer closed the stream: open it again.
                     self.stream = None;
+                    worker.held.lost(super::pushed_events::STREAM);
                 }
                 Err(status) => {
                     self.stream = None;
+                    worker.held.lost(super::pushed_events::STREAM);
                     if let Some(push) = self.failed(&status) {
                         return push;
                     }

@@ -75,6 +75,35 @@ pub struct WorkerSpec {
     /// decode admission window; SGLang workers report theirs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_running_requests: Option<u64>,
+    /// Its engine's KV-event publisher (`tcp://host:port`, rank r at port + r), overriding
+    /// `--kv-events-port`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_events_endpoint: Option<ZmqEndpoint>,
+    /// Its engine's data-parallel ranks, each publishing; unset follows `--kv-events-ranks`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_events_ranks: Option<u32>,
+}
+
+/// A ZMQ TCP endpoint a publisher binds, as a spec names it: `tcp://host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ZmqEndpoint(String);
+
+impl ZmqEndpoint {
+    pub fn parse(text: &str) -> Option<Self> {
+        let endpoint = Self(text.to_string());
+        endpoint.host_port()?;
+        Some(endpoint)
+    }
+
+    /// Its host and port.
+    pub fn host_port(&self) -> Option<(String, u16)> {
+        let rest = self.0.strip_prefix("tcp://")?;
+        let (host, port) = rest.rsplit_once(':')?;
+        let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+        let valid = !host.is_empty() && host != "*" && !host.contains('/');
+        valid.then(|| (host.to_string(), port))
+    }
 }
 
 /// The spec's `worker_type`.
@@ -184,6 +213,8 @@ const FIELDS: &[&str] = &[
     "worker_type",
     "bootstrap_port",
     "max_running_requests",
+    "kv_events_endpoint",
+    "kv_events_ranks",
 ];
 /// The shortest load-poll interval a spec may ask for (the gateway polls no more often anyway).
 const MIN_POLL_SECS: f64 = 1.0;
@@ -219,6 +250,8 @@ impl WorkerSpec {
             worker_type: WorkerType::Regular,
             bootstrap_port: None,
             max_running_requests: None,
+            kv_events_endpoint: None,
+            kv_events_ranks: None,
         })
     }
 
@@ -281,6 +314,25 @@ impl WorkerSpec {
                         "must be a whole number of at least 1",
                     )
                 })?),
+            },
+            kv_events_endpoint: match object.get("kv_events_endpoint") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    Some(v.as_str().and_then(ZmqEndpoint::parse).ok_or_else(|| {
+                        spec_error("kv_events_endpoint", "must be tcp://host:port")
+                    })?)
+                }
+            },
+            kv_events_ranks: match object.get("kv_events_ranks") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| (1..=1024).contains(n))
+                        .ok_or_else(|| {
+                            spec_error("kv_events_ranks", "must be a whole number from 1 to 1024")
+                        })?,
+                ),
             },
             max_num_batched_tokens: match object.get("max_num_batched_tokens") {
                 None | Some(Value::Null) => None,
