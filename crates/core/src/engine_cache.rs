@@ -124,6 +124,22 @@ impl EngineCache {
         }
     }
 
+    /// Every stream lost at once (a gRPC worker's one stream carries every rank's).
+    pub fn lost_all(&mut self) {
+        let streams: Vec<u32> = self.streams.keys().copied().collect();
+        for stream in streams {
+            self.lost(stream);
+        }
+    }
+
+    /// Each live stream's last batch number.
+    pub fn last_numbers(&self) -> Vec<Numbered> {
+        self.streams
+            .iter()
+            .map(|(&stream, &(sequence, _))| Numbered { stream, sequence })
+            .collect()
+    }
+
     /// A stream has delivered a batch and has not been lost since: events flow.
     pub fn is_live(&self) -> bool {
         !self.streams.is_empty()
@@ -293,6 +309,10 @@ mod tests {
         assert_eq!(cache.block_sizes().into_iter().collect::<Vec<_>>(), [BS]);
         cache.lost(0);
         assert_eq!(cache.blocks(), 0, "the stream fed both ranks");
+        cache.apply(at(1, 1), 1, &one);
+        cache.apply(at(2, 1), 2, &two);
+        cache.lost_all();
+        assert_eq!((cache.blocks(), cache.is_live()), (0, false));
     }
 
     #[test]

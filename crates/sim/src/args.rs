@@ -146,6 +146,12 @@ pub struct EngineArgs {
     /// `enable_kv_cache_events` too), in the flavor's encoding; rank r at the port plus r.
     #[arg(long, value_name = "JSON")]
     pub kv_events_config: Option<String>,
+    /// Count and cache HTTP prompts in the simulated model's own tokens (its tokenizer and
+    /// chat template, the files --write-model-dir writes), as a real engine does with its
+    /// model's, rather than 4 bytes of text a token: a gateway given those files makes the same
+    /// ids of a prompt, as precise prefix routing needs.
+    #[arg(long)]
+    pub model_tokenizer: bool,
 }
 
 impl EngineArgs {
@@ -205,6 +211,7 @@ impl EngineArgs {
             Some(json) => crate::zmq_events::KvEventsConfig::parse(json)?,
             None => None,
         };
+        cfg.model_tokenizer = self.model_tokenizer;
         if self.max_model_len.is_none() {
             cfg.fit_context();
         }

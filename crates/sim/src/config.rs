@@ -74,6 +74,9 @@ pub struct EngineConfig {
     pub grpc: Option<GrpcConfig>,
     /// KV events published over ZMQ (`--kv-events-config`); `None`: not published.
     pub kv_events_zmq: Option<crate::zmq_events::KvEventsConfig>,
+    /// HTTP prompts in the simulated model's tokens (`--model-tokenizer`) rather than 4 bytes
+    /// a token.
+    pub model_tokenizer: bool,
 }
 
 /// How the gRPC service behaves, as the servicer in front of a real engine is configured.
@@ -159,6 +162,7 @@ impl EngineConfig {
             bootstrap_timeout_secs: DEFAULT_BOOTSTRAP_TIMEOUT_SECS,
             grpc: None,
             kv_events_zmq: None,
+            model_tokenizer: false,
             profile,
         }
     }

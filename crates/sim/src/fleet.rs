@@ -103,6 +103,8 @@ struct Incarnation {
     bootstrap: Option<tokio::task::JoinHandle<()>>,
     /// Where each rank publishes its KV events over ZMQ (`--kv-events-config`).
     kv_event_endpoints: Vec<String>,
+    /// Batches each rank's publisher has sent.
+    kv_event_batches: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// One engine's place in the fleet.
@@ -163,6 +165,9 @@ pub struct EngineState {
     pub open_connections: u64,
     /// Where each rank publishes its KV events over ZMQ (`--kv-events-config`), while up.
     pub kv_event_endpoints: Vec<String>,
+    /// Batches each rank's publisher has sent since the engine (re)started: the next batch's
+    /// number.
+    pub kv_event_batches: Vec<u64>,
 }
 
 impl EngineSlot {
@@ -327,8 +332,11 @@ impl EngineSlot {
                 .unwrap_or_default(),
         );
         let mut kv_event_endpoints = Vec::new();
+        let mut kv_event_batches = Vec::new();
         for (rank, publisher) in publishers.into_iter().enumerate() {
             kv_event_endpoints.push(publisher.endpoint.clone());
+            let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            kv_event_batches.push(sent.clone());
             let publish = crate::zmq_events::run(
                 publisher,
                 engine.subscribe_kv_events(),
@@ -336,6 +344,7 @@ impl EngineSlot {
                 self.cfg.flavor,
                 self.cfg.block_size,
                 topic.clone(),
+                sent,
             );
             let mut killed = killed.clone();
             tokio::spawn(async move {
@@ -361,6 +370,7 @@ impl EngineSlot {
             server,
             bootstrap,
             kv_event_endpoints,
+            kv_event_batches,
         });
         Ok(())
     }
@@ -386,6 +396,16 @@ impl EngineSlot {
         let sum = |f: fn(&RankView) -> u64| ranks.iter().map(f).sum::<u64>();
         let t = &self.totals;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        // One look at the incarnation: its lock is not taken twice in one expression.
+        let (kv_event_endpoints, kv_event_batches) = self
+            .running
+            .lock()
+            .as_ref()
+            .map(|r| {
+                let batches = r.kv_event_batches.iter().map(|b| load(b)).collect();
+                (r.kv_event_endpoints.clone(), batches)
+            })
+            .unwrap_or_default();
         let gate = engine
             .as_ref()
             .and_then(|e| e.gate().map(|g| (g.in_engine(), g.queued())));
@@ -421,12 +441,8 @@ impl EngineSlot {
             transfer_failures: load(&t.transfer_failures),
             tokenizer_fetches: load(&t.tokenizer_fetches),
             open_connections: load(&t.open_connections),
-            kv_event_endpoints: self
-                .running
-                .lock()
-                .as_ref()
-                .map(|r| r.kv_event_endpoints.clone())
-                .unwrap_or_default(),
+            kv_event_endpoints,
+            kv_event_batches,
         }
     }
 }

@@ -37,6 +37,7 @@ pub mod engine;
 pub mod faults;
 pub mod fleet;
 pub mod grpc;
+pub mod model_tokens;
 pub mod pd;
 pub mod profile;
 pub mod reasoning;

@@ -16,6 +16,7 @@ use rand_distr::{Distribution, LogNormal};
 use serde::Deserialize;
 
 use crate::engine::SeqSpec;
+use crate::model_tokens::ModelTokenizer;
 use crate::scheduler::FinishReason;
 
 /// Bytes of text per prompt token.
@@ -192,12 +193,31 @@ fn count(ids: &[u32]) -> u32 {
     u32::try_from(ids.len()).unwrap_or(u32::MAX)
 }
 
-fn chat_prompt(messages: &[Message]) -> Result<Prompt, RequestError> {
+fn chat_prompt(
+    messages: &[Message],
+    tokenizer: Option<&ModelTokenizer>,
+) -> Result<Prompt, RequestError> {
     if messages.is_empty() {
         return Err(RequestError::Invalid {
             field: "messages",
             rule: "a non-empty list",
         });
+    }
+    if let Some(tokenizer) = tokenizer {
+        return Ok(token_prompt(&tokenizer.chat_ids(messages.iter().map(
+            |m| {
+                let text = match &m.content {
+                    None => String::new(),
+                    Some(Content::Text(text)) => text.clone(),
+                    Some(Content::Parts(parts)) => parts
+                        .iter()
+                        .filter_map(|p| p.text.as_deref())
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                };
+                (m.role.as_str(), text)
+            },
+        ))));
     }
     let mut ids = Vec::new();
     let mut hash = FNV_OFFSET;
@@ -238,7 +258,10 @@ fn token_prompt(ids: &[u32]) -> Prompt {
     }
 }
 
-fn text_prompt(text: &str) -> Prompt {
+fn text_prompt(text: &str, tokenizer: Option<&ModelTokenizer>) -> Prompt {
+    if let Some(tokenizer) = tokenizer {
+        return token_prompt(&tokenizer.text_ids(text));
+    }
     let mut ids = Vec::with_capacity(text.len().div_ceil(BYTES_PER_TOKEN));
     text_ids(text.as_bytes(), &mut ids);
     Prompt {
@@ -248,10 +271,13 @@ fn text_prompt(text: &str) -> Prompt {
     }
 }
 
-fn completion_prompts(input: PromptInput) -> Result<Vec<Prompt>, RequestError> {
+fn completion_prompts(
+    input: PromptInput,
+    tokenizer: Option<&ModelTokenizer>,
+) -> Result<Vec<Prompt>, RequestError> {
     let prompts = match input {
-        PromptInput::Text(text) => vec![text_prompt(&text)],
-        PromptInput::Texts(texts) => texts.iter().map(|t| text_prompt(t)).collect(),
+        PromptInput::Text(text) => vec![text_prompt(&text, tokenizer)],
+        PromptInput::Texts(texts) => texts.iter().map(|t| text_prompt(t, tokenizer)).collect(),
         PromptInput::Tokens(ids) => vec![token_prompt(&ids)],
         PromptInput::TokenLists(lists) => lists.iter().map(|ids| token_prompt(ids)).collect(),
     };
@@ -265,8 +291,18 @@ fn completion_prompts(input: PromptInput) -> Result<Vec<Prompt>, RequestError> {
 }
 
 impl GenerationRequest {
-    /// Parses a request body for `route`.
+    /// Parses a request body for `route`, its prompt counted 4 bytes a token.
     pub fn parse(route: Route, body: &[u8]) -> Result<Self, RequestError> {
+        Self::parse_with(route, body, None)
+    }
+
+    /// Parses a request body for `route`, its prompt in the model's tokens when a tokenizer
+    /// is given (`--model-tokenizer`).
+    pub fn parse_with(
+        route: Route,
+        body: &[u8],
+        tokenizer: Option<&ModelTokenizer>,
+    ) -> Result<Self, RequestError> {
         let body: Body =
             serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
         let prompts = match route {
@@ -275,14 +311,14 @@ impl GenerationRequest {
                     field: "messages",
                     rule: "present",
                 })?;
-                vec![chat_prompt(&messages)?]
+                vec![chat_prompt(&messages, tokenizer)?]
             }
             Route::Completions => {
                 let prompt = body.prompt.ok_or(RequestError::Invalid {
                     field: "prompt",
                     rule: "present",
                 })?;
-                completion_prompts(prompt)?
+                completion_prompts(prompt, tokenizer)?
             }
         };
         let n = body.n.unwrap_or(1);

@@ -116,6 +116,7 @@ impl Publisher {
 
 /// Publishes each of `rank`'s batches until the engine goes. A batch the publisher fell behind
 /// on is dropped unnumbered, as the engines' bounded queues drop them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     mut publisher: Publisher,
     mut batches: broadcast::Receiver<Arc<KvBatch>>,
@@ -123,6 +124,7 @@ pub(crate) async fn run(
     flavor: Flavor,
     block_size: u32,
     topic: Bytes,
+    sent: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let mut sequence: u64 = 0;
     loop {
@@ -144,6 +146,7 @@ pub(crate) async fn run(
             return;
         }
         sequence += 1;
+        sent.store(sequence, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -61,6 +61,15 @@ pub struct PrefixCacheView {
     /// Events that could not be applied, and payloads that could not be decoded.
     pub malformed: u64,
     pub undecodable: u64,
+    /// Each live stream (a ZMQ publisher's rank; a gRPC worker's one stream) and the number
+    /// of the last batch applied from it.
+    pub streams: Vec<StreamView>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StreamView {
+    pub stream: u32,
+    pub last_batch: u64,
 }
 
 impl HeldIndex {
@@ -93,6 +102,15 @@ impl HeldIndex {
             self.counts.lost.fetch_add(1, Ordering::Relaxed);
         }
         cache.lost(stream);
+    }
+
+    /// Every stream broke at once (a gRPC worker's one stream).
+    pub fn lost_all(&self) {
+        let mut cache = self.cache.write();
+        if cache.is_live() {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+        }
+        cache.lost_all();
     }
 
     /// A payload that was not a batch.
@@ -138,6 +156,14 @@ impl HeldIndex {
             refused: get(&c.refused),
             malformed: get(&c.malformed),
             undecodable: get(&c.undecodable),
+            streams: cache
+                .last_numbers()
+                .into_iter()
+                .map(|n| StreamView {
+                    stream: n.stream,
+                    last_batch: n.sequence,
+                })
+                .collect(),
         }
     }
 }

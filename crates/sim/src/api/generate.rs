@@ -221,8 +221,8 @@ pub(super) async fn checked(
     let cfg = engine.config();
     authorize(cfg, headers)?;
     engine.saw_trace_context(headers.get("traceparent").and_then(|v| v.to_str().ok()));
-    let request =
-        GenerationRequest::parse(route, body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let request = GenerationRequest::parse_with(route, body, st.tokenizer.as_ref())
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if request.model != cfg.model {
         return Err(ApiError::ModelNotFound(request.model));
     }

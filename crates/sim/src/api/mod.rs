@@ -49,6 +49,8 @@ pub struct ApiState {
     error_rng: parking_lot::Mutex<rand::rngs::StdRng>,
     /// A prefill engine's bootstrap server, named in vLLM's `kv_transfer_params`.
     bootstrap: Option<std::net::SocketAddr>,
+    /// The model's tokenizer, with `--model-tokenizer`.
+    pub tokenizer: Option<crate::model_tokens::ModelTokenizer>,
 }
 
 impl ApiState {
@@ -58,7 +60,17 @@ impl ApiState {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let seed = engine.config().seed;
+        let tokenizer = engine
+            .config()
+            .model_tokenizer
+            .then(|| {
+                crate::model_tokens::ModelTokenizer::new()
+                    .inspect_err(|e| tracing::error!(error = %e, "prompts counted 4 bytes a token"))
+                    .ok()
+            })
+            .flatten();
         Self {
+            tokenizer,
             engine,
             created,
             responses: AtomicU64::new(0),

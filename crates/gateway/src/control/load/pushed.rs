@@ -106,11 +106,11 @@ impl Pushed {
                 Ok(None) => {
                     // The servicer closed the stream: open it again.
                     self.stream = None;
-                    worker.held.lost(super::pushed_events::STREAM);
+                    worker.held.lost_all();
                 }
                 Err(status) => {
                     self.stream = None;
-                    worker.held.lost(super::pushed_events::STREAM);
+                    worker.held.lost_all();
                     if let Some(push) = self.failed(&status) {
                         return push;
                     }

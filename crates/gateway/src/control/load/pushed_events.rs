@@ -1,8 +1,10 @@
 //! A gRPC worker's KV-event stream as a source of held blocks: the same stream that carries its
 //! load records carries its engine's block events (smg-grpc-proto 0.4.28's `KvCacheEvent`), each
 //! block with its token ids and the block it follows. They are read as the ZMQ publishers'
-//! batches are (`sluice_core::engine_cache`): one stream, numbered by the servicer (which
-//! repeats the last number on heartbeats), every rank's batches on it.
+//! batches are (`sluice_core::engine_cache`): every rank's batches on one stream, each rank's
+//! numbered on its own (smg-grpc-servicer 0.14.1 relays each rank's numbering and repeats the
+//! last number on heartbeats), so each rank is a stream of its own in the index, and losing
+//! the gRPC stream loses them all.
 
 use sluice_core::engine_cache::Numbered;
 use sluice_core::kv_events::{EventBatch, KvEvent};
@@ -11,19 +13,15 @@ use sluice_proto::common::{KvBlocksStored, KvCacheTier, KvEventBatch};
 
 use crate::fleet::Worker;
 
-/// The stream's number among a worker's event streams (it has only this one).
-pub(super) const STREAM: u32 = 0;
-
 /// Applies a batch's block events to what the worker's engine is known to hold.
 pub(super) fn apply(worker: &Worker, batch: &KvEventBatch) {
     let events = batch_of(batch);
+    let rank = events.dp_rank.unwrap_or(0);
     let numbered = Numbered {
-        stream: STREAM,
+        stream: rank,
         sequence: batch.sequence_number,
     };
-    worker
-        .held
-        .apply(numbered, events.dp_rank.unwrap_or(0), &events);
+    worker.held.apply(numbered, rank, &events);
 }
 
 fn batch_of(batch: &KvEventBatch) -> EventBatch {
