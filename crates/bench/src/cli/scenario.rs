@@ -403,6 +403,10 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             .collect(),
         fleet: match args.name {
             ScenarioName::Degradation => crate::scenario::degradation_shape(engines),
+            ScenarioName::Routing => crate::scenario::FleetShape {
+                kv_events: true,
+                ..Default::default()
+            },
             _ => crate::scenario::FleetShape::default(),
         },
         api: match args.name {

@@ -166,6 +166,7 @@ fn scenario_plan(plan: &DemoPlan, models: &[Model; 2], dir: &Path) -> ScenarioPl
                 models[1].name.into(),
                 models[1].profile.into(),
             )),
+            kv_events: false,
         },
         api: Api::Chat { max_tokens: 512 },
     }

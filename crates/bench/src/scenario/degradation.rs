@@ -30,6 +30,7 @@ pub fn shape(engines: usize) -> FleetShape {
             .map(String::from)
             .to_vec(),
         also: Some((engines, SMALL.into(), "llama3-8b-h100".into())),
+        kv_events: false,
     }
 }
 

@@ -117,6 +117,9 @@ pub struct FleetShape {
     pub extra: Vec<String>,
     /// More engines after them serving another model: how many, its model and its profile.
     pub also: Option<(usize, String, String)>,
+    /// Every engine publishes its KV events over ZMQ (on the port two past its own) and
+    /// tokenizes prompts with the simulated model's tokenizer, as precise prefix routing needs.
+    pub kv_events: bool,
 }
 
 impl Default for FleetShape {
@@ -126,6 +129,7 @@ impl Default for FleetShape {
             profile: "llama3-8b-h100".into(),
             extra: Vec::new(),
             also: None,
+            kv_events: false,
         }
     }
 }
@@ -143,6 +147,8 @@ impl FleetShape {
 pub struct SimFleet {
     engines: Vec<Engine>,
     pub workers: Vec<String>,
+    /// Each engine's KV-event publisher, when the shape publishes them.
+    pub kv_endpoints: Vec<String>,
     http: HttpClient,
     exe: PathBuf,
     log_dir: PathBuf,
@@ -157,10 +163,13 @@ pub struct SimFleet {
 impl SimFleet {
     pub async fn start(plan: &ScenarioPlan) -> Result<Self, ScenarioError> {
         let total = plan.engines + plan.fleet.also.as_ref().map_or(0, |(n, _, _)| *n);
-        let ports = free_ports(2 * total as u16)?;
+        // Its port, its control port and, with KV events, its publisher's.
+        let span = if plan.fleet.kv_events { 3 } else { 2 };
+        let ports = free_ports(span * total as u16)?;
         let mut fleet = Self {
             engines: Vec::new(),
             workers: Vec::new(),
+            kv_endpoints: Vec::new(),
             http: Client::builder(TokioExecutor::new()).build_http(),
             exe: plan.sluice_exe.clone(),
             log_dir: plan.out_dir.clone(),
@@ -171,7 +180,7 @@ impl SimFleet {
             main: plan.engines,
         };
         for i in 0..total {
-            let port = ports + 2 * i as u16;
+            let port = ports + span * i as u16;
             fleet.engines.push(Engine {
                 proc: None,
                 port,
@@ -180,6 +189,11 @@ impl SimFleet {
             });
             let scheme = if fleet.grpc() { "grpc" } else { "http" };
             fleet.workers.push(format!("{scheme}://{}", loopback(port)));
+            if fleet.shape.kv_events {
+                fleet
+                    .kv_endpoints
+                    .push(format!("tcp://{}", loopback(port + 2)));
+            }
             fleet.launch(i).await?;
         }
         Ok(fleet)
@@ -207,6 +221,7 @@ impl SimFleet {
         .into_iter()
         .chain(self.engine_args.iter().cloned())
         .chain(own.iter().cloned())
+        .chain(self.kv_event_flags(i))
         .collect();
         let mut proc = Proc::spawn(Launch {
             name: &format!("engine-{i}"),
@@ -224,6 +239,20 @@ impl SimFleet {
         }
         self.engines[i].proc = Some(proc);
         Ok(())
+    }
+
+    /// Engine `i`'s flags to publish its KV events and tokenize as the model, when the shape
+    /// asks.
+    fn kv_event_flags(&self, i: usize) -> Vec<String> {
+        let Some(endpoint) = self.kv_endpoints.get(i) else {
+            return Vec::new();
+        };
+        let config = serde_json::json!({"publisher": "zmq", "endpoint": endpoint});
+        vec![
+            "--model-tokenizer".into(),
+            "--kv-events-config".into(),
+            config.to_string(),
+        ]
     }
 
     /// The engines serve SMG's gRPC protocol (`--grpc` among their flags).

@@ -5,6 +5,11 @@
 //! so a warm cache would favour whoever ran second). C is measured the same way, on `direct`.
 //! Per point: goodput, TTFT, the engines' prefix-cache hit rate (overall and per engine) and how
 //! evenly the requests spread (the busiest engine's share against the mean).
+//!
+//! The engines publish their KV events and tokenize prompts as the simulated model (for every
+//! configuration alike), so `sluice-cache-aware-precise` can score workers by the blocks their
+//! engines hold: it is given the model's files and each worker's publisher in a discovery file
+//! written for the fleet of its point.
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,12 @@ const POLICIES: [&str; 5] = [
     "cache_aware",
 ];
 
+/// The cache-aware policy scoring by the engines' KV events.
+pub const PRECISE: &str = "sluice-cache-aware-precise";
+/// Stand-ins in its command, filled for each point's fleet (`for_fleet`).
+const MODEL_DIR: &str = "{model_dir}";
+const DISCOVERY: &str = "{discovery}";
+
 /// The configuration name of a gateway running `policy`.
 fn config_name(gateway: &str, policy: &str) -> String {
     format!("{gateway}-{}", policy.replace('_', "-"))
@@ -46,6 +57,7 @@ pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         let flags = ["--load-monitor-interval", &poll, "--policy", policy];
         configs.push(quiet_sluice(&name, exe, &flags));
     }
+    configs.push(precise(exe, &poll));
     if crate::overhead::on_path("smg") {
         for policy in ["round_robin", "cache_aware"] {
             let mut smg = super::smg_config(time_scale);
@@ -56,6 +68,72 @@ pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         }
     }
     configs
+}
+
+/// The cache-aware policy with the model's files, its workers (and their publishers) from a
+/// discovery file.
+fn precise(exe: &Path, poll: &str) -> Template {
+    let argv = [
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--log-level",
+        "warn",
+        "--load-monitor-interval",
+        poll,
+        "--policy",
+        "cache_aware",
+        "--model-path",
+        MODEL_DIR,
+        "--discovery-file",
+        DISCOVERY,
+    ];
+    Template {
+        name: PRECISE.into(),
+        argv: std::iter::once(exe.display().to_string())
+            .chain(argv.iter().map(|a| a.to_string()))
+            .collect(),
+        launcher: crate::overhead::Launcher::Command,
+    }
+}
+
+/// `config` for `fleet`: the precise configuration's model files and discovery file written
+/// (each worker's spec naming its engine's publisher), the others as they are.
+fn for_fleet(config: &Template, fleet: &SimFleet, out: &Path) -> Result<Template, ScenarioError> {
+    if !config.argv.iter().any(|a| a == DISCOVERY) {
+        return Ok(config.clone());
+    }
+    let write = |path: &Path, result: std::io::Result<()>| {
+        result.map_err(|source| ScenarioError::Write {
+            path: path.into(),
+            source,
+        })
+    };
+    let model_dir = out.join("model");
+    write(
+        &model_dir,
+        sluice_sim::vocab::Vocab::new().write_model_dir(&model_dir, super::MODEL),
+    )?;
+    let specs: Vec<serde_json::Value> = fleet
+        .workers
+        .iter()
+        .zip(&fleet.kv_endpoints)
+        .map(|(url, events)| serde_json::json!({"url": url, "kv_events_endpoint": events}))
+        .collect();
+    let discovery = out.join(format!("{PRECISE}-workers.json"));
+    let body = serde_json::to_vec(&specs).expect("specs serialize");
+    write(&discovery, std::fs::write(&discovery, body))?;
+    let mut config = config.clone();
+    for arg in &mut config.argv {
+        if arg == MODEL_DIR {
+            *arg = model_dir.display().to_string();
+        } else if arg == DISCOVERY {
+            *arg = discovery.display().to_string();
+        }
+    }
+    Ok(config)
 }
 
 /// One configuration at one load, and what each engine saw.
@@ -100,6 +178,7 @@ async fn cold_point(
 ) -> Result<RoutingPoint, ScenarioError> {
     let fleet = SimFleet::start(plan).await?;
     let measured = async {
+        let config = &for_fleet(config, &fleet, &plan.out_dir)?;
         let gateway = Gateway::start(config, &fleet.workers, &plan.out_dir).await?;
         let point = measure(plan, &fleet, &config.name, &gateway.url, rate).await;
         gateway.stop().await;
