@@ -278,3 +278,26 @@ async fn in_a_pool_where_one_worker_publishes_the_other_is_scored_the_approximat
         "a prompt sent through the gateway stays where it went"
     );
 }
+
+#[tokio::test]
+async fn a_restarted_engine_is_forgotten_and_heard_again() {
+    let model = ModelDir::new("kv-restart");
+    let s = zmq_setup(publishing(Flavor::Vllm), &model).await;
+    let direct = Direct(s.sims.urls());
+    until_events_flow(&s, &direct, 0).await;
+    let prompt = words(0, 200);
+    store_directly(&s, &direct, &model, 0, &prompt).await;
+    s.fault(0, sluice_sim::Fault::Restart).await;
+    // The engine came back empty on its ports: what it held is forgotten...
+    bounded("the restarted engine's blocks forgotten", async {
+        while prefix_cache(&s, 0).await["blocks"] != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // ...and its events are heard again once the subscription reconnects.
+    until_events_flow(&s, &direct, 0).await;
+    store_directly(&s, &direct, &model, 0, &prompt).await;
+    let view = prefix_cache(&s, 0).await;
+    assert!(view["lost"].as_u64().unwrap() >= 1, "{view}");
+}

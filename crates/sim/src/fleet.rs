@@ -105,6 +105,8 @@ struct Incarnation {
     kv_event_endpoints: Vec<String>,
     /// Batches each rank's publisher has sent.
     kv_event_batches: Vec<Arc<std::sync::atomic::AtomicU64>>,
+    /// Each rank's publisher, killed with it (its port free once it has ended).
+    kv_publishers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// One engine's place in the fleet.
@@ -117,6 +119,9 @@ pub struct EngineSlot {
     totals: Arc<Totals>,
     faults: Arc<watch::Sender<FaultSet>>,
     running: parking_lot::Mutex<Option<Incarnation>>,
+    /// Where its ranks' publishers were first bound: a restart binds the same ports, as an
+    /// engine restarted with its flags does (port 0 resolved once).
+    kv_bound: parking_lot::Mutex<Vec<String>>,
     /// Woken whenever the engine publishes new state, faults change, or it crashes or restarts.
     changed: Arc<tokio::sync::Notify>,
 }
@@ -260,6 +265,9 @@ impl EngineSlot {
             if let Some(bootstrap) = incarnation.bootstrap {
                 let _ = bootstrap.await;
             }
+            for publisher in incarnation.kv_publishers {
+                let _ = publisher.await;
+            }
             incarnation.engine.stopped().await;
             self.changed.notify_waiters();
         }
@@ -279,10 +287,16 @@ impl EngineSlot {
         let Some(cfg) = &self.cfg.kv_events_zmq else {
             return Ok(Vec::new());
         };
+        let bound = self.kv_bound.lock().clone();
         let mut publishers = Vec::new();
         for rank in 0..self.cfg.dp_size {
-            publishers.push(crate::zmq_events::Publisher::bind(cfg, rank).await?);
+            let publisher = match bound.get(rank as usize) {
+                Some(endpoint) => crate::zmq_events::Publisher::bind_at(endpoint).await?,
+                None => crate::zmq_events::Publisher::bind(cfg, rank).await?,
+            };
+            publishers.push(publisher);
         }
+        *self.kv_bound.lock() = publishers.iter().map(|p| p.endpoint.clone()).collect();
         Ok(publishers)
     }
 
@@ -333,26 +347,24 @@ impl EngineSlot {
         );
         let mut kv_event_endpoints = Vec::new();
         let mut kv_event_batches = Vec::new();
+        let mut kv_publishers = Vec::new();
         for (rank, publisher) in publishers.into_iter().enumerate() {
             kv_event_endpoints.push(publisher.endpoint.clone());
             let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
             kv_event_batches.push(sent.clone());
-            let publish = crate::zmq_events::run(
+            let publishing = crate::zmq_events::Publishing {
+                rank: rank as u32,
+                flavor: self.cfg.flavor,
+                block_size: self.cfg.block_size,
+                topic: topic.clone(),
+                sent,
+            };
+            kv_publishers.push(tokio::spawn(crate::zmq_events::run(
                 publisher,
                 engine.subscribe_kv_events(),
-                rank as u32,
-                self.cfg.flavor,
-                self.cfg.block_size,
-                topic.clone(),
-                sent,
-            );
-            let mut killed = killed.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = publish => {}
-                    _ = killed.wait_for(|k| *k) => {}
-                }
-            });
+                publishing,
+                killed.clone(),
+            )));
         }
         let server = tokio::spawn(server::serve(
             listener,
@@ -371,6 +383,7 @@ impl EngineSlot {
             bootstrap,
             kv_event_endpoints,
             kv_event_batches,
+            kv_publishers,
         });
         Ok(())
     }
@@ -511,6 +524,7 @@ impl SimFleet {
                 totals: Arc::new(Totals::default()),
                 faults: Arc::new(faults),
                 running: parking_lot::Mutex::new(None),
+                kv_bound: parking_lot::Mutex::default(),
                 changed: Arc::new(tokio::sync::Notify::new()),
             });
             let publishers = slot.bind_publishers().await?;

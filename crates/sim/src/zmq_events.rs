@@ -98,7 +98,12 @@ pub(crate) struct Publisher {
 
 impl Publisher {
     pub(crate) async fn bind(cfg: &KvEventsConfig, rank: u32) -> Result<Self, KvEventsError> {
-        let endpoint = cfg.endpoint_of(rank)?;
+        Self::bind_at(&cfg.endpoint_of(rank)?).await
+    }
+
+    /// Binds exactly `endpoint` (a restarted engine's, its port known).
+    pub(crate) async fn bind_at(endpoint: &str) -> Result<Self, KvEventsError> {
+        let endpoint = endpoint.to_string();
         let mut socket = zeromq::PubSocket::new();
         let bound = socket
             .bind(&endpoint)
@@ -114,18 +119,39 @@ impl Publisher {
     }
 }
 
-/// Publishes each of `rank`'s batches until the engine goes. A batch the publisher fell behind
-/// on is dropped unnumbered, as the engines' bounded queues drop them.
-#[allow(clippy::too_many_arguments)]
+/// What one rank's publisher sends, and where it counts what it sent.
+pub(crate) struct Publishing {
+    pub rank: u32,
+    pub flavor: Flavor,
+    pub block_size: u32,
+    pub topic: Bytes,
+    /// Batches sent: the next one's number.
+    pub sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Publishes each of the rank's batches until the engine goes (`killed`), then closes its
+/// socket, its port free once this returns (a restarted engine binds it again). A batch the
+/// publisher fell behind on is dropped unnumbered, as the engines' bounded queues drop them.
 pub(crate) async fn run(
     mut publisher: Publisher,
-    mut batches: broadcast::Receiver<Arc<KvBatch>>,
-    rank: u32,
-    flavor: Flavor,
-    block_size: u32,
-    topic: Bytes,
-    sent: Arc<std::sync::atomic::AtomicU64>,
+    batches: broadcast::Receiver<Arc<KvBatch>>,
+    publishing: Publishing,
+    mut killed: tokio::sync::watch::Receiver<bool>,
 ) {
+    tokio::select! {
+        () = publish(&mut publisher, batches, &publishing) => {}
+        _ = killed.wait_for(|k| *k) => {}
+    }
+    let _ = publisher.socket.close().await;
+}
+
+async fn publish(
+    publisher: &mut Publisher,
+    mut batches: broadcast::Receiver<Arc<KvBatch>>,
+    p: &Publishing,
+) {
+    let (rank, flavor, block_size, topic, sent) =
+        (p.rank, p.flavor, p.block_size, &p.topic, &p.sent);
     let mut sequence: u64 = 0;
     loop {
         let batch = match batches.recv().await {

@@ -18,7 +18,8 @@ pub struct TokenizerSettings {
     /// The model's directory (Hugging Face's layout: tokenizer.json, tokenizer_config.json with
     /// its chat template), for grpc:// workers, which take token ids: the gateway tokenizes
     /// prompts, applies the chat template and detokenizes answers. Read from disk at startup; a
-    /// Hugging Face model id is not downloaded. HTTP workers do not need it.
+    /// Hugging Face model id is not downloaded. HTTP workers need it only for precise prefix
+    /// routing (--kv-events-port): prompts are matched in the engine's tokens.
     #[arg(long, alias = "model", value_name = "DIR")]
     #[serde(default)]
     #[arg(help_heading = "Tokenizer")]
