@@ -163,6 +163,15 @@ async fn each_prompt_goes_where_it_is_held(s: &Setup, direct: &Direct, model: &M
         assert_eq!(view["block_size"], BLOCK, "{view}");
         assert_eq!(view["gaps"], 0, "{view}");
         assert_eq!(view["malformed"], 0, "{view}");
+        let id = s.worker_id(i).await;
+        let series = |name: &str| format!("{name}{{worker=\"{id}\"}}");
+        let held = s.metric(&series("sluice_worker_kv_blocks_held")).await;
+        // Two of the prompts, 12 full blocks each at least.
+        assert!(held.is_some_and(|b| b >= 24.0), "{held:?}");
+        let batches = s
+            .metric(&series("sluice_worker_kv_event_batches_total"))
+            .await;
+        assert!(batches.is_some_and(|b| b >= 1.0), "{batches:?}");
     }
 }
 

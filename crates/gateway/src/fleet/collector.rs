@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
@@ -88,6 +89,7 @@ impl Collector for FleetCollector {
                 ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
             }
         }
+        encode_kv_events(&mut encoder, &snapshot.workers)?;
         let mut family = encoder.encode_descriptor(
             "worker_info",
             "Registered workers: id, URL and flavor (value 1); labels that do not change while the worker lives",
@@ -121,4 +123,48 @@ impl Collector for FleetCollector {
         }
         Ok(())
     }
+}
+
+/// What each worker's KV events say and did, for the workers that have sent any.
+fn encode_kv_events(
+    encoder: &mut DescriptorEncoder,
+    workers: &[Arc<super::Worker>],
+) -> Result<(), std::fmt::Error> {
+    let views: Vec<_> = workers
+        .iter()
+        .map(|w| (w.id.as_str(), w.held.view()))
+        .filter(|(_, v)| v.batches > 0)
+        .collect();
+    let mut family = encoder.encode_descriptor(
+        "worker_kv_blocks_held",
+        "KV blocks each worker's engine holds, as its KV events say (summed over its ranks)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (worker, view) in &views {
+        ConstGauge::new(view.blocks as i64)
+            .encode(family.encode_family(&[("worker", *worker)])?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "worker_kv_event_batches",
+        "KV-event batches received from each worker's engine",
+        None,
+        MetricType::Counter,
+    )?;
+    for (worker, view) in &views {
+        ConstCounter::new(view.batches).encode(family.encode_family(&[("worker", *worker)])?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "worker_kv_event_resets",
+        "Times what a worker's engine was known to hold was forgotten: batches missed (gap) or a stream lost (lost)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (worker, view) in &views {
+        for (cause, n) in [("gap", view.gaps), ("lost", view.lost)] {
+            let labels = [("worker", *worker), ("cause", cause)];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
