@@ -13,8 +13,8 @@ use crate::control::KvEventsConfig;
 #[serde(default)]
 pub struct KvEventsSettings {
     /// Subscribe to every HTTP worker's KV events on its host at this port: the ZMQ publisher
-    /// vLLM and SGLang start with --kv-events-config '{"publisher": "zmq", "endpoint":
-    /// "tcp://*:PORT"}'. The cache-aware policy then scores a worker by the blocks its engine
+    /// vLLM and SGLang start when their KV-events config names publisher zmq and endpoint
+    /// tcp://*:PORT. The cache-aware policy then scores a worker by the blocks its engine
     /// holds rather than by where prompts were sent (prompts are tokenized: needs
     /// --model-path). A worker spec's kv_events_endpoint overrides it. gRPC workers' events
     /// come on their own stream.

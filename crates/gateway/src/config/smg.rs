@@ -16,7 +16,7 @@ const JOBQ: &str = "sluice registers workers directly, without a job queue; drop
 const JWT: &str =
     "JWT/OIDC authentication is not supported: use --admin-api-key or --control-plane-api-keys";
 const KV: &str =
-    "belongs to SMG's engine-event KV index, which sluice does not read: its cache_aware indexes the prompts it routed (--max-tree-size); drop the flag";
+    "tunes SMG's engine-event KV index; sluice's cache_aware reads the engines' KV events without such settings (--kv-events-port or a worker spec's kv_events_endpoint; a gRPC worker's own stream) and indexes the prompts it routed otherwise (--max-tree-size); drop the flag";
 const LL: &str =
     "sluice's least_load and power_of_two rank workers by the requests it has on them and their reported queues, with no such knob; drop the flag";
 const MCP: &str = "sluice runs no MCP tools; drop the flag";
