@@ -112,24 +112,28 @@ impl EngineCache {
     }
 
     /// The stream broke or skipped batches: what the ranks it fed hold is no longer known. The
-    /// next batch on it starts afresh, whatever its number.
-    pub fn lost(&mut self, stream: u32) {
+    /// next batch on it starts afresh, whatever its number. Whether it was live.
+    pub fn lost(&mut self, stream: u32) -> bool {
         let Some((_, ranks)) = self.streams.remove(&stream) else {
-            return;
+            return false;
         };
         for rank in ranks {
             if let Some(held) = self.ranks.get_mut(&rank) {
                 held.clear();
             }
         }
+        true
     }
 
-    /// Every stream lost at once (a gRPC worker's one stream carries every rank's).
-    pub fn lost_all(&mut self) {
+    /// Every stream lost at once (a gRPC worker's one stream carries every rank's). Whether
+    /// any was live.
+    pub fn lost_all(&mut self) -> bool {
         let streams: Vec<u32> = self.streams.keys().copied().collect();
+        let mut any = false;
         for stream in streams {
-            self.lost(stream);
+            any |= self.lost(stream);
         }
+        any
     }
 
     /// Each live stream's last batch number.
@@ -282,7 +286,8 @@ mod tests {
             "counting from 0 again: the publisher restarted"
         );
         assert_eq!(cache.blocks(), 2, "rank 1 cleared again");
-        cache.lost(0);
+        assert!(cache.lost(0), "stream 0 was live");
+        assert!(!cache.lost(0), "and is not any more");
         assert_eq!(cache.held_prefix(BS, &keys()), 0, "a lost stream clears");
         assert!(cache.is_live(), "stream 1 still flows");
         cache.lost(1);
@@ -311,8 +316,9 @@ mod tests {
         assert_eq!(cache.blocks(), 0, "the stream fed both ranks");
         cache.apply(at(1, 1), 1, &one);
         cache.apply(at(2, 1), 2, &two);
-        cache.lost_all();
+        assert!(cache.lost_all());
         assert_eq!((cache.blocks(), cache.is_live()), (0, false));
+        assert!(!cache.lost_all(), "nothing left live");
     }
 
     #[test]

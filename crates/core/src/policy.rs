@@ -107,6 +107,29 @@ pub fn prefix_share(matched: usize, of: usize) -> u32 {
     share as u32
 }
 
+/// Candidates scored two ways, compared as shares of the prompt: a candidate whose engine's KV
+/// events say what it holds has its share in `held` (`prefix_share` of the engine's blocks); the
+/// others keep their approximate match, of `approximate_of` blocks, turned into a share. Returns
+/// the input to choose with; `None` when no candidate has a held share, the matches untouched.
+pub fn by_shares(
+    candidates: &mut [Candidate],
+    held: &[Option<u32>],
+    approximate_of: usize,
+    input: &RouteInput,
+) -> Option<RouteInput> {
+    if held.iter().all(Option::is_none) {
+        return None;
+    }
+    for (candidate, share) in candidates.iter_mut().zip(held) {
+        candidate.prefix_match =
+            share.unwrap_or_else(|| prefix_share(candidate.prefix_match as usize, approximate_of));
+    }
+    Some(RouteInput {
+        prefix_blocks: PREFIX_SHARE_SCALE,
+        ..*input
+    })
+}
+
 /// What a policy knows about the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RouteInput {
@@ -287,6 +310,30 @@ mod tests {
             Some(1),
             "25% is under the threshold: the least loaded"
         );
+    }
+
+    #[test]
+    fn held_shares_and_approximate_matches_meet_as_shares() {
+        let input = RouteInput {
+            routing_key: Some(7),
+            prefix_blocks: 16,
+        };
+        let mut c = pool(&[1, 1]);
+        c[1].prefix_match = 8;
+        assert_eq!(by_shares(&mut c, &[None, None], 16, &input), None);
+        assert_eq!(c[1].prefix_match, 8, "no held share: untouched");
+        let held = [Some(prefix_share(3, 4)), None];
+        let blended = by_shares(&mut c, &held, 16, &input).unwrap();
+        assert_eq!(blended.prefix_blocks, PREFIX_SHARE_SCALE);
+        assert_eq!(blended.routing_key, Some(7));
+        assert_eq!(c[0].prefix_match, PREFIX_SHARE_SCALE / 4 * 3);
+        assert_eq!(
+            c[1].prefix_match,
+            PREFIX_SHARE_SCALE / 2,
+            "8 of 16 approximate blocks"
+        );
+        let policy = Policy::CacheAware(CacheAware::default());
+        assert_eq!(choose(&policy, &c, &blended, Draw::default()), Some(0));
     }
 
     #[test]

@@ -95,22 +95,20 @@ impl HeldIndex {
         applied
     }
 
-    /// A stream broke: what its ranks held is forgotten.
+    /// A stream broke: what its ranks held is forgotten (counted when it was live).
     pub fn lost(&self, stream: u32) {
-        let mut cache = self.cache.write();
-        if cache.is_live() {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
-        }
-        cache.lost(stream);
+        let was_live = self.cache.write().lost(stream);
+        self.counts
+            .lost
+            .fetch_add(u64::from(was_live), Ordering::Relaxed);
     }
 
     /// Every stream broke at once (a gRPC worker's one stream).
     pub fn lost_all(&self) {
-        let mut cache = self.cache.write();
-        if cache.is_live() {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
-        }
-        cache.lost_all();
+        let was_live = self.cache.write().lost_all();
+        self.counts
+            .lost
+            .fetch_add(u64::from(was_live), Ordering::Relaxed);
     }
 
     /// A payload that was not a batch.

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use sluice_core::held_blocks::token_block_hashes;
-use sluice_core::policy::{prefix_share, Candidate, RouteInput, PREFIX_SHARE_SCALE};
+use sluice_core::policy::{by_shares, prefix_share, Candidate, RouteInput};
 
 use super::{RouteRequest, RouteStage, Wants};
 use crate::fleet::{Pool, Worker};
@@ -109,10 +109,9 @@ impl RouteStage {
     }
 }
 
-/// Scores `candidates` (of `workers`, in order) by what their engines hold, where events flow:
-/// each candidate's `prefix_match` becomes its share of the prompt (held blocks for those, the
-/// approximate index's match already set for the others), and the input the policy compares
-/// them with. `None`: no candidate's events flow, the approximate scores stand.
+/// Scores `candidates` (of `workers`, in order) by what their engines hold, where events flow
+/// (`policy::by_shares` decides how the two kinds of match meet). `None`: no candidate's events
+/// flow, the approximate scores stand.
 pub(super) fn score(
     workers: &[&Arc<Worker>],
     request: &RouteRequest,
@@ -120,18 +119,7 @@ pub(super) fn score(
 ) -> Option<RouteInput> {
     let keys = request.held.as_ref()?;
     let held: Vec<Option<u32>> = workers.iter().map(|w| keys.share_held_by(w)).collect();
-    if held.iter().all(Option::is_none) {
-        return None;
-    }
-    let approximate_of = request.blocks.len();
-    for (candidate, share) in candidates.iter_mut().zip(held) {
-        candidate.prefix_match =
-            share.unwrap_or_else(|| prefix_share(candidate.prefix_match as usize, approximate_of));
-    }
-    Some(RouteInput {
-        prefix_blocks: PREFIX_SHARE_SCALE,
-        ..request.input
-    })
+    by_shares(candidates, &held, request.blocks.len(), &request.input)
 }
 
 #[cfg(test)]
