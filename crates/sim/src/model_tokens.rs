@@ -6,7 +6,8 @@
 //! The rules are vLLM's (`vllm/entrypoints/openai/protocol.py` @0052bed): a chat is the template
 //! rendered with the assistant's turn primed, tokenized without the tokenizer's own special
 //! tokens (the template writes them); a completion's text is tokenized with them (this
-//! tokenizer adds none); a message's text parts are joined by newlines.
+//! tokenizer adds none); a message's text parts are joined by newlines
+//! (`vllm/entrypoints/chat_utils.py` @bd5ec6d).
 
 use crate::vocab::{Vocab, BEGIN_OF_TEXT, END_HEADER, END_OF_TURN, START_HEADER};
 

@@ -9,7 +9,8 @@
 //!   where the tokenizer adds one);
 //! - a completion's ids: as given.
 //!
-//! A message's text parts are joined by newlines, as vLLM joins them. A prompt of anything else
+//! A message's text parts are joined by newlines, as vLLM joins them
+//! (`vllm/entrypoints/chat_utils.py` @bd5ec6d, `_parse_chat_message_content_parts`). A prompt of anything else
 //! (images, several prompts in one completion) has no ids here: the request is routed by the
 //! approximate index, as it would be without events.
 
