@@ -1,10 +1,15 @@
 //! One benchmark request, sent when due and read to the end, as a client would: either one that
-//! never retries, or one that retries like the OpenAI Python SDK.
+//! never retries, or one that retries like the OpenAI Python SDK; patient, or giving up as
+//! clients do (`Patience`).
 //!
 //! The SDK's rules (see the engines reference): 2 retries; connection errors, timeouts, 408,
 //! 409, 429 and every status >= 500 are retried unless `x-should-retry: false` says otherwise;
 //! the wait is `retry-after-ms`, else `retry-after` in seconds, when in (0, 60] s, else
 //! `min(0.5 x 2^n, 8) x (1 - 0.25 x rand)` s; nothing is retried once the answer has started.
+//! Its timeout is httpx's read timeout (openai-python's `timeout`, 600 s by default): the
+//! longest wait for the answer's head, then for each piece of its body. A timeout before the
+//! head is retried like a connection error; one inside a stream is raised to the caller, who
+//! has the head already (`Stream` is returned once the head is in), so it is not retried.
 
 use std::time::Duration;
 
@@ -30,6 +35,57 @@ pub enum ClientKind {
     /// Retries as the OpenAI Python SDK does.
     Sdk,
 }
+
+/// How long a client waits, and when it leaves of its own accord. The default waits forever
+/// and reads every answer to its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Patience {
+    /// The SDK's timeout (httpx's read timeout): the longest wait for the answer's head, then
+    /// for each piece of its body. A retrying client retries it while no head has come.
+    pub idle: Option<Duration>,
+    /// The longest the request may take from when it is sent, retries included: the caller's
+    /// own timeout around the call.
+    pub total: Option<Duration>,
+    /// Sent as `X-Request-Deadline-Ms` (the budget from arrival); the client gives up then too.
+    pub deadline: Option<Duration>,
+    /// Leaves a stream once this many tokens came (a reader who had enough, a stop button).
+    pub leave_after: Option<u32>,
+}
+
+impl Patience {
+    /// How long after sending the client gives up on the whole request, if ever.
+    fn gives_up_after(&self) -> Option<Duration> {
+        match (self.total, self.deadline) {
+            (Some(t), Some(d)) => Some(t.min(d)),
+            (t, d) => t.or(d),
+        }
+    }
+}
+
+/// Everything about how one client behaves, the same for each of its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Behaviour {
+    pub retries: ClientKind,
+    pub patience: Patience,
+    /// Asks for a stream (SSE) or a whole answer.
+    pub stream: bool,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self {
+            retries: ClientKind::None,
+            patience: Patience::default(),
+            stream: true,
+        }
+    }
+}
+
+/// What an outcome's `code` says when the client, not the server, ended the request: no byte
+/// for the idle timeout, the whole request over its time, or a reader who left on purpose.
+pub const IDLE_TIMEOUT: &str = "idle_timeout";
+pub const CLIENT_TIMEOUT: &str = "client_timeout";
+pub const LEFT: &str = "left";
 
 /// The SDK's retries per request.
 const SDK_RETRIES: u32 = 2;
@@ -71,6 +127,11 @@ impl Job {
     /// long (`ignore_eos`), its prompt the parts' text one after the other; or a streaming chat
     /// answered at the model's length, a message per part.
     pub fn body(&self, api: Api, model: &str) -> String {
+        self.body_of(api, model, true)
+    }
+
+    /// The same, streaming or as a whole answer.
+    pub fn body_of(&self, api: Api, model: &str, stream: bool) -> String {
         let user = format!("tenant-{}", self.tenant);
         match api {
             Api::Completions => serde_json::json!({
@@ -78,8 +139,8 @@ impl Job {
                 "prompt": self.prompt.text(),
                 "max_tokens": self.output_tokens,
                 "ignore_eos": true,
-                "stream": true,
-                "stream_options": {"include_usage": true},
+                "stream": stream,
+                "stream_options": stream.then_some(serde_json::json!({"include_usage": true})),
                 "priority": self.priority,
                 "user": user,
             }),
@@ -87,8 +148,8 @@ impl Job {
                 "model": model,
                 "messages": self.prompt.messages(),
                 "max_tokens": max_tokens,
-                "stream": true,
-                "stream_options": {"include_usage": true},
+                "stream": stream,
+                "stream_options": stream.then_some(serde_json::json!({"include_usage": true})),
                 "priority": self.priority,
                 "user": user,
             }),
@@ -97,14 +158,27 @@ impl Job {
     }
 }
 
+/// How an answer that began ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// `[DONE]`, or a whole body read.
+    Done,
+    /// The connection ended, or an error event came, before the end.
+    Cut,
+    /// No byte for the idle timeout inside the body.
+    Idle,
+    /// The client left once it had enough.
+    Left,
+}
+
 /// What one attempt got.
 enum Attempt {
-    /// The answer started (200): read to the end.
+    /// The answer started (200): read to its end, or until the client stopped reading.
     Answered {
         ttft: Option<Instant>,
         end: Instant,
         tokens: u32,
-        completed: bool,
+        ending: Ending,
     },
     /// Refused before any answer: status (0 without one), code, and what the server asked.
     Refused {
@@ -121,69 +195,98 @@ pub async fn run(
     url: &str,
     (api, model): (Api, &str),
     job: &Job,
-    kind: ClientKind,
+    behaviour: Behaviour,
     start: Instant,
 ) -> Outcome {
     let due = start + job.due;
     tokio::time::sleep_until(due).await;
     let sent_late = due.elapsed();
-    let body = Bytes::from(job.body(api, model));
+    let sent = Instant::now();
+    let body = Bytes::from(job.body_of(api, model, behaviour.stream));
+    let mut headers = job.headers.clone();
+    if let Some(deadline) = behaviour.patience.deadline {
+        headers.push((
+            "x-request-deadline-ms".into(),
+            deadline.as_millis().to_string(),
+        ));
+    }
     let mut attempts = 0u32;
     let mut rejected_after = None;
-    loop {
-        attempts += 1;
-        match attempt(http, url, body.clone(), &job.headers).await {
-            Attempt::Answered {
-                ttft,
-                end,
-                tokens,
-                completed,
-            } => {
-                return Outcome {
-                    due: job.due,
-                    tier: job.tier,
-                    status: 200,
-                    code: None,
-                    completed,
-                    ttft: ttft.map(|t| t - due),
-                    e2e: end - due,
-                    output_tokens: tokens,
-                    attempts,
-                    rejected_after,
-                    sent_late,
+    let outcome = |status, code, e2e: Duration| Outcome {
+        due: job.due,
+        tier: job.tier,
+        status,
+        code,
+        completed: false,
+        ttft: None,
+        e2e,
+        output_tokens: 0,
+        attempts: 1,
+        rejected_after: None,
+        sent_late,
+    };
+    let tries = async {
+        loop {
+            attempts += 1;
+            match attempt(http, url, body.clone(), &headers, behaviour).await {
+                Attempt::Answered {
+                    ttft,
+                    end,
+                    tokens,
+                    ending,
+                } => {
+                    let code = match ending {
+                        Ending::Done | Ending::Cut => None,
+                        Ending::Idle => Some(IDLE_TIMEOUT.to_string()),
+                        Ending::Left => Some(LEFT.to_string()),
+                    };
+                    return Outcome {
+                        code,
+                        completed: matches!(ending, Ending::Done | Ending::Left),
+                        ttft: ttft.map(|t| t - due),
+                        output_tokens: tokens,
+                        rejected_after,
+                        ..outcome(200, None, end - due)
+                    };
+                }
+                Attempt::Refused {
+                    status,
+                    code,
+                    at,
+                    headers,
+                } => {
+                    rejected_after.get_or_insert(at - due);
+                    let wait = match behaviour.retries {
+                        ClientKind::Sdk if attempts <= SDK_RETRIES => {
+                            sdk_wait(status, &headers, attempts)
+                        }
+                        _ => None,
+                    };
+                    let Some(wait) = wait else {
+                        return Outcome {
+                            rejected_after,
+                            ..outcome(status, code, at - due)
+                        };
+                    };
+                    tokio::time::sleep(wait).await;
                 }
             }
-            Attempt::Refused {
-                status,
-                code,
-                at,
-                headers,
-            } => {
-                rejected_after.get_or_insert(at - due);
-                let wait = match kind {
-                    ClientKind::Sdk if attempts <= SDK_RETRIES => {
-                        sdk_wait(status, &headers, attempts)
-                    }
-                    _ => None,
-                };
-                let Some(wait) = wait else {
-                    return Outcome {
-                        due: job.due,
-                        tier: job.tier,
-                        status,
-                        code,
-                        completed: false,
-                        ttft: None,
-                        e2e: at - due,
-                        output_tokens: 0,
-                        attempts,
-                        rejected_after,
-                        sent_late,
-                    };
-                };
-                tokio::time::sleep(wait).await;
-            }
         }
+    };
+    let finished = match behaviour.patience.gives_up_after() {
+        Some(limit) => tokio::time::timeout_at(sent + limit, tries).await.ok(),
+        None => Some(tries.await),
+    };
+    match finished {
+        Some(outcome) => Outcome {
+            attempts,
+            ..outcome
+        },
+        None => Outcome {
+            attempts,
+            rejected_after,
+            ..outcome(0, Some(CLIENT_TIMEOUT.into()), due.elapsed())
+        },
     }
 }
 
@@ -192,6 +295,7 @@ async fn attempt(
     url: &str,
     body: Bytes,
     headers: &[(String, String)],
+    behaviour: Behaviour,
 ) -> Attempt {
     let refused = |status: u16, code: Option<String>, headers: HeaderMap| Attempt::Refused {
         status,
@@ -206,35 +310,93 @@ async fn attempt(
     let Ok(request) = request.body(Full::new(body)) else {
         return refused(0, Some("invalid_request".into()), HeaderMap::new());
     };
-    let response = match http.request(request).await {
-        Ok(r) => r,
-        Err(_) => return refused(0, None, HeaderMap::new()),
+    let idle = behaviour.patience.idle;
+    let response = match within(idle, http.request(request)).await {
+        Some(Ok(r)) => r,
+        Some(Err(_)) => return refused(0, None, HeaderMap::new()),
+        None => return refused(0, Some(IDLE_TIMEOUT.into()), HeaderMap::new()),
     };
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     if status != 200 {
-        let body = response.into_body().collect().await.map(|b| b.to_bytes());
+        let body = within(idle, response.into_body().collect())
+            .await
+            .and_then(Result::ok)
+            .map(|b| b.to_bytes());
         let code = headers
             .get("x-sluice-error-code")
             .and_then(|v| v.to_str().ok())
             .map(String::from)
-            .or_else(|| body.ok().and_then(|b| error_code(&b)));
+            .or_else(|| body.and_then(|b| error_code(&b)));
         return refused(status, code, headers);
     }
-    read_stream(response.into_body()).await
+    let head = Instant::now();
+    if behaviour.stream {
+        read_stream(response.into_body(), behaviour.patience).await
+    } else {
+        read_whole(response.into_body(), idle, head).await
+    }
+}
+
+/// `future`'s output, or `None` when `limit` passes first (no limit: wait for it).
+async fn within<F: std::future::Future>(limit: Option<Duration>, future: F) -> Option<F::Output> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, future).await.ok(),
+        None => Some(future.await),
+    }
+}
+
+/// Reads a whole (non-streaming) answer: its tokens from the usage; its head is its first byte.
+async fn read_whole(
+    mut body: hyper::body::Incoming,
+    idle: Option<Duration>,
+    head: Instant,
+) -> Attempt {
+    let mut bytes = Vec::new();
+    let ending = loop {
+        match within(idle, body.frame()).await {
+            None => break Ending::Idle,
+            Some(None) => break Ending::Done,
+            Some(Some(Err(_))) => break Ending::Cut,
+            Some(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+            }
+        }
+    };
+    let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+    let tokens = json
+        .as_ref()
+        .and_then(|j| j["usage"]["completion_tokens"].as_u64())
+        .unwrap_or(0) as u32;
+    let ending = match (ending, json.is_some()) {
+        (Ending::Done, false) => Ending::Cut,
+        (ending, _) => ending,
+    };
+    Attempt::Answered {
+        ttft: Some(head),
+        end: Instant::now(),
+        tokens,
+        ending,
+    }
 }
 
 /// Reads an SSE answer: the first token's arrival, tokens (from the usage chunk, else counted),
-/// and whether it ended with `[DONE]`.
-async fn read_stream(mut body: hyper::body::Incoming) -> Attempt {
+/// and how it ended: `[DONE]`, cut, silent past the idle timeout, or left once the client had
+/// the tokens it wanted.
+async fn read_stream(mut body: hyper::body::Incoming, patience: Patience) -> Attempt {
     let mut ttft = None;
     let mut counted = 0u32;
     let mut usage = None;
     let mut done = false;
     let mut pending = String::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            break;
+    let ending = 'read: loop {
+        let frame = match within(patience.idle, body.frame()).await {
+            None => break Ending::Idle,
+            Some(None) => break if done { Ending::Done } else { Ending::Cut },
+            Some(Some(Err(_))) => break Ending::Cut,
+            Some(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else {
             continue;
@@ -253,34 +415,41 @@ async fn read_stream(mut body: hyper::body::Incoming) -> Attempt {
                 continue;
             };
             if json.get("error").is_some() {
-                break;
+                break 'read Ending::Cut;
             }
             if let Some(n) = json["usage"]["completion_tokens"].as_u64() {
                 usage = Some(n as u32);
             }
-            // A completion's text, or a chat delta's content or thinking (a reasoning model's
-            // first token is its first thought).
-            let has_text = json["choices"].as_array().is_some_and(|c| {
-                c.iter().any(|c| {
-                    c["text"].as_str().is_some()
-                        || c["delta"]["content"]
-                            .as_str()
-                            .is_some_and(|t| !t.is_empty())
-                        || c["delta"]["reasoning_content"].as_str().is_some()
-                })
-            });
-            if has_text {
+            if has_text(&json) {
                 counted += 1;
                 ttft.get_or_insert_with(Instant::now);
+                if patience.leave_after.is_some_and(|n| counted >= n) {
+                    // Dropping the body closes the connection: the client is gone.
+                    break 'read Ending::Left;
+                }
             }
         }
-    }
+    };
     Attempt::Answered {
         ttft,
         end: Instant::now(),
         tokens: usage.unwrap_or(counted),
-        completed: done,
+        ending,
     }
+}
+
+/// A completion's text, or a chat delta's content or thinking (a reasoning model's first token
+/// is its first thought).
+fn has_text(json: &serde_json::Value) -> bool {
+    json["choices"].as_array().is_some_and(|c| {
+        c.iter().any(|c| {
+            c["text"].as_str().is_some()
+                || c["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+                || c["delta"]["reasoning_content"].as_str().is_some()
+        })
+    })
 }
 
 fn error_code(body: &[u8]) -> Option<String> {

@@ -201,6 +201,11 @@ impl PromptSource {
     pub fn next_prompt(&mut self) -> Drawn {
         match self.mix {
             Mix::Chat => self.distinct(false),
+            Mix::Short => {
+                let mut drawn = self.distinct(false);
+                drawn.output_tokens = 16 + drawn.output_tokens % 33;
+                drawn
+            }
             Mix::Summarize => self.distinct(true),
             Mix::Mixed => {
                 let long = self.rng.random_bool(0.5);

@@ -1,6 +1,8 @@
-//! `sluice bench run`: one open-loop run against any OpenAI-compatible endpoint — arrivals on a
-//! schedule, request shapes from a named mix, a priority tier and a tenant per request, a client
-//! that retries or not — summed up into goodput (see `goodput`).
+//! `sluice bench run`: one run against any OpenAI-compatible endpoint — open-loop arrivals on a
+//! schedule, or closed-loop clients that each send their next request when the last one ended —
+//! request shapes from a named mix, a priority tier and a tenant per request, clients that
+//! retry or not and give up or not (`client::Behaviour`) — summed up into goodput (see
+//! `goodput`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::arrivals::{arrivals, ArrivalError, Process, Schedule};
-use crate::client::{self, ClientKind, HttpClient, Job};
+use crate::client::{self, Behaviour, ClientKind, HttpClient, Job, Patience};
 use crate::goodput::{summarize, Outcome, Report, Slo, Tier};
 use crate::prompts::PromptSource;
 
@@ -40,6 +42,9 @@ pub enum Mix {
     Rag,
     /// 40% sessions, 30% system-prompt, 30% rag.
     Shared,
+    /// Chat prompts (around 256 tokens) with short answers, 16 to 48 tokens: a healthy engine
+    /// answers each well within a second, so a client's timeout trips only on a sick one.
+    Short,
     /// Chat, with one request in twenty a long-context prompt of 32k-128k tokens (a codebase, a
     /// book) and an answer around 256; nothing shared.
     LongContext,
@@ -84,6 +89,13 @@ pub struct RunPlan {
     /// API keys, one per tenant in turn (tenant `i` sends `keys[i % len]`); none: no key.
     pub tenant_keys: Vec<String>,
     pub client: ClientKind,
+    /// When clients give up or leave on their own.
+    pub patience: Patience,
+    /// Streams (SSE) or whole answers.
+    pub stream: bool,
+    /// Closed loop: this many clients, each sending its next request as soon as its last one
+    /// ended (answered, refused or given up on), for `duration`; the schedule is not used.
+    pub closed_loop: Option<u32>,
     /// A request with no answer by then counts as `client_timeout`.
     pub request_timeout: Duration,
     /// Completions of exact lengths, or chats at the model's length.
@@ -99,34 +111,55 @@ pub fn jobs(plan: &RunPlan) -> Result<Vec<Job>, ArrivalError> {
         plan.max_requests,
         plan.duration,
     )?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed ^ 0x5eed);
-    let mut prompts = PromptSource::new(plan.mix, plan.seed);
-    let total: f64 = plan.tiers.iter().map(|t| t.share.max(0.0)).sum();
-    Ok(due
-        .into_iter()
-        .map(|due| {
-            let drawn = prompts.next_prompt();
-            let mut pick = rng.random::<f64>() * total;
-            let tier = plan
-                .tiers
-                .iter()
-                .position(|t| {
-                    pick -= t.share.max(0.0);
-                    pick < 0.0
-                })
-                .unwrap_or(0);
-            Job {
-                due,
-                tier,
-                prompt_tokens: drawn.prompt.tokens(),
-                output_tokens: drawn.output_tokens,
-                prompt: drawn.prompt,
-                tenant: rng.random_range(0..plan.tenants.max(1)),
-                priority: tier as i64,
-                headers: Vec::new(),
-            }
-        })
-        .collect())
+    let mut source = JobSource::new(plan);
+    Ok(due.into_iter().map(|due| source.next_job(due)).collect())
+}
+
+/// Draws one job after another from a plan's seed: its tier, shape and tenant (open-loop runs
+/// stamp each with its arrival, closed-loop clients with when they send it).
+pub struct JobSource {
+    plan: RunPlan,
+    rng: rand::rngs::StdRng,
+    prompts: PromptSource,
+    total_share: f64,
+}
+
+impl JobSource {
+    pub fn new(plan: &RunPlan) -> Self {
+        Self {
+            plan: plan.clone(),
+            rng: rand::rngs::StdRng::seed_from_u64(plan.seed ^ 0x5eed),
+            prompts: PromptSource::new(plan.mix, plan.seed),
+            total_share: plan.tiers.iter().map(|t| t.share.max(0.0)).sum(),
+        }
+    }
+
+    /// The next job, due at `due` from the start of the run.
+    pub fn next_job(&mut self, due: Duration) -> Job {
+        let drawn = self.prompts.next_prompt();
+        let mut pick = self.rng.random::<f64>() * self.total_share;
+        let tier = self
+            .plan
+            .tiers
+            .iter()
+            .position(|t| {
+                pick -= t.share.max(0.0);
+                pick < 0.0
+            })
+            .unwrap_or(0);
+        let mut job = Job {
+            due,
+            tier,
+            prompt_tokens: drawn.prompt.tokens(),
+            output_tokens: drawn.output_tokens,
+            prompt: drawn.prompt,
+            tenant: self.rng.random_range(0..self.plan.tenants.max(1)),
+            priority: tier as i64,
+            headers: Vec::new(),
+        };
+        job.headers = identity_headers(&self.plan, &job);
+        job
+    }
 }
 
 /// The headers that say who asks and how urgently: the tenant's key, and a tier named as sluice
@@ -162,41 +195,86 @@ pub fn identity_headers(plan: &RunPlan, job: &Job) -> Vec<(String, String)> {
 
 /// Runs the plan and sums it up.
 pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalError> {
-    let mut jobs = jobs(plan)?;
-    for job in &mut jobs {
-        job.headers = identity_headers(plan, job);
+    let outcomes = match plan.closed_loop {
+        Some(clients) => closed_loop(plan, clients).await,
+        None => open_loop(plan).await?,
+    };
+    let mut report = summarize(&outcomes.0, &plan.tiers, plan.duration);
+    report.prefix_sharing = outcomes.1;
+    Ok((outcomes.0, report))
+}
+
+/// What every request of a run shares.
+#[derive(Clone)]
+struct Sender {
+    http: HttpClient,
+    url: Arc<str>,
+    model: Arc<str>,
+    api: crate::client::Api,
+    behaviour: Behaviour,
+    /// A request with no answer by then counts as `client_timeout`.
+    timeout: Duration,
+}
+
+impl Sender {
+    fn of(plan: &RunPlan) -> Self {
+        Self {
+            http: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(usize::MAX)
+                .build_http(),
+            url: plan.url.clone().into(),
+            model: plan.model.clone().into(),
+            api: plan.api,
+            behaviour: Behaviour {
+                retries: plan.client,
+                patience: plan.patience,
+                stream: plan.stream,
+            },
+            timeout: plan.request_timeout,
+        }
     }
+
+    /// Sends `job` when it is due (from `start`) and returns what came of it.
+    async fn send(&self, job: Job, start: Instant) -> Outcome {
+        let due = start + job.due;
+        let sent = client::run(
+            &self.http,
+            &self.url,
+            (self.api, &self.model),
+            &job,
+            self.behaviour,
+            start,
+        );
+        match tokio::time::timeout_at(due + self.timeout, sent).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome {
+                due: job.due,
+                tier: job.tier,
+                status: 0,
+                code: Some(client::CLIENT_TIMEOUT.into()),
+                completed: false,
+                ttft: None,
+                e2e: self.timeout,
+                output_tokens: 0,
+                attempts: 1,
+                rejected_after: None,
+                sent_late: Duration::ZERO,
+            },
+        }
+    }
+}
+
+/// Every job sent when due, whatever happened to the others; and the share of prompt tokens
+/// the jobs repeat.
+async fn open_loop(plan: &RunPlan) -> Result<(Vec<Outcome>, f64), ArrivalError> {
+    let jobs = jobs(plan)?;
     let prefix_sharing = crate::prompts::sharing(jobs.iter().map(|j| &j.prompt));
-    let http: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(usize::MAX)
-        .build_http();
-    let url: Arc<str> = plan.url.clone().into();
-    let model: Arc<str> = plan.model.clone().into();
+    let sender = Sender::of(plan);
     let start = Instant::now() + Duration::from_millis(20);
     let mut running = JoinSet::new();
     for job in jobs {
-        let (http, url, model) = (http.clone(), url.clone(), model.clone());
-        let (kind, timeout, api) = (plan.client, plan.request_timeout, plan.api);
-        running.spawn(async move {
-            let due = start + job.due;
-            let sent = client::run(&http, &url, (api, &model), &job, kind, start);
-            match tokio::time::timeout_at(due + timeout, sent).await {
-                Ok(outcome) => outcome,
-                Err(_) => Outcome {
-                    due: job.due,
-                    tier: job.tier,
-                    status: 0,
-                    code: Some("client_timeout".into()),
-                    completed: false,
-                    ttft: None,
-                    e2e: timeout,
-                    output_tokens: 0,
-                    attempts: 1,
-                    rejected_after: None,
-                    sent_late: Duration::ZERO,
-                },
-            }
-        });
+        let sender = sender.clone();
+        running.spawn(async move { sender.send(job, start).await });
     }
     let mut outcomes = Vec::new();
     while let Some(done) = running.join_next().await {
@@ -204,11 +282,47 @@ pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalEr
             outcomes.push(outcome);
         }
     }
-    let report = Report {
-        prefix_sharing,
-        ..summarize(&outcomes, &plan.tiers, plan.duration)
-    };
-    Ok((outcomes, report))
+    Ok((outcomes, prefix_sharing))
+}
+
+/// `clients` clients, each sending its next job as soon as the last one ended, until the plan's
+/// duration is up (at most `max_requests` in all); the jobs are drawn in the order they are
+/// sent, so a run's requests follow from its seed.
+async fn closed_loop(plan: &RunPlan, clients: u32) -> (Vec<Outcome>, f64) {
+    let sender = Sender::of(plan);
+    let start = Instant::now() + Duration::from_millis(20);
+    let source = Arc::new(parking_lot::Mutex::new((JobSource::new(plan), 0usize)));
+    let prompts = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut running = JoinSet::new();
+    for _ in 0..clients.max(1) {
+        let (sender, source, prompts) = (sender.clone(), source.clone(), prompts.clone());
+        let (duration, most) = (plan.duration, plan.max_requests);
+        running.spawn(async move {
+            let mut outcomes = Vec::new();
+            loop {
+                let now = Instant::now().max(start) - start;
+                if now >= duration {
+                    break outcomes;
+                }
+                let job = {
+                    let mut source = source.lock();
+                    if source.1 >= most {
+                        break outcomes;
+                    }
+                    source.1 += 1;
+                    source.0.next_job(now)
+                };
+                prompts.lock().push(job.prompt.clone());
+                outcomes.push(sender.send(job, start).await);
+            }
+        });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(done) = running.join_next().await {
+        outcomes.extend(done.unwrap_or_default());
+    }
+    let sharing = crate::prompts::sharing(prompts.lock().iter());
+    (outcomes, sharing)
 }
 
 #[cfg(test)]
@@ -231,6 +345,9 @@ mod tests {
             tenants: 3,
             tenant_keys: Vec::new(),
             client: ClientKind::None,
+            patience: Patience::default(),
+            stream: true,
+            closed_loop: None,
             request_timeout: Duration::from_secs(30),
             api: crate::client::Api::Completions,
         }

@@ -28,7 +28,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub control_port: Option<u16>,
     /// A fault to apply at startup, `[ENGINE=]JSON`, e.g. `1={"kind":"slow","factor":3}`
-    /// (all engines when no index is given). Repeatable. Kinds: freeze, crash, restart,
+    /// (all engines when no index is given). Repeatable. Kinds: wedge (polls), pause, crash, restart,
     /// slow-start (secs), slow (factor), error-rate (rate), error-event (rate, code), hang,
     /// cut-streams, events-stop, one-way, no-tokenizer, load-endpoint (mode), report (waiting,
     /// running, kv_usage, rank), sleep (level), wake, clear; see docs/simulator.md.
@@ -176,8 +176,8 @@ mod tests {
         let (target, fault) = parse_fault(r#"1={"kind":"slow","factor":3}"#).unwrap();
         assert_eq!(target, Some(1));
         assert_eq!(fault, Fault::Slow { factor: 3.0 });
-        let (target, fault) = parse_fault(r#"{"kind":"freeze"}"#).unwrap();
-        assert_eq!((target, fault), (None, Fault::Freeze));
+        let (target, fault) = parse_fault(r#"{"kind":"pause"}"#).unwrap();
+        assert_eq!((target, fault), (None, Fault::Pause));
         assert!(parse_fault("melt").is_err());
     }
 

@@ -123,7 +123,7 @@ async fn a_frozen_engine_stops_being_chosen_within_the_wedge_bound() {
         failure_mode_allow: false,
     });
     let frozen = s.sims.engine(0).unwrap();
-    frozen.fault(Fault::Freeze).await.unwrap();
+    frozen.fault(Fault::Pause).await.unwrap();
     let froze = tokio::time::Instant::now();
     // Four streams: two land on the frozen engine and hang there.
     let url = envoy.url("/v1/chat/completions");

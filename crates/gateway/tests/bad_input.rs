@@ -345,7 +345,7 @@ async fn request_bodies_held_at_once_are_bounded() {
     })
     .await;
     let engine = s.sims.engine(0).unwrap();
-    engine.fault(Fault::Freeze).await.unwrap();
+    engine.fault(Fault::Pause).await.unwrap();
     let body = chat_body("test-model", &"x".repeat(6000), 1, false);
     let (client, url, held_body) = (
         s.client.clone(),

@@ -232,7 +232,7 @@ async fn a_frozen_grpc_prefill_fails_over_to_a_new_pair_within_the_wedge_bound()
         unprobed(c);
     })
     .await;
-    s.sims.engines()[0].fault(Fault::Freeze).await.unwrap();
+    s.sims.engines()[0].fault(Fault::Pause).await.unwrap();
     for i in 0..2 {
         let answer = bounded(
             "an answer",

@@ -318,7 +318,7 @@ async fn a_frozen_grpc_engine_under_a_deep_pile_of_streams_is_wedged_until_it_re
     })
     .await;
     let id = s.worker_id(0).await;
-    s.fault(0, sluice_sim::Fault::Freeze).await;
+    s.fault(0, sluice_sim::Fault::Pause).await;
     // Its reports show no queue (pinned), so only the pile of streams that get no token tells;
     // the heartbeats still come (the servicer is alive), so it is not stale either.
     s.fault(
@@ -368,7 +368,7 @@ async fn the_health_rpc_demotes_a_frozen_grpc_engine_and_passes_once_it_produces
     })
     .await;
     let id = s.worker_id(0).await;
-    s.fault(0, sluice_sim::Fault::Freeze).await;
+    s.fault(0, sluice_sim::Fault::Pause).await;
     let view = s.until_status(&id, "not_ready").await;
     assert!(
         view["health"]["last_probe"]["error"]
@@ -400,7 +400,7 @@ async fn an_engine_that_reports_its_own_silence_is_caught_holding_a_single_strea
         .await;
     assert_eq!(answer.status, 200);
     let id = s.worker_id(0).await;
-    s.fault(0, sluice_sim::Fault::Freeze).await;
+    s.fault(0, sluice_sim::Fault::Pause).await;
     // One stream, no queue (pinned): neither a pile nor a queue tells; the engine's record does.
     s.fault(
         0,

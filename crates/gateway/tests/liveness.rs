@@ -79,7 +79,7 @@ async fn a_frozen_engine_with_streams_is_wedged_and_returns_when_it_resumes() {
     let s = start(2, instant(Flavor::Vllm), fast).await;
     let id = s.worker_id(0).await;
     let frozen = s.sims.engine(0).unwrap();
-    frozen.fault(Fault::Freeze).await.unwrap();
+    frozen.fault(Fault::Pause).await.unwrap();
     let froze = Instant::now();
     let streams = spawn_requests(&s, 4, 8, true); // two land on the frozen engine
     until_vetoed(&s, &id, "wedged", Some("wedged")).await;
@@ -111,7 +111,7 @@ async fn a_frozen_engine_with_only_non_streaming_traffic_is_caught_by_its_token_
     let frozen = s.sims.engine(0).unwrap();
     let held = spawn_requests(&s, 4, 2000, false);
     bounded("running", frozen.until(|st| st.running >= 2)).await;
-    frozen.fault(Fault::Freeze).await.unwrap();
+    frozen.fault(Fault::Pause).await.unwrap();
     s.until_worker(&id, "silent", |w| {
         w["vetoes"]["liveness"] == "engine_silent"
     })
@@ -196,7 +196,7 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
     let id = s.worker_id(0).await;
     let hung = s.sims.engine(0).unwrap();
     // It takes requests and never steps; its health passes and its reports say it holds nothing.
-    hung.fault(Fault::Freeze).await.unwrap();
+    hung.fault(Fault::Pause).await.unwrap();
     hung.fault(Fault::Report {
         rank: None,
         waiting: Some(0),

@@ -390,7 +390,7 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     s.until_worker(&id, "the first report", |w| !w["engine_load"].is_null())
         .await;
     let engine = s.sims.engine(0).unwrap();
-    engine.fault(Fault::Freeze).await.unwrap();
+    engine.fault(Fault::Pause).await.unwrap();
     let send = || {
         let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
         let body = chat_body("test-model", "held", 4, true);

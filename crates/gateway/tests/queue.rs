@@ -498,7 +498,7 @@ async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
     .await;
     let engine = s.sims.engine(0).unwrap();
     // A frozen engine starts nothing: what it is sent waits there, as its reports say.
-    engine.fault(Fault::Freeze).await.unwrap();
+    engine.fault(Fault::Pause).await.unwrap();
     let running = |running| Fault::Report {
         rank: None,
         waiting: None,

@@ -183,12 +183,7 @@ async fn a_frozen_engine_turns_its_card_vetoed_with_the_cause() {
     })
     .await;
     let mut feed = Feed::open(&s, &[]).await;
-    s.sims
-        .engine(0)
-        .unwrap()
-        .fault(Fault::Freeze)
-        .await
-        .unwrap();
+    s.sims.engine(0).unwrap().fault(Fault::Pause).await.unwrap();
     // Streams held by the frozen engine are what shows it wedged (round robin sends it two).
     let streams: Vec<_> = (0..4)
         .map(|i| {

@@ -1,7 +1,8 @@
 //! Faults that can be injected into an engine, through the control listener or at startup.
 //!
-//! Most faults are standing conditions (`freeze`, `slow`, `hang`, ...) kept in a `FaultSet` that
-//! the engine's loops and handlers read from a `watch` channel. `crash`, `restart` and
+//! Most faults are standing conditions (`wedge`, `slow`, `hang`, ...) kept in a `FaultSet` that
+//! the engine's loops and handlers read from a `watch` channel. Each imitates a failure as the
+//! engines' own source has it (docs/simulator.md names the file and release of each). `crash`, `restart` and
 //! `slow-start` are actions on the engine's process-like lifetime and are carried out by the
 //! fleet. Sleep is not a fault but an operator's act (vLLM's `/sleep`); it lives in the same set
 //! because the same loops must stop for it, and a restart wakes the engine as it clears faults.
@@ -18,6 +19,22 @@ pub enum LoadEndpointMode {
     Empty,
     /// Never answer.
     Timeout,
+}
+
+/// What a wedged engine's load endpoints do (`/v1/loads`, `/get_load`; SGLang only: vLLM's
+/// `/metrics` and `/load` are served by its API process, which is not stuck).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WedgedPolls {
+    /// Answered at once with the figures of the last step: SGLang's scheduler writes a load
+    /// snapshot after each batch into shared memory, which `/v1/loads` reads
+    /// (`managers/load_snapshot.py`, `Scheduler.publish_load_snapshot`).
+    #[default]
+    Stale,
+    /// Never answered: releases whose tokenizer manager asks the scheduler for its loads over
+    /// ZMQ and waits for the reply without a timeout (`_Communicator` in
+    /// `managers/tokenizer_communicator_mixin.py`), which a stuck scheduler never sends.
+    Unanswered,
 }
 
 /// What vLLM's `/sleep?level=N` offloads or discards.
@@ -53,8 +70,21 @@ impl SleepLevel {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Fault {
-    /// The scheduler stops; HTTP, /health and /metrics keep answering (a wedged engine).
-    Freeze,
+    /// The engine core (vLLM) or scheduler (SGLang) is stuck inside a step — a CUDA kernel or
+    /// collective that never returns: it takes in nothing (arrivals and aborts wait in its input
+    /// queue), steps no more and publishes nothing, so every gauge it reports stands at the last
+    /// step's value, however many requests pile up behind it. The API process is not stuck:
+    /// it accepts requests (a stream's head is sent at once), vLLM's `/health` and `/metrics`
+    /// answer 200 with the stale figures, SGLang's `/health` fails after 20 s without output
+    /// and its load endpoints answer as `polls` says.
+    Wedge {
+        #[serde(default)]
+        polls: WedgedPolls,
+    },
+    /// The scheduler keeps taking requests and aborts, and reporting them, but runs nothing:
+    /// SGLang's `/pause_generation` in its `in_place` mode (an operator's act, for weight
+    /// updates, not a failure).
+    Pause,
     /// The listener closes and every connection is reset.
     Crash,
     /// The engine comes back, empty, on the same port.
@@ -63,7 +93,9 @@ pub enum Fault {
     Slow { factor: f64 },
     /// This share of requests is answered 500.
     ErrorRate { rate: f64 },
-    /// Connections are accepted and never answered.
+    /// The API process hangs (its event loop never yields): connections are accepted (by the
+    /// kernel) and nothing is answered — generation, `/health`, `/metrics`, loads — and streams
+    /// in flight stop; the engine behind it runs on. Lifting it delivers what was held.
     Hang,
     /// Streams end mid-way without `data: [DONE]`.
     CutStreams,
@@ -140,7 +172,10 @@ pub struct PinnedLoad {
 /// The standing faults of one engine.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FaultSet {
-    pub frozen: bool,
+    /// Stuck inside a step, and what its load endpoints then do.
+    pub wedged: Option<WedgedPolls>,
+    /// Taking requests in, running none.
+    pub paused: bool,
     pub slow_factor: f64,
     pub error_rate: f64,
     pub hang: bool,
@@ -182,7 +217,8 @@ pub enum FaultError {
 impl FaultSet {
     pub fn new(dp_size: u32) -> Self {
         Self {
-            frozen: false,
+            wedged: None,
+            paused: false,
             slow_factor: 1.0,
             error_rate: 0.0,
             hang: false,
@@ -200,7 +236,8 @@ impl FaultSet {
     /// Applies a standing fault (crash and restart are not standing and change nothing here).
     pub fn apply(&mut self, fault: &Fault) -> Result<(), FaultError> {
         match *fault {
-            Fault::Freeze => self.frozen = true,
+            Fault::Wedge { polls } => self.wedged = Some(polls),
+            Fault::Pause => self.paused = true,
             Fault::Crash | Fault::Restart => {}
             Fault::SlowStart { secs } => {
                 if !(secs.is_finite() && secs >= 0.0) {
@@ -284,7 +321,23 @@ mod tests {
     #[test]
     fn faults_parse_from_the_documented_json() {
         let parse = |s: &str| serde_json::from_str::<Fault>(s).unwrap();
-        assert_eq!(parse(r#"{"kind":"freeze"}"#), Fault::Freeze);
+        assert_eq!(
+            parse(r#"{"kind":"wedge"}"#),
+            Fault::Wedge {
+                polls: WedgedPolls::Stale
+            }
+        );
+        assert_eq!(
+            parse(r#"{"kind":"wedge","polls":"unanswered"}"#),
+            Fault::Wedge {
+                polls: WedgedPolls::Unanswered
+            }
+        );
+        assert_eq!(parse(r#"{"kind":"pause"}"#), Fault::Pause);
+        assert!(
+            serde_json::from_str::<Fault>(r#"{"kind":"freeze"}"#).is_err(),
+            "no engine freezes that way: `wedge` or `pause`"
+        );
         assert_eq!(
             parse(r#"{"kind":"slow","factor":3}"#),
             Fault::Slow { factor: 3.0 }

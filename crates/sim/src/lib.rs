@@ -49,7 +49,7 @@ pub mod vocab;
 pub mod zmq_events;
 
 pub use config::{EngineConfig, Flavor, GrpcConfig};
-pub use faults::{Fault, LoadEndpointMode};
+pub use faults::{Fault, LoadEndpointMode, WedgedPolls};
 pub use fleet::{EngineSlot, EngineState, FleetConfig, FleetError, SimFleet};
 pub use pd::PdRole;
 pub use profile::Profile;

@@ -96,8 +96,9 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let open = tally.as_ref().map(Tally::open);
         if faults.borrow().hang {
+            let tally = tally.clone();
             spawn_killable(&kill, async move {
-                swallow(stream).await;
+                swallow(stream, tally).await;
                 drop(open);
             });
             continue;
@@ -131,12 +132,23 @@ fn with_shadow(stream: TcpStream) -> Option<(TcpStream, std::net::TcpStream)> {
     Some((stream, shadow))
 }
 
-/// A hung engine: reads whatever comes and never answers, until the peer closes.
-async fn swallow(mut stream: TcpStream) {
+/// A hung engine: reads whatever comes and never answers, until the peer closes. A generation
+/// request that opens the connection is counted as an arrival, as the handler would count it.
+async fn swallow(mut stream: TcpStream, tally: Option<Tally>) {
     let mut sink = [0u8; 4096];
+    let mut first = true;
     while let Ok(n) = stream.read(&mut sink).await {
         if n == 0 {
             break;
+        }
+        if std::mem::take(&mut first) && sink[..n].starts_with(b"POST /v1/") {
+            if let Some(tally) = &tally {
+                tally
+                    .totals
+                    .requests_received
+                    .fetch_add(1, Ordering::Relaxed);
+                tally.changed.notify_waiters();
+            }
         }
     }
 }

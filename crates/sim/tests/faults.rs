@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use http_body_util::BodyExt;
 use serde_json::json;
-use sluice_sim::{Fault, Flavor, LoadEndpointMode};
+use sluice_sim::{Fault, Flavor, LoadEndpointMode, WedgedPolls};
 
 fn completion(max_tokens: u32, stream: bool) -> String {
     json!({"model": "test-model", "prompt": "hello", "max_tokens": max_tokens,
@@ -31,28 +31,156 @@ async fn open_stream(
     c.request(request).await.unwrap()
 }
 
+/// The value of the sample of `name` (with the test engine's labels) in a `/metrics` text.
+fn gauge(metrics: &str, name: &str) -> f64 {
+    let prefix = format!("{name}{{model_name=\"test-model\",engine=\"0\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+}
+
 #[tokio::test]
-async fn a_frozen_engine_answers_http_but_makes_no_progress_until_cleared() {
+async fn a_wedged_vllm_engine_core_idle_reports_nothing_held_while_requests_pile_up() {
     let fleet = fleet(instant(Flavor::Vllm)).await;
     let slot = fleet.engine(0).unwrap();
     let base = slot.url();
     let c = client();
-    slot.fault(Fault::Freeze).await.unwrap();
+    slot.fault(Fault::Wedge {
+        polls: WedgedPolls::Stale,
+    })
+    .await
+    .unwrap();
+    let send = |max_tokens| {
+        let (c, url) = (c.clone(), format!("{base}/v1/completions"));
+        tokio::spawn(async move { post(&c, &url, &completion(max_tokens, false)).await })
+    };
+    let (first, second) = (send(4), send(4));
+    slot.until(|s| s.requests_received == 2).await;
+    let metrics = get(&c, &format!("{base}/metrics")).await.text();
+    assert_eq!(
+        gauge(&metrics, "vllm:num_requests_waiting"),
+        0.0,
+        "the last step's"
+    );
+    assert_eq!(gauge(&metrics, "vllm:num_requests_running"), 0.0);
+    assert_eq!(
+        get(&c, &format!("{base}/health")).await.status,
+        200,
+        "vLLM's health cannot see a wedge (vllm-project/vllm#39863)"
+    );
+    assert_eq!(
+        get(&c, &format!("{base}/load")).await.json()["server_load"],
+        2,
+        "the API process counts what it holds"
+    );
+    slot.fault(Fault::Clear).await.unwrap();
+    for answer in [first.await.unwrap(), second.await.unwrap()] {
+        assert_eq!(answer.status, 200, "what waited is served once it steps");
+        assert_eq!(answer.json()["usage"]["completion_tokens"], 4);
+    }
+}
+
+#[tokio::test]
+async fn a_wedged_engine_under_load_reports_the_last_steps_figures() {
+    let fleet = fleet(timed(Flavor::Vllm, 1.0)).await;
+    let slot = fleet.engine(0).unwrap();
+    let base = slot.url();
+    let c = client();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut body = open_stream(&c, &base, 4000).await.into_body();
+        body.frame().await.unwrap().unwrap();
+        streams.push(body);
+    }
+    slot.until(|s| s.running == 3).await;
+    slot.fault(Fault::Wedge {
+        polls: WedgedPolls::Stale,
+    })
+    .await
+    .unwrap();
+    let generated = slot.state().tokens_generated;
+    let late = open_stream(&c, &base, 4).await;
+    assert_eq!(
+        late.status(),
+        200,
+        "a stream's head is sent before the engine is asked"
+    );
+    slot.until(|s| s.requests_received == 4).await;
+    let metrics = get(&c, &format!("{base}/metrics")).await.text();
+    assert_eq!(gauge(&metrics, "vllm:num_requests_running"), 3.0);
+    assert_eq!(gauge(&metrics, "vllm:num_requests_waiting"), 0.0);
+    assert_eq!(slot.state().tokens_generated, generated, "no step since");
+    slot.fault(Fault::Clear).await.unwrap();
+    let answer = late.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&answer).ends_with("data: [DONE]\n\n"));
+    assert!(slot.state().tokens_generated > generated);
+}
+
+#[tokio::test]
+async fn a_wedged_sglang_scheduler_answers_its_loads_stale_or_not_at_all() {
+    let fleet = fleet(instant(Flavor::Sglang)).await;
+    let slot = fleet.engine(0).unwrap();
+    let base = slot.url();
+    let c = client();
+    slot.fault(Fault::Wedge {
+        polls: WedgedPolls::Stale,
+    })
+    .await
+    .unwrap();
+    let pending = tokio::spawn({
+        let (c, url) = (c.clone(), format!("{base}/v1/completions"));
+        async move { post(&c, &url, &completion(4, false)).await }
+    });
+    slot.until(|s| s.requests_received == 1).await;
+    let loads = get(&c, &format!("{base}/v1/loads")).await.json();
+    assert_eq!(
+        loads["loads"][0]["num_waiting_reqs"], 0,
+        "the last snapshot"
+    );
+    assert_eq!(
+        get(&c, &format!("{base}/get_load")).await.json()[0]["num_waiting_reqs"],
+        0
+    );
+    // A release whose tokenizer manager asks the scheduler gets no answer.
+    slot.fault(Fault::Wedge {
+        polls: WedgedPolls::Unanswered,
+    })
+    .await
+    .unwrap();
+    for path in ["/v1/loads", "/get_load"] {
+        let url = format!("{base}{path}");
+        let poll = tokio::time::timeout(Duration::from_millis(300), get(&c, &url)).await;
+        assert!(
+            poll.is_err(),
+            "{path} answered a wedged scheduler's release"
+        );
+    }
+    let metrics = get(&c, &format!("{base}/metrics")).await;
+    assert_eq!(
+        metrics.status, 200,
+        "its metrics are the collector's, stale"
+    );
+    slot.fault(Fault::Clear).await.unwrap();
+    assert_eq!(pending.await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_paused_scheduler_takes_requests_in_and_reports_them_but_runs_none() {
+    let fleet = fleet(instant(Flavor::Sglang)).await;
+    let slot = fleet.engine(0).unwrap();
+    let base = slot.url();
+    let c = client();
+    slot.fault(Fault::Pause).await.unwrap();
     let pending = tokio::spawn({
         let (c, url) = (c.clone(), format!("{base}/v1/completions"));
         async move { post(&c, &url, &completion(4, false)).await }
     });
     let state = slot.until(|s| s.waiting == 1).await;
     assert_eq!(state.tokens_generated, 0);
-    assert_eq!(
-        get(&c, &format!("{base}/health")).await.status,
-        200,
-        "vLLM's health cannot see a wedge"
-    );
-    let metrics = get(&c, &format!("{base}/metrics")).await.text();
-    assert!(
-        metrics.contains("vllm:num_requests_waiting{model_name=\"test-model\",engine=\"0\"} 1.0")
-    );
+    let loads = get(&c, &format!("{base}/v1/loads")).await.json();
+    assert_eq!(loads["loads"][0]["num_waiting_reqs"], 1);
     slot.fault(Fault::Clear).await.unwrap();
     let answer = pending.await.unwrap();
     assert_eq!(answer.status, 200);
@@ -72,7 +200,7 @@ async fn sglang_health_fails_when_the_engine_makes_no_progress() {
         200,
         "an idle engine can still generate"
     );
-    slot.fault(Fault::Freeze).await.unwrap();
+    slot.fault(Fault::Pause).await.unwrap();
     assert_eq!(get(&c, &health).await.status, 503);
     slot.fault(Fault::Clear).await.unwrap();
     assert_eq!(get(&c, &health).await.status, 200);
@@ -134,8 +262,41 @@ async fn a_hung_engine_accepts_connections_and_never_answers() {
     let health = format!("{}/health", slot.url());
     let answer = tokio::time::timeout(Duration::from_millis(300), get(&c, &health)).await;
     assert!(answer.is_err(), "no answer while hung");
+    let url = format!("{}/v1/completions", slot.url());
+    let sent = tokio::spawn(async move { post(&client(), &url, &completion(4, false)).await });
+    let state = slot.until(|s| s.requests_received == 1).await;
+    assert_eq!(
+        state.finished, 0,
+        "counted as it reached the port, never run"
+    );
+    sent.abort();
     slot.fault(Fault::Clear).await.unwrap();
     assert_eq!(get(&client(), &health).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_hung_api_process_holds_streams_in_flight_while_the_engine_runs_on() {
+    let fleet = fleet(timed(Flavor::Vllm, 1.0)).await;
+    let slot = fleet.engine(0).unwrap();
+    let c = client();
+    let mut body = open_stream(&c, &slot.url(), 40).await.into_body();
+    body.frame().await.unwrap().unwrap();
+    slot.fault(Fault::Hang).await.unwrap();
+    let finished = slot.until(|s| s.finished == 1).await;
+    assert_eq!(finished.tokens_generated, 40, "the engine finished it");
+    // What was on its way before the hang may still come; the end may not.
+    let mut relayed = String::new();
+    while let Ok(Some(Ok(frame))) =
+        tokio::time::timeout(Duration::from_millis(300), body.frame()).await
+    {
+        relayed.push_str(&String::from_utf8_lossy(
+            &frame.into_data().unwrap_or_default(),
+        ));
+    }
+    assert!(!relayed.contains("[DONE]"), "relayed while hung: {relayed}");
+    slot.fault(Fault::Clear).await.unwrap();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"));
 }
 
 #[tokio::test]
@@ -272,7 +433,7 @@ async fn the_worker_side_cap_admits_exactly_n_plus_q_then_answers_529() {
     cfg.request_queue_limit = 2;
     let fleet = fleet(cfg).await;
     let slot = fleet.engine(0).unwrap();
-    slot.fault(Fault::Freeze).await.unwrap();
+    slot.fault(Fault::Pause).await.unwrap();
     let c = client();
     let url = format!("{}/v1/completions", slot.url());
     let held: Vec<_> = (0..3)
@@ -303,7 +464,7 @@ async fn max_queued_requests_refuses_with_503_once_the_queue_is_full() {
     cfg.max_queued_requests = Some(1);
     let fleet = fleet(cfg).await;
     let slot = fleet.engine(0).unwrap();
-    slot.fault(Fault::Freeze).await.unwrap();
+    slot.fault(Fault::Pause).await.unwrap();
     let c = client();
     let url = format!("{}/v1/completions", slot.url());
     let queued = tokio::spawn({
@@ -353,7 +514,7 @@ async fn the_control_listener_lists_faults_and_reports_state() {
         post(
             &c,
             &format!("{control}/engines/7/fault"),
-            r#"{"kind":"freeze"}"#
+            r#"{"kind":"pause"}"#
         )
         .await
         .status,

@@ -154,7 +154,7 @@ async fn long_prefill(flavor: Flavor) -> LongPrefill {
         let (slot, c, base) = (slot.clone(), c.clone(), base.clone());
         async move {
             slot.until(|s| s.kv_blocks_used > blocks).await;
-            slot.fault(Fault::Freeze).await.unwrap();
+            slot.fault(Fault::Pause).await.unwrap();
             let text = get(&c, &format!("{base}/metrics")).await.text();
             let loads = match flavor {
                 Flavor::Sglang => Some(
@@ -287,7 +287,7 @@ async fn decode_waiting_for_its_kv(flavor: Flavor) -> SimFleet {
     let fleet = SimFleet::start(FleetConfig::local(1, prefill).also(1, decode))
         .await
         .unwrap();
-    fleet.engine(0).unwrap().fault(Fault::Freeze).await.unwrap();
+    fleet.engine(0).unwrap().fault(Fault::Pause).await.unwrap();
     let bootstrap = fleet.engine(0).unwrap().bootstrap_addr().unwrap();
     let body = json!({"model": "test-model", "prompt": "x".repeat(400), "max_tokens": 4,
                       "bootstrap_host": bootstrap.ip().to_string(),
@@ -422,7 +422,7 @@ async fn sglang_refuses_past_max_queued_requests_as_its_scheduler_does_in_both_s
     cfg.max_queued_requests = Some(1);
     let fleet = fleet(cfg).await;
     let slot = fleet.engine(0).unwrap();
-    slot.fault(Fault::Freeze).await.unwrap();
+    slot.fault(Fault::Pause).await.unwrap();
     let base = slot.url();
     let c = client();
     tokio::spawn({

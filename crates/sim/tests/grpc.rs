@@ -212,7 +212,7 @@ async fn health_passes_while_the_engine_produces_and_fails_when_it_is_frozen() {
         .unwrap()
         .into_inner();
     assert!(healthy.healthy, "{healthy:?}");
-    fleet.engine(0).unwrap().fault(Fault::Freeze).await.unwrap();
+    fleet.engine(0).unwrap().fault(Fault::Pause).await.unwrap();
     let frozen = client
         .health_check(HealthCheckRequest {})
         .await

@@ -61,9 +61,13 @@ pub struct RunArgs {
     /// Model to ask for.
     #[arg(long, default_value = "llama-3.1-8b")]
     pub model: String,
-    /// Offered requests per second (the base of the schedule).
+    /// Offered requests per second (the base of the schedule); not with --clients.
+    #[arg(long, required_unless_present = "clients", conflicts_with = "clients")]
+    pub rate: Option<f64>,
+    /// A closed loop instead of a rate: this many clients, each sending its next request as
+    /// soon as its last one ended (answered, refused, or given up on).
     #[arg(long)]
-    pub rate: f64,
+    pub clients: Option<u32>,
     /// Seconds of arrivals.
     #[arg(long, default_value_t = 60.0)]
     pub duration_secs: f64,
@@ -85,6 +89,11 @@ pub struct RunArgs {
     /// How the client reacts to refusals.
     #[arg(long, value_enum, default_value = "none")]
     pub client: crate::client::ClientKind,
+    #[command(flatten)]
+    pub patience: PatienceArgs,
+    /// Whole answers instead of streams.
+    #[arg(long)]
+    pub no_stream: bool,
     /// Tenants the requests are spread over (the body's `user`).
     #[arg(long, default_value_t = 4)]
     pub tenants: u32,
@@ -101,6 +110,43 @@ pub struct RunArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+}
+
+/// When the client gives up or leaves, as clients do.
+#[derive(Args, Clone, Debug, Default)]
+pub struct PatienceArgs {
+    /// The client's timeout as the OpenAI SDK has it (httpx's read timeout): seconds without a
+    /// byte, waiting for the answer's head and then between pieces of its body. With
+    /// `--client sdk` one before the head is retried.
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout_secs: Option<f64>,
+    /// Seconds the client gives each request as a whole, retries included.
+    #[arg(long, value_name = "SECS")]
+    pub total_timeout_secs: Option<f64>,
+    /// Sends `X-Request-Deadline-Ms` with this budget, and gives up once it is spent.
+    #[arg(long, value_name = "MS")]
+    pub deadline_ms: Option<u64>,
+    /// Leaves each stream after this many tokens (closes the connection).
+    #[arg(long, value_name = "TOKENS")]
+    pub leave_after_tokens: Option<u32>,
+}
+
+impl PatienceArgs {
+    pub fn patience(&self) -> Result<crate::client::Patience, BenchError> {
+        let secs = |flag, value: Option<f64>| value.map(|v| seconds(flag, v)).transpose();
+        if self.deadline_ms == Some(0) {
+            return Err(BenchError::Zero("deadline-ms"));
+        }
+        if self.leave_after_tokens == Some(0) {
+            return Err(BenchError::Zero("leave-after-tokens"));
+        }
+        Ok(crate::client::Patience {
+            idle: secs("idle-timeout-secs", self.idle_timeout_secs)?,
+            total: secs("total-timeout-secs", self.total_timeout_secs)?,
+            deadline: self.deadline_ms.map(Duration::from_millis),
+            leave_after: self.leave_after_tokens,
+        })
+    }
 }
 
 #[derive(Args)]
@@ -291,9 +337,12 @@ fn segment(spec: &str, ramp: bool) -> Result<Segment, BenchError> {
 }
 
 async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
-    if !(args.rate > 0.0 && args.rate.is_finite()) {
-        return Err(BenchError::Rate);
-    }
+    let rate = match (args.rate, args.clients) {
+        (_, Some(0)) => return Err(BenchError::Zero("clients")),
+        (_, Some(_)) => 1.0,
+        (Some(rate), None) if rate > 0.0 && rate.is_finite() => rate,
+        _ => return Err(BenchError::Rate),
+    };
     let mut segments = Vec::new();
     for spec in &args.spikes {
         segments.push(segment(spec, false)?);
@@ -305,7 +354,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         url: format!("{}/v1/completions", args.url.trim_end_matches('/')),
         model: args.model.clone(),
         schedule: Schedule {
-            base: args.rate,
+            base: rate,
             segments,
         },
         process: if args.burstiness == 1.0 {
@@ -323,6 +372,9 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         tenants: args.tenants,
         tenant_keys: args.tenant_keys.clone(),
         client: args.client,
+        patience: args.patience.patience()?,
+        stream: !args.no_stream,
+        closed_loop: args.clients,
         request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
         api: crate::client::Api::Completions,
     };

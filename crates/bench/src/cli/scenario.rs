@@ -42,6 +42,13 @@ pub enum ScenarioName {
     /// bootstrap protocol): sluice with its decode admission window, without it
     /// (sluice-no-window), and SMG in PD mode; expired bootstraps, TTFT, goodput.
     PdBurst,
+    /// Each way an engine fails (wedged vLLM and SGLang, a hung API process, a crash, a slow
+    /// engine, a long prefill) x clients as they behave (streaming or not; SDK timeouts of 1, 3
+    /// and 30 s, none, a 2000-ms deadline; 1 client and 16) x gateways (sluice, envoy-epp, smg,
+    /// direct), 2 engines at full speed: when the faulty engine was vetoed, what it still got,
+    /// what failed, when it came back. --quick runs one client kind (16 streaming SDK clients,
+    /// 3 s) per failure.
+    Liveness,
     /// `sluice bench overhead` (instant engines, the gateway pinned to one core); --configs
     /// names its targets (direct, nginx, sluice, sluice-cache-aware, smg).
     Overhead,
@@ -67,6 +74,7 @@ impl ScenarioName {
             | ScenarioName::Degradation
             | ScenarioName::Routing
             | ScenarioName::PdBurst
+            | ScenarioName::Liveness
             | ScenarioName::Overhead
             | ScenarioName::ManyStreams => None,
         }
@@ -112,12 +120,15 @@ pub struct ScenarioArgs {
     #[arg(long)]
     pub capacity: Option<f64>,
     /// Incident scenarios: wall seconds before, during and after the incident [default:
-    /// 10:20:20, or 4:10:10 with --quick].
+    /// 10:20:20, or 4:10:10 with --quick; liveness: 5:15:10].
     #[arg(long, value_name = "BEFORE:DURING:AFTER")]
     pub phases: Option<String>,
     /// How the client reacts to refusals.
     #[arg(long, value_enum, default_value = "none")]
     pub client: crate::client::ClientKind,
+    /// liveness: the failures to run [default: all].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub failures: Vec<crate::scenario::Failure>,
     /// noisy-tenant: gateway queue sizes to measure sluice with tenants at, each a configuration
     /// (sluice-tenants at 1024, sluice-tenants-q<N> at N) [default: 1024,64].
     #[arg(long, value_delimiter = ',')]
@@ -182,6 +193,9 @@ pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
     }
     if let ScenarioName::ManyStreams = args.name {
         return many_streams(&args).await;
+    }
+    if let ScenarioName::Liveness = args.name {
+        return liveness(&args).await;
     }
     let long_context_pd = matches!(args.name, ScenarioName::LongContext) && args.disaggregated;
     if matches!(args.name, ScenarioName::PdBurst) || long_context_pd {
@@ -255,6 +269,51 @@ async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
         rate: args.stream_rate,
         configs: args.configs.clone(),
         envoy,
+    })
+    .await?;
+    print_report(args.json, &report, || report.table());
+    Ok(())
+}
+
+async fn liveness(args: &ScenarioArgs) -> Result<(), BenchError> {
+    use crate::scenario::{Clients, Failure, LivenessPlan, Timing};
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+    let exe = std::env::current_exe().map_err(BenchError::Exe)?;
+    let envoy = envoy_for(args.configs.iter().any(|c| c == "envoy-epp"))?;
+    let mut gateways = crate::scenario::liveness_configs(&exe, envoy);
+    for g in &args.gateways {
+        gateways.push(Template::parse(g)?);
+    }
+    if !args.configs.is_empty() {
+        if let Some(unknown) = args
+            .configs
+            .iter()
+            .find(|c| !gateways.iter().any(|t| &t.name == *c))
+        {
+            return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
+        }
+        gateways.retain(|t| args.configs.contains(&t.name));
+    }
+    let timing = match &args.phases {
+        Some(spec) => phases(spec)?,
+        None => Timing::phases_of(5.0, 15.0, 10.0).ok_or(BenchError::Phases("5:15:10".into()))?,
+    };
+    let report = crate::scenario::liveness(&LivenessPlan {
+        sluice_exe: exe,
+        out_dir: args.out.clone(),
+        gateways,
+        failures: if args.failures.is_empty() {
+            Failure::ALL.to_vec()
+        } else {
+            args.failures.clone()
+        },
+        clients: if args.quick {
+            vec![Clients::quick()]
+        } else {
+            Clients::all()
+        },
+        timing,
+        seed: args.seed,
     })
     .await?;
     print_report(args.json, &report, || report.table());

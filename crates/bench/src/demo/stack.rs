@@ -224,11 +224,11 @@ impl Stack {
         }
     }
 
-    /// Starts what `incident` does to the fleet.
+    /// Starts what `incident` does to the fleet: a freeze is an engine core stuck in a step.
     pub async fn begin(&mut self, incident: Incident) -> Result<(), ScenarioError> {
         match incident {
             Incident::None => Ok(()),
-            Incident::Freeze => self.fleet.fault(FROZEN, &Fault::Freeze).await,
+            Incident::Freeze => self.fleet.fault(FROZEN, &wedge()).await,
             Incident::Crash => {
                 self.fleet.kill(CRASHED).await;
                 Ok(())
@@ -285,5 +285,12 @@ impl Stack {
         }
         self.gateway.stop().await;
         self.fleet.stop().await;
+    }
+}
+
+/// An engine core stuck inside a step, as vLLM's wedges (its gauges stand at the last step).
+fn wedge() -> Fault {
+    Fault::Wedge {
+        polls: sluice_sim::WedgedPolls::Stale,
     }
 }

@@ -17,6 +17,7 @@
 mod adaptive;
 mod degradation;
 mod fleet;
+mod liveness;
 mod many_streams;
 mod noisy;
 mod pd_burst;
@@ -37,6 +38,7 @@ pub use degradation::{
     api as degradation_api, configs as degradation_configs, degradation, shape as degradation_shape,
 };
 pub use fleet::{EngineTotals, FleetShape, SimFleet};
+pub use liveness::{liveness, Clients, Failure, LivenessPlan, LivenessReport, Wait};
 pub use many_streams::{many_streams, ManyStreamsPlan, ManyStreamsReport};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants, QUEUE_SIZES};
 pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
@@ -247,6 +249,26 @@ pub fn envoy_configs(exe: &Path, time_scale: f64, envoy: PathBuf) -> Vec<Templat
     ]
 }
 
+/// The liveness scenario's gateways, each with its defaults: `sluice`, `envoy-epp` (the picker
+/// behind Envoy, when Envoy is here), `smg` (when on the PATH) and `direct` (round robin, no
+/// protection). Logging only warnings keeps sluice's veto lines, which the scenario reads.
+pub fn liveness_configs(exe: &Path, envoy: Option<PathBuf>) -> Vec<Template> {
+    let mut configs = vec![quiet_sluice("sluice", exe, &[])];
+    if let Some(envoy) = envoy {
+        configs.push(crate::overhead::sluice_epp_template(
+            "envoy-epp",
+            exe,
+            &["--log-level", "warn"],
+            envoy,
+        ));
+    }
+    if on_path("smg") {
+        configs.push(smg_config(1.0));
+    }
+    configs.push(quiet_sluice("direct", exe, &naive_flags(false)));
+    configs
+}
+
 /// sluice with `extra` flags, logging only warnings: a log line per veto is kept, one per
 /// request is not.
 pub fn quiet_sluice(name: &str, exe: &Path, extra: &[&str]) -> Template {
@@ -403,6 +425,9 @@ pub(crate) fn load_plan(
         tenants: 4,
         tenant_keys: Vec::new(),
         client: plan.client,
+        patience: crate::client::Patience::default(),
+        stream: true,
+        closed_loop: None,
         request_timeout: give_up_after(plan),
     }
 }

@@ -30,7 +30,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::{ScenarioError, MODEL};
-use crate::client::{self, Api, ClientKind, HttpClient, Job};
+use crate::client::{self, Api, HttpClient, Job};
 use crate::goodput::Outcome;
 use crate::overhead::{free_ports, loopback, on_path, OverheadError};
 use crate::procs::{Launch, Proc};
@@ -426,7 +426,7 @@ async fn burst(
                     &url,
                     (Api::Completions, MODEL),
                     &job,
-                    ClientKind::None,
+                    client::Behaviour::default(),
                     start,
                 )
                 .await

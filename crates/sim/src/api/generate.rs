@@ -73,6 +73,8 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         .totals()
         .requests_received
         .fetch_add(1, Ordering::Relaxed);
+    // An arrival is news even when the scheduler cannot say so (wedged, it publishes nothing).
+    engine.notify_changed();
     if let Some(Disagg::Prefill(rooms)) = engine.disagg() {
         return pd::prefill(route, st, rooms, headers, body, load).await;
     }
@@ -121,6 +123,7 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
             include_usage: request.include_usage,
             cut_after,
             phase: StreamPhase::Starting,
+            faults: engine.fault_watch(),
         };
         stream(state)
     } else {
@@ -311,6 +314,8 @@ struct StreamState {
     /// With the `error-event` fault: after this many tokens, the error event and `[DONE]`.
     fail_after: Option<(u64, ApiError)>,
     phase: StreamPhase,
+    /// The `hang` fault holds the stream's chunks while it lasts.
+    faults: tokio::sync::watch::Receiver<crate::faults::FaultSet>,
 }
 
 #[derive(PartialEq)]
@@ -346,6 +351,8 @@ async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, Str
         let gone = io::Error::new(io::ErrorKind::ConnectionReset, "engine stopped");
         return Some((Err(gone), s));
     };
+    // A hung API process relays nothing; the engine behind it runs on.
+    let _ = s.faults.wait_for(|f| !f.hang).await;
     let mut out = String::new();
     if s.phase == StreamPhase::Starting {
         s.phase = StreamPhase::Streaming;

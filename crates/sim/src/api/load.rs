@@ -18,7 +18,7 @@ use super::errors::ApiError;
 use super::{authorize, ApiState};
 use crate::config::{EngineConfig, Flavor};
 use crate::engine::{EventKind, RankView, SeqSpec};
-use crate::faults::{LoadEndpointMode, PinnedLoad, SleepLevel};
+use crate::faults::{LoadEndpointMode, PinnedLoad, SleepLevel, WedgedPolls};
 use crate::pd::PdRole;
 use crate::scheduler::FinishReason;
 
@@ -36,6 +36,15 @@ async fn load_fault(st: &ApiState) -> Option<Response> {
         LoadEndpointMode::Empty => Some(StatusCode::OK.into_response()),
         LoadEndpointMode::Timeout => std::future::pending().await,
     }
+}
+
+/// Waits while the scheduler is wedged and its release asks it for its loads
+/// (`WedgedPolls::Unanswered`): the answer comes once it steps again, if ever.
+async fn asked_of_scheduler(st: &ApiState) {
+    let mut faults = st.engine.fault_watch();
+    let _ = faults
+        .wait_for(|f| f.wedged != Some(WedgedPolls::Unanswered))
+        .await;
 }
 
 /// Each rank's load as the engine reports it: real, unless a `report` fault pinned it.
@@ -100,7 +109,7 @@ pub(super) async fn sglang_health(State(st): State<Arc<ApiState>>) -> StatusCode
         return StatusCode::SERVICE_UNAVAILABLE;
     }
     let timeout = SGLANG_HEALTH_TIMEOUT.div_f64(engine.config().time_scale);
-    if engine.last_progress().elapsed() < timeout && !engine.faults().frozen {
+    if engine.last_progress().elapsed() < timeout && !engine.faults().paused {
         return StatusCode::OK;
     }
     let probe = [SeqSpec {
@@ -279,6 +288,7 @@ pub(super) async fn sglang_loads(
     if let Some(answer) = load_fault(&st).await {
         return answer;
     }
+    asked_of_scheduler(&st).await;
     let include = Include::of(&query);
     let ranks = reported(&st);
     let loads: Vec<serde_json::Value> = ranks
@@ -314,6 +324,7 @@ pub(super) async fn sglang_get_load(State(st): State<Arc<ApiState>>) -> Response
     if let Some(answer) = load_fault(&st).await {
         return answer;
     }
+    asked_of_scheduler(&st).await;
     let cfg = st.engine.config();
     let total_tokens = u64::from(cfg.num_gpu_blocks) * u64::from(cfg.block_size);
     let loads: Vec<serde_json::Value> = reported(&st)

@@ -11,8 +11,9 @@
 //! | info | `/version` | `/server_info`, `/get_server_info` |
 //! | sleep (vLLM's dev mode) | `POST /sleep?level=1\|2`, `POST /wake_up`, `GET /is_sleeping` | |
 //!
-//! The `hang` fault is applied here to every route: the request is accepted and never answered;
-//! under `one-way` it runs and its answer is held until the fault is lifted.
+//! The `hang` fault is applied here to every route: a request that arrives is never answered
+//! while it lasts, and an answer already under way is held (a stream's chunks are held in
+//! `generate`); under `one-way` a request runs and its answer is held until the fault is lifted.
 
 mod embed;
 mod errors;
@@ -139,13 +140,20 @@ async fn hang_if_faulted(
     next: Next,
 ) -> Response {
     if st.engine.faults().hang {
+        if request.method() == axum::http::Method::POST && request.uri().path().starts_with("/v1/")
+        {
+            // It reached the engine's port: counted as an arrival, as the handler would.
+            let totals = st.engine.totals();
+            totals.requests_received.fetch_add(1, Ordering::Relaxed);
+            st.engine.notify_changed();
+        }
         return std::future::pending().await;
     }
     let response = next.run(request).await;
     // A one-way link: the request reached the engine and runs; its answer is held until the
-    // link carries again.
+    // link carries again. A hung API process sends nothing until it runs again.
     let mut faults = st.engine.fault_watch();
-    let _ = faults.wait_for(|f| !f.one_way).await;
+    let _ = faults.wait_for(|f| !f.one_way && !f.hang).await;
     response
 }
 

@@ -187,6 +187,19 @@ pub(crate) async fn run(
     let mut batches = 0;
     publish(&scheduler, &ctx, &mut reporter);
     loop {
+        if ctx.faults.borrow().wedged.is_some() {
+            // Stuck inside a step: nothing is taken in and nothing published, so every gauge
+            // stands where the last step left it. What arrives meanwhile waits its turn.
+            let Some(held) = sit_out_wedge(&mut commands, &mut ctx.faults).await else {
+                return shut_down(scheduler, &ctx, &mut reporter);
+            };
+            for cmd in held {
+                if !apply(cmd, &mut scheduler, &mut subscribers) {
+                    return shut_down(scheduler, &ctx, &mut reporter);
+                }
+            }
+            pacer.reset();
+        }
         // Apply whatever arrived during the last step.
         loop {
             match commands.try_recv() {
@@ -201,12 +214,18 @@ pub(crate) async fn run(
         }
         let (stopped, slow) = {
             let faults = ctx.faults.borrow();
-            (faults.frozen || faults.asleep.is_some(), faults.slow_factor)
+            (
+                faults.paused || faults.asleep.is_some() || faults.wedged.is_some(),
+                faults.slow_factor,
+            )
         };
         let step = if stopped { None } else { scheduler.step() };
         let Some(step) = step else {
+            if ctx.faults.borrow().wedged.is_some() {
+                continue;
+            }
             publish(&scheduler, &ctx, &mut reporter);
-            // Idle or frozen: wait for a command or a change of faults.
+            // Idle, paused or asleep: wait for a command or a change of faults.
             tokio::select! {
                 cmd = commands.recv() => match cmd {
                     Some(cmd) => {
@@ -233,6 +252,29 @@ pub(crate) async fn run(
         publish(&scheduler, &ctx, &mut reporter);
         publish_cache_events(&mut scheduler, &ctx, &mut batches);
     }
+}
+
+/// Waits out a wedge, keeping what arrives (the engine core's input queue) to be applied in
+/// order once it clears; `None` when the engine is shut down meanwhile (a crash ends a wedge).
+async fn sit_out_wedge(
+    commands: &mut mpsc::UnboundedReceiver<RankCommand>,
+    faults: &mut watch::Receiver<FaultSet>,
+) -> Option<Vec<RankCommand>> {
+    let mut held = Vec::new();
+    while faults.borrow_and_update().wedged.is_some() {
+        tokio::select! {
+            cmd = commands.recv() => match cmd {
+                Some(RankCommand::Shutdown) | None => return None,
+                Some(cmd) => held.push(cmd),
+            },
+            changed = faults.changed() => {
+                if changed.is_err() {
+                    return None;
+                }
+            }
+        }
+    }
+    Some(held)
 }
 
 /// Sends the step's cache changes as one numbered batch, as SGLang's and vLLM's event
@@ -381,6 +423,34 @@ mod tests {
             preemptions,
             ..Counters::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_wedge_holds_what_arrives_in_order_until_it_clears_and_a_crash_ends_it() {
+        let (commands, mut inbox) = mpsc::unbounded_channel();
+        let (faults, mut watched) = watch::channel(FaultSet::new(1));
+        faults.send_modify(|f| f.wedged = Some(crate::faults::WedgedPolls::Stale));
+        commands.send(RankCommand::Abort(SeqId(7))).unwrap();
+        commands.send(RankCommand::Abort(SeqId(8))).unwrap();
+        let waiting = tokio::spawn(async move {
+            let held = sit_out_wedge(&mut inbox, &mut watched).await;
+            (held, inbox, watched)
+        });
+        tokio::task::yield_now().await;
+        faults.send_modify(|f| f.wedged = None);
+        let (held, mut inbox, mut watched) = waiting.await.unwrap();
+        let ids: Vec<SeqId> = held
+            .unwrap()
+            .into_iter()
+            .map(|cmd| match cmd {
+                RankCommand::Abort(id) => id,
+                _ => panic!("only aborts were sent"),
+            })
+            .collect();
+        assert_eq!(ids, [SeqId(7), SeqId(8)], "held, in order");
+        faults.send_modify(|f| f.wedged = Some(crate::faults::WedgedPolls::Stale));
+        commands.send(RankCommand::Shutdown).unwrap();
+        assert!(sit_out_wedge(&mut inbox, &mut watched).await.is_none());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Incident scenarios: steady load on a fresh fleet per configuration, something goes wrong for
 //! a while, then it stops. `spike` triples the offered load; `worker-crash` kills one engine
-//! with SIGKILL and starts it again; `frozen-engine` freezes one engine's scheduler while its
-//! HTTP side keeps answering; `slow-worker` makes one engine's steps four times longer.
+//! with SIGKILL and starts it again; `frozen-engine` wedges one engine's core inside a step (its
+//! HTTP side keeps answering, its gauges stand at the last step's values, `sluice_sim::Fault::Wedge`); `slow-worker` makes one engine's steps four times longer.
 //!
 //! Each run reports goodput over time, failed and refused requests, when the gateway stopped
 //! sending the target engine work (from the engine's own arrival counter, read every 50 ms;
@@ -326,7 +326,16 @@ async fn begin(fleet: &mut SimFleet, incident: Incident) -> Result<(), ScenarioE
             fleet.kill(TARGET).await;
             Ok(())
         }
-        Incident::FrozenEngine => fleet.fault(TARGET, &Fault::Freeze).await,
+        Incident::FrozenEngine => {
+            fleet
+                .fault(
+                    TARGET,
+                    &Fault::Wedge {
+                        polls: Default::default(),
+                    },
+                )
+                .await
+        }
         Incident::SlowWorker => fleet.fault(TARGET, &Fault::Slow { factor: SLOWDOWN }).await,
     }
 }
