@@ -133,14 +133,13 @@ impl Job {
     /// The same, streaming or as a whole answer.
     pub fn body_of(&self, api: Api, model: &str, stream: bool) -> String {
         let user = format!("tenant-{}", self.tenant);
-        match api {
+        let mut body = match api {
             Api::Completions => serde_json::json!({
                 "model": model,
                 "prompt": self.prompt.text(),
                 "max_tokens": self.output_tokens,
                 "ignore_eos": true,
                 "stream": stream,
-                "stream_options": stream.then_some(serde_json::json!({"include_usage": true})),
                 "priority": self.priority,
                 "user": user,
             }),
@@ -149,12 +148,14 @@ impl Job {
                 "messages": self.prompt.messages(),
                 "max_tokens": max_tokens,
                 "stream": stream,
-                "stream_options": stream.then_some(serde_json::json!({"include_usage": true})),
                 "priority": self.priority,
                 "user": user,
             }),
+        };
+        if stream {
+            body["stream_options"] = serde_json::json!({"include_usage": true});
         }
-        .to_string()
+        body.to_string()
     }
 }
 

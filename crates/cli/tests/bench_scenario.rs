@@ -220,3 +220,77 @@ fn many_streams_are_held_open_through_both_upstream_protocols_and_envoy_and_all_
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The liveness matrix at CI size: two failures, sixteen impatient streaming clients (the
+/// quick kind), sluice's defaults beside the naive fleet. Only what today's rules always give
+/// is checked — the order of events and counts, no timings (those are docs/benchmarks.md's).
+#[test]
+fn the_liveness_matrix_reports_each_cell_and_the_naive_fleet_keeps_feeding_a_wedged_engine() {
+    let dir = out_dir("liveness");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "scenario", "liveness", "--quick"])
+        .args([
+            "--configs",
+            "sluice,direct",
+            "--failures",
+            "vllm-wedged,crash",
+        ])
+        .args(["--phases", "2:4:3", "--json", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scenario failed: {stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let cells: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["failure"].as_str().unwrap(),
+                r["gateway"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            ("vllm-wedged", "sluice"),
+            ("vllm-wedged", "direct"),
+            ("crash", "sluice"),
+            ("crash", "direct")
+        ]
+    );
+    for row in rows {
+        assert_eq!(row["clients"], "stream sdk 3s x16", "{row}");
+        assert!(row["requests"].as_u64().unwrap() > 16, "{row}");
+        assert_eq!(
+            row["failed"][0], 0,
+            "nothing fails on healthy engines: {row}"
+        );
+        if let Some(vetoed) = row["vetoed_after"].as_f64() {
+            assert!(vetoed >= 0.0, "a veto comes after the failure: {row}");
+        }
+        let logged = row["gateway"] == "sluice";
+        assert_eq!(
+            row["vetoes"].is_number(),
+            logged,
+            "sluice's log is read: {row}"
+        );
+    }
+    let naive = &rows[1];
+    assert!(
+        naive["sent_during"].as_u64().unwrap() > 0,
+        "round robin keeps sending the wedged engine its share: {naive}"
+    );
+    assert!(
+        naive["failed"][1].as_u64().unwrap() > 0,
+        "and what it sends there fails: {naive}"
+    );
+    assert!(naive["readmitted_after"].is_number(), "{naive}");
+    assert!(
+        rows[3]["sent_during"].is_null(),
+        "a killed engine's counter is not read"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
