@@ -41,6 +41,26 @@ fn patient(stream: bool) -> Behaviour {
     }
 }
 
+/// The SDK's client with a timeout of `ms` milliseconds.
+fn sdk(ms: u64, stream: bool) -> Behaviour {
+    Behaviour {
+        retries: ClientKind::Sdk,
+        patience: Patience {
+            idle: Some(Duration::from_millis(ms)),
+            ..Patience::default()
+        },
+        stream,
+    }
+}
+
+async fn wedge(slot: &sluice_sim::EngineSlot) {
+    slot.fault(Fault::Wedge {
+        polls: WedgedPolls::Stale,
+    })
+    .await
+    .unwrap();
+}
+
 async fn send(url: &str, job: &Job, behaviour: Behaviour) -> sluice_bench::goodput::Outcome {
     let url = format!("{url}/v1/completions");
     client::run(
@@ -72,15 +92,7 @@ async fn the_sdk_retries_a_timeout_before_the_head_and_then_gives_up() {
     let sims = fleet(instant(Flavor::Vllm)).await;
     let slot = sims.engine(0).unwrap();
     slot.fault(Fault::Hang).await.unwrap();
-    let behaviour = Behaviour {
-        retries: ClientKind::Sdk,
-        patience: Patience {
-            idle: Some(Duration::from_millis(100)),
-            ..Patience::default()
-        },
-        stream: true,
-    };
-    let outcome = send(&slot.url(), &job(8), behaviour).await;
+    let outcome = send(&slot.url(), &job(8), sdk(100, true)).await;
     assert_eq!(outcome.status, 0);
     assert_eq!(outcome.code.as_deref(), Some(client::IDLE_TIMEOUT));
     assert_eq!(outcome.attempts, 3, "two retries, as the SDK");
@@ -92,20 +104,8 @@ async fn the_sdk_retries_a_timeout_before_the_head_and_then_gives_up() {
 async fn a_timeout_inside_a_stream_is_not_retried() {
     let sims = fleet(instant(Flavor::Vllm)).await;
     let slot = sims.engine(0).unwrap();
-    slot.fault(Fault::Wedge {
-        polls: WedgedPolls::Stale,
-    })
-    .await
-    .unwrap();
-    let behaviour = Behaviour {
-        retries: ClientKind::Sdk,
-        patience: Patience {
-            idle: Some(Duration::from_millis(100)),
-            ..Patience::default()
-        },
-        stream: true,
-    };
-    let outcome = send(&slot.url(), &job(8), behaviour).await;
+    wedge(&slot).await;
+    let outcome = send(&slot.url(), &job(8), sdk(100, true)).await;
     assert_eq!(outcome.status, 200, "a wedged vLLM sends the stream's head");
     assert!(!outcome.completed);
     assert_eq!(outcome.code.as_deref(), Some(client::IDLE_TIMEOUT));
@@ -127,11 +127,7 @@ async fn a_timeout_inside_a_stream_is_not_retried() {
 async fn a_deadline_is_sent_and_kept_by_the_client() {
     let sims = fleet(instant(Flavor::Vllm)).await;
     let slot = sims.engine(0).unwrap();
-    slot.fault(Fault::Wedge {
-        polls: WedgedPolls::Stale,
-    })
-    .await
-    .unwrap();
+    wedge(&slot).await;
     let behaviour = Behaviour {
         patience: Patience {
             deadline: Some(Duration::from_millis(200)),

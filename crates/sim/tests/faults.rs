@@ -41,22 +41,29 @@ fn gauge(metrics: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in {metrics}"))
 }
 
+/// A whole answer of `max_tokens`, asked of the engine at `base` in the background.
+fn send_whole(
+    c: &HttpClient,
+    base: &str,
+    max_tokens: u32,
+) -> tokio::task::JoinHandle<sluice_sim::testkit::Answer> {
+    let (c, url) = (c.clone(), format!("{base}/v1/completions"));
+    tokio::spawn(async move { post(&c, &url, &completion(max_tokens, false)).await })
+}
+
+/// Wedges the engine, its loads answered as `polls` says.
+async fn wedge(slot: &sluice_sim::EngineSlot, polls: WedgedPolls) {
+    slot.fault(Fault::Wedge { polls }).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_wedged_vllm_engine_core_idle_reports_nothing_held_while_requests_pile_up() {
     let fleet = fleet(instant(Flavor::Vllm)).await;
     let slot = fleet.engine(0).unwrap();
     let base = slot.url();
     let c = client();
-    slot.fault(Fault::Wedge {
-        polls: WedgedPolls::Stale,
-    })
-    .await
-    .unwrap();
-    let send = |max_tokens| {
-        let (c, url) = (c.clone(), format!("{base}/v1/completions"));
-        tokio::spawn(async move { post(&c, &url, &completion(max_tokens, false)).await })
-    };
-    let (first, second) = (send(4), send(4));
+    wedge(&slot, WedgedPolls::Stale).await;
+    let (first, second) = (send_whole(&c, &base, 4), send_whole(&c, &base, 4));
     slot.until(|s| s.requests_received == 2).await;
     let metrics = get(&c, &format!("{base}/metrics")).await.text();
     assert_eq!(
@@ -95,11 +102,7 @@ async fn a_wedged_engine_under_load_reports_the_last_steps_figures() {
         streams.push(body);
     }
     slot.until(|s| s.running == 3).await;
-    slot.fault(Fault::Wedge {
-        polls: WedgedPolls::Stale,
-    })
-    .await
-    .unwrap();
+    wedge(&slot, WedgedPolls::Stale).await;
     let generated = slot.state().tokens_generated;
     let late = open_stream(&c, &base, 4).await;
     assert_eq!(
@@ -124,15 +127,8 @@ async fn a_wedged_sglang_scheduler_answers_its_loads_stale_or_not_at_all() {
     let slot = fleet.engine(0).unwrap();
     let base = slot.url();
     let c = client();
-    slot.fault(Fault::Wedge {
-        polls: WedgedPolls::Stale,
-    })
-    .await
-    .unwrap();
-    let pending = tokio::spawn({
-        let (c, url) = (c.clone(), format!("{base}/v1/completions"));
-        async move { post(&c, &url, &completion(4, false)).await }
-    });
+    wedge(&slot, WedgedPolls::Stale).await;
+    let pending = send_whole(&c, &base, 4);
     slot.until(|s| s.requests_received == 1).await;
     let loads = get(&c, &format!("{base}/v1/loads")).await.json();
     assert_eq!(
@@ -144,11 +140,7 @@ async fn a_wedged_sglang_scheduler_answers_its_loads_stale_or_not_at_all() {
         0
     );
     // A release whose tokenizer manager asks the scheduler gets no answer.
-    slot.fault(Fault::Wedge {
-        polls: WedgedPolls::Unanswered,
-    })
-    .await
-    .unwrap();
+    wedge(&slot, WedgedPolls::Unanswered).await;
     for path in ["/v1/loads", "/get_load"] {
         let url = format!("{base}{path}");
         let poll = tokio::time::timeout(Duration::from_millis(300), get(&c, &url)).await;
@@ -173,10 +165,7 @@ async fn a_paused_scheduler_takes_requests_in_and_reports_them_but_runs_none() {
     let base = slot.url();
     let c = client();
     slot.fault(Fault::Pause).await.unwrap();
-    let pending = tokio::spawn({
-        let (c, url) = (c.clone(), format!("{base}/v1/completions"));
-        async move { post(&c, &url, &completion(4, false)).await }
-    });
+    let pending = send_whole(&c, &base, 4);
     let state = slot.until(|s| s.waiting == 1).await;
     assert_eq!(state.tokens_generated, 0);
     let loads = get(&c, &format!("{base}/v1/loads")).await.json();

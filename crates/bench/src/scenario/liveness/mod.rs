@@ -19,6 +19,7 @@
 mod matrix;
 mod table;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -62,8 +63,13 @@ pub struct Row {
     pub clients: String,
     pub gateway: String,
     pub requests: u64,
-    /// Requests that failed, by when they were sent: before the failure, during it, after it.
+    /// Requests that failed: over before the failure; in flight when it came or sent while it
+    /// lasted; sent after the recovery.
     pub failed: [u64; 3],
+    /// The failed requests by what ended them: the gateway's code, the client's
+    /// (`idle_timeout`, `client_timeout`), `status_<n>`, `no_answer`, or `cut` for a stream
+    /// that ended early.
+    pub failures: BTreeMap<String, u64>,
     /// Requests the engine received during the failure (`None`: its counter died with it).
     pub sent_during: Option<u64>,
     /// Wall seconds from the failure to the gateway's first liveness veto of the engine
@@ -152,6 +158,7 @@ async fn one_cell(
     let mut fleet = SimFleet::start(&fleet_plan(plan, failure, &dir)).await?;
     let result = async {
         let started = Gateway::start(gateway, &fleet.workers, &dir).await?;
+        wait_until_routing(&started.url).await;
         let load = load_plan(plan, clients, &started.url);
         let load = tokio::spawn(async move { execute(&load).await.map(|(o, _)| o) });
         let run = drive(&mut fleet, failure, &plan.timing, load).await;
@@ -259,6 +266,34 @@ async fn drive(
     }
 }
 
+/// Waits (up to 30 s) until the gateway serves a one-token completion: a gateway answers its
+/// port before it has found its workers ready, and a cell must start on a fleet in service.
+async fn wait_until_routing(url: &str) {
+    let http: crate::client::HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let body = serde_json::json!({"model": MODEL, "prompt": "ping", "max_tokens": 1});
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < give_up {
+        let request = http::Request::post(format!("{url}/v1/completions"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_string())));
+        let Ok(request) = request else { return };
+        if let Ok(response) = http.request(request).await {
+            let ok = response.status().is_success();
+            let _ = response.into_body().collect().await;
+            if ok {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tracing::warn!(
+        url,
+        "the gateway served no completion within 30 s; the cell runs anyway"
+    );
+}
+
 /// A 128k-token prompt sent straight to the engine and read to its end, as another replica's
 /// client would: the engine prefills it for seconds without a byte.
 async fn send_long_prompt(worker: String) {
@@ -311,12 +346,32 @@ impl Run {
         vetoes: Option<Vec<SystemTime>>,
     ) -> Row {
         let (fault, restore) = (timing.before, timing.before + timing.during);
-        let phase = |due: Duration| usize::from(due >= fault) + usize::from(due >= restore);
-        let mut failed = [0u64; 3];
-        for o in &self.outcomes {
-            if !(o.status == 200 && o.completed) {
-                failed[phase(o.due)] += 1;
+        // Before: over before the failure. During: in flight when it came, or sent while it
+        // lasted. After: sent after the recovery.
+        let phase = |o: &Outcome| {
+            if o.due + o.e2e < fault {
+                0
+            } else if o.due < restore {
+                1
+            } else {
+                2
             }
+        };
+        let mut failed = [0u64; 3];
+        let mut failures = BTreeMap::new();
+        for o in self
+            .outcomes
+            .iter()
+            .filter(|o| !(o.status == 200 && o.completed))
+        {
+            failed[phase(o)] += 1;
+            let code = match (&o.code, o.status) {
+                (Some(code), _) => code.clone(),
+                (None, 0) => "no_answer".into(),
+                (None, 200) => "cut".into(),
+                (None, status) => format!("status_{status}"),
+            };
+            *failures.entry(code).or_insert(0) += 1;
         }
         let seconds_after = |t: SystemTime| {
             t.duration_since(self.fault_at)
@@ -338,6 +393,7 @@ impl Run {
             gateway: gateway.to_string(),
             requests: self.outcomes.len() as u64,
             failed,
+            failures,
             sent_during: readable.then(|| sent_between(fault, restore)).flatten(),
             vetoed_after,
             sent_after_veto: vetoed_after

@@ -19,8 +19,9 @@ impl LivenessReport {
         let mut out = format!(
             "liveness: 2 engines, engine 0 fails at t = {fault:.0} s and recovers at t = \
              {restore:.0} s (a crashed engine is started again; a long prompt ends by itself); \
-             clients send until t = {:.0} s. Failed: requests sent before / during / after the \
-             failure that got an error, a refusal, a timeout or a cut stream. Vetoed: seconds \
+             clients send until t = {:.0} s. Failed: requests that got an error, a refusal, a \
+             timeout or a cut stream — over before the failure / in flight when it came or \
+             sent during it / sent after the recovery. Vetoed: seconds \
              from the failure to the gateway's first liveness veto of engine 0 (sluice's log; \
              \"–\" none). Sent: requests engine 0 received during the failure, and after the \
              veto. Last sent: seconds from the failure to its last request during it. Back: \
