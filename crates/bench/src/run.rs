@@ -98,6 +98,9 @@ pub struct RunPlan {
     pub closed_loop: Option<u32>,
     /// A request with no answer by then counts as `client_timeout`.
     pub request_timeout: Duration,
+    /// When the run's clock starts, which every `due` counts from (default: 20 ms after
+    /// `execute` is called); a harness that acts on the same clock gives it.
+    pub starts_at: Option<Instant>,
     /// Completions of exact lengths, or chats at the model's length.
     pub api: crate::client::Api,
 }
@@ -193,6 +196,13 @@ pub fn identity_headers(plan: &RunPlan, job: &Job) -> Vec<(String, String)> {
     headers
 }
 
+impl RunPlan {
+    fn start(&self) -> Instant {
+        self.starts_at
+            .unwrap_or_else(|| Instant::now() + Duration::from_millis(20))
+    }
+}
+
 /// Runs the plan and sums it up.
 pub async fn execute(plan: &RunPlan) -> Result<(Vec<Outcome>, Report), ArrivalError> {
     let outcomes = match plan.closed_loop {
@@ -270,7 +280,7 @@ async fn open_loop(plan: &RunPlan) -> Result<(Vec<Outcome>, f64), ArrivalError> 
     let jobs = jobs(plan)?;
     let prefix_sharing = crate::prompts::sharing(jobs.iter().map(|j| &j.prompt));
     let sender = Sender::of(plan);
-    let start = Instant::now() + Duration::from_millis(20);
+    let start = plan.start();
     let mut running = JoinSet::new();
     for job in jobs {
         let sender = sender.clone();
@@ -290,7 +300,7 @@ async fn open_loop(plan: &RunPlan) -> Result<(Vec<Outcome>, f64), ArrivalError> 
 /// sent, so a run's requests follow from its seed.
 async fn closed_loop(plan: &RunPlan, clients: u32) -> (Vec<Outcome>, f64) {
     let sender = Sender::of(plan);
-    let start = Instant::now() + Duration::from_millis(20);
+    let start = plan.start();
     let source = Arc::new(parking_lot::Mutex::new((JobSource::new(plan), 0usize)));
     let prompts = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut running = JoinSet::new();
@@ -349,6 +359,7 @@ mod tests {
             stream: true,
             closed_loop: None,
             request_timeout: Duration::from_secs(30),
+            starts_at: None,
             api: crate::client::Api::Completions,
         }
     }

@@ -185,6 +185,7 @@ async fn closed_loop_clients_each_send_the_next_request_when_the_last_ended() {
         stream: true,
         closed_loop: Some(3),
         request_timeout: Duration::from_secs(30),
+        starts_at: None,
         api: Api::Completions,
     };
     let (outcomes, _) = execute(&plan).await.unwrap();

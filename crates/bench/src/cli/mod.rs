@@ -376,6 +376,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         stream: !args.no_stream,
         closed_loop: args.clients,
         request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
+        starts_at: None,
         api: crate::client::Api::Completions,
     };
     let (_, report) = crate::run::execute(&plan).await?;

@@ -429,6 +429,7 @@ pub(crate) fn load_plan(
         stream: true,
         closed_loop: None,
         request_timeout: give_up_after(plan),
+        starts_at: None,
     }
 }
 

@@ -159,9 +159,11 @@ async fn one_cell(
     let result = async {
         let started = Gateway::start(gateway, &fleet.workers, &dir).await?;
         wait_until_routing(&started.url).await;
-        let load = load_plan(plan, clients, &started.url);
+        // One clock for the clients' times and the failure's.
+        let start = Instant::now() + Duration::from_millis(50);
+        let load = load_plan(plan, clients, &started.url, start);
         let load = tokio::spawn(async move { execute(&load).await.map(|(o, _)| o) });
-        let run = drive(&mut fleet, failure, &plan.timing, load).await;
+        let run = drive(&mut fleet, failure, &plan.timing, load, start).await;
         started.stop().await;
         let run = run?;
         let log = dir.join(format!("{}.log", gateway.name));
@@ -178,7 +180,7 @@ async fn one_cell(
 
 /// The cell's load: closed-loop clients of one kind, short answers (a healthy engine answers
 /// each within a second, so every client kind succeeds while nothing fails).
-fn load_plan(plan: &LivenessPlan, clients: &Clients, url: &str) -> RunPlan {
+fn load_plan(plan: &LivenessPlan, clients: &Clients, url: &str, start: Instant) -> RunPlan {
     let behaviour = clients.behaviour();
     let t = &plan.timing;
     RunPlan {
@@ -198,6 +200,7 @@ fn load_plan(plan: &LivenessPlan, clients: &Clients, url: &str) -> RunPlan {
         stream: behaviour.stream,
         closed_loop: Some(clients.count),
         request_timeout: HARNESS_TIMEOUT,
+        starts_at: Some(start),
         api: crate::client::Api::Completions,
     }
 }
@@ -218,9 +221,10 @@ async fn drive(
     failure: Failure,
     timing: &Timing,
     mut load: Load,
+    start: Instant,
 ) -> Result<Run, ScenarioError> {
     let (fault, restore) = (timing.before, timing.before + timing.during);
-    let start = Instant::now();
+    tokio::time::sleep_until(start).await;
     let mut readings = Vec::new();
     let mut fault_at = None;
     let mut restored = false;
@@ -310,8 +314,12 @@ async fn send_long_prompt(worker: String) {
     else {
         return;
     };
-    if let Ok(response) = http.request(request).await {
-        let _ = response.into_body().collect().await;
+    match http.request(request).await {
+        Ok(response) if response.status().is_success() => {
+            let _ = response.into_body().collect().await;
+        }
+        Ok(response) => tracing::warn!(status = %response.status(), "the long prompt was refused"),
+        Err(error) => tracing::warn!(%error, "the long prompt was not sent"),
     }
 }
 
