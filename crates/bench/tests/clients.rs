@@ -104,22 +104,14 @@ async fn the_sdk_retries_a_timeout_before_the_head_and_then_gives_up() {
 async fn a_timeout_inside_a_stream_is_not_retried() {
     let sims = fleet(instant(Flavor::Vllm)).await;
     let slot = sims.engine(0).unwrap();
-    wedge(&slot).await;
+    wedge(slot).await;
     let outcome = send(&slot.url(), &job(8), sdk(100, true)).await;
     assert_eq!(outcome.status, 200, "a wedged vLLM sends the stream's head");
     assert!(!outcome.completed);
     assert_eq!(outcome.code.as_deref(), Some(client::IDLE_TIMEOUT));
     assert_eq!(outcome.attempts, 1, "the SDK raises it to the caller");
     // A whole answer's head never comes: that timeout is retried.
-    let whole = send(
-        &slot.url(),
-        &job(8),
-        Behaviour {
-            stream: false,
-            ..behaviour
-        },
-    )
-    .await;
+    let whole = send(&slot.url(), &job(8), sdk(100, false)).await;
     assert_eq!((whole.status, whole.attempts), (0, 3));
 }
 
@@ -127,7 +119,7 @@ async fn a_timeout_inside_a_stream_is_not_retried() {
 async fn a_deadline_is_sent_and_kept_by_the_client() {
     let sims = fleet(instant(Flavor::Vllm)).await;
     let slot = sims.engine(0).unwrap();
-    wedge(&slot).await;
+    wedge(slot).await;
     let behaviour = Behaviour {
         patience: Patience {
             deadline: Some(Duration::from_millis(200)),

@@ -62,7 +62,7 @@ async fn a_wedged_vllm_engine_core_idle_reports_nothing_held_while_requests_pile
     let slot = fleet.engine(0).unwrap();
     let base = slot.url();
     let c = client();
-    wedge(&slot, WedgedPolls::Stale).await;
+    wedge(slot, WedgedPolls::Stale).await;
     let (first, second) = (send_whole(&c, &base, 4), send_whole(&c, &base, 4));
     slot.until(|s| s.requests_received == 2).await;
     let metrics = get(&c, &format!("{base}/metrics")).await.text();
@@ -102,7 +102,7 @@ async fn a_wedged_engine_under_load_reports_the_last_steps_figures() {
         streams.push(body);
     }
     slot.until(|s| s.running == 3).await;
-    wedge(&slot, WedgedPolls::Stale).await;
+    wedge(slot, WedgedPolls::Stale).await;
     let generated = slot.state().tokens_generated;
     let late = open_stream(&c, &base, 4).await;
     assert_eq!(
@@ -127,7 +127,7 @@ async fn a_wedged_sglang_scheduler_answers_its_loads_stale_or_not_at_all() {
     let slot = fleet.engine(0).unwrap();
     let base = slot.url();
     let c = client();
-    wedge(&slot, WedgedPolls::Stale).await;
+    wedge(slot, WedgedPolls::Stale).await;
     let pending = send_whole(&c, &base, 4);
     slot.until(|s| s.requests_received == 1).await;
     let loads = get(&c, &format!("{base}/v1/loads")).await.json();
@@ -140,7 +140,7 @@ async fn a_wedged_sglang_scheduler_answers_its_loads_stale_or_not_at_all() {
         0
     );
     // A release whose tokenizer manager asks the scheduler gets no answer.
-    wedge(&slot, WedgedPolls::Unanswered).await;
+    wedge(slot, WedgedPolls::Unanswered).await;
     for path in ["/v1/loads", "/get_load"] {
         let url = format!("{base}{path}");
         let poll = tokio::time::timeout(Duration::from_millis(300), get(&c, &url)).await;
