@@ -55,10 +55,7 @@ pub struct Patience {
 impl Patience {
     /// How long after sending the client gives up on the whole request, if ever.
     fn gives_up_after(&self) -> Option<Duration> {
-        match (self.total, self.deadline) {
-            (Some(t), Some(d)) => Some(t.min(d)),
-            (t, d) => t.or(d),
-        }
+        self.total.into_iter().chain(self.deadline).min()
     }
 }
 
@@ -125,13 +122,8 @@ pub struct Job {
 impl Job {
     /// The request body for `api`: a streaming completion with usage, exactly `output_tokens`
     /// long (`ignore_eos`), its prompt the parts' text one after the other; or a streaming chat
-    /// answered at the model's length, a message per part.
-    pub fn body(&self, api: Api, model: &str) -> String {
-        self.body_of(api, model, true)
-    }
-
-    /// The same, streaming or as a whole answer.
-    pub fn body_of(&self, api: Api, model: &str, stream: bool) -> String {
+    /// answered at the model's length, a message per part; or the same as a whole answer.
+    pub fn body(&self, api: Api, model: &str, stream: bool) -> String {
         let user = format!("tenant-{}", self.tenant);
         let mut body = match api {
             Api::Completions => serde_json::json!({
@@ -203,7 +195,7 @@ pub async fn run(
     tokio::time::sleep_until(due).await;
     let sent_late = due.elapsed();
     let sent = Instant::now();
-    let body = Bytes::from(job.body_of(api, model, behaviour.stream));
+    let body = Bytes::from(job.body(api, model, behaviour.stream));
     let mut headers = job.headers.clone();
     if let Some(deadline) = behaviour.patience.deadline {
         headers.push((
@@ -555,7 +547,7 @@ mod tests {
             headers: Vec::new(),
         };
         let body: serde_json::Value =
-            serde_json::from_str(&job.body(Api::Completions, "m")).unwrap();
+            serde_json::from_str(&job.body(Api::Completions, "m", true)).unwrap();
         assert_eq!(body["prompt"].as_str().unwrap().len(), 1024);
         assert_eq!(body["prompt"].as_str().unwrap(), prompt.text());
         assert_eq!(body["max_tokens"], 32);
@@ -563,7 +555,7 @@ mod tests {
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!(body["user"], "tenant-3");
         let chat: serde_json::Value =
-            serde_json::from_str(&job.body(Api::Chat { max_tokens: 64 }, "m")).unwrap();
+            serde_json::from_str(&job.body(Api::Chat { max_tokens: 64 }, "m", true)).unwrap();
         assert_eq!(
             chat["messages"],
             serde_json::json!([{"role": "user", "content": prompt.text()}])

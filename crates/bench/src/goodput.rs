@@ -82,6 +82,18 @@ impl Outcome {
         (self.output_tokens > 1).then(|| (self.e2e.saturating_sub(ttft)) / (self.output_tokens - 1))
     }
 
+    /// What ended a request that did not complete: its refusal's code (the gateway's, or the
+    /// client's own such as `idle_timeout`), else `status_<n>`, `no_answer` when nothing came
+    /// back, `cut` for an answer that began and ended early.
+    pub fn failure_code(&self) -> String {
+        match (&self.code, self.status) {
+            (Some(code), _) => code.clone(),
+            (None, 0) => "no_answer".to_string(),
+            (None, 200) => "cut".to_string(),
+            (None, status) => format!("status_{status}"),
+        }
+    }
+
     fn admitted(&self) -> bool {
         self.completed && self.status == 200
     }
@@ -187,11 +199,7 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
             }
             tpots.extend(o.tpot().map(|d| d.as_secs_f64()));
         } else if o.status != 200 {
-            let code = match (&o.code, o.status) {
-                (Some(code), _) => code.clone(),
-                (None, 0) => "no_answer".to_string(),
-                (None, status) => format!("status_{status}"),
-            };
+            let code = o.failure_code();
             if let Some(t) = tier_reports.get_mut(o.tier) {
                 *t.rejections.entry(code.clone()).or_default() += 1;
             }

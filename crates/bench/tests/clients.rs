@@ -131,7 +131,7 @@ async fn a_deadline_is_sent_and_kept_by_the_client() {
     let outcome = send(&slot.url(), &job(8), behaviour).await;
     assert_eq!(outcome.code.as_deref(), Some(client::CLIENT_TIMEOUT));
     assert!(sent.elapsed() >= Duration::from_millis(200));
-    let body = job(8).body_of(Api::Completions, "m", false);
+    let body = job(8).body(Api::Completions, "m", false);
     assert!(!body.contains("stream_options"), "{body}");
 }
 

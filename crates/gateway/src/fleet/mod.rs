@@ -509,10 +509,7 @@ fn not_found(id: &str) -> GatewayError {
 
 /// `w` and 8 hex digits of the URL's hash: stable across restarts, and says nothing of the URL.
 fn unique_id(registry: &Registry, url: &str) -> WorkerId {
-    let base = format!(
-        "w{:08x}",
-        sluice_core::policy::key_of(url.as_bytes()) as u32
-    );
+    let base = WorkerId::for_url(url).as_str().to_string();
     let taken = |id: &str| registry.entries.iter().any(|e| e.worker.id.as_str() == id);
     let mut id = base.clone();
     let mut n = 2;

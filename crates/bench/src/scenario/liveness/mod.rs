@@ -167,10 +167,10 @@ async fn one_cell(
         started.stop().await;
         let run = run?;
         let log = dir.join(format!("{}.log", gateway.name));
-        let target_id = worker_id(&fleet.workers[TARGET]);
+        let target_id = sluice_core::WorkerId::for_url(&fleet.workers[TARGET]);
         // sluice, and the picker behind Envoy, log their vetoes; the others do not.
         let logs_vetoes = gateway.name.starts_with("sluice") || gateway.name.contains("epp");
-        let vetoes = logs_vetoes.then(|| vetoes_in_log(&log, &target_id));
+        let vetoes = logs_vetoes.then(|| vetoes_in_log(&log, target_id.as_str()));
         Ok(run.row(failure, clients, &gateway.name, &plan.timing, vetoes))
     }
     .await;
@@ -323,14 +323,6 @@ async fn send_long_prompt(worker: String) {
     }
 }
 
-/// The id sluice gives a worker at `url` (`w` and 8 hex digits of its hash).
-fn worker_id(url: &str) -> String {
-    format!(
-        "w{:08x}",
-        sluice_core::policy::key_of(url.as_bytes()) as u32
-    )
-}
-
 /// The wall-clock times of the liveness vetoes of `worker` a sluice log holds.
 fn vetoes_in_log(log: &Path, worker: &str) -> Vec<SystemTime> {
     let Ok(text) = std::fs::read_to_string(log) else {
@@ -373,13 +365,7 @@ impl Run {
             .filter(|o| !(o.status == 200 && o.completed))
         {
             failed[phase(o)] += 1;
-            let code = match (&o.code, o.status) {
-                (Some(code), _) => code.clone(),
-                (None, 0) => "no_answer".into(),
-                (None, 200) => "cut".into(),
-                (None, status) => format!("status_{status}"),
-            };
-            *failures.entry(code).or_insert(0) += 1;
+            *failures.entry(o.failure_code()).or_insert(0) += 1;
         }
         let seconds_after = |t: SystemTime| {
             t.duration_since(self.fault_at)
