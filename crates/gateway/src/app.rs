@@ -233,6 +233,7 @@ fn control_and_fleet(
             drain_settle: config.drain_settle,
             policy: config.policy.name(),
             default_worker_key: config.default_worker_key.clone(),
+            silence_lapse: config.liveness.unwrap_or_default().unresponsive,
         },
         metrics.clone(),
         control.clone(),

@@ -24,19 +24,24 @@
 //!   prefill; the KV usage, allocated chunk by chunk, does not. Progress, an empty pile, or the
 //!   evidence going away clears it.
 //!
-//! - **Unresponsive**: the worker takes requests and answers none, while looking healthy — its
-//!   probes pass and its metrics report it idle. This gateway has held requests on it with no byte
-//!   from any of them for `unresponsive`, and over the same span at least two of the engine's own
-//!   reports counted fewer running and waiting requests than this gateway had unanswered on it:
-//!   the engine does not even know it holds them. A busy engine doing long non-streaming work
-//!   reports them running, so it is not caught; SGLang's request in chunked prefill, in neither
-//!   of its counts, is accounted for by its pending prefill tokens (`LoadReport::in_hand`), and
-//!   where an engine reports no such figure the bound stretches like the wedge bound. A first
-//!   byte, or a report that accounts for them, clears it.
+//! - **Unresponsive**: the worker owes this gateway answers and gives none, while nothing it
+//!   reports explains the wait. Its silence (`Silence`) runs from the first request sent to it
+//!   that got no byte, across requests — a client leaving, a deadline or a retry elsewhere ends
+//!   the request, not the evidence — until a byte comes back or a report shows its engine
+//!   stepped. Where its reports carry a stepping signal, at least one poll since the silence
+//!   began must have shown the engine standing still (or gone unanswered): a long prefill moves
+//!   the KV usage with every chunk, so it is never taken for a wedge. Where they carry none,
+//!   the bound stretches like the wedge bound, over the prefill this gateway knows it sent.
+//!
+//! A veto that waits on progress (wedged, engine silent, unresponsive) stays until a sign of
+//! life after it was set: a byte on a request (a trial's included), or a report whose stepping
+//! moved. A report that stands still, an empty queue, or the requests that armed it leaving is
+//! not evidence of health. Unreachable and stale lift on contact, as before.
 //!
 //! Unreachable wins over wedged: a wedged worker whose link then fails is judged gone.
 
 mod progress;
+mod silence;
 
 use std::fmt;
 use std::time::Duration;
@@ -88,7 +93,7 @@ pub enum LivenessVeto {
     WedgedPile,
     /// The engine's own reports showed no step while it held requests.
     EngineSilent,
-    /// Requests held unanswered that the engine's own reports do not account for.
+    /// Requests sent and unanswered across requests, and no step in its reports.
     Unresponsive,
 }
 
@@ -105,6 +110,13 @@ impl LivenessVeto {
     }
 }
 
+impl LivenessVeto {
+    /// Whether the veto lifts only on a sign of life (a byte, a step), not on contact.
+    pub fn awaits_progress(self) -> bool {
+        !matches!(self, LivenessVeto::Unreachable | LivenessVeto::Stale)
+    }
+}
+
 impl fmt::Display for LivenessVeto {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -114,7 +126,7 @@ impl fmt::Display for LivenessVeto {
             LivenessVeto::WedgedPile => "a growing or deep pile of streams and no token",
             LivenessVeto::EngineSilent => "its reports showed no step with requests in hand",
             LivenessVeto::Unresponsive => {
-                "requests held unanswered that its own reports do not account for"
+                "requests sent and unanswered, and nothing in its reports explains the wait"
             }
         })
     }
@@ -123,6 +135,7 @@ impl fmt::Display for LivenessVeto {
 pub use progress::{
     leg_silence_bound, prefill_allowance, prefill_rate, stalled_since, wedge_bound, Reading,
 };
+pub use silence::{PollShowed, Silence, Span};
 
 /// What the gateway has observed of one worker.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -151,8 +164,10 @@ pub struct Observed {
     pub engine_stalled_since: Option<Instant>,
     /// How long the prompts in flight may still need in prefill.
     pub prefill_allowance: Duration,
-    /// This gateway's unanswered requests against the engine's reports.
-    pub unanswered: Unanswered,
+    /// Its silence across requests, and its last sign of life.
+    pub silence: Span,
+    /// When the liveness veto in force was set.
+    pub vetoed_at: Option<Instant>,
     /// It has pushed a load record (a gRPC worker's event stream, whose servicer sends one with
     /// every batch and a heartbeat through quiet spells): from then on it is held to that
     /// cadence, and total silence for the stale bound means it is gone whether or not this
@@ -161,34 +176,35 @@ pub struct Observed {
     pub pushed_load: bool,
 }
 
-/// What the unresponsive rule reads.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Unanswered {
-    /// Since when this gateway has held requests on the worker with no byte from any of them.
-    pub since: Option<Instant>,
-    /// Since when every load report counted fewer running and waiting requests than this gateway
-    /// had unanswered on the worker at that report.
-    pub short_since: Option<Instant>,
-    /// The reports of that streak.
-    pub short_reports: u32,
-}
-
-/// How many of this gateway's unanswered requests a report does not account for: those beyond
-/// the requests it says it holds (`LoadReport::in_hand`). Once a worker is unresponsive, that
-/// many may go elsewhere (the engine never held them).
-pub fn unaccounted(in_hand: u64, unanswered: u64) -> u64 {
-    unanswered.saturating_sub(in_hand)
-}
-
-/// Whether a report counts fewer requests than this gateway holds unanswered: a report that does
-/// not account for them.
-pub fn report_short(in_hand: u64, unanswered: u64) -> bool {
-    unaccounted(in_hand, unanswered) > 0
-}
-
-/// The veto, if any, that `o` calls for at `now`. `prev` is the veto in force, which the stale
-/// rule keeps until contact even once the requests that armed it are gone.
+/// The veto, if any, that `o` calls for at `now`. `prev` is the veto in force: the stale rule
+/// keeps it until contact even once the requests that armed it are gone, and a veto that awaits
+/// progress keeps it until a sign of life after `o.vetoed_at`.
 pub fn judge(
+    prev: Option<LivenessVeto>,
+    o: &Observed,
+    cfg: &LivenessConfig,
+    now: Instant,
+) -> Option<LivenessVeto> {
+    if let Some(gone) = unreachable(prev, o, cfg, now) {
+        return Some(gone);
+    }
+    let fresh = progress_veto(o, cfg, now);
+    if fresh.is_some() {
+        return fresh;
+    }
+    prev.filter(|p| p.awaits_progress() && !alive_since_veto(o))
+}
+
+/// A sign of life (a byte on a request, a step in a report) since the veto was set.
+fn alive_since_veto(o: &Observed) -> bool {
+    match (o.silence.last_life, o.vetoed_at) {
+        (Some(life), Some(vetoed)) => life > vetoed,
+        _ => false,
+    }
+}
+
+/// The rules of contact: a transport failure then silence, or total silence.
+fn unreachable(
     prev: Option<LivenessVeto>,
     o: &Observed,
     cfg: &LivenessConfig,
@@ -203,10 +219,12 @@ pub fn judge(
     let stale = o.pushed_load
         || (o.in_flight > 0 && timed_out_since_contact)
         || prev == Some(LivenessVeto::Stale);
-    if !cfg.stale.is_zero() && stale && silence >= cfg.stale {
-        return Some(LivenessVeto::Stale);
-    }
-    if unresponsive(&o.unanswered, cfg.unresponsive, o.prefill_allowance, now) {
+    (!cfg.stale.is_zero() && stale && silence >= cfg.stale).then_some(LivenessVeto::Stale)
+}
+
+/// The rules of progress, on what is observed now: unresponsive, engine silent, wedged.
+fn progress_veto(o: &Observed, cfg: &LivenessConfig, now: Instant) -> Option<LivenessVeto> {
+    if unresponsive(&o.silence, cfg.unresponsive, o.prefill_allowance, now) {
         return Some(LivenessVeto::Unresponsive);
     }
     if cfg.wedge.is_zero() {
@@ -223,10 +241,7 @@ pub fn judge(
     {
         return Some(LivenessVeto::EngineSilent);
     }
-    if o.pile == 0 {
-        return None;
-    }
-    if now.saturating_duration_since(o.last_progress) < bound {
+    if o.pile == 0 || progressing {
         return None;
     }
     if o.queue.is_some_and(|q| q > 0) {
@@ -238,20 +253,23 @@ pub fn judge(
     }
 }
 
-/// The unresponsive rule: unanswered for `bound` (or, when longer, the time the prompts held may
-/// still need in prefill), and for as long every report — two at least — fell short of them.
-/// Zero `bound` disables it.
-fn unresponsive(u: &Unanswered, bound: Duration, allowance: Duration, now: Instant) -> bool {
-    let (Some(since), Some(short_since)) = (u.since, u.short_since) else {
+/// The unresponsive rule: a silence across requests of `bound`. Where the worker's reports
+/// carry a stepping signal, a poll since the silence began must have shown no step (a long
+/// prefill moves it); where they carry none, the bound stretches over the prefill this gateway
+/// sent, like the wedge bound. Zero `bound` disables it.
+fn unresponsive(s: &Span, bound: Duration, allowance: Duration, now: Instant) -> bool {
+    let Some(since) = s.since else {
         return false;
     };
-    if bound.is_zero() {
+    if bound.is_zero() || (s.signal && s.standing_polls == 0) {
         return false;
     }
-    let bound = wedge_bound(bound, allowance);
-    u.short_reports >= 2
-        && now.saturating_duration_since(since) >= bound
-        && now.saturating_duration_since(short_since) >= bound
+    let bound = if s.signal {
+        bound
+    } else {
+        wedge_bound(bound, allowance)
+    };
+    now.saturating_duration_since(since) >= bound
 }
 
 #[cfg(test)]

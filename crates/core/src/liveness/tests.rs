@@ -22,73 +22,40 @@ fn quiet(now: Instant) -> Observed {
         queue: None,
         engine_stalled_since: None,
         prefill_allowance: Duration::ZERO,
-        unanswered: Unanswered::default(),
+        silence: Span::default(),
+        vetoed_at: None,
         pushed_load: false,
     }
 }
 
-#[test]
-fn requests_the_engine_does_not_account_for_veto_it_as_unresponsive() {
-    let t0 = Instant::now();
-    let hung = Observed {
-        in_flight: 3,
-        unanswered: Unanswered {
-            since: Some(t0),
-            short_since: Some(t0 + secs(1)),
-            short_reports: 2,
+/// A worker silent since `since`, with `standing` polls that showed no step.
+fn silent(now: Instant, since: Instant, standing: u32, signal: bool) -> Observed {
+    Observed {
+        in_flight: 1,
+        silence: Span {
+            since: Some(since),
+            standing_polls: standing,
+            signal,
+            last_life: None,
         },
-        ..quiet(t0)
-    };
+        ..quiet(now)
+    }
+}
+
+#[test]
+fn a_silence_across_requests_with_a_standing_poll_is_unresponsive_at_the_bound() {
+    let t0 = Instant::now();
+    let hung = silent(t0, t0, 1, true);
+    assert_eq!(judge(None, &hung, &CFG, t0 + secs(4)), None);
     assert_eq!(
         judge(None, &hung, &CFG, t0 + secs(5)),
-        None,
-        "not a whole bound of short reports yet"
-    );
-    assert_eq!(
-        judge(None, &hung, &CFG, t0 + secs(6)),
         Some(LivenessVeto::Unresponsive)
     );
-    let one_report = Observed {
-        unanswered: Unanswered {
-            short_reports: 1,
-            ..hung.unanswered
-        },
-        ..hung
-    };
+    let no_poll_yet = silent(t0, t0, 0, true);
     assert_eq!(
-        judge(None, &one_report, &CFG, t0 + secs(60)),
+        judge(None, &no_poll_yet, &CFG, t0 + secs(60)),
         None,
-        "two reports at least"
-    );
-    let answered = Observed {
-        unanswered: Unanswered {
-            since: Some(t0 + secs(58)),
-            ..hung.unanswered
-        },
-        ..hung
-    };
-    assert_eq!(
-        judge(
-            Some(LivenessVeto::Unresponsive),
-            &answered,
-            &CFG,
-            t0 + secs(60)
-        ),
-        None,
-        "a byte two seconds ago lifts it"
-    );
-    let accounted = Observed {
-        unanswered: Unanswered {
-            short_since: None,
-            short_reports: 0,
-            ..hung.unanswered
-        },
-        ..hung
-    };
-    assert_eq!(
-        judge(None, &accounted, &CFG, t0 + secs(60)),
-        None,
-        "a busy engine reporting them running is not unresponsive"
+        "a report with a stepping signal must have shown it standing"
     );
     let off = LivenessConfig {
         unresponsive: Duration::ZERO,
@@ -98,13 +65,45 @@ fn requests_the_engine_does_not_account_for_veto_it_as_unresponsive() {
 }
 
 #[test]
-fn a_report_is_short_when_it_counts_fewer_than_we_hold() {
-    assert!(report_short(0, 3));
-    assert!(report_short(2, 3));
-    assert!(!report_short(3, 3));
-    assert!(!report_short(5, 3), "other gateways' requests count too");
-    assert_eq!(unaccounted(1, 3), 2);
-    assert_eq!(unaccounted(5, 3), 0);
+fn a_veto_awaiting_progress_stays_until_a_sign_of_life_after_it() {
+    let t0 = Instant::now();
+    let vetoed = Observed {
+        vetoed_at: Some(t0 + secs(5)),
+        ..quiet(t0 + secs(9))
+    };
+    for veto in [
+        LivenessVeto::Unresponsive,
+        LivenessVeto::EngineSilent,
+        LivenessVeto::WedgedQueue,
+        LivenessVeto::WedgedPile,
+    ] {
+        assert_eq!(
+            judge(Some(veto), &vetoed, &CFG, t0 + secs(9)),
+            Some(veto),
+            "nothing owed any more is not life"
+        );
+        let before = Observed {
+            silence: Span {
+                last_life: Some(t0 + secs(4)),
+                ..Span::default()
+            },
+            ..vetoed
+        };
+        assert_eq!(judge(Some(veto), &before, &CFG, t0 + secs(9)), Some(veto));
+        let after = Observed {
+            silence: Span {
+                last_life: Some(t0 + secs(8)),
+                ..Span::default()
+            },
+            ..vetoed
+        };
+        assert_eq!(judge(Some(veto), &after, &CFG, t0 + secs(9)), None);
+    }
+    assert_eq!(
+        judge(Some(LivenessVeto::Unreachable), &vetoed, &CFG, t0 + secs(9)),
+        None,
+        "contact lifts an unreachable veto"
+    );
 }
 
 fn secs(s: u64) -> Duration {
@@ -253,6 +252,11 @@ fn a_deep_or_growing_pile_without_tokens_is_wedged_after_the_bound() {
     );
     let progressed = Observed {
         last_progress: t0 + secs(2),
+        vetoed_at: Some(t0 + secs(1)),
+        silence: Span {
+            last_life: Some(t0 + secs(2)),
+            ..Span::default()
+        },
         ..deep
     };
     assert_eq!(
@@ -267,6 +271,7 @@ fn a_deep_or_growing_pile_without_tokens_is_wedged_after_the_bound() {
     let emptied = Observed {
         pile: 0,
         in_flight: 0,
+        vetoed_at: Some(t0 + secs(3)),
         ..deep
     };
     assert_eq!(
@@ -276,12 +281,13 @@ fn a_deep_or_growing_pile_without_tokens_is_wedged_after_the_bound() {
             &CFG,
             t0 + secs(30)
         ),
-        None
+        Some(LivenessVeto::WedgedPile),
+        "its streams leaving is no sign of life"
     );
 }
 
 #[test]
-fn a_queue_without_progress_is_wedged_and_a_report_without_one_clears_it() {
+fn a_queue_without_progress_is_wedged_and_stays_so_when_the_queue_empties() {
     let t0 = Instant::now();
     let o = Observed {
         pile: 1,
@@ -294,29 +300,24 @@ fn a_queue_without_progress_is_wedged_and_a_report_without_one_clears_it() {
         judge(None, &o, &CFG, t0 + secs(3)),
         Some(LivenessVeto::WedgedQueue)
     );
+    let vetoed = Some(t0 + secs(3));
     let drained = Observed {
         queue: Some(0),
+        vetoed_at: vetoed,
         ..o
     };
-    assert_eq!(
-        judge(
+    let unreported = Observed {
+        queue: None,
+        vetoed_at: vetoed,
+        ..o
+    };
+    for o in [drained, unreported] {
+        assert_eq!(
+            judge(Some(LivenessVeto::WedgedQueue), &o, &CFG, t0 + secs(4)),
             Some(LivenessVeto::WedgedQueue),
-            &drained,
-            &CFG,
-            t0 + secs(4)
-        ),
-        None
-    );
-    let unreported = Observed { queue: None, ..o };
-    assert_eq!(
-        judge(
-            Some(LivenessVeto::WedgedQueue),
-            &unreported,
-            &CFG,
-            t0 + secs(4)
-        ),
-        None
-    );
+            "an empty queue is not evidence of health"
+        );
+    }
 }
 
 #[test]
@@ -465,22 +466,25 @@ fn the_engine_stalls_only_while_nothing_in_its_stepping_moves_with_work_in_hand(
 }
 
 #[test]
-fn the_unresponsive_bound_stretches_over_the_prefill_held() {
+fn without_a_stepping_signal_the_unresponsive_bound_stretches_over_the_prefill_held() {
     let t0 = Instant::now();
     let o = Observed {
-        in_flight: 1,
-        unanswered: Unanswered {
-            since: Some(t0),
-            short_since: Some(t0),
-            short_reports: 3,
-        },
         prefill_allowance: secs(20),
-        ..quiet(t0)
+        ..silent(t0, t0, 0, false)
     };
     assert_eq!(judge(None, &o, &CFG, t0 + secs(19)), None);
     assert_eq!(
         judge(None, &o, &CFG, t0 + secs(20)),
         Some(LivenessVeto::Unresponsive)
+    );
+    let stepping = Observed {
+        prefill_allowance: secs(20),
+        ..silent(t0, t0, 1, true)
+    };
+    assert_eq!(
+        judge(None, &stepping, &CFG, t0 + secs(5)),
+        Some(LivenessVeto::Unresponsive),
+        "its own reports tell a prefill from a wedge"
     );
 }
 

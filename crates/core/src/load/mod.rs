@@ -64,6 +64,8 @@ pub struct RankLoad {
     /// few dozen steps (SGLang `queues.retracted`: the scheduler's count, reset at each log).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retracted: Option<u64>,
+    /// KV tokens in use (SGLang `num_used_tokens`): moves with every step that allocates.
+    pub used_tokens: Option<u64>,
     /// Prompt tokens waiting for prefill compute, the request in chunked prefill included
     /// (SGLang `num_waiting_uncached_tokens`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -88,10 +90,14 @@ pub struct LoadReport {
 ///
 /// vLLM republishes its scheduler's gauges after every step, and a chunked prefill allocates
 /// KV blocks for every chunk, so the KV usage moves during a long prefill while the token
-/// counters (a prompt is counted when its prefill ends) stand still.
+/// counters (a prompt is counted when its prefill ends) stand still. SGLang's scheduler
+/// publishes its load snapshot after every batch (`load_inquirer.py`, `get_loads`): the KV
+/// tokens in use grow with every prefill chunk and decode step, and the prompt tokens still to
+/// prefill (`num_waiting_uncached_tokens`, the chunked request's remainder) fall with every chunk.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stepping {
-    /// Generated plus prompt tokens, over all ranks.
+    /// Generated plus prompt tokens (vLLM), or KV tokens in use plus prompt tokens still to
+    /// prefill (SGLang), over all ranks.
     pub tokens: f64,
     /// KV usage, rank by rank as a sum (a change on any rank moves it).
     pub kv_usage: f64,
@@ -150,12 +156,25 @@ impl LoadReport {
     }
 
     /// The engine's stepping as this report shows it, when it reports a token counter on every
-    /// rank (vLLM); `None` for an engine that gives no such signal.
+    /// rank (vLLM) or its KV tokens in use on every rank (SGLang's `/v1/loads`); `None` for an
+    /// engine that gives no such signal (SGLang's older `/get_load`).
     pub fn stepping(&self) -> Option<Stepping> {
-        let prompt: f64 = self.ranks.iter().filter_map(|r| r.prompt_tokens).sum();
         let kv_usage = self.ranks.iter().map(|r| r.kv_usage).sum();
-        self.generation_tokens().map(|g| Stepping {
-            tokens: g + prompt,
+        if let Some(generated) = self.generation_tokens() {
+            let prompt: f64 = self.ranks.iter().filter_map(|r| r.prompt_tokens).sum();
+            return Some(Stepping {
+                tokens: generated + prompt,
+                kv_usage,
+            });
+        }
+        let used: Option<u64> = self.ranks.iter().map(|r| r.used_tokens).sum();
+        let to_prefill: u64 = self
+            .ranks
+            .iter()
+            .filter_map(|r| r.pending_prefill_tokens)
+            .sum();
+        used.map(|used| Stepping {
+            tokens: (used + to_prefill) as f64,
             kv_usage,
         })
     }

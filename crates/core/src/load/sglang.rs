@@ -90,6 +90,7 @@ pub fn parse_sglang_loads(body: &[u8]) -> Result<LoadReport, LoadError> {
             gen_throughput: f.number("gen_throughput").filter(|t| t.is_finite()),
             retracted,
             pending_prefill_tokens: f.count("num_waiting_uncached_tokens"),
+            used_tokens: f.count("num_used_tokens"),
             ..RankLoad::default()
         });
     }

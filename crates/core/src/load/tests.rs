@@ -251,6 +251,18 @@ fn sglang_chunked_prefill_is_in_hand_though_in_neither_count() {
 }
 
 #[test]
+fn sglang_long_prefill_moves_its_kv_tokens_and_its_tokens_to_prefill_with_every_chunk() {
+    let first = parse_sglang_loads(fixture("sglang/v1-loads-chunked-prefill.json").as_bytes());
+    let second = parse_sglang_loads(fixture("sglang/v1-loads-chunked-prefill-2.json").as_bytes());
+    let (first, second) = (first.unwrap(), second.unwrap());
+    let (a, b) = (first.stepping().unwrap(), second.stepping().unwrap());
+    assert_ne!(a, b, "the scheduler stepped");
+    assert_eq!(first.stepping(), first.clone().stepping(), "a snapshot that stands");
+    let old = parse_sglang_get_load(br#"[{"dp_rank":0,"num_reqs":3,"num_waiting_reqs":1}]"#);
+    assert_eq!(old.unwrap().stepping(), None, "/get_load gives no such signal");
+}
+
+#[test]
 fn sglang_a_malformed_field_is_dropped_and_the_report_stands() {
     let r = parse_sglang_loads(fixture("sglang/v1-loads-malformed-field.json").as_bytes()).unwrap();
     assert_eq!(r.waiting(), 50, "the queue still counts");

@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use sluice_core::liveness::{
-    judge, prefill_allowance, unaccounted, LivenessConfig, LivenessVeto, Observed,
-};
+use sluice_core::liveness::{judge, prefill_allowance, LivenessConfig, LivenessVeto, Observed};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -18,18 +16,29 @@ use crate::fleet::{Fleet, Heard, Worker};
 pub const CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// What the checker remembers of a worker between looks: the progress it last saw and the
-/// pile at that moment (to tell a growing pile).
+/// pile at that moment (to tell a growing pile), and when the veto in force was set.
 struct Seen {
     progress: u64,
     pile_at_progress: u32,
+    vetoed_at: Option<Instant>,
 }
 
-/// What the judgment reads of one worker now, from what its signals hold.
-fn observe(worker: &Worker, heard: &Heard, seen: &mut Seen) -> Observed {
+/// What the judgment reads of one worker at `now`, from what its signals hold.
+fn observe(
+    worker: &Worker,
+    heard: &Heard,
+    seen: &mut Seen,
+    cfg: &LivenessConfig,
+    now: Instant,
+) -> Observed {
     if seen.progress != heard.progress_stamp {
         seen.progress = heard.progress_stamp;
         seen.pile_at_progress = heard.pile;
     }
+    let pending = worker.traffic.pending_requests() > 0;
+    let mut silence = heard.silence.span(now, pending, cfg.unresponsive);
+    // A token on a stream already answered is life too.
+    silence.last_life = silence.last_life.max(heard.last_token);
     Observed {
         last_timeout: heard.last_timeout,
         last_contact: heard.last_contact,
@@ -45,7 +54,8 @@ fn observe(worker: &Worker, heard: &Heard, seen: &mut Seen) -> Observed {
             worker.traffic.pending_prefill_tokens(),
             heard.prefill_rate,
         ),
-        unanswered: heard.unanswered,
+        silence,
+        vetoed_at: seen.vetoed_at,
         // Only a gRPC worker's KV-event stream pushes load records.
         pushed_load: heard.pushed_load,
     }
@@ -69,11 +79,13 @@ pub(super) async fn run_checker(fleet: Weak<Fleet>, cfg: LivenessConfig) {
             let entry = seen.entry(worker.key).or_insert_with(|| Seen {
                 progress: heard.progress_stamp,
                 pile_at_progress: heard.pile,
+                vetoed_at: None,
             });
-            let observed = observe(worker, &heard, entry);
+            let observed = observe(worker, &heard, entry, &cfg, now);
             let prev = worker.vetoes.liveness();
             let next = judge(prev, &observed, &cfg, now);
             if next != prev {
+                entry.vetoed_at = next.map(|_| now);
                 changed(&fleet, worker, prev, next, &observed, now);
             }
         }
@@ -92,13 +104,11 @@ fn changed(
 ) {
     worker.vetoes.set_liveness(next);
     if next == Some(LivenessVeto::Unresponsive) {
-        // The requests its engine does not account for may go elsewhere (the forward stage
-        // decides, within its retry rules): as many as the engine's last report fell short by.
-        let in_hand = worker.vetoes.load().map_or(0, |l| l.report.in_hand());
-        let pending = worker.traffic.pending_requests();
+        // Its requests still waiting for a first byte may go elsewhere (the forward stage
+        // decides, within its retry rules): nothing explains their wait.
         worker
             .vetoes
-            .release_unanswered(unaccounted(in_hand, pending));
+            .release_unanswered(worker.traffic.pending_requests());
     }
     let silent_ms = now.saturating_duration_since(o.last_contact).as_millis() as u64;
     let quiet_ms = now.saturating_duration_since(o.last_progress).as_millis() as u64;

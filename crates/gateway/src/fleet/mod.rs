@@ -90,6 +90,8 @@ pub struct FleetSettings {
     pub policy: &'static str,
     /// The key sent to a worker whose spec has none.
     pub default_worker_key: Option<String>,
+    /// How long nothing owed ends a worker's silence (`--worker-unresponsive-secs`).
+    pub silence_lapse: Duration,
 }
 
 /// Starts the control loops of a newly registered worker (registration, probes, load polls) and
@@ -437,6 +439,7 @@ impl Fleet {
             },
         ));
         worker.metrics.health.set(0);
+        worker.signals.set_silence_lapse(self.settings.silence_lapse);
         let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];
         tasks.extend(self.supervisor.clone().supervise(self, &worker));
         Entry { worker, tasks }

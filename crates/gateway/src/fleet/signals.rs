@@ -9,10 +9,14 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_core::liveness::{prefill_rate, Unanswered};
+use sluice_core::liveness::{prefill_rate, LivenessConfig, PollShowed, Silence};
 use tokio::time::Instant;
 
 use super::atomic::AtomicInstant;
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// One worker's signals.
 #[derive(Debug)]
@@ -29,12 +33,13 @@ pub struct Signals {
     engine_stalled_since: AtomicInstant,
     /// Measured prefill rate, prompt tokens per second (f64 bits; 0: not measured yet).
     prefill_rate: AtomicU64,
-    /// Since when this gateway has held requests on it with no byte from any (moved by `Lease`).
-    unanswered_since: AtomicInstant,
-    /// Since when every load report fell short of this gateway's unanswered requests, and how
-    /// many reports did (the load monitor).
-    short_since: AtomicInstant,
-    short_reports: AtomicU32,
+    /// Its silence across requests (moved by `Lease` and the load monitor, under a lock held
+    /// for a few instructions, never across an await).
+    silence: parking_lot::Mutex<Silence>,
+    /// How long nothing owed ends a silence (`--worker-unresponsive-secs`), in nanoseconds.
+    silence_lapse: AtomicU64,
+    /// The last token or completion (not, as `last_progress`, the start of a pile).
+    last_token: AtomicInstant,
     /// When an interactive request on it last had its first token: the interactive reserve is
     /// kept for a while after (`reserve_in_force`).
     interactive_answered: AtomicInstant,
@@ -53,9 +58,9 @@ impl Default for Signals {
             pile: AtomicU32::new(0),
             engine_stalled_since: AtomicInstant::none(),
             prefill_rate: AtomicU64::new(0),
-            unanswered_since: AtomicInstant::none(),
-            short_since: AtomicInstant::none(),
-            short_reports: AtomicU32::new(0),
+            silence: parking_lot::Mutex::new(Silence::default()),
+            silence_lapse: AtomicU64::new(nanos(LivenessConfig::default().unresponsive)),
+            last_token: AtomicInstant::none(),
             interactive_answered: AtomicInstant::none(),
             pushed_load: AtomicBool::new(false),
         }
@@ -75,7 +80,10 @@ pub struct Heard {
     pub engine_stalled_since: Option<Instant>,
     /// Prompt tokens per second; 0 until measured.
     pub prefill_rate: f64,
-    pub unanswered: Unanswered,
+    /// Its silence across requests.
+    pub silence: Silence,
+    /// The last token or completion.
+    pub last_token: Option<Instant>,
     /// It has pushed a load record.
     pub pushed_load: bool,
 }
@@ -100,6 +108,7 @@ impl Signals {
     pub fn progress(&self, at: Instant) {
         self.last_contact.advance_to(at);
         self.last_progress.advance_to(at);
+        self.last_token.advance_to(at);
     }
 
     /// A connection-level failure on one of its channels.
@@ -137,36 +146,31 @@ impl Signals {
             });
     }
 
-    /// This gateway's unanswered requests on it went from none to some at `at`.
-    pub(crate) fn unanswered_from(&self, at: Instant) {
-        self.unanswered_since.set_if_none(at);
+    /// How long nothing owed ends a silence: the unresponsive bound.
+    pub(crate) fn set_silence_lapse(&self, lapse: Duration) {
+        self.silence_lapse.store(nanos(lapse), Ordering::Relaxed);
     }
 
-    /// A first byte arrived at `at`, leaving `still` of this gateway's requests unanswered: the
-    /// worker answers, so the wait is counted afresh from here.
+    /// A request was sent at `at` while none of this gateway's waited for a byte from it.
+    pub(crate) fn sent(&self, at: Instant) {
+        let lapse = Duration::from_nanos(self.silence_lapse.load(Ordering::Relaxed));
+        self.silence.lock().sent(at, lapse);
+    }
+
+    /// A byte came back at `at`, leaving `still` of this gateway's requests without one.
     pub(crate) fn answered(&self, at: Instant, still: u64) {
-        if still > 0 {
-            self.unanswered_since.store(at);
-        } else {
-            self.unanswered_since.clear();
-        }
+        self.silence.lock().answered(at, still > 0);
     }
 
-    /// No request of this gateway's is unanswered on it any more.
-    pub(crate) fn none_unanswered(&self) {
-        self.unanswered_since.clear();
+    /// The last request waiting on it stopped waiting at `at` without a byte: the client left,
+    /// its deadline passed, it went elsewhere. The silence goes on.
+    pub(crate) fn abandoned(&self, at: Instant) {
+        self.silence.lock().abandoned(at);
     }
 
-    /// A load report at `at` did (`short`) or did not fall short of this gateway's unanswered
-    /// requests; `None`: a poll with no report, no opinion.
-    pub fn report_judged(&self, short: Option<bool>, at: Instant) {
-        if short == Some(true) {
-            self.short_since.set_if_none(at);
-            self.short_reports.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.short_since.clear();
-            self.short_reports.store(0, Ordering::Relaxed);
-        }
+    /// A load poll ended at `at` with `polled`; `pending`: requests of this gateway's wait on it.
+    pub fn polled(&self, at: Instant, polled: PollShowed, pending: bool) {
+        self.silence.lock().polled(at, polled, pending);
     }
 
     /// A load record arrived on its KV-event stream at `at`: contact, and from now on the
@@ -196,11 +200,8 @@ impl Signals {
             pile: self.pile(),
             engine_stalled_since: self.engine_stalled_since.load(),
             prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
-            unanswered: Unanswered {
-                since: self.unanswered_since.load(),
-                short_since: self.short_since.load(),
-                short_reports: self.short_reports.load(Ordering::Relaxed),
-            },
+            silence: *self.silence.lock(),
+            last_token: self.last_token.load(),
             pushed_load: self.pushed_load.load(Ordering::Relaxed),
         }
     }

@@ -183,7 +183,7 @@ impl Lease {
             .vetoes
             .pending_rose(before, before + self.weight);
         if before == 0 {
-            self.worker.signals.unanswered_from(Instant::now());
+            self.worker.signals.sent(Instant::now());
         }
         self.prefill = prompt_tokens;
         self.worker
@@ -202,10 +202,21 @@ impl Lease {
         self.first_byte();
     }
 
-    /// The worker answered (or the request ended): the prompt is no longer waiting for prefill.
+    /// The worker answered with something other than its output (a refusal, an error status):
+    /// a byte from it, but no prefill-rate sample.
+    pub fn answered(&mut self) {
+        if let Some(still) = self.no_longer_pending() {
+            self.worker.signals.answered(Instant::now(), still);
+        }
+        self.first_byte();
+    }
+
+    /// The request stopped waiting for its first byte (it was answered, or it ended): the prompt
+    /// is no longer waiting for prefill. Ended without a byte, it leaves the worker's silence
+    /// running (`Signals::abandoned`).
     pub fn first_byte(&mut self) {
         if self.no_longer_pending() == Some(0) {
-            self.worker.signals.none_unanswered();
+            self.worker.signals.abandoned(Instant::now());
         }
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {

@@ -294,6 +294,11 @@ impl Forwarder {
     ) -> Tried {
         let worker = lease.worker().clone();
         worker.signals.contact(Instant::now());
+        if ahead.at_capacity || !response.status().is_success() {
+            // A refusal or an error is an answer: the worker is not silent. (A stream's 200
+            // head is not: an API process sends it before its engine has stepped.)
+            lease.answered();
+        }
         if ahead.at_capacity {
             // The worker says it is full: keep new requests off it for a moment. Not a failure
             // of the worker: its permit is handed back unrecorded.

@@ -330,7 +330,7 @@ impl Forwarder {
         };
         match tokio::time::timeout_at(bound, leg).await {
             Ok(Ok(Err(refused))) => {
-                lease.first_byte();
+                lease.answered();
                 lease.settle(Outcome::Success);
                 LegEnd::Refused(Box::new(refused), sent_at)
             }

@@ -1,7 +1,7 @@
 //! What a poll means: the report (or its absence) turned into the worker's overload, busy and
 //! engine-silence verdicts, published in its vetoes and gauges and logged when they change.
 
-use sluice_core::liveness::{report_short, stalled_since, Reading};
+use sluice_core::liveness::{stalled_since, PollShowed, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{
     overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity, RunningSize, StartRoom,
@@ -85,16 +85,18 @@ pub fn activity(
 
 /// A poll without a report: what it says of the link, and no opinion on the load.
 fn no_report(fleet: &Fleet, worker: &Worker, e: &PollError, now: Instant) {
+    let pending = worker.traffic.pending_requests() > 0;
     if e.is_transport() {
         worker.signals.transport_failure(now);
+        worker.signals.polled(now, PollShowed::Unanswered, pending);
     } else if e.is_timeout() {
         worker.signals.timeout(now);
+        worker.signals.polled(now, PollShowed::Unanswered, pending);
     } else if e.answered() {
         worker.signals.contact(now);
     }
     tracing::debug!(worker = %worker.id, error = %e, "load poll gave no report");
     worker.signals.set_engine_stalled_since(None);
-    worker.signals.report_judged(None, now);
     fleet.load_cleared(worker, "a poll gave no report");
 }
 
@@ -142,11 +144,12 @@ impl Control {
         kept.told.degraded(worker, &polled);
         let Polled { report, source, .. } = polled;
         worker.signals.contact(now);
-        let unanswered = worker.traffic.pending_requests();
-        worker
-            .signals
-            .report_judged(Some(report_short(report.in_hand(), unanswered)), now);
         let previous = worker.vetoes.load();
+        worker.signals.polled(
+            now,
+            PollShowed::between(previous.as_ref().map(|p| &p.report), &report),
+            worker.traffic.pending_requests() > 0,
+        );
         let silent_since = self.engine_silent_since(worker, previous.as_deref(), &report);
         let ceilings = self
             .settings
