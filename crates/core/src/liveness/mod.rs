@@ -64,8 +64,12 @@ pub struct LivenessConfig {
     pub wedge: Duration,
     /// Total silence with requests held that vetoes; zero disables the rule.
     pub stale: Duration,
-    /// Unanswered requests the engine does not account for, for this long, veto; zero disables.
+    /// A silence across requests this long, with nothing in its reports to explain it, vetoes;
+    /// zero disables.
     pub unresponsive: Duration,
+    /// Trials while a worker is out for a veto that awaits progress (`--disable-liveness-trials`
+    /// turns them off).
+    pub trials: bool,
 }
 
 impl Default for LivenessConfig {
@@ -74,7 +78,8 @@ impl Default for LivenessConfig {
             stall: Duration::from_secs(2),
             wedge: Duration::from_secs(3),
             stale: Duration::from_secs(15),
-            unresponsive: Duration::from_secs(5),
+            unresponsive: Duration::from_secs(3),
+            trials: true,
         }
     }
 }
@@ -106,6 +111,40 @@ impl LivenessVeto {
                 "wedged"
             }
             LivenessVeto::Unresponsive => "unresponsive",
+        }
+    }
+}
+
+/// What a liveness trial — a one-token generation sent to a worker out for a veto that awaits
+/// progress — came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialVerdict {
+    /// It generated: the engine steps, and the worker is readmitted.
+    Answered,
+    /// It answered with an error status, or an answer that broke off: no proof its engine steps.
+    Refused,
+    /// No answer within the trial's time.
+    Timeout,
+    /// The connection failed.
+    Unreachable,
+}
+
+impl TrialVerdict {
+    pub const ALL: [TrialVerdict; 4] = [
+        TrialVerdict::Answered,
+        TrialVerdict::Refused,
+        TrialVerdict::Timeout,
+        TrialVerdict::Unreachable,
+    ];
+
+    /// The `verdict` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            TrialVerdict::Answered => "answered",
+            TrialVerdict::Refused => "refused",
+            TrialVerdict::Timeout => "timeout",
+            TrialVerdict::Unreachable => "unreachable",
         }
     }
 }

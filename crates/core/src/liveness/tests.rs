@@ -7,6 +7,7 @@ const CFG: LivenessConfig = LivenessConfig {
     wedge: Duration::from_secs(3),
     stale: Duration::from_secs(15),
     unresponsive: Duration::from_secs(5),
+    trials: true,
 };
 
 fn quiet(now: Instant) -> Observed {

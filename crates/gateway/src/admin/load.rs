@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, Response};
 use axum::response::IntoResponse;
 use serde::Serialize;
 use serde_json::{Map, Value};
-use sluice_core::liveness::LivenessVeto;
+use sluice_core::liveness::{LivenessVeto, TrialVerdict};
 use sluice_core::load::RankLoad;
 use sluice_core::overload::{BusyThresholds, OverloadCause};
 use tokio::time::Instant;
@@ -143,6 +143,16 @@ pub struct VetoView {
     /// Its engine says it is asleep: out of routing until a report says it is awake.
     asleep: bool,
     liveness: Option<LivenessVeto>,
+    /// The last liveness trial (`--disable-liveness-trials` turns them off): its verdict and
+    /// how long ago it came.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    liveness_trial: Option<TrialView>,
+}
+
+#[derive(Serialize)]
+struct TrialView {
+    verdict: TrialVerdict,
+    secs_ago: f64,
 }
 
 impl VetoView {
@@ -168,6 +178,10 @@ impl VetoView {
             at_capacity: v.at_capacity(),
             asleep: v.asleep(),
             liveness: v.liveness(),
+            liveness_trial: worker.signals.last_trial().map(|(at, verdict)| TrialView {
+                verdict,
+                secs_ago: at.elapsed().as_secs_f64(),
+            }),
         }
     }
 }

@@ -250,6 +250,7 @@ impl Settings {
             wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
             stale: seconds("worker-stale-secs", self.worker_stale_secs)?,
             unresponsive: seconds("worker-unresponsive-secs", self.worker_unresponsive_secs)?,
+            trials: !self.disable_liveness_trials,
         };
         Ok((!self.disable_liveness_checks).then_some(cfg))
     }

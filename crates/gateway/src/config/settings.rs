@@ -447,14 +447,24 @@ pub struct Settings {
     #[arg(help_heading = "Liveness")]
     pub worker_stale_secs: f64,
 
-    /// A worker that this gateway has held requests on for this long with no byte from any,
-    /// while its own load reports (two at least, over the same span) count fewer running and
-    /// waiting requests than that, is vetoed as `unresponsive`: it looks healthy and serves
-    /// nobody. The requests its engine does not account for are retried elsewhere, within the
-    /// retry budget. 0 turns the rule off.
-    #[arg(long, default_value_t = 5.0)]
+    /// A worker that owes this gateway answers and has sent no byte for this long, counted
+    /// across requests (a client leaving, a deadline or a retry elsewhere ends the request, not
+    /// the silence), is vetoed as `unresponsive` unless its reports show its engine stepping
+    /// (where they carry such a signal, a poll must have shown it standing still or gone
+    /// unanswered). Its requests still waiting are retried elsewhere, within the retry budget;
+    /// it is readmitted on a byte, a step in its reports, or a trial. 0 turns the rule off.
+    #[arg(long, default_value_t = 3.0)]
     #[arg(help_heading = "Liveness")]
     pub worker_unresponsive_secs: f64,
+
+    /// No liveness trials: a worker out for a veto that awaits progress (wedged, unresponsive)
+    /// is readmitted only by a byte on a request still in flight on it or a step in its
+    /// reports. By default one one-token generation (max_tokens 1 on its own model, at most one
+    /// in flight, one every --worker-stall-secs, at least a second) asks whether it is back.
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Liveness")]
+    pub disable_liveness_trials: bool,
 
     /// No liveness vetoes at all (unreachable, stale, wedged, unresponsive): a worker that is
     /// gone or stuck stays in rotation until health checks or the circuit breaker take it out,

@@ -12,7 +12,9 @@
 //! - `adaptive` — the limiter: each worker's adaptive concurrency limit judged once per window
 //!   (`--adaptive-concurrency`).
 //! - `liveness` — one checker for the fleet: transport failures, silence and missing progress
-//!   turned into unreachable and wedged vetoes.
+//!   turned into unreachable, wedged and unresponsive vetoes.
+//! - `trial` — one-token generations that tell when a worker out for a veto that awaits
+//!   progress is back.
 //! - `kv_events` — each HTTP worker's KV events over ZMQ, subscribed per rank, applied to what
 //!   its engine is known to hold (a gRPC worker's come on the load monitor's stream).
 //! - `discovery` — workers registered, re-registered and drained as a source lists them
@@ -28,6 +30,7 @@ mod health;
 mod kv_events;
 mod liveness;
 mod load;
+mod trial;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +124,13 @@ impl Control {
     pub fn watch(&self, fleet: &Arc<Fleet>) {
         if let Some(cfg) = self.settings.liveness {
             tokio::spawn(liveness::run_checker(Arc::downgrade(fleet), cfg));
+            if cfg.trials {
+                tokio::spawn(trial::run_trials(
+                    Arc::downgrade(fleet),
+                    self.upstream.clone(),
+                    trial::trial_every(cfg.stall),
+                ));
+            }
         }
     }
 

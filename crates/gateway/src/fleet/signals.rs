@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_core::liveness::{prefill_rate, LivenessConfig, PollShowed, Silence};
+use sluice_core::liveness::{prefill_rate, LivenessConfig, PollShowed, Silence, TrialVerdict};
 use tokio::time::Instant;
 
 use super::atomic::AtomicInstant;
@@ -46,6 +46,8 @@ pub struct Signals {
     /// It has pushed a load record (a gRPC worker's KV-event stream): from then on it is held
     /// to the stream's cadence (the stale rule).
     pushed_load: AtomicBool,
+    /// The last liveness trial's verdict and when it came (the trial loop alone writes it).
+    last_trial: parking_lot::Mutex<Option<(Instant, TrialVerdict)>>,
 }
 
 impl Default for Signals {
@@ -63,6 +65,7 @@ impl Default for Signals {
             last_token: AtomicInstant::none(),
             interactive_answered: AtomicInstant::none(),
             pushed_load: AtomicBool::new(false),
+            last_trial: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -171,6 +174,19 @@ impl Signals {
     /// A load poll ended at `at` with `polled`; `pending`: requests of this gateway's wait on it.
     pub fn polled(&self, at: Instant, polled: PollShowed, pending: bool) {
         self.silence.lock().polled(at, polled, pending);
+    }
+
+    /// A liveness trial came to `verdict` at `at`; one that generated is a sign of life.
+    pub(crate) fn trial(&self, at: Instant, verdict: TrialVerdict) {
+        if verdict == TrialVerdict::Answered {
+            self.silence.lock().answered(at, false);
+        }
+        *self.last_trial.lock() = Some((at, verdict));
+    }
+
+    /// The last liveness trial's verdict and when it came.
+    pub fn last_trial(&self) -> Option<(Instant, TrialVerdict)> {
+        *self.last_trial.lock()
     }
 
     /// A load record arrived on its KV-event stream at `at`: contact, and from now on the

@@ -25,6 +25,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use sluice_core::liveness::TrialVerdict;
 use sluice_core::slo::Slos;
 
 /// Buckets for time to first byte and whole requests: 5 ms to 5 minutes.
@@ -100,6 +101,13 @@ pub struct UpstreamErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrialLabels {
+    pub worker: String,
+    /// `TrialVerdict::label`.
+    pub verdict: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReportIssueLabels {
     pub worker: String,
     /// One of `REPORT_ISSUES`.
@@ -169,6 +177,8 @@ pub struct Metrics {
     pub engine_token_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
     /// Load reports read from a fallback endpoint, or with a field dropped.
     pub report_issues: Family<ReportIssueLabels, Counter>,
+    /// Liveness trials by verdict; deleted with the worker.
+    pub liveness_trials: Family<TrialLabels, Counter>,
     pub overload_fallbacks: Counter,
     pub liveness_fallbacks: Counter,
     pub overload_sheds: Family<StageLabel, Counter>,
@@ -243,6 +253,7 @@ impl Metrics {
             engine_running: Family::default(),
             engine_token_usage: Family::default(),
             report_issues: Family::default(),
+            liveness_trials: Family::default(),
             overload_fallbacks: Counter::default(),
             liveness_fallbacks: Counter::default(),
             overload_sheds: Family::default(),
@@ -390,6 +401,11 @@ impl Metrics {
             self.report_issues.clone(),
         );
         r.register(
+            "worker_liveness_trials",
+            "One-token generations sent to a worker out for a liveness veto that awaits progress, by verdict (answered readmits it)",
+            self.liveness_trials.clone(),
+        );
+        r.register(
             "worker_overload_fallback",
             "Requests steered to the least loaded worker because every candidate was over its ceilings",
             self.overload_fallbacks.clone(),
@@ -496,6 +512,16 @@ impl Metrics {
         }
     }
 
+    /// A liveness trial on `worker` came to `verdict`.
+    pub fn count_trial(&self, worker: &str, verdict: TrialVerdict) {
+        self.liveness_trials
+            .get_or_create(&TrialLabels {
+                worker: worker.to_string(),
+                verdict: verdict.label(),
+            })
+            .inc();
+    }
+
     fn report_issue(&self, worker: &str, issue: &'static str) -> Counter {
         self.report_issues.get_or_create_owned(&ReportIssueLabels {
             worker: worker.to_string(),
@@ -523,6 +549,12 @@ impl Metrics {
         self.engine_waiting.remove(&label);
         self.engine_running.remove(&label);
         self.engine_token_usage.remove(&label);
+        for verdict in TrialVerdict::ALL {
+            self.liveness_trials.remove(&TrialLabels {
+                worker: worker.to_string(),
+                verdict: verdict.label(),
+            });
+        }
         for issue in REPORT_ISSUES {
             self.report_issues.remove(&ReportIssueLabels {
                 worker: worker.to_string(),

@@ -1,5 +1,6 @@
-//! One `GET` to a worker on the gateway's own account (its models, a health probe, a load poll),
-//! with the worker's key, a size limit and a deadline.
+//! One exchange with a worker on the gateway's own account — a `GET` of its models, a health
+//! probe, a load poll; a `POST` of a liveness trial — with the worker's key, a size limit and a
+//! deadline.
 
 use std::time::Duration;
 
@@ -47,14 +48,51 @@ pub async fn get(
     limit: usize,
     timeout: Duration,
 ) -> Result<(StatusCode, Bytes), GetError> {
+    let request = request(Method::GET, endpoint, authorization, path, Bytes::new())?;
+    exchange(upstream, endpoint, request, limit, timeout).await
+}
+
+/// `POST <endpoint><path>` of a JSON `body`, as `get` otherwise.
+pub async fn post_json(
+    upstream: &Upstream,
+    endpoint: &Endpoint,
+    authorization: Option<&HeaderValue>,
+    path: &str,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), GetError> {
+    let request = request(Method::POST, endpoint, authorization, path, body)?;
+    exchange(upstream, endpoint, request, POST_ANSWER_LIMIT, timeout).await
+}
+
+/// The most of a POST's answer read: a one-token completion is a few hundred bytes.
+const POST_ANSWER_LIMIT: usize = 64 * 1024;
+
+fn request(
+    method: Method,
+    endpoint: &Endpoint,
+    authorization: Option<&HeaderValue>,
+    path: &str,
+    body: Bytes,
+) -> Result<Request<Bytes>, GetError> {
     let path = PathAndQuery::try_from(path).map_err(|_| GetError::Uri)?;
-    let mut request = Request::builder()
-        .method(Method::GET)
-        .uri(endpoint.uri(path));
+    let mut request = Request::builder().method(method.clone()).uri(endpoint.uri(path));
     if let Some(auth) = authorization {
         request = request.header(header::AUTHORIZATION, auth.clone());
     }
-    let request = request.body(Bytes::new()).map_err(|_| GetError::Uri)?;
+    if method == Method::POST {
+        request = request.header(header::CONTENT_TYPE, "application/json");
+    }
+    request.body(body).map_err(|_| GetError::Uri)
+}
+
+async fn exchange(
+    upstream: &Upstream,
+    endpoint: &Endpoint,
+    request: Request<Bytes>,
+    limit: usize,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), GetError> {
     let exchange = async {
         let response = upstream.send(endpoint, request).await.map_err(|e| {
             if e.is_connect() {

@@ -15,7 +15,7 @@ mod wire;
 pub use client::{
     ExchangeError, SendError, Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse,
 };
-pub use get::{get, GetError};
+pub use get::{get, post_json, GetError};
 pub use pool::UpstreamBody;
 
 use axum::http::uri::{Authority, PathAndQuery, Scheme};

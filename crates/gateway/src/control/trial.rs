@@ -1,0 +1,124 @@
+//! Liveness trials: while a worker is out for a veto that awaits progress (wedged, engine
+//! silent, unresponsive), nothing is routed to it, so no request of a client's can show that it
+//! is back. A trial asks instead: a one-token completion (`max_tokens` 1, not streamed, on the
+//! worker's own model), at most one in flight per worker and one every `every`. Not streamed,
+//! so its answer comes only once the engine has generated (an API process sends a stream's 200
+//! head before its engine steps). An answer readmits the worker (`Signals::trial` is a sign of
+//! life); any other verdict leaves it out. Trials pass through no stage of the request path:
+//! they are charged to no tenant and count in no goodput or SLO figure, only in
+//! `sluice_worker_liveness_trials_total`, `/workers` and the log.
+//!
+//! Cost: one one-token generation per `every` per vetoed worker, and none while every worker
+//! serves. gRPC workers are not tried (their veto lifts on the stream's own progress).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_core::liveness::TrialVerdict;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::fleet::{Fleet, Worker};
+use crate::upstream::{self, Upstream};
+
+/// What the trial loop remembers of a worker: its trial in flight and when the last began.
+struct Trying {
+    began: Instant,
+    task: JoinHandle<()>,
+}
+
+/// The spacing and the time allowed of trials: `--worker-stall-secs`, at least a second.
+pub fn trial_every(stall: Duration) -> Duration {
+    stall.max(Duration::from_secs(1))
+}
+
+/// Starts a trial on every worker out for a veto that awaits progress whose last trial ended
+/// and began `every` ago or more, for as long as the fleet lives.
+pub(super) async fn run_trials(fleet: Weak<Fleet>, upstream: Upstream, every: Duration) {
+    let mut trying: HashMap<u64, Trying> = HashMap::new();
+    let mut tick = tokio::time::interval(super::liveness::CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(fleet) = fleet.upgrade() else {
+            return;
+        };
+        let snapshot = fleet.snapshot();
+        let now = Instant::now();
+        trying.retain(|key, _| snapshot.workers.iter().any(|w| w.key == *key));
+        for worker in &snapshot.workers {
+            let out = worker.vetoes.liveness().is_some_and(|v| v.awaits_progress());
+            if !out || worker.endpoint.grpc() {
+                continue;
+            }
+            let due = trying.get(&worker.key).is_none_or(|t| {
+                t.task.is_finished() && now.saturating_duration_since(t.began) >= every
+            });
+            if due {
+                let task = tokio::spawn(trial(
+                    fleet.clone(),
+                    worker.clone(),
+                    upstream.clone(),
+                    every,
+                ));
+                trying.insert(worker.key, Trying { began: now, task });
+            }
+        }
+    }
+}
+
+/// One trial on `worker`, within `timeout`: its verdict recorded, counted and logged.
+async fn trial(fleet: Arc<Fleet>, worker: Arc<Worker>, upstream: Upstream, timeout: Duration) {
+    let Some(model) = worker.models().into_iter().next() else {
+        return;
+    };
+    let body = serde_json::json!({
+        "model": model.as_str(),
+        "prompt": "ping",
+        "max_tokens": 1,
+        "stream": false,
+    });
+    let began = Instant::now();
+    let authorization = worker.live().authorization.clone();
+    let answer = upstream::post_json(
+        &upstream,
+        &worker.endpoint,
+        authorization.as_ref(),
+        "/v1/completions",
+        Bytes::from(body.to_string()),
+        timeout,
+    )
+    .await;
+    let now = Instant::now();
+    let verdict = match answer {
+        Ok((status, _)) if status.is_success() => TrialVerdict::Answered,
+        Err(e) if e.is_timeout() => TrialVerdict::Timeout,
+        Err(e) if e.is_transport() => {
+            worker.signals.transport_failure(now);
+            TrialVerdict::Unreachable
+        }
+        Ok(_) | Err(_) => TrialVerdict::Refused,
+    };
+    worker.signals.trial(now, verdict);
+    fleet.metrics().count_trial(worker.id.as_str(), verdict);
+    info!(
+        worker = %worker.id,
+        verdict = verdict.label(),
+        took_ms = now.saturating_duration_since(began).as_millis() as u64,
+        "liveness trial"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trials_are_spaced_by_the_stall_bound_and_never_under_a_second() {
+        assert_eq!(trial_every(Duration::from_secs(2)), Duration::from_secs(2));
+        assert_eq!(trial_every(Duration::ZERO), Duration::from_secs(1));
+    }
+}
