@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use sluice_core::policy::Policy;
+use sluice_sim::WedgedPolls;
 use tokio::time::Instant;
 
 const WEDGE: Duration = Duration::from_millis(300);
@@ -280,4 +281,105 @@ async fn a_long_prefill_with_requests_waiting_behind_it_is_not_read_as_a_freeze(
             "{flavor:?}: the engine prefilling a long prompt was vetoed: {vetoes:?}"
         );
     }
+}
+
+/// How an impatient client lets go of its request before any byte comes.
+#[derive(Debug, Clone, Copy)]
+enum Leaves {
+    /// Its own timeout: it closes the connection.
+    Timeout,
+    /// Its `X-Request-Deadline-Ms`: the gateway ends the request.
+    Deadline,
+}
+
+/// One request that is let go of after 100 ms without an answer; whether it was answered.
+async fn impatient(s: &Setup, leaves: Leaves, stream: bool) -> bool {
+    let body = chat_body("test-model", "hi", 4, stream);
+    let url = s.url("/v1/chat/completions");
+    let patience = Duration::from_millis(100);
+    match leaves {
+        Leaves::Timeout => tokio::time::timeout(patience, post(&s.client, &url, &body))
+            .await
+            .is_ok_and(|a| a.status == 200 && a.text().contains("[DONE]") == stream),
+        Leaves::Deadline => {
+            let headers = [("x-request-deadline-ms", "100")];
+            let a = send(&s.client, "POST", &url, Some(&body), &headers).await;
+            a.status == 200 && (!stream || a.events().last().map(String::as_str) == Some("[DONE]"))
+        }
+    }
+}
+
+/// Clients that give up long before any bound: every request to the wedged engine ends without
+/// a byte, but its silence goes on across them. The engine (vLLM's engine core stuck inside a
+/// step: its gauges stand, /health and /metrics still answer) is out once the silence reaches
+/// the bound, gets nothing after, and a trial brings it back once it steps again.
+#[tokio::test]
+async fn a_wedged_engine_is_out_for_clients_that_give_up_and_a_trial_brings_it_back() {
+    for (leaves, stream) in [(Leaves::Timeout, true), (Leaves::Deadline, false)] {
+        let s = start(2, instant(Flavor::Vllm), |c| {
+            fast(c);
+            c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_millis(400);
+        })
+        .await;
+        let id = s.worker_id(0).await;
+        let wedged = s.sims.engine(0).unwrap();
+        wedged
+            .fault(Fault::Wedge {
+                polls: WedgedPolls::Stale,
+            })
+            .await
+            .unwrap();
+        let mut sent = 0;
+        while reason(&s.workers().await[0]).is_none() {
+            impatient(&s, leaves, stream).await;
+            sent += 1;
+            assert!(sent < 100, "{leaves:?}: never vetoed");
+        }
+        let view = &s.workers().await[0];
+        assert_eq!(reason(view), Some("unresponsive"), "{leaves:?}: {view}");
+        assert!(sent >= 4, "{leaves:?}: vetoed after {sent} requests, before the bound");
+        let at_veto = s.received()[0];
+        for _ in 0..6 {
+            assert!(impatient(&s, leaves, stream).await, "{leaves:?}: served elsewhere");
+        }
+        assert_eq!(s.received()[0], at_veto, "{leaves:?}: nothing sent to it after the veto");
+        let view = s.workers().await;
+        assert_eq!(reason(&view[0]), Some("unresponsive"), "an empty queue is no sign of life");
+
+        wedged.fault(Fault::Clear).await.unwrap();
+        let view = until_vetoed(&s, &id, "re-admitted by a trial", None).await;
+        assert_eq!(view["vetoes"]["liveness_trial"]["verdict"], "answered", "{view}");
+        let metrics = get(&s.client, &s.url("/metrics")).await.text();
+        let trials = format!(
+            "sluice_worker_liveness_trials_total{{worker=\"{id}\",verdict=\"answered\"}} 1"
+        );
+        assert!(metrics.contains(&trials), "{metrics}");
+    }
+}
+
+/// An engine that steps — four times slower than it should, so every client gives up before its
+/// first token — is busy, not wedged: its reports move, and no silence is held against it.
+#[tokio::test]
+async fn a_slow_engine_is_never_out_though_every_client_gives_up_on_it() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        fast(c);
+        c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_secs(1);
+    })
+    .await;
+    let slow = s.sims.engine(0).unwrap();
+    slow.fault(Fault::Slow { factor: 4.0 }).await.unwrap();
+    let started = Instant::now();
+    let (mut sent, mut answered) = (0, 0);
+    while started.elapsed() < Duration::from_secs(3) {
+        sent += 1;
+        // A new 1024-token prompt each time: 70 ms of prefill at full speed, 280 ms slowed.
+        let body = prompt_of(sent, 1024, 4);
+        let url = s.url("/v1/completions");
+        let post = post(&s.client, &url, &body);
+        answered += u32::from(tokio::time::timeout(Duration::from_millis(100), post).await.is_ok());
+        let view = &s.workers().await[0];
+        assert_eq!(reason(view), None, "the slow engine was vetoed: {view}");
+    }
+    assert_eq!(answered, 0, "every client gave up before its answer");
+    assert!(sent >= 10, "{sent}");
 }
