@@ -38,7 +38,8 @@ pub struct LoadConfig {
     pub ceilings: Ceilings,
     /// The busy thresholds at startup (`/busy_threshold` changes them at runtime).
     pub busy: BusyThresholds,
-    /// How long one load request may take (5 s).
+    /// The longest one load request may take (5 s; `poll_timeout_at` shortens it for short
+    /// intervals).
     pub poll_timeout: Duration,
     /// The shortest poll interval, whatever a spec asks (1 s).
     pub min_interval: Duration,
@@ -48,7 +49,7 @@ impl Default for LoadConfig {
     /// The flags' defaults.
     fn default() -> Self {
         Self {
-            interval: Duration::from_secs(10),
+            interval: Duration::from_secs(1),
             ceilings: Ceilings {
                 waiting_requests: Some(8),
                 token_usage: Some(0.8),
@@ -61,6 +62,14 @@ impl Default for LoadConfig {
 }
 
 impl LoadConfig {
+    /// How long a poll at `interval` may take: twice the interval, at least a second, at most
+    /// `poll_timeout`. A poll nobody answers is evidence for the liveness checks (the engine
+    /// shows no reason for a wait), so it should not take five intervals to count.
+    pub fn poll_timeout_at(&self, interval: Duration) -> Duration {
+        self.poll_timeout
+            .min(interval.saturating_mul(2).max(Duration::from_secs(1)))
+    }
+
     /// A worker's ceilings: each field of its block wins over the gateway's.
     pub fn ceilings_for(&self, o: &OverloadOverrides) -> Ceilings {
         Ceilings {
@@ -105,9 +114,10 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
     }
     loop {
         let Some((interval, timeout, mut changes)) = fleet.upgrade().map(|f| {
+            let interval = control.poll_interval_of(&f, &worker);
             (
-                control.poll_interval_of(&f, &worker),
-                control.settings.load.poll_timeout,
+                interval,
+                control.settings.load.poll_timeout_at(interval),
                 f.changes(),
             )
         }) else {
@@ -264,4 +274,18 @@ pub fn busy_thresholds(
         active_prefill_tokens_threshold: prefill,
         active_prefill_tokens_threshold_frac: frac,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_gets_twice_the_interval_at_least_a_second_and_at_most_its_timeout() {
+        let load = LoadConfig::default();
+        let s = Duration::from_secs;
+        assert_eq!(load.poll_timeout_at(s(1)), s(2));
+        assert_eq!(load.poll_timeout_at(Duration::from_millis(100)), s(1));
+        assert_eq!(load.poll_timeout_at(s(10)), s(5));
+    }
 }
