@@ -397,8 +397,11 @@ async fn a_long_prefill_is_not_a_wedged_engine_while_its_kv_usage_moves() {
     assert_eq!(bounded("the held stream", held).await.unwrap().status, 200);
 }
 
+/// SGLang's request in chunked prefill is in neither its running nor its waiting count; what
+/// shows the scheduler working on it is its KV tokens in use and its tokens still to prefill,
+/// which move with every chunk. A snapshot that then stands still is a wedged scheduler.
 #[tokio::test]
-async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() {
+async fn a_request_in_sglangs_chunked_prefill_is_not_a_wedge_while_its_kv_tokens_move() {
     let engine = WireEngine::start("sglang", Scripted::ok_stream()).await;
     let other = WireEngine::start("sglang", Scripted::ok_stream()).await;
     let idle =
@@ -421,19 +424,24 @@ async fn a_request_in_sglangs_chunked_prefill_is_not_one_the_engine_never_got() 
         false,
     )
     .await;
-    engine.set_load(
-        "/v1/loads",
-        200,
-        fixture("sglang/v1-loads-chunked-prefill.json"),
-    );
-    // Well past the unresponsive bound, many reports later.
-    for _ in 0..3 {
-        let since = engine.polls();
-        bounded("polls", engine.polls_past(since, 8)).await;
+    // Well past the unresponsive bound, many reports later, each a chunk on from the last.
+    for i in 0..24 {
+        let page = if i % 2 == 0 { "" } else { "-2" };
+        let text = fixture(&format!("sglang/v1-loads-chunked-prefill{page}.json"));
+        engine.set_load("/v1/loads", 200, text);
+        bounded("a poll", engine.polls_past(engine.polls(), 2)).await;
         let view = worker_view(&gateway, &id).await;
-        assert_eq!(view["vetoes"]["liveness"], Value::Null, "{view}");
+        assert_eq!(view["vetoes"]["liveness"], Value::Null, "poll {i}: {view}");
     }
     assert_eq!(other.received(), 0, "not sent a second time");
+    // The same snapshot again and again, the request still in hand: the scheduler stopped.
+    bounded(
+        "engine silent",
+        until_worker(&gateway, &id, "engine silent", |w| {
+            w["vetoes"]["liveness"] == "engine_silent"
+        }),
+    )
+    .await;
     prefill.notify_one();
     assert_eq!(bounded("the held request", held).await.unwrap().status, 200);
 }

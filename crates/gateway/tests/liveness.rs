@@ -337,18 +337,35 @@ async fn a_wedged_engine_is_out_for_clients_that_give_up_and_a_trial_brings_it_b
         }
         let view = &s.workers().await[0];
         assert_eq!(reason(view), Some("unresponsive"), "{leaves:?}: {view}");
-        assert!(sent >= 4, "{leaves:?}: vetoed after {sent} requests, before the bound");
+        assert!(
+            sent >= 4,
+            "{leaves:?}: vetoed after {sent} requests, before the bound"
+        );
         let at_veto = s.received()[0];
         for _ in 0..6 {
-            assert!(impatient(&s, leaves, stream).await, "{leaves:?}: served elsewhere");
+            assert!(
+                impatient(&s, leaves, stream).await,
+                "{leaves:?}: served elsewhere"
+            );
         }
-        assert_eq!(s.received()[0], at_veto, "{leaves:?}: nothing sent to it after the veto");
+        assert_eq!(
+            s.received()[0],
+            at_veto,
+            "{leaves:?}: nothing sent to it after the veto"
+        );
         let view = s.workers().await;
-        assert_eq!(reason(&view[0]), Some("unresponsive"), "an empty queue is no sign of life");
+        assert_eq!(
+            reason(&view[0]),
+            Some("unresponsive"),
+            "an empty queue is no sign of life"
+        );
 
         wedged.fault(Fault::Clear).await.unwrap();
         let view = until_vetoed(&s, &id, "re-admitted by a trial", None).await;
-        assert_eq!(view["vetoes"]["liveness_trial"]["verdict"], "answered", "{view}");
+        assert_eq!(
+            view["vetoes"]["liveness_trial"]["verdict"], "answered",
+            "{view}"
+        );
         let metrics = get(&s.client, &s.url("/metrics")).await.text();
         let trials = format!(
             "sluice_worker_liveness_trials_total{{worker=\"{id}\",verdict=\"answered\"}} 1"
@@ -376,7 +393,11 @@ async fn a_slow_engine_is_never_out_though_every_client_gives_up_on_it() {
         let body = prompt_of(sent, 1024, 4);
         let url = s.url("/v1/completions");
         let post = post(&s.client, &url, &body);
-        answered += u32::from(tokio::time::timeout(Duration::from_millis(100), post).await.is_ok());
+        answered += u32::from(
+            tokio::time::timeout(Duration::from_millis(100), post)
+                .await
+                .is_ok(),
+        );
         let view = &s.workers().await[0];
         assert_eq!(reason(view), None, "the slow engine was vetoed: {view}");
     }

@@ -261,11 +261,17 @@ fn unreachable(
     (!cfg.stale.is_zero() && stale && silence >= cfg.stale).then_some(LivenessVeto::Stale)
 }
 
-/// The rules of progress, on what is observed now: unresponsive, engine silent, wedged.
+/// The rules of progress, on what is observed now: engine silent or wedged (the more specific
+/// verdicts), else unresponsive.
 fn progress_veto(o: &Observed, cfg: &LivenessConfig, now: Instant) -> Option<LivenessVeto> {
-    if unresponsive(&o.silence, cfg.unresponsive, o.prefill_allowance, now) {
-        return Some(LivenessVeto::Unresponsive);
-    }
+    wedged(o, cfg, now).or_else(|| {
+        unresponsive(&o.silence, cfg.unresponsive, o.prefill_allowance, now)
+            .then_some(LivenessVeto::Unresponsive)
+    })
+}
+
+/// The wedge rules: the engine's own silence, a waiting queue or a pile without progress.
+fn wedged(o: &Observed, cfg: &LivenessConfig, now: Instant) -> Option<LivenessVeto> {
     if cfg.wedge.is_zero() {
         return None;
     }

@@ -163,9 +163,17 @@ mod tests {
         let mut s = Silence::default();
         s.sent(t0, GAP);
         s.abandoned(t0 + secs(1));
-        assert_eq!(s.span(t0 + secs(2), false, GAP).since, Some(t0), "within the gap");
+        assert_eq!(
+            s.span(t0 + secs(2), false, GAP).since,
+            Some(t0),
+            "within the gap"
+        );
         s.sent(t0 + secs(2), GAP);
-        assert_eq!(s.span(t0 + secs(4), true, GAP).since, Some(t0), "one silence");
+        assert_eq!(
+            s.span(t0 + secs(4), true, GAP).since,
+            Some(t0),
+            "one silence"
+        );
     }
 
     #[test]
@@ -206,7 +214,10 @@ mod tests {
         s.polled(t0 + secs(2), PollShowed::Stood, true);
         s.polled(t0 + secs(3), PollShowed::Unanswered, true);
         let span = s.span(t0 + secs(3), true, GAP);
-        assert_eq!((span.since, span.standing_polls, span.signal), (Some(t0 + secs(1)), 2, true));
+        assert_eq!(
+            (span.since, span.standing_polls, span.signal),
+            (Some(t0 + secs(1)), 2, true)
+        );
         s.polled(t0 + secs(4), PollShowed::Stepped, true);
         let span = s.span(t0 + secs(4), true, GAP);
         assert_eq!(
@@ -231,13 +242,22 @@ mod tests {
         };
         let first = at(10.0, 0.1);
         assert_eq!(PollShowed::between(None, &first), PollShowed::Baseline);
-        assert_eq!(PollShowed::between(Some(&first), &at(10.0, 0.1)), PollShowed::Stood);
-        assert_eq!(PollShowed::between(Some(&first), &at(10.0, 0.2)), PollShowed::Stepped);
+        assert_eq!(
+            PollShowed::between(Some(&first), &at(10.0, 0.1)),
+            PollShowed::Stood
+        );
+        assert_eq!(
+            PollShowed::between(Some(&first), &at(10.0, 0.2)),
+            PollShowed::Stepped
+        );
         let no_counters = LoadReport {
             ranks: vec![RankLoad::default()],
             ..LoadReport::default()
         };
-        assert_eq!(PollShowed::between(Some(&first), &no_counters), PollShowed::NoSignal);
+        assert_eq!(
+            PollShowed::between(Some(&first), &no_counters),
+            PollShowed::NoSignal
+        );
     }
 
     #[test]
@@ -246,6 +266,9 @@ mod tests {
         let mut s = Silence::default();
         s.answered(t0 + secs(5), false);
         s.answered(t0 + secs(2), false);
-        assert_eq!(s.span(t0 + secs(6), false, GAP).last_life, Some(t0 + secs(5)));
+        assert_eq!(
+            s.span(t0 + secs(6), false, GAP).last_life,
+            Some(t0 + secs(5))
+        );
     }
 }

@@ -257,9 +257,17 @@ fn sglang_long_prefill_moves_its_kv_tokens_and_its_tokens_to_prefill_with_every_
     let (first, second) = (first.unwrap(), second.unwrap());
     let (a, b) = (first.stepping().unwrap(), second.stepping().unwrap());
     assert_ne!(a, b, "the scheduler stepped");
-    assert_eq!(first.stepping(), first.clone().stepping(), "a snapshot that stands");
+    assert_eq!(
+        first.stepping(),
+        first.clone().stepping(),
+        "a snapshot that stands"
+    );
     let old = parse_sglang_get_load(br#"[{"dp_rank":0,"num_reqs":3,"num_waiting_reqs":1}]"#);
-    assert_eq!(old.unwrap().stepping(), None, "/get_load gives no such signal");
+    assert_eq!(
+        old.unwrap().stepping(),
+        None,
+        "/get_load gives no such signal"
+    );
 }
 
 #[test]

@@ -50,7 +50,10 @@ pub(super) async fn run_trials(fleet: Weak<Fleet>, upstream: Upstream, every: Du
         let now = Instant::now();
         trying.retain(|key, _| snapshot.workers.iter().any(|w| w.key == *key));
         for worker in &snapshot.workers {
-            let out = worker.vetoes.liveness().is_some_and(|v| v.awaits_progress());
+            let out = worker
+                .vetoes
+                .liveness()
+                .is_some_and(|v| v.awaits_progress());
             if !out || worker.endpoint.grpc() {
                 continue;
             }
@@ -102,7 +105,8 @@ async fn trial(fleet: Arc<Fleet>, worker: Arc<Worker>, upstream: Upstream, timeo
         }
         Ok(_) | Err(_) => TrialVerdict::Refused,
     };
-    worker.signals.trial(now, verdict);
+    let pending = worker.traffic.pending_requests() > 0;
+    worker.signals.trial(now, verdict, pending);
     fleet.metrics().count_trial(worker.id.as_str(), verdict);
     info!(
         worker = %worker.id,

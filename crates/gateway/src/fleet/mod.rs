@@ -439,7 +439,9 @@ impl Fleet {
             },
         ));
         worker.metrics.health.set(0);
-        worker.signals.set_silence_lapse(self.settings.silence_lapse);
+        worker
+            .signals
+            .set_silence_lapse(self.settings.silence_lapse);
         let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];
         tasks.extend(self.supervisor.clone().supervise(self, &worker));
         Entry { worker, tasks }

@@ -176,10 +176,11 @@ impl Signals {
         self.silence.lock().polled(at, polled, pending);
     }
 
-    /// A liveness trial came to `verdict` at `at`; one that generated is a sign of life.
-    pub(crate) fn trial(&self, at: Instant, verdict: TrialVerdict) {
+    /// A liveness trial came to `verdict` at `at`; one that generated is a sign of life. The
+    /// requests of this gateway's still waiting on it (`pending`) start a new silence.
+    pub(crate) fn trial(&self, at: Instant, verdict: TrialVerdict, pending: bool) {
         if verdict == TrialVerdict::Answered {
-            self.silence.lock().answered(at, false);
+            self.silence.lock().answered(at, pending);
         }
         *self.last_trial.lock() = Some((at, verdict));
     }

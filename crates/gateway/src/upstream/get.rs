@@ -76,7 +76,9 @@ fn request(
     body: Bytes,
 ) -> Result<Request<Bytes>, GetError> {
     let path = PathAndQuery::try_from(path).map_err(|_| GetError::Uri)?;
-    let mut request = Request::builder().method(method.clone()).uri(endpoint.uri(path));
+    let mut request = Request::builder()
+        .method(method.clone())
+        .uri(endpoint.uri(path));
     if let Some(auth) = authorization {
         request = request.header(header::AUTHORIZATION, auth.clone());
     }

@@ -285,8 +285,8 @@ to = "llama-8b"
     assert_eq!(given.references, [50, 250, 1250].map(Duration::from_millis));
     assert_eq!(
         given.interval,
-        Duration::from_secs(20),
-        "two load-monitor intervals (10 s), over the CoDel interval (5 s)"
+        Duration::from_secs(5),
+        "the CoDel interval (5 s), over two load-monitor intervals (2 s)"
     );
     assert_eq!(
         given.shed_interval,

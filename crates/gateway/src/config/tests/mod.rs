@@ -192,7 +192,11 @@ fn overload_defaults_follow_the_seeds() {
     assert_eq!(liveness.stale, Duration::from_secs(15));
     assert!(!c.shedding.enabled);
     assert_eq!(c.shedding.status, 503);
-    assert_eq!(c.shedding.retry_after, Duration::from_secs(10));
+    assert_eq!(
+        c.shedding.retry_after,
+        Duration::from_secs(1),
+        "the load-monitor interval, 1 s where the seed's is 10 (docs/overload.md, Polling)"
+    );
     let off = load_args(&[
         "sluice",
         "--disable-worker-overload-protection",
