@@ -318,4 +318,6 @@ fn unresponsive(s: &Span, bound: Duration, allowance: Duration, now: Instant) ->
 }
 
 #[cfg(test)]
+mod clients_tests;
+#[cfg(test)]
 mod tests;
