@@ -371,6 +371,10 @@ async fn a_wedged_engine_is_out_for_clients_that_give_up_and_a_trial_brings_it_b
             "sluice_worker_liveness_trials_total{{worker=\"{id}\",verdict=\"answered\"}} 1"
         );
         assert!(metrics.contains(&trials), "{metrics}");
+        assert!(
+            wedged.state().trials_received >= 1,
+            "a trial is marked as one, apart from the clients' requests"
+        );
     }
 }
 

@@ -133,6 +133,8 @@ pub struct EngineState {
     pub url: String,
     pub up: bool,
     pub requests_received: u64,
+    /// Liveness trials received (not in `requests_received`).
+    pub trials_received: u64,
     pub running: u64,
     pub waiting: u64,
     pub swapped: u64,
@@ -427,6 +429,7 @@ impl EngineSlot {
             url: self.url(),
             up: engine.is_some(),
             requests_received: load(&t.requests_received),
+            trials_received: load(&t.trials_received),
             running: sum(|r| r.running),
             waiting: sum(|r| r.waiting),
             swapped: sum(|r| r.swapped),

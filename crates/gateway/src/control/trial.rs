@@ -1,9 +1,9 @@
 //! Liveness trials: while a worker is out for a veto that awaits progress (wedged, engine
 //! silent, unresponsive), nothing is routed to it, so no request of a client's can show that it
 //! is back. A trial asks instead: a one-token completion (`max_tokens` 1, not streamed, on the
-//! worker's own model), at most one in flight per worker and one every `every`. Not streamed,
-//! so its answer comes only once the engine has generated (an API process sends a stream's 200
-//! head before its engine steps). An answer readmits the worker (`Signals::trial` is a sign of
+//! worker's own model, marked `X-Sluice-Liveness-Trial: 1`), at most one in flight per worker
+//! and one every `every`. Not streamed, so its answer comes only once the engine has generated
+//! (an API process sends a stream's 200 head before its engine steps). An answer readmits the worker (`Signals::trial` is a sign of
 //! life); any other verdict leaves it out. Trials pass through no stage of the request path:
 //! they are charged to no tenant and count in no goodput or SLO figure, only in
 //! `sluice_worker_liveness_trials_total`, `/workers` and the log.
@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use axum::http::{HeaderName, HeaderValue};
 use bytes::Bytes;
 use sluice_core::liveness::TrialVerdict;
 use tokio::task::JoinHandle;
@@ -23,6 +24,10 @@ use tracing::info;
 
 use crate::fleet::{Fleet, Worker};
 use crate::upstream::{self, Upstream};
+
+/// The header that marks a trial, so an engine's access log (and the simulator's count of its
+/// clients' requests) can tell trials apart.
+pub const TRIAL_HEADER: &str = "x-sluice-liveness-trial";
 
 /// What the trial loop remembers of a worker: its trial in flight and when the last began.
 struct Trying {
@@ -91,7 +96,13 @@ async fn trial(fleet: Arc<Fleet>, worker: Arc<Worker>, upstream: Upstream, timeo
         &worker.endpoint,
         authorization.as_ref(),
         "/v1/completions",
-        Bytes::from(body.to_string()),
+        (
+            Bytes::from(body.to_string()),
+            (
+                HeaderName::from_static(TRIAL_HEADER),
+                HeaderValue::from_static("1"),
+            ),
+        ),
         timeout,
     )
     .await;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use axum::http::uri::PathAndQuery;
-use axum::http::{header, HeaderValue, Method, Request, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, Method, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 
@@ -52,16 +52,17 @@ pub async fn get(
     exchange(upstream, endpoint, request, limit, timeout).await
 }
 
-/// `POST <endpoint><path>` of a JSON `body`, as `get` otherwise.
+/// `POST <endpoint><path>` of a JSON `body` with `marker` as a header, as `get` otherwise.
 pub async fn post_json(
     upstream: &Upstream,
     endpoint: &Endpoint,
     authorization: Option<&HeaderValue>,
     path: &str,
-    body: Bytes,
+    (body, marker): (Bytes, (HeaderName, HeaderValue)),
     timeout: Duration,
 ) -> Result<(StatusCode, Bytes), GetError> {
-    let request = request(Method::POST, endpoint, authorization, path, body)?;
+    let mut request = request(Method::POST, endpoint, authorization, path, body)?;
+    request.headers_mut().insert(marker.0, marker.1);
     exchange(upstream, endpoint, request, POST_ANSWER_LIMIT, timeout).await
 }
 

@@ -69,10 +69,7 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
     let engine = &st.engine;
     let flavor = engine.config().flavor;
     let load = engine.track_request();
-    engine
-        .totals()
-        .requests_received
-        .fetch_add(1, Ordering::Relaxed);
+    engine.totals().arrival(headers);
     // An arrival is news even when the scheduler cannot say so (wedged, it publishes nothing).
     engine.notify_changed();
     if let Some(Disagg::Prefill(rooms)) = engine.disagg() {

@@ -143,8 +143,7 @@ async fn hang_if_faulted(
         if request.method() == axum::http::Method::POST && request.uri().path().starts_with("/v1/")
         {
             // It reached the engine's port: counted as an arrival, as the handler would.
-            let totals = st.engine.totals();
-            totals.requests_received.fetch_add(1, Ordering::Relaxed);
+            st.engine.totals().arrival(request.headers());
             st.engine.notify_changed();
         }
         return std::future::pending().await;

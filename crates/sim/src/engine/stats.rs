@@ -114,6 +114,9 @@ impl RankGauges {
 #[derive(Debug, Default)]
 pub struct Totals {
     pub requests_received: AtomicU64,
+    /// Requests a gateway marked as liveness trials (`X-Sluice-Liveness-Trial`), kept out of
+    /// `requests_received` so that a benchmark counts its clients' traffic alone.
+    pub trials_received: AtomicU64,
     pub steps: AtomicU64,
     pub preemptions: AtomicU64,
     pub aborted: AtomicU64,
@@ -142,7 +145,20 @@ pub struct Totals {
     pub open_connections: AtomicU64,
 }
 
+/// The header by which a gateway marks a liveness trial (sluice's `control/trial.rs`).
+pub const TRIAL_HEADER: &str = "x-sluice-liveness-trial";
+
 impl Totals {
+    /// A generation request arrived with `headers`: counted as a client's, or as a trial.
+    pub fn arrival(&self, headers: &axum::http::HeaderMap) {
+        let counter = if headers.contains_key(TRIAL_HEADER) {
+            &self.trials_received
+        } else {
+            &self.requests_received
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Adds what the scheduler did since `before`.
     pub fn add_progress(&self, before: &Counters, now: &Counters) {
         let add = |a: &AtomicU64, n: u64, b: u64| {
