@@ -225,7 +225,7 @@ fn many_streams_are_held_open_through_both_upstream_protocols_and_envoy_and_all_
 /// quick kind), sluice's defaults beside the naive fleet. Only what today's rules always give
 /// is checked — the order of events and counts, no timings (those are docs/benchmarks.md's).
 #[test]
-fn the_liveness_matrix_reports_each_cell_and_the_naive_fleet_keeps_feeding_a_wedged_engine() {
+fn the_liveness_matrix_reports_each_cell_sluice_takes_a_wedged_engine_out_and_the_naive_fleet_keeps_feeding_it() {
     let dir = out_dir("liveness");
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["bench", "scenario", "liveness", "--quick"])
@@ -235,7 +235,7 @@ fn the_liveness_matrix_reports_each_cell_and_the_naive_fleet_keeps_feeding_a_wed
             "--failures",
             "vllm-wedged,crash",
         ])
-        .args(["--phases", "2:4:3", "--json", "--out"])
+        .args(["--phases", "2:6:4", "--json", "--out"])
         .arg(&dir)
         .output()
         .unwrap();
@@ -278,6 +278,19 @@ fn the_liveness_matrix_reports_each_cell_and_the_naive_fleet_keeps_feeding_a_wed
             "sluice's log is read: {row}"
         );
     }
+    let wedged = &rows[0];
+    assert!(
+        wedged["vetoed_after"].is_number(),
+        "sluice takes the wedged engine out: {wedged}"
+    );
+    assert_eq!(
+        wedged["sent_after_veto"], 0,
+        "and sends it nothing after: {wedged}"
+    );
+    assert!(
+        wedged["readmitted_after"].is_number(),
+        "it comes back once the engine steps again: {wedged}"
+    );
     let naive = &rows[1];
     assert!(
         naive["sent_during"].as_u64().unwrap() > 0,
