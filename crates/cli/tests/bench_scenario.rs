@@ -225,7 +225,8 @@ fn many_streams_are_held_open_through_both_upstream_protocols_and_envoy_and_all_
 /// quick kind), sluice's defaults beside the naive fleet. Only what today's rules always give
 /// is checked — the order of events and counts, no timings (those are docs/benchmarks.md's).
 #[test]
-fn the_liveness_matrix_reports_each_cell_sluice_takes_a_wedged_engine_out_and_the_naive_fleet_keeps_feeding_it() {
+fn the_liveness_matrix_reports_each_cell_sluice_takes_a_wedged_engine_out_and_the_naive_fleet_keeps_feeding_it(
+) {
     let dir = out_dir("liveness");
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["bench", "scenario", "liveness", "--quick"])

@@ -132,6 +132,14 @@ fn with_shadow(stream: TcpStream) -> Option<(TcpStream, std::net::TcpStream)> {
     Some((stream, shadow))
 }
 
+/// Whether a request's first bytes carry the liveness-trial header (`TRIAL_HEADER`).
+fn marked_as_trial(first: &[u8]) -> bool {
+    let line = format!("\r\n{}:", crate::engine::TRIAL_HEADER);
+    first
+        .windows(line.len())
+        .any(|w| w.eq_ignore_ascii_case(line.as_bytes()))
+}
+
 /// A hung engine: reads whatever comes and never answers, until the peer closes. A generation
 /// request that opens the connection is counted as an arrival, as the handler would count it.
 async fn swallow(mut stream: TcpStream, tally: Option<Tally>) {
@@ -143,12 +151,27 @@ async fn swallow(mut stream: TcpStream, tally: Option<Tally>) {
         }
         if std::mem::take(&mut first) && sink[..n].starts_with(b"POST /v1/") {
             if let Some(tally) = &tally {
-                tally
-                    .totals
-                    .requests_received
-                    .fetch_add(1, Ordering::Relaxed);
+                let counter = if marked_as_trial(&sink[..n]) {
+                    &tally.totals.trials_received
+                } else {
+                    &tally.totals.requests_received
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
                 tally.changed.notify_waiters();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod trial_tests {
+    #[test]
+    fn a_trial_is_told_by_its_header_in_any_case() {
+        let head =
+            b"POST /v1/completions HTTP/1.1\r\nhost: e\r\nX-Sluice-Liveness-Trial: 1\r\n\r\n";
+        assert!(super::marked_as_trial(head));
+        assert!(!super::marked_as_trial(
+            b"POST /v1/completions HTTP/1.1\r\nhost: e\r\n\r\n"
+        ));
     }
 }

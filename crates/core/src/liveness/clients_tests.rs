@@ -277,6 +277,7 @@ impl World {
                     .span(now, pending, cfg.unresponsive)
                     .last_life
                     .unwrap_or(self.t0),
+                last_token: None,
                 pile: 0,
                 pile_at_progress: 0,
                 pile_rule: false,

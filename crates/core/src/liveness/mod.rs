@@ -187,6 +187,8 @@ pub struct Observed {
     pub last_timeout: Option<Instant>,
     /// The last token or completion, or when the current pile of streams started.
     pub last_progress: Instant,
+    /// The last token or completion alone.
+    pub last_token: Option<Instant>,
     /// Streams in flight on it through this gateway.
     pub pile: u32,
     /// The pile when progress was last seen.
@@ -265,9 +267,26 @@ fn unreachable(
 /// verdicts), else unresponsive.
 fn progress_veto(o: &Observed, cfg: &LivenessConfig, now: Instant) -> Option<LivenessVeto> {
     wedged(o, cfg, now).or_else(|| {
-        unresponsive(&o.silence, cfg.unresponsive, o.prefill_allowance, now)
+        unresponsive(&owed(o), cfg.unresponsive, o.prefill_allowance, now)
             .then_some(LivenessVeto::Unresponsive)
     })
+}
+
+/// The silence as the unresponsive rule judges it: requests owed a first byte (`Silence`), or
+/// streams in flight owed their next token — since the pile began or its last token, and never
+/// before the last sign of life — whichever began first. Streams count only where the worker's
+/// reports carry a stepping signal, which tells a long prefill (no token, but steps) apart; where
+/// they carry none, a pile of streams is no evidence (seed 000).
+fn owed(o: &Observed) -> Span {
+    let streams = (o.pile > 0 && o.silence.signal).then(|| match o.silence.last_life {
+        Some(life) => o.last_progress.max(life),
+        None => o.last_progress,
+    });
+    let since = match (o.silence.since, streams) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Span { since, ..o.silence }
 }
 
 /// The wedge rules: the engine's own silence, a waiting queue or a pile without progress.
@@ -279,14 +298,16 @@ fn wedged(o: &Observed, cfg: &LivenessConfig, now: Instant) -> Option<LivenessVe
     // Tokens this gateway received from it within the bound outweigh its reports: an engine
     // whose report stands still while its answers trickle out (a starved API process writing
     // out one step's tokens for longer than the bound) is slow, not wedged.
-    let progressing = now.saturating_duration_since(o.last_progress) < bound;
+    let progressing = o
+        .last_token
+        .is_some_and(|t| now.saturating_duration_since(t) < bound);
     if !progressing
         && o.engine_stalled_since
             .is_some_and(|since| now.saturating_duration_since(since) >= bound)
     {
         return Some(LivenessVeto::EngineSilent);
     }
-    if o.pile == 0 || progressing {
+    if o.pile == 0 || now.saturating_duration_since(o.last_progress) < bound {
         return None;
     }
     if o.queue.is_some_and(|q| q > 0) {
@@ -306,7 +327,8 @@ fn unresponsive(s: &Span, bound: Duration, allowance: Duration, now: Instant) ->
     let Some(since) = s.since else {
         return false;
     };
-    if bound.is_zero() || (s.signal && s.standing_polls == 0) {
+    let stood_since = s.last_stood.is_some_and(|t| t >= since);
+    if bound.is_zero() || (s.signal && !stood_since) {
         return false;
     }
     let bound = if s.signal {

@@ -53,8 +53,8 @@ pub struct Silence {
     since: Option<Instant>,
     /// When the last request pending on it ended without a byte, leaving none pending.
     abandoned: Option<Instant>,
-    /// Polls since `since` that showed no step (standing, or unanswered).
-    standing_polls: u32,
+    /// The last poll that showed no step (standing, or unanswered) since the last sign of life.
+    last_stood: Option<Instant>,
     /// Its reports carry a stepping signal (the last answered poll had one).
     signal: bool,
     /// The last byte on a request, or the last step a report showed.
@@ -67,8 +67,9 @@ pub struct Span {
     /// Since when it has owed an answer, counting across requests; `None`: nothing owed, or
     /// nothing for a whole gap.
     pub since: Option<Instant>,
-    /// Polls since then that showed no step.
-    pub standing_polls: u32,
+    /// The last poll since the last sign of life that showed no step: a verdict on a worker
+    /// whose reports carry a stepping signal needs one after the silence began.
+    pub last_stood: Option<Instant>,
     /// Its reports carry a stepping signal, so a standing poll is needed before a verdict.
     pub signal: bool,
     /// The last sign of life: a byte on a request, or a step in a report.
@@ -84,7 +85,6 @@ impl Silence {
             .is_some_and(|e| at.saturating_duration_since(e) >= gap);
         if self.since.is_none() || lapsed {
             self.since = Some(at);
-            self.standing_polls = 0;
         }
         self.abandoned = None;
     }
@@ -110,24 +110,18 @@ impl Silence {
             }
             PollShowed::Stood => {
                 self.signal = true;
-                self.stood();
+                self.last_stood = Some(at);
             }
-            PollShowed::Unanswered => self.stood(),
+            PollShowed::Unanswered => self.last_stood = Some(at),
             PollShowed::NoSignal => self.signal = false,
             PollShowed::Baseline => self.signal = true,
-        }
-    }
-
-    fn stood(&mut self) {
-        if self.since.is_some() {
-            self.standing_polls = self.standing_polls.saturating_add(1);
         }
     }
 
     fn life(&mut self, at: Instant, still_owed: bool) {
         self.last_life = Some(self.last_life.map_or(at, |l| l.max(at)));
         self.since = still_owed.then_some(at);
-        self.standing_polls = 0;
+        self.last_stood = None;
         self.abandoned = None;
     }
 
@@ -140,7 +134,7 @@ impl Silence {
                 .is_some_and(|e| now.saturating_duration_since(e) < gap);
         Span {
             since: self.since.filter(|_| owed),
-            standing_polls: self.standing_polls,
+            last_stood: self.last_stood,
             signal: self.signal,
             last_life: self.last_life,
         }
@@ -205,24 +199,22 @@ mod tests {
     }
 
     #[test]
-    fn a_step_in_a_report_is_life_and_standing_or_unanswered_polls_are_counted() {
+    fn a_step_in_a_report_is_life_and_a_standing_or_unanswered_poll_is_remembered() {
         let t0 = Instant::now();
         let mut s = Silence::default();
-        s.polled(t0, PollShowed::Stood, false);
-        assert_eq!(s.standing_polls, 0, "nothing owed, nothing counted");
         s.sent(t0 + secs(1), GAP);
         s.polled(t0 + secs(2), PollShowed::Stood, true);
         s.polled(t0 + secs(3), PollShowed::Unanswered, true);
         let span = s.span(t0 + secs(3), true, GAP);
         assert_eq!(
-            (span.since, span.standing_polls, span.signal),
-            (Some(t0 + secs(1)), 2, true)
+            (span.since, span.last_stood, span.signal),
+            (Some(t0 + secs(1)), Some(t0 + secs(3)), true)
         );
         s.polled(t0 + secs(4), PollShowed::Stepped, true);
         let span = s.span(t0 + secs(4), true, GAP);
         assert_eq!(
-            (span.since, span.standing_polls, span.last_life),
-            (Some(t0 + secs(4)), 0, Some(t0 + secs(4))),
+            (span.since, span.last_stood, span.last_life),
+            (Some(t0 + secs(4)), None, Some(t0 + secs(4))),
             "the wait counts afresh from the step"
         );
         s.polled(t0 + secs(5), PollShowed::NoSignal, true);

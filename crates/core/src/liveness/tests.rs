@@ -16,6 +16,7 @@ fn quiet(now: Instant) -> Observed {
         last_failure: None,
         last_timeout: None,
         last_progress: now,
+        last_token: Some(now),
         pile: 0,
         pile_at_progress: 0,
         pile_rule: true,
@@ -29,13 +30,13 @@ fn quiet(now: Instant) -> Observed {
     }
 }
 
-/// A worker silent since `since`, with `standing` polls that showed no step.
-fn silent(now: Instant, since: Instant, standing: u32, signal: bool) -> Observed {
+/// A worker silent since `since`, with a poll that showed no step after it when `stood`.
+fn silent(now: Instant, since: Instant, stood: u32, signal: bool) -> Observed {
     Observed {
         in_flight: 1,
         silence: Span {
             since: Some(since),
-            standing_polls: standing,
+            last_stood: (stood > 0).then_some(since + Duration::from_millis(500)),
             signal,
             last_life: None,
         },
@@ -380,6 +381,7 @@ fn tokens_this_gateway_received_within_the_bound_outweigh_a_report_that_stands_s
     let trickling = Observed {
         engine_stalled_since: Some(t0),
         last_progress: t0 + secs(10) - Duration::from_millis(250),
+        last_token: Some(t0 + secs(10) - Duration::from_millis(250)),
         pile: 1336,
         pile_at_progress: 1336,
         in_flight: 1336,
@@ -388,6 +390,15 @@ fn tokens_this_gateway_received_within_the_bound_outweigh_a_report_that_stands_s
     assert_eq!(judge(None, &trickling, &CFG, t0 + secs(10)), None);
     // Then nothing for the bound either: wedged.
     let last = trickling.last_progress;
+    let pile_started = Observed {
+        last_token: None,
+        ..trickling
+    };
+    assert_eq!(
+        judge(None, &pile_started, &CFG, t0 + secs(10)),
+        Some(LivenessVeto::EngineSilent),
+        "a pile that began is no token"
+    );
     assert_eq!(
         judge(None, &trickling, &CFG, last + secs(3)),
         Some(LivenessVeto::EngineSilent)
@@ -566,6 +577,44 @@ fn a_worker_that_pushed_load_records_is_stale_after_total_silence_with_nothing_h
         judge(None, &pushed, &off, t0 + secs(600)),
         None,
         "0 disables the rule"
+    );
+}
+
+#[test]
+fn streams_owed_their_next_token_are_silence_where_the_reports_show_steps() {
+    let t0 = Instant::now();
+    let streams = Observed {
+        pile: 8,
+        pile_at_progress: 8,
+        pile_rule: false,
+        in_flight: 8,
+        last_progress: t0,
+        silence: Span {
+            last_stood: Some(t0 + secs(1)),
+            signal: true,
+            last_life: Some(t0 - secs(1)),
+            ..Span::default()
+        },
+        ..quiet(t0)
+    };
+    assert_eq!(judge(None, &streams, &CFG, t0 + secs(4)), None);
+    assert_eq!(
+        judge(None, &streams, &CFG, t0 + secs(5)),
+        Some(LivenessVeto::Unresponsive),
+        "no token since the last one, no step in its reports"
+    );
+    let stepping = Observed {
+        silence: Span {
+            last_life: Some(t0 + secs(4)),
+            last_stood: None,
+            ..streams.silence
+        },
+        ..streams
+    };
+    assert_eq!(
+        judge(None, &stepping, &CFG, t0 + secs(5)),
+        None,
+        "a step is life"
     );
 }
 

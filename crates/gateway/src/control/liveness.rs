@@ -44,6 +44,7 @@ fn observe(
         last_contact: heard.last_contact,
         last_failure: heard.last_failure,
         last_progress: heard.last_progress,
+        last_token: heard.last_token,
         pile: heard.pile,
         pile_at_progress: seen.pile_at_progress,
         pile_rule: worker.endpoint.grpc(),

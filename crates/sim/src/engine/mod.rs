@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 pub use gate::{AdmissionGate, GateTicket};
 pub use metrics::EngineMetrics;
-pub use stats::{RankGauges, RankView, Totals};
+pub use stats::{RankGauges, RankView, Totals, TRIAL_HEADER};
 
 use crate::config::EngineConfig;
 use crate::faults::FaultSet;
