@@ -135,6 +135,8 @@ struct LongPrefill {
     fleet: SimFleet,
     first: Exposition,
     later: Exposition,
+    /// SGLang's `/v1/loads` at each look.
+    first_loads: Option<Value>,
     loads: Option<Value>,
 }
 
@@ -169,7 +171,7 @@ async fn long_prefill(flavor: Flavor) -> LongPrefill {
             (metrics(&text), loads, used)
         }
     };
-    let (first, _, used) = look(0).await;
+    let (first, first_loads, used) = look(0).await;
     let (later, loads, _) = look(used).await;
     let answer = request.await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
@@ -177,6 +179,7 @@ async fn long_prefill(flavor: Flavor) -> LongPrefill {
         fleet,
         first,
         later,
+        first_loads,
         loads,
     }
 }
@@ -222,11 +225,26 @@ async fn vllm_counts_a_long_prompt_when_its_prefill_ends_and_its_kv_grows_chunk_
 
 #[tokio::test]
 async fn sglang_counts_the_request_in_chunked_prefill_nowhere_but_in_its_uncached_tokens() {
-    let LongPrefill { later, loads, .. } = long_prefill(Flavor::Sglang).await;
-    let loads = loads.unwrap();
+    let LongPrefill {
+        later,
+        first_loads,
+        loads,
+        ..
+    } = long_prefill(Flavor::Sglang).await;
+    let (first_loads, loads) = (first_loads.unwrap(), loads.unwrap());
     let expected: Value =
         serde_json::from_str(&fixture("sglang/v1-loads-chunked-prefill.json")).unwrap();
-    assert_json_shape("v1-loads-chunked-prefill", &expected, &loads);
+    assert_json_shape("v1-loads-chunked-prefill", &expected, &first_loads);
+    let expected: Value =
+        serde_json::from_str(&fixture("sglang/v1-loads-chunked-prefill-2.json")).unwrap();
+    assert_json_shape("v1-loads-chunked-prefill-2", &expected, &loads);
+    let field = |v: &Value, k: &str| v["loads"][0][k].as_u64().unwrap();
+    assert!(
+        field(&loads, "num_used_tokens") > field(&first_loads, "num_used_tokens")
+            && field(&loads, "num_waiting_uncached_tokens")
+                < field(&first_loads, "num_waiting_uncached_tokens"),
+        "chunk by chunk, KV tokens in use grow and tokens to prefill fall: {first_loads} then {loads}"
+    );
     let rank = &loads["loads"][0];
     assert_eq!(rank["num_running_reqs"], 0, "{rank}");
     assert_eq!(rank["num_waiting_reqs"], 0, "{rank}");

@@ -15,7 +15,7 @@ use toml::Value;
 /// not here: SMG's queue only holds requests past `--max-concurrent-requests`, so its 100 applies
 /// only with a cap (`smg_queue_size`). Nor are the queue timeouts by tier: SMG has one,
 /// `--queue-timeout-secs`, for every class, whatever it is set to (`fill`).
-pub fn values() -> [(&'static str, Value); 12] {
+pub fn values() -> [(&'static str, Value); 13] {
     [
         (
             "routing_key_headers",
@@ -34,6 +34,7 @@ pub fn values() -> [(&'static str, Value); 12] {
         ("retry_max_backoff_ms", Value::from(30_000)),
         ("retry_backoff_multiplier", Value::from(1.5)),
         ("retry_jitter_factor", Value::from(0.2)),
+        ("load_monitor_interval", Value::from(10.0)),
     ]
 }
 
