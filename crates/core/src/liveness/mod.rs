@@ -343,3 +343,5 @@ fn unresponsive(s: &Span, bound: Duration, allowance: Duration, now: Instant) ->
 mod clients_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod unresponsive_tests;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-const CFG: LivenessConfig = LivenessConfig {
+pub(super) const CFG: LivenessConfig = LivenessConfig {
     stall: Duration::from_secs(2),
     wedge: Duration::from_secs(3),
     stale: Duration::from_secs(15),
@@ -10,7 +10,7 @@ const CFG: LivenessConfig = LivenessConfig {
     trials: true,
 };
 
-fn quiet(now: Instant) -> Observed {
+pub(super) fn quiet(now: Instant) -> Observed {
     Observed {
         last_contact: now,
         last_failure: None,
@@ -30,85 +30,7 @@ fn quiet(now: Instant) -> Observed {
     }
 }
 
-/// A worker silent since `since`, with a poll that showed no step after it when `stood`.
-fn silent(now: Instant, since: Instant, stood: u32, signal: bool) -> Observed {
-    Observed {
-        in_flight: 1,
-        silence: Span {
-            since: Some(since),
-            last_stood: (stood > 0).then_some(since + Duration::from_millis(500)),
-            signal,
-            last_life: None,
-        },
-        ..quiet(now)
-    }
-}
-
-#[test]
-fn a_silence_across_requests_with_a_standing_poll_is_unresponsive_at_the_bound() {
-    let t0 = Instant::now();
-    let hung = silent(t0, t0, 1, true);
-    assert_eq!(judge(None, &hung, &CFG, t0 + secs(4)), None);
-    assert_eq!(
-        judge(None, &hung, &CFG, t0 + secs(5)),
-        Some(LivenessVeto::Unresponsive)
-    );
-    let no_poll_yet = silent(t0, t0, 0, true);
-    assert_eq!(
-        judge(None, &no_poll_yet, &CFG, t0 + secs(60)),
-        None,
-        "a report with a stepping signal must have shown it standing"
-    );
-    let off = LivenessConfig {
-        unresponsive: Duration::ZERO,
-        ..CFG
-    };
-    assert_eq!(judge(None, &hung, &off, t0 + secs(60)), None);
-}
-
-#[test]
-fn a_veto_awaiting_progress_stays_until_a_sign_of_life_after_it() {
-    let t0 = Instant::now();
-    let vetoed = Observed {
-        vetoed_at: Some(t0 + secs(5)),
-        ..quiet(t0 + secs(9))
-    };
-    for veto in [
-        LivenessVeto::Unresponsive,
-        LivenessVeto::EngineSilent,
-        LivenessVeto::WedgedQueue,
-        LivenessVeto::WedgedPile,
-    ] {
-        assert_eq!(
-            judge(Some(veto), &vetoed, &CFG, t0 + secs(9)),
-            Some(veto),
-            "nothing owed any more is not life"
-        );
-        let before = Observed {
-            silence: Span {
-                last_life: Some(t0 + secs(4)),
-                ..Span::default()
-            },
-            ..vetoed
-        };
-        assert_eq!(judge(Some(veto), &before, &CFG, t0 + secs(9)), Some(veto));
-        let after = Observed {
-            silence: Span {
-                last_life: Some(t0 + secs(8)),
-                ..Span::default()
-            },
-            ..vetoed
-        };
-        assert_eq!(judge(Some(veto), &after, &CFG, t0 + secs(9)), None);
-    }
-    assert_eq!(
-        judge(Some(LivenessVeto::Unreachable), &vetoed, &CFG, t0 + secs(9)),
-        None,
-        "contact lifts an unreachable veto"
-    );
-}
-
-fn secs(s: u64) -> Duration {
+pub(super) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
@@ -478,29 +400,6 @@ fn the_engine_stalls_only_while_nothing_in_its_stepping_moves_with_work_in_hand(
 }
 
 #[test]
-fn without_a_stepping_signal_the_unresponsive_bound_stretches_over_the_prefill_held() {
-    let t0 = Instant::now();
-    let o = Observed {
-        prefill_allowance: secs(20),
-        ..silent(t0, t0, 0, false)
-    };
-    assert_eq!(judge(None, &o, &CFG, t0 + secs(19)), None);
-    assert_eq!(
-        judge(None, &o, &CFG, t0 + secs(20)),
-        Some(LivenessVeto::Unresponsive)
-    );
-    let stepping = Observed {
-        prefill_allowance: secs(20),
-        ..silent(t0, t0, 1, true)
-    };
-    assert_eq!(
-        judge(None, &stepping, &CFG, t0 + secs(5)),
-        Some(LivenessVeto::Unresponsive),
-        "its own reports tell a prefill from a wedge"
-    );
-}
-
-#[test]
 fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate_stretched_for_attention()
 {
     assert_eq!(
@@ -577,44 +476,6 @@ fn a_worker_that_pushed_load_records_is_stale_after_total_silence_with_nothing_h
         judge(None, &pushed, &off, t0 + secs(600)),
         None,
         "0 disables the rule"
-    );
-}
-
-#[test]
-fn streams_owed_their_next_token_are_silence_where_the_reports_show_steps() {
-    let t0 = Instant::now();
-    let streams = Observed {
-        pile: 8,
-        pile_at_progress: 8,
-        pile_rule: false,
-        in_flight: 8,
-        last_progress: t0,
-        silence: Span {
-            last_stood: Some(t0 + secs(1)),
-            signal: true,
-            last_life: Some(t0 - secs(1)),
-            ..Span::default()
-        },
-        ..quiet(t0)
-    };
-    assert_eq!(judge(None, &streams, &CFG, t0 + secs(4)), None);
-    assert_eq!(
-        judge(None, &streams, &CFG, t0 + secs(5)),
-        Some(LivenessVeto::Unresponsive),
-        "no token since the last one, no step in its reports"
-    );
-    let stepping = Observed {
-        silence: Span {
-            last_life: Some(t0 + secs(4)),
-            last_stood: None,
-            ..streams.silence
-        },
-        ..streams
-    };
-    assert_eq!(
-        judge(None, &stepping, &CFG, t0 + secs(5)),
-        None,
-        "a step is life"
     );
 }
 

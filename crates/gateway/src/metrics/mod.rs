@@ -9,6 +9,9 @@
 mod admission;
 mod exposition;
 mod slo;
+mod trials;
+
+pub use trials::TrialLabels;
 
 pub use admission::{
     AdmissionMetrics, Label, RejectedLabels, TenantCounters, TenantTokenLabels, REASONS,
@@ -25,7 +28,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sluice_core::liveness::TrialVerdict;
 use sluice_core::slo::Slos;
 
 /// Buckets for time to first byte and whole requests: 5 ms to 5 minutes.
@@ -98,13 +100,6 @@ pub struct UpstreamErrorLabels {
     pub worker: String,
     /// One of `UPSTREAM_ERROR_KINDS`.
     pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TrialLabels {
-    pub worker: String,
-    /// `TrialVerdict::label`.
-    pub verdict: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -512,16 +507,6 @@ impl Metrics {
         }
     }
 
-    /// A liveness trial on `worker` came to `verdict`.
-    pub fn count_trial(&self, worker: &str, verdict: TrialVerdict) {
-        self.liveness_trials
-            .get_or_create(&TrialLabels {
-                worker: worker.to_string(),
-                verdict: verdict.label(),
-            })
-            .inc();
-    }
-
     fn report_issue(&self, worker: &str, issue: &'static str) -> Counter {
         self.report_issues.get_or_create_owned(&ReportIssueLabels {
             worker: worker.to_string(),
@@ -549,12 +534,7 @@ impl Metrics {
         self.engine_waiting.remove(&label);
         self.engine_running.remove(&label);
         self.engine_token_usage.remove(&label);
-        for verdict in TrialVerdict::ALL {
-            self.liveness_trials.remove(&TrialLabels {
-                worker: worker.to_string(),
-                verdict: verdict.label(),
-            });
-        }
+        self.forget_trials(worker);
         for issue in REPORT_ISSUES {
             self.report_issues.remove(&ReportIssueLabels {
                 worker: worker.to_string(),
