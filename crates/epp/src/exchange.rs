@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use http_body::Frame;
 use http_body_util::BodyExt;
-use sluice_gateway::front::{self, Answered, Front, Picked};
+use sluice_gateway::front::{self, Answered, DataPlaneReply, Front, Picked};
 use sluice_gateway::http::CLIENT_CREDENTIALS;
 use sluice_gateway::upstream::UpstreamBody;
 use tokio::sync::{mpsc, oneshot};
@@ -53,15 +53,21 @@ pub(crate) type Outbound = mpsc::Sender<Result<ProcessingResponse, Status>>;
 struct Inbox {
     request_body: mpsc::Receiver<Option<Frame<Bytes>>>,
     request_trailers: Arc<AtomicBool>,
-    response_head: oneshot::Receiver<HttpHeaders>,
+    response_head: oneshot::Receiver<ResponseHead>,
     response_body: mpsc::Receiver<Option<Frame<Bytes>>>,
+}
+
+/// The answer's head as the data plane sent it, and whether it, not the worker, answered.
+struct ResponseHead {
+    headers: HttpHeaders,
+    reply: Option<DataPlaneReply>,
 }
 
 struct Pump {
     inbound: Streaming<ProcessingRequest>,
     request_body: Option<mpsc::Sender<Option<Frame<Bytes>>>>,
     request_trailers: Arc<AtomicBool>,
-    response_head: Option<oneshot::Sender<HttpHeaders>>,
+    response_head: Option<oneshot::Sender<ResponseHead>>,
     response_body: Option<mpsc::Sender<Option<Frame<Bytes>>>>,
 }
 
@@ -142,7 +148,11 @@ impl Pump {
                 processing_request::Request::ResponseHeaders(head) => {
                     let eos = head.end_of_stream;
                     if let Some(tx) = self.response_head.take() {
-                        let _ = tx.send(head);
+                        let reply = wire::data_plane_reply(&message.attributes);
+                        let _ = tx.send(ResponseHead {
+                            headers: head,
+                            reply,
+                        });
                     }
                     if eos {
                         end(&mut self.response_body).await;
@@ -311,14 +321,21 @@ impl Drive<'_> {
     async fn relay(
         &self,
         picked: Picked,
-        head: oneshot::Receiver<HttpHeaders>,
+        head: oneshot::Receiver<ResponseHead>,
         frames: mpsc::Receiver<Option<Frame<Bytes>>>,
     ) -> Result<(), Status> {
-        let head = head.await.map_err(|_| Gone)?;
+        let ResponseHead {
+            headers: head,
+            reply,
+        } = head.await.map_err(|_| Gone)?;
         let has_body = !head.end_of_stream;
         let (status, upstream) = wire::response_head(head.headers.as_ref())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let answer = picked.answered(status, upstream.clone(), frames).await;
+        let answer = match reply {
+            // The data plane's own reply: the gateway's error replaces it, body and all.
+            Some(reply) => picked.unanswered(reply),
+            None => picked.answered(status, upstream.clone(), frames).await,
+        };
         let (parts, mut body) = answer.into_parts();
         self.send(wire::response_headers(changed(&upstream, &parts.headers)))
             .await?;

@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HeadersResponse, ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use sluice_gateway::front::DataPlaneReply;
 
 /// The header and metadata key that names the chosen endpoint (`ip:port`).
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
@@ -101,6 +102,38 @@ pub fn response_head(wire: Option<&WireHeaders>) -> Result<(StatusCode, HeaderMa
             name: ":status".to_string(),
         })?;
     Ok((status, headers))
+}
+
+/// The attribute that tells a worker's answer from the data plane's own reply (Envoy's
+/// `response.code_details`: `via_upstream` for what the worker sent), asked for by
+/// `response_attributes` in the ext_proc filter's configuration (deploy/envoy-epp.yaml).
+pub const CODE_DETAILS: &str = "response.code_details";
+/// The key the ext_proc filter files its attributes under.
+const ATTRIBUTES_OF: &str = "envoy.filters.http.ext_proc";
+
+/// Who answered, as the response head's attributes say: `None` for the worker, or a data plane
+/// that does not say (its configuration asks for no attributes).
+pub fn data_plane_reply(
+    attributes: &std::collections::HashMap<String, Struct>,
+) -> Option<DataPlaneReply> {
+    let details = match &attributes
+        .get(ATTRIBUTES_OF)?
+        .fields
+        .get(CODE_DETAILS)?
+        .kind
+    {
+        Some(Kind::StringValue(details)) => details.as_str(),
+        _ => return None,
+    };
+    // Envoy's router: `via_upstream` when the worker's head is relayed; a reset before any head
+    // (`upstream_reset_before_response_started{connection_failure…}`) when it could not reach it.
+    if details == "via_upstream" {
+        None
+    } else if details.starts_with("upstream_reset_before_response_started") {
+        Some(DataPlaneReply::Unreachable)
+    } else {
+        Some(DataPlaneReply::Other)
+    }
 }
 
 /// The endpoints the data plane allows, when it sent a subset hint (an empty list allows none).

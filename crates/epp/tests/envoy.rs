@@ -269,3 +269,54 @@ async fn until_depth(s: &Setup, tier: usize, n: u64) {
     })
     .await;
 }
+
+#[tokio::test]
+async fn envoys_own_reply_for_a_crashed_worker_is_a_connection_failure_not_its_answer() {
+    // The load polls are too far apart to notice: only the requests Envoy could not deliver
+    // tell the picker that engine 0 is gone.
+    let s = start(2, instant(Flavor::Vllm), |c, _| {
+        c.policy = Policy::RoundRobin;
+        c.load.interval = Duration::from_secs(3600);
+        let liveness = c.liveness.as_mut().expect("on by default");
+        liveness.stall = Duration::from_millis(300);
+    })
+    .await;
+    let envoy = Envoy::start(Route {
+        picker: s.picker.grpc_addr(),
+        tls: false,
+        failure_mode_allow: false,
+    });
+    s.sims.engine(0).unwrap().crash().await;
+    let mut failed = Vec::new();
+    bounded("the crashed worker vetoed", async {
+        loop {
+            let a = chat(&envoy, &chat_body("q", 1, false), &[]).await;
+            if a.status != 200 {
+                failed.push(a);
+            }
+            let view = get(&client(), &format!("{}/workers", s.picker.gateway().url()))
+                .await
+                .json();
+            if view["workers"][0]["vetoes"]["liveness"] == "unreachable" {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(!failed.is_empty(), "requests reached the crashed worker");
+    for a in &failed {
+        assert_eq!(a.headers["x-sluice-error-code"], "upstream_failed");
+        assert_eq!(a.json()["error"]["code"], "upstream_failed");
+        assert!(
+            !a.text().contains("upstream connect error"),
+            "the gateway's error, not Envoy's text: {}",
+            a.text()
+        );
+    }
+    let before = s.received();
+    for n in 0..4 {
+        let a = chat(&envoy, &chat_body(&format!("after {n}"), 1, false), &[]).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(s.received()[1] - before[1], 4, "all to the live engine");
+}

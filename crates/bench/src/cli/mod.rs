@@ -267,6 +267,8 @@ pub enum BenchError {
     Segment(String),
     #[error("--phases takes BEFORE:DURING:AFTER in seconds, DURING above 0: {0:?}")]
     Phases(String),
+    #[error("--client-kinds takes the labels the liveness table prints, such as \"stream sdk 3s x16\" or \"whole deadline 2000ms x1\": {0:?}")]
+    ClientKind(String),
     #[error("--rate must be a positive number of requests per second")]
     Rate,
     #[error(transparent)]

@@ -129,6 +129,11 @@ pub struct ScenarioArgs {
     /// liveness: the failures to run [default: all].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub failures: Vec<crate::scenario::Failure>,
+    /// liveness: the client kinds to run, by the label the table prints (`stream sdk 3s x16`,
+    /// `whole deadline 2000ms x1`, `stream patient x1`) [default: all 20, or `stream sdk 3s x16`
+    /// with --quick].
+    #[arg(long, value_delimiter = ',')]
+    pub client_kinds: Vec<String>,
     /// noisy-tenant: gateway queue sizes to measure sluice with tenants at, each a configuration
     /// (sluice-tenants at 1024, sluice-tenants-q<N> at N) [default: 1024,64].
     #[arg(long, value_delimiter = ',')]
@@ -276,7 +281,7 @@ async fn many_streams(args: &ScenarioArgs) -> Result<(), BenchError> {
 }
 
 async fn liveness(args: &ScenarioArgs) -> Result<(), BenchError> {
-    use crate::scenario::{Clients, Failure, LivenessPlan, Timing};
+    use crate::scenario::{Failure, LivenessPlan, Timing};
     std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     let envoy = envoy_for(args.configs.iter().any(|c| c == "envoy-epp"))?;
@@ -307,17 +312,35 @@ async fn liveness(args: &ScenarioArgs) -> Result<(), BenchError> {
         } else {
             args.failures.clone()
         },
-        clients: if args.quick {
-            vec![Clients::quick()]
-        } else {
-            Clients::all()
-        },
+        clients: client_kinds(args)?,
         timing,
         seed: args.seed,
     })
     .await?;
     print_report(args.json, &report, || report.table());
     Ok(())
+}
+
+/// The liveness scenario's client kinds: those named, else `--quick`'s one, else all.
+fn client_kinds(args: &ScenarioArgs) -> Result<Vec<crate::scenario::Clients>, BenchError> {
+    use crate::scenario::Clients;
+    if args.client_kinds.is_empty() {
+        return Ok(if args.quick {
+            vec![Clients::quick()]
+        } else {
+            Clients::all()
+        });
+    }
+    let all = Clients::all();
+    args.client_kinds
+        .iter()
+        .map(|label| {
+            all.iter()
+                .find(|c| c.label() == label.trim())
+                .copied()
+                .ok_or_else(|| BenchError::ClientKind(label.clone()))
+        })
+        .collect()
 }
 
 /// The Envoy a scenario runs: the one installed, else, only when a configuration of it was asked

@@ -16,7 +16,8 @@
 //!   clears it.
 //! - **Wedged**: streams in flight on the worker, evidence it should be producing (a waiting
 //!   queue in its report, or a pile of the gateway's streams that grew since the last progress or
-//!   stands 4 deep), and no token for the wedge bound (`wedge`, stretched to the time in-flight
+//!   stands 4 deep), and no token — nor, where its reports carry a stepping signal, a step —
+//!   for the wedge bound (`wedge`, stretched to the time in-flight
 //!   prompts may still need in prefill, at most 120 s). Or, by itself, the engine's own silence:
 //!   nothing in its stepping moved between two reports (its token counters, and the KV usage its
 //!   scheduler republishes every step) while it reported requests in hand, for the same bound.
@@ -307,7 +308,14 @@ fn wedged(o: &Observed, cfg: &LivenessConfig, now: Instant) -> Option<LivenessVe
     {
         return Some(LivenessVeto::EngineSilent);
     }
-    if o.pile == 0 || now.saturating_duration_since(o.last_progress) < bound {
+    // Where its reports carry a stepping signal, a step is progress too: a long prefill holds
+    // back everything queued behind it and sends no token for its length, but its KV usage
+    // moves with every chunk.
+    let progress = match o.silence.last_life {
+        Some(step) if o.silence.signal => o.last_progress.max(step),
+        _ => o.last_progress,
+    };
+    if o.pile == 0 || now.saturating_duration_since(progress) < bound {
         return None;
     }
     if o.queue.is_some_and(|q| q > 0) {

@@ -245,6 +245,50 @@ fn a_queue_without_progress_is_wedged_and_stays_so_when_the_queue_empties() {
 }
 
 #[test]
+fn a_queue_behind_a_long_prefill_is_not_wedged_while_the_reports_step() {
+    // Another client's 128k prompt fills every step's token budget: this gateway's requests
+    // wait in the engine's queue with no token for many seconds, while the KV usage its
+    // scheduler republishes moves with each chunk.
+    let t0 = Instant::now();
+    let stepping = |last_step: u64| Observed {
+        pile: 2,
+        pile_at_progress: 1,
+        in_flight: 2,
+        queue: Some(2),
+        silence: Span {
+            signal: true,
+            last_life: Some(t0 + secs(last_step)),
+            ..Span::default()
+        },
+        ..quiet(t0)
+    };
+    for s in 3..=30 {
+        assert_eq!(
+            judge(None, &stepping(s - 1), &CFG, t0 + secs(s)),
+            None,
+            "at {s} s"
+        );
+    }
+    assert_eq!(
+        judge(None, &stepping(10), &CFG, t0 + secs(13)),
+        Some(LivenessVeto::WedgedQueue),
+        "the wedge bound after the last step"
+    );
+    let no_signal = Observed {
+        silence: Span {
+            signal: false,
+            ..stepping(12).silence
+        },
+        ..stepping(12)
+    };
+    assert_eq!(
+        judge(None, &no_signal, &CFG, t0 + secs(13)),
+        Some(LivenessVeto::WedgedQueue),
+        "without a stepping signal a report's change says nothing of steps"
+    );
+}
+
+#[test]
 fn prefill_stretches_the_bound_up_to_the_cap() {
     let t0 = Instant::now();
     let o = Observed {

@@ -6,7 +6,11 @@
 //!
 //! There is one attempt: retries are the data plane's (its retry policy, on the endpoints it is
 //! given), so `--retry-*` do not apply. What a failed exchange looks like differs too: a
-//! connection the data plane could not make comes back as its own 503, judged as a worker's 503.
+//! connection the data plane could not make comes back as its own reply (Envoy's 503 "upstream
+//! connect error"), which the worker never sent. Where the data plane says so (Envoy's
+//! `response.code_details` attribute), it is judged as `sluice serve` judges a connection it
+//! could not make — a transport failure of the worker, never a sign of life — and the client
+//! gets the gateway's own error instead. Where it does not, it is judged as a worker's 503.
 
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -19,6 +23,16 @@ use crate::fleet::{Lease, Worker, AT_CAPACITY_VETO};
 use crate::route::Placement;
 use crate::stream::{read_ahead, Answer};
 use crate::upstream::{UpstreamBody, UpstreamResponse};
+
+/// Why the data plane answered a request itself instead of relaying the worker's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPlaneReply {
+    /// It could not reach the worker: the connection failed, or was reset before a head came.
+    Unreachable,
+    /// Anything else it answers itself (its own timeout, a route or cluster it lacks): nothing
+    /// the worker said, and nothing about the worker.
+    Other,
+}
 
 /// A request placed and leased, for a data plane to send.
 #[derive(Debug)]
@@ -128,6 +142,25 @@ impl Handover {
             lease: self.lease,
             sent_at: self.sent_at,
             ahead,
+        }
+    }
+
+    /// The data plane answered in the worker's place (`reply`): no contact with the worker, and
+    /// nothing of it relayed. A connection it could not make is the worker's transport failure,
+    /// as when the forward stage cannot connect. Returns the error the client gets instead.
+    pub(crate) fn unanswered(
+        mut self,
+        ctx: &RequestContext,
+        reply: DataPlaneReply,
+    ) -> GatewayError {
+        let worker = self.lease.worker().clone();
+        if reply == DataPlaneReply::Unreachable {
+            worker.signals.transport_failure(Instant::now());
+            self.lease.settle(sluice_core::breaker::Outcome::Failure);
+            ctx.metrics().upstream_error(worker.id.as_str(), "connect");
+        }
+        GatewayError::UpstreamFailed {
+            worker: worker.id.clone(),
         }
     }
 }

@@ -38,8 +38,8 @@ use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 mod handover;
 mod pd;
 
-pub use handover::Handover;
 pub(crate) use handover::ToDataPlane;
+pub use handover::{DataPlaneReply, Handover};
 pub use pd::PdConfig;
 
 /// Where a placed request goes: sent on to its worker (`Forwarder`, `sluice serve`), or handed to

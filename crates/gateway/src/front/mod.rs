@@ -24,6 +24,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+pub use crate::forward::DataPlaneReply;
 pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
 pub use pick::{pick, Answered, Picked};
 

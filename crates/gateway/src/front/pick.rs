@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use super::{degraded_header, routes, serve, ApiRoute, Front, DEGRADED};
 use crate::context::RequestContext;
 use crate::fleet::Worker;
-use crate::forward::{Handover, ToDataPlane};
+use crate::forward::{DataPlaneReply, Handover, ToDataPlane};
 use crate::http::{self, clean_response_headers, request_id, REQUEST_ID};
 use crate::stream;
 
@@ -69,6 +69,24 @@ impl Picked {
         clean_response_headers(&mut headers);
         let answer = handover.answered(&ctx, status, headers, frames).await;
         let mut response = stream::relay(answer, ctx);
+        response.headers_mut().extend(answer_headers);
+        response
+    }
+}
+
+impl Picked {
+    /// The data plane answered itself instead of the worker, for `reply`: the gateway's own
+    /// error goes to the client in the OpenAI shape, and the data plane's reply is judged as
+    /// what it says of the worker (`Handover::unanswered`), never as the worker's answer.
+    pub fn unanswered(self, reply: DataPlaneReply) -> Response<Body> {
+        let Picked {
+            mut ctx,
+            handover,
+            answer_headers,
+        } = self;
+        let error = handover.unanswered(&ctx, reply);
+        ctx.refuse(&error);
+        let mut response = axum::response::IntoResponse::into_response(error);
         response.headers_mut().extend(answer_headers);
         response
     }

@@ -77,6 +77,13 @@ pub struct Row {
     pub vetoed_after: Option<f64>,
     /// Requests the engine received from that veto to the recovery.
     pub sent_after_veto: Option<u64>,
+    /// Wall seconds from the failure to the first request the engine received during it, at
+    /// the earliest it can have come (the counter's reading before it grew; read every 50 ms); the
+    /// failure itself for a crash, whose engine takes nothing in.
+    pub first_sent_after: Option<f64>,
+    /// Wall seconds from that first request to the veto: the issue's "out within 5 s of its
+    /// first unanswered request". `None` without a veto or a first request before it.
+    pub vetoed_after_first_sent: Option<f64>,
     /// Liveness vetoes of the engine the gateway logged in the whole cell (`None`: not sluice).
     pub vetoes: Option<u64>,
     /// Wall seconds from the failure to the last request the engine received during it.
@@ -381,6 +388,16 @@ impl Run {
                 received_at(&self.readings, to)?.saturating_sub(received_at(&self.readings, from)?),
             )
         };
+        let first_sent_after = if readable {
+            first_arrival(&self.readings, fault, restore).map(|d| d.saturating_sub(fault))
+        } else {
+            Some(Duration::ZERO)
+        }
+        .map(|d| d.as_secs_f64());
+        let vetoed_after_first_sent = match (vetoed_after, first_sent_after) {
+            (Some(v), Some(f)) if f <= v => Some(v - f),
+            _ => None,
+        };
         Row {
             failure,
             clients: clients.label(),
@@ -393,6 +410,8 @@ impl Run {
             sent_after_veto: vetoed_after
                 .filter(|_| readable)
                 .and_then(|v| sent_between(fault + Duration::from_secs_f64(v), restore)),
+            first_sent_after,
+            vetoed_after_first_sent,
             vetoes: vetoes.map(|v| v.len() as u64),
             last_sent_after: readable
                 .then(|| last_arrival(&self.readings, fault, restore))
@@ -434,6 +453,25 @@ fn last_arrival(
         }
     }
     Some(last.unwrap_or(from))
+}
+
+/// The reading just before the count first grew within `[from, to)` (`from` at the earliest):
+/// the earliest the first arrival can have come. `None`: it never grew.
+fn first_arrival(
+    readings: &[(Duration, Option<u64>)],
+    from: Duration,
+    to: Duration,
+) -> Option<Duration> {
+    let base = received_at(readings, from)?;
+    let mut before = from;
+    for (t, n) in readings.iter().filter(|(t, _)| *t > from && *t < to) {
+        match *n {
+            Some(n) if n > base => return Some(before),
+            Some(_) => before = *t,
+            None => {}
+        }
+    }
+    None
 }
 
 /// The first reading after `from` whose count grew past its count at `from` (a restarted
@@ -486,6 +524,13 @@ mod tests {
             "nothing arrived: out from the start"
         );
         assert_eq!(first_arrival_after(&readings, s(3), false), Some(s(5)));
+        assert_eq!(
+            first_arrival(&readings, s(2), s(5)),
+            Some(s(2)),
+            "grew at the first reading after the start: at the start at the latest"
+        );
+        assert_eq!(first_arrival(&readings, s(3), s(6)), Some(s(4)));
+        assert_eq!(first_arrival(&readings, s(3), s(5)), None);
         assert_eq!(first_arrival_after(&readings, s(5), false), None);
         let restarted = [
             at(0, Some(5)),

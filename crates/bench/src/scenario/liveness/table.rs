@@ -23,7 +23,8 @@ impl LivenessReport {
              timeout or a cut stream — over before the failure / in flight when it came or \
              sent during it / sent after the recovery. Vetoed: seconds \
              from the failure to the gateway's first liveness veto of engine 0 (sluice's log; \
-             \"–\" none). Sent: requests engine 0 received during the failure, and after the \
+             \"–\" none), and from the first request engine 0 received during the failure (at \
+             the earliest it can have come; a crash: the failure) to that veto. Sent: requests engine 0 received during the failure, and after the \
              veto. Last sent: seconds from the failure to its last request during it. Back: \
              seconds from the recovery to its first request after.\n",
             (t.before + t.during + t.after).as_secs_f64()
@@ -35,9 +36,9 @@ impl LivenessReport {
                 let _ = write!(
                     out,
                     "\n### {}{}\n\n| clients | gateway | requests | failed before/during/after \
-                     | vetoed (s) | vetoes | sent during | sent after veto | last sent (s) | \
+                     | vetoed (s) | after first sent (s) | vetoes | sent during | sent after veto | last sent (s) | \
                      back (s) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: \
-                     | ---: |\n",
+                     | ---: | ---: |\n",
                     row.failure.name(),
                     if row.failure.healthy() {
                         " (healthy: must never be vetoed)"
@@ -48,7 +49,7 @@ impl LivenessReport {
             }
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {}/{}/{} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {}/{}/{} | {} | {} | {} | {} | {} | {} | {} |",
                 row.clients,
                 row.gateway,
                 row.requests,
@@ -56,6 +57,7 @@ impl LivenessReport {
                 row.failed[1],
                 row.failed[2],
                 secs(row.vetoed_after),
+                secs(row.vetoed_after_first_sent),
                 count(row.vetoes),
                 count(row.sent_during),
                 count(row.sent_after_veto),
