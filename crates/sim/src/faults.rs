@@ -95,7 +95,8 @@ pub enum Fault {
     ErrorRate { rate: f64 },
     /// The API process hangs (its event loop never yields): connections are accepted (by the
     /// kernel) and nothing is answered — generation, `/health`, `/metrics`, loads — and streams
-    /// in flight stop; the engine behind it runs on. Lifting it delivers what was held.
+    /// in flight stop; the engine behind it runs on. Lifting it delivers what was held, and
+    /// serves the requests that waited, as a stalled event loop does when it resumes.
     Hang,
     /// Streams end mid-way without `data: [DONE]`.
     CutStreams,

@@ -15,7 +15,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use socket2::SockRef;
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 
@@ -96,31 +95,102 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let open = tally.as_ref().map(Tally::open);
         if faults.borrow().hang {
-            let tally = tally.clone();
+            // The kernel accepts; the hung process reads nothing until it runs again, then
+            // serves what waited, as a stalled event loop does when it resumes.
+            let (builder, router, kill_rx) = (builder.clone(), router.clone(), kill.clone());
+            let (faults, tally) = (faults.clone(), tally.clone());
             spawn_killable(&kill, async move {
-                swallow(stream, tally).await;
-                drop(open);
+                let counted = held_while_hung(&stream, faults, tally.as_ref()).await;
+                let router = if counted {
+                    mark_first_request(router)
+                } else {
+                    router
+                };
+                serve_connection(builder, router, stream, kill_rx, open).await;
             });
             continue;
         }
-        let Some((stream, shadow)) = with_shadow(stream) else {
-            continue;
-        };
-        let service = TowerToHyperService::new(router.clone());
-        let builder = builder.clone();
-        let kill = kill.clone();
-        tokio::spawn(async move {
-            let _open = open;
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = connection => {}
-                () = killed(kill) => {
-                    // Reset, not close: the peer must see the engine die.
-                    let _ = SockRef::from(&shadow).set_linger(Some(Duration::ZERO));
-                }
-            }
-        });
+        tokio::spawn(serve_connection(
+            builder.clone(),
+            router.clone(),
+            stream,
+            kill.clone(),
+            open,
+        ));
     }
+}
+
+/// Serves one connection with hyper until it ends, or until killed: then reset, not closed,
+/// for the peer must see the engine die.
+async fn serve_connection(
+    builder: auto::Builder<TokioExecutor>,
+    router: Router,
+    stream: TcpStream,
+    kill: watch::Receiver<bool>,
+    open: Option<Open>,
+) {
+    let _open = open;
+    let Some((stream, shadow)) = with_shadow(stream) else {
+        return;
+    };
+    let service = TowerToHyperService::new(router);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = connection => {}
+        () = killed(kill) => {
+            let _ = SockRef::from(&shadow).set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+/// A connection accepted while the API process hangs: waits, reading nothing, until the hang
+/// lifts. A generation request that opens it is counted as an arrival at once (it reached the
+/// engine's port), as the handler would count it. Whether it was counted.
+async fn held_while_hung(
+    stream: &TcpStream,
+    mut faults: watch::Receiver<FaultSet>,
+    tally: Option<&Tally>,
+) -> bool {
+    let mut first = [0u8; 4096];
+    let lifted = async { faults.wait_for(|f| !f.hang).await.is_ok() };
+    let peeked = tokio::select! {
+        peeked = stream.peek(&mut first) => peeked.unwrap_or(0),
+        _ = lifted => return false,
+    };
+    let counted = match tally {
+        Some(tally) if first[..peeked].starts_with(b"POST /v1/") => {
+            let counter = if marked_as_trial(&first[..peeked]) {
+                &tally.totals.trials_received
+            } else {
+                &tally.totals.requests_received
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            tally.changed.notify_waiters();
+            true
+        }
+        _ => false,
+    };
+    let _ = faults.wait_for(|f| !f.hang).await;
+    counted
+}
+
+/// The connection's first request, already counted while it waited, is not counted again.
+fn mark_first_request(router: Router) -> Router {
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    router.layer(axum::middleware::map_request(
+        move |mut request: axum::extract::Request| {
+            let first = first.clone();
+            async move {
+                if first.swap(false, Ordering::Relaxed) {
+                    request.headers_mut().insert(
+                        crate::engine::COUNTED_WHILE_HUNG,
+                        axum::http::HeaderValue::from_static("1"),
+                    );
+                }
+                request
+            }
+        },
+    ))
 }
 
 /// A second handle on the connection's socket, through which a crash can set `SO_LINGER`
@@ -138,29 +208,6 @@ fn marked_as_trial(first: &[u8]) -> bool {
     first
         .windows(line.len())
         .any(|w| w.eq_ignore_ascii_case(line.as_bytes()))
-}
-
-/// A hung engine: reads whatever comes and never answers, until the peer closes. A generation
-/// request that opens the connection is counted as an arrival, as the handler would count it.
-async fn swallow(mut stream: TcpStream, tally: Option<Tally>) {
-    let mut sink = [0u8; 4096];
-    let mut first = true;
-    while let Ok(n) = stream.read(&mut sink).await {
-        if n == 0 {
-            break;
-        }
-        if std::mem::take(&mut first) && sink[..n].starts_with(b"POST /v1/") {
-            if let Some(tally) = &tally {
-                let counter = if marked_as_trial(&sink[..n]) {
-                    &tally.totals.trials_received
-                } else {
-                    &tally.totals.requests_received
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                tally.changed.notify_waiters();
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -243,23 +243,39 @@ async fn a_crash_resets_connections_and_a_restart_comes_back_on_the_same_port() 
 }
 
 #[tokio::test]
-async fn a_hung_engine_accepts_connections_and_never_answers() {
+async fn a_hung_engine_answers_nothing_until_it_runs_again_then_serves_what_waited() {
     let fleet = fleet(instant(Flavor::Vllm)).await;
     let slot = fleet.engine(0).unwrap();
+    // A connection kept alive from before the hang, and fresh ones during it.
+    let kept = client();
+    assert_eq!(
+        get(&kept, &format!("{}/health", slot.url())).await.status,
+        200
+    );
     slot.fault(Fault::Hang).await.unwrap();
-    let c = client();
     let health = format!("{}/health", slot.url());
-    let answer = tokio::time::timeout(Duration::from_millis(300), get(&c, &health)).await;
+    let answer = tokio::time::timeout(Duration::from_millis(300), get(&client(), &health)).await;
     assert!(answer.is_err(), "no answer while hung");
     let url = format!("{}/v1/completions", slot.url());
-    let sent = tokio::spawn(async move { post(&client(), &url, &completion(4, false)).await });
-    let state = slot.until(|s| s.requests_received == 1).await;
+    let sent: Vec<_> = [client(), kept]
+        .into_iter()
+        .map(|c| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&c, &url, &completion(4, false)).await })
+        })
+        .collect();
+    let state = slot.until(|s| s.requests_received == 2).await;
     assert_eq!(
         state.finished, 0,
-        "counted as it reached the port, never run"
+        "counted as they reached the port, never run"
     );
-    sent.abort();
     slot.fault(Fault::Clear).await.unwrap();
+    for request in sent {
+        let answer = request.await.unwrap();
+        assert_eq!(answer.status, 200, "served once it runs again");
+    }
+    let state = slot.until(|s| s.finished == 2).await;
+    assert_eq!(state.requests_received, 2, "each counted once");
     assert_eq!(get(&client(), &health).await.status, 200);
 }
 

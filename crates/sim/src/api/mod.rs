@@ -136,22 +136,28 @@ fn authorize(cfg: &EngineConfig, headers: &HeaderMap) -> Result<(), ApiError> {
 
 async fn hang_if_faulted(
     State(st): State<Arc<ApiState>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
+    let mut faults = st.engine.fault_watch();
     if st.engine.faults().hang {
         if request.method() == axum::http::Method::POST && request.uri().path().starts_with("/v1/")
         {
             // It reached the engine's port: counted as an arrival, as the handler would.
             st.engine.totals().arrival(request.headers());
             st.engine.notify_changed();
+            request.headers_mut().insert(
+                crate::engine::COUNTED_WHILE_HUNG,
+                axum::http::HeaderValue::from_static("1"),
+            );
         }
-        return std::future::pending().await;
+        // Nothing is read or answered until the process runs again; then it is served, as a
+        // stalled event loop serves what waited when it resumes.
+        let _ = faults.wait_for(|f| !f.hang).await;
     }
     let response = next.run(request).await;
     // A one-way link: the request reached the engine and runs; its answer is held until the
     // link carries again. A hung API process sends nothing until it runs again.
-    let mut faults = st.engine.fault_watch();
     let _ = faults.wait_for(|f| !f.one_way && !f.hang).await;
     response
 }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 pub use gate::{AdmissionGate, GateTicket};
 pub use metrics::EngineMetrics;
+pub(crate) use stats::COUNTED_WHILE_HUNG;
 pub use stats::{RankGauges, RankView, Totals, TRIAL_HEADER};
 
 use crate::config::EngineConfig;

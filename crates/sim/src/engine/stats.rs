@@ -147,10 +147,16 @@ pub struct Totals {
 
 /// The header by which a gateway marks a liveness trial (sluice's `control/trial.rs`).
 pub const TRIAL_HEADER: &str = "x-sluice-liveness-trial";
+/// Set by the engine itself on a request it counted when it reached the port of a hung API
+/// process, and served once the process ran again: not counted twice.
+pub(crate) const COUNTED_WHILE_HUNG: &str = "x-sim-counted-while-hung";
 
 impl Totals {
     /// A generation request arrived with `headers`: counted as a client's, or as a trial.
     pub fn arrival(&self, headers: &axum::http::HeaderMap) {
+        if headers.contains_key(COUNTED_WHILE_HUNG) {
+            return;
+        }
         let counter = if headers.contains_key(TRIAL_HEADER) {
             &self.trials_received
         } else {
