@@ -135,6 +135,8 @@ pub struct EngineState {
     pub requests_received: u64,
     /// Liveness trials received (not in `requests_received`).
     pub trials_received: u64,
+    /// When the last of `requests_received` came, microseconds since the Unix epoch (0: none).
+    pub last_arrival_unix_us: u64,
     pub running: u64,
     pub waiting: u64,
     pub swapped: u64,
@@ -430,6 +432,7 @@ impl EngineSlot {
             up: engine.is_some(),
             requests_received: load(&t.requests_received),
             trials_received: load(&t.trials_received),
+            last_arrival_unix_us: load(&t.last_arrival_unix_us),
             running: sum(|r| r.running),
             waiting: sum(|r| r.waiting),
             swapped: sum(|r| r.swapped),

@@ -159,12 +159,9 @@ async fn held_while_hung(
     };
     let counted = match tally {
         Some(tally) if first[..peeked].starts_with(b"POST /v1/") => {
-            let counter = if marked_as_trial(&first[..peeked]) {
-                &tally.totals.trials_received
-            } else {
-                &tally.totals.requests_received
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
+            tally
+                .totals
+                .count_arrival(marked_as_trial(&first[..peeked]));
             tally.changed.notify_waiters();
             true
         }

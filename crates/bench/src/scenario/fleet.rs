@@ -319,6 +319,15 @@ impl SimFleet {
         self.state(i).await?["requests_received"].as_u64()
     }
 
+    /// Engine `i`'s arrivals, and when the last came (microseconds since the Unix epoch).
+    pub async fn arrivals(&self, i: usize) -> Option<(u64, u64)> {
+        let state = self.state(i).await?;
+        Some((
+            state["requests_received"].as_u64()?,
+            state["last_arrival_unix_us"].as_u64()?,
+        ))
+    }
+
     /// The totals summed over the engines and their earlier lives.
     pub async fn totals(&self) -> EngineTotals {
         self.per_engine()

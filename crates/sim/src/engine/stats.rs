@@ -117,6 +117,10 @@ pub struct Totals {
     /// Requests a gateway marked as liveness trials (`X-Sluice-Liveness-Trial`), kept out of
     /// `requests_received` so that a benchmark counts its clients' traffic alone.
     pub trials_received: AtomicU64,
+    /// When the last of `requests_received` came, in microseconds since the Unix epoch (0:
+    /// none yet): a benchmark tells an arrival just before a gateway's logged decision from one
+    /// just after it.
+    pub last_arrival_unix_us: AtomicU64,
     pub steps: AtomicU64,
     pub preemptions: AtomicU64,
     pub aborted: AtomicU64,
@@ -154,15 +158,23 @@ pub(crate) const COUNTED_WHILE_HUNG: &str = "x-sim-counted-while-hung";
 impl Totals {
     /// A generation request arrived with `headers`: counted as a client's, or as a trial.
     pub fn arrival(&self, headers: &axum::http::HeaderMap) {
-        if headers.contains_key(COUNTED_WHILE_HUNG) {
+        if !headers.contains_key(COUNTED_WHILE_HUNG) {
+            self.count_arrival(headers.contains_key(TRIAL_HEADER));
+        }
+    }
+
+    /// Counts one request that reached the engine: a liveness trial apart, anything else in
+    /// `requests_received`, stamped.
+    pub fn count_arrival(&self, trial: bool) {
+        if trial {
+            self.trials_received.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let counter = if headers.contains_key(TRIAL_HEADER) {
-            &self.trials_received
-        } else {
-            &self.requests_received
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.requests_received.fetch_add(1, Ordering::Relaxed);
+        self.last_arrival_unix_us.fetch_max(now, Ordering::Relaxed);
     }
 
     /// Adds what the scheduler did since `before`.

@@ -219,6 +219,8 @@ type Load = tokio::task::JoinHandle<Result<Vec<Outcome>, crate::arrivals::Arriva
 struct Run {
     outcomes: Vec<Outcome>,
     readings: Vec<(Duration, Option<u64>)>,
+    /// Each reading's count again, with when its last arrival came (Unix microseconds).
+    stamps: Vec<(u64, u64)>,
     fault_at: SystemTime,
 }
 
@@ -233,6 +235,7 @@ async fn drive(
     let (fault, restore) = (timing.before, timing.before + timing.during);
     tokio::time::sleep_until(start).await;
     let mut readings = Vec::new();
+    let mut stamps = Vec::new();
     let mut fault_at = None;
     let mut restored = false;
     let mut long_prompt = None;
@@ -245,7 +248,7 @@ async fn drive(
                 }
                 let outcomes = done.map_err(ScenarioError::Join)??;
                 let fault_at = fault_at.unwrap_or_else(SystemTime::now);
-                return Ok(Run { outcomes, readings, fault_at });
+                return Ok(Run { outcomes, readings, stamps, fault_at });
             }
             _ = tick.tick() => {}
         }
@@ -273,7 +276,9 @@ async fn drive(
                 _ => fleet.fault(TARGET, &sluice_sim::Fault::Clear).await?,
             }
         }
-        readings.push((start.elapsed(), fleet.received(TARGET).await));
+        let arrivals = fleet.arrivals(TARGET).await;
+        readings.push((start.elapsed(), arrivals.map(|(n, _)| n)));
+        stamps.extend(arrivals);
     }
 }
 
@@ -407,9 +412,14 @@ impl Run {
             failures,
             sent_during: readable.then(|| sent_between(fault, restore)).flatten(),
             vetoed_after,
-            sent_after_veto: vetoed_after
+            sent_after_veto: vetoes
+                .as_ref()
+                .and_then(|v| v.iter().copied().filter(|&t| t >= self.fault_at).min())
                 .filter(|_| readable)
-                .and_then(|v| sent_between(fault + Duration::from_secs_f64(v), restore)),
+                .and_then(|veto| {
+                    let during = received_at(&self.readings, restore)?;
+                    Some(during.saturating_sub(arrived_before(&self.stamps, veto)))
+                }),
             first_sent_after,
             vetoed_after_first_sent,
             vetoes: vetoes.map(|v| v.len() as u64),
@@ -425,6 +435,20 @@ impl Run {
             .map(|d| d.saturating_sub(restore).as_secs_f64()),
         }
     }
+}
+
+/// How many requests had arrived before `moment`: the highest count whose last arrival came
+/// before it (exact whatever the reading interval, the counter being monotonic).
+fn arrived_before(stamps: &[(u64, u64)], moment: SystemTime) -> u64 {
+    let us = moment
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    stamps
+        .iter()
+        .filter(|(_, last)| *last < us)
+        .map(|(n, _)| *n)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The target's count at `at`: the last reading at or before it.
@@ -539,6 +563,21 @@ mod tests {
             at(3000, Some(1)),
         ];
         assert_eq!(first_arrival_after(&restarted, s(1), true), Some(s(3)));
+    }
+
+    #[test]
+    fn arrivals_before_a_moment_are_told_by_their_stamps() {
+        let us = |n: u64| SystemTime::UNIX_EPOCH + Duration::from_micros(n);
+        // Read at counts 3, 5, 8: the fifth came at 1,000 us, the eighth at 2,000 us.
+        let stamps = [(3, 500), (5, 1_000), (8, 2_000)];
+        assert_eq!(
+            arrived_before(&stamps, us(1_001)),
+            5,
+            "within a reading's interval"
+        );
+        assert_eq!(arrived_before(&stamps, us(1_000)), 3);
+        assert_eq!(arrived_before(&stamps, us(5_000)), 8);
+        assert_eq!(arrived_before(&stamps, us(100)), 0);
     }
 
     #[test]
