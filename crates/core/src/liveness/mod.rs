@@ -287,7 +287,12 @@ fn owed(o: &Observed) -> Span {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    Span { since, ..o.silence }
+    Span {
+        since,
+        // Streams in flight are owed now.
+        owed_until: o.silence.owed_until.filter(|_| streams.is_none()),
+        ..o.silence
+    }
 }
 
 /// The wedge rules: the engine's own silence, a waiting queue or a pile without progress.
@@ -344,7 +349,8 @@ fn unresponsive(s: &Span, bound: Duration, allowance: Duration, now: Instant) ->
     } else {
         wedge_bound(bound, allowance)
     };
-    now.saturating_duration_since(since) >= bound
+    let end = s.owed_until.map_or(now, |until| until.min(now));
+    end.saturating_duration_since(since) >= bound
 }
 
 #[cfg(test)]

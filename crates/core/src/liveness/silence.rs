@@ -74,6 +74,10 @@ pub struct Span {
     pub signal: bool,
     /// The last sign of life: a byte on a request, or a step in a report.
     pub last_life: Option<Instant>,
+    /// When the last request owed an answer stopped waiting, while none waits now; `None`
+    /// while one waits. The silence is measured to here: a wait nobody shares any more is no
+    /// longer evidence, however long ago it began.
+    pub owed_until: Option<Instant>,
 }
 
 impl Silence {
@@ -94,6 +98,19 @@ impl Silence {
         if self.since.is_some() {
             self.abandoned = Some(at);
         }
+    }
+
+    /// A stream owed its next token since `owed_since` ended at `at` without it (its client
+    /// left): like a request that ended without a byte, it leaves the silence running, from
+    /// when the token was owed or the last sign of life since. Only where the reports carry a
+    /// stepping signal, for elsewhere a stream waiting is no evidence (seed 000).
+    pub fn stream_left(&mut self, owed_since: Instant, at: Instant) {
+        if !self.signal {
+            return;
+        }
+        let owed = self.last_life.map_or(owed_since, |l| l.max(owed_since));
+        self.since = Some(self.since.map_or(owed, |s| s.min(owed)));
+        self.abandoned = Some(at);
     }
 
     /// A byte came back at `at`; `still` requests remain without one, whose wait counts afresh.
@@ -137,6 +154,7 @@ impl Silence {
             last_stood: self.last_stood,
             signal: self.signal,
             last_life: self.last_life,
+            owed_until: if pending { None } else { self.abandoned },
         }
     }
 }
@@ -167,6 +185,29 @@ mod tests {
             s.span(t0 + secs(4), true, GAP).since,
             Some(t0),
             "one silence"
+        );
+    }
+
+    #[test]
+    fn a_stream_left_while_owed_its_next_token_leaves_the_silence_running() {
+        let t0 = Instant::now();
+        let mut s = Silence::default();
+        s.polled(t0, PollShowed::Baseline, false);
+        s.answered(t0, false);
+        s.stream_left(t0 + secs(1), t0 + secs(3));
+        assert_eq!(s.span(t0 + secs(4), false, GAP).since, Some(t0 + secs(1)));
+        s.sent(t0 + secs(4), GAP);
+        assert_eq!(
+            s.span(t0 + secs(5), true, GAP).since,
+            Some(t0 + secs(1)),
+            "the next request continues it"
+        );
+        let mut no_signal = Silence::default();
+        no_signal.stream_left(t0 + secs(1), t0 + secs(3));
+        assert_eq!(
+            no_signal.span(t0 + secs(4), false, GAP).since,
+            None,
+            "a stream waiting is no evidence without a stepping signal"
         );
     }
 

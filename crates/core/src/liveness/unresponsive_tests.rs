@@ -14,9 +14,44 @@ fn silent(now: Instant, since: Instant, stood: u32, signal: bool) -> Observed {
             last_stood: (stood > 0).then_some(since + Duration::from_millis(500)),
             signal,
             last_life: None,
+            owed_until: None,
         },
         ..quiet(now)
     }
+}
+
+#[test]
+fn a_wait_that_ended_before_the_bound_is_never_unresponsive() {
+    // A client asked an idle, healthy engine once and left 10 ms later: the engine aborted it
+    // before any step, so its polls stand. Nothing is owed after 10 ms: no verdict, ever.
+    let t0 = Instant::now();
+    let left = Observed {
+        silence: Span {
+            owed_until: Some(t0 + Duration::from_millis(10)),
+            ..silent(t0, t0, 1, true).silence
+        },
+        in_flight: 0,
+        ..quiet(t0)
+    };
+    for ms in [2_990, 3_000, 3_005, 5_000] {
+        assert_eq!(
+            judge(None, &left, &CFG, t0 + Duration::from_millis(ms)),
+            None,
+            "at {ms} ms"
+        );
+    }
+    // Owed for the whole bound across requests, then left: the verdict stands.
+    let gave_up = Observed {
+        silence: Span {
+            owed_until: Some(t0 + secs(5)),
+            ..left.silence
+        },
+        ..left
+    };
+    assert_eq!(
+        judge(None, &gave_up, &CFG, t0 + secs(5)),
+        Some(LivenessVeto::Unresponsive)
+    );
 }
 
 #[test]

@@ -171,6 +171,11 @@ impl Signals {
         self.silence.lock().abandoned(at);
     }
 
+    /// A stream owed its next token since `owed_since` was left by its client at `at`.
+    pub(crate) fn stream_left(&self, owed_since: Instant, at: Instant) {
+        self.silence.lock().stream_left(owed_since, at);
+    }
+
     /// A load poll ended at `at` with `polled`; `pending`: requests of this gateway's wait on it.
     pub fn polled(&self, at: Instant, polled: PollShowed, pending: bool) {
         self.silence.lock().polled(at, polled, pending);

@@ -245,6 +245,12 @@ impl Lease {
         &self.worker
     }
 
+    /// The client left a stream owed its next token since `last_token`: the wait goes on into
+    /// the worker's silence (`Silence::stream_left`).
+    pub fn stream_left(&self, last_token: Instant) {
+        self.worker.signals.stream_left(last_token, Instant::now());
+    }
+
     /// Counts the request's outcome in the worker's breaker (once; later calls do nothing).
     pub fn settle(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {

@@ -449,9 +449,16 @@ fn tier_of(ctx: &RequestContext) -> Tier {
 }
 
 impl Drop for Relay {
-    /// The client left: what was generated until then is what the request used.
+    /// The client left: what was generated until then is what the request used. A stream it
+    /// left while owed its next token leaves the worker's silence running from its last token,
+    /// as a request that ended without a byte does.
     fn drop(&mut self) {
         let _ = self.read_meter();
+        if self.state != State::Done && self.sse {
+            if let Some(last) = self.last_chunk {
+                self.lease.stream_left(last);
+            }
+        }
     }
 }
 
