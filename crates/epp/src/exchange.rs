@@ -337,8 +337,11 @@ impl Drive<'_> {
             None => picked.answered(status, upstream.clone(), frames).await,
         };
         let (parts, mut body) = answer.into_parts();
-        self.send(wire::response_headers(changed(&upstream, &parts.headers)))
-            .await?;
+        let mut headers = changed(&upstream, &parts.headers);
+        if parts.status != status {
+            headers = wire::with_status(headers, parts.status);
+        }
+        self.send(wire::response_headers(headers)).await?;
         if !has_body {
             // Nothing to pass on; reading it still ends the request's accounting.
             while let Some(Ok(_)) = body.frame().await {}

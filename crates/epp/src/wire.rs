@@ -177,6 +177,21 @@ pub fn destination_metadata(endpoint: SocketAddr) -> Struct {
 
 /// Sets each of `set`'s headers (its first value replacing what is there, the next ones added)
 /// and removes `remove`.
+/// `mutation` that also sets the answer's status (the data plane allows `:status` among the
+/// response headers it lets an external processor change).
+pub fn with_status(mut mutation: HeaderMutation, status: StatusCode) -> HeaderMutation {
+    mutation.set_headers.push(HeaderValueOption {
+        header: Some(WireHeader {
+            key: ":status".to_string(),
+            value: String::new(),
+            raw_value: status.as_str().as_bytes().to_vec(),
+        }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..HeaderValueOption::default()
+    });
+    mutation
+}
+
 pub fn mutation<'a>(
     set: impl IntoIterator<Item = (&'a HeaderName, &'a HeaderValue)>,
     remove: impl IntoIterator<Item = String>,

@@ -305,6 +305,7 @@ async fn envoys_own_reply_for_a_crashed_worker_is_a_connection_failure_not_its_a
     .await;
     assert!(!failed.is_empty(), "requests reached the crashed worker");
     for a in &failed {
+        assert_eq!(a.status, 502, "{}", a.text());
         assert_eq!(a.headers["x-sluice-error-code"], "upstream_failed");
         assert_eq!(a.json()["error"]["code"], "upstream_failed");
         assert!(
