@@ -10,6 +10,7 @@ use sluice_core::liveness::{judge, prefill_allowance, LivenessConfig, LivenessVe
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::trial::Trials;
 use crate::fleet::{Fleet, Heard, Worker};
 
 /// How often the checker looks.
@@ -62,8 +63,13 @@ fn observe(
     }
 }
 
-/// Judges every worker every `CHECK_EVERY`, for as long as the fleet lives.
-pub(super) async fn run_checker(fleet: Weak<Fleet>, cfg: LivenessConfig) {
+/// Judges every worker every `CHECK_EVERY`, for as long as the fleet lives, and starts the
+/// trials of those out awaiting progress (`trials`, unless turned off).
+pub(super) async fn run_checker(
+    fleet: Weak<Fleet>,
+    cfg: LivenessConfig,
+    mut trials: Option<Trials>,
+) {
     let mut seen: HashMap<u64, Seen> = HashMap::new();
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -74,7 +80,11 @@ pub(super) async fn run_checker(fleet: Weak<Fleet>, cfg: LivenessConfig) {
         };
         let snapshot = fleet.snapshot();
         let now = Instant::now();
-        seen.retain(|key, _| snapshot.workers.iter().any(|w| w.key == *key));
+        let present = |key: u64| snapshot.workers.iter().any(|w| w.key == key);
+        seen.retain(|key, _| present(*key));
+        if let Some(trials) = &mut trials {
+            trials.retain(present);
+        }
         for worker in &snapshot.workers {
             let heard = worker.signals.heard();
             let entry = seen.entry(worker.key).or_insert_with(|| Seen {
@@ -88,6 +98,9 @@ pub(super) async fn run_checker(fleet: Weak<Fleet>, cfg: LivenessConfig) {
             if next != prev {
                 entry.vetoed_at = next.map(|_| now);
                 changed(&fleet, worker, prev, next, &observed, now);
+            }
+            if let Some(trials) = &mut trials {
+                trials.consider(&fleet, worker, now);
             }
         }
     }

@@ -123,14 +123,10 @@ impl Control {
     /// fleet.
     pub fn watch(&self, fleet: &Arc<Fleet>) {
         if let Some(cfg) = self.settings.liveness {
-            tokio::spawn(liveness::run_checker(Arc::downgrade(fleet), cfg));
-            if cfg.trials {
-                tokio::spawn(trial::run_trials(
-                    Arc::downgrade(fleet),
-                    self.upstream.clone(),
-                    trial::trial_every(cfg.stall),
-                ));
-            }
+            let trials = cfg
+                .trials
+                .then(|| trial::Trials::new(self.upstream.clone(), trial::trial_every(cfg.stall)));
+            tokio::spawn(liveness::run_checker(Arc::downgrade(fleet), cfg, trials));
         }
     }
 

@@ -12,7 +12,7 @@
 //! serves. gRPC workers are not tried (their veto lifts on the stream's own progress).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
@@ -29,7 +29,7 @@ use crate::upstream::{self, Upstream};
 /// clients' requests) can tell trials apart.
 pub const TRIAL_HEADER: &str = "x-sluice-liveness-trial";
 
-/// What the trial loop remembers of a worker: its trial in flight and when the last began.
+/// A worker's trial: when it began, and the task that runs it.
 struct Trying {
     began: Instant,
     task: JoinHandle<()>,
@@ -40,40 +40,49 @@ pub fn trial_every(stall: Duration) -> Duration {
     stall.max(Duration::from_secs(1))
 }
 
-/// Starts a trial on every worker out for a veto that awaits progress whose last trial ended
-/// and began `every` ago or more, for as long as the fleet lives.
-pub(super) async fn run_trials(fleet: Weak<Fleet>, upstream: Upstream, every: Duration) {
-    let mut trying: HashMap<u64, Trying> = HashMap::new();
-    let mut tick = tokio::time::interval(super::liveness::CHECK_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(fleet) = fleet.upgrade() else {
+/// The trials in flight, kept by the liveness checker, which looks at each worker after judging
+/// it (`consider`): one writer, one tick.
+pub(super) struct Trials {
+    upstream: Upstream,
+    every: Duration,
+    trying: HashMap<u64, Trying>,
+}
+
+impl Trials {
+    pub(super) fn new(upstream: Upstream, every: Duration) -> Self {
+        Self {
+            upstream,
+            every,
+            trying: HashMap::new(),
+        }
+    }
+
+    /// Forgets the workers no longer in the fleet.
+    pub(super) fn retain(&mut self, present: impl Fn(u64) -> bool) {
+        self.trying.retain(|key, _| present(*key));
+    }
+
+    /// Starts a trial on `worker` if it is out for a veto that awaits progress, is not a gRPC
+    /// worker, and its last trial ended and began `every` ago or more.
+    pub(super) fn consider(&mut self, fleet: &Arc<Fleet>, worker: &Arc<Worker>, now: Instant) {
+        let out = worker
+            .vetoes
+            .liveness()
+            .is_some_and(|v| v.awaits_progress());
+        if !out || worker.endpoint.grpc() {
             return;
-        };
-        let snapshot = fleet.snapshot();
-        let now = Instant::now();
-        trying.retain(|key, _| snapshot.workers.iter().any(|w| w.key == *key));
-        for worker in &snapshot.workers {
-            let out = worker
-                .vetoes
-                .liveness()
-                .is_some_and(|v| v.awaits_progress());
-            if !out || worker.endpoint.grpc() {
-                continue;
-            }
-            let due = trying.get(&worker.key).is_none_or(|t| {
-                t.task.is_finished() && now.saturating_duration_since(t.began) >= every
-            });
-            if due {
-                let task = tokio::spawn(trial(
-                    fleet.clone(),
-                    worker.clone(),
-                    upstream.clone(),
-                    every,
-                ));
-                trying.insert(worker.key, Trying { began: now, task });
-            }
+        }
+        let due = self.trying.get(&worker.key).is_none_or(|t| {
+            t.task.is_finished() && now.saturating_duration_since(t.began) >= self.every
+        });
+        if due {
+            let task = tokio::spawn(trial(
+                fleet.clone(),
+                worker.clone(),
+                self.upstream.clone(),
+                self.every,
+            ));
+            self.trying.insert(worker.key, Trying { began: now, task });
         }
     }
 }

@@ -46,7 +46,7 @@ pub struct Signals {
     /// It has pushed a load record (a gRPC worker's KV-event stream): from then on it is held
     /// to the stream's cadence (the stale rule).
     pushed_load: AtomicBool,
-    /// The last liveness trial's verdict and when it came (the trial loop alone writes it).
+    /// The last liveness trial's verdict and when it came (the trial task alone writes it).
     last_trial: parking_lot::Mutex<Option<(Instant, TrialVerdict)>>,
 }
 
