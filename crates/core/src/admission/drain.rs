@@ -135,6 +135,139 @@ pub fn hopeless(tier: Tier, hold: Hold, expected: Option<Duration>, timeout: Dur
     (tier == Tier::Batch && hold == Hold::Full) || expected.is_some_and(|wait| wait > timeout)
 }
 
+/// What the gateway knew of a worker when a load report of it came: the engine's waiting queue
+/// as reported, and this gateway's requests sent to it and ended on it so far (running counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtReport {
+    pub waiting: u64,
+    pub sent: u64,
+    pub ended: u64,
+    pub at: Instant,
+}
+
+impl AtReport {
+    /// A report of `waiting` at `at`, when this gateway had sent and seen end `(sent, ended)`.
+    pub fn new(waiting: u64, (sent, ended): (u64, u64), at: Instant) -> Self {
+        Self {
+            waiting,
+            sent,
+            ended,
+            at,
+        }
+    }
+
+    /// Requests a second that left the engine's waiting queue between `earlier` and this
+    /// report: its queue then, plus what this gateway sent it since, less its queue now. What
+    /// others sent it is not seen, so this is a floor: a queue that others keep full shows
+    /// nothing leaving it, which is what a request of ours waiting for room would see.
+    pub fn started_since(&self, earlier: &AtReport) -> f64 {
+        let span = self.at.saturating_duration_since(earlier.at).as_secs_f64();
+        if span <= 0.0 {
+            return 0.0;
+        }
+        let arrived = earlier.waiting + self.sent.saturating_sub(earlier.sent);
+        arrived.saturating_sub(self.waiting) as f64 / span
+    }
+
+}
+
+/// How fast requests start on a worker, by its load reports: what the gateway knew at the last
+/// one, the smoothed start rate, and when a report last showed a request start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Starts {
+    pub at_report: AtReport,
+    rate: f64,
+    last_start: Option<Instant>,
+}
+
+impl Starts {
+    /// The first report of a worker: nothing measured yet.
+    pub fn first(at_report: AtReport) -> Self {
+        Self {
+            at_report,
+            rate: 0.0,
+            last_start: None,
+        }
+    }
+
+    /// After the next report, `at_report`. The rate is smoothed over about `SPAN`: polled
+    /// often, most intervals see no request start and one sees several, and a wait is judged on
+    /// the rate, not on the last interval's luck.
+    pub fn next(&self, at_report: AtReport) -> Self {
+        let started = at_report.started_since(&self.at_report);
+        let dt = at_report
+            .at
+            .saturating_duration_since(self.at_report.at)
+            .as_secs_f64();
+        let weight = 1.0 - (-dt / SPAN.as_secs_f64()).exp();
+        Self {
+            at_report,
+            rate: self.rate + weight * (started - self.rate),
+            last_start: if started > 0.0 {
+                Some(at_report.at)
+            } else {
+                self.last_start
+            },
+        }
+    }
+
+    /// Requests a second starting as of `now`: nothing once no report has shown one start for
+    /// `SPAN` (reports that stand still over a ceiling free no room, however fast they did).
+    pub fn rate(&self, now: Instant) -> f64 {
+        match self.last_start {
+            Some(at) if now.saturating_duration_since(at) <= SPAN => self.rate,
+            _ => 0.0,
+        }
+    }
+}
+
+/// A worker over its ceiling, and how fast room frees on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OverCeiling {
+    /// Requests that must start on it before it has room (`QueueGate::short_by`).
+    pub short_by: u64,
+    /// Requests a second that left its waiting queue, by its reports (`Starts::rate`).
+    pub started: f64,
+    /// This gateway's requests that ended on it since its last report, and the time since: each
+    /// end lets a waiting request start.
+    pub ended_since_report: u64,
+    pub since_report: Duration,
+}
+
+impl OverCeiling {
+    /// Room freeing on it, requests a second: the faster of what its reports show leaving its
+    /// queue and what ended on it since the last one. Nothing measured is 0.
+    pub fn freeing(&self) -> f64 {
+        let secs = self.since_report.as_secs_f64();
+        let ended = if secs > 0.0 {
+            self.ended_since_report as f64 / secs
+        } else {
+            0.0
+        };
+        self.started.max(ended)
+    }
+}
+
+/// How long a request behind `ahead` others should count on waiting when every candidate is over
+/// its ceiling (`workers`): until the least short of them has room and the `ahead` have gone, at
+/// the rate room frees on them all, two deviations up as `likely_wait` counts. Forever when no
+/// room is measured freeing: the reports stand still over the ceiling and nothing ended since.
+pub fn overload_wait(ahead: usize, workers: &[OverCeiling]) -> Duration {
+    let rate: f64 = workers.iter().map(OverCeiling::freeing).sum();
+    let short = workers.iter().map(|w| w.short_by).min().unwrap_or(1).max(1);
+    let ahead = ahead.saturating_add(usize::try_from(short - 1).unwrap_or(usize::MAX));
+    likely_wait(ahead, Some(rate)).unwrap_or(Duration::MAX)
+}
+
+/// Under `--worker-overload-shed`, whether a request of `tier` that every candidate is too full
+/// for is shed rather than queued: a batch request always (as `hopeless`); any other unless its
+/// likely wait (`overload_wait`) fits in what is `left` of its tier's wait and its deadline. The
+/// queue's own drain rate is not trusted here: it counts room that opened before the fleet
+/// filled, and promised a wait the fleet never ended.
+pub fn overload_hopeless(tier: Tier, wait: Duration, left: Duration) -> bool {
+    tier == Tier::Batch || wait > left
+}
+
 /// When a client refused by the queue should come back: the waiters over the drain rate, within
 /// 1 to 60 s (1 s before there is a rate).
 pub fn retry_after(waiting: usize, rate: Option<f64>) -> Duration {
@@ -247,6 +380,75 @@ mod tests {
             hopeless(Tier::Agent, Hold::Full, Some(wait), 800 * MS),
             "other tiers by their wait alone"
         );
+    }
+
+    fn over(short_by: u64, started: f64, ended: u64, since_ms: u64) -> OverCeiling {
+        OverCeiling {
+            short_by,
+            started,
+            ended_since_report: ended,
+            since_report: Duration::from_millis(since_ms),
+        }
+    }
+
+    #[test]
+    fn a_fleet_whose_reports_stand_still_over_the_ceiling_frees_no_room() {
+        let t0 = Instant::now();
+        let at = |waiting, sent, ended, ms: u64| AtReport {
+            waiting,
+            sent,
+            ended,
+            at: t0 + Duration::from_millis(ms),
+        };
+        // 5 waiting twice, nothing of ours sent: nothing left the queue.
+        assert_eq!(at(5, 0, 0, 1000).started_since(&at(5, 0, 0, 0)), 0.0);
+        // 5, then 3 after we sent 2 more in a second: 4 started.
+        assert_eq!(at(3, 12, 7, 1000).started_since(&at(5, 10, 7, 0)), 4.0);
+        // Others filled it faster than it emptied: the floor is nothing.
+        assert_eq!(at(9, 10, 0, 500).started_since(&at(5, 10, 0, 0)), 0.0);
+        assert_eq!(at(9, 10, 0, 0).started_since(&at(5, 10, 0, 0)), 0.0, "no span");
+        // Polled every 50 ms, one start in five polls: the smoothed rate settles near 4 a
+        // second; reports that then stand still free nothing once `SPAN` has passed.
+        let mut starts = Starts::first(at(10, 0, 0, 0));
+        for poll in 1..=200u64 {
+            starts = starts.next(at(10 - poll / 5 % 10, 0, 0, poll * 50));
+        }
+        let now = t0 + Duration::from_millis(200 * 50);
+        assert!((starts.rate(now) - 4.0).abs() < 1.5, "{}", starts.rate(now));
+        let waiting = starts.at_report.waiting;
+        for poll in 201..=250u64 {
+            starts = starts.next(at(waiting, 0, 0, poll * 50));
+        }
+        let later = t0 + Duration::from_millis(250 * 50);
+        assert_eq!(starts.rate(later), 0.0, "2.5 s standing");
+        assert_eq!(Starts::first(at(5, 0, 0, 0)).rate(t0), 0.0);
+
+        let standing = [over(2, 0.0, 0, 400), over(1, 0.0, 0, 900)];
+        assert_eq!(overload_wait(0, &standing), Duration::MAX);
+        assert!(overload_hopeless(
+            Tier::Interactive,
+            overload_wait(0, &standing),
+            Duration::from_secs(3600)
+        ));
+    }
+
+    #[test]
+    fn room_freeing_fast_enough_is_waited_for_and_slow_is_not() {
+        // One short of room on the second worker, 4 a second freeing in all: k = 1 + 3 ahead.
+        let draining = [over(3, 2.0, 0, 500), over(1, 0.0, 1, 500)];
+        assert_eq!(draining[1].freeing(), 2.0, "one end in half a second");
+        let wait = overload_wait(3, &draining);
+        assert!((wait.as_secs_f64() - (4.0 + 2.0 * 2.0) / 4.0).abs() < 1e-9, "{wait:?}");
+        assert!(!overload_hopeless(Tier::Agent, wait, Duration::from_secs(3)));
+        assert!(overload_hopeless(Tier::Agent, wait, Duration::from_secs(1)));
+        assert!(
+            overload_hopeless(Tier::Batch, wait, Duration::from_secs(3600)),
+            "batch never waits on an overload"
+        );
+        // The least short worker sets how many must start first.
+        let far = [over(9, 4.0, 0, 500)];
+        assert!(overload_wait(0, &far) > overload_wait(0, &[over(1, 4.0, 0, 500)]));
+        assert_eq!(over(1, 0.0, 3, 0).freeing(), 0.0, "no time since the report");
     }
 
     #[test]

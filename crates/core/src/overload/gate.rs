@@ -135,6 +135,19 @@ impl QueueGate {
         }
     }
 
+    /// How many requests must start on it before it has room for one more, by `projection`:
+    /// its projected queue past the waiting ceiling, plus one; 1 when it is full by KV usage
+    /// alone (how much must finish is not counted in requests); 0 when it has room.
+    pub fn short_by(&self, pending_now: u64, projection: Projection) -> u64 {
+        if !self.full_by(pending_now, projection) {
+            return 0;
+        }
+        match self.ceiling {
+            Some(c) => (self.projected_by(pending_now, projection) + 1).saturating_sub(c).max(1),
+            None => 1,
+        }
+    }
+
     /// The worker should get no new request now, by `projection`.
     pub fn full_by(&self, pending_now: u64, projection: Projection) -> bool {
         let projected = self.projected_by(pending_now, projection);
@@ -169,6 +182,25 @@ mod tests {
             23,
             "sent since the report and not started"
         );
+    }
+
+    #[test]
+    fn a_full_engine_is_short_of_room_by_its_queue_past_the_ceiling() {
+        let ceilings = Ceilings {
+            waiting_requests: Some(4),
+            token_usage: Some(0.9),
+        };
+        let gate = QueueGate::new(&report(&[(5, 0.5)]), &ceilings, 0, None);
+        assert_eq!(gate.short_by(0, Projection::Hopeful), 2, "5 waiting: 2 must start");
+        assert_eq!(gate.short_by(1, Projection::Hopeful), 3, "one more of ours since");
+        let roomy = QueueGate::new(&report(&[(2, 0.5)]), &ceilings, 0, None);
+        assert_eq!(roomy.short_by(0, Projection::Hopeful), 0);
+        let kv_only = Ceilings {
+            waiting_requests: None,
+            token_usage: Some(0.9),
+        };
+        let kv = QueueGate::new(&report(&[(1, 0.95)]), &kv_only, 0, None);
+        assert_eq!(kv.short_by(0, Projection::Hopeful), 1, "full by KV usage alone");
     }
 
     #[test]

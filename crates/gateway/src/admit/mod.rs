@@ -371,12 +371,18 @@ impl Admit {
                 .get(model)
                 .is_some_and(|p| p.has_room_for(tier))
         };
+        let asked = Instant::now();
         let mut turn: Option<Turn> = None;
         loop {
             let must_wait = !slots_free()
                 || !pool.has_room_for(tier)
                 || queue.has_waiters_for(&pool.model, tier, capped, has_room);
-            if (turn.is_some() || !must_wait) && self.take_slot(ctx, queue) {
+            // With shedding, a turn whose room a report took before the request took it is
+            // judged again as an arrival would be: shed, unless room is freeing fast enough.
+            let room_gone =
+                turn.is_some() && queue.sheds() && pool.over_ceilings(tier).is_some();
+            let go = (turn.is_some() && !room_gone) || !must_wait;
+            if go && self.take_slot(ctx, queue) {
                 if turn.is_none() {
                     queue.went_direct(tier);
                 }
@@ -385,7 +391,7 @@ impl Admit {
             // A turn whose slot another request took is given back before the request waits
             // again (the dispatcher would wait for it otherwise).
             drop(turn.take());
-            let asker = self.asker(ctx, pool, &slots_free);
+            let asker = self.asker(ctx, pool, &slots_free, asked);
             let called = queue
                 .wait_turn(asker)
                 .await
@@ -400,6 +406,7 @@ impl Admit {
         ctx: &RequestContext,
         pool: &crate::fleet::Pool,
         slots_free: &impl Fn() -> bool,
+        asked: Instant,
     ) -> Asker {
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         // Room for an interactive request is room within the reserve: while the reserve holds
@@ -423,6 +430,8 @@ impl Admit {
             deadline: ctx.admission.client_deadline,
             counters: ctx.admission.counters.clone(),
             hold,
+            over_ceilings: pool.over_ceilings(tier),
+            asked,
         }
     }
 

@@ -120,6 +120,12 @@ pub struct Asker {
     pub counters: Option<Arc<TenantCounters>>,
     /// Why it would wait: overload, or only the interactive reserve (`drain::hopeless`).
     pub hold: drain::Hold,
+    /// Every candidate over its ceiling, with how fast room frees on each
+    /// (`Pool::over_ceilings`); `None` when it waits for anything else.
+    pub over_ceilings: Option<Vec<drain::OverCeiling>>,
+    /// When it first asked for room: a request sent back to wait (its room gone before it took
+    /// it) waits what is left of its tier's timeout, not a fresh one.
+    pub asked: Instant,
 }
 
 /// The longest the dispatcher waits for a request it sent out to take its worker before it
@@ -190,8 +196,10 @@ impl GatewayQueue {
     }
 
     /// An arrival that cannot help by waiting is refused at once: with `--worker-overload-shed`,
-    /// one whose wait is hopeless (`drain::hopeless`); while its tier's CoDel is dropping, one
-    /// expected to wait past the tier's target (`Codel::admits`).
+    /// one whose wait is hopeless — every candidate over its ceiling and no room measured
+    /// freeing on them fast enough (`drain::overload_hopeless`), else by the queue's drain rate
+    /// (`drain::hopeless`); while its tier's CoDel is dropping, one expected to wait past the
+    /// tier's target (`Codel::admits`).
     fn arrival(&self, asker: &Asker, now: Instant) -> Result<(), GatewayError> {
         let dropping = self.codel.as_ref().filter(|c| c.dropping(asker.tier));
         if !self.config.shed && dropping.is_none() {
@@ -209,14 +217,19 @@ impl GatewayQueue {
                 });
             }
         }
-        if self.config.shed
-            && drain::hopeless(
+        let hopeless = match &asker.over_ceilings {
+            Some(over) => {
+                let left = self.wait_until(asker).saturating_duration_since(now);
+                drain::overload_hopeless(asker.tier, drain::overload_wait(ahead, over), left)
+            }
+            None => drain::hopeless(
                 asker.tier,
                 asker.hold,
                 expected,
                 self.config.timeouts[asker.tier.index()],
-            )
-        {
+            ),
+        };
+        if self.config.shed && hopeless {
             return Err(GatewayError::WorkerOverloadShed {
                 model: asker.model.clone(),
                 status: 503,
@@ -224,6 +237,17 @@ impl GatewayQueue {
             });
         }
         Ok(())
+    }
+
+    /// `--worker-overload-shed`: waiting that cannot help is refused.
+    pub fn sheds(&self) -> bool {
+        self.config.shed
+    }
+
+    /// When the asker's wait ends: its tier's timeout after it first asked, or its deadline.
+    fn wait_until(&self, asker: &Asker) -> Instant {
+        let timeout_at = asker.asked + self.config.timeouts[asker.tier.index()];
+        asker.deadline.map_or(timeout_at, |d| d.min(timeout_at))
     }
 
     /// Whether an arrival for `model` at `tier` must queue rather than go on: someone of its
@@ -296,9 +320,8 @@ impl GatewayQueue {
             ticket: Some(ticket),
         };
         self.kick.notify_one();
-        let timeout_at = arrived + self.config.timeouts[asker.tier.index()];
-        let until = asker.deadline.map_or(timeout_at, |d| d.min(timeout_at));
-        let turn = tokio::time::timeout_at(until, rx).await;
+        let timeout_at = asker.asked + self.config.timeouts[asker.tier.index()];
+        let turn = tokio::time::timeout_at(self.wait_until(&asker), rx).await;
         if turn.is_ok() {
             // Out of the queue already: sent out, or evicted.
             leave.ticket = None;
@@ -331,10 +354,12 @@ impl GatewayQueue {
                 retry_after: self.retry_after(Instant::now()),
             }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
-                Err(GatewayError::DeadlineExceeded { budget: waited })
+                Err(GatewayError::DeadlineExceeded {
+                    budget: asker.asked.elapsed(),
+                })
             }
             Err(_) => Err(GatewayError::QueueTimeout {
-                waited,
+                waited: asker.asked.elapsed(),
                 retry_after: self.retry_after(Instant::now()),
             }),
         }
@@ -517,6 +542,8 @@ mod tests {
             deadline: None,
             counters: None,
             hold: drain::Hold::Full,
+            over_ceilings: None,
+            asked: Instant::now(),
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::admission::deadline::expected_ttft;
+use sluice_core::admission::drain::OverCeiling;
 use sluice_core::admission::Tier;
 use sluice_core::overload::{reserve_in_force, seeks_room, Projection};
 use sluice_core::prefix::PrefixIndex;
@@ -63,6 +64,25 @@ impl Pool {
                 && !w.at_limit(1)
                 && w.veto_class_for(Projection::Wary, reserve).is_none()
         })
+    }
+
+    /// When a request of `tier` finds every one of its routable workers over its ceiling: each,
+    /// with how fast room frees on it (`--worker-overload-shed` judges the wait by them).
+    /// `None` when one has room, or is out for another reason, or none is routable; and for a
+    /// disaggregated model, whose decode side has its own admission window.
+    pub fn over_ceilings(&self, tier: Tier) -> Option<Vec<OverCeiling>> {
+        if self.pd.is_some() {
+            return None;
+        }
+        let reserve = self.reserve_for(tier);
+        let now = Instant::now();
+        let over: Option<Vec<OverCeiling>> = self
+            .workers
+            .iter()
+            .filter(|w| w.is_routable())
+            .map(|w| w.over_ceiling(reserve, now))
+            .collect();
+        over.filter(|o| !o.is_empty())
     }
 
     /// Whether one of its workers can serve at all, full or not: ready, its circuit not open,

@@ -27,6 +27,10 @@ pub struct Traffic {
     /// Redis last said (`--redis-url`). Written only by the shared state's task, not by `Lease`.
     pending_elsewhere: AtomicU64,
     in_flight_elsewhere: AtomicU64,
+    /// Requests sent to it and requests ended on it, ever (by weight): what a load report is
+    /// compared with to see room freeing (`sluice_core::admission::drain::AtReport`).
+    sent: AtomicU64,
+    ended: AtomicU64,
     /// Told, fleet-wide, whenever a request stops waiting on a worker or ends: room may have
     /// opened for a request waiting in the gateway queue.
     freed: Arc<tokio::sync::Notify>,
@@ -69,6 +73,14 @@ impl Traffic {
         self.pending_requests() + self.pending_elsewhere()
     }
 
+    /// Requests sent to the worker so far, and ended on it.
+    pub fn sent_and_ended(&self) -> (u64, u64) {
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.ended.load(Ordering::Relaxed),
+        )
+    }
+
     /// The shared state's task heard how many requests the other replicas have pending and in
     /// flight on the worker; whether that changed.
     pub fn set_elsewhere(&self, pending: u64, in_flight: u64) -> bool {
@@ -82,6 +94,7 @@ impl Traffic {
     fn enter(&self, weight: u64, limits: &AdaptiveLimit) -> bool {
         if !limits.measuring() {
             self.in_flight.fetch_add(weight, Ordering::Relaxed);
+            self.sent.fetch_add(weight, Ordering::Relaxed);
             return true;
         }
         match self
@@ -91,6 +104,7 @@ impl Traffic {
             }) {
             Ok(before) => {
                 limits.in_flight_now(before + weight);
+                self.sent.fetch_add(weight, Ordering::Relaxed);
                 true
             }
             Err(_) => false,
@@ -100,6 +114,7 @@ impl Traffic {
     /// `weight` fewer in flight: room may have opened.
     fn leave(&self, weight: u64) {
         self.in_flight.fetch_sub(weight, Ordering::AcqRel);
+        self.ended.fetch_add(weight, Ordering::Relaxed);
         self.freed.notify_one();
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
+use sluice_core::admission::drain::Starts;
 use sluice_core::liveness::LivenessVeto;
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{OverloadCause, Projection, QueueGate, StartRoom, VetoClass};
@@ -40,6 +41,11 @@ pub struct EngineLoad {
     /// (`RunningSize`); the interactive reserve counts room in it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_per_request: Option<f64>,
+    /// How fast requests start on it by its reports, and what the gateway had sent it and seen
+    /// end at this one: how fast room frees on it (`--worker-overload-shed` waits only for room
+    /// measured freeing).
+    #[serde(skip)]
+    pub starts: Starts,
 }
 
 /// The queue gate's fields packed in one word: KV full in the top bit, then three counts of 21
@@ -307,6 +313,7 @@ impl Vetoes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::admission::drain::AtReport;
 
     fn load(overload: Option<OverloadCause>, busy: bool) -> EngineLoad {
         EngineLoad {
@@ -317,6 +324,7 @@ mod tests {
             busy,
             silent_since: None,
             kv_per_request: None,
+            starts: Starts::first(AtReport::new(0, (0, 0), Instant::now())),
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use axum::http::HeaderValue;
+use sluice_core::admission::drain::OverCeiling;
 use sluice_core::breaker::BreakerState;
 use sluice_core::health::{Health, HealthState, HealthTransition};
 use sluice_core::overload::{Projection, VetoClass};
@@ -318,6 +319,27 @@ impl Worker {
         })
     }
 
+    /// Over its ceiling for a request that must leave `reserve` (warily projected, as the gateway
+    /// queue judges room), and how fast room frees on it; `None` when it has room or is kept
+    /// out for another reason.
+    pub fn over_ceiling(&self, reserve: f64, now: Instant) -> Option<OverCeiling> {
+        if self.veto_class_for(Projection::Wary, reserve) != Some(VetoClass::Overload) {
+            return None;
+        }
+        let load = self.vetoes.load()?;
+        let (_, ended) = self.traffic.sent_and_ended();
+        Some(OverCeiling {
+            short_by: self
+                .vetoes
+                .queue_gate()
+                .short_by(self.traffic.pending_everywhere(), Projection::Wary)
+                .max(1),
+            started: load.starts.rate(now),
+            ended_since_report: ended.saturating_sub(load.starts.at_report.ended),
+            since_report: now.saturating_duration_since(load.at),
+        })
+    }
+
     /// Whether a request sent to it now would start at once, by its last report and what was
     /// sent and ended since (`StartRoom::starts_now`).
     pub fn starts_now(&self) -> bool {
@@ -356,6 +378,7 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use prometheus_client::registry::Registry;
+    use sluice_core::admission::drain::{AtReport, Starts};
     use sluice_core::load::LoadReport;
     use sluice_core::overload::QueueGate;
 
@@ -429,6 +452,7 @@ mod tests {
             busy: false,
             silent_since: None,
             kv_per_request: None,
+            starts: Starts::first(AtReport::new(0, (0, 0), Instant::now())),
         };
         let gate = QueueGate {
             waiting,

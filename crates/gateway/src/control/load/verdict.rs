@@ -1,6 +1,7 @@
 //! What a poll means: the report (or its absence) turned into the worker's overload, busy and
 //! engine-silence verdicts, published in its vetoes and gauges and logged when they change.
 
+use sluice_core::admission::drain::{AtReport, Starts};
 use sluice_core::liveness::{stalled_since, PollShowed, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{
@@ -185,6 +186,10 @@ impl Control {
         m.engine_running.set(report.running() as i64);
         m.engine_token_usage.set(report.mean_kv_usage());
         let was_asleep = worker.vetoes.set_asleep(asleep);
+        let at_report = AtReport::new(report.waiting(), worker.traffic.sent_and_ended(), now);
+        let starts = previous
+            .as_ref()
+            .map_or(Starts::first(at_report), |p| p.starts.next(at_report));
         let (was_overloaded, was_busy) = worker.vetoes.report(
             EngineLoad {
                 report,
@@ -194,6 +199,7 @@ impl Control {
                 busy,
                 silent_since,
                 kv_per_request: settled,
+                starts,
             },
             gate,
         );
