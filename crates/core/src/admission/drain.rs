@@ -159,16 +159,17 @@ impl AtReport {
     /// Requests a second that left the engine's waiting queue between `earlier` and this
     /// report: its queue then, plus what this gateway sent it since, less its queue now. What
     /// others sent it is not seen, so this is a floor: a queue that others keep full shows
-    /// nothing leaving it, which is what a request of ours waiting for room would see.
+    /// nothing leaving it, which is what a request of ours waiting for room would see. An
+    /// engine that had no queue then started what it got because it had room, which says
+    /// nothing of how fast room frees once it is full: none counted.
     pub fn started_since(&self, earlier: &AtReport) -> f64 {
         let span = self.at.saturating_duration_since(earlier.at).as_secs_f64();
-        if span <= 0.0 {
+        if span <= 0.0 || earlier.waiting == 0 {
             return 0.0;
         }
         let arrived = earlier.waiting + self.sent.saturating_sub(earlier.sent);
         arrived.saturating_sub(self.waiting) as f64 / span
     }
-
 }
 
 /// How fast requests start on a worker, by its load reports: what the gateway knew at the last
@@ -406,7 +407,16 @@ mod tests {
         assert_eq!(at(3, 12, 7, 1000).started_since(&at(5, 10, 7, 0)), 4.0);
         // Others filled it faster than it emptied: the floor is nothing.
         assert_eq!(at(9, 10, 0, 500).started_since(&at(5, 10, 0, 0)), 0.0);
-        assert_eq!(at(9, 10, 0, 0).started_since(&at(5, 10, 0, 0)), 0.0, "no span");
+        assert_eq!(
+            at(9, 10, 0, 0).started_since(&at(5, 10, 0, 0)),
+            0.0,
+            "no span"
+        );
+        assert_eq!(
+            at(5, 18, 8, 50).started_since(&at(0, 10, 0, 0)),
+            0.0,
+            "an engine with room started what it got: no measure of room freeing"
+        );
         // Polled every 50 ms, one start in five polls: the smoothed rate settles near 4 a
         // second; reports that then stand still free nothing once `SPAN` has passed.
         let mut starts = Starts::first(at(10, 0, 0, 0));
@@ -438,8 +448,15 @@ mod tests {
         let draining = [over(3, 2.0, 0, 500), over(1, 0.0, 1, 500)];
         assert_eq!(draining[1].freeing(), 2.0, "one end in half a second");
         let wait = overload_wait(3, &draining);
-        assert!((wait.as_secs_f64() - (4.0 + 2.0 * 2.0) / 4.0).abs() < 1e-9, "{wait:?}");
-        assert!(!overload_hopeless(Tier::Agent, wait, Duration::from_secs(3)));
+        assert!(
+            (wait.as_secs_f64() - (4.0 + 2.0 * 2.0) / 4.0).abs() < 1e-9,
+            "{wait:?}"
+        );
+        assert!(!overload_hopeless(
+            Tier::Agent,
+            wait,
+            Duration::from_secs(3)
+        ));
         assert!(overload_hopeless(Tier::Agent, wait, Duration::from_secs(1)));
         assert!(
             overload_hopeless(Tier::Batch, wait, Duration::from_secs(3600)),
@@ -448,7 +465,11 @@ mod tests {
         // The least short worker sets how many must start first.
         let far = [over(9, 4.0, 0, 500)];
         assert!(overload_wait(0, &far) > overload_wait(0, &[over(1, 4.0, 0, 500)]));
-        assert_eq!(over(1, 0.0, 3, 0).freeing(), 0.0, "no time since the report");
+        assert_eq!(
+            over(1, 0.0, 3, 0).freeing(),
+            0.0,
+            "no time since the report"
+        );
     }
 
     #[test]

@@ -143,7 +143,9 @@ impl QueueGate {
             return 0;
         }
         match self.ceiling {
-            Some(c) => (self.projected_by(pending_now, projection) + 1).saturating_sub(c).max(1),
+            Some(c) => (self.projected_by(pending_now, projection) + 1)
+                .saturating_sub(c)
+                .max(1),
             None => 1,
         }
     }
@@ -191,8 +193,16 @@ mod tests {
             token_usage: Some(0.9),
         };
         let gate = QueueGate::new(&report(&[(5, 0.5)]), &ceilings, 0, None);
-        assert_eq!(gate.short_by(0, Projection::Hopeful), 2, "5 waiting: 2 must start");
-        assert_eq!(gate.short_by(1, Projection::Hopeful), 3, "one more of ours since");
+        assert_eq!(
+            gate.short_by(0, Projection::Hopeful),
+            2,
+            "5 waiting: 2 must start"
+        );
+        assert_eq!(
+            gate.short_by(1, Projection::Hopeful),
+            3,
+            "one more of ours since"
+        );
         let roomy = QueueGate::new(&report(&[(2, 0.5)]), &ceilings, 0, None);
         assert_eq!(roomy.short_by(0, Projection::Hopeful), 0);
         let kv_only = Ceilings {
@@ -200,7 +210,11 @@ mod tests {
             token_usage: Some(0.9),
         };
         let kv = QueueGate::new(&report(&[(1, 0.95)]), &kv_only, 0, None);
-        assert_eq!(kv.short_by(0, Projection::Hopeful), 1, "full by KV usage alone");
+        assert_eq!(
+            kv.short_by(0, Projection::Hopeful),
+            1,
+            "full by KV usage alone"
+        );
     }
 
     #[test]

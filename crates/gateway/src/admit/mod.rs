@@ -379,8 +379,7 @@ impl Admit {
                 || queue.has_waiters_for(&pool.model, tier, capped, has_room);
             // With shedding, a turn whose room a report took before the request took it is
             // judged again as an arrival would be: shed, unless room is freeing fast enough.
-            let room_gone =
-                turn.is_some() && queue.sheds() && pool.over_ceilings(tier).is_some();
+            let room_gone = turn.is_some() && queue.sheds() && pool.over_ceilings(tier).is_some();
             let go = (turn.is_some() && !room_gone) || !must_wait;
             if go && self.take_slot(ctx, queue) {
                 if turn.is_none() {

@@ -53,6 +53,8 @@ pub struct QueueConfig {
     pub shed: bool,
     /// Retry-After of a shed request: the load interval, when a vetoed worker is judged again.
     pub shed_retry_after: Duration,
+    /// The status of a shed request (`--overload-status-code`: 503, or 529).
+    pub shed_status: u16,
     /// CoDel per tier; `None`: off (`--disable-codel`).
     pub codel: Option<[CodelConfig; 3]>,
 }
@@ -209,6 +211,18 @@ impl GatewayQueue {
             .waiting
             .lock()
             .ahead_of_arrival(asker.tier, &asker.tenant, asker.weight);
+        let shed = GatewayError::WorkerOverloadShed {
+            model: asker.model.clone(),
+            status: self.config.shed_status,
+            retry_after: self.config.shed_retry_after,
+        };
+        // The flag's own answer first: the fleet is too full, whatever the queue would say.
+        if let (true, Some(over)) = (self.config.shed, &asker.over_ceilings) {
+            let left = self.wait_until(asker).saturating_duration_since(now);
+            if drain::overload_hopeless(asker.tier, drain::overload_wait(ahead, over), left) {
+                return Err(shed);
+            }
+        }
         let expected = drain::likely_wait(ahead, self.rates.lock().tier_rate(asker.tier, now));
         if let Some(codel) = dropping {
             if !codel.admits(asker.tier, expected, now) {
@@ -217,24 +231,12 @@ impl GatewayQueue {
                 });
             }
         }
-        let hopeless = match &asker.over_ceilings {
-            Some(over) => {
-                let left = self.wait_until(asker).saturating_duration_since(now);
-                drain::overload_hopeless(asker.tier, drain::overload_wait(ahead, over), left)
-            }
-            None => drain::hopeless(
-                asker.tier,
-                asker.hold,
-                expected,
-                self.config.timeouts[asker.tier.index()],
-            ),
-        };
-        if self.config.shed && hopeless {
-            return Err(GatewayError::WorkerOverloadShed {
-                model: asker.model.clone(),
-                status: 503,
-                retry_after: self.config.shed_retry_after,
-            });
+        let timeout = self.config.timeouts[asker.tier.index()];
+        if self.config.shed
+            && asker.over_ceilings.is_none()
+            && drain::hopeless(asker.tier, asker.hold, expected, timeout)
+        {
+            return Err(shed);
         }
         Ok(())
     }
@@ -527,6 +529,7 @@ mod tests {
             timeouts: [Duration::from_secs(60); 3],
             shed: false,
             shed_retry_after: Duration::from_secs(5),
+            shed_status: 503,
             codel: None,
         };
         GatewayQueue::new(config, &mut Registry::default())
