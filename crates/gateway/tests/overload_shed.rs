@@ -15,6 +15,7 @@ use common::pinned::{fast_load, pin_waiting, until_all_overloaded};
 use common::*;
 use sluice_core::admission::Tier;
 use sluice_gateway::Settings;
+use tokio::task::JoinHandle;
 
 /// The flags as a user gives them: `--worker-overload-shed --worker-overload-waiting-requests 4
 /// --overload-status-code STATUS`, the queue as the defaults configure it but with `wait_secs`
@@ -81,15 +82,15 @@ async fn reports_that_stand_over_the_ceiling_shed_at_arrival_with_nothing_queued
     assert_eq!(s.received(), before, "nothing sent to the full engines");
 }
 
-#[tokio::test]
-async fn a_fleet_whose_queue_drains_keeps_the_request_waiting_then_serves_it() {
-    // One engine that runs two requests at a time: ten sent to it directly (another client's)
-    // leave eight waiting, over the ceiling of 4, and its queue drains as they finish.
+/// One engine that runs two requests at a time, with ten sent to it directly (another
+/// client's): eight wait, over the ceiling of 4, and its queue drains as they finish. Returns
+/// once the reports have shown it over the ceiling and then two requests leaving its queue.
+async fn draining() -> (Setup, Vec<JoinHandle<Answer>>) {
     let mut engine = timed(Flavor::Vllm, 1.0);
     engine.max_num_seqs = 2;
     let s = start(1, engine, |c| shedding(c, 20, 503)).await;
     let direct = s.sims.urls()[0].clone();
-    let others: Vec<_> = (0..10)
+    let others = (0..10)
         .map(|i| {
             let client = s.client.clone();
             let url = format!("{direct}/v1/chat/completions");
@@ -97,8 +98,6 @@ async fn a_fleet_whose_queue_drains_keeps_the_request_waiting_then_serves_it() {
             tokio::spawn(async move { send(&client, "POST", &url, Some(&body), &[]).await })
         })
         .collect();
-    // Reports over the ceiling, then one that shows requests leave the engine's queue: room is
-    // freeing.
     let id = s.worker_id(0).await;
     let waiting = |w: &serde_json::Value| w["engine_load"]["waiting"].as_u64();
     let full = s
@@ -111,21 +110,53 @@ async fn a_fleet_whose_queue_drains_keeps_the_request_waiting_then_serves_it() {
         waiting(w).is_some_and(|n| n + 2 <= first)
     })
     .await;
+    (s, others)
+}
 
-    let (url, body) = (
-        s.url("/v1/chat/completions"),
-        chat_body("test-model", "ours", 1, false),
-    );
-    let ours = send(
-        &s.client,
-        "POST",
-        &url,
-        Some(&body),
-        &[("x-sluice-priority", "agent")],
-    );
-    let ours = bounded("our request", ours).await;
+/// An agent request through the gateway, on its own task.
+fn ours(s: &Setup) -> JoinHandle<Answer> {
+    let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+    let body = chat_body("test-model", "ours", 1, false);
+    tokio::spawn(async move {
+        send(
+            &client,
+            "POST",
+            &url,
+            Some(&body),
+            &[("x-sluice-priority", "agent")],
+        )
+        .await
+    })
+}
+
+#[tokio::test]
+async fn a_fleet_whose_queue_drains_keeps_the_request_waiting_then_serves_it() {
+    let (s, others) = draining().await;
+    let ours = bounded("our request", ours(&s)).await.unwrap();
     assert_eq!(ours.status, 200, "{}", ours.text());
     assert_eq!(waited(&s).await, 1, "it waited in the queue for the room");
+    for other in others {
+        assert_eq!(bounded("another client", other).await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_is_shed_once_the_reports_stand_still_not_at_its_timeout() {
+    let (s, others) = draining().await;
+    // From now on the reports stand at 8 waiting: no request is seen to start again.
+    s.fault(0, pin_waiting(8)).await;
+    let ours = ours(&s);
+    until_depth(&s, 1, 1).await;
+    let ours = bounded("our request", ours).await.unwrap();
+    assert_eq!(ours.status, 503, "{}", ours.text());
+    assert_eq!(
+        code(&ours).as_deref(),
+        Some("worker_overload_shed"),
+        "shed, not left to its 20-s timeout: {}",
+        ours.text()
+    );
+    assert_eq!(ours.headers["retry-after"], "1");
+    assert_eq!(depth(&s, 1).await, 0);
     for other in others {
         assert_eq!(bounded("another client", other).await.unwrap().status, 200);
     }

@@ -275,6 +275,19 @@ impl<T> FairQueue<T> {
         Some(waiter)
     }
 
+    /// Takes out, before their turn, every waiter `doomed` picks (as `remove` does each).
+    pub fn remove_where(&mut self, mut doomed: impl FnMut(&Waiter<T>) -> bool) -> Vec<Waiter<T>> {
+        let tickets: Vec<Ticket> = self
+            .tiers
+            .iter()
+            .flat_map(|l| l.tenants.values())
+            .flat_map(|t| t.waiting.iter())
+            .filter(|(_, w)| doomed(w))
+            .map(|(key, _)| key.2)
+            .collect();
+        tickets.into_iter().filter_map(|t| self.remove(t)).collect()
+    }
+
     /// The next waiter to serve: the most urgent tier, its tenant with the smallest start tag
     /// (ties to the earliest arrival), that tenant's earliest deadline.
     pub fn pop(&mut self) -> Option<(Ticket, Waiter<T>)> {

@@ -20,6 +20,7 @@
 //! wait past the target is refused the same way, until an interval passes with nothing to
 //! refuse; a burst that drains within the interval loses nothing.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ use tokio::time::Instant;
 
 use super::codel::TierCodels;
 use crate::error::GatewayError;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, Snapshot};
 use crate::metrics::TenantCounters;
 use crate::route::Turn;
 
@@ -67,11 +68,16 @@ enum Called {
     Evicted,
     /// Cut by its tier's CoDel, at the head of a standing queue.
     Dropped,
+    /// Shed (`--worker-overload-shed`): every candidate over its ceiling and no room freeing on
+    /// them in time for it.
+    Shed,
 }
 
 struct Waiting {
     model: ModelName,
     arrived: Instant,
+    /// When its wait ends: its tier's timeout after it first asked, or its deadline.
+    until: Instant,
     turn: oneshot::Sender<Called>,
     /// Its tenant's counters, to count it if it is evicted.
     counters: Option<Arc<TenantCounters>>,
@@ -295,6 +301,7 @@ impl GatewayQueue {
             item: Waiting {
                 model: asker.model.clone(),
                 arrived,
+                until: self.wait_until(&asker),
                 turn,
                 counters: asker.counters.clone(),
             },
@@ -354,6 +361,11 @@ impl GatewayQueue {
             }),
             Ok(Ok(Called::Dropped)) => Err(GatewayError::CodelDrop {
                 retry_after: self.retry_after(Instant::now()),
+            }),
+            Ok(Ok(Called::Shed)) => Err(GatewayError::WorkerOverloadShed {
+                model: asker.model.clone(),
+                status: self.config.shed_status,
+                retry_after: self.config.shed_retry_after,
             }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
                 Err(GatewayError::DeadlineExceeded {
@@ -454,6 +466,37 @@ impl GatewayQueue {
         next_look
     }
 
+    /// With `--worker-overload-shed`, sheds the waiters whose wait has become hopeless: every
+    /// candidate of their model over its ceiling and room not freeing on them in time even for
+    /// the first in line (`drain::overload_hopeless`) — reports that stood still since the
+    /// waiter came, with nothing ended. Judged whenever the dispatcher looks and sends no one,
+    /// so at each report.
+    fn shed_hopeless(&self, snapshot: &Snapshot, now: Instant) {
+        if !self.config.shed {
+            return;
+        }
+        let mut waits: HashMap<(ModelName, Tier), Option<Duration>> = HashMap::new();
+        let mut waiting = self.waiting.lock();
+        let shed = waiting.remove_where(|w| {
+            let wait = *waits
+                .entry((w.item.model.clone(), w.tier))
+                .or_insert_with(|| {
+                    let over = snapshot.pools.get(&w.item.model)?.over_ceilings(w.tier)?;
+                    Some(drain::overload_wait(0, &over))
+                });
+            wait.is_some_and(|wait| {
+                drain::overload_hopeless(w.tier, wait, w.item.until.saturating_duration_since(now))
+            })
+        });
+        drop(waiting);
+        if !shed.is_empty() {
+            for waiter in shed {
+                let _ = waiter.item.turn.send(Called::Shed);
+            }
+            self.count_depth();
+        }
+    }
+
     /// The dispatcher: sends waiters out as room opens, until `stop`.
     pub async fn dispatch(
         self: Arc<Self>,
@@ -490,6 +533,7 @@ impl GatewayQueue {
                 *self.in_transit.lock() = None;
                 continue;
             }
+            self.shed_hopeless(&snapshot, Instant::now());
             let (next_room, idle) = {
                 let waiting = self.waiting.lock();
                 let next_room = waiting

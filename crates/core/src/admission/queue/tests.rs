@@ -367,3 +367,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn waiters_taken_out_early_leave_the_others_in_their_order() {
+    let mut q = FairQueue::new(10);
+    for (tier, tenant, item) in [
+        (Tier::Interactive, "a", 10),
+        (Tier::Agent, "a", 21),
+        (Tier::Agent, "b", 30),
+        (Tier::Batch, "b", 41),
+    ] {
+        q.push(waiter(tier, tenant, 1.0, 1, item));
+    }
+    let mut out: Vec<u32> = q
+        .remove_where(|w| w.item % 10 == 0)
+        .into_iter()
+        .map(|w| w.item)
+        .collect();
+    out.sort_unstable();
+    assert_eq!(out, [10, 30]);
+    assert_eq!(q.len(), 2);
+    assert_eq!(drain(&mut q), [21, 41]);
+}
