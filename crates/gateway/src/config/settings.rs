@@ -388,7 +388,9 @@ pub struct Settings {
     pub disable_worker_overload_protection: bool,
 
     /// When every worker a request could use is overloaded, refuse it at once (with
-    /// --overload-status-code and Retry-After) instead of steering it to the least loaded.
+    /// --overload-status-code and Retry-After) instead of steering it to the least loaded. With
+    /// the gateway queue, it waits only when room is measured freeing on those workers fast
+    /// enough to serve it within its tier's wait (docs/overload.md).
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Load monitoring and overload")]
