@@ -390,7 +390,10 @@ impl Admit {
             // A turn whose slot another request took is given back before the request waits
             // again (the dispatcher would wait for it otherwise).
             drop(turn.take());
-            let asker = self.asker(ctx, pool, &slots_free, asked);
+            let mut asker = self.asker(ctx, pool, &slots_free, asked);
+            if queue.sheds() {
+                asker.over_ceilings = pool.over_ceilings(tier);
+            }
             let called = queue
                 .wait_turn(asker)
                 .await
@@ -429,7 +432,7 @@ impl Admit {
             deadline: ctx.admission.client_deadline,
             counters: ctx.admission.counters.clone(),
             hold,
-            over_ceilings: pool.over_ceilings(tier),
+            over_ceilings: None,
             asked,
         }
     }
