@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use sluice_core::breaker::BreakerConfig;
 use sluice_core::policy::Policy;
 use sluice_sim::WedgedPolls;
 use tokio::time::Instant;
@@ -192,6 +193,14 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast(c);
         c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_millis(300);
+        // One failure opens a circuit, for an hour: the released requests open it.
+        c.breaker = Some(BreakerConfig {
+            failure_threshold: 1,
+            success_threshold: 1,
+            open_timeout: Duration::from_secs(3600),
+            half_open_trials: 1,
+            failure_rate: None,
+        });
     })
     .await;
     let id = s.worker_id(0).await;
@@ -222,8 +231,18 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
         "{metrics}"
     );
 
+    let view = s
+        .until_worker(&id, "its circuit open", |w| w["circuit"]["state"] == "open")
+        .await;
+    assert_eq!(view["routable"], false, "{view}");
+
+    // Its trial is answered: the veto lifts, and with it the circuit the outage opened.
     hung.fault(Fault::Clear).await.unwrap();
     until_vetoed(&s, &id, "re-admitted", None).await;
+    s.until_worker(&id, "its circuit tries it again", |w| w["routable"] == true)
+        .await;
+    let got = spread(&s, 4).await;
+    assert!(got[0] > 0, "it serves again: {got:?}");
 }
 
 /// A completion of `tokens` prompt tokens (token ids, as the engine counts them), all `token`:

@@ -143,7 +143,10 @@ fn changed(
             "worker re-admitted by liveness"
         ),
     }
-    if next.is_none() && matches!(prev, Some(LivenessVeto::Unreachable | LivenessVeto::Stale)) {
+    if next.is_none() && prev.is_some() {
+        // The failures the outage caused may have opened its circuit (requests released by the
+        // unresponsive rule, streams cut by a wedge): the sign of life that lifted the veto
+        // lets the circuit try it again now, not a `--cb-timeout-duration-secs` later.
         worker.breaker.readmit();
     }
     fleet.announce();
