@@ -2,10 +2,17 @@
 //! or the connection's close; and taking the body's data out of what was read.
 //!
 //! The decoder is given the bytes read so far and takes what it can use: data as it comes (a
-//! frame need not wait for its whole chunk), chunk sizes and their line ends, trailers (read and
-//! dropped: no worker sends any, and no client of a gateway relies on them).
+//! frame need not wait for its whole chunk), chunk sizes and their line ends, trailers (checked
+//! as header fields, then dropped: no worker sends any, and no client of a gateway relies on
+//! them).
+//!
+//! Never looser than hyper 1.x's client (`proto/h1/role.rs`, `decoder`; `proto/h1/decode.rs`):
+//! a length is digits only; an HTTP/1.0 answer may not carry Transfer-Encoding; a chunk-size
+//! line starts with a hex digit, may have spaces after the size and extensions after a `;`, and
+//! ends with CRLF — a bare LF anywhere in it is refused; trailer lines and the last line end
+//! with CRLF, and each trailer is a well-formed field.
 
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::WireError;
@@ -52,10 +59,12 @@ pub(super) enum Decoded {
 impl Framing {
     /// The body's framing from the answer's head, for a request sent with `method`
     /// (RFC 9112 section 6.3). A length that cannot be trusted is an error: reading on would
-    /// misread the next answer on the connection.
+    /// misread the next answer on the connection. So is Transfer-Encoding on an HTTP/1.0 answer
+    /// (section 6.1: faulty framing).
     pub(super) fn of(
         method: &Method,
         status: StatusCode,
+        version: Version,
         headers: &HeaderMap,
     ) -> Result<Self, WireError> {
         if *method == Method::HEAD
@@ -66,6 +75,9 @@ impl Framing {
             return Ok(Framing::Done);
         }
         if headers.contains_key(header::TRANSFER_ENCODING) {
+            if version == Version::HTTP_10 {
+                return Err(WireError::TransferEncodingOn10);
+            }
             // Only a final `chunked` coding says where the body ends; any other runs to the close.
             let last = headers
                 .get_all(header::TRANSFER_ENCODING)
@@ -84,7 +96,7 @@ impl Framing {
         let mut length = None;
         for value in headers.get_all(header::CONTENT_LENGTH) {
             for part in value.to_str().map_err(|_| WireError::BadLength)?.split(',') {
-                let n: u64 = part.trim().parse().map_err(|_| WireError::BadLength)?;
+                let n = digits(part.trim()).ok_or(WireError::BadLength)?;
                 if length.is_some_and(|seen| seen != n) {
                     return Err(WireError::BadLength);
                 }
@@ -150,6 +162,62 @@ impl Framing {
     }
 }
 
+/// A decimal number of digits alone: `str::parse` takes a `+` sign, which no length may have.
+fn digits(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// A whole chunk-size line at the start of `read`: the bytes it takes and the size; `None` while
+/// it is incomplete. `1*HEXDIG *(SP / HTAB) [";" extensions] CRLF`, as hyper reads it.
+fn chunk_size_line(read: &[u8]) -> Result<Option<(usize, u64)>, WireError> {
+    let digits = read.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return if read.is_empty() {
+            Ok(None)
+        } else {
+            Err(WireError::BadChunk)
+        };
+    }
+    let mut size: u64 = 0;
+    for &b in &read[..digits] {
+        let digit = u64::from((b as char).to_digit(16).unwrap_or(0));
+        size = size
+            .checked_mul(16)
+            .and_then(|s| s.checked_add(digit))
+            .ok_or(WireError::BadChunk)?;
+    }
+    let mut at = digits;
+    while at < read.len() && matches!(read[at], b' ' | b'\t') {
+        at += 1;
+    }
+    if at < read.len() && read[at] == b';' {
+        while at < read.len() && read[at] != b'\r' {
+            if read[at] == b'\n' {
+                return Err(WireError::BadChunk);
+            }
+            at += 1;
+        }
+    }
+    match read.get(at..at + 2) {
+        Some(b"\r\n") => Ok(Some((at + 2, size))),
+        Some(_) => Err(WireError::BadChunk),
+        None if at < read.len() && read[at] != b'\r' => Err(WireError::BadChunk),
+        None => Ok(None),
+    }
+}
+
+/// Whether a trailer line (without its CRLF) is a well-formed field: a token, a colon, a value.
+fn trailer_field(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|&b| b == b':') else {
+        return false;
+    };
+    let value = line[colon + 1..].trim_ascii();
+    HeaderName::from_bytes(&line[..colon]).is_ok() && HeaderValue::from_bytes(value).is_ok()
+}
+
 /// At most `left` bytes of data from `read`, none when it is empty.
 fn take_data(read: &mut BytesMut, left: &mut u64) -> Option<Bytes> {
     if read.is_empty() {
@@ -172,8 +240,8 @@ enum Step {
 impl Chunk {
     fn step(&mut self, read: &mut BytesMut) -> Result<Step, WireError> {
         match self {
-            Chunk::Size => match httparse::parse_chunk_size(read) {
-                Ok(httparse::Status::Complete((used, size))) => {
+            Chunk::Size => match chunk_size_line(read)? {
+                Some((used, size)) => {
                     read.advance(used);
                     *self = if size == 0 {
                         Chunk::Trailers(0)
@@ -182,8 +250,8 @@ impl Chunk {
                     };
                     Ok(Step::Next)
                 }
-                Ok(httparse::Status::Partial) if read.len() < MAX_LINE => Ok(Step::NeedMore),
-                _ => Err(WireError::BadChunk),
+                None if read.len() < MAX_LINE => Ok(Step::NeedMore),
+                None => Err(WireError::BadChunk),
             },
             Chunk::Data(left) => {
                 let Some(data) = take_data(read, left) else {
@@ -212,13 +280,19 @@ impl Chunk {
                     }
                     return Ok(Step::NeedMore);
                 };
-                let line = &read[..end];
-                let empty = line.is_empty() || line == b"\r";
-                *seen += end + 1;
-                read.advance(end + 1);
-                if empty {
+                // Every line ends with CRLF; a bare LF is refused, as hyper does.
+                let Some(line) = read[..end].strip_suffix(b"\r") else {
+                    return Err(WireError::BadChunk);
+                };
+                if line.is_empty() {
+                    read.advance(end + 1);
                     return Ok(Step::End);
                 }
+                if !trailer_field(line) {
+                    return Err(WireError::BadChunk);
+                }
+                *seen += end + 1;
+                read.advance(end + 1);
                 if *seen > MAX_TRAILERS {
                     return Err(WireError::BadChunk);
                 }
@@ -246,6 +320,7 @@ mod tests {
         Framing::of(
             &Method::POST,
             StatusCode::from_u16(status).unwrap(),
+            Version::HTTP_11,
             &headers(pairs),
         )
     }
@@ -302,6 +377,7 @@ mod tests {
         let head = Framing::of(
             &Method::HEAD,
             StatusCode::OK,
+            Version::HTTP_11,
             &headers(&[("content-length", "9")]),
         );
         assert_eq!(head.unwrap(), Framing::Done);
@@ -314,6 +390,9 @@ mod tests {
             &[("content-length", "12a")],
             &[("content-length", "3"), ("content-length", "4")],
             &[("content-length", "3, 4")],
+            &[("content-length", "+5")],
+            &[("content-length", "")],
+            &[("content-length", "99999999999999999999999")],
         ] {
             assert!(
                 matches!(framing(200, bad), Err(WireError::BadLength)),
@@ -327,8 +406,25 @@ mod tests {
     }
 
     #[test]
+    fn an_http_1_0_answer_with_transfer_encoding_has_faulty_framing() {
+        let of = |version| {
+            Framing::of(
+                &Method::POST,
+                StatusCode::OK,
+                version,
+                &headers(&[("transfer-encoding", "chunked"), ("content-length", "5")]),
+            )
+        };
+        assert!(matches!(
+            of(Version::HTTP_10),
+            Err(WireError::TransferEncodingOn10)
+        ));
+        assert_eq!(of(Version::HTTP_11).unwrap(), Framing::Chunked(Chunk::Size));
+    }
+
+    #[test]
     fn chunks_with_extensions_and_trailers_give_their_data() {
-        let input = b"5;name=value\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n";
+        let input = b"5;name=value\r\nhello\r\n1 \t\r\n \r\nA\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n";
         let out = decode_all(Framing::Chunked(Chunk::Size), input, 3).unwrap();
         assert_eq!(out, b"hello 0123456789");
     }
@@ -349,6 +445,19 @@ mod tests {
             &b"zz\r\nhello\r\n0\r\n\r\n"[..],
             b"5\r\nhelloXX0\r\n\r\n",
             &[b'1'; MAX_LINE + 1],
+            // An empty line where a size is due is no last chunk: "world" is not a trailer.
+            b"5\r\nhello\r\n\r\n5\r\nworld\r\n0\r\n\r\n",
+            // A bare LF inside an extension, after a size, or ending a trailer or the last line.
+            b"5;a\nXX\r\nhello\r\n0\r\n\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"0\r\nx-t: 1\n\r\n",
+            b"0\r\n\n",
+            // A size with a sign, a space inside it, an overflow; a trailer that is no field.
+            b"+5\r\nhello\r\n0\r\n\r\n",
+            b"5 5\r\nhello\r\n0\r\n\r\n",
+            b"10000000000000000\r\n",
+            b"0\r\nnot a field\r\n\r\n",
+            b"0\r\nbad name: 1\r\n\r\n",
         ] {
             let out = decode_all(Framing::Chunked(Chunk::Size), bad, 64);
             assert!(matches!(out, Err(WireError::BadChunk)), "{bad:?}");

@@ -61,6 +61,8 @@ pub enum WireError {
     BadLength,
     #[error("the answer's chunked encoding is malformed")]
     BadChunk,
+    #[error("an HTTP/1.0 answer carries Transfer-Encoding (faulty framing, RFC 9112 section 6.1)")]
+    TransferEncodingOn10,
     #[error("the worker switched protocols, which was not asked for")]
     Upgrade,
 }
@@ -187,7 +189,7 @@ impl Conn {
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
-        let framing = Framing::of(method, status, &headers)?;
+        let framing = Framing::of(method, status, version, &headers)?;
         // Both framings given: the chunks rule (RFC 9112 section 6.3) and the length goes, so no
         // client is told one the body does not have; the connection is not trusted again.
         let both = headers.contains_key(header::TRANSFER_ENCODING)

@@ -159,6 +159,11 @@ async fn bad_heads_are_errors() {
         head_of(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").await,
         Err(WireError::BadLength)
     ));
+    assert!(matches!(
+        head_of(b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n")
+            .await,
+        Err(WireError::TransferEncodingOn10)
+    ));
     let endless: &'static [u8] = [&b"HTTP/1.1 200 OK\r\n"[..], &[b'x'; MAX_HEAD + 10]]
         .concat()
         .leak();
