@@ -31,6 +31,10 @@ pub enum AttemptFailure {
     /// The worker answered an error status it is done with (a configured 5xx), before any byte
     /// reached the client.
     ServerError,
+    /// The worker answered, but not as HTTP/1.1 allows or within the client's bounds (a
+    /// malformed head or framing, a head or line that stalled), before any byte reached the
+    /// client: its failure, and nothing of it was relayed, so another worker may have it.
+    BadAnswer,
     /// The worker was judged unresponsive while the request waited: its engine's own reports did
     /// not account for the request, so no one is working on it.
     Unresponsive,
@@ -125,6 +129,8 @@ mod tests {
         assert!(may_retry(AttemptFailure::Connect, 0, 2));
         assert!(may_retry(AttemptFailure::AtCapacity, 1, 2));
         assert!(may_retry(AttemptFailure::Dropped, 0, 1));
+        assert!(may_retry(AttemptFailure::BadAnswer, 0, 1));
+        assert!(!may_retry(AttemptFailure::BadAnswer, 1, 1));
         assert!(!may_retry(AttemptFailure::Connect, 2, 2));
         assert!(!may_retry(AttemptFailure::Other, 0, 2));
     }

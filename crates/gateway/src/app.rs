@@ -25,7 +25,7 @@ use crate::probes::{self, Probes};
 use crate::route::RouteStage;
 use crate::shared::Shared;
 use crate::status::{self, Status};
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, UpstreamCollector};
 use sluice_core::overload::Projection;
 
 /// Everything the listeners serve.
@@ -80,6 +80,7 @@ impl App {
         let upstream = Upstream::new(&config.upstream);
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));
+        registry.register_collector(Box::new(UpstreamCollector(upstream.clone())));
         let (access_log, access_log_writer) = match &config.access_log {
             Some(path) => AccessLog::open(path, metrics.clone())
                 .await

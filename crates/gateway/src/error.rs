@@ -150,6 +150,10 @@ pub enum GatewayError {
     UpstreamUnreachable { model: ModelName, attempts: u32 },
     #[error("Worker {worker} failed before answering")]
     UpstreamFailed { worker: WorkerId },
+    /// The worker's answer broke HTTP/1.1's framing or the client's bounds (`upstream::wire`'s
+    /// limits): its details stay in the log, since the bytes are the worker's.
+    #[error("Worker {worker} sent a malformed response")]
+    UpstreamBadAnswer { worker: WorkerId },
     #[error("Worker {worker} did not answer within {timeout:?}")]
     UpstreamTimeout { worker: WorkerId, timeout: Duration },
     #[error("Worker {worker} failed in the middle of the response")]
@@ -284,6 +288,7 @@ impl GatewayError {
             }
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
+            | UpstreamBadAnswer { .. }
             | StreamInterrupted { .. }
             | StreamEventTooLarge { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } | RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -324,6 +329,7 @@ impl GatewayError {
             WorkerOverloadShed { .. } | OverloadedBeforeDispatch { .. } => "worker_overload_shed",
             UpstreamUnreachable { .. } => "upstream_unreachable",
             UpstreamFailed { .. } => "upstream_failed",
+            UpstreamBadAnswer { .. } => "upstream_bad_response",
             UpstreamTimeout { .. } => "upstream_timeout",
             StreamInterrupted { .. } => "upstream_stream_interrupted",
             StreamEventTooLarge { .. } => "upstream_event_too_large",
@@ -414,6 +420,7 @@ impl GatewayError {
             | DeadlineExceeded { .. } => Origin::Gateway,
             UpstreamUnreachable { .. }
             | UpstreamFailed { .. }
+            | UpstreamBadAnswer { .. }
             | UpstreamTimeout { .. }
             | StreamInterrupted { .. }
             | StreamEventTooLarge { .. } => Origin::Upstream,

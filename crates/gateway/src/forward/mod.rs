@@ -346,7 +346,11 @@ impl Forwarder {
         if self.may_retry(failure, at, &lease) {
             return Tried::Retry(worker.key, failure);
         }
-        Tried::Final(if at.attempts > 1 || failure == AttemptFailure::Connect {
+        Tried::Final(if failure == AttemptFailure::BadAnswer {
+            GatewayError::UpstreamBadAnswer {
+                worker: worker.id.clone(),
+            }
+        } else if at.attempts > 1 || failure == AttemptFailure::Connect {
             GatewayError::UpstreamUnreachable {
                 model: at.job.routed.pool.model.clone(),
                 attempts: at.attempts,
@@ -398,12 +402,18 @@ impl Forwarder {
     }
 }
 
-/// A transport failure of `worker` (a liveness signal): refused before the request was sent,
-/// or lost after; and its kind in `sluice_upstream_errors_total`.
+/// A transport failure of `worker`: refused before the request was sent or lost after (a
+/// liveness signal), or a bad answer (contact, and the breaker's); and its kind in
+/// `sluice_upstream_errors_total`.
 fn transport_failure(
     worker: &crate::fleet::Worker,
     e: &crate::upstream::SendError,
 ) -> (AttemptFailure, &'static str) {
+    if e.is_bad_answer() {
+        // Bytes came: the worker is there, its answer broken (the breaker's to judge).
+        worker.signals.contact(Instant::now());
+        return (AttemptFailure::BadAnswer, "bad_answer");
+    }
     worker.signals.transport_failure(Instant::now());
     if e.is_connect() {
         (AttemptFailure::Connect, "connect")
@@ -419,6 +429,7 @@ fn retry_reason(failure: AttemptFailure) -> &'static str {
         AttemptFailure::Dropped => "dropped",
         AttemptFailure::ServerError => "status",
         AttemptFailure::Unresponsive => "unresponsive",
+        AttemptFailure::BadAnswer => "bad_answer",
         _ => "connect",
     }
 }

@@ -115,12 +115,13 @@ pub struct ReportIssueLabels {
 pub const REPORT_ISSUES: [&str; 2] = ["fallback", "dropped_field"];
 
 /// Why a request was retried.
-pub const RETRY_REASONS: [&str; 5] = [
+pub const RETRY_REASONS: [&str; 6] = [
     "connect",
     "dropped",
     "at_capacity",
     "status",
     "unresponsive",
+    "bad_answer",
 ];
 
 /// The moves a circuit makes.
@@ -134,8 +135,9 @@ const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
 /// `connect`, `reset` (before headers), `timeout`, `stream` (mid-body), `status` (a retryable
 /// error status before any byte), `unresponsive`, `error_event` (a stream the engine ended with
 /// an error event of its own failure), `event_too_large` (an event-stream line or event past
-/// the parser's cap).
-pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
+/// the parser's cap), `bad_answer` (malformed HTTP/1.1 framing or a bound of the worker client
+/// broken, before or during the body).
+pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
     "connect",
     "reset",
     "timeout",
@@ -144,6 +146,7 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "unresponsive",
     "error_event",
     "event_too_large",
+    "bad_answer",
 ];
 
 /// Every metric family of one gateway.

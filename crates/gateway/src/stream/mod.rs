@@ -495,6 +495,7 @@ impl Body for Relay {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
+            Poll::Ready(Some(Err(e))) if e.is_bad_answer() => this.fail("bad_answer"),
             Poll::Ready(Some(Err(_))) => this.fail("stream"),
             Poll::Ready(None) => {
                 if this.sse && this.status == 200 {

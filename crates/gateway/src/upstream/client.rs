@@ -64,6 +64,13 @@ impl SendError {
     }
 }
 
+impl SendError {
+    /// The worker answered, but not as HTTP allows or within the client's bounds.
+    pub fn is_bad_answer(&self) -> bool {
+        matches!(self, SendError::Exchange(e) if e.is_bad_answer())
+    }
+}
+
 /// Why an exchange broke off once the request was on its way, or its answer's body did.
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
@@ -76,6 +83,18 @@ pub enum ExchangeError {
     /// A gRPC worker's stream broke off.
     #[error("gRPC stream: {0}")]
     Grpc(tonic::Status),
+}
+
+impl ExchangeError {
+    /// The worker's answer broke HTTP's rules or the client's bounds (`wire::limits`), where
+    /// the others are a connection lost.
+    pub fn is_bad_answer(&self) -> bool {
+        match self {
+            ExchangeError::Hyper(e) => e.is_parse() || e.is_parse_too_large(),
+            ExchangeError::Wire(e) => e.is_bad_answer(),
+            ExchangeError::Grpc(_) => false,
+        }
+    }
 }
 
 type Plain = Client<HttpConnector, Full<Bytes>>;
@@ -174,6 +193,11 @@ impl Upstream {
                 config.tokens.clone(),
             )),
         }
+    }
+
+    /// Requests resent after a keep-alive race on a cleartext HTTP/1.1 connection, since start.
+    pub fn keepalive_resends(&self) -> u64 {
+        self.http1.keepalive_resends()
     }
 
     /// The client to `grpc://` workers, for the control loops' own calls.

@@ -7,6 +7,7 @@
 //! HTTP worker.
 
 mod client;
+mod collector;
 mod get;
 pub mod grpc;
 mod pool;
@@ -15,6 +16,7 @@ mod wire;
 pub use client::{
     ExchangeError, SendError, Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse,
 };
+pub use collector::UpstreamCollector;
 pub use get::{get, post_json, GetError};
 pub use pool::UpstreamBody;
 

@@ -10,12 +10,15 @@
 //!
 //! A connection the worker closed while idle is noticed when it is taken (its socket reads the
 //! end); a request that could not be written on it is sent on the next one, or on a fresh
-//! connection, never twice. Idle connections are closed after the idle timeout, before the
+//! connection. One the worker closes just as the request goes out (a keep-alive race: the
+//! connection ends with nothing of an answer read) is not the worker's failure: the request is
+//! sent once more, on a fresh connection to the same worker, and counted. Idle connections are closed after the idle timeout, before the
 //! worker's own keep-alive timeout can close one under a request: those found stale when taken,
 //! and the rest by a sweep every half timeout.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -31,7 +34,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
-use super::wire::{self, Conn, WireError};
+use super::wire::{self, Conn, WireError, Written};
 
 /// One idle connection, and since when.
 struct Idle {
@@ -49,6 +52,8 @@ pub(super) struct Http1Pool {
     idle_timeout: Duration,
     /// Whether the sweep was started (on the first connection put back, inside the runtime).
     sweeping: std::sync::Once,
+    /// Keep-alive races resent on a fresh connection: `sluice_upstream_keepalive_resends_total`.
+    keepalive_resends: AtomicU64,
 }
 
 impl std::fmt::Debug for Http1Pool {
@@ -69,6 +74,7 @@ impl Http1Pool {
             keepalive,
             idle_timeout,
             sweeping: std::sync::Once::new(),
+            keepalive_resends: AtomicU64::new(0),
         }
     }
 
@@ -82,23 +88,19 @@ impl Http1Pool {
         let (mut parts, body) = request.into_parts();
         add_host(&mut parts, authority);
         let (head, close) = wire::request_head(&parts, body.len());
-        let mut conn = loop {
-            if let Some(mut conn) = self.take(authority) {
-                // Not taken whole: the connection had closed. The next one gets it.
-                if conn.write(&head, &body).await.is_ok() {
-                    break conn;
-                }
-                continue;
+        let (mut conn, mut written, reused) = self.written(authority, &head, &body).await?;
+        let answer = match conn.read_head(&parts.method).await {
+            Err(WireError::ClosedBeforeAnswer) if reused => {
+                // A keep-alive race: the worker closed the idle connection as the request went
+                // out, and read none of it. Not its failure; once more, on a fresh connection.
+                self.keepalive_resends.fetch_add(1, Ordering::Relaxed);
+                (conn, written) = self.written_fresh(authority, &head, &body).await?;
+                conn.read_head(&parts.method).await
             }
-            // Boxed: a new connection is rare, and its future (name resolution, the TCP
-            // handshake) would otherwise sit inline in every request's future, which is moved
-            // whole into a box per request on its way through the router.
-            let mut conn = Box::pin(self.connect(authority)).await?;
-            conn.write(&head, &body).await.map_err(exchange)?;
-            break conn;
+            answer => answer,
         };
-        let answer = conn.read_head(&parts.method).await.map_err(exchange)?;
-        let (response, mut body) = answer.body(conn, close);
+        let answer = answer.map_err(exchange)?;
+        let (response, mut body) = answer.body(conn, close || written != Written::Whole);
         let back = if body.is_end() {
             // No body to read (a refusal with none, say): the connection is free already.
             if let Some(conn) = body.take_reusable() {
@@ -115,6 +117,44 @@ impl Http1Pool {
             source: Source::Wire(body),
             back,
         }))
+    }
+
+    /// The request written on an idle connection (a connection that fails the write had
+    /// closed: the next one gets it), else on a fresh one; and whether it was reused.
+    async fn written(
+        &self,
+        authority: &Authority,
+        head: &[u8],
+        body: &[u8],
+    ) -> Result<(Conn, Written, bool), SendError> {
+        while let Some(mut conn) = self.take(authority) {
+            match conn.write(head, body).await {
+                Ok(written) => return Ok((conn, written, true)),
+                Err(WireError::Io(_)) => continue,
+                Err(e) => return Err(exchange(e)),
+            }
+        }
+        let (conn, written) = self.written_fresh(authority, head, body).await?;
+        Ok((conn, written, false))
+    }
+
+    async fn written_fresh(
+        &self,
+        authority: &Authority,
+        head: &[u8],
+        body: &[u8],
+    ) -> Result<(Conn, Written), SendError> {
+        // Boxed: a new connection is rare, and its future (name resolution, the TCP
+        // handshake) would otherwise sit inline in every request's future, which is moved
+        // whole into a box per request on its way through the router.
+        let mut conn = Box::pin(self.connect(authority)).await?;
+        let written = conn.write(head, body).await.map_err(exchange)?;
+        Ok((conn, written))
+    }
+
+    /// Requests sent once more on a fresh connection after a keep-alive race, since start.
+    pub fn keepalive_resends(&self) -> u64 {
+        self.keepalive_resends.load(Ordering::Relaxed)
     }
 
     /// The most recently used live connection to `authority`; stale ones are dropped.

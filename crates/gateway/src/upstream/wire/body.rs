@@ -1,12 +1,16 @@
 //! An answer's body, read from its connection on whichever task polls it (the request's own).
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use tokio::time::Sleep;
 
 use super::framing::{Decoded, Framing};
-use super::{Conn, WireError, MAX_READ};
+use super::limits::{MAX_READ, STALL};
+use super::{Conn, WireError};
 
 /// The body of an answer on a connection of our own; the connection comes back out of it once
 /// the body was read to its end, if it may carry another exchange.
@@ -16,6 +20,10 @@ pub(in crate::upstream) struct Body {
     conn: Option<Conn>,
     framing: Framing,
     reusable: bool,
+    /// Set while the body waits inside a line of framing (`Framing::mid_line`): when the worker
+    /// stops there for `STALL`, the answer is given up. `None` otherwise, so a stream's events
+    /// cost no timer.
+    stall: Option<Pin<Box<Sleep>>>,
 }
 
 impl Body {
@@ -24,6 +32,7 @@ impl Body {
             conn: Some(conn),
             framing,
             reusable,
+            stall: None,
         }
     }
 
@@ -39,14 +48,27 @@ impl Body {
             let step = match self.framing.decode(&mut conn.read) {
                 Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(data))),
                 Ok(Decoded::End) => return Poll::Ready(None),
-                Ok(Decoded::NeedMore) => match std::task::ready!(conn.poll_fill(cx)) {
-                    Ok(0) => {
+                Ok(Decoded::NeedMore) => match conn.poll_fill(cx) {
+                    Poll::Ready(Ok(0)) => {
                         // The worker closed: the end of a body that runs to the close.
                         self.reusable = false;
                         self.framing.closed()
                     }
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(WireError::Io(e)),
+                    Poll::Ready(Ok(_)) => {
+                        self.stall = None;
+                        Ok(())
+                    }
+                    Poll::Ready(Err(e)) => Err(WireError::Io(e)),
+                    Poll::Pending => {
+                        if !self.framing.mid_line(&conn.read) {
+                            return Poll::Pending;
+                        }
+                        let stall = self
+                            .stall
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep(STALL)));
+                        std::task::ready!(stall.as_mut().poll(cx));
+                        Err(WireError::Stalled)
+                    }
                 },
                 Err(e) => Err(e),
             };

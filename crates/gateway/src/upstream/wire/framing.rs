@@ -15,12 +15,8 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::limits::{MAX_LINE, MAX_TRAILERS};
 use super::WireError;
-
-/// The longest chunk-size line, or trailer line, taken before the answer is judged malformed.
-const MAX_LINE: usize = 4096;
-/// The most trailer bytes read and dropped.
-const MAX_TRAILERS: usize = 16 * 1024;
 
 /// How the rest of an answer's body is framed, and how far it has got.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +142,17 @@ impl Framing {
                     Step::Next => {}
                 },
             }
+        }
+    }
+
+    /// Whether the answer stands inside a line of framing (a chunk-size line with some of it
+    /// read, the line end after a chunk's data, the trailers): the wait for its next byte is
+    /// bounded (`limits::STALL`), where a wait between chunks is not.
+    pub(super) fn mid_line(&self, read: &[u8]) -> bool {
+        match self {
+            Framing::Chunked(Chunk::Size) => !read.is_empty(),
+            Framing::Chunked(Chunk::DataEnd | Chunk::Trailers(_)) => true,
+            _ => false,
         }
     }
 

@@ -10,17 +10,21 @@
 //!
 //! What it does not do, because workers do not need it: pipelining, `Expect: 100-continue`,
 //! protocol upgrades (a 101 is an error), HTTP/1.0 keep-alive (such a connection is closed after
-//! its answer). Trailers of a chunked answer are read and dropped. Heads and chunk sizes are
-//! parsed by httparse, the parser hyper uses.
+//! its answer). Heads are parsed by httparse, the parser hyper uses; where a body ends, chunk
+//! lines and trailers by `framing`, never looser than hyper 1.x's own decoder (the conformance
+//! suite, `conformance`, holds both to a table of answers). Every bound on an answer is in
+//! `limits`.
 //!
 //! ## Layout
 //!
 //! - `mod.rs` — the connection, writing a request, reading an answer's head.
+//! - `limits` — every bound an answer is held to.
 //! - `framing` — where an answer's body ends, and taking its data out of what was read.
 //! - `body` — the body as the request's task reads it.
 
 mod body;
 mod framing;
+mod limits;
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
@@ -28,21 +32,12 @@ use std::mem::MaybeUninit;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 use axum::http::{request, Version};
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 pub(super) use body::Body;
 use framing::Framing;
-
-/// The first read of an answer: most heads and a first event fit.
-const FIRST_READ: usize = 2048;
-/// The largest read buffer a long answer grows to.
-const MAX_READ: usize = 64 * 1024;
-/// The largest answer head taken (hyper's default limit is 400 KiB of buffer; heads from
-/// engines are a few hundred bytes).
-const MAX_HEAD: usize = 64 * 1024;
-/// The most header fields an answer may have (hyper's limit).
-const MAX_HEADERS: usize = 100;
+use limits::{FIRST_READ, MAX_HEAD, MAX_HEADERS, MAX_INFORMATIONAL, STALL};
 
 /// Why an exchange on a connection of our own failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +52,8 @@ pub enum WireError {
     MalformedHead(httparse::Error),
     #[error("the answer's head is longer than {MAX_HEAD} bytes")]
     HeadTooLarge,
+    #[error("more than {MAX_INFORMATIONAL} informational answers came before the final one")]
+    TooManyInformational,
     #[error("the answer's length is invalid")]
     BadLength,
     #[error("the answer's chunked encoding is malformed")]
@@ -65,6 +62,28 @@ pub enum WireError {
     TransferEncodingOn10,
     #[error("the worker switched protocols, which was not asked for")]
     Upgrade,
+    #[error("the worker stopped for {STALL:?} inside a head or a line of framing, or took no more of the request")]
+    Stalled,
+}
+
+impl WireError {
+    /// The worker answered, but not as HTTP/1.1 allows or within the client's bounds
+    /// (`limits`): its failure, though not a lost connection.
+    pub fn is_bad_answer(&self) -> bool {
+        !matches!(
+            self,
+            WireError::Io(_) | WireError::ClosedBeforeAnswer | WireError::Truncated
+        )
+    }
+}
+
+/// How much of a request reached the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Written {
+    Whole,
+    /// The worker answered, or closed, before taking all of it: its answer is read, and the
+    /// connection is not used again.
+    AnsweredEarly,
 }
 
 /// A connection to a worker, idle or in an exchange.
@@ -102,26 +121,76 @@ impl Conn {
     }
 
     /// Writes the request whole: its head and `body` in one vectored write where the socket
-    /// takes it. An error here is a request the worker did not get whole.
-    pub(super) async fn write(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
-        let (mut head, mut body) = (head, body);
-        while !head.is_empty() || !body.is_empty() {
-            let written = self
-                .stream
-                .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
-                .await?;
-            if written == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+    /// takes it. A worker that answers (a 413, a 401) or closes before taking it all is heard
+    /// (RFC 9112 section 9.5), and one that takes none of it for `STALL` is given up on.
+    pub(super) async fn write(&mut self, head: &[u8], body: &[u8]) -> Result<Written, WireError> {
+        let mut rest = [head, body];
+        loop {
+            match self.try_write(&mut rest) {
+                Ok(true) => return Ok(Written::Whole),
+                Ok(false) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return self.answered_before(e),
             }
-            let of_head = written.min(head.len());
-            head = &head[of_head..];
-            body = &body[written - of_head..];
         }
-        Ok(())
+        // The socket is full: the worker is not reading (yet). Rare; only here is a timer set.
+        let stall = tokio::time::sleep(STALL);
+        tokio::pin!(stall);
+        loop {
+            tokio::select! {
+                ready = self.stream.writable() => {
+                    ready?;
+                    match self.try_write(&mut rest) {
+                        Ok(true) => return Ok(Written::Whole),
+                        Ok(false) => stall.as_mut().reset(tokio::time::Instant::now() + STALL),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return self.answered_before(e),
+                    }
+                }
+                ready = self.stream.readable() => {
+                    ready?;
+                    self.read.reserve(self.read_size);
+                    match self.stream.try_read_buf(&mut self.read) {
+                        // The worker spoke, or closed: its answer (or end) is read next.
+                        Ok(_) => return Ok(Written::AnsweredEarly),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                () = &mut stall => return Err(WireError::Stalled),
+            }
+        }
     }
 
-    /// Reads the answer's head (informational answers skipped) for a request sent as `method`.
+    /// One non-blocking write of what is left of `rest`; true once all of it is written.
+    fn try_write(&self, rest: &mut [&[u8]; 2]) -> io::Result<bool> {
+        let written = self
+            .stream
+            .try_write_vectored(&[IoSlice::new(rest[0]), IoSlice::new(rest[1])])?;
+        if written == 0 && !(rest[0].is_empty() && rest[1].is_empty()) {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let of_head = written.min(rest[0].len());
+        rest[0] = &rest[0][of_head..];
+        rest[1] = &rest[1][written - of_head..];
+        Ok(rest[0].is_empty() && rest[1].is_empty())
+    }
+
+    /// A write failed: if the worker answered before it closed (it refused the request and
+    /// will not read the rest), the answer is there to read; else the write's error.
+    fn answered_before(&mut self, e: io::Error) -> Result<Written, WireError> {
+        self.read.reserve(self.read_size);
+        match self.stream.try_read_buf(&mut self.read) {
+            Ok(n) if n > 0 => Ok(Written::AnsweredEarly),
+            _ => Err(e.into()),
+        }
+    }
+
+    /// Reads the answer's head (informational answers skipped, at most `MAX_INFORMATIONAL`)
+    /// for a request sent as `method`. The wait for its first byte is not bounded here; once a
+    /// head has started, each wait for more of it is (`STALL`).
     pub(super) async fn read_head(&mut self, method: &Method) -> Result<Head, WireError> {
+        let mut informational = 0;
         loop {
             // Nothing read is nothing to parse: the first look would always come back empty.
             let parsed = if self.read.is_empty() {
@@ -131,6 +200,10 @@ impl Conn {
             };
             if let Some(head) = parsed {
                 if head.response.status().is_informational() {
+                    informational += 1;
+                    if informational > MAX_INFORMATIONAL {
+                        return Err(WireError::TooManyInformational);
+                    }
                     continue;
                 }
                 return Ok(head);
@@ -138,13 +211,22 @@ impl Conn {
             if self.read.len() >= MAX_HEAD {
                 return Err(WireError::HeadTooLarge);
             }
+            let started = !self.read.is_empty();
             self.read.reserve(self.read_size);
-            if self.stream.read_buf(&mut self.read).await? == 0 {
-                return Err(if self.read.is_empty() {
-                    WireError::ClosedBeforeAnswer
-                } else {
-                    WireError::Truncated
-                });
+            let read = if started {
+                tokio::time::timeout(STALL, self.stream.read_buf(&mut self.read))
+                    .await
+                    .map_err(|_| WireError::Stalled)?
+            } else {
+                self.stream.read_buf(&mut self.read).await
+            };
+            if !started && informational == 0 && closed(&read) {
+                return Err(WireError::ClosedBeforeAnswer);
+            }
+            match read {
+                Ok(0) => return Err(WireError::Truncated),
+                Ok(_) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -224,6 +306,18 @@ impl Head {
     pub(super) fn body(self, conn: Conn, close: bool) -> (Response<()>, Body) {
         let reusable = self.reusable && !close;
         (self.response, Body::new(conn, self.framing, reusable))
+    }
+}
+
+/// A read that found the connection closed: its end, or a reset (the worker closed with the
+/// request unread).
+fn closed(read: &io::Result<usize>) -> bool {
+    match read {
+        Ok(n) => *n == 0,
+        Err(e) => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+        ),
     }
 }
 
