@@ -15,7 +15,7 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::limits::{MAX_LINE, MAX_TRAILERS};
+use super::limits::{MAX_EXTENSIONS, MAX_LINE, MAX_TRAILERS, MAX_TRAILER_FIELDS};
 use super::WireError;
 
 /// How the rest of an answer's body is framed, and how far it has got.
@@ -25,22 +25,32 @@ pub(super) enum Framing {
     Done,
     /// This many bytes left.
     Length(u64),
-    Chunked(Chunk),
+    Chunked(Chunked),
     /// Everything until the worker closes the connection (which then cannot be used again).
     UntilClose,
 }
 
-/// Where a chunked body stands.
+/// Where a chunked body stands, and what of its bounded parts it has used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Chunk {
+pub(super) struct Chunked {
+    at: Chunk,
+    /// Bytes of chunk extensions over the whole body (`MAX_EXTENSIONS`).
+    extension_bytes: usize,
+    /// Bytes (with their CRLFs) and lines of trailers so far.
+    trailer_bytes: usize,
+    trailer_fields: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Chunk {
     /// A chunk-size line is next.
     Size,
     /// This many bytes of the current chunk left.
     Data(u64),
     /// The CRLF after a chunk's data.
     DataEnd,
-    /// After the last chunk: trailer lines until an empty one; this many bytes of them so far.
-    Trailers(usize),
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
 }
 
 /// What one step of decoding gave.
@@ -83,9 +93,7 @@ impl Framing {
                 .and_then(|v| v.rsplit(',').next())
                 .map(str::trim);
             return Ok(match last {
-                Some(coding) if coding.eq_ignore_ascii_case("chunked") => {
-                    Framing::Chunked(Chunk::Size)
-                }
+                Some(coding) if coding.eq_ignore_ascii_case("chunked") => Framing::chunked(),
                 _ => Framing::UntilClose,
             });
         }
@@ -103,6 +111,16 @@ impl Framing {
             Some(0) => Framing::Done,
             Some(n) => Framing::Length(n),
             None => Framing::UntilClose,
+        })
+    }
+
+    /// A chunked body, from its first chunk-size line.
+    pub(super) fn chunked() -> Self {
+        Framing::Chunked(Chunked {
+            at: Chunk::Size,
+            extension_bytes: 0,
+            trailer_bytes: 0,
+            trailer_fields: 0,
         })
     }
 
@@ -150,8 +168,11 @@ impl Framing {
     /// bounded (`limits::STALL`), where a wait between chunks is not.
     pub(super) fn mid_line(&self, read: &[u8]) -> bool {
         match self {
-            Framing::Chunked(Chunk::Size) => !read.is_empty(),
-            Framing::Chunked(Chunk::DataEnd | Chunk::Trailers(_)) => true,
+            Framing::Chunked(chunked) => match chunked.at {
+                Chunk::Size => !read.is_empty(),
+                Chunk::DataEnd | Chunk::Trailers => true,
+                Chunk::Data(_) => false,
+            },
             _ => false,
         }
     }
@@ -177,9 +198,10 @@ fn digits(text: &str) -> Option<u64> {
     text.parse().ok()
 }
 
-/// A whole chunk-size line at the start of `read`: the bytes it takes and the size; `None` while
-/// it is incomplete. `1*HEXDIG *(SP / HTAB) [";" extensions] CRLF`, as hyper reads it.
-fn chunk_size_line(read: &[u8]) -> Result<Option<(usize, u64)>, WireError> {
+/// A whole chunk-size line at the start of `read`: the bytes it takes, the size and the bytes
+/// of its extensions; `None` while it is incomplete. `1*HEXDIG *(SP / HTAB) [";" extensions]
+/// CRLF`, as hyper reads it.
+fn chunk_size_line(read: &[u8]) -> Result<Option<SizeLine>, WireError> {
     let digits = read.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 {
         return if read.is_empty() {
@@ -200,6 +222,7 @@ fn chunk_size_line(read: &[u8]) -> Result<Option<(usize, u64)>, WireError> {
     while at < read.len() && matches!(read[at], b' ' | b'\t') {
         at += 1;
     }
+    let extension_from = at;
     if at < read.len() && read[at] == b';' {
         while at < read.len() && read[at] != b'\r' {
             if read[at] == b'\n' {
@@ -209,20 +232,37 @@ fn chunk_size_line(read: &[u8]) -> Result<Option<(usize, u64)>, WireError> {
         }
     }
     match read.get(at..at + 2) {
-        Some(b"\r\n") => Ok(Some((at + 2, size))),
+        Some(b"\r\n") => Ok(Some(SizeLine {
+            len: at + 2,
+            size,
+            extension_bytes: at - extension_from,
+        })),
         Some(_) => Err(WireError::BadChunk),
         None if at < read.len() && read[at] != b'\r' => Err(WireError::BadChunk),
         None => Ok(None),
     }
 }
 
-/// Whether a trailer line (without its CRLF) is a well-formed field: a token, a colon, a value.
+struct SizeLine {
+    len: usize,
+    size: u64,
+    extension_bytes: usize,
+}
+
+/// Whether a trailer line (without its CRLF) is one well-formed field, as hyper reads trailers:
+/// httparse's field syntax, then a valid name and value.
 fn trailer_field(line: &[u8]) -> bool {
-    let Some(colon) = line.iter().position(|&b| b == b':') else {
-        return false;
-    };
-    let value = line[colon + 1..].trim_ascii();
-    HeaderName::from_bytes(&line[..colon]).is_ok() && HeaderValue::from_bytes(value).is_ok()
+    let mut text = Vec::with_capacity(line.len() + 4);
+    text.extend_from_slice(line);
+    text.extend_from_slice(b"\r\n\r\n");
+    let mut fields = [httparse::EMPTY_HEADER; 1];
+    match httparse::parse_headers(&text, &mut fields) {
+        Ok(httparse::Status::Complete((_, [field]))) => {
+            HeaderName::from_bytes(field.name.as_bytes()).is_ok()
+                && HeaderValue::from_bytes(field.value).is_ok()
+        }
+        _ => false,
+    }
 }
 
 /// At most `left` bytes of data from `read`, none when it is empty.
@@ -244,16 +284,20 @@ enum Step {
     End,
 }
 
-impl Chunk {
+impl Chunked {
     fn step(&mut self, read: &mut BytesMut) -> Result<Step, WireError> {
-        match self {
+        match &mut self.at {
             Chunk::Size => match chunk_size_line(read)? {
-                Some((used, size)) => {
-                    read.advance(used);
-                    *self = if size == 0 {
-                        Chunk::Trailers(0)
+                Some(line) => {
+                    self.extension_bytes += line.extension_bytes;
+                    if self.extension_bytes > MAX_EXTENSIONS {
+                        return Err(WireError::BadChunk);
+                    }
+                    read.advance(line.len);
+                    self.at = if line.size == 0 {
+                        Chunk::Trailers
                     } else {
-                        Chunk::Data(size)
+                        Chunk::Data(line.size)
                     };
                     Ok(Step::Next)
                 }
@@ -265,7 +309,7 @@ impl Chunk {
                     return Ok(Step::NeedMore);
                 };
                 if *left == 0 {
-                    *self = Chunk::DataEnd;
+                    self.at = Chunk::DataEnd;
                 }
                 Ok(Step::Data(data))
             }
@@ -277,35 +321,39 @@ impl Chunk {
                     return Err(WireError::BadChunk);
                 }
                 read.advance(2);
-                *self = Chunk::Size;
+                self.at = Chunk::Size;
                 Ok(Step::Next)
             }
-            Chunk::Trailers(seen) => {
-                let Some(end) = read.iter().position(|&b| b == b'\n') else {
-                    if read.len() >= MAX_LINE {
-                        return Err(WireError::BadChunk);
-                    }
-                    return Ok(Step::NeedMore);
-                };
-                // Every line ends with CRLF; a bare LF is refused, as hyper does.
-                let Some(line) = read[..end].strip_suffix(b"\r") else {
-                    return Err(WireError::BadChunk);
-                };
-                if line.is_empty() {
-                    read.advance(end + 1);
-                    return Ok(Step::End);
-                }
-                if !trailer_field(line) {
-                    return Err(WireError::BadChunk);
-                }
-                *seen += end + 1;
-                read.advance(end + 1);
-                if *seen > MAX_TRAILERS {
-                    return Err(WireError::BadChunk);
-                }
-                Ok(Step::Next)
-            }
+            Chunk::Trailers => self.trailer(read),
         }
+    }
+
+    /// One trailer line, or the empty line that ends the body.
+    fn trailer(&mut self, read: &mut BytesMut) -> Result<Step, WireError> {
+        let Some(end) = read.iter().position(|&b| b == b'\n') else {
+            if read.len() >= MAX_LINE {
+                return Err(WireError::BadChunk);
+            }
+            return Ok(Step::NeedMore);
+        };
+        // Every line ends with CRLF; a bare LF is refused, as hyper does.
+        let Some(line) = read[..end].strip_suffix(b"\r") else {
+            return Err(WireError::BadChunk);
+        };
+        if line.is_empty() {
+            read.advance(end + 1);
+            return Ok(Step::End);
+        }
+        self.trailer_bytes += end + 1;
+        self.trailer_fields += 1;
+        if !trailer_field(line)
+            || self.trailer_bytes > MAX_TRAILERS
+            || self.trailer_fields > MAX_TRAILER_FIELDS
+        {
+            return Err(WireError::BadChunk);
+        }
+        read.advance(end + 1);
+        Ok(Step::Next)
     }
 }
 
@@ -366,7 +414,7 @@ mod tests {
                 &[("transfer-encoding", "chunked"), ("content-length", "3")]
             )
             .unwrap(),
-            Framing::Chunked(Chunk::Size)
+            Framing::chunked()
         );
         assert_eq!(
             framing(200, &[("transfer-encoding", "gzip")]).unwrap(),
@@ -426,13 +474,13 @@ mod tests {
             of(Version::HTTP_10),
             Err(WireError::TransferEncodingOn10)
         ));
-        assert_eq!(of(Version::HTTP_11).unwrap(), Framing::Chunked(Chunk::Size));
+        assert_eq!(of(Version::HTTP_11).unwrap(), Framing::chunked());
     }
 
     #[test]
     fn chunks_with_extensions_and_trailers_give_their_data() {
         let input = b"5;name=value\r\nhello\r\n1 \t\r\n \r\nA\r\n0123456789\r\n0\r\nx-t: 1\r\n\r\n";
-        let out = decode_all(Framing::Chunked(Chunk::Size), input, 3).unwrap();
+        let out = decode_all(Framing::chunked(), input, 3).unwrap();
         assert_eq!(out, b"hello 0123456789");
     }
 
@@ -440,7 +488,7 @@ mod tests {
     fn a_body_cut_before_its_end_is_an_error() {
         let cut = decode_all(Framing::Length(10), b"short", 64);
         assert!(matches!(cut, Err(WireError::Truncated)));
-        let cut = decode_all(Framing::Chunked(Chunk::Size), b"5\r\nhel", 64);
+        let cut = decode_all(Framing::chunked(), b"5\r\nhel", 64);
         assert!(matches!(cut, Err(WireError::Truncated)));
         let ended = decode_all(Framing::UntilClose, b"all of it", 4).unwrap();
         assert_eq!(ended, b"all of it");
@@ -466,7 +514,7 @@ mod tests {
             b"0\r\nnot a field\r\n\r\n",
             b"0\r\nbad name: 1\r\n\r\n",
         ] {
-            let out = decode_all(Framing::Chunked(Chunk::Size), bad, 64);
+            let out = decode_all(Framing::chunked(), bad, 64);
             assert!(matches!(out, Err(WireError::BadChunk)), "{bad:?}");
         }
     }
@@ -515,7 +563,7 @@ mod tests {
             let mut input = chunked(&body, &sizes);
             let framed = input.len();
             input.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-            let mut framing = Framing::Chunked(Chunk::Size);
+            let mut framing = Framing::chunked();
             let mut read = BytesMut::new();
             let mut out = Vec::new();
             let mut fed = 0;

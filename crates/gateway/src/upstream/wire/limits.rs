@@ -19,8 +19,13 @@ pub(super) const MAX_HEADERS: usize = 100;
 pub(super) const MAX_INFORMATIONAL: usize = 8;
 /// The longest chunk-size line, or trailer line.
 pub(super) const MAX_LINE: usize = 4096;
-/// The most trailer bytes read (and dropped) after the last chunk.
-pub(super) const MAX_TRAILERS: usize = 16 * 1024;
+/// The most bytes of chunk extensions over a whole body (hyper's client refuses 16 KiB; no
+/// engine sends any).
+pub(super) const MAX_EXTENSIONS: usize = 4096;
+/// The most trailer bytes read (and dropped) after the last chunk, and the most trailer fields
+/// (hyper's client: 16 KiB and 100; no engine sends any).
+pub(super) const MAX_TRAILERS: usize = 8 * 1024;
+pub(super) const MAX_TRAILER_FIELDS: usize = 64;
 /// The longest wait for the next byte of a head, a chunk-size line or the trailers once they
 /// have started, and for a write to make progress: a worker that starts a line and stops is
 /// stuck mid-frame, and a request it does not read holds the connection.

@@ -369,4 +369,6 @@ pub(super) fn request_head(parts: &request::Parts, body_len: usize) -> (Vec<u8>,
 }
 
 #[cfg(test)]
+mod conformance;
+#[cfg(test)]
 mod tests;
