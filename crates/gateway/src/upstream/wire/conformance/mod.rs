@@ -273,11 +273,40 @@ const SEEDS: [&[u8]; 6] = [
 /// Bytes that matter to HTTP/1.1's syntax, most mutations draw from.
 const TELLING: &[u8] = b"\r\n \t:;,0159aAfF+-\"\x00\x7f\x80\xff";
 
+/// Where in an answer a mutation lands: anywhere, or next to one of its syntax bytes (a
+/// colon, a line end, a space, a digit), where the rules are and a loose parser slips.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    Anywhere(usize),
+    Near { nth: usize, offset: i8 },
+}
+
+impl Place {
+    fn index(self, answer: &[u8], room: usize) -> usize {
+        let at = match self {
+            Place::Anywhere(at) => at,
+            Place::Near { nth, offset } => {
+                let syntax: Vec<usize> = answer
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b":\r\n ;,".contains(b) || b.is_ascii_digit())
+                    .map(|(i, _)| i)
+                    .collect();
+                match syntax.len() {
+                    0 => nth,
+                    n => syntax[nth % n].saturating_add_signed(isize::from(offset)),
+                }
+            }
+        };
+        at % room.max(1)
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Mutation {
-    Replace(usize, u8),
-    Insert(usize, u8),
-    Delete(usize),
+    Replace(Place, u8),
+    Insert(Place, u8),
+    Delete(Place),
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
@@ -285,22 +314,32 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         3 => proptest::sample::select(TELLING),
         1 => any::<u8>(),
     ];
+    let place = prop_oneof![
+        1 => any::<usize>().prop_map(Place::Anywhere),
+        3 => (any::<usize>(), -1i8..=1).prop_map(|(nth, offset)| Place::Near { nth, offset }),
+    ];
     prop_oneof![
-        (any::<usize>(), byte.clone()).prop_map(|(at, b)| Mutation::Replace(at, b)),
-        (any::<usize>(), byte).prop_map(|(at, b)| Mutation::Insert(at, b)),
-        any::<usize>().prop_map(Mutation::Delete),
+        (place.clone(), byte.clone()).prop_map(|(at, b)| Mutation::Replace(at, b)),
+        (place.clone(), byte).prop_map(|(at, b)| Mutation::Insert(at, b)),
+        place.prop_map(Mutation::Delete),
     ]
 }
 
 fn mutated(seed: &[u8], mutations: &[Mutation]) -> Vec<u8> {
     let mut answer = seed.to_vec();
     for m in mutations {
-        let len = answer.len().max(1);
         match *m {
-            Mutation::Replace(at, b) if !answer.is_empty() => answer[at % len] = b,
-            Mutation::Insert(at, b) => answer.insert(at % (answer.len() + 1), b),
+            Mutation::Replace(at, b) if !answer.is_empty() => {
+                let at = at.index(&answer, answer.len());
+                answer[at] = b;
+            }
+            Mutation::Insert(at, b) => {
+                let at = at.index(&answer, answer.len() + 1);
+                answer.insert(at, b);
+            }
             Mutation::Delete(at) if !answer.is_empty() => {
-                answer.remove(at % len);
+                let at = at.index(&answer, answer.len());
+                answer.remove(at);
             }
             _ => {}
         }
@@ -309,7 +348,7 @@ fn mutated(seed: &[u8], mutations: &[Mutation]) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     /// Whatever a few bytes of a valid answer become, the wire client accepts it only if hyper
     /// does, and then reads the same status and body. (The worker closes after each answer,
