@@ -396,10 +396,25 @@ mod tests {
 
     const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
-    /// A worker answering every request head with `ANSWER`; with `close`, it closes each
-    /// connection after its first answer without saying so (as a worker's keep-alive timeout
-    /// does). Each accepted connection is reported on the channel.
+    /// How the test worker treats a connection after its first answer.
+    #[derive(Clone, Copy, PartialEq)]
+    enum After {
+        /// Answers every request on it.
+        KeepAlive,
+        /// Closes it without saying so (as a worker's keep-alive timeout does).
+        Close,
+        /// Reads the next request and closes with nothing answered: the keep-alive race, the
+        /// close crossing the request.
+        CloseUnderRequest,
+    }
+
+    /// A worker answering request heads with `ANSWER`, each connection's first at least, and
+    /// the rest as `after` says. Each accepted connection is reported on the channel.
     async fn worker(close: bool) -> (Authority, mpsc::UnboundedReceiver<()>) {
+        worker_that(if close { After::Close } else { After::KeepAlive }).await
+    }
+
+    async fn worker_that(after: After) -> (Authority, mpsc::UnboundedReceiver<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
         let (accepted, rx) = mpsc::unbounded_channel();
@@ -409,6 +424,7 @@ mod tests {
                 tokio::spawn(async move {
                     let mut seen = Vec::new();
                     let mut buf = [0u8; 1024];
+                    let mut answered = false;
                     while let Ok(n) = socket.read(&mut buf).await {
                         if n == 0 {
                             return;
@@ -416,9 +432,13 @@ mod tests {
                         seen.extend_from_slice(&buf[..n]);
                         while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
                             seen.drain(..end + 4);
-                            if socket.write_all(ANSWER).await.is_err() || close {
+                            if answered && after == After::CloseUnderRequest {
                                 return;
                             }
+                            if socket.write_all(ANSWER).await.is_err() || after == After::Close {
+                                return;
+                            }
+                            answered = true;
                         }
                     }
                 });
@@ -516,6 +536,40 @@ mod tests {
         }
         accepted.recv().await.unwrap();
         accepted.recv().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_under_the_request_is_a_race_sent_once_more_on_a_fresh_one() {
+        let (authority, mut accepted) = worker_that(After::CloseUnderRequest).await;
+        let pool = pool();
+        assert_eq!(ask(&pool, &authority).await, "ok");
+        assert_eq!(pool.keepalive_resends(), 0);
+        // The idle connection passes the pool's look; the worker closes it on the request.
+        assert_eq!(ask(&pool, &authority).await, "ok");
+        assert_eq!(pool.keepalive_resends(), 1);
+        for _ in 0..2 {
+            accepted.recv().await.unwrap();
+        }
+        assert!(accepted.try_recv().is_err(), "one fresh connection for the race");
+    }
+
+    #[tokio::test]
+    async fn a_fresh_connection_closed_before_an_answer_is_the_worker_s_failure() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = Authority::try_from(listener.local_addr().unwrap().to_string()).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+            }
+        });
+        let pool = pool();
+        let failed = pool.send(&authority, request(&authority)).await.unwrap_err();
+        assert!(matches!(
+            failed,
+            SendError::Exchange(ExchangeError::Wire(WireError::ClosedBeforeAnswer))
+        ));
+        assert_eq!(pool.keepalive_resends(), 0);
     }
 
     #[tokio::test]

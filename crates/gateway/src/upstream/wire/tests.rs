@@ -1,9 +1,10 @@
 use std::future::poll_fn;
 
 use axum::http::Request;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use super::limits::STALL;
 use super::*;
 
 /// A connection to a worker that is a socket the test writes to: `answer` in pieces of `cut`
@@ -219,4 +220,135 @@ fn a_get_has_no_length_and_an_empty_post_says_zero() {
         .body(())
         .unwrap();
     assert!(request_head(&parts(closing), 0).1);
+}
+
+/// A connection whose worker writes what the test hands it, when it hands it, and never reads.
+async fn driven() -> (Conn, tokio::sync::mpsc::UnboundedSender<&'static [u8]>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<&'static [u8]>();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        while let Some(bytes) = rx.recv().await {
+            if socket.write_all(bytes).await.is_err() {
+                return;
+            }
+        }
+    });
+    (Conn::new(TcpStream::connect(addr).await.unwrap()), tx)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_that_stops_halfway_is_given_up_after_the_stall_bound() {
+    let (mut conn, worker) = driven().await;
+    worker.send(b"HTTP/1.1 200 OK\r\ncontent-").unwrap();
+    let start = tokio::time::Instant::now();
+    let head = conn.read_head(&Method::POST).await;
+    assert!(matches!(head, Err(WireError::Stalled)));
+    assert!(head.is_err_and(|e| e.is_bad_answer()));
+    assert_eq!(start.elapsed(), STALL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_wait_for_an_answer_and_between_chunks_is_liveness_s_not_the_client_s() {
+    let (mut conn, worker) = driven().await;
+    let reading = tokio::spawn(async move {
+        let head = conn.read_head(&Method::POST).await.unwrap();
+        let (_, mut body) = head.body(conn, false);
+        body_of(&mut body).await
+    });
+    // Minutes before the first byte (a long prefill), then between two chunks.
+    tokio::time::sleep(STALL * 30).await;
+    assert!(!reading.is_finished());
+    worker
+        .send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        .unwrap();
+    tokio::time::sleep(STALL * 30).await;
+    assert!(!reading.is_finished());
+    worker.send(b"0\r\n\r\n").unwrap();
+    assert_eq!(reading.await.unwrap().unwrap(), b"hello");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chunk_line_that_stops_halfway_is_given_up_after_the_stall_bound() {
+    for rest in [&b"1"[..], b"5;ext", b"0\r\nx-t: 1\r\n", b"0\r\n"] {
+        let (mut conn, worker) = driven().await;
+        worker
+            .send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            .unwrap();
+        let head = conn.read_head(&Method::POST).await.unwrap();
+        let (_, mut body) = head.body(conn, false);
+        let first = poll_fn(|cx| body.poll_data(cx)).await.unwrap().unwrap();
+        assert_eq!(first, "hello");
+        worker.send(rest).unwrap();
+        let start = tokio::time::Instant::now();
+        let stalled = body_of(&mut body).await;
+        assert!(matches!(stalled, Err(WireError::Stalled)), "{rest:?}");
+        assert_eq!(start.elapsed(), STALL, "{rest:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_the_worker_does_not_read_is_given_up_after_the_stall_bound() {
+    let (mut conn, _worker) = driven().await;
+    let body = vec![b'x'; 64 << 20];
+    let start = tokio::time::Instant::now();
+    let written = conn.write(b"POST / HTTP/1.1\r\ncontent-length: 67108864\r\n\r\n", &body);
+    assert!(matches!(written.await, Err(WireError::Stalled)));
+    assert!(start.elapsed() >= STALL);
+}
+
+#[tokio::test]
+async fn an_answer_before_the_request_was_taken_whole_is_read() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        // The head only, then a refusal and the close, as a server refusing a large body does.
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let refusal = b"HTTP/1.1 413 Payload Too Large\r\nconnection: close\r\ncontent-length: 8\r\n\r\ntoo long";
+        socket.write_all(refusal).await.unwrap();
+    });
+    let mut conn = Conn::new(TcpStream::connect(addr).await.unwrap());
+    let body = vec![b'x'; 64 << 20];
+    let head = b"POST / HTTP/1.1\r\ncontent-length: 67108864\r\n\r\n";
+    assert_eq!(
+        conn.write(head, &body).await.unwrap(),
+        Written::AnsweredEarly
+    );
+    let answer = conn.read_head(&Method::POST).await.unwrap();
+    assert_eq!(answer.response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let (_, mut body) = answer.body(conn, true);
+    assert_eq!(body_of(&mut body).await.unwrap(), b"too long");
+    assert!(body.take_reusable().is_none());
+}
+
+#[tokio::test]
+async fn more_informational_answers_than_the_bound_are_a_bad_answer() {
+    let answer: &'static [u8] = [
+        b"HTTP/1.1 102 Processing\r\n\r\n".repeat(MAX_INFORMATIONAL + 1),
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+    ]
+    .concat()
+    .leak();
+    let mut conn = scripted(answer, 5, false).await;
+    let head = conn.read_head(&Method::POST).await;
+    assert!(matches!(head, Err(WireError::TooManyInformational)));
+}
+
+#[tokio::test]
+async fn a_connection_closed_or_reset_before_any_byte_is_closed_before_answer() {
+    let mut conn = scripted(b"", 1, true).await;
+    let head = conn.read_head(&Method::POST).await;
+    assert!(matches!(head, Err(WireError::ClosedBeforeAnswer)));
+    assert!(head.is_err_and(|e| !e.is_bad_answer()));
+    // After an informational answer something was read: the close cuts an answer.
+    let mut conn = scripted(b"HTTP/1.1 100 Continue\r\n\r\n", 64, true).await;
+    let head = conn.read_head(&Method::POST).await;
+    assert!(matches!(head, Err(WireError::Truncated)));
 }
