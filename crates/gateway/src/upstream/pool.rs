@@ -411,7 +411,12 @@ mod tests {
     /// A worker answering request heads with `ANSWER`, each connection's first at least, and
     /// the rest as `after` says. Each accepted connection is reported on the channel.
     async fn worker(close: bool) -> (Authority, mpsc::UnboundedReceiver<()>) {
-        worker_that(if close { After::Close } else { After::KeepAlive }).await
+        worker_that(if close {
+            After::Close
+        } else {
+            After::KeepAlive
+        })
+        .await
     }
 
     async fn worker_that(after: After) -> (Authority, mpsc::UnboundedReceiver<()>) {
@@ -550,7 +555,10 @@ mod tests {
         for _ in 0..2 {
             accepted.recv().await.unwrap();
         }
-        assert!(accepted.try_recv().is_err(), "one fresh connection for the race");
+        assert!(
+            accepted.try_recv().is_err(),
+            "one fresh connection for the race"
+        );
     }
 
     #[tokio::test]
@@ -564,7 +572,10 @@ mod tests {
             }
         });
         let pool = pool();
-        let failed = pool.send(&authority, request(&authority)).await.unwrap_err();
+        let failed = pool
+            .send(&authority, request(&authority))
+            .await
+            .unwrap_err();
         assert!(matches!(
             failed,
             SendError::Exchange(ExchangeError::Wire(WireError::ClosedBeforeAnswer))

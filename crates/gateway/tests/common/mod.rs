@@ -9,6 +9,7 @@ pub mod kube_api;
 pub mod model;
 pub mod otlp;
 pub mod pinned;
+pub mod raw;
 pub mod redis;
 pub mod wire;
 

@@ -293,7 +293,10 @@ async fn a_request_the_worker_does_not_read_is_given_up_after_the_stall_bound() 
     let (mut conn, _worker) = driven().await;
     let body = vec![b'x'; 64 << 20];
     let start = tokio::time::Instant::now();
-    let written = conn.write(b"POST / HTTP/1.1\r\ncontent-length: 67108864\r\n\r\n", &body);
+    let written = conn.write(
+        b"POST / HTTP/1.1\r\ncontent-length: 67108864\r\n\r\n",
+        &body,
+    );
     assert!(matches!(written.await, Err(WireError::Stalled)));
     assert!(start.elapsed() >= STALL);
 }
