@@ -10,7 +10,8 @@
 //! a length is digits only; an HTTP/1.0 answer may not carry Transfer-Encoding; a chunk-size
 //! line starts with a hex digit, may have spaces after the size and extensions after a `;`, and
 //! ends with CRLF — a bare LF anywhere in it is refused; trailer lines and the last line end
-//! with CRLF, and each trailer is a well-formed field.
+//! with CRLF, and each trailer is one field as httparse reads it. Extensions and trailers are
+//! bounded over the body (`limits`), below hyper's own bounds.
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use bytes::{Buf, Bytes, BytesMut};
