@@ -34,7 +34,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
-use super::wire::{self, Conn, WireError, Written};
+use super::wire::{self, Conn, Started, WireError, Written};
 
 /// One idle connection, and since when.
 struct Idle {
@@ -85,19 +85,35 @@ impl Http1Pool {
         authority: &Authority,
         request: UpstreamRequest,
     ) -> Result<UpstreamResponse, SendError> {
-        let (mut parts, body) = request.into_parts();
-        add_host(&mut parts, authority);
-        let (head, close) = wire::request_head(&parts, body.len());
-        let (mut conn, mut written, reused) = self.written(authority, &head, &body).await?;
-        let answer = match conn.read_head(&parts.method).await {
+        // Of the request's parts only the method lives on, so the future stays small.
+        let (head, close, method, body) = {
+            let (mut parts, body) = request.into_parts();
+            add_host(&mut parts, authority);
+            let (head, close) = wire::request_head(&parts, body.len());
+            (head, close, parts.method, body)
+        };
+        let (mut conn, written, reused) = match self.written_on_idle(authority, &head, &body)? {
+            Some((conn, Started::Done(written))) => (conn, written, true),
+            Some((mut conn, Started::Blocked(rest))) => {
+                let written = Box::pin(conn.write_when_taken(rest)).await;
+                (conn, written.map_err(exchange)?, true)
+            }
+            None => {
+                // Boxed: a new connection is rare, and its future (name resolution, the TCP
+                // handshake) would otherwise sit inline in every request's future, which is
+                // moved whole into a box per request on its way through the router.
+                let (conn, written) = Box::pin(self.written_fresh(authority, &head, &body)).await?;
+                (conn, written, false)
+            }
+        };
+        let (conn, written, answer) = match conn.read_head(&method).await {
             Err(WireError::ClosedBeforeAnswer) if reused => {
                 // A keep-alive race: the worker closed the idle connection as the request went
                 // out, and read none of it. Not its failure; once more, on a fresh connection.
                 self.keepalive_resends.fetch_add(1, Ordering::Relaxed);
-                (conn, written) = self.written_fresh(authority, &head, &body).await?;
-                conn.read_head(&parts.method).await
+                Box::pin(self.resent(authority, &head, &body, &method)).await?
             }
-            answer => answer,
+            answer => (conn, written, answer),
         };
         let answer = answer.map_err(exchange)?;
         let (response, mut body) = answer.body(conn, close || written != Written::Whole);
@@ -119,37 +135,47 @@ impl Http1Pool {
         }))
     }
 
-    /// The request written on an idle connection (a connection that fails the write had
-    /// closed: the next one gets it), else on a fresh one; and whether it was reused.
-    async fn written(
+    /// The request begun on an idle connection, if one is left (a connection that fails the
+    /// write had closed: the next one gets it).
+    fn written_on_idle<'a>(
         &self,
         authority: &Authority,
-        head: &[u8],
-        body: &[u8],
-    ) -> Result<(Conn, Written, bool), SendError> {
+        head: &'a [u8],
+        body: &'a [u8],
+    ) -> Result<Option<(Conn, Started<'a>)>, SendError> {
         while let Some(mut conn) = self.take(authority) {
-            match conn.write(head, body).await {
-                Ok(written) => return Ok((conn, written, true)),
+            match conn.write_now(head, body) {
+                Ok(started) => return Ok(Some((conn, started))),
                 Err(WireError::Io(_)) => continue,
                 Err(e) => return Err(exchange(e)),
             }
         }
-        let (conn, written) = self.written_fresh(authority, head, body).await?;
-        Ok((conn, written, false))
+        Ok(None)
     }
 
+    /// The request written on a new connection.
     async fn written_fresh(
         &self,
         authority: &Authority,
         head: &[u8],
         body: &[u8],
     ) -> Result<(Conn, Written), SendError> {
-        // Boxed: a new connection is rare, and its future (name resolution, the TCP
-        // handshake) would otherwise sit inline in every request's future, which is moved
-        // whole into a box per request on its way through the router.
-        let mut conn = Box::pin(self.connect(authority)).await?;
+        let mut conn = self.connect(authority).await?;
         let written = conn.write(head, body).await.map_err(exchange)?;
         Ok((conn, written))
+    }
+
+    /// The request sent once more on a new connection, and its answer's head.
+    async fn resent(
+        &self,
+        authority: &Authority,
+        head: &[u8],
+        body: &[u8],
+        method: &axum::http::Method,
+    ) -> Result<(Conn, Written, Result<wire::Head, WireError>), SendError> {
+        let (mut conn, written) = self.written_fresh(authority, head, body).await?;
+        let answer = conn.read_head(method).await;
+        Ok((conn, written, answer))
     }
 
     /// Requests sent once more on a fresh connection after a keep-alive race, since start.

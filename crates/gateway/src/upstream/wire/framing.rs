@@ -35,11 +35,12 @@ pub(super) enum Framing {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Chunked {
     at: Chunk,
-    /// Bytes of chunk extensions over the whole body (`MAX_EXTENSIONS`).
-    extension_bytes: usize,
+    /// Bytes of chunk extensions over the whole body (`MAX_EXTENSIONS`); small, since the body
+    /// moves with its request.
+    extension_bytes: u16,
     /// Bytes (with their CRLFs) and lines of trailers so far.
-    trailer_bytes: usize,
-    trailer_fields: usize,
+    trailer_bytes: u16,
+    trailer_fields: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -266,6 +267,11 @@ fn trailer_field(line: &[u8]) -> bool {
     }
 }
 
+/// `count` and `more`, if the sum fits a `u16` (every bound it is held to does).
+fn bounded(count: u16, more: usize) -> Option<u16> {
+    u16::try_from(usize::from(count) + more).ok()
+}
+
 /// At most `left` bytes of data from `read`, none when it is empty.
 fn take_data(read: &mut BytesMut, left: &mut u64) -> Option<Bytes> {
     if read.is_empty() {
@@ -290,10 +296,9 @@ impl Chunked {
         match &mut self.at {
             Chunk::Size => match chunk_size_line(read)? {
                 Some(line) => {
-                    self.extension_bytes += line.extension_bytes;
-                    if self.extension_bytes > MAX_EXTENSIONS {
-                        return Err(WireError::BadChunk);
-                    }
+                    self.extension_bytes = bounded(self.extension_bytes, line.extension_bytes)
+                        .filter(|&n| usize::from(n) <= MAX_EXTENSIONS)
+                        .ok_or(WireError::BadChunk)?;
                     read.advance(line.len);
                     self.at = if line.size == 0 {
                         Chunk::Trailers
@@ -345,12 +350,11 @@ impl Chunked {
             read.advance(end + 1);
             return Ok(Step::End);
         }
-        self.trailer_bytes += end + 1;
-        self.trailer_fields += 1;
-        if !trailer_field(line)
-            || self.trailer_bytes > MAX_TRAILERS
-            || self.trailer_fields > MAX_TRAILER_FIELDS
-        {
+        self.trailer_bytes = bounded(self.trailer_bytes, end + 1)
+            .filter(|&n| usize::from(n) <= MAX_TRAILERS)
+            .ok_or(WireError::BadChunk)?;
+        self.trailer_fields = self.trailer_fields.saturating_add(1);
+        if !trailer_field(line) || usize::from(self.trailer_fields) > MAX_TRAILER_FIELDS {
             return Err(WireError::BadChunk);
         }
         read.advance(end + 1);

@@ -77,6 +77,12 @@ impl WireError {
     }
 }
 
+/// A write begun: done (whole, or cut short by an early answer), or blocked with this left.
+pub(super) enum Started<'a> {
+    Done(Written),
+    Blocked([&'a [u8]; 2]),
+}
+
 /// How much of a request reached the worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Written {
@@ -124,16 +130,38 @@ impl Conn {
     /// takes it. A worker that answers (a 413, a 401) or closes before taking it all is heard
     /// (RFC 9112 section 9.5), and one that takes none of it for `STALL` is given up on.
     pub(super) async fn write(&mut self, head: &[u8], body: &[u8]) -> Result<Written, WireError> {
+        match self.write_now(head, body)? {
+            Started::Done(written) => Ok(written),
+            Started::Blocked(rest) => Box::pin(self.write_when_taken(rest)).await,
+        }
+    }
+
+    /// Writes what the socket takes now, which on a healthy connection is all of it: done
+    /// without a future, so none sits in every request's (which is moved whole on its way).
+    pub(super) fn write_now<'a>(
+        &mut self,
+        head: &'a [u8],
+        body: &'a [u8],
+    ) -> Result<Started<'a>, WireError> {
         let mut rest = [head, body];
         loop {
             match self.try_write(&mut rest) {
-                Ok(true) => return Ok(Written::Whole),
+                Ok(true) => return Ok(Started::Done(Written::Whole)),
                 Ok(false) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return self.answered_before(e),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(Started::Blocked(rest))
+                }
+                Err(e) => return self.answered_before(e).map(Started::Done),
             }
         }
-        // The socket is full: the worker is not reading (yet). Rare; only here is a timer set.
+    }
+
+    /// The rest of a request the socket did not take at once, written as the worker takes it;
+    /// `STALL` without progress gives up.
+    pub(super) async fn write_when_taken(
+        &mut self,
+        mut rest: [&[u8]; 2],
+    ) -> Result<Written, WireError> {
         let stall = tokio::time::sleep(STALL);
         tokio::pin!(stall);
         loop {
@@ -190,33 +218,23 @@ impl Conn {
     /// for a request sent as `method`. The wait for its first byte is not bounded here; once a
     /// head has started, each wait for more of it is (`STALL`).
     pub(super) async fn read_head(&mut self, method: &Method) -> Result<Head, WireError> {
+        // Nothing but the count lives across a read: the future stays small, as it sits in
+        // every request's.
         let mut informational = 0;
         loop {
-            // Nothing read is nothing to parse: the first look would always come back empty.
-            let parsed = if self.read.is_empty() {
-                None
-            } else {
-                self.parse_head(method)?
-            };
-            if let Some(head) = parsed {
-                if head.response.status().is_informational() {
-                    informational += 1;
-                    if informational > MAX_INFORMATIONAL {
-                        return Err(WireError::TooManyInformational);
-                    }
-                    continue;
-                }
+            if let Some(head) = self.final_head(method, &mut informational)? {
                 return Ok(head);
-            }
-            if self.read.len() >= MAX_HEAD {
-                return Err(WireError::HeadTooLarge);
             }
             let started = !self.read.is_empty();
             self.read.reserve(self.read_size);
             let read = if started {
-                tokio::time::timeout(STALL, self.stream.read_buf(&mut self.read))
-                    .await
-                    .map_err(|_| WireError::Stalled)?
+                // Boxed for the same reason as a slow write: a head in pieces is rare.
+                Box::pin(tokio::time::timeout(
+                    STALL,
+                    self.stream.read_buf(&mut self.read),
+                ))
+                .await
+                .map_err(|_| WireError::Stalled)?
             } else {
                 self.stream.read_buf(&mut self.read).await
             };
@@ -229,6 +247,32 @@ impl Conn {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// The final head at the front of what was read, informational ones before it taken off
+    /// and counted; `None` when more must be read.
+    fn final_head(
+        &mut self,
+        method: &Method,
+        informational: &mut usize,
+    ) -> Result<Option<Head>, WireError> {
+        // Nothing read is nothing to parse: the first look would always come back empty.
+        while !self.read.is_empty() {
+            let Some(head) = self.parse_head(method)? else {
+                break;
+            };
+            if !head.response.status().is_informational() {
+                return Ok(Some(head));
+            }
+            *informational += 1;
+            if *informational > MAX_INFORMATIONAL {
+                return Err(WireError::TooManyInformational);
+            }
+        }
+        if self.read.len() >= MAX_HEAD {
+            return Err(WireError::HeadTooLarge);
+        }
+        Ok(None)
     }
 
     /// A whole head at the front of what was read, taken off it; `None` when more must be read.
