@@ -23,9 +23,8 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::http::header::HOST;
 use axum::http::uri::Authority;
-use axum::http::{request, HeaderValue};
+
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -87,9 +86,8 @@ impl Http1Pool {
     ) -> Result<UpstreamResponse, SendError> {
         // Of the request's parts only the method lives on, so the future stays small.
         let (head, close, method, body) = {
-            let (mut parts, body) = request.into_parts();
-            add_host(&mut parts, authority);
-            let (head, close) = wire::request_head(&parts, body.len());
+            let (parts, body) = request.into_parts();
+            let (head, close) = wire::request_head(&parts, authority.as_str(), body.len());
             (head, close, parts.method, body)
         };
         let (mut conn, written, reused) = match self.written_on_idle(authority, &head, &body)? {
@@ -263,13 +261,6 @@ async fn sweep(pool: Weak<Http1Pool>, idle_timeout: Duration) {
             Some(pool) => pool.close_stale(),
             None => return,
         }
-    }
-}
-
-/// The worker's authority in `Host`, unless the request names one.
-fn add_host(parts: &mut request::Parts, authority: &Authority) {
-    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-        parts.headers.entry(HOST).or_insert(host);
     }
 }
 

@@ -376,20 +376,28 @@ fn says_close(headers: &HeaderMap) -> bool {
 }
 
 /// A request's head as HTTP/1.1 writes it, for a body of `body_len` bytes: the target in
-/// origin form, the headers as given (`Host` among them) but for the framing ones, which are
-/// written from the body actually sent. Also whether the request asks to close the connection.
-pub(super) fn request_head(parts: &request::Parts, body_len: usize) -> (Vec<u8>, bool) {
+/// origin form, `Host` as the request names it or else `host` (the worker's authority), the
+/// headers as given but for the framing ones, which are written from the body actually sent.
+/// Also whether the request asks to close the connection. Written straight into one buffer,
+/// with no header inserted and no number formatted on the heap: this runs for every request.
+pub(super) fn request_head(parts: &request::Parts, host: &str, body_len: usize) -> (Vec<u8>, bool) {
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let size: usize = parts
         .headers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
-    let mut head = Vec::with_capacity(parts.method.as_str().len() + target.len() + size + 48);
+    let mut head =
+        Vec::with_capacity(parts.method.as_str().len() + target.len() + host.len() + size + 56);
     head.extend_from_slice(parts.method.as_str().as_bytes());
     head.push(b' ');
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
+    if !parts.headers.contains_key(header::HOST) {
+        head.extend_from_slice(b"host: ");
+        head.extend_from_slice(host.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
     for (name, value) in &parts.headers {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
             continue;
@@ -405,11 +413,26 @@ pub(super) fn request_head(parts: &request::Parts, body_len: usize) -> (Vec<u8>,
     );
     if body_len > 0 || may_have_body {
         head.extend_from_slice(b"content-length: ");
-        head.extend_from_slice(body_len.to_string().as_bytes());
+        decimal(&mut head, body_len);
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
     (head, says_close(&parts.headers))
+}
+
+/// `n` in decimal digits at the end of `out`.
+fn decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 #[cfg(test)]

@@ -200,7 +200,7 @@ fn a_request_head_is_written_in_origin_form_with_its_own_length() {
         .header("x-request-id", "abc")
         .body(())
         .unwrap();
-    let (head, close) = request_head(&parts(request), 12);
+    let (head, close) = request_head(&parts(request), "10.9.9.9:1", 12);
     assert_eq!(
         String::from_utf8(head).unwrap(),
         "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\n\
@@ -211,15 +211,24 @@ fn a_request_head_is_written_in_origin_form_with_its_own_length() {
 
 #[test]
 fn a_get_has_no_length_and_an_empty_post_says_zero() {
-    let (get, _) = request_head(&parts(Request::get("/health").body(()).unwrap()), 0);
-    assert_eq!(get, b"GET /health HTTP/1.1\r\n\r\n");
-    let (post, _) = request_head(&parts(Request::post("/x").body(()).unwrap()), 0);
-    assert_eq!(post, b"POST /x HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
+    let (get, _) = request_head(&parts(Request::get("/health").body(()).unwrap()), "w:80", 0);
+    assert_eq!(get, b"GET /health HTTP/1.1\r\nhost: w:80\r\n\r\n");
+    let (post, _) = request_head(&parts(Request::post("/x").body(()).unwrap()), "w:80", 0);
+    assert_eq!(
+        post,
+        b"POST /x HTTP/1.1\r\nhost: w:80\r\ncontent-length: 0\r\n\r\n"
+    );
+    let (long, _) = request_head(
+        &parts(Request::post("/x").body(()).unwrap()),
+        "w:80",
+        1_048_576,
+    );
+    assert!(long.ends_with(b"content-length: 1048576\r\n\r\n"));
     let closing = Request::get("/")
         .header("connection", "Close")
         .body(())
         .unwrap();
-    assert!(request_head(&parts(closing), 0).1);
+    assert!(request_head(&parts(closing), "w:80", 0).1);
 }
 
 /// A connection whose worker writes what the test hands it, when it hands it, and never reads.

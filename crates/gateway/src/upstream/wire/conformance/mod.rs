@@ -122,7 +122,7 @@ fn request_for(method: &Method) -> Request<Bytes> {
 /// (read to its end, reusable, not closed while idle).
 async fn by_wire(addr: SocketAddr, method: &Method) -> (Read, Option<Conn>) {
     let (parts, body) = request_for(method).into_parts();
-    let (head, _) = request_head(&parts, body.len());
+    let (head, _) = request_head(&parts, "worker", body.len());
     let mut conn = Conn::new(TcpStream::connect(addr).await.unwrap());
     if let Err(e) = conn.write(&head, &body).await {
         return (Read::Refused(e.to_string()), None);
@@ -152,7 +152,7 @@ async fn wire_outcome(case: &Case) -> Outcome {
     let (read, again) = by_wire(addr, &case.method).await;
     if let Some(mut conn) = again {
         let (parts, body) = request_for(&Method::GET).into_parts();
-        let (head, _) = request_head(&parts, body.len());
+        let (head, _) = request_head(&parts, "worker", body.len());
         if conn.write(&head, &body).await.is_ok() {
             let _ = conn.read_head(&Method::GET).await;
         }
