@@ -13,6 +13,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::over::{chat, ids, metric, worker_view};
 use common::wire::{fixture, Scripted, WireEngine};
 use common::*;
 use sluice_core::breaker::BreakerConfig;
@@ -33,44 +34,11 @@ async fn gateway_over(engines: &[&WireEngine], tune: impl FnOnce(&mut Config)) -
     gateway
 }
 
-/// The ids of the workers, in the order of `engines`.
-async fn ids(gateway: &Gateway) -> Vec<String> {
-    let view = get_admin(&client(), &format!("{}/workers", gateway.url()))
-        .await
-        .json();
-    view["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["id"].as_str().unwrap().to_string())
-        .collect()
-}
-
-async fn worker_view(gateway: &Gateway, id: &str) -> Value {
-    get_admin(&client(), &format!("{}/workers/{id}", gateway.url()))
-        .await
-        .json()
-}
-
 async fn until_worker(gateway: &Gateway, id: &str, what: &str, done: impl Fn(&Value) -> bool) {
     until_workers(gateway, &client(), what, |workers| {
         workers.iter().any(|w| w["id"] == id && done(w))
     })
     .await;
-}
-
-async fn metric(gateway: &Gateway, series: &str) -> f64 {
-    let text = get(&client(), &format!("{}/metrics", gateway.url()))
-        .await
-        .text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-async fn chat(gateway: &Gateway, stream: bool) -> Answer {
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    post(&client(), &url, &chat_body("test-model", "hi", 8, stream)).await
 }
 
 fn quick_breaker(c: &mut Config) {

@@ -215,3 +215,30 @@ async fn https_workers_are_verified_by_the_ca_and_shown_the_client_certificate()
     }
     front.abort();
 }
+
+#[tokio::test]
+async fn a_malformed_answer_from_an_https_worker_is_a_bad_answer_too() {
+    let certs = Certs::make("bad-answer");
+    let raw = common::raw::RawWorker::start(common::raw::Generation::Writes(
+        b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok",
+    ))
+    .await;
+    let (worker, _front) = https_worker(&certs, addr_of(&raw.url)).await;
+    let gateway = Gateway::start(settings(std::slice::from_ref(&worker), |s| {
+        s.tls.ca_cert_paths = vec![certs.ca.clone()];
+        s.tls.client_cert_path = Some(certs.client_cert.clone());
+        s.tls.client_key_path = Some(certs.client_key.clone());
+    }))
+    .await
+    .unwrap();
+    until_workers(&gateway, &client(), "the https worker ready", all_ready).await;
+    let answer = common::over::chat(&gateway, false).await;
+    assert_eq!(answer.status, 502, "{}", answer.text());
+    assert_eq!(
+        answer.headers["x-sluice-error-code"],
+        "upstream_bad_response"
+    );
+    let id = common::over::ids(&gateway).await.remove(0);
+    let series = format!("sluice_upstream_errors_total{{worker=\"{id}\",kind=\"bad_answer\"}}");
+    assert_eq!(common::over::metric(&gateway, &series).await, 1.0);
+}

@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::over::{chat, ids, metric, worker_view};
 use common::raw::{Generation, RawWorker};
 use common::wire::{Scripted, WireEngine};
 use common::*;
@@ -30,33 +31,8 @@ async fn gateway_over(urls: &[&str]) -> Gateway {
     gateway
 }
 
-async fn worker_ids(gateway: &Gateway) -> Vec<String> {
-    let view = get_admin(&client(), &format!("{}/workers", gateway.url()))
-        .await
-        .json();
-    let ids = view["workers"].as_array().unwrap().iter();
-    ids.map(|w| w["id"].as_str().unwrap().to_string()).collect()
-}
-
 async fn circuit(gateway: &Gateway, id: &str) -> Value {
-    let view = get_admin(&client(), &format!("{}/workers/{id}", gateway.url()))
-        .await
-        .json();
-    view["circuit"]["state"].clone()
-}
-
-async fn metric(gateway: &Gateway, series: &str) -> f64 {
-    let text = get(&client(), &format!("{}/metrics", gateway.url()))
-        .await
-        .text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-async fn chat(gateway: &Gateway, stream: bool) -> Answer {
-    let url = format!("{}/v1/chat/completions", gateway.url());
-    post(&client(), &url, &chat_body("test-model", "hi", 8, stream)).await
+    worker_view(gateway, id).await["circuit"]["state"].clone()
 }
 
 const SIGNED_LENGTH: &[u8] =
@@ -66,7 +42,7 @@ const SIGNED_LENGTH: &[u8] =
 async fn a_malformed_answer_is_a_502_that_leaks_nothing_and_the_worker_s_failure() {
     let worker = RawWorker::start(Generation::Writes(SIGNED_LENGTH)).await;
     let gateway = gateway_over(&[&worker.url]).await;
-    let id = worker_ids(&gateway).await.remove(0);
+    let id = ids(&gateway).await.remove(0);
 
     let answer = chat(&gateway, false).await;
     assert_eq!(answer.status, 502);
@@ -112,7 +88,7 @@ async fn a_stream_whose_framing_breaks_after_its_first_event_ends_with_an_error_
         zz\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
     let worker = RawWorker::start(Generation::Writes(BROKEN)).await;
     let gateway = gateway_over(&[&worker.url]).await;
-    let id = worker_ids(&gateway).await.remove(0);
+    let id = ids(&gateway).await.remove(0);
 
     let answer = chat(&gateway, true).await;
     assert_eq!(answer.status, 200);
@@ -131,7 +107,7 @@ async fn a_keep_alive_race_is_sent_again_on_a_fresh_connection_and_charged_to_no
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
     let worker = RawWorker::start(Generation::RacesWith(OK)).await;
     let gateway = gateway_over(&[&worker.url]).await;
-    let id = worker_ids(&gateway).await.remove(0);
+    let id = ids(&gateway).await.remove(0);
 
     for _ in 0..4 {
         let answer = chat(&gateway, false).await;

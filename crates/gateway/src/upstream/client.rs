@@ -65,9 +65,16 @@ impl SendError {
 }
 
 impl SendError {
-    /// The worker answered, but not as HTTP allows or within the client's bounds.
+    /// The worker answered, but not as HTTP allows or within the client's bounds (on hyper's
+    /// pooled client, a head hyper could not parse).
     pub fn is_bad_answer(&self) -> bool {
-        matches!(self, SendError::Exchange(e) if e.is_bad_answer())
+        match self {
+            SendError::Exchange(e) => e.is_bad_answer(),
+            SendError::Pooled(e) => std::error::Error::source(e)
+                .and_then(|e| e.downcast_ref::<hyper::Error>())
+                .is_some_and(|e| e.is_parse() || e.is_parse_too_large()),
+            _ => false,
+        }
     }
 }
 

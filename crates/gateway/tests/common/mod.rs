@@ -8,6 +8,7 @@ pub mod certs;
 pub mod kube_api;
 pub mod model;
 pub mod otlp;
+pub mod over;
 pub mod pinned;
 pub mod raw;
 pub mod redis;
