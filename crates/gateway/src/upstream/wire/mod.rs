@@ -21,6 +21,7 @@
 //! - `limits` — every bound an answer is held to.
 //! - `framing` — where an answer's body ends, and taking its data out of what was read.
 //! - `body` — the body as the request's task reads it.
+//! - `conformance` (tests) — the client held to hyper's on a table of answers and mutations.
 
 mod body;
 mod framing;
