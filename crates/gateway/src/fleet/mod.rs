@@ -13,7 +13,8 @@
 //!
 //! - `worker` — one registered worker, its fields grouped by their one writer.
 //! - `traffic` — this gateway's requests on a worker (`Traffic`, and other replicas' as Redis
-//!   tells), and `Lease`, a request's hold on it, which alone moves its counts.
+//!   tells).
+//! - `lease` — `Lease`, a request's hold on a worker, which alone moves its counts.
 //! - `veto`, `signals`, `breaker` — per-worker facts: why it gets no new request, what the
 //!   gateway hears from it, its circuit.
 //! - `pool` — a model's workers as the request path reads them, and a disaggregated model's
@@ -30,6 +31,7 @@ mod atomic;
 mod breaker;
 mod collector;
 mod held;
+mod lease;
 mod pd;
 mod pool;
 mod signals;
@@ -37,6 +39,8 @@ mod spec;
 mod traffic;
 mod veto;
 mod worker;
+#[cfg(test)]
+mod worker_tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +62,7 @@ pub use atomic::{AtomicEnum, AtomicInstant, Packed};
 pub use breaker::{Permit, WorkerBreaker};
 pub use collector::FleetCollector;
 pub use held::{HeldIndex, PrefixCacheView};
+pub use lease::Lease;
 pub use pd::{DecodeRooms, DecodeWindow, NoRoom, Role};
 pub use pool::{PdPools, Pool, PoolState};
 pub use signals::{Heard, Signals};
@@ -65,7 +70,7 @@ pub use spec::{
     AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
     WorkerType, ZmqEndpoint,
 };
-pub use traffic::{Lease, Traffic};
+pub use traffic::Traffic;
 pub use veto::{EngineLoad, Vetoes, AT_CAPACITY_VETO};
 pub use worker::{
     HealthCell, LiveSpec, ModelCard, Notices, Origin, ProbeRecord, Worker, WorkerInfo,

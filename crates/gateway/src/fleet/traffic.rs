@@ -1,17 +1,10 @@
-//! This gateway's requests on a worker: the counts (`Traffic`) and each request's hold on the
-//! worker (`Lease`), which alone moves them.
+//! This gateway's requests on a worker: the counts (`Traffic`), moved only by each request's
+//! hold on the worker (`lease`), through the `pub(super)` calls below.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::http::HeaderValue;
-use sluice_core::breaker::Outcome;
-use tokio::time::Instant;
-
 use super::adaptive::AdaptiveLimit;
-use super::breaker::Permit;
-use super::pd::DecodeRooms;
-use super::worker::Worker;
 
 /// This gateway's requests on a worker, moved only by `Lease` (the request path).
 #[derive(Debug, Default)]
@@ -91,7 +84,7 @@ impl Traffic {
 
     /// Counts `weight` more in flight, unless `limits` refuses them (atomically: two requests
     /// cannot both take the last place).
-    fn enter(&self, weight: u64, limits: &AdaptiveLimit) -> bool {
+    pub(super) fn enter(&self, weight: u64, limits: &AdaptiveLimit) -> bool {
         if !limits.measuring() {
             self.in_flight.fetch_add(weight, Ordering::Relaxed);
             self.sent.fetch_add(weight, Ordering::Relaxed);
@@ -112,181 +105,31 @@ impl Traffic {
     }
 
     /// `weight` fewer in flight: room may have opened.
-    fn leave(&self, weight: u64) {
+    pub(super) fn leave(&self, weight: u64) {
         self.in_flight.fetch_sub(weight, Ordering::AcqRel);
         self.ended.fetch_add(weight, Ordering::Relaxed);
         self.freed.notify_one();
     }
-}
 
-/// One request's hold on a worker: counts it in flight and holds its breaker permit until an
-/// outcome is settled. Dropped without an outcome (the client left), it hands the permit back.
-///
-/// A request asking for `n` choices counts `n` times in the worker's load (in flight, waiting for
-/// a first byte): the engine runs it as `n` sequences and reports them so.
-#[derive(Debug)]
-pub struct Lease {
-    worker: Arc<Worker>,
-    permit: Option<Permit>,
-    /// The request's `n`: how many sequences it is on the worker.
-    weight: u64,
-    /// The request's id, named in the log line of a circuit transition it causes.
-    request: Option<HeaderValue>,
-    /// Prompt tokens counted in the worker's pending prefill until the first byte.
-    prefill: u64,
-    /// Counted in the worker's pending requests until the first byte.
-    pending: bool,
-    /// Counted in the worker's pile of streams.
-    streaming: bool,
-    /// A decode worker's rooms in its admission window, freed with the lease.
-    rooms: Option<Box<DecodeRooms>>,
-}
-
-impl Lease {
-    /// A hold on `worker` for a request of `weight` (its `n`): a place under its adaptive limit,
-    /// then a permit from its circuit; `None` when either refuses.
-    pub fn acquire(worker: &Arc<Worker>, weight: u64) -> Option<Self> {
-        let weight = weight.max(1);
-        if !worker.traffic.enter(weight, &worker.adaptive) {
-            return None;
-        }
-        let Some(permit) = worker.breaker.try_admit() else {
-            worker.traffic.leave(weight);
-            return None;
-        };
-        Some(Self {
-            worker: worker.clone(),
-            permit: Some(permit),
-            weight,
-            request: None,
-            prefill: 0,
-            pending: false,
-            streaming: false,
-            rooms: None,
-        })
+    /// A request of `weight` starts waiting for its first byte: the pending count before it.
+    pub(super) fn pending_added(&self, weight: u64) -> u64 {
+        self.pending_requests.fetch_add(weight, Ordering::Relaxed)
     }
 
-    /// Holds `rooms` of the worker's decode window until the lease ends.
-    pub fn hold_rooms(&mut self, rooms: DecodeRooms) {
-        self.rooms = Some(Box::new(rooms));
+    /// A request of `weight` stops waiting for its first byte, which frees room for a waiter:
+    /// the pending count before it.
+    pub(super) fn pending_removed(&self, weight: u64) -> u64 {
+        let before = self.pending_requests.fetch_sub(weight, Ordering::Relaxed);
+        self.freed.notify_one();
+        before
     }
 
-    /// Names the request this lease is for, in what its outcome logs.
-    pub fn for_request(&mut self, id: &HeaderValue) {
-        self.request = Some(id.clone());
+    /// Prompt tokens start, or stop, waiting for prefill.
+    pub(super) fn prefill_added(&self, tokens: u64) {
+        self.pending_prefill.fetch_add(tokens, Ordering::Relaxed);
     }
 
-    /// Counts the request in the worker's pile of streams until the lease ends.
-    pub fn streaming(&mut self) {
-        if !self.streaming {
-            self.streaming = true;
-            self.worker.signals.stream_started(Instant::now());
-        }
-    }
-
-    /// Counts the request, and its prompt, as waiting for prefill on the worker until
-    /// `first_byte`.
-    pub fn prefilling(&mut self, prompt_tokens: u64) {
-        self.first_byte();
-        self.pending = true;
-        let before = self
-            .worker
-            .traffic
-            .pending_requests
-            .fetch_add(self.weight, Ordering::Relaxed);
-        self.worker
-            .vetoes
-            .pending_rose(before, before + self.weight);
-        if before == 0 {
-            self.worker.signals.sent(Instant::now());
-        }
-        self.prefill = prompt_tokens;
-        self.worker
-            .traffic
-            .pending_prefill
-            .fetch_add(prompt_tokens, Ordering::Relaxed);
-    }
-
-    /// The first byte came `ttft` after the request was sent: a prefill-rate sample, and the
-    /// prompt is no longer waiting.
-    pub fn first_byte_after(&mut self, ttft: std::time::Duration) {
-        self.worker.signals.prefill_sample(self.prefill, ttft);
-        if let Some(still) = self.no_longer_pending() {
-            self.worker.signals.answered(Instant::now(), still);
-        }
-        self.first_byte();
-    }
-
-    /// The worker answered with something other than its output (a refusal, an error status):
-    /// a byte from it, but no prefill-rate sample.
-    pub fn answered(&mut self) {
-        if let Some(still) = self.no_longer_pending() {
-            self.worker.signals.answered(Instant::now(), still);
-        }
-        self.first_byte();
-    }
-
-    /// The request stopped waiting for its first byte (it was answered, or it ended): the prompt
-    /// is no longer waiting for prefill. Ended without a byte, it leaves the worker's silence
-    /// running (`Signals::abandoned`).
-    pub fn first_byte(&mut self) {
-        if self.no_longer_pending() == Some(0) {
-            self.worker.signals.abandoned(Instant::now());
-        }
-        let tokens = std::mem::take(&mut self.prefill);
-        if tokens > 0 {
-            self.worker
-                .traffic
-                .pending_prefill
-                .fetch_sub(tokens, Ordering::Relaxed);
-        }
-    }
-
-    /// Takes the request out of the worker's pending count, if it was in it: how many remain.
-    fn no_longer_pending(&mut self) -> Option<u64> {
-        if !std::mem::take(&mut self.pending) {
-            return None;
-        }
-        let before = self
-            .worker
-            .traffic
-            .pending_requests
-            .fetch_sub(self.weight, Ordering::Relaxed);
-        self.worker.traffic.freed.notify_one();
-        Some(before.saturating_sub(self.weight))
-    }
-
-    pub fn worker(&self) -> &Arc<Worker> {
-        &self.worker
-    }
-
-    /// The client left a stream owed its next token since `last_token`: the wait goes on into
-    /// the worker's silence (`Silence::stream_left`).
-    pub fn stream_left(&self, last_token: Instant) {
-        self.worker.signals.stream_left(last_token, Instant::now());
-    }
-
-    /// Counts the request's outcome in the worker's breaker (once; later calls do nothing).
-    pub fn settle(&mut self, outcome: Outcome) {
-        if let Some(permit) = self.permit.take() {
-            self.worker
-                .breaker
-                .record(permit, outcome, self.request.as_ref());
-        }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.first_byte();
-        if self.streaming {
-            self.worker.signals.stream_ended();
-        }
-        if let Some(permit) = self.permit.take() {
-            self.worker.breaker.release(permit);
-        }
-        // A request of `n` counted `n` times in flight.
-        self.worker.traffic.leave(self.weight);
-        self.worker.vetoes.request_ended();
+    pub(super) fn prefill_removed(&self, tokens: u64) {
+        self.pending_prefill.fetch_sub(tokens, Ordering::Relaxed);
     }
 }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod certs;
+pub mod graph;
 pub mod kube_api;
 pub mod model;
 pub mod otlp;

@@ -18,12 +18,14 @@
 //!   `--discovery-check-interval-secs`; the resolver is injectable.
 //! - `kubernetes` — `--service-discovery`: Ready pods matching `--selector`, watched through the
 //!   API server (kube-rs's watcher: list, then watch, relisting when the watch is too old).
+//! - `pods` — what both Kubernetes watchers make of a pod, and a watch's mirror of objects.
 //! - `pool` — an InferencePool's Ready pods on its target ports (`sluice epp --pool-name`), the
 //!   pool watched beside its namespace's pods.
 
 mod dns;
 mod file;
 mod kubernetes;
+mod pods;
 pub mod pool;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,10 +42,8 @@ use tracing::{debug, info, warn};
 
 pub use dns::{parse_target, DnsConfig, DnsSource, Resolve, SystemResolver};
 pub use file::{parse_listing, FileConfig, FileSource, ListingError};
-pub use kubernetes::{
-    worker_of, Cluster, KubeConfig, KubeError, KubeSource, Members, Mirror, ModelFrom, Selector,
-    BOOTSTRAP_PORT_ANNOTATION,
-};
+pub use kubernetes::{Cluster, KubeConfig, KubeError, KubeSource, Members, Selector};
+pub use pods::{worker_of, Mirror, ModelFrom, BOOTSTRAP_PORT_ANNOTATION};
 pub use pool::PoolRef;
 
 use super::Control;

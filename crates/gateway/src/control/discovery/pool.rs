@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::kubernetes::{publish, worker_of, Mirror, ModelFrom};
+use super::pods::{publish, worker_of, Mirror, ModelFrom};
 use super::Listing;
 use crate::fleet::WorkerType;
 
