@@ -10,6 +10,7 @@ mod idle;
 mod protocol;
 mod request_id;
 mod server;
+mod service;
 mod shaped;
 mod woken;
 
@@ -19,7 +20,8 @@ pub use headers::{
     clean_response_headers, copy_request_headers, is_event_stream, CLIENT_CREDENTIALS,
 };
 pub use request_id::{accept_or_make as request_id, REQUEST_ID};
-pub use server::{serve, stopped, Answering, Limits, Routes, Shortcut};
+pub use server::{serve, stopped, Limits};
+pub use service::{Answering, Routes, Shortcut};
 pub use woken::OnWake;
 
 use axum::body::Body;

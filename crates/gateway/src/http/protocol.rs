@@ -20,7 +20,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use super::server::FirstRequest;
+use super::service::FirstRequest;
 use super::shaped::Shaped;
 
 /// What an h2c connection starts with (RFC 9113, section 3.4).

@@ -56,8 +56,8 @@ fn shaped_refusal(bytes: &[u8]) -> Option<Vec<u8>> {
         400 => GatewayError::MalformedRequest,
         414 => GatewayError::UriTooLong { limit: 65_534 },
         431 => GatewayError::HeadersTooLarge {
-            fields: super::server::HYPER_MAX_HEADERS,
-            bytes: super::server::HYPER_MAX_BUF,
+            fields: super::service::HYPER_MAX_HEADERS,
+            bytes: super::service::HYPER_MAX_BUF,
         },
         _ => return None,
     };
