@@ -225,11 +225,8 @@ impl Forwarder {
             Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
             Ok(Ok((response, ahead))) => self.answered(&at, lease, response, ahead, sent_at),
             // Nothing was sent: the worker's permit goes back unrecorded.
-            Ok(Err(crate::upstream::SendError::NotOnGrpc(refused))) => {
-                Tried::Final(GatewayError::NotOnGrpc {
-                    param: refused.param(),
-                    message: refused.to_string(),
-                })
+            Ok(Err(crate::upstream::SendError::NotOnGrpc { param, message })) => {
+                Tried::Final(GatewayError::NotOnGrpc { param, message })
             }
             // The gateway's own want, not the worker's failure.
             Ok(Err(crate::upstream::SendError::NoTokenizer)) => {

@@ -8,17 +8,17 @@
 
 mod client;
 mod collector;
+mod exchange;
 mod get;
 pub mod grpc;
 mod pool;
 mod wire;
 
-pub use client::{
-    ExchangeError, SendError, Upstream, UpstreamConfig, UpstreamRequest, UpstreamResponse,
-};
+pub use client::{Upstream, UpstreamConfig};
 pub use collector::UpstreamCollector;
+pub use exchange::{ExchangeError, SendError, UpstreamRequest};
 pub use get::{get, post_json, GetError};
-pub use pool::UpstreamBody;
+pub use pool::{UpstreamBody, UpstreamResponse};
 
 use axum::http::uri::{Authority, PathAndQuery, Scheme};
 use axum::http::Uri;

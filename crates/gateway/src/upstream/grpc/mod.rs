@@ -45,8 +45,8 @@ pub use render::Renderer;
 pub use request::{Asked, Refused, Route};
 pub use tokenizer::FetchError;
 
-use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
-use super::pool::UpstreamBody;
+use super::exchange::{ExchangeError, SendError, UpstreamRequest};
+use super::pool::{UpstreamBody, UpstreamResponse};
 use super::Endpoint;
 use crate::tokens::SharedTokens;
 
@@ -288,7 +288,12 @@ impl GrpcUpstream {
         };
         let (generate, asked) = match converted {
             Ok(Ok(converted)) => converted,
-            Ok(Err(refused)) => return Err(SendError::NotOnGrpc(refused)),
+            Ok(Err(refused)) => {
+                return Err(SendError::NotOnGrpc {
+                    param: refused.param(),
+                    message: refused.to_string(),
+                })
+            }
             Err(_) => return Ok(error_answer(500, "tokenizing the prompt failed")),
         };
         let mut client = self.client(endpoint);

@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::client::{ExchangeError, SendError, UpstreamRequest, UpstreamResponse};
+use super::exchange::{ExchangeError, SendError, UpstreamRequest};
 use super::wire::{self, Conn, Started, WireError, Written};
 
 /// One idle connection, and since when.
@@ -263,6 +263,9 @@ async fn sweep(pool: Weak<Http1Pool>, idle_timeout: Duration) {
         }
     }
 }
+
+/// A worker's answer, its body read as it comes.
+pub type UpstreamResponse = axum::http::Response<UpstreamBody>;
 
 /// Where a connection goes back once its answer has been read.
 struct Back {
