@@ -73,7 +73,7 @@ pub struct EngineConfig {
     /// Served over SMG's gRPC protocol (`--grpc`) instead of HTTP; `None`: HTTP.
     pub grpc: Option<GrpcConfig>,
     /// KV events published over ZMQ (`--kv-events-config`); `None`: not published.
-    pub kv_events_zmq: Option<crate::zmq_events::KvEventsConfig>,
+    pub kv_events_zmq: Option<crate::kv_events_config::KvEventsConfig>,
     /// HTTP prompts in the simulated model's tokens (`--model-tokenizer`) rather than 4 bytes
     /// a token.
     pub model_tokenizer: bool,

@@ -21,6 +21,7 @@
 //! - `pd` — prefill/decode disaggregation (`--pd-role`): bootstrap rooms and deadlines on the
 //!   prefill side, the running window and the claim on the decode side.
 //! - `server` — the accept loop that can crash for real (connections reset).
+//! - `kv_events_config` — `--kv-events-config`, the engines' JSON, as read.
 //! - `zmq_events` — the prefix cache's KV events over ZMQ, in vLLM's or SGLang's encoding.
 //! - `faults` — injectable faults and the standing fault set.
 //! - `fleet` — several engines in one process, crash and restart, ground-truth state.
@@ -37,6 +38,7 @@ pub mod engine;
 pub mod faults;
 pub mod fleet;
 pub mod grpc;
+pub mod kv_events_config;
 pub mod model_tokens;
 pub mod pd;
 pub mod profile;

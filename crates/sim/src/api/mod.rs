@@ -18,6 +18,7 @@
 mod embed;
 mod errors;
 pub(crate) mod generate;
+pub(crate) mod intake;
 pub(crate) mod load;
 pub(crate) mod pd;
 mod sse;

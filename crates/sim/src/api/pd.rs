@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::errors::ApiError;
-use super::generate::{checked, refuse, submit};
+use super::intake::{checked, refuse, submit};
 use super::sse::{event_stream, Renderer, Usage};
 use super::ApiState;
 use crate::engine::{EventKind, LoadGuard, SeqSpec, Submission};

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tonic::Status;
 
 use super::{pd, status_for, Service, Streamed};
-use crate::api::generate::{count_refusal, submit};
+use crate::api::intake::{count_refusal, submit};
 use crate::api::{ApiError, ApiState};
 use crate::engine::{EventKind, GateTicket, LoadGuard, Submission};
 use crate::pd::Disagg;
