@@ -15,8 +15,40 @@ use std::collections::HashSet;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 
-use crate::run::Mix;
 use crate::workload::{ShapeSource, Workload};
+
+/// Named request mixes: their lengths, and what their prompts share (`prompts::sharing` gives
+/// the figure).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mix {
+    /// Prompts around 256 tokens, answers around 256; no two prompts share a prefix.
+    Chat,
+    /// Prompts around 4096 tokens, answers around 512; nothing shared.
+    Summarize,
+    /// Half chat, half summarize; nothing shared.
+    Mixed,
+    /// Multi-turn chat: 32 conversations open at once, each of 2 to 8 turns; every turn resends
+    /// the conversation's system prompt (128-512 tokens) and history, then a new message
+    /// (64-256), and names its conversation in `x-session-id`.
+    Sessions,
+    /// Questions (64-256 tokens) under one of 12 system prompts (1024-3072) that every tenant
+    /// shares.
+    SystemPrompt,
+    /// RAG: short questions (32-128 tokens, answers around 128) about one of 32 documents
+    /// (3072-6144 tokens), the popular ones asked about most (Zipf).
+    Rag,
+    /// 40% sessions, 30% system-prompt, 30% rag.
+    Shared,
+    /// Chat prompts (around 256 tokens) with short answers, 16 to 48 tokens: a healthy engine
+    /// answers each well within a second, so a client's timeout trips only on a sick one.
+    Short,
+    /// Chat, with one request in twenty a long-context prompt of 32k-128k tokens (a codebase, a
+    /// book) and an answer around 256; nothing shared.
+    LongContext,
+}
 
 /// Bytes of prompt text per token, as the simulated engine counts them.
 pub const BYTES_PER_TOKEN: usize = 4;

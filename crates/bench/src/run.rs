@@ -10,7 +10,6 @@ use std::time::Duration;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -19,36 +18,7 @@ use crate::client::{self, Behaviour, ClientKind, HttpClient, Job, Patience};
 use crate::goodput::{summarize, Outcome, Report, Slo, Tier};
 use crate::prompts::PromptSource;
 
-/// Named request mixes: their lengths, and what their prompts share (`prompts::sharing` gives
-/// the figure).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mix {
-    /// Prompts around 256 tokens, answers around 256; no two prompts share a prefix.
-    Chat,
-    /// Prompts around 4096 tokens, answers around 512; nothing shared.
-    Summarize,
-    /// Half chat, half summarize; nothing shared.
-    Mixed,
-    /// Multi-turn chat: 32 conversations open at once, each of 2 to 8 turns; every turn resends
-    /// the conversation's system prompt (128-512 tokens) and history, then a new message
-    /// (64-256), and names its conversation in `x-session-id`.
-    Sessions,
-    /// Questions (64-256 tokens) under one of 12 system prompts (1024-3072) that every tenant
-    /// shares.
-    SystemPrompt,
-    /// RAG: short questions (32-128 tokens, answers around 128) about one of 32 documents
-    /// (3072-6144 tokens), the popular ones asked about most (Zipf).
-    Rag,
-    /// 40% sessions, 30% system-prompt, 30% rag.
-    Shared,
-    /// Chat prompts (around 256 tokens) with short answers, 16 to 48 tokens: a healthy engine
-    /// answers each well within a second, so a client's timeout trips only on a sick one.
-    Short,
-    /// Chat, with one request in twenty a long-context prompt of 32k-128k tokens (a codebase, a
-    /// book) and an answer around 256; nothing shared.
-    LongContext,
-}
+pub use crate::prompts::Mix;
 
 /// The default tiers: interactive work with latency objectives and batch work with a deadline.
 pub fn default_tiers() -> Vec<Tier> {

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::report::{Layout, Load, Row, SATURATED};
+use super::row::{Layout, Load, Row, SATURATED};
 
 /// Utilisations further apart than this (a share of a core) are not the same regime.
 const APART: f64 = 0.05;

@@ -14,6 +14,7 @@ mod instructions;
 mod layout;
 pub(crate) mod load;
 mod report;
+mod row;
 mod targets;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -25,7 +26,8 @@ use tokio::time::Instant;
 
 pub use instructions::Instructions;
 pub use layout::{symbol_order, LayoutPlan};
-pub use report::{Layout, Load, OverheadReport, Row};
+pub use report::OverheadReport;
+pub use row::{Layout, Load, Row};
 pub use targets::{
     envoy_plain, on_path, resolve, sluice as sluice_template, sluice_epp as sluice_epp_template,
     smg as smg_template, Launcher, Target, Template, TemplateError,
@@ -438,7 +440,7 @@ impl Window<'_> {
             Layout::OwnCore => Some(self.plan.gateway_core),
             Layout::SharedCore => Some(self.plan.load_core),
         };
-        Ok(Row::new(report::Sample {
+        Ok(Row::new(row::Sample {
             target: self.target,
             layout: self.layout,
             load,
