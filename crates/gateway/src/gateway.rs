@@ -19,7 +19,6 @@ use crate::access_log::AccessLogWriter;
 use crate::app::{App, AssembleError, Assembled};
 use crate::config::Config;
 use crate::context::InFlight;
-use crate::error::GatewayError;
 use crate::fleet::{Fleet, Origin};
 use crate::http;
 use crate::probes::ProbeListener;
@@ -35,7 +34,7 @@ pub enum StartError {
     #[error(transparent)]
     Assemble(#[from] AssembleError),
     #[error("--worker-urls: {0}")]
-    Worker(GatewayError),
+    Worker(crate::fleet::FleetError),
     #[error(transparent)]
     Discovery(#[from] crate::control::discovery::DiscoveryError),
 }

@@ -32,7 +32,9 @@ use tokio::time::Instant;
 
 use crate::control::Control;
 use crate::error::GatewayError;
-use crate::fleet::{Fleet, Origin, Removal, SpecError, Worker, WorkerPatch, WorkerSpec};
+use crate::fleet::{
+    Fleet, FleetError, Origin, Removal, SpecError, Worker, WorkerPatch, WorkerSpec,
+};
 use crate::http::{discard, read_body, BodyLimits, Keys};
 
 /// Largest worker spec accepted.
@@ -317,17 +319,17 @@ async fn replace(
 async fn register(
     admin: &Admin,
     request: Request,
-    how: impl FnOnce(&Arc<Fleet>, WorkerSpec) -> Result<Arc<Worker>, GatewayError>,
+    how: impl FnOnce(&Arc<Fleet>, WorkerSpec) -> Result<Arc<Worker>, FleetError>,
 ) -> Response<Body> {
     let result = async {
         let body = authorized_body(admin, request).await?;
         let spec = WorkerSpec::parse(&body).map_err(invalid)?;
-        how(&admin.fleet, spec)
+        how(&admin.fleet, spec).map_err(GatewayError::from)
     }
     .await;
     match result {
         Ok(worker) => accepted(admin, &worker),
-        Err(e) => e.into_response(),
+        Err(e) => GatewayError::from(e).into_response(),
     }
 }
 
@@ -339,12 +341,12 @@ async fn patch(
     let result = async {
         let body = authorized_body(&admin, request).await?;
         let patch = WorkerPatch::parse(&body).map_err(invalid)?;
-        admin.fleet.patch(&id, patch)
+        admin.fleet.patch(&id, patch).map_err(GatewayError::from)
     }
     .await;
     match result {
         Ok(worker) => axum::Json(WorkerView::of(&admin, &worker)).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => GatewayError::from(e).into_response(),
     }
 }
 
@@ -368,6 +370,6 @@ async fn remove(
             )
                 .into_response()
         }
-        Err(e) => e.into_response(),
+        Err(e) => GatewayError::from(e).into_response(),
     }
 }

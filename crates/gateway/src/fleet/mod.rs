@@ -76,7 +76,6 @@ pub use worker::{
     HealthCell, LiveSpec, ModelCard, Notices, Origin, ProbeRecord, Worker, WorkerInfo,
 };
 
-use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::upstream::Endpoint;
 
@@ -251,14 +250,14 @@ impl Fleet {
         self: &Arc<Self>,
         spec: WorkerSpec,
         origin: Origin,
-    ) -> Result<Arc<Worker>, GatewayError> {
+    ) -> Result<Arc<Worker>, FleetError> {
         let mut registry = self.registry.lock();
         if let Some(existing) = registry
             .entries
             .iter()
             .find(|e| e.worker.live().spec.url == spec.url)
         {
-            return Err(GatewayError::WorkerExists {
+            return Err(FleetError::Exists {
                 url: spec.url,
                 id: existing.worker.id.clone(),
             });
@@ -278,14 +277,14 @@ impl Fleet {
         id: &str,
         spec: WorkerSpec,
         origin: Origin,
-    ) -> Result<Arc<Worker>, GatewayError> {
+    ) -> Result<Arc<Worker>, FleetError> {
         let mut registry = self.registry.lock();
         if let Some(other) = registry
             .entries
             .iter()
             .find(|e| e.worker.live().spec.url == spec.url && e.worker.id.as_str() != id)
         {
-            return Err(GatewayError::WorkerExists {
+            return Err(FleetError::Exists {
                 url: spec.url,
                 id: other.worker.id.clone(),
             });
@@ -307,7 +306,7 @@ impl Fleet {
     }
 
     /// Changes the patchable parts of a worker's spec in place.
-    pub fn patch(&self, id: &str, patch: WorkerPatch) -> Result<Arc<Worker>, GatewayError> {
+    pub fn patch(&self, id: &str, patch: WorkerPatch) -> Result<Arc<Worker>, FleetError> {
         let registry = self.registry.lock();
         let entry = registry
             .entries
@@ -323,7 +322,7 @@ impl Fleet {
     }
 
     /// Removes a worker: a serving one drains first.
-    pub fn remove(self: &Arc<Self>, id: &str) -> Result<Removal, GatewayError> {
+    pub fn remove(self: &Arc<Self>, id: &str) -> Result<Removal, FleetError> {
         let mut registry = self.registry.lock();
         let worker = registry
             .entries
@@ -513,8 +512,19 @@ impl Fleet {
     }
 }
 
-fn not_found(id: &str) -> GatewayError {
-    GatewayError::WorkerNotFound { id: id.to_string() }
+fn not_found(id: &str) -> FleetError {
+    FleetError::NotFound { id: id.to_string() }
+}
+
+/// Why a change to the registry was refused: the fleet's own terms, which the admin API and
+/// discovery each answer in theirs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FleetError {
+    /// Another worker is registered at this URL.
+    #[error("a worker with URL {url} is already registered as {id}")]
+    Exists { url: String, id: WorkerId },
+    #[error("no worker with id '{id}'")]
+    NotFound { id: String },
 }
 
 /// `w` and 8 hex digits of the URL's hash: stable across restarts, and says nothing of the URL.

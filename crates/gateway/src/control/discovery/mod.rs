@@ -47,8 +47,7 @@ pub use pods::{worker_of, Mirror, ModelFrom, BOOTSTRAP_PORT_ANNOTATION};
 pub use pool::PoolRef;
 
 use super::Control;
-use crate::error::GatewayError;
-use crate::fleet::{Fleet, Origin, Snapshot, Worker, WorkerSpec};
+use crate::fleet::{Fleet, FleetError, Origin, Snapshot, Worker, WorkerSpec};
 use crate::upstream;
 
 /// A source's workers, by normalized URL.
@@ -340,7 +339,7 @@ impl Reconciler {
     fn register(&self, fleet: &Arc<Fleet>, spec: WorkerSpec) {
         match fleet.add(spec, self.origin) {
             Ok(_) => {}
-            Err(GatewayError::WorkerExists { id, .. }) => {
+            Err(FleetError::Exists { id, .. }) => {
                 info!(worker = %id, origin = self.origin.as_str(), "listed, and already registered otherwise: left as it is")
             }
             Err(e) => warn!(error = %e, "cannot register a listed worker"),
