@@ -241,15 +241,6 @@ pub enum GatewayError {
     DeadlineExceeded { budget: Duration },
 }
 
-impl From<crate::fleet::FleetError> for GatewayError {
-    fn from(e: crate::fleet::FleetError) -> Self {
-        match e {
-            crate::fleet::FleetError::Exists { url, id } => GatewayError::WorkerExists { url, id },
-            crate::fleet::FleetError::NotFound { id } => GatewayError::WorkerNotFound { id },
-        }
-    }
-}
-
 impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use common::graph::cycles;
+use common::paths::{code_of, relative_paths, rust_files};
 
 /// One edge of the graph: a file of folder `from` names `crate::<to>` on `line`.
 #[derive(Debug, Clone)]
@@ -23,17 +24,6 @@ struct Import {
     to: String,
     file: PathBuf,
     line: usize,
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The top-level module a file belongs to (`front/parse.rs` -> `front`), `None` for `lib.rs`.
@@ -46,68 +36,18 @@ fn folder_of(src: &Path, file: &Path) -> Option<String> {
     Some(first.trim_end_matches(".rs").to_string())
 }
 
-/// Every `crate::name` in the code of `text` (comments are skipped), with its line. A group
-/// (`use crate::{a, b::{c, d}}`, over several lines or one) names the first segment of each item.
+/// Every `crate::name` in the code of `text` (comments and strings skipped), with its line. A
+/// group (`use crate::{a, b::{c, d}}`, over several lines or one) names the first segment of
+/// each item.
 fn crate_paths(text: &str) -> Vec<(usize, String)> {
-    let code: String = text
-        .lines()
-        .map(|line| line.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
-    let ident = |s: &str| -> String {
-        s.trim_start()
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut found = Vec::new();
-    let mut from = 0;
-    while let Some(at) = code[from..].find("crate::").map(|i| i + from) {
-        from = at + "crate::".len();
-        let before = code[..at].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
-            continue;
-        }
-        let after = &code[from..];
-        let Some(group) = after.strip_prefix('{') else {
-            let name = ident(after);
-            if !name.is_empty() {
-                found.push((line_of(at), name));
-            }
-            continue;
-        };
-        // The group's top-level items: split at commas outside nested braces.
-        let mut depth = 0;
-        let mut item_start = 0;
-        for (i, c) in group.char_indices() {
-            let end_of_item = match c {
-                '{' => {
-                    depth += 1;
-                    false
-                }
-                '}' if depth == 0 => true,
-                '}' => {
-                    depth -= 1;
-                    false
-                }
-                ',' => depth == 0,
-                _ => false,
-            };
-            if end_of_item {
-                let item = &group[item_start..i];
-                let name = ident(item);
-                if !name.is_empty() {
-                    let offset = from + 1 + item_start + (item.len() - item.trim_start().len());
-                    found.push((line_of(offset), name));
-                }
-                item_start = i + 1;
-                if c == '}' {
-                    break;
-                }
-            }
-        }
-    }
+    let code = code_of(text);
+    let mut found: Vec<(usize, String)> = relative_paths(&code)
+        .into_iter()
+        .filter(|(_, path)| path.len() > 1 && path[0] == "crate")
+        .map(|(at, path)| (code[..at].matches('\n').count() + 1, path[1].clone()))
+        .collect();
+    found.sort();
+    found.dedup();
     found
 }
 

@@ -261,6 +261,17 @@ async fn show(
     }
 }
 
+/// The registry's refusals as the admin API answers them (409 `worker_exists`, 404
+/// `worker_not_found`).
+impl From<FleetError> for GatewayError {
+    fn from(e: FleetError) -> Self {
+        match e {
+            FleetError::Exists { url, id } => GatewayError::WorkerExists { url, id },
+            FleetError::NotFound { id } => GatewayError::WorkerNotFound { id },
+        }
+    }
+}
+
 /// Checks the admin key and reads the body; a refused body is read away first (see
 /// `http::discard`).
 async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, GatewayError> {

@@ -10,6 +10,7 @@ pub mod kube_api;
 pub mod model;
 pub mod otlp;
 pub mod over;
+pub mod paths;
 pub mod pinned;
 pub mod raw;
 pub mod redis;
