@@ -340,7 +340,7 @@ async fn register(
     .await;
     match result {
         Ok(worker) => accepted(admin, &worker),
-        Err(e) => GatewayError::from(e).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -357,7 +357,7 @@ async fn patch(
     .await;
     match result {
         Ok(worker) => axum::Json(WorkerView::of(&admin, &worker)).into_response(),
-        Err(e) => GatewayError::from(e).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
