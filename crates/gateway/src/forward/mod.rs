@@ -94,10 +94,16 @@ struct Job<'a> {
 
 /// The forward stage, shared by every request.
 pub struct Forwarder {
+    /// The clients to workers (HTTP/1.1, HTTP/2, TLS, gRPC) every attempt is sent through.
     upstream: Upstream,
+    /// How many attempts a request gets, and the backoff between them (`--retry-*`).
     retry: RetryConfig,
+    /// How a disaggregated request's prefill and decode halves are sent and bounded.
     pd: PdConfig,
+    /// Retries allowed per second of requests, shared by every request, so a fleet-wide failure
+    /// cannot multiply the load (`--retry-budget-*`).
     budget: TpsBudget,
+    /// Where attempts, retries and upstream errors are counted.
     metrics: Arc<Metrics>,
 }
 

@@ -5,9 +5,19 @@
 //! a worker name in it. Facts that already live in the fleet (in-flight counts, circuit states,
 //! which workers exist) are not copied into gauges: `FleetCollector` reads them at scrape time,
 //! so a gauge can never disagree with what routing sees.
+//!
+//! ## Layout
+//!
+//! - `mod.rs` — `Metrics`, the families the request path and the control loops move, and
+//!   `WorkerMetrics`, one worker's handles.
+//! - `labels` — the label sets, and the values each label may take.
+//! - `admission`, `slo`, `trials` — the families of admission, of the objectives, of liveness
+//!   trials.
+//! - `exposition` — the text formats a scrape asks for.
 
 mod admission;
 mod exposition;
+mod labels;
 mod slo;
 mod trials;
 
@@ -17,12 +27,17 @@ pub use admission::{
     AdmissionMetrics, Label, RejectedLabels, TenantCounters, TenantTokenLabels, REASONS,
 };
 pub use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
+use labels::BREAKER_TRANSITIONS;
+pub use labels::{
+    CancelLabels, ReasonLabel, ReportIssueLabels, RequestLabels, ResultLabel, RouteLabel,
+    SelectionLabels, StageLabel, TransitionLabels, UpstreamErrorLabels, WorkerLabel, REPORT_ISSUES,
+    RETRY_REASONS, UPSTREAM_ERROR_KINDS,
+};
 pub use slo::{SloMetrics, TierLabel};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -40,134 +55,37 @@ const GAP_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub route: &'static str,
-    pub status: u16,
-    /// The gateway's error code, or `none` when a worker's answer was relayed.
-    pub code: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabel {
-    pub route: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkerLabel {
-    pub worker: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SelectionLabels {
-    pub policy: &'static str,
-    pub worker: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TransitionLabels {
-    pub worker: String,
-    pub from: &'static str,
-    pub to: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CancelLabels {
-    pub route: &'static str,
-    /// `waiting` (before the response started) or `streaming`.
-    pub stage: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabel {
-    /// `select` (every candidate full) or `dispatch` (the chosen one became full).
-    pub stage: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    /// `success` or `failure`.
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct UpstreamErrorLabels {
-    pub worker: String,
-    /// One of `UPSTREAM_ERROR_KINDS`.
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReportIssueLabels {
-    pub worker: String,
-    /// One of `REPORT_ISSUES`.
-    pub issue: &'static str,
-}
-
-/// How a load report came out less than whole: `fallback` (the worker's preferred endpoint
-/// failed and the older one was asked), `dropped_field` (a field of the wrong type was left out,
-/// the rest of the report kept).
-pub const REPORT_ISSUES: [&str; 2] = ["fallback", "dropped_field"];
-
-/// Why a request was retried.
-pub const RETRY_REASONS: [&str; 6] = [
-    "connect",
-    "dropped",
-    "at_capacity",
-    "status",
-    "unresponsive",
-    "bad_answer",
-];
-
-/// The moves a circuit makes.
-const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
-    ("closed", "open"),
-    ("open", "half_open"),
-    ("half_open", "closed"),
-    ("half_open", "open"),
-];
-
-/// `connect`, `reset` (before headers), `timeout`, `stream` (mid-body), `status` (a retryable
-/// error status before any byte), `unresponsive`, `error_event` (a stream the engine ended with
-/// an error event of its own failure), `event_too_large` (an event-stream line or event past
-/// the parser's cap), `bad_answer` (malformed HTTP/1.1 framing or a bound of the worker client
-/// broken, before or during the body).
-pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
-    "connect",
-    "reset",
-    "timeout",
-    "stream",
-    "status",
-    "unresponsive",
-    "error_event",
-    "event_too_large",
-    "bad_answer",
-];
-
 /// Every metric family of one gateway.
 #[derive(Debug)]
 pub struct Metrics {
+    /// `sluice_requests_total`: every answer, by route, status and who made it.
     pub requests: Family<RequestLabels, Counter>,
+    /// `sluice_request_duration_seconds`: arrival to the last byte, per route.
     pub duration: Family<RouteLabel, Histogram, Buckets>,
+    /// Time to first byte per worker: the latency the policies and the status page read.
     pub ttft: Family<WorkerLabel, Histogram, Buckets>,
+    /// Gaps between a stream's chunks per worker: a slow decoder shows here first.
     pub inter_chunk: Family<WorkerLabel, Histogram>,
+    /// Workers chosen, by policy: whether the policy spreads the load.
     pub selections: Family<SelectionLabels, Counter>,
+    /// Retries by reason (`RETRY_REASONS`).
     pub retries: Family<ReasonLabel, Counter>,
+    /// Retries refused because the budget was spent: failures the budget kept from multiplying.
     pub retry_budget_exhausted: Counter,
+    /// Circuit moves per worker (`BREAKER_TRANSITIONS`).
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// Clients that left, by route and stage: the decoding the gateway stopped.
     pub cancellations: Family<CancelLabels, Counter>,
+    /// Worker failures by kind (`UPSTREAM_ERROR_KINDS`), counted only by `upstream_error`.
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    /// Access-log lines dropped because the writer fell behind: the log is never a backpressure.
     pub access_log_dropped: Counter,
     /// Spans the OTLP exporter took, and spans dropped (the queue full, an export failed).
     pub trace_spans_exported: Counter,
     pub trace_spans_dropped_by: Family<ReasonLabel, Counter>,
     /// 1 Ready, 0 any other state; deleted with the worker.
     pub worker_health: Family<WorkerLabel, Gauge>,
+    /// Health probes by result.
     pub health_checks: Family<ResultLabel, Counter>,
     /// From each worker's last load report; deleted with the worker.
     pub engine_waiting: Family<WorkerLabel, Gauge>,
@@ -177,8 +95,10 @@ pub struct Metrics {
     pub report_issues: Family<ReportIssueLabels, Counter>,
     /// Liveness trials by verdict; deleted with the worker.
     pub liveness_trials: Family<TrialLabels, Counter>,
+    /// Requests steered to a worker every candidate's overload, or liveness, veto covered.
     pub overload_fallbacks: Counter,
     pub liveness_fallbacks: Counter,
+    /// `--worker-overload-shed` refusals, by the stage that shed.
     pub overload_sheds: Family<StageLabel, Counter>,
     /// Disaggregated dispatches that waited for the decode window and were admitted.
     pub pd_admission_waits: Counter,
