@@ -12,9 +12,9 @@
 //! end); a request that could not be written on it is sent on the next one, or on a fresh
 //! connection. One the worker closes just as the request goes out (a keep-alive race: the
 //! connection ends with nothing of an answer read) is not the worker's failure: the request is
-//! sent once more, on a fresh connection to the same worker, and counted. Idle connections are closed after the idle timeout, before the
-//! worker's own keep-alive timeout can close one under a request: those found stale when taken,
-//! and the rest by a sweep every half timeout.
+//! sent once more, on a fresh connection to the same worker, and counted. Idle connections are
+//! closed after the idle timeout, before the worker's own keep-alive timeout can close one under
+//! a request: those found stale when taken, and the rest by a sweep every half timeout.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;

@@ -414,26 +414,11 @@ pub(super) fn request_head(parts: &request::Parts, host: &str, body_len: usize) 
     );
     if body_len > 0 || may_have_body {
         head.extend_from_slice(b"content-length: ");
-        decimal(&mut head, body_len);
+        head.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
     (head, says_close(&parts.headers))
-}
-
-/// `n` in decimal digits at the end of `out`.
-fn decimal(out: &mut Vec<u8>, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 #[cfg(test)]
