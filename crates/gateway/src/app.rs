@@ -131,7 +131,13 @@ impl App {
             )
         });
         let stages = Stages {
-            admit: admit_stage(config, &admit, &fleet, &metrics, degrade),
+            admit: AdmitStage {
+                admit: admit.clone(),
+                fleet: fleet.clone(),
+                aliases: config.model_aliases.clone(),
+                degrade,
+            },
+            route: route_stage(config, &admit, &metrics),
             forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone())
                 .with_pd(config.pd),
             accounts: Accounts {
@@ -246,6 +252,7 @@ fn control_and_fleet(
 /// The request path's stages after the front one, as `assemble` makes them.
 struct Stages {
     admit: AdmitStage,
+    route: RouteStage,
     forward: Forwarder,
     accounts: Accounts,
 }
@@ -261,6 +268,7 @@ fn front(
     Front {
         fleet: fleet.clone(),
         admit: stages.admit,
+        route: stages.route,
         forward: stages.forward,
         accounts: stages.accounts,
         keys,
@@ -268,36 +276,24 @@ fn front(
         body_read_timeout: config.body_read_timeout,
         body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
         limits: config.limits,
-        routing_key_headers: config.routing_key_headers.clone(),
         request_id_headers: config.request_id_headers.clone(),
         draining: draining.clone(),
     }
 }
 
-/// The admit stage: admission, the chooser it places with (its room judged warily behind a
-/// gateway queue, which releases many at once), the fleet, the ladder.
-fn admit_stage(
-    config: &Config,
-    admit: &Arc<Admit>,
-    fleet: &Arc<Fleet>,
-    metrics: &Arc<Metrics>,
-    degrade: Option<Arc<crate::admit::degrade::Degrader>>,
-) -> AdmitStage {
+/// The route stage: the policies, shedding, the routing key, the model's tokens; room judged
+/// warily behind a gateway queue, which releases many at once.
+fn route_stage(config: &Config, admit: &Arc<Admit>, metrics: &Arc<Metrics>) -> RouteStage {
     let projection = if admit.queue().is_some() {
         Projection::Wary
     } else {
         Projection::Hopeful
     };
-    AdmitStage {
-        admit: admit.clone(),
-        fleet: fleet.clone(),
-        route: RouteStage::new(config.policy, config.shedding, metrics.clone())
-            .with_aliases(config.model_aliases.clone())
-            .with_pd_policies(config.prefill_policy, config.decode_policy)
-            .with_projection(projection)
-            .with_tokens(config.upstream.tokens.clone()),
-        degrade,
-    }
+    RouteStage::new(config.policy, config.shedding, metrics.clone())
+        .with_pd_policies(config.prefill_policy, config.decode_policy)
+        .with_projection(projection)
+        .with_routing_key_headers(config.routing_key_headers.clone())
+        .with_tokens(config.upstream.tokens.clone())
 }
 
 /// Every key the gateway checks: clients', the admin's, the control plane's, the tenants'.

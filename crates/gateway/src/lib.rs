@@ -1,38 +1,42 @@
 //! # sluice-gateway: the server
 //!
 //! A request travels one way through the folders named after its stages, each taking the
-//! request's context and returning a typed error:
+//! previous stage's hand-off by value and returning its own, or its typed refusal:
 //!
 //! ```text
-//! client -> front -> admit -> forward -> stream -> client
-//!                      \         /
-//!                       route            (the chooser both ask)
+//! client -> front -> admit -> route -> forward -> stream -> client
+//!             Asked   Admitted  Placement  Answer
 //! ```
 //!
 //! ## Layout
 //!
-//! The request path (`front` runs the stages in order; a stage never imports an earlier one, and
-//! `route` imports none of them — `tests/layout.rs` checks both):
+//! The request path (`front` runs the stages in order; a later stage may name an earlier one's
+//! hand-off, never the reverse, and none names `front` — `tests/layout.rs` checks both):
 //!
 //! - `front` — the OpenAI routes: draining, the API key, the content type, the body limit, the
-//!   JSON facts routing needs (`parse`); bad input ends here. It makes the request's context,
-//!   runs the stages and writes the body the worker gets. Also `/v1/models`. `front::pick` is
-//!   the same path for a data plane that sends requests itself (`sluice epp`): it ends in a
-//!   worker handed over (`forward::Handover`), and the answer the data plane streams back is
-//!   relayed as a worker's.
-//! - `admit` — whether a request goes on, where and when: tenants, tiers, deadlines, budgets and
-//!   caps, the degradation ladder (`admit::degrade`), and placement — the pool (with the
-//!   ladder's cascade), feasibility, the gateway queue, the pool found again after a wait. Its
-//!   answer is one `route::Placement`, carrying the queue's turn.
-//! - `forward` — consumes the placement: the worker for each attempt, safe retries with backoff
-//!   and a budget, every outcome into the worker's breaker; or, for a data plane, one worker
-//!   leased and handed over (`forward::handover`).
+//!   JSON facts routing needs; bad input ends here. It makes the request's context and its
+//!   immutable `request::Asked`, and runs the stages. Also `/v1/models`. `front::pick` is the
+//!   same path for a data plane that sends requests itself (`sluice epp`): it ends in a worker
+//!   handed over (`forward::Handover`), and the answer the data plane streams back is relayed as
+//!   a worker's.
+//! - `admit` — whether a request goes on, to which pool and when: tenants, tiers, deadlines,
+//!   budgets and caps, the degradation ladder (`admit::degrade`), the model's pool (with aliases
+//!   and the ladder's cascade), feasibility, the gateway queue, and the body the worker gets.
+//!   Its hand-off is `admit::Admitted`: the pool, the terms, the queue's turn, the grants.
+//! - `route` — the first worker: the candidates a request could use, the policy's pick and its
+//!   breaker permit, the all-vetoed rule (steer or shed). Its hand-off is `route::Placement`:
+//!   the first worker's lease and the request's own `Chooser`, which the forward stage asks on
+//!   each retry.
+//! - `forward` — the exchange with the worker: safe retries with backoff and a budget, every
+//!   outcome into the worker's breaker; or, for a data plane, the leased worker handed over
+//!   (`forward::handover`). Its hand-off is `forward::Answer`.
 //! - `stream` — the response relayed frame by frame, timed, with the mid-stream failure and
 //!   client-disconnect endings.
-//! - `route` — the chooser below the stages: the model's pool, the candidates a request could
-//!   use, the policy's pick and its breaker permit, the all-vetoed rule (steer or shed).
-//! - `context` — the one owned request context the stages share; its `Drop` accounts for the
-//!   request however it ends. Also the in-flight count shutdown waits on.
+//! - `request` — what every stage reads of the request: its arrival and the parsed body, one
+//!   immutable value.
+//! - `context` — the request's record: what the stages observed, lent to each to write; its
+//!   `Drop` accounts for the request however it ends, and gives back admission's grants. Also
+//!   the in-flight count shutdown waits on.
 //!
 //! The workers and the loops that watch them:
 //!
@@ -82,6 +86,7 @@ mod gateway;
 pub mod http;
 pub mod metrics;
 pub mod probes;
+pub mod request;
 pub mod route;
 pub mod shared;
 pub mod status;

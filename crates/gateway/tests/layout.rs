@@ -1,7 +1,8 @@
 //! The crate's folders import each other in one direction only: no cycle between the top-level
 //! modules of `src/`, read from their `crate::` paths (`use` lines and paths written in place).
-//! And the request path runs one way: a stage imports no stage before it (front, admit, forward,
-//! stream, in that order), and `route`, the chooser below them, imports none of them.
+//! And the request path runs one way: front, admit, route, forward, stream, each taking the
+//! hand-off of the one before by value, so a stage may name the stages before it and never one
+//! after it — but for the front stage, which runs them all and which none names.
 //!
 //! Why a test: a cycle starts as one convenient `use` and is invisible in review; once two
 //! folders need each other, neither can be understood, tested or moved alone. Run it alone with
@@ -142,24 +143,27 @@ fn no_folder_of_the_gateway_imports_one_that_imports_it_back() {
 }
 
 /// The request path's stages, in the order a request passes them.
-const STAGES: [&str; 4] = ["front", "admit", "forward", "stream"];
+const STAGES: [&str; 5] = ["front", "admit", "route", "forward", "stream"];
 
-/// Imports against the request path's direction: a stage naming an earlier one, or the chooser
-/// naming any stage.
+/// Imports against the request path's direction. A stage takes the hand-off of the one before it
+/// by value (`Admitted`, `Placement`, `Answer`), so it may name the types of the stages before
+/// it, never one after it; the front stage, which runs them all, is the one exception, and no
+/// stage names it back.
 fn backwards(edges: &[Import]) -> Vec<&Import> {
     let place = |folder: &str| STAGES.iter().position(|s| *s == folder);
     edges
         .iter()
         .filter(|e| match (e.from.as_str(), place(&e.from), place(&e.to)) {
-            ("route", _, Some(_)) => true,
-            (_, Some(from), Some(to)) => to < from,
+            ("front", _, _) => false,
+            (_, Some(_), Some(0)) => true,
+            (_, Some(from), Some(to)) => to > from,
             _ => false,
         })
         .collect()
 }
 
 #[test]
-fn the_direction_checker_finds_a_stage_naming_an_earlier_one_and_the_chooser_naming_a_stage() {
+fn the_direction_checker_finds_a_stage_naming_a_later_one_or_the_front() {
     let edge = |from: &str, to: &str| Import {
         from: from.into(),
         to: to.into(),
@@ -168,25 +172,35 @@ fn the_direction_checker_finds_a_stage_naming_an_earlier_one_and_the_chooser_nam
     };
     let edges = [
         edge("front", "admit"),
+        edge("front", "stream"),
+        edge("route", "admit"),
+        edge("stream", "forward"),
+        edge("stream", "fleet"),
         edge("admit", "route"),
         edge("forward", "stream"),
-        edge("forward", "route"),
-        edge("stream", "fleet"),
-        edge("forward", "admit"),
-        edge("route", "forward"),
+        edge("config", "front"),
+        edge("stream", "front"),
     ];
+    // `config` is no stage: it builds them all.
     let found: Vec<(&str, &str)> = backwards(&edges)
         .iter()
         .map(|e| (e.from.as_str(), e.to.as_str()))
         .collect();
-    assert_eq!(found, [("forward", "admit"), ("route", "forward")]);
+    assert_eq!(
+        found,
+        [
+            ("admit", "route"),
+            ("forward", "stream"),
+            ("stream", "front")
+        ]
+    );
 }
 
 #[test]
-fn the_request_path_imports_run_one_way_and_the_chooser_imports_no_stage() {
+fn the_request_path_imports_run_one_way() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let edges = imports(&src);
-    for stage in STAGES.iter().chain(&["route"]) {
+    for stage in STAGES {
         assert!(
             src.join(stage).is_dir(),
             "{stage}/ is a folder of the crate"

@@ -8,14 +8,16 @@
 //! cannot together overspend: the gateway-wide request rate and concurrency cap, the tenant's
 //! concurrency, requests per minute and tokens per minute (the prompt estimate plus the most it
 //! may generate, settled against what the response reports when it ends). Then the ladder's hard
-//! shedding, and placement (`place`): the model's pool (with the ladder's cascade), a deadline
-//! that cannot be met refused (`feasible`), with `--queue-size` the wait for a turn when no
-//! worker can take it now (`wait_room`), and the pool found again after a wait. The answer is
-//! one typed `Placement`, which the forward stage consumes, or a typed `GatewayError`; whatever
-//! was taken is a `Hold` in the context, given back however the request ends.
+//! shedding, and the pool (`place`): the model's (with the ladder's cascade), a deadline that
+//! cannot be met refused (`feasible`), with `--queue-size` the wait for a turn when no worker can
+//! take it now (`wait_room`), and the pool found again after a wait; last, the body its worker
+//! gets. The answer is one `Admitted`, which the route stage consumes (the pool, the terms, the
+//! turn, the body, and what was taken as `Grants`, given back however the request ends), or a
+//! typed `GatewayError`.
 //!
 //! ## Layout
 //!
+//! - `admitted` — the hand-off: `Admitted`, its `Terms`, and what is decided on the way.
 //! - `config` — what admission is configured with (built by `crate::config`).
 //! - `tenants` — the tenants at run time and how a request finds its own.
 //! - `holds` — slots and reservations, given back at the end.
@@ -23,10 +25,13 @@
 //! - `queue` — the gateway queue and its dispatcher (`--queue-size`).
 //! - `codel` — CoDel on each tier of the queue: a standing queue cut at its head.
 //! - `headers` — the request headers admission reads and the `x-ratelimit-*` it writes.
-//! - `place` — the stage as the request path sees it: admission, then placement.
+//! - `place` — the stage as the request path sees it: admission, then the pool and the queue.
+//! - `body` — the body the worker gets: the served model's name spliced in.
 //! - `degrade` — the degradation ladder: the level from the pressure, and what it does to a
 //!   request (hard shedding, a cascade, a rewritten body).
 
+mod admitted;
+mod body;
 mod budget;
 mod codel;
 mod config;
@@ -49,17 +54,18 @@ use sluice_core::ModelName;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+pub use admitted::{Admitted, Terms};
 pub use config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
-pub use place::{AdmitStage, Placed};
-pub use queue::{Asker, GatewayQueue, QueueConfig, TURN_BOUND};
+pub use place::AdmitStage;
+pub use queue::{Asker, GatewayQueue, QueueConfig, Turn, TURN_BOUND};
 pub use tenants::{Tenant, Tenants, OTHER_TENANT};
 
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::http::KeyOwner;
 use crate::metrics::{AdmissionMetrics, RejectedLabels};
-use crate::route::Turn;
 use crate::shared::{Shared, SharedSlots, Short};
+use admitted::Decided;
 use budget::{not_yet, Budget};
 use holds::{GatewaySlot, SharedGatewaySlot, Spend, TenantSlot};
 
@@ -179,48 +185,56 @@ impl Admit {
         })
     }
 
-    /// Admits `ctx` now or refuses it, setting what admission decides for it.
-    pub async fn admit(
+    /// Admits the request of `ctx` now or refuses it: what admission decides for it and takes.
+    /// Who asked, in which tier, and the budgets its answer shows are written to `ctx`.
+    async fn admit(
         &self,
         ctx: &mut RequestContext,
         asking: &Asking<'_>,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<Decided, GatewayError> {
         let now = Instant::now();
-        ctx.admission.deadline = ctx.started + self.request_timeout;
         let tenant = self.tenants.of(asking.headers, asking.owner);
-        let decided = self.decide(ctx, &tenant, asking, now).await;
+        let mut decided = Decided::new(ctx.started + self.request_timeout, tenant.tier);
+        let outcome = self.decide(ctx, &mut decided, &tenant, asking, now).await;
         if tenant.limited() {
             ctx.admission.rate_headers = Some(headers::rate_limits(&tenant, now));
         }
-        if let Err(error) = &decided {
-            self.count_rejected(ctx, error);
+        match outcome {
+            Ok(()) => Ok(decided),
+            Err(error) => {
+                self.count_rejected(ctx, &error);
+                Err(error)
+            }
         }
-        decided
     }
 
     async fn decide(
         &self,
         ctx: &mut RequestContext,
+        decided: &mut Decided,
         tenant: &Arc<Tenant>,
         asking: &Asking<'_>,
         now: Instant,
     ) -> Result<(), GatewayError> {
+        decided.tenant = Some(tenant.id.clone());
         ctx.admission.tenant = Some(tenant.id.clone());
         ctx.admission.counters = Some(tenant.counters.clone());
+        decided.counters = Some(tenant.counters.clone());
         // The tenant's until the request's own is known (a refusal is counted under it).
         ctx.admission.tier = Some(tenant.tier);
         let tier = Tier::clamped(headers::asked_tier(asking.headers)?, tenant.tier);
         ctx.admission.tier = Some(tier);
+        decided.tier = tier;
         let budget = headers::client_budget(asking.headers)?.or(self.tier_deadlines[tier.index()]);
         if let Some(budget) = budget {
             let due = ctx.started + budget;
-            ctx.admission.client_deadline = Some(due);
-            ctx.admission.deadline = ctx.admission.deadline.min(due);
+            decided.client_deadline = Some(due);
+            decided.deadline = decided.deadline.min(due);
             if due <= now {
                 return Err(GatewayError::DeadlineExceeded { budget });
             }
         }
-        self.take_gateway(ctx, now).await?;
+        self.take_gateway(decided, now).await?;
         let entered = tenant
             .enter()
             .await
@@ -231,23 +245,23 @@ impl Admit {
                 limit: tenant.max_concurrent.unwrap_or(0),
             });
         }
-        ctx.admission.hold(Box::new(TenantSlot(tenant.clone())));
+        decided.grants.hold(Box::new(TenantSlot(tenant.clone())));
         let out = asking.n.max(1) * asking.max_tokens.unwrap_or(self.default_max_tokens);
         let tokens = asking.prompt_tokens + out;
-        ctx.admission.weight = tenant.weight;
-        ctx.admission.cost = tokens;
+        decided.weight = tenant.weight;
+        decided.cost = tokens;
         if !tenant.limited() {
             // No budget to reserve from, nothing to settle.
             return Ok(());
         }
-        self.reserve(ctx, tenant, tokens, asking.prompt_tokens, now)
+        self.reserve(decided, tenant, tokens, asking.prompt_tokens, now)
             .await
     }
 
     /// One request and `tokens` from the tenant's buckets, settled when the request ends.
     async fn reserve(
         &self,
-        ctx: &mut RequestContext,
+        decided: &mut Decided,
         tenant: &Arc<Tenant>,
         tokens: u64,
         prompt_estimate: u64,
@@ -272,8 +286,8 @@ impl Admit {
             Tenant::settle(&tenant.requests, 1, 0, now);
             return Err(unavailable(short, |e| limited("tokens", e)));
         }
-        ctx.admission.metered = tenant.tokens.is_some();
-        ctx.admission.hold(Box::new(Spend {
+        decided.metered = tenant.tokens.is_some();
+        decided.grants.hold(Box::new(Spend {
             tenant: tenant.clone(),
             tokens: if tenant.tokens.is_some() { tokens } else { 0 },
             prompt_estimate,
@@ -283,11 +297,7 @@ impl Admit {
     }
 
     /// The gateway-wide request rate and concurrency cap.
-    async fn take_gateway(
-        &self,
-        ctx: &mut RequestContext,
-        now: Instant,
-    ) -> Result<(), GatewayError> {
+    async fn take_gateway(&self, decided: &mut Decided, now: Instant) -> Result<(), GatewayError> {
         if let Some(rate) = &self.gateway.rate {
             rate.reserve(1, now).await.map_err(|short| {
                 unavailable(short, |refusal| GatewayError::GatewayFull {
@@ -308,7 +318,7 @@ impl Admit {
             None => {}
             Some((Slots::Local(slots), _)) => {
                 let permit = slots.clone().try_acquire_owned().map_err(|_| full)?;
-                ctx.admission.hold(Box::new(GatewaySlot(permit, None)));
+                decided.grants.hold(Box::new(GatewaySlot(permit, None)));
             }
             Some((Slots::Shared(slots), _)) => {
                 let entered = slots
@@ -318,7 +328,8 @@ impl Admit {
                 if !entered {
                     return Err(full);
                 }
-                ctx.admission
+                decided
+                    .grants
                     .hold(Box::new(SharedGatewaySlot(slots.clone(), None)));
             }
         }
@@ -349,21 +360,22 @@ impl Admit {
     /// gateway a slot; then takes the slot. A pool with no worker that can serve at all (none
     /// ready, or every circuit open) is not waited for. Its turn when it waited (its routing is
     /// then stale), `None` when it went on at once (or there is no queue).
-    pub async fn wait_room(
+    async fn wait_room(
         &self,
-        ctx: &mut RequestContext,
+        ctx: &RequestContext,
+        decided: &mut Decided,
         pool: &crate::fleet::Pool,
         snapshot: &crate::fleet::Snapshot,
     ) -> Result<Option<Turn>, GatewayError> {
         let Some(queue) = &self.queue else {
             return Ok(None);
         };
-        if !pool.has_routable() && self.take_slot(ctx, queue) {
+        if !pool.has_routable() && self.take_slot(decided, queue) {
             // Nothing the queue could wait for: routing answers why.
             return Ok(None);
         }
         let slots_free = self.slots_free();
-        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        let tier = decided.tier;
         let capped = self.gateway.slots.is_some();
         let has_room = |model: &ModelName, tier: Tier| {
             snapshot
@@ -381,7 +393,7 @@ impl Admit {
             // judged again as an arrival would be: shed, unless room is freeing fast enough.
             let room_gone = turn.is_some() && queue.sheds() && pool.over_ceilings(tier).is_some();
             let go = (turn.is_some() && !room_gone) || !must_wait;
-            if go && self.take_slot(ctx, queue) {
+            if go && self.take_slot(decided, queue) {
                 if turn.is_none() {
                     queue.went_direct(tier);
                 }
@@ -390,7 +402,7 @@ impl Admit {
             // A turn whose slot another request took is given back before the request waits
             // again (the dispatcher would wait for it otherwise).
             drop(turn.take());
-            let mut asker = self.asker(ctx, pool, &slots_free, asked);
+            let mut asker = self.asker(decided, pool, &slots_free, asked);
             if queue.sheds() {
                 asker.over_ceilings = pool.over_ceilings(tier);
             }
@@ -402,15 +414,15 @@ impl Admit {
         }
     }
 
-    /// What the queue needs to know of the request in `ctx` waiting for `pool`.
+    /// What the queue needs to know of the request `decided` waiting for `pool`.
     fn asker(
         &self,
-        ctx: &RequestContext,
+        decided: &Decided,
         pool: &crate::fleet::Pool,
         slots_free: &impl Fn() -> bool,
         asked: Instant,
     ) -> Asker {
-        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
+        let tier = decided.tier;
         // Room for an interactive request is room within the reserve: while the reserve holds
         // for this tier, only the reserve keeps it waiting then.
         let reserved = pool.reserve_for(tier) > 0.0;
@@ -421,16 +433,15 @@ impl Admit {
         };
         Asker {
             tier,
-            tenant: ctx
-                .admission
+            tenant: decided
                 .tenant
                 .clone()
                 .unwrap_or_else(|| sluice_core::TenantId::new(DEFAULT_TENANT)),
-            weight: ctx.admission.weight,
-            cost: ctx.admission.cost,
+            weight: decided.weight,
+            cost: decided.cost,
             model: pool.model.clone(),
-            deadline: ctx.admission.client_deadline,
-            counters: ctx.admission.counters.clone(),
+            deadline: decided.client_deadline,
+            counters: decided.counters.clone(),
             hold,
             over_ceilings: None,
             asked,
@@ -440,13 +451,14 @@ impl Admit {
     /// Whether the client's deadline can still be met on `pool`: the expected time to a first
     /// token on its best worker must fit in what is left (seed 003's deadline-aware dropping).
     /// Refused with 504 `deadline_exceeded` before any engine sees the request.
-    pub fn feasible(
+    fn feasible(
         &self,
         ctx: &RequestContext,
+        decided: &Decided,
         pool: &crate::fleet::Pool,
         prompt_tokens: u64,
     ) -> Result<(), GatewayError> {
-        let Some(due) = ctx.admission.client_deadline else {
+        let Some(due) = decided.client_deadline else {
             return Ok(());
         };
         let expected = Expected {
@@ -464,12 +476,13 @@ impl Admit {
     }
 
     /// A gateway slot, if the cap leaves one (always true without the cap).
-    fn take_slot(&self, ctx: &mut RequestContext, queue: &Arc<GatewayQueue>) -> bool {
+    fn take_slot(&self, decided: &mut Decided, queue: &Arc<GatewayQueue>) -> bool {
         match &self.gateway.slots {
             None => true,
             Some((Slots::Local(slots), _)) => match slots.clone().try_acquire_owned() {
                 Ok(permit) => {
-                    ctx.admission
+                    decided
+                        .grants
                         .hold(Box::new(GatewaySlot(permit, Some(queue.clone()))));
                     true
                 }
@@ -479,7 +492,7 @@ impl Admit {
                 // Redis away with --redis-fail-open off: no slot, the request waits (its
                 // deadline, or CoDel, ends the wait).
                 if slots.try_enter().unwrap_or(false) {
-                    ctx.admission.hold(Box::new(SharedGatewaySlot(
+                    decided.grants.hold(Box::new(SharedGatewaySlot(
                         slots.clone(),
                         Some(queue.clone()),
                     )));

@@ -1,123 +1,167 @@
 //! The admit stage as the request path sees it: admission (`Admit::admit`), the ladder's hard
-//! shedding, then placement, in one step whose answer the forward stage consumes.
+//! shedding, then the pool, in one step whose answer the route stage consumes.
 //!
-//! Placement finds the model's pool (or the model the ladder cascades the request to), judges
-//! whether the client's deadline can be met there, and with the gateway queue waits for a turn
-//! when no worker can take the request now. A request that waited is placed again, on the fleet
-//! as it is then and at the ladder's level then, and its deadline judged again: the pool it
-//! waited for may have changed while it waited. The answer is a `route::Placement`: the pool,
-//! what the chooser reads of the request, and the queue's turn, which the forward stage gives
-//! back when it leases the first worker.
+//! It finds the model's pool (or the pool of the model an alias names, or the ladder cascades the
+//! request to), judges whether the client's deadline can be met there, and with the gateway queue
+//! waits for a turn when no worker can take the request now. A request that waited is judged
+//! again, on the fleet as it is then and at the ladder's level then: the pool it waited for may
+//! have changed while it waited. The answer is an `Admitted`: the pool, the terms, the turn, the
+//! body the worker gets, and what admission took.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use sluice_core::admission::Tier;
-
-use super::degrade::Degrader;
-use super::{Admit, Asking};
+use sluice_core::ModelName;
 use tokio::time::Instant;
 
+use super::body::served_body;
+use super::degrade::Degrader;
+use super::{Admit, Admitted, Asking, Decided, Turn};
 use crate::context::RequestContext;
 use crate::error::{reflected, GatewayError};
-use crate::fleet::{Fleet, Snapshot};
-use crate::route::{Placement, RouteStage, Turn, Wants};
+use crate::fleet::{Fleet, Pool, Snapshot};
+use crate::request::Asked;
 
-/// The admit stage, shared by every request: admission, the chooser it places with, the fleet
-/// it places on, and the ladder.
+/// The admit stage, shared by every request: admission, the fleet it finds pools in, the
+/// models' other names, and the ladder.
 pub struct AdmitStage {
+    /// Tenants, tiers, deadlines, budgets, caps and the gateway queue.
     pub admit: Arc<Admit>,
+    /// Where a model's pool is found, as the fleet is at the moment of asking.
     pub fleet: Arc<Fleet>,
-    pub route: RouteStage,
+    /// `--model-alias`: extra client-facing names, each for a served model.
+    pub aliases: HashMap<String, ModelName>,
     /// The degradation ladder, when steps are configured.
     pub degrade: Option<Arc<Degrader>>,
 }
 
-/// An admitted request's placement (which the forward stage consumes), and what the front stage
-/// needs to write the body it sends: the request's tier and the ladder, when it may change it.
-pub struct Placed<'s> {
-    pub placement: Placement<'s>,
-    pub tier: Tier,
-    pub degrade: Option<&'s Degrader>,
-}
-
 impl AdmitStage {
-    /// Admits the request in `ctx` and places it, or refuses it. `takes_model`: its route names
-    /// a model, so the ladder applies to it.
-    pub async fn place(
+    /// Admits `asked` to its model's pool, or refuses it; who it is and what the ladder did
+    /// are written to `ctx`.
+    pub async fn admit(
         &self,
+        asked: &Asked<'_>,
         ctx: &mut RequestContext,
-        asking: &Asking<'_>,
-        wants: Wants<'_>,
-        takes_model: bool,
-    ) -> Result<Placed<'_>, GatewayError> {
-        self.admit.admit(ctx, asking).await?;
-        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
-        let wants = Wants { tier, ..wants };
-        let degrade = self.degrade.as_deref().filter(|_| takes_model);
+    ) -> Result<Admitted, GatewayError> {
+        let facts = asked.facts;
+        let asking = Asking {
+            headers: &asked.parts.headers,
+            owner: asked.owner,
+            prompt_tokens: asked.prompt_tokens(),
+            max_tokens: facts.max_tokens,
+            n: facts.n,
+        };
+        let mut decided = self.admit.admit(ctx, &asking).await?;
+        let tier = decided.tier;
+        let route = asked.arrival.route;
+        let degrade = self.degrade.as_deref().filter(|_| route.takes_model());
         if let Some(degrade) = degrade {
             degrade
                 .shed(tier)
                 .inspect_err(|e| self.admit.count_rejected(ctx, e))?;
         }
+        let asked_model = facts.model.as_deref();
+        let (pool, turn) = self
+            .pool(ctx, &mut decided, degrade, asked_model, asked)
+            .await?;
+        self.admit.count_admitted(ctx);
+        let served = pool.model.as_str();
+        let body = degrade
+            .and_then(|d| d.rewrite(tier, served, asked.body, &mut ctx.degraded))
+            .unwrap_or_else(|| served_body(route, facts, asked.body, served));
+        Ok(Admitted {
+            terms: decided.terms(),
+            grants: decided.grants.take(),
+            turn,
+            pool,
+            body,
+        })
+    }
+
+    /// The pool serving `model` (or the one the ladder cascades it to), once the deadline can be
+    /// met there and, with the gateway queue, it has room; and the turn, if it waited for one.
+    async fn pool(
+        &self,
+        ctx: &mut RequestContext,
+        decided: &mut Decided,
+        degrade: Option<&Degrader>,
+        model: Option<&str>,
+        asked: &Asked<'_>,
+    ) -> Result<(Arc<Pool>, Turn), GatewayError> {
+        let tier = decided.tier;
         let mut turn: Option<Turn> = None;
         loop {
             let snapshot = self.fleet.snapshot();
-            let (wanted, cascade) = cascaded(degrade, tier, wants, &snapshot);
-            let pool = self.route.pool(&snapshot, &wanted).inspect_err(|_| {
-                ctx.model = wants
-                    .model
-                    .map(|m| sluice_core::ModelName::new(reflected(m)));
-            })?;
+            let cascade = cascaded(degrade, tier, model, &snapshot);
+            let pool = self
+                .serving(&snapshot, cascade.or(model))
+                .inspect_err(|_| ctx.model = model.map(|m| ModelName::new(reflected(m))))?;
             ctx.model = Some(pool.model.clone());
-            self.admit.feasible(ctx, &pool, wanted.prompt_tokens)?;
+            self.admit
+                .feasible(ctx, decided, &pool, asked.prompt_tokens())?;
             if turn.is_none() {
-                let asked = Instant::now();
-                if let Some(called) = self.admit.wait_room(ctx, &pool, &snapshot).await? {
-                    ctx.queued(asked.elapsed());
+                let waiting = Instant::now();
+                if let Some(called) = self.admit.wait_room(ctx, decided, &pool, &snapshot).await? {
+                    ctx.queued(waiting.elapsed());
                     turn = Some(called);
                     continue;
                 }
             }
             if let (Some(degrade), Some(to)) = (degrade, cascade) {
                 degrade.cascaded(tier, to, &mut ctx.degraded);
-                ctx.admission.hold(degrade.diverting());
+                decided.grants.hold(degrade.diverting());
             }
-            self.admit.count_admitted(ctx);
-            let held = self.route.held_keys(&pool, &wanted).await;
-            let placement = Placement {
-                request: self.route.request(&pool, &wanted, held),
-                pool,
-                stage: &self.route,
-                turn: turn.unwrap_or_default(),
+            return Ok((pool, turn.unwrap_or_default()));
+        }
+    }
+
+    /// The pool serving `model` (or the model an alias names), or the answer for why there is
+    /// none. A request without a model goes to the only pool, when there is one.
+    fn serving(&self, snapshot: &Snapshot, model: Option<&str>) -> Result<Arc<Pool>, GatewayError> {
+        let model = model.map(|m| self.aliases.get(m).map_or(m, ModelName::as_str));
+        let Some(model) = model else {
+            let mut pools = snapshot.pools.values();
+            return match (pools.next(), pools.next()) {
+                (Some(only), None) if snapshot.unresolved == 0 => Ok(only.clone()),
+                _ => Err(GatewayError::ModelRequired {
+                    served: snapshot.pools.len().max(1),
+                }),
             };
-            return Ok(Placed {
-                placement,
-                tier,
-                degrade,
+        };
+        if let Some(pool) = snapshot.pools.get(model) {
+            return Ok(pool.clone());
+        }
+        if snapshot.unresolved > 0 {
+            // A worker that has not answered yet may serve it: not a 404.
+            return Err(GatewayError::NoAvailableWorkers {
+                model: ModelName::new(reflected(model)),
+                detail: format!(
+                    " ({} registered worker(s) have not answered yet)",
+                    snapshot.unresolved
+                ),
             });
         }
+        Err(GatewayError::ModelNotFound {
+            model: reflected(model),
+        })
     }
 }
 
-/// `wants` sent to another model when the ladder cascades it at the level now — and only if
-/// that model has workers: a cascade never turns a request that could be served into a 404.
+/// The model the ladder cascades a request for `model` to at the level now — only if that model
+/// has workers: a cascade never turns a request that could be served into a 404.
 fn cascaded<'a>(
     degrade: Option<&'a Degrader>,
-    tier: Tier,
-    wants: Wants<'a>,
+    tier: sluice_core::admission::Tier,
+    model: Option<&str>,
     snapshot: &Snapshot,
-) -> (Wants<'a>, Option<&'a str>) {
-    let to = degrade
-        .and_then(|d| {
-            let from = wants.model?;
-            d.cascade(tier, from, |model| {
-                snapshot
-                    .pools
-                    .get(model)
-                    .is_some_and(|pool| pool.has_room_for(tier))
-            })
+) -> Option<&'a str> {
+    let from = model?;
+    degrade?
+        .cascade(tier, from, |model| {
+            snapshot
+                .pools
+                .get(model)
+                .is_some_and(|pool| pool.has_room_for(tier))
         })
-        .filter(|to| snapshot.pools.contains_key(*to));
-    let model = to.or(wants.model);
-    (Wants { model, ..wants }, to)
+        .filter(|to| snapshot.pools.contains_key(*to))
 }

@@ -79,6 +79,18 @@ fn context(a: &Accounts) -> RequestContext {
     RequestContext::new(a, HeaderValue::from_static("r"), "/x", Instant::now())
 }
 
+/// Admits `asking` for `ctx`, which keeps what admission took (as the front stage has it keep
+/// them); the terms it was admitted on.
+async fn admit_into(
+    stage: &Admit,
+    ctx: &mut RequestContext,
+    asking: &Asking<'_>,
+) -> Result<Terms, GatewayError> {
+    let mut decided = stage.admit(ctx, asking).await?;
+    ctx.keep(decided.grants.take());
+    Ok(decided.terms())
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earlier() {
     let a = accounts();
@@ -86,14 +98,15 @@ async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earl
     let mut ctx = context(&a);
     let arrived = ctx.started;
     tokio::time::advance(Duration::from_secs(3)).await;
+    let terms = admit_into(
+        &stage,
+        &mut ctx,
+        &asking(&HeaderMap::new(), KeyOwner::Anyone),
+    )
+    .await
+    .expect("admitted");
     assert_eq!(
-        stage
-            .admit(&mut ctx, &asking(&HeaderMap::new(), KeyOwner::Anyone))
-            .await,
-        Ok(())
-    );
-    assert_eq!(
-        ctx.admission.deadline,
+        terms.deadline,
         arrived + Duration::from_secs(600),
         "from arrival"
     );
@@ -104,25 +117,22 @@ async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earl
 
     let mut ctx = context(&a);
     let h = headers(&[("x-request-deadline-ms", "5000")]);
-    assert_eq!(
-        stage.admit(&mut ctx, &asking(&h, KeyOwner::Anyone)).await,
-        Ok(())
-    );
-    assert_eq!(ctx.admission.deadline, ctx.started + Duration::from_secs(5));
-    assert!(ctx.admission.cut_by_client());
+    let terms = admit_into(&stage, &mut ctx, &asking(&h, KeyOwner::Anyone))
+        .await
+        .expect("admitted");
+    assert_eq!(terms.deadline, ctx.started + Duration::from_secs(5));
+    assert!(terms.cut_by_client());
 
     let mut late = context(&a);
     tokio::time::advance(Duration::from_millis(20)).await;
     let h = headers(&[("x-request-deadline-ms", "10")]);
     assert!(matches!(
-        stage.admit(&mut late, &asking(&h, KeyOwner::Anyone)).await,
+        admit_into(&stage, &mut late, &asking(&h, KeyOwner::Anyone)).await,
         Err(GatewayError::DeadlineExceeded { .. })
     ));
     let bad = headers(&[("x-request-deadline-ms", "soon")]);
     assert!(matches!(
-        stage
-            .admit(&mut context(&a), &asking(&bad, KeyOwner::Anyone))
-            .await,
+        admit_into(&stage, &mut context(&a), &asking(&bad, KeyOwner::Anyone)).await,
         Err(GatewayError::InvalidHeader { .. })
     ));
 }
@@ -136,14 +146,13 @@ async fn a_request_gets_its_tenants_tier_or_a_less_urgent_one() {
     ]));
     let tier_of = async |h: HeaderMap, owner| {
         let mut ctx = context(&a);
-        stage
-            .admit(&mut ctx, &asking(&h, owner))
+        admit_into(&stage, &mut ctx, &asking(&h, owner))
             .await
-            .map(|()| ctx.admission.tier)
+            .map(|terms| terms.tier)
     };
     assert_eq!(
         tier_of(HeaderMap::new(), KeyOwner::Tenant(0)).await,
-        Ok(Some(Tier::Interactive))
+        Ok(Tier::Interactive)
     );
     assert_eq!(
         tier_of(
@@ -151,16 +160,16 @@ async fn a_request_gets_its_tenants_tier_or_a_less_urgent_one() {
             KeyOwner::Tenant(0)
         )
         .await,
-        Ok(Some(Tier::Batch))
+        Ok(Tier::Batch)
     );
     assert_eq!(
         tier_of(headers(&[("x-sluice-priority", "0")]), KeyOwner::Tenant(1)).await,
-        Ok(Some(Tier::Batch)),
+        Ok(Tier::Batch),
         "clamped to the tenant's"
     );
     assert_eq!(
         tier_of(headers(&[("x-smg-priority", "bulk")]), KeyOwner::Anyone).await,
-        Ok(Some(Tier::Batch))
+        Ok(Tier::Batch)
     );
     assert!(matches!(
         tier_of(
@@ -186,28 +195,19 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
 
     // 10 prompt + 40 out = 50 reserved of 120.
     let mut first = context(&a);
-    assert_eq!(
-        stage
-            .admit(&mut first, &asking(&h, KeyOwner::Tenant(0)))
-            .await,
-        Ok(())
-    );
+    admit_into(&stage, &mut first, &asking(&h, KeyOwner::Tenant(0)))
+        .await
+        .expect("admitted");
     let rate = first.admission.rate_headers.clone().unwrap();
     assert_eq!(rate["x-ratelimit-limit-tokens"], "120");
     assert_eq!(rate["x-ratelimit-remaining-tokens"], "70");
     assert_eq!(rate["x-ratelimit-remaining-requests"], "59");
     let mut second = context(&a);
-    assert_eq!(
-        stage
-            .admit(&mut second, &asking(&h, KeyOwner::Tenant(0)))
-            .await,
-        Ok(())
-    );
-    let mut third = context(&a);
-    match stage
-        .admit(&mut third, &asking(&h, KeyOwner::Tenant(0)))
+    admit_into(&stage, &mut second, &asking(&h, KeyOwner::Tenant(0)))
         .await
-    {
+        .expect("admitted");
+    let mut third = context(&a);
+    match admit_into(&stage, &mut third, &asking(&h, KeyOwner::Tenant(0))).await {
         // 20 left, 50 needed: 30 tokens at 2 a second.
         Err(GatewayError::RateLimited {
             what: "tokens",
@@ -241,7 +241,7 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
     let mut big = asking(&h, KeyOwner::Tenant(0));
     big.max_tokens = Some(1000);
     assert!(matches!(
-        stage.admit(&mut huge, &big).await,
+        admit_into(&stage, &mut huge, &big).await,
         Err(GatewayError::RequestTooLarge {
             needs: 1010,
             limit: 120,
@@ -262,42 +262,32 @@ async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut ctx = context(&a);
-        assert_eq!(
-            stage
-                .admit(&mut ctx, &asking(&h, KeyOwner::Tenant(0)))
-                .await,
-            Ok(())
-        );
+        admit_into(&stage, &mut ctx, &asking(&h, KeyOwner::Tenant(0)))
+            .await
+            .expect("admitted");
         held.push(ctx);
     }
     let mut over = context(&a);
     assert!(matches!(
-        stage
-            .admit(&mut over, &asking(&h, KeyOwner::Tenant(0)))
-            .await,
+        admit_into(&stage, &mut over, &asking(&h, KeyOwner::Tenant(0))).await,
         Err(GatewayError::TenantConcurrency { limit: 2, .. })
     ));
     drop(over);
     let mut other = context(&a);
-    assert_eq!(
-        stage.admit(&mut other, &asking(&h, KeyOwner::Anyone)).await,
-        Ok(())
-    );
+    admit_into(&stage, &mut other, &asking(&h, KeyOwner::Anyone))
+        .await
+        .expect("admitted");
     let mut full = context(&a);
     assert!(matches!(
-        stage.admit(&mut full, &asking(&h, KeyOwner::Anyone)).await,
+        admit_into(&stage, &mut full, &asking(&h, KeyOwner::Anyone)).await,
         Err(GatewayError::GatewayFull { .. })
     ));
     drop(full);
     held.clear();
     let mut again = context(&a);
-    assert_eq!(
-        stage
-            .admit(&mut again, &asking(&h, KeyOwner::Tenant(0)))
-            .await,
-        Ok(()),
-        "slots came back"
-    );
+    admit_into(&stage, &mut again, &asking(&h, KeyOwner::Tenant(0)))
+        .await
+        .expect("slots came back");
 }
 
 #[test]
@@ -343,35 +333,31 @@ async fn a_tier_without_a_client_deadline_gets_its_default_one() {
     let stage = admit(&cfg);
     let mut chat = context(&a);
     let h = headers(&[("x-sluice-priority", "agent")]);
-    assert_eq!(
-        stage.admit(&mut chat, &asking(&h, KeyOwner::Anyone)).await,
-        Ok(())
-    );
-    assert_eq!(
-        chat.admission.client_deadline, None,
-        "no default for the agent tier"
-    );
+    let terms = admit_into(&stage, &mut chat, &asking(&h, KeyOwner::Anyone))
+        .await
+        .expect("admitted");
+    assert_eq!(terms.client_deadline, None, "no default for the agent tier");
     cfg.default_tier = Tier::Interactive;
     let stage = admit(&cfg);
     let mut urgent = context(&a);
+    let terms = admit_into(
+        &stage,
+        &mut urgent,
+        &asking(&HeaderMap::new(), KeyOwner::Anyone),
+    )
+    .await
+    .expect("admitted");
     assert_eq!(
-        stage
-            .admit(&mut urgent, &asking(&HeaderMap::new(), KeyOwner::Anyone))
-            .await,
-        Ok(())
-    );
-    assert_eq!(
-        urgent.admission.client_deadline,
+        terms.client_deadline,
         Some(urgent.started + Duration::from_secs(5))
     );
     let mut own = context(&a);
     let h = headers(&[("x-request-deadline-ms", "9000")]);
+    let terms = admit_into(&stage, &mut own, &asking(&h, KeyOwner::Anyone))
+        .await
+        .expect("admitted");
     assert_eq!(
-        stage.admit(&mut own, &asking(&h, KeyOwner::Anyone)).await,
-        Ok(())
-    );
-    assert_eq!(
-        own.admission.client_deadline,
+        terms.client_deadline,
         Some(own.started + Duration::from_secs(9)),
         "the client's own wins"
     );

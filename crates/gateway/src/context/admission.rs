@@ -1,15 +1,13 @@
 //! What admission decides for a request and holds on its behalf until it ends.
 //!
-//! The admit stage sets the tenant, the tier and the deadlines, and takes what the request holds
-//! while it runs: concurrency slots, gateway permits, token and request reservations. Whatever is
-//! held is a `Hold`, given back by the request context's `Drop` with the request's ending — so a
-//! reservation is settled and a permit returned whether the request completed, failed, timed out,
-//! or its client left.
+//! The admit stage takes what the request holds while it runs: concurrency slots, gateway permits,
+//! token and request reservations. Whatever is held is a `Hold`, handed on as `Grants` and given
+//! back by the request context's `Drop` with the request's ending — so a reservation is settled
+//! and a permit returned whether the request completed, failed, timed out, or its client left.
 
 use std::time::Duration;
 
-use axum::http::{HeaderName, HeaderValue};
-use tokio::time::Instant;
+use axum::http::HeaderName;
 
 /// `X-Request-Deadline-Ms` (seed 003): the client's budget for the whole response, in
 /// milliseconds from arrival; what is left of it is passed on to the worker.
@@ -49,78 +47,73 @@ pub trait Hold: Send + Sync {
     fn release(self: Box<Self>, ending: &Ending);
 }
 
-/// Admission's decisions and holdings for one request.
-pub struct Admission {
-    /// The tenant asking, once tenants are configured.
-    pub tenant: Option<sluice_core::TenantId>,
-    /// The request's priority tier.
-    pub tier: Option<sluice_core::admission::Tier>,
-    /// Its tenant's counters, for what befalls it after admission (an eviction from the queue).
-    pub counters: Option<std::sync::Arc<crate::metrics::TenantCounters>>,
-    /// After this the answer is of no use: the request is cut (504 before a response, the stream
-    /// ended after). The arrival plus `--request-timeout-secs`, or the client's deadline when it
-    /// gave an earlier one.
-    pub deadline: Instant,
-    /// `X-Request-Deadline-Ms`: the client's own deadline, when it gave one.
-    pub client_deadline: Option<Instant>,
-    /// The response's token usage is read (its tenant has a token budget to settle).
-    pub metered: bool,
-    /// OpenAI's `x-ratelimit-*` headers for a tenant with limits, as admission saw its budgets.
-    pub rate_headers: Option<axum::http::HeaderMap>,
-    /// Its tenant's weight among its tier, and its estimated tokens: its place in the queue.
-    pub weight: f64,
-    pub cost: u64,
-    holds: Vec<Box<dyn Hold>>,
-}
+/// What admission took for one request (concurrency slots, gateway permits, token and request
+/// reservations, the ladder's diversion), given back when it ends: by the request's context with
+/// its ending once the front stage handed them over, or — dropped before that, on a refusal or a
+/// client gone while admission ran — as a request the gateway never sent on.
+#[derive(Default)]
+pub struct Grants(Vec<Box<dyn Hold>>);
 
-impl std::fmt::Debug for Admission {
+impl std::fmt::Debug for Grants {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admission")
-            .field("tenant", &self.tenant)
-            .field("tier", &self.tier)
-            .field("deadline", &self.deadline)
-            .field("holds", &self.holds.len())
-            .finish()
+        f.debug_tuple("Grants").field(&self.0.len()).finish()
     }
 }
 
-impl Admission {
-    /// Nothing decided yet: no tenant, no tier, a deadline of `deadline`.
-    pub fn new(deadline: Instant) -> Self {
-        Self {
-            tenant: None,
-            tier: None,
-            counters: None,
-            deadline,
-            client_deadline: None,
-            metered: false,
-            rate_headers: None,
-            weight: 1.0,
-            cost: 0,
-            holds: Vec::new(),
-        }
-    }
-
-    /// The client's deadline is what cuts the request (not the gateway's request timeout).
-    pub fn cut_by_client(&self) -> bool {
-        self.client_deadline.is_some_and(|d| d <= self.deadline)
-    }
-
-    /// What is left of the client's budget at `now`, in whole milliseconds, for the worker.
-    pub fn budget_left(&self, now: Instant) -> Option<HeaderValue> {
-        self.client_deadline
-            .map(|d| HeaderValue::from(d.saturating_duration_since(now).as_millis() as u64))
-    }
-
+impl Grants {
     /// Keeps `hold` until the request ends.
     pub fn hold(&mut self, hold: Box<dyn Hold>) {
-        self.holds.push(hold);
+        self.0.push(hold);
+    }
+
+    /// All of them, leaving none here.
+    pub fn take(&mut self) -> Grants {
+        Grants(std::mem::take(&mut self.0))
+    }
+
+    /// Adds `other`'s, to be given back after these (taken later, given back first).
+    pub(super) fn extend(&mut self, mut other: Grants) {
+        self.0.append(&mut other.0);
     }
 
     /// Gives back everything held, last taken first.
     pub(super) fn release(&mut self, ending: &Ending) {
-        while let Some(hold) = self.holds.pop() {
+        while let Some(hold) = self.0.pop() {
             hold.release(ending);
         }
     }
+}
+
+impl Drop for Grants {
+    fn drop(&mut self) {
+        self.release(&Ending::UNSENT);
+    }
+}
+
+impl Ending {
+    /// A request that ended before it was sent on, or any answer made for it.
+    pub const UNSENT: Ending = Ending {
+        status: None,
+        bytes: 0,
+        duration: Duration::ZERO,
+        cancelled: false,
+        interrupted: false,
+        forwarded: false,
+        usage: None,
+        chunks: 0,
+    };
+}
+
+/// What the request's context records of admission: who asked, in which tier, and the budgets
+/// its answer shows. The terms admission set travel on in its hand-off (`admit::Admitted`).
+#[derive(Debug, Default)]
+pub struct Admission {
+    /// The tenant asking, once tenants are configured.
+    pub tenant: Option<sluice_core::TenantId>,
+    /// The request's priority tier, once known.
+    pub tier: Option<sluice_core::admission::Tier>,
+    /// Its tenant's counters, for a refusal counted under it.
+    pub counters: Option<std::sync::Arc<crate::metrics::TenantCounters>>,
+    /// OpenAI's `x-ratelimit-*` headers for a tenant with limits, as admission saw its budgets.
+    pub rate_headers: Option<axum::http::HeaderMap>,
 }

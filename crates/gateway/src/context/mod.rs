@@ -1,17 +1,19 @@
-//! The request context: one owned value per OpenAI request, made by the front stage, lent to each
-//! stage in turn (`&mut`), and moved into the response body when a worker answers, so it lives
-//! exactly as long as the request.
+//! The request context: the one record of a request, owned by the front stage, lent to each stage
+//! (`&mut`) only to write what it observed, and moved into the response body when a worker
+//! answers, so it lives exactly as long as the request. What a stage decides is not written here:
+//! it is handed to the next stage by value (`admit::Admitted`, `route::Placement`,
+//! `forward::Answer`); what every stage reads of the request is `request::Asked`.
 //!
-//! It carries what the stages learn (the model, the worker tried, the status) and what admission
-//! holds, and its `Drop` is the one place a request is accounted for — the duration histogram, a
+//! It records what the stages observe (who asked, the model, the workers tried, the status, the
+//! bytes) and keeps what admission took (`Grants`), and its `Drop` is the one place a request is accounted for — the duration histogram, a
 //! cancellation by stage, admission's holds given back, the access-log line, the in-flight count —
 //! whatever way the request ends: answered, refused, cut by the deadline, interrupted by its
 //! worker, abandoned by its client, or cut at shutdown. No stage has to remember to end anything.
 //!
 //! ## Layout
 //!
-//! - `admission` — what admission decided (tenant, tier, deadline) and holds (permits,
-//!   reservations), given back on drop.
+//! - `admission` — who admission found the request to be (tenant, tier), and what it holds
+//!   (permits, reservations: `Grants`), given back on drop.
 //! - `inflight` — the gateway's count of requests in flight, which shutdown waits on.
 //! - `traced` — what the request's trace says of it (`--enable-trace`): the attributes of its
 //!   spans, from what the context learned.
@@ -27,7 +29,7 @@ use axum::http::HeaderValue;
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
-pub use admission::{Admission, Ending, Hold, Usage, DEADLINE};
+pub use admission::{Admission, Ending, Grants, Hold, Usage, DEADLINE};
 pub use inflight::{InFlight, InFlightGuard};
 
 use crate::access_log::{AccessLog, AccessRecord};
@@ -76,7 +78,10 @@ pub struct RequestContext {
     /// The model it is served by, once known.
     pub model: Option<ModelName>,
     pub stream: bool,
+    /// Who admission found the request to be, and the budgets its answer shows.
     pub admission: Admission,
+    /// What admission took for it, given back with its ending.
+    grants: Grants,
     /// What the degradation ladder did to it (`x-sluice-degraded`).
     pub degraded: Degraded,
     phase: Phase,
@@ -110,8 +115,7 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// A request that arrived at `started` on `route`, counted in flight from now. Until the
-    /// admit stage gives it one, its deadline is its arrival.
+    /// A request that arrived at `started` on `route`, counted in flight from now.
     pub fn new(
         accounts: &Accounts,
         id: HeaderValue,
@@ -131,7 +135,8 @@ impl RequestContext {
             started,
             model: None,
             stream: false,
-            admission: Admission::new(started),
+            admission: Admission::default(),
+            grants: Grants::default(),
             degraded: Degraded::default(),
             phase: Phase::Received,
             worker: None,
@@ -179,6 +184,11 @@ impl RequestContext {
                 trace.admission(from, attributes, refused.map(GatewayError::code));
             }
         }
+    }
+
+    /// Keeps what admission took for the request, to give it back with the request's ending.
+    pub fn keep(&mut self, grants: Grants) {
+        self.grants.extend(grants);
     }
 
     /// It waited `wait` in the gateway queue for a turn.
@@ -345,7 +355,7 @@ impl Drop for RequestContext {
             usage: self.usage,
             chunks: self.chunks,
         };
-        self.admission.release(&ending);
+        self.grants.release(&ending);
         if let Some((log, ts_ms)) = self.access.take() {
             log.record(self.access_record(ts_ms, &ending));
         }
@@ -397,7 +407,9 @@ mod tests {
             "/v1/chat/completions",
             Instant::now(),
         );
-        ctx.admission.hold(Box::new(Counted(endings.clone())));
+        let mut grants = Grants::default();
+        grants.hold(Box::new(Counted(endings.clone())));
+        ctx.keep(grants);
         ctx
     }
 
@@ -490,8 +502,9 @@ mod tests {
             Instant::now(),
         );
         for tag in 0..3 {
-            ctx.admission
-                .hold(Box::new(Tagged(tag, released.clone(), order.clone())));
+            let mut grants = Grants::default();
+            grants.hold(Box::new(Tagged(tag, released.clone(), order.clone())));
+            ctx.keep(grants);
         }
         drop(ctx);
         assert_eq!(released.load(Ordering::Relaxed), 3);

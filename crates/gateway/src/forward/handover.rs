@@ -16,12 +16,13 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::Dispatch;
+use super::{read_ahead, Answer, Dispatch};
+use crate::admit::Terms;
 use crate::context::RequestContext;
 use crate::error::GatewayError;
-use crate::fleet::{Lease, Worker, AT_CAPACITY_VETO};
-use crate::route::Placement;
-use crate::stream::{read_ahead, Answer};
+use crate::fleet::{Lease, Pool, Worker, AT_CAPACITY_VETO};
+use crate::request::Asked;
+use crate::route::{Placement, Target};
 use crate::upstream::{UpstreamBody, UpstreamResponse};
 
 /// Why the data plane answered a request itself instead of relaying the worker's answer.
@@ -46,6 +47,8 @@ pub struct Handover {
     pub set_headers: HeaderMap,
     /// When the worker was handed over (time to first byte counts from here).
     pub sent_at: Instant,
+    /// Admission's terms, which the answer is relayed under.
+    pub terms: Terms,
 }
 
 /// Hands a placed request to a data plane: leased on a worker that `allowed` accepts (the data
@@ -57,23 +60,10 @@ pub(crate) struct ToDataPlane<'a> {
 impl Dispatch for ToDataPlane<'_> {
     type Sent = Handover;
 
-    async fn dispatch(
-        &self,
-        ctx: &mut RequestContext,
-        _parts: &axum::http::request::Parts,
-        body: &Bytes,
-        placement: Placement<'_>,
-    ) -> Result<Handover, GatewayError> {
-        ctx.forwarding();
-        let Placement {
-            pool,
-            request,
-            stage,
-            mut turn,
-        } = placement;
-        let routed = stage.routed(&pool, &request);
-        if routed.pd().is_some() {
-            // The prefill leg and the decode leg are two exchanges sluice makes itself.
+    /// The workers the data plane cannot reach; a disaggregated model not at all: its prefill
+    /// and decode legs are two exchanges sluice makes itself.
+    fn excluded(&self, pool: &Pool) -> Result<Vec<u64>, GatewayError> {
+        if pool.pd.is_some() {
             return Err(GatewayError::NoAvailableWorkers {
                 model: pool.model.clone(),
                 detail: ": its prefill and decode workers are paired by `sluice serve`, \
@@ -81,33 +71,57 @@ impl Dispatch for ToDataPlane<'_> {
                     .to_string(),
             });
         }
-        let excluded: Vec<u64> = pool
+        Ok(pool
             .workers
             .iter()
             .filter(|w| !(self.allowed)(w))
             .map(|w| w.key)
-            .collect();
-        let mut lease = routed.select(&excluded)?;
-        turn.taken();
+            .collect())
+    }
+
+    async fn dispatch(
+        &self,
+        ctx: &mut RequestContext,
+        asked: &Asked<'_>,
+        placement: Placement,
+    ) -> Result<Handover, GatewayError> {
+        ctx.forwarding();
+        let Placement {
+            terms,
+            body,
+            target,
+        } = placement;
+        let (mut lease, chooser) = match target {
+            Target::One { lease, chooser } => (lease, chooser),
+            // `excluded` refused the pool before it was placed.
+            Target::Pair { decode_chooser, .. } => {
+                return Err(GatewayError::NoAvailableWorkers {
+                    model: decode_chooser.model().clone(),
+                    detail: String::new(),
+                })
+            }
+        };
         ctx.attempt(&lease.worker().id);
-        lease.for_request(&ctx.id);
-        lease.prefilling(request.prompt_tokens);
-        if request.stream {
+        let id = &asked.arrival.id;
+        lease.for_request(id);
+        lease.prefilling(chooser.request().prompt_tokens);
+        if chooser.request().stream {
             lease.streaming();
         }
         let mut set_headers = HeaderMap::new();
         super::add_worker_headers(
             &mut set_headers,
-            &ctx.id,
-            ctx.admission.client_deadline,
+            id,
+            terms.client_deadline,
             lease.worker(),
             ctx.trace(),
         );
         Ok(Handover {
             lease,
-            body: body.clone(),
+            body,
             set_headers,
             sent_at: Instant::now(),
+            terms,
         })
     }
 }
@@ -119,7 +133,6 @@ impl Handover {
     /// then relayed: the returned answer's body yields what the data plane passes on.
     pub(crate) async fn answered(
         self,
-        ctx: &RequestContext,
         status: axum::http::StatusCode,
         headers: HeaderMap,
         frames: tokio::sync::mpsc::Receiver<Option<http_body::Frame<Bytes>>>,
@@ -131,7 +144,7 @@ impl Handover {
         worker.signals.contact(Instant::now());
         // Handed-over frames never fail: a data plane that goes away leaves the body unfinished,
         // and the exchange is dropped with it.
-        let ahead = read_ahead(&mut response, ctx.admission.deadline)
+        let ahead = read_ahead(&mut response, self.terms.deadline)
             .await
             .unwrap_or_default();
         if ahead.at_capacity {
@@ -142,6 +155,7 @@ impl Handover {
             lease: self.lease,
             sent_at: self.sent_at,
             ahead,
+            terms: self.terms,
         }
     }
 

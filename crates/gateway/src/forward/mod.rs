@@ -13,7 +13,7 @@
 //! worker's answer is relayed as is (or, for connection failures, 502 `upstream_unreachable`).
 //! Nothing is retried once the response has started. To see a refusal or a failure written in the
 //! body, an event stream's head is held until its first event, and a 503's body is read
-//! (`stream::read_ahead`); the client was waiting for that first event anyway.
+//! (`ahead`); the client was waiting for that first event anyway.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,33 +26,57 @@ use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 
+use crate::admit::Terms;
 use crate::context::{RequestContext, DEADLINE};
 use crate::error::GatewayError;
-use crate::fleet::{Lease, AT_CAPACITY_VETO};
+use crate::fleet::{Lease, Pool, AT_CAPACITY_VETO};
 use crate::http::{copy_request_headers, REQUEST_ID};
 use crate::metrics::{Metrics, ReasonLabel};
-use crate::route::{Placement, Routed};
-use crate::stream::{read_ahead, Ahead, Answer};
+use crate::request::Asked;
+use crate::route::{Chooser, Placement, Target};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
+mod ahead;
 mod handover;
 mod pd;
 
+pub use ahead::{read_ahead, Ahead};
 pub(crate) use handover::ToDataPlane;
 pub use handover::{DataPlaneReply, Handover};
 pub use pd::PdConfig;
+
+/// The forward stage's hand-off to the stream-back stage: a worker's answer, to relay.
+#[derive(Debug)]
+pub struct Answer {
+    /// The worker's head, and its body still to read (less what `ahead` holds).
+    pub response: UpstreamResponse,
+    /// The request's hold on the worker, kept until the body ends.
+    pub lease: Lease,
+    /// When the request went to the worker (time to first byte counts from here).
+    pub sent_at: Instant,
+    /// What the forward stage read of the body before deciding on the answer.
+    pub ahead: Ahead,
+    /// Admission's terms: the deadline that still cuts the body, the tier its SLO is judged
+    /// in, whether its usage is read.
+    pub terms: Terms,
+}
 
 /// Where a placed request goes: sent on to its worker (`Forwarder`, `sluice serve`), or handed to
 /// the data plane that sends it (`ToDataPlane`, `sluice epp`).
 pub(crate) trait Dispatch {
     type Sent;
 
+    /// The workers of `pool` a request must not be placed on, because this dispatch cannot
+    /// reach them; refused when it cannot serve the pool at all.
+    fn excluded(&self, _pool: &Pool) -> Result<Vec<u64>, GatewayError> {
+        Ok(Vec::new())
+    }
+
     async fn dispatch(
         &self,
         ctx: &mut RequestContext,
-        parts: &Parts,
-        body: &Bytes,
-        placement: Placement<'_>,
+        asked: &Asked<'_>,
+        placement: Placement,
     ) -> Result<Self::Sent, GatewayError>;
 }
 
@@ -62,11 +86,10 @@ impl Dispatch for Forwarder {
     async fn dispatch(
         &self,
         ctx: &mut RequestContext,
-        parts: &Parts,
-        body: &Bytes,
-        placement: Placement<'_>,
+        asked: &Asked<'_>,
+        placement: Placement,
     ) -> Result<Answer, GatewayError> {
-        self.forward(ctx, parts, body, placement).await
+        self.forward(ctx, asked, placement).await
     }
 }
 
@@ -85,11 +108,11 @@ pub struct RetryConfig {
     pub budget_min_per_sec: u32,
 }
 
-/// One request to forward: the client's head and body, and where it was placed.
+/// One request to forward: the client's head, the body to send, and its chooser.
 struct Job<'a> {
-    pub parts: &'a Parts,
-    pub body: &'a Bytes,
-    pub routed: &'a Routed<'a>,
+    parts: &'a Parts,
+    body: &'a Bytes,
+    chooser: &'a Chooser,
 }
 
 /// The forward stage, shared by every request.
@@ -137,50 +160,60 @@ impl Forwarder {
         self
     }
 
-    /// Forwards `body` where `placement` says, until a worker answers, a failure is final, or
-    /// the client goes away (the future is dropped: the upstream request goes with it, and the
-    /// context counts it). The placement's queue turn is given back with the first lease.
+    /// Forwards the placed request to its first worker, and on a retry to the one its chooser
+    /// picks next, until a worker answers, a failure is final, or the client goes away (the
+    /// future is dropped: the upstream request goes with it, and the context counts it).
     pub async fn forward(
         &self,
         ctx: &mut RequestContext,
-        parts: &Parts,
-        body: &Bytes,
-        placement: Placement<'_>,
+        asked: &Asked<'_>,
+        placement: Placement,
     ) -> Result<Answer, GatewayError> {
         ctx.forwarding();
         self.budget.deposit();
         let Placement {
-            pool,
-            request,
-            stage,
-            mut turn,
-        } = placement;
-        let routed = stage.routed(&pool, &request);
-        let job = Job {
-            parts,
+            terms,
             body,
-            routed: &routed,
+            target,
+        } = placement;
+        let (first, mut chooser) = match target {
+            Target::One { lease, chooser } => (lease, chooser),
+            Target::Pair {
+                decode,
+                decode_chooser,
+                prefill_chooser,
+            } => {
+                // Boxed: a disaggregated pair is the rare path, and its future (two legs, the
+                // decode window) is most of the size of every request's future, which the
+                // router moves whole into a box per request.
+                let pair = pd::Choosers {
+                    prefill: prefill_chooser,
+                    decode: decode_chooser,
+                };
+                return Box::pin(self.forward_pd(ctx, asked, &terms, &body, decode, pair)).await;
+            }
         };
-        if let Some((prefill, decode)) = routed.pd() {
-            // Boxed: a disaggregated pair is the rare path, and its future (two legs, the decode
-            // window) is most of the size of every request's future, which the router moves
-            // whole into a box per request.
-            return Box::pin(self.forward_pd(ctx, &job, prefill, decode, turn)).await;
-        }
-        let mut tried: Vec<u64> = Vec::new();
+        let mut next = Some(first);
         loop {
-            let lease = job.routed.select(&tried)?;
-            turn.taken();
+            let lease = match next.take() {
+                Some(lease) => lease,
+                None => chooser.next()?,
+            };
             ctx.attempt(&lease.worker().id);
-            let attempt = Attempt::of(ctx, &job, &tried);
+            let job = Job {
+                parts: asked.parts,
+                body: &body,
+                chooser: &chooser,
+            };
+            let attempt = Attempt::of(ctx, asked, &terms, &job);
             let attempts = attempt.attempts;
             match self.attempt(attempt, lease).await {
                 Tried::Answered(answer) => return Ok(answer),
                 Tried::Final(error) => return Err(error),
                 Tried::Retry(worker, failure) => {
-                    tried.push(worker);
+                    chooser.tried(worker);
                     ctx.retrying(retry_reason(failure));
-                    self.back_off(ctx, attempts, failure).await?;
+                    self.back_off(asked, &terms, attempts, failure).await?;
                 }
             }
         }
@@ -191,19 +224,20 @@ impl Forwarder {
     /// is asked, or charged with a timeout it had no time for.
     async fn back_off(
         &self,
-        ctx: &RequestContext,
+        asked: &Asked<'_>,
+        terms: &Terms,
         attempts: u32,
         failure: AttemptFailure,
     ) -> Result<(), GatewayError> {
         self.count_retry(failure);
-        let deadline = ctx.admission.deadline;
+        let deadline = terms.deadline;
         let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
         tokio::time::sleep_until((Instant::now() + wait).min(deadline)).await;
         if Instant::now() < deadline {
             return Ok(());
         }
-        let timeout = deadline.saturating_duration_since(ctx.started);
-        Err(if ctx.admission.cut_by_client() {
+        let timeout = terms.allowed(asked.arrival.started);
+        Err(if terms.cut_by_client() {
             GatewayError::DeadlineExceeded { budget: timeout }
         } else {
             GatewayError::RequestTimeout { timeout }
@@ -213,7 +247,7 @@ impl Forwarder {
     /// One attempt on the leased worker.
     async fn attempt(&self, at: Attempt<'_>, mut lease: Lease) -> Tried {
         lease.for_request(at.request_id);
-        let request = &at.job.routed.request;
+        let request = at.job.chooser.request();
         lease.prefilling(request.prompt_tokens);
         if request.stream {
             lease.streaming();
@@ -225,7 +259,7 @@ impl Forwarder {
         };
         match sent {
             // The client's deadline is not the worker's failure: its permit goes back unrecorded.
-            Err(_) if at.by_client => {
+            Err(_) if at.terms.cut_by_client() => {
                 Tried::Final(GatewayError::DeadlineExceeded { budget: at.timeout })
             }
             Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
@@ -247,7 +281,7 @@ impl Forwarder {
     async fn wait_for_answer(&self, at: &Attempt<'_>, lease: &mut Lease) -> Result<Sent, Tried> {
         let worker = lease.worker().clone();
         let request = build_request(at, lease);
-        let deadline = at.deadline;
+        let deadline = at.terms.deadline;
         let sent = async {
             let head =
                 tokio::time::timeout_at(deadline, self.upstream.send(&worker.endpoint, request));
@@ -332,6 +366,7 @@ impl Forwarder {
             lease,
             sent_at,
             ahead,
+            terms: *at.terms,
         })
     }
 
@@ -355,7 +390,7 @@ impl Forwarder {
             }
         } else if at.attempts > 1 || failure == AttemptFailure::Connect {
             GatewayError::UpstreamUnreachable {
-                model: at.job.routed.pool.model.clone(),
+                model: at.job.chooser.model().clone(),
                 attempts: at.attempts,
             }
         } else {
@@ -380,7 +415,7 @@ impl Forwarder {
         if !may_retry(failure, at.attempts - 1, self.retry.max_retries) {
             return false;
         }
-        if !at.job.routed.has_another(lease.worker().key, at.tried) {
+        if !at.job.chooser.has_another(lease.worker().key) {
             return false;
         }
         if !self.budget.withdraw() {
@@ -447,18 +482,14 @@ type Sent = Result<
 #[derive(Clone)]
 pub(super) struct Attempt<'a> {
     job: &'a Job<'a>,
+    /// Sent to the worker, and what its lease is known by.
     request_id: &'a axum::http::HeaderValue,
     /// Attempts so far, this one included.
     attempts: u32,
-    /// Workers tried before this attempt.
-    tried: &'a [u64],
-    deadline: Instant,
+    /// Admission's terms: the deadline the attempt is cut at, the client's own.
+    terms: &'a Terms,
     /// The whole time allowed (what a timeout error says).
     timeout: Duration,
-    /// The client's own deadline (`X-Request-Deadline-Ms`), when it gave one.
-    client_deadline: Option<Instant>,
-    /// `deadline` is the client's (not the gateway's request timeout).
-    by_client: bool,
     /// The request's trace, which names the attempt to the worker.
     trace: Option<&'a crate::trace::RequestTrace>,
 }
@@ -475,18 +506,14 @@ enum Tried {
 }
 
 impl<'a> Attempt<'a> {
-    /// The next attempt of the request in `ctx` at `job`, after the workers in `tried`.
-    fn of(ctx: &'a RequestContext, job: &'a Job<'a>, tried: &'a [u64]) -> Self {
-        let deadline = ctx.admission.deadline;
+    /// The attempt of `asked` at `job` that `ctx` has just counted.
+    fn of(ctx: &'a RequestContext, asked: &Asked<'a>, terms: &'a Terms, job: &'a Job<'a>) -> Self {
         Attempt {
             job,
-            request_id: &ctx.id,
+            request_id: &asked.arrival.id,
             attempts: ctx.attempts(),
-            tried,
-            deadline,
-            timeout: deadline.saturating_duration_since(ctx.started),
-            client_deadline: ctx.admission.client_deadline,
-            by_client: ctx.admission.cut_by_client(),
+            terms,
+            timeout: terms.allowed(asked.arrival.started),
             trace: ctx.trace(),
         }
     }
@@ -516,7 +543,13 @@ fn build_request(at: &Attempt<'_>, lease: &Lease) -> UpstreamRequest {
     }
     let headers = request.headers_mut();
     copy_request_headers(&at.job.parts.headers, headers);
-    add_worker_headers(headers, at.request_id, at.client_deadline, worker, at.trace);
+    add_worker_headers(
+        headers,
+        at.request_id,
+        at.terms.client_deadline,
+        worker,
+        at.trace,
+    );
     request
 }
 

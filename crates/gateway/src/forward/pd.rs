@@ -22,19 +22,25 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_core::admission::Tier;
 use sluice_core::breaker::Outcome;
 use sluice_core::liveness::{leg_silence_bound, prefill_allowance};
 use sluice_core::retry::AttemptFailure;
 use tokio::time::Instant;
 
-use super::{build_request, transport_failure, Attempt, Forwarder, Job, Tried};
+use super::{build_request, transport_failure, Ahead, Answer, Attempt, Forwarder, Job, Tried};
+use crate::admit::Terms;
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
-use crate::route::{Routed, Turn};
-use crate::stream::{Ahead, Answer};
+use crate::request::Asked;
+use crate::route::Chooser;
 use crate::upstream::UpstreamResponse;
+
+/// A disaggregated request's two choosers, each remembering the workers of its side tried.
+pub(super) struct Choosers {
+    pub prefill: Chooser,
+    pub decode: Chooser,
+}
 
 /// The decode admission window's settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,85 +78,89 @@ enum LegEnd {
 }
 
 impl Forwarder {
-    /// Forwards a request of a disaggregated model to a prefill/decode pair.
+    /// Forwards a request of a disaggregated model to a prefill/decode pair, the first decode
+    /// worker the route stage leased.
     pub(super) async fn forward_pd(
         &self,
         ctx: &mut RequestContext,
-        job: &Job<'_>,
-        prefill: Routed<'_>,
-        decode: Routed<'_>,
-        mut turn: Turn,
+        asked: &Asked<'_>,
+        terms: &Terms,
+        body: &Bytes,
+        first: Lease,
+        mut choosers: Choosers,
     ) -> Result<Answer, GatewayError> {
-        let mut tried_prefill: Vec<u64> = Vec::new();
-        let mut tried_decode: Vec<u64> = Vec::new();
+        let mut first = Some(first);
         loop {
             let (decode_lease, rooms) = self
-                .decode_with_room(ctx, &decode, &tried_decode, &mut turn)
+                .decode_with_room(terms, &choosers.decode, first.take())
                 .await?;
-            let prefill_lease = prefill.select(&tried_prefill)?;
+            let prefill_lease = choosers.prefill.next()?;
             ctx.attempt(&decode_lease.worker().id);
             let exchange = Exchange::of(&prefill_lease);
-            let prefill_body = exchange.prefill_body(job.body, &prefill_lease)?;
+            let prefill_body = exchange.prefill_body(body, &prefill_lease)?;
             // SGLang's legs carry the same body; vLLM's decode leg gets the client's, and what
             // the prefill answered.
             let decode_body = match exchange {
                 Exchange::Sglang => &prefill_body,
-                Exchange::Vllm => job.body,
+                Exchange::Vllm => body,
             };
             let decode_job = Job {
-                parts: job.parts,
+                parts: asked.parts,
                 body: decode_body,
-                routed: &decode,
+                chooser: &choosers.decode,
             };
             let prefill_job = Job {
-                parts: job.parts,
+                parts: asked.parts,
                 body: &prefill_body,
-                routed: &prefill,
+                chooser: &choosers.prefill,
             };
             let pair = Pair {
-                prefill: Attempt::of(ctx, &prefill_job, &tried_prefill),
-                decode: Attempt::of(ctx, &decode_job, &tried_decode),
+                prefill: Attempt::of(ctx, asked, terms, &prefill_job),
+                decode: Attempt::of(ctx, asked, terms, &decode_job),
             };
             let attempts = pair.decode.attempts;
             let paired = match exchange {
                 Exchange::Sglang => self.pair(pair, prefill_lease, decode_lease).await,
                 Exchange::Vllm => self.pair_vllm(pair, prefill_lease, decode_lease).await,
             };
-            let retry = match paired.settle(rooms, &mut tried_prefill, &mut tried_decode) {
+            let retry = match paired.settle(rooms, &mut choosers) {
                 Ok(ended) => return ended,
                 Err(failure) => failure,
             };
-            self.back_off(ctx, attempts, retry).await?;
+            self.back_off(asked, terms, attempts, retry).await?;
         }
     }
 
-    /// A decode worker with rooms for the request: one with room now if the policy has one,
-    /// else, once a room frees there, the full one where the fewest wait. No rooms when the
-    /// window is off. The queue's `turn` is given back with the first decode lease, before any
-    /// wait for a room: a wait for decode room is this model's, not the gateway queue's.
+    /// A decode worker with rooms for the request, starting from `first` (the route stage's
+    /// pick, on the first attempt): one with room now if the policy has one, else, once a room
+    /// frees there, the full one where the fewest wait. No rooms when the window is off.
     async fn decode_with_room(
         &self,
-        ctx: &RequestContext,
-        decode: &Routed<'_>,
-        tried: &[u64],
-        turn: &mut Turn,
+        terms: &Terms,
+        decode: &Chooser,
+        mut first: Option<Lease>,
     ) -> Result<(Lease, Option<DecodeRooms>), GatewayError> {
         if !self.pd.window {
-            let lease = decode.select(tried)?;
-            turn.taken();
+            let lease = match first {
+                Some(lease) => lease,
+                None => decode.next()?,
+            };
             return Ok((lease, None));
         }
-        let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
-        let rooms = decode.request.weight;
-        let mut skipped = tried.to_vec();
+        let tier = terms.tier;
+        let rooms = decode.request().weight;
+        let mut skipped: Vec<u64> = Vec::new();
         let mut full: Vec<Lease> = Vec::new();
         loop {
-            let lease = match decode.select(&skipped) {
+            let picked = match first.take() {
+                Some(lease) => Ok(lease),
+                None => decode.next_except(&skipped),
+            };
+            let lease = match picked {
                 Ok(lease) => lease,
                 Err(_) if !full.is_empty() => break,
                 Err(e) => return Err(e),
             };
-            turn.taken();
             let worker = lease.worker().clone();
             let size = worker.running_window();
             match worker.decode_window.enter(size, tier, rooms, None).await {
@@ -174,7 +184,7 @@ impl Forwarder {
             return Err(self.pd_shed(decode));
         }
         let worker = lease.worker().clone();
-        let until = (Instant::now() + self.pd.admission_wait).min(ctx.admission.deadline);
+        let until = (Instant::now() + self.pd.admission_wait).min(terms.deadline);
         let size = worker.running_window();
         match worker
             .decode_window
@@ -191,7 +201,7 @@ impl Forwarder {
         }
     }
 
-    fn pd_shed(&self, decode: &Routed<'_>) -> GatewayError {
+    fn pd_shed(&self, decode: &Chooser) -> GatewayError {
         self.metrics.pd_admission_sheds.inc();
         decode.shed()
     }
@@ -254,7 +264,7 @@ impl Forwarder {
         let job = Job {
             parts: pair.decode.job.parts,
             body: &body,
-            routed: pair.decode.job.routed,
+            chooser: pair.decode.job.chooser,
         };
         let at = Attempt {
             job: &job,
@@ -277,6 +287,7 @@ impl Forwarder {
                     lease,
                     sent_at,
                     ahead: Ahead::default(),
+                    terms: *at.terms,
                 })
             }
             LegEnd::Failed(failure) => failure,
@@ -300,14 +311,14 @@ impl Forwarder {
     async fn run_prefill_leg(&self, at: &Attempt<'_>, lease: &mut Lease) -> LegEnd {
         let worker = lease.worker().clone();
         lease.for_request(at.request_id);
-        lease.prefilling(at.job.routed.request.prompt_tokens);
+        lease.prefilling(at.job.chooser.request().prompt_tokens);
         let allowance = prefill_allowance(
             worker.traffic.pending_prefill_tokens(),
             worker.signals.heard().prefill_rate,
         );
         let sent_at = Instant::now();
         let bound = leg_silence_bound(self.pd.wedge, allowance)
-            .map_or(at.deadline, |b| (sent_at + b).min(at.deadline));
+            .map_or(at.terms.deadline, |b| (sent_at + b).min(at.terms.deadline));
         let request = build_request(at, lease);
         let leg = async {
             let response: UpstreamResponse = self
@@ -374,8 +385,7 @@ impl Paired {
     fn settle(
         self,
         rooms: Option<DecodeRooms>,
-        tried_prefill: &mut Vec<u64>,
-        tried_decode: &mut Vec<u64>,
+        choosers: &mut Choosers,
     ) -> Result<Result<Answer, GatewayError>, AttemptFailure> {
         match self {
             Paired::Answered(mut answer) => {
@@ -386,11 +396,11 @@ impl Paired {
             }
             Paired::Final(error) => Ok(Err(error)),
             Paired::RetryPrefill(key, failure) => {
-                tried_prefill.push(key);
+                choosers.prefill.tried(key);
                 Err(failure)
             }
             Paired::RetryDecode(key, failure) => {
-                tried_decode.push(key);
+                choosers.decode.tried(key);
                 Err(failure)
             }
         }

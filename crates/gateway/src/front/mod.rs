@@ -2,12 +2,12 @@
 //! — not draining, the API key, the content type, the body limit, the JSON facts routing needs.
 //! Bad input ends here, in the OpenAI error shape, before any worker spends anything on it.
 //!
-//! It makes the request's context and runs the stages in order — admit (which places the
-//! request), forward, stream back — each lent the context; a worker's answer goes to the
-//! stream-back stage with the context, a refusal from any stage is answered here and the context
-//! ends with it.
+//! It makes the request's context and the one immutable value every later stage reads
+//! (`request::Asked`), and runs the stages in order, each taking the one before's hand-off by
+//! value: admit -> `Admitted` -> route -> `Placement` -> forward -> `Answer` -> stream back. The
+//! context is lent to each only to record what it observed; a refusal from any stage is answered
+//! here and the context ends with it.
 
-mod parse;
 mod pick;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,26 +20,22 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use bytes::Bytes;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
 pub use crate::forward::DataPlaneReply;
-pub use parse::{parse, parse_form, ApiRoute, RequestFacts};
+pub use crate::request::{parse, parse_form, ApiRoute, RequestFacts};
 pub use pick::{pick, Answered, Picked};
 
-use crate::admit::{AdmitStage, Asking, Placed};
+use crate::admit::AdmitStage;
 use crate::context::{Accounts, RequestContext};
 use crate::error::{reflected, GatewayError};
 use crate::fleet::Fleet;
 use crate::forward::{Dispatch, Forwarder};
-use crate::http::{
-    discard, read_body, request_id, BodyLimits, KeyOwner, Keys, Shortcut, REQUEST_ID,
-};
-use crate::route::Wants;
+use crate::http::{discard, read_body, request_id, BodyLimits, Keys, Shortcut, REQUEST_ID};
+use crate::request::{Arrival, Asked};
+use crate::route::RouteStage;
 use crate::stream;
-use crate::tokens::PromptJson;
-use sluice_core::admission::Tier;
 
 /// What the gateway accepts of a request's own numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,23 +69,28 @@ impl RequestLimits {
 
 /// The request path's stages and what the front stage itself needs, shared by every request.
 pub struct Front {
+    /// The workers, for `/v1/models`.
     pub fleet: Arc<Fleet>,
+    /// Admission: tenants, tiers, budgets, the queue, the ladder, the model's pool.
     pub admit: AdmitStage,
+    /// The chooser: the first worker of an admitted request.
+    pub route: RouteStage,
+    /// The exchange with workers, retries included.
     pub forward: Forwarder,
     /// Where every request is accounted for (metrics, access log, in-flight count).
     pub accounts: Accounts,
+    /// The client keys (and tenants' keys) a request must carry.
     pub keys: Keys,
+    /// `--max-payload-size`: the largest body read.
     pub max_payload: usize,
     /// `--body-read-timeout-secs`.
     pub body_read_timeout: std::time::Duration,
     /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
     pub body_budget: tokio::sync::Semaphore,
+    /// `--max-n`, `--max-tokens-limit`.
     pub limits: RequestLimits,
     /// `--request-id-headers`: where a client's own request id is read from, in order.
     pub request_id_headers: Vec<HeaderName>,
-    /// `--routing-key-headers`: what hash policies hash, the first present one, before the
-    /// `user` field.
-    pub routing_key_headers: Vec<HeaderName>,
     /// Set when shutdown begins: new requests are refused.
     pub draining: Arc<AtomicBool>,
 }
@@ -144,13 +145,17 @@ pub fn shortcut(front: Arc<Front>) -> Shortcut {
 async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Body> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let id = request_id(&parts.headers, &front.request_id_headers);
+    let arrival = Arrival {
+        id: request_id(&parts.headers, &front.request_id_headers),
+        route,
+        started,
+    };
     // Counted in flight from here, before the draining check, so shutdown cannot miss a request
     // that passed it.
-    let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
+    let mut ctx = RequestContext::new(&front.accounts, arrival.id.clone(), route.path(), started);
     ctx.trace_from(&front.accounts, &parts.headers);
     let mut body = Some(body);
-    let served = serve(front, &mut ctx, route, &parts, &mut body, &front.forward).await;
+    let served = serve(front, &mut ctx, &arrival, &parts, &mut body, &front.forward).await;
     let rate_limits = ctx.admission.rate_headers.take();
     let degraded = degraded_header(&ctx.degraded);
     let mut response = match served {
@@ -165,7 +170,7 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
         }
     };
     let headers = response.headers_mut();
-    headers.insert(REQUEST_ID, id);
+    headers.insert(REQUEST_ID, arrival.id);
     if let Some(limits) = rate_limits {
         // A tenant with budgets sees them on every answer, as OpenAI's clients expect.
         headers.extend(limits);
@@ -186,13 +191,13 @@ fn degraded_header(plan: &crate::context::Degraded) -> Option<HeaderValue> {
     HeaderValue::try_from(plan.notes.join(", ")).ok()
 }
 
-/// The stages in order: front's own checks, admit, then `dispatch` (forward, or the handover to a
-/// data plane). `body` is taken once it has been read whole; a refusal before that leaves it for
-/// the caller.
+/// The stages in order: front's own checks, then admit, route and `dispatch` (forward, or the
+/// handover to a data plane). `body` is taken once it has been read whole; a refusal before
+/// that leaves it for the caller.
 async fn serve<D: Dispatch>(
     front: &Front,
     ctx: &mut RequestContext,
-    route: ApiRoute,
+    arrival: &Arrival,
     parts: &Parts,
     body: &mut Option<Body>,
     dispatch: &D,
@@ -200,6 +205,7 @@ async fn serve<D: Dispatch>(
     if front.is_draining() {
         return Err(GatewayError::ShuttingDown);
     }
+    let route = arrival.route;
     let owner = front.keys.check_client(&parts.headers)?;
     let form_type = if route.is_form() {
         Some(require_form(&parts.headers)?)
@@ -225,150 +231,34 @@ async fn serve<D: Dispatch>(
     };
     front.limits.check(&facts)?;
     ctx.stream = facts.stream;
-    let read = Read {
-        route,
+    let asked = Asked {
+        arrival,
         parts,
         body,
         facts: &facts,
+        owner,
     };
-    admit_and_dispatch(front, ctx, read, owner, dispatch).await
+    run_stages(front, ctx, &asked, dispatch).await
 }
 
-/// A request read whole and parsed.
-struct Read<'a> {
-    route: ApiRoute,
-    parts: &'a Parts,
-    body: &'a Bytes,
-    facts: &'a RequestFacts<'a>,
-}
-
-/// The stages after the request was read: admit (which places it, waiting in the gateway queue
-/// if it must), then dispatch.
-async fn admit_and_dispatch<D: Dispatch>(
+/// The stages after the request was read, each taking the one before's hand-off by value:
+/// admit (waiting in the gateway queue if it must) -> `Admitted` -> route -> `Placement` ->
+/// dispatch.
+async fn run_stages<D: Dispatch>(
     front: &Front,
     ctx: &mut RequestContext,
-    read: Read<'_>,
-    owner: KeyOwner,
+    asked: &Asked<'_>,
     dispatch: &D,
 ) -> Result<D::Sent, GatewayError> {
-    let Read {
-        route,
-        parts,
-        body,
-        facts,
-    } = read;
-    let asking = Asking {
-        headers: &parts.headers,
-        owner,
-        prompt_tokens: facts.prompt_tokens_estimate(),
-        max_tokens: facts.max_tokens,
-        n: facts.n,
-    };
-    let wants = wants(front, route, parts, facts);
     let admitting = Instant::now();
-    let placed = front
-        .admit
-        .place(ctx, &asking, wants, route.takes_model())
-        .await;
-    ctx.admission_ended(admitting, placed.as_ref().err());
-    let placed = placed?;
-    let sending = Sending {
-        route,
-        facts,
-        body,
-        served: placed.placement.pool.model.as_str(),
-    };
-    let body = sending.body(&placed, ctx);
-    dispatch.dispatch(ctx, parts, &body, placed.placement).await
-}
-
-/// A request about to be sent to a worker of the `served` model.
-struct Sending<'a> {
-    route: ApiRoute,
-    facts: &'a RequestFacts<'a>,
-    body: &'a Bytes,
-    served: &'a str,
-}
-
-impl Sending<'_> {
-    /// The body to send, as the ladder leaves it: re-serialised only when a step changed it,
-    /// otherwise as it came (its model named as served).
-    fn body(&self, placed: &Placed<'_>, ctx: &mut RequestContext) -> Bytes {
-        placed
-            .degrade
-            .and_then(|degrade| {
-                degrade.rewrite(placed.tier, self.served, self.body, &mut ctx.degraded)
-            })
-            .unwrap_or_else(|| served_body(self.route, self.facts, self.body, self.served))
-    }
-}
-
-/// What the chooser reads of a request (its tier is admission's to set).
-fn wants<'a>(
-    front: &'a Front,
-    route: ApiRoute,
-    parts: &'a Parts,
-    facts: &'a RequestFacts<'a>,
-) -> Wants<'a> {
-    Wants {
-        model: facts.model.as_deref(),
-        routing_key: front
-            .routing_key_headers
-            .iter()
-            .find_map(|name| parts.headers.get(name))
-            .map(HeaderValue::as_bytes)
-            .or(facts.user.as_deref().map(str::as_bytes)),
-        prompt: facts.prompt,
-        prompt_json: match route {
-            ApiRoute::Chat => Some(PromptJson::Messages(facts.prompt)),
-            ApiRoute::Completions => Some(PromptJson::Completion(facts.prompt)),
-            _ => None,
-        },
-        prompt_tokens: facts.prompt_tokens_estimate(),
-        stream: facts.stream,
-        n: facts.n,
-        tier: Tier::Agent,
-    }
-}
-
-/// The body the worker gets: told the model it serves — the one chosen for a request without
-/// one, or the one an alias names — spliced in; the rest stays byte for byte.
-fn served_body(route: ApiRoute, facts: &RequestFacts<'_>, body: &Bytes, served: &str) -> Bytes {
-    match (&facts.model, &facts.model_at) {
-        _ if !route.takes_model() => body.clone(),
-        (Some(asked), _) if asked == served => body.clone(),
-        (_, Some(at)) => with_model_at(body, at.clone(), served),
-        (_, None) => with_model(body, served),
-    }
-}
-
-/// `body` (a JSON object) with `"model":<model>` as its first field.
-fn with_model(body: &Bytes, model: &str) -> Bytes {
-    let Some(open) = body.iter().position(|b| *b == b'{') else {
-        return body.clone();
-    };
-    let field = serde_json::to_string(model).unwrap_or_default();
-    let mut out = Vec::with_capacity(body.len() + field.len() + 10);
-    out.extend_from_slice(&body[..=open]);
-    out.extend_from_slice(b"\"model\":");
-    out.extend_from_slice(field.as_bytes());
-    // An empty object (the pass-through routes require no field) takes no separator.
-    let rest = &body[open + 1..];
-    if rest.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'}') {
-        out.push(b',');
-    }
-    out.extend_from_slice(rest);
-    Bytes::from(out)
-}
-
-/// `body` with the value at `at` (a `null`, or an alias) replaced by `model` as a JSON string.
-fn with_model_at(body: &Bytes, at: std::ops::Range<usize>, model: &str) -> Bytes {
-    let field = serde_json::to_string(model).unwrap_or_default();
-    let mut out = Vec::with_capacity(body.len() + field.len());
-    out.extend_from_slice(&body[..at.start]);
-    out.extend_from_slice(field.as_bytes());
-    out.extend_from_slice(&body[at.end..]);
-    Bytes::from(out)
+    let admitted = front.admit.admit(asked, ctx).await;
+    ctx.admission_ended(admitting, admitted.as_ref().err());
+    let mut admitted = admitted?;
+    // What admission took is given back with the request's ending, which its context knows.
+    ctx.keep(admitted.grants.take());
+    let excluded = dispatch.excluded(&admitted.pool)?;
+    let placement = front.route.place(asked, admitted, excluded).await?;
+    dispatch.dispatch(ctx, asked, placement).await
 }
 
 /// An upload must say it is a multipart form (its boundary is in the content type).
@@ -426,7 +316,7 @@ async fn models(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response
         .into_iter()
         .filter_map(|name| card(&snapshot, name.as_str()))
         .collect();
-    let mut aliases: Vec<_> = front.admit.route.aliases().iter().collect();
+    let mut aliases: Vec<_> = front.admit.aliases.iter().collect();
     aliases.sort();
     data.extend(
         aliases
@@ -447,7 +337,7 @@ async fn model_card(
         return e.into_response();
     }
     let snapshot = front.fleet.snapshot();
-    let found = match front.admit.route.aliases().get(&id) {
+    let found = match front.admit.aliases.get(&id) {
         Some(model) => alias_card(&snapshot, &id, model),
         None => card(&snapshot, &id),
     };
@@ -485,37 +375,4 @@ fn card(snapshot: &crate::fleet::Snapshot, model: &str) -> Option<serde_json::Va
     Some(card.unwrap_or_else(
         || serde_json::json!({"id": model, "object": "model", "owned_by": "sluice"}),
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_model_is_spliced_in_without_touching_the_rest() {
-        let body = Bytes::from_static(b" {\"messages\":[], \"x\": 1.50}");
-        let out = with_model(&body, "m\"1");
-        assert_eq!(
-            &out[..],
-            b" {\"model\":\"m\\\"1\",\"messages\":[], \"x\": 1.50}"
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["model"], "m\"1");
-    }
-
-    #[test]
-    fn an_empty_object_gets_the_model_as_its_only_field() {
-        for body in [&b"{}"[..], b"{ \n}"] {
-            let out = with_model(&Bytes::from_static(body), "m");
-            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-            assert_eq!(v, serde_json::json!({"model": "m"}));
-        }
-    }
-
-    #[test]
-    fn a_null_model_is_replaced_not_repeated() {
-        let body = Bytes::from_static(br#"{"model": null, "messages":[]}"#);
-        let out = with_model_at(&body, 10..14, "m");
-        assert_eq!(&out[..], br#"{"model": "m", "messages":[]}"#);
-    }
 }

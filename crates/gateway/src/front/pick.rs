@@ -22,6 +22,7 @@ use crate::context::RequestContext;
 use crate::fleet::Worker;
 use crate::forward::{DataPlaneReply, Handover, ToDataPlane};
 use crate::http::{self, clean_response_headers, request_id, REQUEST_ID};
+use crate::request::Arrival;
 use crate::stream;
 
 /// A request placed on a worker, for the data plane to send there.
@@ -67,7 +68,7 @@ impl Picked {
             answer_headers,
         } = self;
         clean_response_headers(&mut headers);
-        let answer = handover.answered(&ctx, status, headers, frames).await;
+        let answer = handover.answered(status, headers, frames).await;
         let mut response = stream::relay(answer, ctx);
         response.headers_mut().extend(answer_headers);
         response
@@ -127,14 +128,18 @@ pub async fn pick(
         });
     };
     let started = Instant::now();
-    let id = request_id(&parts.headers, &front.request_id_headers);
-    let mut ctx = RequestContext::new(&front.accounts, id.clone(), route.path(), started);
+    let arrival = Arrival {
+        id: request_id(&parts.headers, &front.request_id_headers),
+        route,
+        started,
+    };
+    let mut ctx = RequestContext::new(&front.accounts, arrival.id.clone(), route.path(), started);
     ctx.trace_from(&front.accounts, &parts.headers);
     let mut body = Some(body);
     let dispatch = ToDataPlane { allowed };
-    let picked = serve(front, &mut ctx, route, &parts, &mut body, &dispatch).await;
+    let picked = serve(front, &mut ctx, &arrival, &parts, &mut body, &dispatch).await;
     let mut answer_headers = HeaderMap::new();
-    answer_headers.insert(REQUEST_ID, id);
+    answer_headers.insert(REQUEST_ID, arrival.id);
     if let Some(limits) = ctx.admission.rate_headers.take() {
         answer_headers.extend(limits);
     }

@@ -35,7 +35,6 @@
 //! (`fleet::AdaptiveLimit`): a stream's time to its first event and the gaps between its events
 //! (events read together share their gap), a whole body's time over its completion tokens.
 
-mod ahead;
 mod meter;
 
 use std::future::Future;
@@ -53,26 +52,14 @@ use sluice_core::slo::Served;
 use sluice_core::sse::{Oversized, SseParser};
 use tokio::time::{Instant, Sleep};
 
+use crate::admit::Terms;
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::fleet::{Lease, AT_CAPACITY_VETO};
+use crate::forward::Answer;
 use crate::http::{clean_response_headers, is_event_stream, OnWake};
-use crate::upstream::{UpstreamBody, UpstreamResponse};
+use crate::upstream::UpstreamBody;
 use meter::Meter;
-
-pub use ahead::{read_ahead, Ahead};
-
-/// A worker's answer, as the forward stage hands it over.
-#[derive(Debug)]
-pub struct Answer {
-    pub response: UpstreamResponse,
-    /// The request's hold on the worker, kept until the body ends.
-    pub lease: Lease,
-    /// When the request went to the worker (time to first byte counts from here).
-    pub sent_at: Instant,
-    /// What the forward stage read of the body before deciding on the answer.
-    pub ahead: Ahead,
-}
 
 /// The client's response: the worker's head, cleaned, and its body relayed. The request's
 /// context goes with the body and ends with it.
@@ -82,6 +69,7 @@ pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
         lease,
         sent_at,
         ahead,
+        terms,
     } = answer;
     let (mut parts, body) = response.into_parts();
     let status = parts.status.as_u16();
@@ -94,7 +82,7 @@ pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
     ctx.respond(status);
-    let mut relay = Relay::new(body, lease, status, sse, sent_at, ctx);
+    let mut relay = Relay::new(body, lease, status, sse, sent_at, terms, ctx);
     relay.at_capacity = ahead.at_capacity;
     relay.ahead = Some(ahead.bytes).filter(|b| !b.is_empty());
     Response::from_parts(parts, AxumBody::new(relay))
@@ -174,6 +162,8 @@ struct Relay {
     /// Its latencies are samples for the worker's adaptive limit.
     measured: bool,
     state: State,
+    /// Admission's terms: the deadline and whose it is, the tier the SLO is judged in.
+    terms: Terms,
     /// The request's deadline, which covers the whole stream; polled when it passes, not after
     /// every frame.
     deadline: OnWake<Pin<Box<Sleep>>>,
@@ -189,14 +179,15 @@ impl Relay {
         status: u16,
         sse: bool,
         sent_at: Instant,
+        terms: Terms,
         ctx: RequestContext,
     ) -> Self {
-        let deadline = ctx.admission.deadline;
+        let deadline = terms.deadline;
         // A worker under an adaptive limit is measured on its successful answers; a whole body
         // is read for its token count.
         let measured = status == 200 && lease.worker().adaptive.measuring();
         // A traced request's span says what it used too.
-        let meter = (ctx.admission.metered || (measured && !sse) || ctx.traced())
+        let meter = (terms.metered || (measured && !sse) || ctx.traced())
             .then(|| Box::new(Meter::new(sse)));
         Self {
             inner,
@@ -213,6 +204,7 @@ impl Relay {
             meter,
             measured,
             state: State::Relaying,
+            terms,
             deadline: OnWake::new(Box::pin(tokio::time::sleep_until(deadline))),
             ctx: Some(ctx),
         }
@@ -231,7 +223,7 @@ impl Relay {
             None => {
                 self.first_chunk = Some(now);
                 if let (200, Some(ctx)) = (self.status, &self.ctx) {
-                    let (tier, ttft) = (tier_of(ctx), now - ctx.started);
+                    let (tier, ttft) = (self.terms.tier, now - ctx.started);
                     let slo = &ctx.metrics().slo;
                     slo.first_byte(tier, ttft);
                     if tier == Tier::Interactive {
@@ -317,7 +309,7 @@ impl Relay {
             total: last - ctx.started,
             tokens: self.sse.then_some(self.tokens),
         };
-        ctx.metrics().slo.completed(tier_of(ctx), &served);
+        ctx.metrics().slo.completed(self.terms.tier, &served);
     }
 
     /// The worker finished the response.
@@ -401,17 +393,9 @@ impl Relay {
         let timeout = self
             .ctx
             .as_ref()
-            .map(|ctx| {
-                ctx.admission
-                    .deadline
-                    .saturating_duration_since(ctx.started)
-            })
+            .map(|ctx| self.terms.allowed(ctx.started))
             .unwrap_or_default();
-        if self
-            .ctx
-            .as_ref()
-            .is_some_and(|c| c.admission.cut_by_client())
-        {
+        if self.terms.cut_by_client() {
             // The client's own deadline: nobody's failure, and named as the client asked.
             return self.interrupt(GatewayError::DeadlineExceeded { budget: timeout }, false);
         }
@@ -441,11 +425,6 @@ impl Relay {
         ended.extend_from_slice(&event);
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(ended)))))
     }
-}
-
-/// The tier a request is judged in: its own, or, when admission gave it none, the default.
-fn tier_of(ctx: &RequestContext) -> Tier {
-    ctx.admission.tier.unwrap_or(Tier::Agent)
 }
 
 impl Drop for Relay {

@@ -46,11 +46,13 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 mod dispatch;
+mod turn;
+
+pub use turn::Turn;
 
 use super::codel::TierCodels;
 use crate::error::GatewayError;
 use crate::metrics::TenantCounters;
-use crate::route::Turn;
 
 /// The queue's settings.
 #[derive(Debug, Clone, PartialEq)]
