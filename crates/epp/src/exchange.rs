@@ -232,7 +232,7 @@ impl Drive<'_> {
                 tracing::warn!(error = %e, "a request the data plane sent cannot be read");
                 let answered = Answered {
                     response: axum::response::IntoResponse::into_response(
-                        sluice_gateway::GatewayError::MalformedRequest,
+                        sluice_gateway::http::RequestError::MalformedRequest,
                     ),
                     shed: false,
                 };

@@ -276,6 +276,7 @@ fn front(
         body_read_timeout: config.body_read_timeout,
         body_budget: tokio::sync::Semaphore::new(config.max_buffered_body_bytes),
         limits: config.limits,
+        answers: config.answers,
         request_id_headers: config.request_id_headers.clone(),
         draining: draining.clone(),
     }

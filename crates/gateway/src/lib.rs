@@ -97,5 +97,5 @@ pub mod trace;
 pub mod upstream;
 
 pub use config::{Config, ConfigError, Settings};
-pub use error::GatewayError;
+pub use front::GatewayError;
 pub use gateway::{Gateway, StartError, Stopped};

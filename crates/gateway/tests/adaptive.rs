@@ -200,7 +200,6 @@ async fn with_every_worker_at_its_limit_a_request_waits_in_the_queue_or_is_refus
                 timeouts: [Duration::from_secs(30); 3],
                 shed: false,
                 shed_retry_after: Duration::from_secs(10),
-                shed_status: 503,
                 codel: None,
             });
         }
@@ -255,7 +254,6 @@ fn codel_queue(c: &mut Config, target: Duration, interval: Duration) {
         timeouts: [Duration::from_secs(60); 3],
         shed: false,
         shed_retry_after: Duration::from_secs(10),
-        shed_status: 503,
         codel: Some([CodelConfig { target, interval }; 3]),
     });
 }

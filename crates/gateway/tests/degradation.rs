@@ -103,7 +103,6 @@ async fn gateway(urls: &[String], shed: bool) -> (Gateway, HttpClient) {
         timeouts: [Duration::from_secs(60); 3],
         shed: false,
         shed_retry_after: Duration::from_secs(1),
-        shed_status: 503,
         codel: None::<[CodelConfig; 3]>,
     });
     let gateway = Gateway::start(config).await.unwrap();

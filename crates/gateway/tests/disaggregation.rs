@@ -409,7 +409,6 @@ async fn a_request_waiting_for_decode_room_does_not_stop_the_gateway_queue_for_o
         timeouts: [Duration::from_secs(120); 3],
         shed: false,
         shed_retry_after: Duration::from_secs(10),
-        shed_status: 503,
         codel: None,
     });
     let s = Arc::new(serve(sims, config).await);

@@ -27,6 +27,7 @@ fn shedding(c: &mut Config, wait_secs: u64, status: u16) {
     settings.worker_overload_waiting_requests = 4;
     let derived = settings.validate().unwrap();
     c.shedding = derived.shedding;
+    c.answers = derived.answers;
     c.load.ceilings = derived.load.ceilings;
     c.admission.queue = derived.admission.queue.map(|mut q| {
         q.timeouts = [Duration::from_secs(wait_secs); 3];

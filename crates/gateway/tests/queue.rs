@@ -26,7 +26,6 @@ fn queue(size: usize, timeouts: [u64; 3]) -> Option<QueueConfig> {
         timeouts: timeouts.map(Duration::from_secs),
         shed: false,
         shed_retry_after: Duration::from_secs(10),
-        shed_status: 503,
         // CoDel's own tests are in tests/adaptive.rs; these hold queues on purpose.
         codel: None,
     })

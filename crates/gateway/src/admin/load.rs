@@ -14,9 +14,9 @@ use sluice_core::load::RankLoad;
 use sluice_core::overload::{BusyThresholds, OverloadCause};
 use tokio::time::Instant;
 
+use super::AdminError;
 use super::{authorized_body, Admin};
 use crate::control::busy_thresholds;
-use crate::error::GatewayError;
 use crate::fleet::Worker;
 
 /// A worker's last load report as shown.
@@ -263,7 +263,7 @@ pub async fn busy_post(State(admin): State<Arc<Admin>>, request: Request) -> Res
         let current = admin.control.busy_thresholds();
         let next = merge(current, &body)?;
         admin.control.set_busy_thresholds(next);
-        Ok::<_, GatewayError>(next)
+        Ok::<_, AdminError>(next)
     }
     .await;
     match result {
@@ -272,14 +272,14 @@ pub async fn busy_post(State(admin): State<Arc<Admin>>, request: Request) -> Res
     }
 }
 
-fn invalid(field: &str, message: impl Into<String>) -> GatewayError {
-    GatewayError::InvalidWorkerSpec {
+fn invalid(field: &str, message: impl Into<String>) -> AdminError {
+    AdminError::InvalidWorkerSpec {
         field: field.to_string(),
         message: message.into(),
     }
 }
 
-fn merge(current: BusyThresholds, body: &[u8]) -> Result<BusyThresholds, GatewayError> {
+fn merge(current: BusyThresholds, body: &[u8]) -> Result<BusyThresholds, AdminError> {
     const FIELDS: [&str; 3] = [
         "active_decode_blocks_threshold",
         "active_prefill_tokens_threshold",
@@ -320,6 +320,7 @@ fn merge(current: BusyThresholds, body: &[u8]) -> Result<BusyThresholds, Gateway
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Answerable;
 
     #[test]
     fn busy_thresholds_merge_field_by_field() {

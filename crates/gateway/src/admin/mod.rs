@@ -31,7 +31,7 @@ use sluice_core::health::HealthState;
 use tokio::time::Instant;
 
 use crate::control::Control;
-use crate::error::GatewayError;
+
 use crate::fleet::{
     Fleet, FleetError, Origin, Removal, SpecError, Worker, WorkerPatch, WorkerSpec,
 };
@@ -41,6 +41,9 @@ use crate::http::{discard, read_body, BodyLimits, Keys};
 const SPEC_MAX_BYTES: usize = 64 * 1024;
 
 mod admission;
+mod refusal;
+
+pub use refusal::AdminError;
 mod load;
 
 /// What the admin API acts on.
@@ -61,11 +64,11 @@ pub struct Admin {
 
 impl Admin {
     /// Whether these headers may read the admin API.
-    fn check_read(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+    fn check_read(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         if self.reads_open || !self.keys.admin_configured() {
             return Ok(());
         }
-        self.keys.check_admin_read(headers)
+        Ok(self.keys.check_admin_read(headers)?)
     }
 }
 
@@ -257,24 +260,24 @@ async fn show(
     }
     match admin.fleet.snapshot().worker(&id) {
         Some(worker) => axum::Json(WorkerView::of(&admin, worker)).into_response(),
-        None => GatewayError::WorkerNotFound { id }.into_response(),
+        None => AdminError::WorkerNotFound { id }.into_response(),
     }
 }
 
 /// The registry's refusals as the admin API answers them (409 `worker_exists`, 404
 /// `worker_not_found`).
-impl From<FleetError> for GatewayError {
+impl From<FleetError> for AdminError {
     fn from(e: FleetError) -> Self {
         match e {
-            FleetError::Exists { url, id } => GatewayError::WorkerExists { url, id },
-            FleetError::NotFound { id } => GatewayError::WorkerNotFound { id },
+            FleetError::Exists { url, id } => AdminError::WorkerExists { url, id },
+            FleetError::NotFound { id } => AdminError::WorkerNotFound { id },
         }
     }
 }
 
 /// Checks the admin key and reads the body; a refused body is read away first (see
 /// `http::discard`).
-async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, GatewayError> {
+async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes, AdminError> {
     let (parts, mut body) = request.into_parts();
     let read = match admin.keys.check_admin(&parts.headers) {
         Ok(()) => {
@@ -292,11 +295,11 @@ async fn authorized_body(admin: &Admin, request: Request) -> Result<bytes::Bytes
     if read.is_err() {
         discard(body).await;
     }
-    read
+    Ok(read?)
 }
 
-fn invalid(e: SpecError) -> GatewayError {
-    GatewayError::InvalidWorkerSpec {
+fn invalid(e: SpecError) -> AdminError {
+    AdminError::InvalidWorkerSpec {
         field: e.field,
         message: e.message,
     }
@@ -335,7 +338,7 @@ async fn register(
     let result = async {
         let body = authorized_body(admin, request).await?;
         let spec = WorkerSpec::parse(&body).map_err(invalid)?;
-        how(&admin.fleet, spec).map_err(GatewayError::from)
+        how(&admin.fleet, spec).map_err(AdminError::from)
     }
     .await;
     match result {
@@ -352,7 +355,7 @@ async fn patch(
     let result = async {
         let body = authorized_body(&admin, request).await?;
         let patch = WorkerPatch::parse(&body).map_err(invalid)?;
-        admin.fleet.patch(&id, patch).map_err(GatewayError::from)
+        admin.fleet.patch(&id, patch).map_err(AdminError::from)
     }
     .await;
     match result {
@@ -381,6 +384,6 @@ async fn remove(
             )
                 .into_response()
         }
-        Err(e) => GatewayError::from(e).into_response(),
+        Err(e) => AdminError::from(e).into_response(),
     }
 }

@@ -7,7 +7,7 @@ use sluice_core::admission::{reset_text, Level, Tier};
 use tokio::time::Instant;
 
 use super::tenants::Tenant;
-use crate::error::GatewayError;
+use super::AdmitError;
 
 /// sluice's priority header: `0`, `1`, `2`, or `interactive`, `agent`, `batch`.
 const PRIORITY_NAME: &str = "x-sluice-priority";
@@ -19,12 +19,12 @@ use crate::context::DEADLINE;
 
 /// The tier a request asks for, if any. sluice's header is strict (a typo is an error, not a
 /// silent default); SMG's reads as SMG reads it.
-pub fn asked_tier(headers: &HeaderMap) -> Result<Option<Tier>, GatewayError> {
+pub fn asked_tier(headers: &HeaderMap) -> Result<Option<Tier>, AdmitError> {
     if let Some(value) = headers.get(&PRIORITY) {
         let text = value.to_str().unwrap_or("");
         return Tier::parse(text)
             .map(Some)
-            .map_err(|e| GatewayError::InvalidHeader {
+            .map_err(|e| AdmitError::InvalidHeader {
                 header: PRIORITY_NAME,
                 detail: e.to_string(),
             });
@@ -35,7 +35,7 @@ pub fn asked_tier(headers: &HeaderMap) -> Result<Option<Tier>, GatewayError> {
 }
 
 /// `X-Request-Deadline-Ms`, when given: a whole number of milliseconds.
-pub fn client_budget(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
+pub fn client_budget(headers: &HeaderMap) -> Result<Option<Duration>, AdmitError> {
     let Some(value) = headers.get(&DEADLINE) else {
         return Ok(None);
     };
@@ -44,7 +44,7 @@ pub fn client_budget(headers: &HeaderMap) -> Result<Option<Duration>, GatewayErr
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|ms| Some(Duration::from_millis(ms)))
-        .ok_or_else(|| GatewayError::InvalidHeader {
+        .ok_or_else(|| AdmitError::InvalidHeader {
             header: DEADLINE_NAME,
             detail: "must be a whole number of milliseconds".into(),
         })

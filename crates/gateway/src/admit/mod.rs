@@ -13,7 +13,7 @@
 //! take it now (`wait_room`), and the pool found again after a wait; last, the body its worker
 //! gets. The answer is one `Admitted`, which the route stage consumes (the pool, the terms, the
 //! turn, the body, and what was taken as `Grants`, given back however the request ends), or a
-//! typed `GatewayError`.
+//! typed `AdmitError`.
 //!
 //! ## Layout
 //!
@@ -40,6 +40,7 @@ mod headers;
 mod holds;
 mod place;
 mod queue;
+mod refusal;
 mod tenants;
 
 use std::sync::Arc;
@@ -58,10 +59,11 @@ pub use admitted::{Admitted, Terms};
 pub use config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
 pub use place::AdmitStage;
 pub use queue::{Asker, GatewayQueue, QueueConfig, Turn, TURN_BOUND};
+pub use refusal::AdmitError;
 pub use tenants::{Tenant, Tenants, OTHER_TENANT};
 
 use crate::context::RequestContext;
-use crate::error::GatewayError;
+use crate::error::{Answerable, Expired};
 use crate::http::KeyOwner;
 use crate::metrics::{AdmissionMetrics, RejectedLabels};
 use crate::shared::{Shared, SharedSlots, Short};
@@ -98,10 +100,10 @@ struct Gateway {
 }
 
 /// A refusal for want of the shared state (`--redis-fail-open=false` with Redis away).
-fn unavailable(short: Short, refused: impl FnOnce(Refusal) -> GatewayError) -> GatewayError {
+fn unavailable(short: Short, refused: impl FnOnce(Refusal) -> AdmitError) -> AdmitError {
     match short {
         Short::Refused(refusal) => refused(refusal),
-        Short::Unavailable => GatewayError::SharedStateUnavailable,
+        Short::Unavailable => AdmitError::SharedStateUnavailable,
     }
 }
 
@@ -191,7 +193,7 @@ impl Admit {
         &self,
         ctx: &mut RequestContext,
         asking: &Asking<'_>,
-    ) -> Result<Decided, GatewayError> {
+    ) -> Result<Decided, AdmitError> {
         let now = Instant::now();
         let tenant = self.tenants.of(asking.headers, asking.owner);
         let mut decided = Decided::new(ctx.started + self.request_timeout, tenant.tier);
@@ -215,7 +217,7 @@ impl Admit {
         tenant: &Arc<Tenant>,
         asking: &Asking<'_>,
         now: Instant,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<(), AdmitError> {
         decided.tenant = Some(tenant.id.clone());
         ctx.admission.tenant = Some(tenant.id.clone());
         ctx.admission.counters = Some(tenant.counters.clone());
@@ -231,16 +233,16 @@ impl Admit {
             decided.client_deadline = Some(due);
             decided.deadline = decided.deadline.min(due);
             if due <= now {
-                return Err(GatewayError::DeadlineExceeded { budget });
+                return Err(Expired::DeadlineExceeded { budget }.into());
             }
         }
         self.take_gateway(decided, now).await?;
         let entered = tenant
             .enter()
             .await
-            .map_err(|short| unavailable(short, |_| GatewayError::SharedStateUnavailable))?;
+            .map_err(|short| unavailable(short, |_| AdmitError::SharedStateUnavailable))?;
         if !entered {
-            return Err(GatewayError::TenantConcurrency {
+            return Err(AdmitError::TenantConcurrency {
                 tenant: tenant.id.to_string(),
                 limit: tenant.max_concurrent.unwrap_or(0),
             });
@@ -266,14 +268,14 @@ impl Admit {
         tokens: u64,
         prompt_estimate: u64,
         now: Instant,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<(), AdmitError> {
         let limited = |what, error: Refusal| match error {
-            Refusal::NotYet { retry_after } => GatewayError::RateLimited {
+            Refusal::NotYet { retry_after } => AdmitError::RateLimited {
                 tenant: tenant.id.to_string(),
                 what,
                 retry_after,
             },
-            Refusal::TooBig { capacity } => GatewayError::RequestTooLarge {
+            Refusal::TooBig { capacity } => AdmitError::RequestTooLarge {
                 tenant: tenant.id.to_string(),
                 needs: if what == "tokens" { tokens } else { 1 },
                 limit: capacity,
@@ -297,10 +299,10 @@ impl Admit {
     }
 
     /// The gateway-wide request rate and concurrency cap.
-    async fn take_gateway(&self, decided: &mut Decided, now: Instant) -> Result<(), GatewayError> {
+    async fn take_gateway(&self, decided: &mut Decided, now: Instant) -> Result<(), AdmitError> {
         if let Some(rate) = &self.gateway.rate {
             rate.reserve(1, now).await.map_err(|short| {
-                unavailable(short, |refusal| GatewayError::GatewayFull {
+                unavailable(short, |refusal| AdmitError::GatewayFull {
                     why: "its request rate",
                     retry_after: not_yet(refusal),
                 })
@@ -310,7 +312,7 @@ impl Admit {
             // Taken when the request may go (`wait_room`): it waits for one rather than refused.
             return Ok(());
         }
-        let full = GatewayError::GatewayFull {
+        let full = AdmitError::GatewayFull {
             why: "its concurrent requests",
             retry_after: Duration::from_secs(1),
         };
@@ -324,7 +326,7 @@ impl Admit {
                 let entered = slots
                     .enter()
                     .await
-                    .map_err(|_| GatewayError::SharedStateUnavailable)?;
+                    .map_err(|_| AdmitError::SharedStateUnavailable)?;
                 if !entered {
                     return Err(full);
                 }
@@ -366,7 +368,7 @@ impl Admit {
         decided: &mut Decided,
         pool: &crate::fleet::Pool,
         snapshot: &crate::fleet::Snapshot,
-    ) -> Result<Option<Turn>, GatewayError> {
+    ) -> Result<Option<Turn>, AdmitError> {
         let Some(queue) = &self.queue else {
             return Ok(None);
         };
@@ -457,7 +459,7 @@ impl Admit {
         decided: &Decided,
         pool: &crate::fleet::Pool,
         prompt_tokens: u64,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<(), AdmitError> {
         let Some(due) = decided.client_deadline else {
             return Ok(());
         };
@@ -468,9 +470,9 @@ impl Admit {
         if feasible(Instant::now(), due, expected, 0) {
             return Ok(());
         }
-        let error = GatewayError::DeadlineExceeded {
+        let error = AdmitError::from(Expired::DeadlineExceeded {
             budget: due.saturating_duration_since(ctx.started),
-        };
+        });
         self.count_rejected(ctx, &error);
         Err(error)
     }
@@ -513,7 +515,7 @@ impl Admit {
 
     /// Counts a refusal in `sluice_admission_rejected_total` (by the request's tier and the
     /// error's code), and under its tenant as rejected.
-    pub(crate) fn count_rejected(&self, ctx: &RequestContext, error: &GatewayError) {
+    pub(crate) fn count_rejected(&self, ctx: &RequestContext, error: &AdmitError) {
         let tier = ctx.admission.tier.unwrap_or(Tier::Agent);
         if let Some(counters) = &ctx.admission.counters {
             counters.count(tier, false);

@@ -16,9 +16,10 @@ use tokio::time::Instant;
 
 use super::body::served_body;
 use super::degrade::Degrader;
+use super::AdmitError;
 use super::{Admit, Admitted, Asking, Decided, Turn};
 use crate::context::RequestContext;
-use crate::error::{reflected, GatewayError};
+use crate::error::reflected;
 use crate::fleet::{Fleet, Pool, Snapshot};
 use crate::request::Asked;
 
@@ -42,7 +43,7 @@ impl AdmitStage {
         &self,
         asked: &Asked<'_>,
         ctx: &mut RequestContext,
-    ) -> Result<Admitted, GatewayError> {
+    ) -> Result<Admitted, AdmitError> {
         let facts = asked.facts;
         let asking = Asking {
             headers: &asked.parts.headers,
@@ -87,7 +88,7 @@ impl AdmitStage {
         degrade: Option<&Degrader>,
         model: Option<&str>,
         asked: &Asked<'_>,
-    ) -> Result<(Arc<Pool>, Turn), GatewayError> {
+    ) -> Result<(Arc<Pool>, Turn), AdmitError> {
         let tier = decided.tier;
         let mut turn: Option<Turn> = None;
         loop {
@@ -117,13 +118,13 @@ impl AdmitStage {
 
     /// The pool serving `model` (or the model an alias names), or the answer for why there is
     /// none. A request without a model goes to the only pool, when there is one.
-    fn serving(&self, snapshot: &Snapshot, model: Option<&str>) -> Result<Arc<Pool>, GatewayError> {
+    fn serving(&self, snapshot: &Snapshot, model: Option<&str>) -> Result<Arc<Pool>, AdmitError> {
         let model = model.map(|m| self.aliases.get(m).map_or(m, ModelName::as_str));
         let Some(model) = model else {
             let mut pools = snapshot.pools.values();
             return match (pools.next(), pools.next()) {
                 (Some(only), None) if snapshot.unresolved == 0 => Ok(only.clone()),
-                _ => Err(GatewayError::ModelRequired {
+                _ => Err(AdmitError::ModelRequired {
                     served: snapshot.pools.len().max(1),
                 }),
             };
@@ -133,7 +134,7 @@ impl AdmitStage {
         }
         if snapshot.unresolved > 0 {
             // A worker that has not answered yet may serve it: not a 404.
-            return Err(GatewayError::NoAvailableWorkers {
+            return Err(AdmitError::NoAvailableWorkers {
                 model: ModelName::new(reflected(model)),
                 detail: format!(
                     " ({} registered worker(s) have not answered yet)",
@@ -141,7 +142,7 @@ impl AdmitStage {
                 ),
             });
         }
-        Err(GatewayError::ModelNotFound {
+        Err(AdmitError::ModelNotFound {
             model: reflected(model),
         })
     }

@@ -85,7 +85,7 @@ async fn admit_into(
     stage: &Admit,
     ctx: &mut RequestContext,
     asking: &Asking<'_>,
-) -> Result<Terms, GatewayError> {
+) -> Result<Terms, AdmitError> {
     let mut decided = stage.admit(ctx, asking).await?;
     ctx.keep(decided.grants.take());
     Ok(decided.terms())
@@ -128,12 +128,12 @@ async fn the_deadline_is_the_request_timeout_from_arrival_or_the_clients_if_earl
     let h = headers(&[("x-request-deadline-ms", "10")]);
     assert!(matches!(
         admit_into(&stage, &mut late, &asking(&h, KeyOwner::Anyone)).await,
-        Err(GatewayError::DeadlineExceeded { .. })
+        Err(AdmitError::Expired(Expired::DeadlineExceeded { .. }))
     ));
     let bad = headers(&[("x-request-deadline-ms", "soon")]);
     assert!(matches!(
         admit_into(&stage, &mut context(&a), &asking(&bad, KeyOwner::Anyone)).await,
-        Err(GatewayError::InvalidHeader { .. })
+        Err(AdmitError::InvalidHeader { .. })
     ));
 }
 
@@ -177,7 +177,7 @@ async fn a_request_gets_its_tenants_tier_or_a_less_urgent_one() {
             KeyOwner::Anyone
         )
         .await,
-        Err(GatewayError::InvalidHeader {
+        Err(AdmitError::InvalidHeader {
             header: "x-sluice-priority",
             ..
         })
@@ -209,7 +209,7 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
     let mut third = context(&a);
     match admit_into(&stage, &mut third, &asking(&h, KeyOwner::Tenant(0))).await {
         // 20 left, 50 needed: 30 tokens at 2 a second.
-        Err(GatewayError::RateLimited {
+        Err(AdmitError::RateLimited {
             what: "tokens",
             retry_after,
             ..
@@ -242,7 +242,7 @@ async fn budgets_refuse_with_when_to_retry_and_settle_at_the_end() {
     big.max_tokens = Some(1000);
     assert!(matches!(
         admit_into(&stage, &mut huge, &big).await,
-        Err(GatewayError::RequestTooLarge {
+        Err(AdmitError::RequestTooLarge {
             needs: 1010,
             limit: 120,
             ..
@@ -270,7 +270,7 @@ async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
     let mut over = context(&a);
     assert!(matches!(
         admit_into(&stage, &mut over, &asking(&h, KeyOwner::Tenant(0))).await,
-        Err(GatewayError::TenantConcurrency { limit: 2, .. })
+        Err(AdmitError::TenantConcurrency { limit: 2, .. })
     ));
     drop(over);
     let mut other = context(&a);
@@ -280,7 +280,7 @@ async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
     let mut full = context(&a);
     assert!(matches!(
         admit_into(&stage, &mut full, &asking(&h, KeyOwner::Anyone)).await,
-        Err(GatewayError::GatewayFull { .. })
+        Err(AdmitError::GatewayFull { .. })
     ));
     drop(full);
     held.clear();
@@ -294,27 +294,27 @@ async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
 fn every_refusal_of_admission_has_its_reason_series() {
     use crate::metrics::REASONS;
     let refusals = [
-        GatewayError::InvalidHeader {
+        AdmitError::InvalidHeader {
             header: "x",
             detail: String::new(),
         },
-        GatewayError::DeadlineExceeded {
+        AdmitError::Expired(Expired::DeadlineExceeded {
             budget: Duration::ZERO,
-        },
-        GatewayError::GatewayFull {
+        }),
+        AdmitError::GatewayFull {
             why: "",
             retry_after: Duration::ZERO,
         },
-        GatewayError::TenantConcurrency {
+        AdmitError::TenantConcurrency {
             tenant: String::new(),
             limit: 1,
         },
-        GatewayError::RateLimited {
+        AdmitError::RateLimited {
             tenant: String::new(),
             what: "tokens",
             retry_after: Duration::ZERO,
         },
-        GatewayError::RequestTooLarge {
+        AdmitError::RequestTooLarge {
             tenant: String::new(),
             needs: 2,
             limit: 1,

@@ -305,7 +305,6 @@ impl AdmissionSettings {
             timeouts,
             shed: shedding.enabled,
             shed_retry_after: shedding.retry_after,
-            shed_status: shedding.status,
             codel,
         }))
     }

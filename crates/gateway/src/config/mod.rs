@@ -244,7 +244,8 @@ impl Settings {
             startup_timeout: self.startup_timeout()?,
             health: self.health()?,
             load: self.load()?,
-            shedding: self.shedding()?,
+            shedding: self.shedding(),
+            answers: self.answers()?,
             smg_defaults: self.smg_defaults,
             liveness: self.liveness()?,
             health_listen: self
@@ -257,7 +258,7 @@ impl Settings {
             metrics_listen: self.metrics_listen()?,
             admission: self.admission.validate(
                 &self.api_keys,
-                &self.shedding()?,
+                &self.shedding(),
                 self.adaptive.codel()?,
                 &slos,
             )?,
@@ -425,6 +426,8 @@ pub struct Config {
     pub shared: Option<crate::shared::SharedConfig>,
     pub load: LoadConfig,
     pub shedding: Shedding,
+    /// How refusals are answered (`--overload-status-code`).
+    pub answers: crate::front::Answers,
     /// `--smg-defaults`: what was not given took SMG's default (said in the startup log).
     pub smg_defaults: bool,
     /// `None` with `--disable-liveness-checks`.

@@ -14,6 +14,9 @@ use sluice_core::policy::{CacheAware, Policy};
 use super::checks::{at_least, fraction, invalid, positive_count, positive_seconds, seconds};
 use super::{ConfigError, RequestLimits, Settings};
 use crate::control::{busy_thresholds, HealthConfig, LoadConfig};
+use axum::http::StatusCode;
+
+use crate::front::Answers;
 use crate::route::Shedding;
 use crate::tls::{self, Identity};
 
@@ -54,22 +57,29 @@ impl Settings {
         })
     }
 
-    pub(super) fn shedding(&self) -> Result<Shedding, ConfigError> {
-        if !(400..=599).contains(&self.overload_status_code) {
-            return Err(invalid(
-                "overload-status-code",
-                format!(
-                    "{} is not an error status (503, or 529 for Dynamo-style clients)",
-                    self.overload_status_code
-                ),
-            ));
-        }
-        Ok(Shedding {
+    pub(super) fn shedding(&self) -> Shedding {
+        Shedding {
             enabled: self.worker_overload_shed,
-            status: self.overload_status_code,
             // A vetoed worker's load is not looked at again before the next poll.
             retry_after: Duration::from_secs(self.load_monitor_interval.ceil().max(1.0) as u64),
-        })
+        }
+    }
+
+    /// `--overload-status-code`: how the edge answers an overload refusal.
+    pub(super) fn answers(&self) -> Result<Answers, ConfigError> {
+        StatusCode::from_u16(self.overload_status_code)
+            .ok()
+            .filter(|s| s.is_client_error() || s.is_server_error())
+            .map(|overload| Answers { overload })
+            .ok_or_else(|| {
+                invalid(
+                    "overload-status-code",
+                    format!(
+                        "{} is not an error status (503, or 529 for Dynamo-style clients)",
+                        self.overload_status_code
+                    ),
+                )
+            })
     }
 
     pub(super) fn health(&self) -> Result<HealthConfig, ConfigError> {

@@ -25,7 +25,7 @@ mod traced;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, StatusCode};
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
@@ -33,7 +33,7 @@ pub use admission::{Admission, Ending, Grants, Hold, Usage, DEADLINE};
 pub use inflight::{InFlight, InFlightGuard};
 
 use crate::access_log::{AccessLog, AccessRecord};
-use crate::error::GatewayError;
+use crate::error::Answerable;
 use crate::metrics::{CancelLabels, Metrics};
 use crate::trace::{AttemptEnd, RequestTrace, Tracing};
 
@@ -177,11 +177,11 @@ impl RequestContext {
     }
 
     /// Admission ran from `from` until now, and admitted the request or `refused` it.
-    pub fn admission_ended(&mut self, from: Instant, refused: Option<&GatewayError>) {
+    pub fn admission_ended(&mut self, from: Instant, refused: Option<&dyn Answerable>) {
         if self.traced() {
             let attributes = traced::admission(self, refused);
             if let Some(trace) = &mut self.trace {
-                trace.admission(from, attributes, refused.map(GatewayError::code));
+                trace.admission(from, attributes, refused.map(|e| e.code()));
             }
         }
     }
@@ -243,9 +243,9 @@ impl RequestContext {
         }
     }
 
-    /// The gateway answers the request itself with `error`.
-    pub fn refuse(&mut self, error: &GatewayError) {
-        self.answered(error.status().as_u16(), Some(error.code()));
+    /// The gateway answers the request itself with `error`, at `status`.
+    pub fn refuse(&mut self, status: StatusCode, error: &dyn Answerable) {
+        self.answered(status.as_u16(), Some(error.code()));
         self.phase = Phase::Ended;
         if let Some(trace) = &mut self.trace {
             trace.attempt_ended(AttemptEnd::Failed(error.code()));
@@ -430,7 +430,10 @@ mod tests {
 
         let mut refused = context(&a, &endings);
         assert_eq!(a.in_flight.count(), 1);
-        refused.refuse(&GatewayError::ShuttingDown);
+        let expired = crate::error::Expired::RequestTimeout {
+            timeout: Duration::ZERO,
+        };
+        refused.refuse(StatusCode::SERVICE_UNAVAILABLE, &expired);
         drop(refused);
 
         let mut completed = context(&a, &endings);

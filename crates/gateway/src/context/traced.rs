@@ -10,7 +10,7 @@ use opentelemetry_semantic_conventions::attribute as semconv;
 use sluice_core::WorkerId;
 
 use super::{Ending, RequestContext};
-use crate::error::GatewayError;
+use crate::error::Answerable;
 use crate::trace::genai;
 
 /// GenAI's operation name for an OpenAI route, where the conventions have one.
@@ -24,7 +24,7 @@ fn operation(route: &str) -> Option<&'static str> {
 }
 
 /// The admission span's attributes: who asked, at what tier, how long it queued, the answer.
-pub(super) fn admission(ctx: &RequestContext, refused: Option<&GatewayError>) -> Vec<KeyValue> {
+pub(super) fn admission(ctx: &RequestContext, refused: Option<&dyn Answerable>) -> Vec<KeyValue> {
     let mut attributes = Vec::with_capacity(5);
     if let Some(tenant) = &ctx.admission.tenant {
         attributes.push(KeyValue::new("sluice.tenant", tenant.to_string()));

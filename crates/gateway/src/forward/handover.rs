@@ -16,13 +16,13 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::ForwardError;
 use super::{read_ahead, Answer, Dispatch};
 use crate::admit::Terms;
 use crate::context::RequestContext;
-use crate::error::GatewayError;
 use crate::fleet::{Lease, Pool, Worker, AT_CAPACITY_VETO};
 use crate::request::Asked;
-use crate::route::{Placement, Target};
+use crate::route::{Placement, RouteError, Target};
 use crate::upstream::{UpstreamBody, UpstreamResponse};
 
 /// Why the data plane answered a request itself instead of relaying the worker's answer.
@@ -62,9 +62,9 @@ impl Dispatch for ToDataPlane<'_> {
 
     /// The workers the data plane cannot reach; a disaggregated model not at all: its prefill
     /// and decode legs are two exchanges sluice makes itself.
-    fn excluded(&self, pool: &Pool) -> Result<Vec<u64>, GatewayError> {
+    fn excluded(&self, pool: &Pool) -> Result<Vec<u64>, RouteError> {
         if pool.pd.is_some() {
-            return Err(GatewayError::NoAvailableWorkers {
+            return Err(RouteError::NoAvailableWorkers {
                 model: pool.model.clone(),
                 detail: ": its prefill and decode workers are paired by `sluice serve`, \
                          not behind a data plane"
@@ -84,7 +84,7 @@ impl Dispatch for ToDataPlane<'_> {
         ctx: &mut RequestContext,
         asked: &Asked<'_>,
         placement: Placement,
-    ) -> Result<Handover, GatewayError> {
+    ) -> Result<Handover, ForwardError> {
         ctx.forwarding();
         let Placement {
             terms,
@@ -95,10 +95,11 @@ impl Dispatch for ToDataPlane<'_> {
             Target::One { lease, chooser } => (lease, chooser),
             // `excluded` refused the pool before it was placed.
             Target::Pair { decode_chooser, .. } => {
-                return Err(GatewayError::NoAvailableWorkers {
+                return Err(RouteError::NoAvailableWorkers {
                     model: decode_chooser.model().clone(),
                     detail: String::new(),
-                })
+                }
+                .into())
             }
         };
         ctx.attempt(&lease.worker().id);
@@ -166,14 +167,14 @@ impl Handover {
         mut self,
         ctx: &RequestContext,
         reply: DataPlaneReply,
-    ) -> GatewayError {
+    ) -> ForwardError {
         let worker = self.lease.worker().clone();
         if reply == DataPlaneReply::Unreachable {
             worker.signals.transport_failure(Instant::now());
             self.lease.settle(sluice_core::breaker::Outcome::Failure);
             ctx.metrics().upstream_error(worker.id.as_str(), "connect");
         }
-        GatewayError::UpstreamFailed {
+        ForwardError::UpstreamFailed {
             worker: worker.id.clone(),
         }
     }

@@ -28,22 +28,25 @@ use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::admit::Terms;
 use crate::context::{RequestContext, DEADLINE};
-use crate::error::GatewayError;
+use crate::error::Expired;
+
 use crate::fleet::{Lease, Pool, AT_CAPACITY_VETO};
 use crate::http::{copy_request_headers, REQUEST_ID};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::request::Asked;
-use crate::route::{Chooser, Placement, Target};
+use crate::route::{Chooser, Placement, RouteError, Target};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 mod ahead;
 mod handover;
 mod pd;
+mod refusal;
 
 pub use ahead::{read_ahead, Ahead};
 pub(crate) use handover::ToDataPlane;
 pub use handover::{DataPlaneReply, Handover};
 pub use pd::PdConfig;
+pub use refusal::ForwardError;
 
 /// The forward stage's hand-off to the stream-back stage: a worker's answer, to relay.
 #[derive(Debug)]
@@ -68,7 +71,7 @@ pub(crate) trait Dispatch {
 
     /// The workers of `pool` a request must not be placed on, because this dispatch cannot
     /// reach them; refused when it cannot serve the pool at all.
-    fn excluded(&self, _pool: &Pool) -> Result<Vec<u64>, GatewayError> {
+    fn excluded(&self, _pool: &Pool) -> Result<Vec<u64>, RouteError> {
         Ok(Vec::new())
     }
 
@@ -77,7 +80,7 @@ pub(crate) trait Dispatch {
         ctx: &mut RequestContext,
         asked: &Asked<'_>,
         placement: Placement,
-    ) -> Result<Self::Sent, GatewayError>;
+    ) -> Result<Self::Sent, ForwardError>;
 }
 
 impl Dispatch for Forwarder {
@@ -88,7 +91,7 @@ impl Dispatch for Forwarder {
         ctx: &mut RequestContext,
         asked: &Asked<'_>,
         placement: Placement,
-    ) -> Result<Answer, GatewayError> {
+    ) -> Result<Answer, ForwardError> {
         self.forward(ctx, asked, placement).await
     }
 }
@@ -168,7 +171,7 @@ impl Forwarder {
         ctx: &mut RequestContext,
         asked: &Asked<'_>,
         placement: Placement,
-    ) -> Result<Answer, GatewayError> {
+    ) -> Result<Answer, ForwardError> {
         ctx.forwarding();
         self.budget.deposit();
         let Placement {
@@ -228,7 +231,7 @@ impl Forwarder {
         terms: &Terms,
         attempts: u32,
         failure: AttemptFailure,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<(), ForwardError> {
         self.count_retry(failure);
         let deadline = terms.deadline;
         let wait = self.retry.backoff.delay(attempts, rand::random::<f64>());
@@ -238,10 +241,11 @@ impl Forwarder {
         }
         let timeout = terms.allowed(asked.arrival.started);
         Err(if terms.cut_by_client() {
-            GatewayError::DeadlineExceeded { budget: timeout }
+            Expired::DeadlineExceeded { budget: timeout }
         } else {
-            GatewayError::RequestTimeout { timeout }
-        })
+            Expired::RequestTimeout { timeout }
+        }
+        .into())
     }
 
     /// One attempt on the leased worker.
@@ -260,17 +264,17 @@ impl Forwarder {
         match sent {
             // The client's deadline is not the worker's failure: its permit goes back unrecorded.
             Err(_) if at.terms.cut_by_client() => {
-                Tried::Final(GatewayError::DeadlineExceeded { budget: at.timeout })
+                Tried::Final(Expired::DeadlineExceeded { budget: at.timeout }.into())
             }
             Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
             Ok(Ok((response, ahead))) => self.answered(&at, lease, response, ahead, sent_at),
             // Nothing was sent: the worker's permit goes back unrecorded.
             Ok(Err(crate::upstream::SendError::NotOnGrpc { param, message })) => {
-                Tried::Final(GatewayError::NotOnGrpc { param, message })
+                Tried::Final(ForwardError::NotOnGrpc { param, message })
             }
             // The gateway's own want, not the worker's failure.
             Ok(Err(crate::upstream::SendError::NoTokenizer)) => {
-                Tried::Final(GatewayError::TokenizerUnavailable)
+                Tried::Final(ForwardError::TokenizerUnavailable)
             }
             Ok(Err(e)) => self.transport_failed(&at, lease, &e),
         }
@@ -385,16 +389,16 @@ impl Forwarder {
             return Tried::Retry(worker.key, failure);
         }
         Tried::Final(if failure == AttemptFailure::BadAnswer {
-            GatewayError::UpstreamBadAnswer {
+            ForwardError::UpstreamBadAnswer {
                 worker: worker.id.clone(),
             }
         } else if at.attempts > 1 || failure == AttemptFailure::Connect {
-            GatewayError::UpstreamUnreachable {
+            ForwardError::UpstreamUnreachable {
                 model: at.job.chooser.model().clone(),
                 attempts: at.attempts,
             }
         } else {
-            GatewayError::UpstreamFailed {
+            ForwardError::UpstreamFailed {
                 worker: worker.id.clone(),
             }
         })
@@ -425,10 +429,10 @@ impl Forwarder {
         true
     }
 
-    fn timed_out(&self, mut lease: Lease, timeout: Duration) -> GatewayError {
+    fn timed_out(&self, mut lease: Lease, timeout: Duration) -> ForwardError {
         lease.settle(Outcome::Failure);
         self.count_upstream_error(&lease, "timeout");
-        GatewayError::UpstreamTimeout {
+        ForwardError::UpstreamTimeout {
             worker: lease.worker().id.clone(),
             timeout,
         }
@@ -500,7 +504,7 @@ pub(super) struct Attempt<'a> {
 enum Tried {
     Answered(Answer),
     /// Tell the client this.
-    Final(GatewayError),
+    Final(ForwardError),
     /// Try another worker (this one's key, and why).
     Retry(u64, AttemptFailure),
 }

@@ -27,11 +27,12 @@ use sluice_core::liveness::{leg_silence_bound, prefill_allowance};
 use sluice_core::retry::AttemptFailure;
 use tokio::time::Instant;
 
+use super::ForwardError;
 use super::{build_request, transport_failure, Ahead, Answer, Attempt, Forwarder, Job, Tried};
 use crate::admit::Terms;
 use crate::context::RequestContext;
-use crate::error::GatewayError;
 use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
+use crate::http::RequestError;
 use crate::request::Asked;
 use crate::route::Chooser;
 use crate::upstream::UpstreamResponse;
@@ -88,7 +89,7 @@ impl Forwarder {
         body: &Bytes,
         first: Lease,
         mut choosers: Choosers,
-    ) -> Result<Answer, GatewayError> {
+    ) -> Result<Answer, ForwardError> {
         let mut first = Some(first);
         loop {
             let (decode_lease, rooms) = self
@@ -139,7 +140,7 @@ impl Forwarder {
         terms: &Terms,
         decode: &Chooser,
         mut first: Option<Lease>,
-    ) -> Result<(Lease, Option<DecodeRooms>), GatewayError> {
+    ) -> Result<(Lease, Option<DecodeRooms>), ForwardError> {
         if !self.pd.window {
             let lease = match first {
                 Some(lease) => lease,
@@ -159,7 +160,7 @@ impl Forwarder {
             let lease = match picked {
                 Ok(lease) => lease,
                 Err(_) if !full.is_empty() => break,
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
             let worker = lease.worker().clone();
             let size = worker.running_window();
@@ -201,9 +202,9 @@ impl Forwarder {
         }
     }
 
-    fn pd_shed(&self, decode: &Chooser) -> GatewayError {
+    fn pd_shed(&self, decode: &Chooser) -> ForwardError {
         self.metrics.pd_admission_sheds.inc();
-        decode.shed()
+        decode.shed().into()
     }
 
     /// Both legs at once; the decode leg's answer once the prefill leg ended well.
@@ -256,7 +257,7 @@ impl Forwarder {
         else {
             // A prefill answer without its KV's whereabouts: this worker does not speak the
             // exchange.
-            return Paired::Final(GatewayError::UpstreamFailed {
+            return Paired::Final(ForwardError::UpstreamFailed {
                 worker: lease.worker().id.clone(),
             });
         };
@@ -296,7 +297,7 @@ impl Forwarder {
         if self.may_retry(failure, at, &lease) {
             return Paired::RetryPrefill(lease.worker().key, failure);
         }
-        Paired::Final(GatewayError::UpstreamFailed {
+        Paired::Final(ForwardError::UpstreamFailed {
             worker: lease.worker().id.clone(),
         })
     }
@@ -374,7 +375,7 @@ struct Pair<'a> {
 #[allow(clippy::large_enum_variant)]
 enum Paired {
     Answered(Answer),
-    Final(GatewayError),
+    Final(ForwardError),
     RetryPrefill(u64, AttemptFailure),
     RetryDecode(u64, AttemptFailure),
 }
@@ -386,7 +387,7 @@ impl Paired {
         self,
         rooms: Option<DecodeRooms>,
         choosers: &mut Choosers,
-    ) -> Result<Result<Answer, GatewayError>, AttemptFailure> {
+    ) -> Result<Result<Answer, ForwardError>, AttemptFailure> {
         match self {
             Paired::Answered(mut answer) => {
                 if let Some(rooms) = rooms {
@@ -426,7 +427,7 @@ impl Exchange {
     }
 
     /// The body the prefill leg carries (and the decode leg too, with SGLang).
-    fn prefill_body(self, body: &Bytes, prefill: &Lease) -> Result<Bytes, GatewayError> {
+    fn prefill_body(self, body: &Bytes, prefill: &Lease) -> Result<Bytes, ForwardError> {
         let fields: Vec<(&str, Option<serde_json::Value>)> = match self {
             Exchange::Sglang => {
                 let worker = prefill.worker();
@@ -465,7 +466,7 @@ impl Exchange {
                 ),
             ],
         };
-        with_fields(body, fields).ok_or(GatewayError::BodyUnreadable)
+        with_fields(body, fields).ok_or(RequestError::BodyUnreadable.into())
     }
 }
 

@@ -9,6 +9,7 @@
 //! here and the context ends with it.
 
 mod pick;
+mod refused;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,13 +27,16 @@ use tokio::time::Instant;
 pub use crate::forward::DataPlaneReply;
 pub use crate::request::{parse, parse_form, ApiRoute, RequestFacts};
 pub use pick::{pick, Answered, Picked};
+pub use refused::{Answers, GatewayError};
 
-use crate::admit::AdmitStage;
+use crate::admit::{AdmitError, AdmitStage};
 use crate::context::{Accounts, RequestContext};
-use crate::error::{reflected, GatewayError};
+use crate::error::{reflected, respond, Answerable};
 use crate::fleet::Fleet;
 use crate::forward::{Dispatch, Forwarder};
-use crate::http::{discard, read_body, request_id, BodyLimits, Keys, Shortcut, REQUEST_ID};
+use crate::http::{
+    discard, read_body, request_id, BodyLimits, Keys, RequestError, Shortcut, REQUEST_ID,
+};
 use crate::request::{Arrival, Asked};
 use crate::route::RouteStage;
 use crate::stream;
@@ -48,16 +52,16 @@ pub struct RequestLimits {
 
 impl RequestLimits {
     /// Refuses a request asking for more than the limits allow, naming the field.
-    fn check(&self, facts: &RequestFacts<'_>) -> Result<(), GatewayError> {
+    fn check(&self, facts: &RequestFacts<'_>) -> Result<(), RequestError> {
         if facts.n > self.max_n {
-            return Err(GatewayError::AboveMax {
+            return Err(RequestError::AboveMax {
                 param: "n",
                 max: self.max_n,
                 got: facts.n,
             });
         }
         match (facts.max_tokens, self.max_tokens) {
-            (Some(got), Some(max)) if got > max => Err(GatewayError::AboveMax {
+            (Some(got), Some(max)) if got > max => Err(RequestError::AboveMax {
                 param: facts.max_tokens_param,
                 max,
                 got,
@@ -91,6 +95,8 @@ pub struct Front {
     pub limits: RequestLimits,
     /// `--request-id-headers`: where a client's own request id is read from, in order.
     pub request_id_headers: Vec<HeaderName>,
+    /// How refusals are answered: `--overload-status-code` for an overload.
+    pub answers: Answers,
     /// Set when shutdown begins: new requests are refused.
     pub draining: Arc<AtomicBool>,
 }
@@ -161,12 +167,13 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
     let mut response = match served {
         Ok(answer) => stream::relay(answer, ctx),
         Err(error) => {
-            ctx.refuse(&error);
+            let status = front.answers.status(&error);
+            ctx.refuse(status, &error);
             if let Some(unread) = body {
                 // Refused before the body was read: read it away first (see `http::discard`).
                 discard(unread).await;
             }
-            error.into_response()
+            respond(&error, status)
         }
     };
     let headers = response.headers_mut();
@@ -203,7 +210,7 @@ async fn serve<D: Dispatch>(
     dispatch: &D,
 ) -> Result<D::Sent, GatewayError> {
     if front.is_draining() {
-        return Err(GatewayError::ShuttingDown);
+        return Err(RequestError::ShuttingDown.into());
     }
     let route = arrival.route;
     let owner = front.keys.check_client(&parts.headers)?;
@@ -214,7 +221,7 @@ async fn serve<D: Dispatch>(
         None
     };
     let Some(unread) = body.as_mut() else {
-        return Err(GatewayError::BodyUnreadable);
+        return Err(RequestError::BodyUnreadable.into());
     };
     let limits = BodyLimits {
         max_bytes: front.max_payload,
@@ -252,17 +259,20 @@ async fn run_stages<D: Dispatch>(
 ) -> Result<D::Sent, GatewayError> {
     let admitting = Instant::now();
     let admitted = front.admit.admit(asked, ctx).await;
-    ctx.admission_ended(admitting, admitted.as_ref().err());
+    ctx.admission_ended(
+        admitting,
+        admitted.as_ref().err().map(|e| e as &dyn Answerable),
+    );
     let mut admitted = admitted?;
     // What admission took is given back with the request's ending, which its context knows.
     ctx.keep(admitted.grants.take());
     let excluded = dispatch.excluded(&admitted.pool)?;
     let placement = front.route.place(asked, admitted, excluded).await?;
-    dispatch.dispatch(ctx, asked, placement).await
+    Ok(dispatch.dispatch(ctx, asked, placement).await?)
 }
 
 /// An upload must say it is a multipart form (its boundary is in the content type).
-fn require_form(headers: &HeaderMap) -> Result<String, GatewayError> {
+fn require_form(headers: &HeaderMap) -> Result<String, RequestError> {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -272,16 +282,16 @@ fn require_form(headers: &HeaderMap) -> Result<String, GatewayError> {
                 .starts_with("multipart/form-data")
         })
         .map(str::to_string)
-        .ok_or(GatewayError::UnsupportedMediaType)
+        .ok_or(RequestError::UnsupportedMediaType)
 }
 
 /// A body that says it is something other than JSON is refused; no content type is accepted. So
 /// is a compressed body: the gateway must read the JSON, and decodes no content coding.
-fn require_json(headers: &HeaderMap) -> Result<(), GatewayError> {
+fn require_json(headers: &HeaderMap) -> Result<(), RequestError> {
     if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
         let encoding = String::from_utf8_lossy(encoding.as_bytes());
         if !encoding.trim().eq_ignore_ascii_case("identity") {
-            return Err(GatewayError::UnsupportedContentEncoding {
+            return Err(RequestError::UnsupportedContentEncoding {
                 encoding: reflected(encoding.trim()),
             });
         }
@@ -299,7 +309,7 @@ fn require_json(headers: &HeaderMap) -> Result<(), GatewayError> {
     if mime.eq_ignore_ascii_case("application/json") {
         Ok(())
     } else {
-        Err(GatewayError::UnsupportedMediaType)
+        Err(RequestError::UnsupportedMediaType)
     }
 }
 
@@ -343,10 +353,12 @@ async fn model_card(
     };
     match found {
         Some(card) => axum::Json(card).into_response(),
-        None => GatewayError::ModelNotFound {
-            model: reflected(&id),
+        None => {
+            let error = AdmitError::ModelNotFound {
+                model: reflected(&id),
+            };
+            respond(&error, error.status())
         }
-        .into_response(),
     }
 }
 

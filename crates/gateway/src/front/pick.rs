@@ -19,6 +19,7 @@ use tower::ServiceExt;
 
 use super::{degraded_header, routes, serve, ApiRoute, Front, DEGRADED};
 use crate::context::RequestContext;
+use crate::error::{respond, Answerable};
 use crate::fleet::Worker;
 use crate::forward::{DataPlaneReply, Handover, ToDataPlane};
 use crate::http::{self, clean_response_headers, request_id, REQUEST_ID};
@@ -86,8 +87,8 @@ impl Picked {
             answer_headers,
         } = self;
         let error = handover.unanswered(&ctx, reply);
-        ctx.refuse(&error);
-        let mut response = axum::response::IntoResponse::into_response(error);
+        ctx.refuse(error.status(), &error);
+        let mut response = respond(&error, error.status());
         response.headers_mut().extend(answer_headers);
         response
     }
@@ -155,9 +156,10 @@ pub async fn pick(
         Err(error) => {
             // What is left of the body stays with the data plane, which holds the client's
             // connection: nothing to read away here.
-            ctx.refuse(&error);
+            let status = front.answers.status(&error);
+            ctx.refuse(status, &error);
             let shed = error.is_shed();
-            let mut response = axum::response::IntoResponse::into_response(error);
+            let mut response = respond(&error, status);
             response.headers_mut().extend(answer_headers);
             Err(Answered { response, shed })
         }

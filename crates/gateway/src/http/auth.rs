@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderMap};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use crate::error::GatewayError;
+use super::RequestError;
 
 /// The gateway's keys.
 #[derive(Debug, Clone, Default)]
@@ -96,12 +96,12 @@ pub enum KeyOwner {
 impl Keys {
     /// Whether the request may use the OpenAI routes, and as whom. Every key is compared whatever
     /// matches, so timing tells neither which key nor which kind matched.
-    pub fn check_client(&self, headers: &HeaderMap) -> Result<KeyOwner, GatewayError> {
+    pub fn check_client(&self, headers: &HeaderMap) -> Result<KeyOwner, RequestError> {
         if self.client.is_empty() && self.tenants.is_empty() {
             return Ok(KeyOwner::Anyone);
         }
         let Some(given) = bearer(headers) else {
-            return Err(GatewayError::InvalidApiKey);
+            return Err(RequestError::InvalidApiKey);
         };
         let client = matches_any(self.client.iter(), given);
         let none = u64::MAX;
@@ -111,7 +111,7 @@ impl Keys {
         match (client, owner) {
             (true, _) => Ok(KeyOwner::Anyone),
             (false, o) if o != none => Ok(KeyOwner::Tenant(o as usize)),
-            _ => Err(GatewayError::InvalidApiKey),
+            _ => Err(RequestError::InvalidApiKey),
         }
     }
 
@@ -130,21 +130,21 @@ impl Keys {
         )
     }
 
-    pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+    pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), RequestError> {
         if !self.admin_configured() {
-            return Err(GatewayError::AdminDisabled);
+            return Err(RequestError::AdminDisabled);
         }
         match bearer(headers) {
             Some(given) if matches_any(self.admin_keys(), given) => Ok(()),
-            _ => Err(GatewayError::InvalidAdminKey),
+            _ => Err(RequestError::InvalidAdminKey),
         }
     }
 
     /// An admin key, or a read-only control-plane key.
-    pub fn check_admin_read(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+    pub fn check_admin_read(&self, headers: &HeaderMap) -> Result<(), RequestError> {
         match bearer(headers) {
             Some(given) if self.is_admin_reader(given) => Ok(()),
-            _ => Err(GatewayError::InvalidAdminKey),
+            _ => Err(RequestError::InvalidAdminKey),
         }
     }
 
@@ -195,7 +195,7 @@ mod tests {
         assert!(keys.check_admin(&auth("Bearer adm")).is_ok());
         assert_eq!(
             keys.check_admin(&auth("Bearer rdr")),
-            Err(GatewayError::InvalidAdminKey),
+            Err(RequestError::InvalidAdminKey),
             "a user key cannot change workers"
         );
         assert!(keys.check_admin_read(&auth("Bearer rdr")).is_ok());
@@ -230,7 +230,7 @@ mod tests {
         };
         assert_eq!(
             only_tenants.check_client(&HeaderMap::new()),
-            Err(GatewayError::InvalidApiKey),
+            Err(RequestError::InvalidApiKey),
             "a tenant's key configured turns authentication on"
         );
         assert!(keys.check_client(&auth("Bearer k2")).is_ok());
@@ -238,13 +238,13 @@ mod tests {
         for bad in ["Bearer k3", "Bearer ", "k1", "Basic k1", "Bearer k1 "] {
             assert_eq!(
                 keys.check_client(&auth(bad)),
-                Err(GatewayError::InvalidApiKey),
+                Err(RequestError::InvalidApiKey),
                 "{bad}"
             );
         }
         assert_eq!(
             keys.check_client(&HeaderMap::new()),
-            Err(GatewayError::InvalidApiKey)
+            Err(RequestError::InvalidApiKey)
         );
     }
 
@@ -253,7 +253,7 @@ mod tests {
         let none = Keys::default();
         assert_eq!(
             none.check_admin(&auth("Bearer x")),
-            Err(GatewayError::AdminDisabled)
+            Err(RequestError::AdminDisabled)
         );
         let keys = Keys {
             admin: Some("root".into()),
@@ -262,7 +262,7 @@ mod tests {
         assert!(keys.check_admin(&auth("Bearer root")).is_ok());
         assert_eq!(
             keys.check_admin(&auth("Bearer roo")),
-            Err(GatewayError::InvalidAdminKey)
+            Err(RequestError::InvalidAdminKey)
         );
     }
 }

@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use crate::error::GatewayError;
+use super::RequestError;
 
 /// A body read whole, holding its share of the buffer budget until it is dropped.
 #[derive(Debug)]
@@ -35,14 +35,14 @@ fn take<'a>(
     budget: Option<&'a Semaphore>,
     held: &mut Option<SemaphorePermit<'a>>,
     n: usize,
-) -> Result<(), GatewayError> {
+) -> Result<(), RequestError> {
     let Some(budget) = budget else {
         return Ok(());
     };
-    let n = u32::try_from(n).map_err(|_| GatewayError::BodyBuffersFull)?;
+    let n = u32::try_from(n).map_err(|_| RequestError::BodyBuffersFull)?;
     let permit = budget
         .try_acquire_many(n)
-        .map_err(|_| GatewayError::BodyBuffersFull)?;
+        .map_err(|_| RequestError::BodyBuffersFull)?;
     match held {
         Some(all) => all.merge(permit),
         None => *held = Some(permit),
@@ -78,14 +78,14 @@ pub async fn read_body<'a>(
     body: &mut Body,
     headers: &HeaderMap,
     limits: BodyLimits<'a>,
-) -> Result<Buffered<'a>, GatewayError> {
+) -> Result<Buffered<'a>, RequestError> {
     let within = limits.within;
     tokio::time::timeout(
         within,
         read_within(body, headers, limits.max_bytes, limits.budget),
     )
     .await
-    .map_err(|_| GatewayError::BodyReadTimeout { timeout: within })?
+    .map_err(|_| RequestError::BodyReadTimeout { timeout: within })?
 }
 
 async fn read_within<'a>(
@@ -93,10 +93,10 @@ async fn read_within<'a>(
     headers: &HeaderMap,
     limit: usize,
     budget: Option<&'a Semaphore>,
-) -> Result<Buffered<'a>, GatewayError> {
+) -> Result<Buffered<'a>, RequestError> {
     let declared = declared_length(headers);
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(GatewayError::PayloadTooLarge { limit });
+        return Err(RequestError::PayloadTooLarge { limit });
     }
     let mut held = None;
     // A declared length is taken whole at once: refused before a byte is read.
@@ -106,12 +106,12 @@ async fn read_within<'a>(
     let mut more: Option<BytesMut> = None;
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(|_| GatewayError::BodyUnreadable)?.into_data() else {
+        let Ok(data) = frame.map_err(|_| RequestError::BodyUnreadable)?.into_data() else {
             continue; // trailers
         };
         total += data.len();
         if total > limit {
-            return Err(GatewayError::PayloadTooLarge { limit });
+            return Err(RequestError::PayloadTooLarge { limit });
         }
         if total > taken {
             take(budget, &mut held, total - taken)?;

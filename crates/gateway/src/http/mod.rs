@@ -8,6 +8,7 @@ mod body;
 mod headers;
 mod idle;
 mod protocol;
+mod refusal;
 mod request_id;
 mod server;
 mod service;
@@ -19,6 +20,7 @@ pub use body::{declared_length, discard, read_body, BodyLimits, Buffered};
 pub use headers::{
     clean_response_headers, copy_request_headers, is_event_stream, CLIENT_CREDENTIALS,
 };
+pub use refusal::RequestError;
 pub use request_id::{accept_or_make as request_id, REQUEST_ID};
 pub use server::{serve, stopped, Limits};
 pub use service::{Answering, Routes, Shortcut};
@@ -28,11 +30,9 @@ use axum::body::Body;
 use axum::http::{Method, Response, Uri};
 use axum::response::IntoResponse;
 
-use crate::error::GatewayError;
-
 /// The answer for a path no router knows.
 pub async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
-    GatewayError::UnknownRoute {
+    RequestError::UnknownRoute {
         method: method.to_string(),
         path: uri.path().to_string(),
     }
@@ -41,7 +41,7 @@ pub async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
 
 /// The answer for a known path asked with the wrong method (axum adds the `Allow` header).
 pub async fn method_not_allowed(method: Method, uri: Uri) -> Response<Body> {
-    GatewayError::MethodNotAllowed {
+    RequestError::MethodNotAllowed {
         method: method.to_string(),
         path: uri.path().to_string(),
     }

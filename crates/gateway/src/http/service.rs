@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use tower::Service;
 
 use super::idle::{Activity, InProgress, Tracked};
-use crate::error::GatewayError;
+use super::RequestError;
 
 /// A way past the router for the routes nearly every request takes: the request's answer, or the
 /// request handed back for the router. axum's routing (matching the path, the URL parameters it
@@ -91,13 +91,13 @@ pub(super) const HYPER_MAX_BUF: usize = 512 * 1024;
 
 /// The refusal a request head calls for, if any: 414 or 431, in the OpenAI error shape like every
 /// other refusal (hyper's own would be empty).
-fn head_refusal<B>(request: &Request<B>) -> Option<GatewayError> {
+fn head_refusal<B>(request: &Request<B>) -> Option<RequestError> {
     let uri = request
         .uri()
         .path_and_query()
         .map_or(0, |p| p.as_str().len());
     if uri > MAX_URI_BYTES {
-        return Some(GatewayError::UriTooLong {
+        return Some(RequestError::UriTooLong {
             limit: MAX_URI_BYTES,
         });
     }
@@ -107,7 +107,7 @@ fn head_refusal<B>(request: &Request<B>) -> Option<GatewayError> {
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
-        return Some(GatewayError::HeadersTooLarge {
+        return Some(RequestError::HeadersTooLarge {
             fields: MAX_HEADERS,
             bytes: MAX_HEADER_BYTES,
         });
@@ -146,7 +146,7 @@ where
             }
             Answer::Refused(refusal) => Poll::Ready(Ok(refusal
                 .take()
-                .unwrap_or_else(|| GatewayError::BodyUnreadable.into_response()))),
+                .unwrap_or_else(|| RequestError::BodyUnreadable.into_response()))),
         }
     }
 }

@@ -17,7 +17,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::error::GatewayError;
+use super::RequestError;
+use crate::error::Answerable;
 
 /// A client socket whose first bytes, if hyper writes them before any request was served, are
 /// rewritten (see the module docs).
@@ -53,15 +54,15 @@ fn shaped_refusal(bytes: &[u8]) -> Option<Vec<u8>> {
         .parse::<u16>()
         .ok()?;
     let error = match code {
-        400 => GatewayError::MalformedRequest,
-        414 => GatewayError::UriTooLong { limit: 65_534 },
-        431 => GatewayError::HeadersTooLarge {
+        400 => RequestError::MalformedRequest,
+        414 => RequestError::UriTooLong { limit: 65_534 },
+        431 => RequestError::HeadersTooLarge {
             fields: super::service::HYPER_MAX_HEADERS,
             bytes: super::service::HYPER_MAX_BUF,
         },
         _ => return None,
     };
-    let body = error.body();
+    let body = crate::error::body(&error);
     let mut out = format!(
         "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n{}: {}\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n",

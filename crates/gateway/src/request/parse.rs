@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::error::GatewayError;
+use crate::http::RequestError;
 
 /// The model-routed POST routes the gateway serves: OpenAI's three it checks, and the others
 /// vLLM and SGLang serve, which it routes by model and passes through unread.
@@ -159,7 +159,7 @@ fn passed_through<'a>(
     fields: &Fields<'a>,
     body: &[u8],
     prompt: Option<&'a RawValue>,
-) -> Result<RequestFacts<'a>, GatewayError> {
+) -> Result<RequestFacts<'a>, RequestError> {
     let (model, model_at) = model(fields, body)?;
     Ok(RequestFacts {
         model,
@@ -178,8 +178,8 @@ fn passed_through<'a>(
 pub async fn parse_form<'a>(
     content_type: &str,
     body: &Bytes,
-) -> Result<RequestFacts<'a>, GatewayError> {
-    let bad = |detail: String| GatewayError::InvalidForm { detail };
+) -> Result<RequestFacts<'a>, RequestError> {
+    let bad = |detail: String| RequestError::InvalidForm { detail };
     let boundary = multer::parse_boundary(content_type).map_err(|e| bad(e.to_string()))?;
     let chunk = body.clone();
     let stream =
@@ -211,16 +211,16 @@ fn null_kept<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawVa
 }
 
 /// Reads the facts of a request body for `route`.
-pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayError> {
+pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, RequestError> {
     // A derived struct would also accept a JSON array (field by position): refuse it first.
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|b| *b != b'{')
         && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
     {
-        return Err(GatewayError::BodyNotObject);
+        return Err(RequestError::BodyNotObject);
     }
     let fields: Fields<'_> =
-        serde_json::from_slice(body).map_err(|e| GatewayError::InvalidJson {
+        serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson {
             detail: e.to_string(),
         })?;
     let prompt = match route {
@@ -239,14 +239,14 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
         // Passed through unread: its prompt, when there is one, only places it.
         return passed_through(&fields, body, prompt);
     };
-    let prompt = prompt.ok_or(GatewayError::MissingParameter { param })?;
+    let prompt = prompt.ok_or(RequestError::MissingParameter { param })?;
     let first = prompt.get().as_bytes().first().copied();
     let prompt_ok = match route {
         ApiRoute::Chat => first == Some(b'['),
         _ => matches!(first, Some(b'[' | b'"')),
     };
     if !prompt_ok {
-        return Err(GatewayError::InvalidType {
+        return Err(RequestError::InvalidType {
             param,
             expected: if route == ApiRoute::Chat {
                 "an array of messages"
@@ -271,7 +271,7 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, GatewayEr
 }
 
 /// `max_completion_tokens`, else `max_tokens`, and the name of the one given.
-fn max_tokens(fields: &Fields<'_>) -> Result<(Option<u64>, &'static str), GatewayError> {
+fn max_tokens(fields: &Fields<'_>) -> Result<(Option<u64>, &'static str), RequestError> {
     Ok(match fields.max_completion_tokens {
         Some(raw) => (
             Some(count(raw, "max_completion_tokens")?),
@@ -288,7 +288,7 @@ fn max_tokens(fields: &Fields<'_>) -> Result<(Option<u64>, &'static str), Gatewa
 }
 
 /// `stream`, false unless given.
-fn stream(fields: &Fields<'_>) -> Result<bool, GatewayError> {
+fn stream(fields: &Fields<'_>) -> Result<bool, RequestError> {
     Ok(fields
         .stream
         .map(|raw| boolean(raw, "stream"))
@@ -297,14 +297,14 @@ fn stream(fields: &Fields<'_>) -> Result<bool, GatewayError> {
 }
 
 /// `n`, 1 unless given; at least 1.
-fn choices(fields: &Fields<'_>) -> Result<u64, GatewayError> {
+fn choices(fields: &Fields<'_>) -> Result<u64, RequestError> {
     let n = fields
         .n
         .map(|raw| count(raw, "n"))
         .transpose()?
         .unwrap_or(1);
     if n == 0 {
-        return Err(GatewayError::BelowMin {
+        return Err(RequestError::BelowMin {
             param: "n",
             min: 1,
             got: 0,
@@ -317,7 +317,7 @@ fn choices(fields: &Fields<'_>) -> Result<u64, GatewayError> {
 type ModelField<'a> = (Option<Cow<'a, str>>, Option<std::ops::Range<usize>>);
 
 /// `model` as a string, and where its value (a string or `null`) stands in `body`.
-fn model<'a>(fields: &Fields<'a>, body: &[u8]) -> Result<ModelField<'a>, GatewayError> {
+fn model<'a>(fields: &Fields<'a>, body: &[u8]) -> Result<ModelField<'a>, RequestError> {
     let Some(raw) = fields.model else {
         return Ok((None, None));
     };
@@ -330,8 +330,8 @@ fn model<'a>(fields: &Fields<'a>, body: &[u8]) -> Result<ModelField<'a>, Gateway
     Ok((Some(string(raw, "model")?), at))
 }
 
-fn string<'a>(raw: &'a RawValue, param: &'static str) -> Result<Cow<'a, str>, GatewayError> {
-    let wrong = GatewayError::InvalidType {
+fn string<'a>(raw: &'a RawValue, param: &'static str) -> Result<Cow<'a, str>, RequestError> {
+    let wrong = RequestError::InvalidType {
         param,
         expected: "a string",
     };
@@ -347,15 +347,15 @@ fn string<'a>(raw: &'a RawValue, param: &'static str) -> Result<Cow<'a, str>, Ga
         .map_err(|_| wrong)
 }
 
-fn boolean(raw: &RawValue, param: &'static str) -> Result<bool, GatewayError> {
-    serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidType {
+fn boolean(raw: &RawValue, param: &'static str) -> Result<bool, RequestError> {
+    serde_json::from_str(raw.get()).map_err(|_| RequestError::InvalidType {
         param,
         expected: "a boolean",
     })
 }
 
-fn count(raw: &RawValue, param: &'static str) -> Result<u64, GatewayError> {
-    serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidType {
+fn count(raw: &RawValue, param: &'static str) -> Result<u64, RequestError> {
+    serde_json::from_str(raw.get()).map_err(|_| RequestError::InvalidType {
         param,
         expected: "a non-negative integer",
     })
@@ -364,6 +364,7 @@ fn count(raw: &RawValue, param: &'static str) -> Result<u64, GatewayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Answerable;
 
     #[test]
     fn every_route_is_found_at_its_path_and_nothing_else_is() {

@@ -16,8 +16,8 @@ use sluice_core::overload::{when_all_vetoed, AllVetoed, Projection, VetoClass, V
 use sluice_core::policy::{choose, Candidate, Draw, Policy};
 use sluice_core::ModelName;
 
+use super::RouteError;
 use super::{held, RouteRequest, Shedding};
-use crate::error::GatewayError;
 use crate::fleet::{Lease, Pool, Worker};
 use crate::metrics::{Metrics, StageLabel};
 
@@ -145,24 +145,24 @@ impl Chooser {
 
     /// A worker for the next attempt: the policy's pick with its breaker permit, or the
     /// all-vetoed rule's answer.
-    pub fn next(&self) -> Result<Lease, GatewayError> {
+    pub fn next(&self) -> Result<Lease, RouteError> {
         self.pick_skipping(&self.tried)
     }
 
     /// The same, skipping the workers in `skip` too (a decode worker whose window is full).
-    pub fn next_except(&self, skip: &[u64]) -> Result<Lease, GatewayError> {
+    pub fn next_except(&self, skip: &[u64]) -> Result<Lease, RouteError> {
         let mut skipped = self.tried.clone();
         skipped.extend_from_slice(skip);
         self.pick_skipping(&skipped)
     }
 
-    fn pick_skipping(&self, skipped: &[u64]) -> Result<Lease, GatewayError> {
+    fn pick_skipping(&self, skipped: &[u64]) -> Result<Lease, RouteError> {
         let rules = &*self.rules;
         let pool = self.pool();
         let selected = match select(rules, self.policy(), pool, &self.request, skipped) {
             Ok(selected) => selected,
             Err(e) => {
-                if matches!(e, GatewayError::WorkerOverloadShed { .. }) {
+                if matches!(e, RouteError::WorkerOverloadShed { .. }) {
                     rules.count_shed("select");
                 }
                 return Err(e);
@@ -184,10 +184,9 @@ impl Chooser {
         {
             // Flagged between selection and dispatch: shed rather than pick again.
             rules.count_shed("dispatch");
-            return Err(GatewayError::OverloadedBeforeDispatch {
+            return Err(RouteError::OverloadedBeforeDispatch {
                 worker: worker.id.clone(),
                 model: pool.model.clone(),
-                status: rules.shedding.status,
                 retry_after: rules.shedding.retry_after,
             });
         }
@@ -196,11 +195,10 @@ impl Chooser {
 
     /// The overload answer for its pool (`--overload-status-code`, Retry-After): what the
     /// decode admission window sheds with.
-    pub fn shed(&self) -> GatewayError {
+    pub fn shed(&self) -> RouteError {
         self.rules.count_shed("pd_window");
-        GatewayError::WorkerOverloadShed {
+        RouteError::WorkerOverloadShed {
             model: self.pool().model.clone(),
-            status: self.rules.shedding.status,
             retry_after: self.rules.shedding.retry_after,
         }
     }
@@ -231,7 +229,7 @@ fn select(
     pool: &Pool,
     request: &RouteRequest,
     tried: &[u64],
-) -> Result<Selected, GatewayError> {
+) -> Result<Selected, RouteError> {
     // A worker at its adaptive limit is neither a candidate nor a fallback: the limit is a cap.
     let (free, vetoed): (Vec<&Arc<Worker>>, Vec<&Arc<Worker>>) = pool
         .workers
@@ -332,7 +330,7 @@ fn fall_back(
     tried: &[u64],
     mut vetoed: Vec<&Arc<Worker>>,
     others_out: bool,
-) -> Result<Selected, GatewayError> {
+) -> Result<Selected, RouteError> {
     loop {
         let candidates: Vec<Vetoed> = vetoed
             .iter()
@@ -362,9 +360,8 @@ fn fall_back(
                 vetoed.swap_remove(i);
             }
             AllVetoed::Shed => {
-                return Err(GatewayError::WorkerOverloadShed {
+                return Err(RouteError::WorkerOverloadShed {
                     model: pool.model.clone(),
-                    status: shedding.status,
                     retry_after: shedding.retry_after,
                 })
             }
@@ -373,7 +370,7 @@ fn fall_back(
     }
 }
 
-fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
+fn no_workers(pool: &Pool, tried: &[u64]) -> RouteError {
     let (mut pending, mut unhealthy, mut draining, mut open, mut failed) = (0, 0, 0, 0, 0);
     let (mut full, mut doubted, mut limited) = (0, 0, 0);
     for w in &pool.workers {
@@ -413,7 +410,7 @@ fn no_workers(pool: &Pool, tried: &[u64]) -> GatewayError {
     .filter(|(n, _)| *n > 0)
     .map(|(n, why)| format!("{n} {why}"))
     .collect();
-    GatewayError::NoAvailableWorkers {
+    RouteError::NoAvailableWorkers {
         model: pool.model.clone(),
         detail: if reasons.is_empty() {
             String::new()

@@ -31,6 +31,7 @@
 
 mod chooser;
 mod held;
+mod refusal;
 mod request;
 
 use std::sync::Arc;
@@ -43,10 +44,10 @@ use sluice_core::policy::Policy;
 
 pub use chooser::Chooser;
 pub use held::HeldKeys;
+pub use refusal::RouteError;
 pub use request::{RouteRequest, Wants};
 
 use crate::admit::{Admitted, Terms};
-use crate::error::GatewayError;
 use crate::fleet::{Lease, Pool};
 use crate::metrics::Metrics;
 use crate::request::{ApiRoute, Asked};
@@ -97,8 +98,6 @@ pub enum Target {
 pub struct Shedding {
     /// `--worker-overload-shed`: refuse it; otherwise steer it to the least loaded.
     pub enabled: bool,
-    /// `--overload-status-code`.
-    pub status: u16,
     /// The load-monitor interval, in whole seconds: a vetoed worker is not re-judged sooner.
     pub retry_after: std::time::Duration,
 }
@@ -159,7 +158,7 @@ impl RouteStage {
         asked: &Asked<'_>,
         admitted: Admitted,
         excluded: Vec<u64>,
-    ) -> Result<Placement, GatewayError> {
+    ) -> Result<Placement, RouteError> {
         // Its grants are not the route stage's: the front stage gave them to the request's
         // context, which gives them back with the request's ending.
         let Admitted {

@@ -45,7 +45,7 @@ pub use sluice_core::status::CardState;
 
 use crate::admin::Admin;
 use crate::config::UiConfig;
-use crate::error::GatewayError;
+use crate::http::RequestError;
 use crate::http::{discard, read_body, BodyLimits};
 use sampler::{Reading, Series};
 
@@ -195,7 +195,7 @@ async fn session(State(status): State<Arc<Status>>, headers: HeaderMap) -> Respo
     if status.authorized(&headers) {
         StatusCode::NO_CONTENT.into_response()
     } else {
-        GatewayError::InvalidAdminKey.into_response()
+        RequestError::InvalidAdminKey.into_response()
     }
 }
 
@@ -221,17 +221,17 @@ async fn login(State(status): State<Arc<Status>>, request: Request) -> Response<
     let key = match serde_json::from_slice::<Login>(&bytes) {
         Ok(Login { key: Some(key) }) => key,
         Ok(Login { key: None }) => {
-            return GatewayError::MissingParameter { param: "key" }.into_response()
+            return RequestError::MissingParameter { param: "key" }.into_response()
         }
         Err(e) => {
-            return GatewayError::InvalidJson {
+            return RequestError::InvalidJson {
                 detail: e.to_string(),
             }
             .into_response()
         }
     };
     if !status.admin.keys.is_admin_reader(key.as_bytes()) {
-        return GatewayError::InvalidAdminKey.into_response();
+        return RequestError::InvalidAdminKey.into_response();
     }
     set_cookie(&status, &hex(key.as_bytes()), None)
 }
@@ -259,7 +259,7 @@ fn set_cookie(status: &Status, value: &str, max_age: Option<u64>) -> Response<Bo
 
 async fn events(State(status): State<Arc<Status>>, headers: HeaderMap) -> Response<Body> {
     if !status.authorized(&headers) {
-        return GatewayError::InvalidAdminKey.into_response();
+        return RequestError::InvalidAdminKey.into_response();
     }
     let history = {
         let series = status.series.lock();

@@ -36,6 +36,9 @@
 //! (events read together share their gap), a whole body's time over its completion tokens.
 
 mod meter;
+mod refusal;
+
+pub use refusal::StreamError;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -54,7 +57,8 @@ use tokio::time::{Instant, Sleep};
 
 use crate::admit::Terms;
 use crate::context::RequestContext;
-use crate::error::GatewayError;
+use crate::error::Expired;
+
 use crate::fleet::{Lease, AT_CAPACITY_VETO};
 use crate::forward::Answer;
 use crate::http::{clean_response_headers, is_event_stream, OnWake};
@@ -349,16 +353,16 @@ impl Relay {
     }
 
     /// The worker failed mid-body: settle, count, and tell the client.
-    fn fail(&mut self, kind: &'static str) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+    fn fail(&mut self, kind: &'static str) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
         let worker = self.lease.worker().id.clone();
-        let error = GatewayError::StreamInterrupted { worker };
+        let error = StreamError::StreamInterrupted { worker };
         self.charge(kind, error, false)
     }
 
     /// The worker's event stream held a line or an event past the parser's cap: a failure of
     /// the worker, and the chunk that carried it is not passed on.
-    fn too_large(&mut self, e: Oversized) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
-        let error = GatewayError::StreamEventTooLarge {
+    fn too_large(&mut self, e: Oversized) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
+        let error = StreamError::StreamEventTooLarge {
             worker: self.lease.worker().id.clone(),
             what: e.what,
             limit: e.limit,
@@ -371,9 +375,9 @@ impl Relay {
     fn charge(
         &mut self,
         kind: &'static str,
-        error: GatewayError,
+        error: StreamError,
         mid_event: bool,
-    ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
         self.lease.settle(Outcome::Failure);
         self.count_upstream_error(kind);
         self.interrupt(error, mid_event)
@@ -389,7 +393,7 @@ impl Relay {
     /// The request's deadline passed mid-body: the gateway ends the response, not the worker, so
     /// the worker's circuit is not charged (its permit goes back unrecorded); a worker that
     /// stopped sending is the liveness checker's to judge.
-    fn cut_at_deadline(&mut self) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+    fn cut_at_deadline(&mut self) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
         let timeout = self
             .ctx
             .as_ref()
@@ -397,10 +401,10 @@ impl Relay {
             .unwrap_or_default();
         if self.terms.cut_by_client() {
             // The client's own deadline: nobody's failure, and named as the client asked.
-            return self.interrupt(GatewayError::DeadlineExceeded { budget: timeout }, false);
+            return self.interrupt(Expired::DeadlineExceeded { budget: timeout }.into(), false);
         }
         self.count_upstream_error("timeout");
-        self.interrupt(GatewayError::RequestTimeout { timeout }, false)
+        self.interrupt(Expired::RequestTimeout { timeout }.into(), false)
     }
 
     /// Ends the response early with `error`: one error event for an SSE client (and no
@@ -408,15 +412,15 @@ impl Relay {
     /// event, so a blank line ends it first and the error is an event of its own.
     fn interrupt(
         &mut self,
-        error: GatewayError,
+        error: StreamError,
         mid_event: bool,
-    ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
         self.finish(true);
         self.state = State::Done;
         if !self.sse {
             return Poll::Ready(Some(Err(error)));
         }
-        let event = error.sse_event();
+        let event = crate::error::sse_event(&error);
         if !mid_event {
             return Poll::Ready(Some(Ok(Frame::data(event))));
         }
@@ -443,12 +447,12 @@ impl Drop for Relay {
 
 impl Body for Relay {
     type Data = Bytes;
-    type Error = GatewayError;
+    type Error = StreamError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, GatewayError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
         let this = &mut *self;
         if this.state == State::Done {
             return Poll::Ready(None);

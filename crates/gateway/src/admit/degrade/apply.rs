@@ -8,8 +8,8 @@ use sluice_core::admission::Tier;
 use sluice_core::degrade::{cascade_stays, clamp_output, prune_context, reasoning};
 
 use super::{Degrader, Step, StepKind, CASCADE};
+use crate::admit::AdmitError;
 use crate::context::Degraded;
-use crate::error::GatewayError;
 
 /// The first level of hard shedding (tier 2), and the one that sheds tier 1 too.
 const SHED_BATCH: u8 = 5;
@@ -17,7 +17,7 @@ const SHED_AGENT: u8 = 6;
 
 impl Degrader {
     /// Step 5: a request of `tier` refused at arrival while the level sheds it.
-    pub fn shed(&self, tier: Tier) -> Result<(), GatewayError> {
+    pub fn shed(&self, tier: Tier) -> Result<(), AdmitError> {
         if !self.config.shed {
             return Ok(());
         }
@@ -29,7 +29,7 @@ impl Degrader {
         };
         if shed {
             self.count("shed", tier);
-            return Err(GatewayError::DegradationShed {
+            return Err(AdmitError::DegradationShed {
                 tier: tier.name(),
                 retry_after: self.config.shed_interval,
             });

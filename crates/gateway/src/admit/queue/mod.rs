@@ -51,7 +51,8 @@ mod turn;
 pub use turn::Turn;
 
 use super::codel::TierCodels;
-use crate::error::GatewayError;
+use crate::admit::AdmitError;
+use crate::error::Expired;
 use crate::metrics::TenantCounters;
 
 /// The queue's settings.
@@ -65,8 +66,6 @@ pub struct QueueConfig {
     pub shed: bool,
     /// Retry-After of a shed request: the load interval, when a vetoed worker is judged again.
     pub shed_retry_after: Duration,
-    /// The status of a shed request (`--overload-status-code`: 503, or 529).
-    pub shed_status: u16,
     /// CoDel per tier; `None`: off (`--disable-codel`).
     pub codel: Option<[CodelConfig; 3]>,
 }
@@ -219,7 +218,7 @@ impl GatewayQueue {
     /// freeing on them fast enough (`drain::overload_hopeless`), else by the queue's drain rate
     /// (`drain::hopeless`); while its tier's CoDel is dropping, one expected to wait past the
     /// tier's target (`Codel::admits`).
-    fn arrival(&self, asker: &Asker, now: Instant) -> Result<(), GatewayError> {
+    fn arrival(&self, asker: &Asker, now: Instant) -> Result<(), AdmitError> {
         let dropping = self.codel.as_ref().filter(|c| c.dropping(asker.tier));
         if !self.config.shed && dropping.is_none() {
             return Ok(());
@@ -228,9 +227,8 @@ impl GatewayQueue {
             .waiting
             .lock()
             .ahead_of_arrival(asker.tier, &asker.tenant, asker.weight);
-        let shed = GatewayError::WorkerOverloadShed {
+        let shed = AdmitError::WorkerOverloadShed {
             model: asker.model.clone(),
-            status: self.config.shed_status,
             retry_after: self.config.shed_retry_after,
         };
         // The flag's own answer first: the fleet is too full, whatever the queue would say.
@@ -243,7 +241,7 @@ impl GatewayQueue {
         let expected = drain::likely_wait(ahead, self.rates.lock().tier_rate(asker.tier, now));
         if let Some(codel) = dropping {
             if !codel.admits(asker.tier, expected, now) {
-                return Err(GatewayError::CodelDrop {
+                return Err(AdmitError::CodelDrop {
                     retry_after: self.retry_after(now),
                 });
             }
@@ -299,7 +297,7 @@ impl GatewayQueue {
     /// when the queue is full and the request may take no one's place; ended by its tier's
     /// timeout, its client's deadline or an eviction. A client that leaves drops this future and with it its
     /// place.
-    pub async fn wait_turn(&self, asker: Asker) -> Result<Turn, GatewayError> {
+    pub async fn wait_turn(&self, asker: Asker) -> Result<Turn, AdmitError> {
         let arrived = Instant::now();
         self.arrival(&asker, arrived)?;
         let (turn, rx) = oneshot::channel();
@@ -328,7 +326,7 @@ impl GatewayQueue {
                 ticket
             }
             Pushed::Full(_) => {
-                return Err(GatewayError::QueueFull {
+                return Err(AdmitError::QueueFull {
                     retry_after: self.retry_after(arrived),
                 })
             }
@@ -356,7 +354,7 @@ impl GatewayQueue {
         asker: &Asker,
         arrived: Instant,
         timeout_at: Instant,
-    ) -> Result<Turn, GatewayError> {
+    ) -> Result<Turn, AdmitError> {
         let waited = arrived.elapsed();
         match turn {
             Ok(Ok(Called::Go(ack))) => {
@@ -367,23 +365,23 @@ impl GatewayQueue {
                     .observe(waited.as_secs_f64());
                 Ok(Turn::new(ack))
             }
-            Ok(Ok(Called::Evicted)) | Ok(Err(_)) => Err(GatewayError::QueueEvicted {
+            Ok(Ok(Called::Evicted)) | Ok(Err(_)) => Err(AdmitError::QueueEvicted {
                 retry_after: self.retry_after(Instant::now()),
             }),
-            Ok(Ok(Called::Dropped)) => Err(GatewayError::CodelDrop {
+            Ok(Ok(Called::Dropped)) => Err(AdmitError::CodelDrop {
                 retry_after: self.retry_after(Instant::now()),
             }),
-            Ok(Ok(Called::Shed)) => Err(GatewayError::WorkerOverloadShed {
+            Ok(Ok(Called::Shed)) => Err(AdmitError::WorkerOverloadShed {
                 model: asker.model.clone(),
-                status: self.config.shed_status,
                 retry_after: self.config.shed_retry_after,
             }),
             Err(_) if asker.deadline.is_some_and(|d| d <= timeout_at) => {
-                Err(GatewayError::DeadlineExceeded {
+                Err(Expired::DeadlineExceeded {
                     budget: asker.asked.elapsed(),
-                })
+                }
+                .into())
             }
-            Err(_) => Err(GatewayError::QueueTimeout {
+            Err(_) => Err(AdmitError::QueueTimeout {
                 waited: asker.asked.elapsed(),
                 retry_after: self.retry_after(Instant::now()),
             }),
@@ -473,7 +471,6 @@ mod tests {
             timeouts: [Duration::from_secs(60); 3],
             shed: false,
             shed_retry_after: Duration::from_secs(5),
-            shed_status: 503,
             codel: None,
         };
         GatewayQueue::new(config, &mut Registry::default())

@@ -191,7 +191,7 @@ fn overload_defaults_follow_the_seeds() {
     assert_eq!(liveness.wedge, Duration::from_secs(3));
     assert_eq!(liveness.stale, Duration::from_secs(15));
     assert!(!c.shedding.enabled);
-    assert_eq!(c.shedding.status, 503);
+    assert_eq!(c.answers.overload, 503);
     assert_eq!(
         c.shedding.retry_after,
         Duration::from_secs(1),
@@ -211,7 +211,7 @@ fn overload_defaults_follow_the_seeds() {
     .unwrap();
     assert_eq!(off.load.ceilings, Ceilings::default());
     assert!(off.shedding.enabled);
-    assert_eq!(off.shedding.status, 529);
+    assert_eq!(off.answers.overload, 529);
     assert_eq!(
         off.shedding.retry_after,
         Duration::from_secs(3),
