@@ -79,10 +79,10 @@ impl Dispatch for ToDataPlane<'_> {
             .collect())
     }
 
-    async fn dispatch(
-        &self,
-        ctx: &mut RequestContext,
-        asked: &Asked<'_>,
+    async fn dispatch<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        asked: &'a Asked<'a>,
         placement: Placement,
     ) -> Result<Handover, ForwardError> {
         ctx.forwarding();

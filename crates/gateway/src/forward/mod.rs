@@ -15,12 +15,14 @@
 //! body, an event stream's head is held until its first event, and a 503's body is read
 //! (`ahead`); the client was waiting for that first event anyway.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
+use futures_util::future::Either;
 use sluice_core::breaker::Outcome;
 use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
@@ -75,24 +77,27 @@ pub(crate) trait Dispatch {
         Ok(Vec::new())
     }
 
-    async fn dispatch(
-        &self,
-        ctx: &mut RequestContext,
-        asked: &Asked<'_>,
+    /// Not an `async fn`: an implementation returns the future that does the work, with no
+    /// layer of its own around it (every layer keeps its own copy of the placement, and the
+    /// whole request's future is moved into a box per request).
+    fn dispatch<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        asked: &'a Asked<'a>,
         placement: Placement,
-    ) -> Result<Self::Sent, ForwardError>;
+    ) -> impl Future<Output = Result<Self::Sent, ForwardError>> + 'a;
 }
 
 impl Dispatch for Forwarder {
     type Sent = Answer;
 
-    async fn dispatch(
-        &self,
-        ctx: &mut RequestContext,
-        asked: &Asked<'_>,
+    fn dispatch<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        asked: &'a Asked<'a>,
         placement: Placement,
-    ) -> Result<Answer, ForwardError> {
-        self.forward(ctx, asked, placement).await
+    ) -> impl Future<Output = Result<Answer, ForwardError>> + 'a {
+        self.forward(ctx, asked, placement)
     }
 }
 
@@ -166,12 +171,16 @@ impl Forwarder {
     /// Forwards the placed request to its first worker, and on a retry to the one its chooser
     /// picks next, until a worker answers, a failure is final, or the client goes away (the
     /// future is dropped: the upstream request goes with it, and the context counts it).
-    pub async fn forward(
-        &self,
-        ctx: &mut RequestContext,
-        asked: &Asked<'_>,
+    ///
+    /// Not an `async fn`: the placement is taken apart here, before any future exists, so that
+    /// its parts are kept once in the future that awaits (an async body keeps storage for a
+    /// value and for each part moved out of it).
+    pub fn forward<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        asked: &'a Asked<'a>,
         placement: Placement,
-    ) -> Result<Answer, ForwardError> {
+    ) -> impl Future<Output = Result<Answer, ForwardError>> + 'a {
         ctx.forwarding();
         self.budget.deposit();
         let Placement {
@@ -179,8 +188,10 @@ impl Forwarder {
             body,
             target,
         } = placement;
-        let (first, mut chooser) = match target {
-            Target::One { lease, chooser } => (lease, chooser),
+        match target {
+            Target::One { lease, chooser } => {
+                Either::Left(self.forward_one(ctx, asked, terms, body, Some(lease), chooser))
+            }
             Target::Pair {
                 decode,
                 decode_chooser,
@@ -193,32 +204,49 @@ impl Forwarder {
                     prefill: prefill_chooser,
                     decode: decode_chooser,
                 };
-                return Box::pin(self.forward_pd(ctx, asked, &terms, &body, decode, pair)).await;
+                Either::Right(Box::pin(
+                    self.forward_pd(ctx, asked, terms, body, decode, pair),
+                ))
             }
-        };
-        let mut next = Some(first);
+        }
+    }
+
+    /// One worker at a time: `first`, then whichever the chooser picks next.
+    async fn forward_one(
+        &self,
+        ctx: &mut RequestContext,
+        asked: &Asked<'_>,
+        terms: Terms,
+        body: Bytes,
+        mut first: Option<Lease>,
+        mut chooser: Chooser,
+    ) -> Result<Answer, ForwardError> {
         loop {
-            let lease = match next.take() {
-                Some(lease) => lease,
-                None => chooser.next()?,
-            };
-            ctx.attempt(&lease.worker().id);
             let job = Job {
                 parts: asked.parts,
                 body: &body,
                 chooser: &chooser,
             };
-            let attempt = Attempt::of(ctx, asked, &terms, &job);
-            let attempts = attempt.attempts;
-            match self.attempt(attempt, lease).await {
+            // The lease is moved into the attempt before it is awaited, in a block of its own,
+            // so that the future keeps no place for it beside the attempt's.
+            let (attempting, attempts) = {
+                let lease = match first.take() {
+                    Some(lease) => lease,
+                    None => chooser.next()?,
+                };
+                ctx.attempt(&lease.worker().id);
+                let attempt = Attempt::of(ctx, asked, &terms, &job);
+                let attempts = attempt.attempts;
+                (self.attempt(attempt, lease), attempts)
+            };
+            let (worker, failure) = match attempting.await {
                 Tried::Answered(answer) => return Ok(answer),
                 Tried::Final(error) => return Err(error),
-                Tried::Retry(worker, failure) => {
-                    chooser.tried(worker);
-                    ctx.retrying(retry_reason(failure));
-                    self.back_off(asked, &terms, attempts, failure).await?;
-                }
-            }
+                Tried::Retry(worker, failure) => (worker, failure),
+            };
+            chooser.tried(worker);
+            ctx.retrying(retry_reason(failure));
+            self.back_off(asked, &terms, attempts, failure).await?;
         }
     }
 

@@ -85,11 +85,12 @@ impl Forwarder {
         &self,
         ctx: &mut RequestContext,
         asked: &Asked<'_>,
-        terms: &Terms,
-        body: &Bytes,
+        terms: Terms,
+        body: Bytes,
         first: Lease,
         mut choosers: Choosers,
     ) -> Result<Answer, ForwardError> {
+        let (terms, body) = (&terms, &body);
         let mut first = Some(first);
         loop {
             let (decode_lease, rooms) = self

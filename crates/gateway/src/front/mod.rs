@@ -257,18 +257,26 @@ async fn run_stages<D: Dispatch>(
     asked: &Asked<'_>,
     dispatch: &D,
 ) -> Result<D::Sent, GatewayError> {
-    let admitting = Instant::now();
-    let admitted = front.admit.admit(asked, ctx).await;
-    ctx.admission_ended(
-        admitting,
-        admitted.as_ref().err().map(|e| e as &dyn Answerable),
-    );
-    let mut admitted = admitted?;
-    // What admission took is given back with the request's ending, which its context knows.
-    ctx.keep(admitted.grants.take());
-    let excluded = dispatch.excluded(&admitted.pool)?;
-    let placement = front.route.place(asked, admitted, excluded).await?;
-    Ok(dispatch.dispatch(ctx, asked, placement).await?)
+    // Each hand-off is made in a block that ends before the next stage is awaited, and handed
+    // on as it is made, so the request's future keeps no place for it beside the next stage's.
+    let placing = {
+        let admitting = Instant::now();
+        let mut admitted = match front.admit.admit(asked, ctx).await {
+            Ok(admitted) => {
+                ctx.admission_ended(admitting, None);
+                admitted
+            }
+            Err(error) => {
+                ctx.admission_ended(admitting, Some(&error));
+                return Err(error.into());
+            }
+        };
+        // What admission took is given back with the request's ending, which its context knows.
+        ctx.keep(admitted.grants.take());
+        let excluded = dispatch.excluded(&admitted.pool)?;
+        front.route.place(asked, admitted, excluded)
+    };
+    Ok(dispatch.dispatch(ctx, asked, placing.await?).await?)
 }
 
 /// An upload must say it is a multipart form (its boundary is in the content type).
