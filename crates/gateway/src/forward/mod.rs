@@ -22,7 +22,6 @@ use std::time::Duration;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
-use futures_util::future::Either;
 use sluice_core::breaker::Outcome;
 use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
 use tokio::time::Instant;
@@ -171,27 +170,18 @@ impl Forwarder {
     /// Forwards the placed request to its first worker, and on a retry to the one its chooser
     /// picks next, until a worker answers, a failure is final, or the client goes away (the
     /// future is dropped: the upstream request goes with it, and the context counts it).
-    ///
-    /// Not an `async fn`: the placement is taken apart here, before any future exists, so that
-    /// its parts are kept once in the future that awaits (an async body keeps storage for a
-    /// value and for each part moved out of it).
-    pub fn forward<'a>(
-        &'a self,
-        ctx: &'a mut RequestContext,
-        asked: &'a Asked<'a>,
+    pub async fn forward(
+        &self,
+        ctx: &mut RequestContext,
+        asked: &Asked<'_>,
         placement: Placement,
-    ) -> impl Future<Output = Result<Answer, ForwardError>> + 'a {
+    ) -> Result<Answer, ForwardError> {
         ctx.forwarding();
         self.budget.deposit();
-        let Placement {
-            terms,
-            body,
-            target,
-        } = placement;
-        match target {
-            Target::One { lease, chooser } => {
-                Either::Left(self.forward_one(ctx, asked, terms, body, Some(lease), chooser))
-            }
+        // Its parts are used where they are, not moved into locals of their own: an async body
+        // keeps storage for each, beside the placement's, in every request's future.
+        let (first, mut chooser) = match placement.target {
+            Target::One { lease, chooser } => (lease, chooser),
             Target::Pair {
                 decode,
                 decode_chooser,
@@ -204,49 +194,33 @@ impl Forwarder {
                     prefill: prefill_chooser,
                     decode: decode_chooser,
                 };
-                Either::Right(Box::pin(
-                    self.forward_pd(ctx, asked, terms, body, decode, pair),
-                ))
+                let (terms, body) = (placement.terms, placement.body);
+                return Box::pin(self.forward_pd(ctx, asked, terms, body, decode, pair)).await;
             }
-        }
-    }
-
-    /// One worker at a time: `first`, then whichever the chooser picks next.
-    async fn forward_one(
-        &self,
-        ctx: &mut RequestContext,
-        asked: &Asked<'_>,
-        terms: Terms,
-        body: Bytes,
-        mut first: Option<Lease>,
-        mut chooser: Chooser,
-    ) -> Result<Answer, ForwardError> {
+        };
+        let terms = &placement.terms;
+        let mut next = Some(first);
         loop {
+            let lease = match next.take() {
+                Some(lease) => lease,
+                None => chooser.next()?,
+            };
+            ctx.attempt(&lease.worker().id);
             let job = Job {
                 parts: asked.parts,
-                body: &body,
+                body: &placement.body,
                 chooser: &chooser,
             };
-            // The lease is moved into the attempt before it is awaited, in a block of its own,
-            // so that the future keeps no place for it beside the attempt's.
-            let (attempting, attempts) = {
-                let lease = match first.take() {
-                    Some(lease) => lease,
-                    None => chooser.next()?,
-                };
-                ctx.attempt(&lease.worker().id);
-                let attempt = Attempt::of(ctx, asked, &terms, &job);
-                let attempts = attempt.attempts;
-                (self.attempt(attempt, lease), attempts)
-            };
-            let (worker, failure) = match attempting.await {
+            let attempt = Attempt::of(ctx, asked, terms, &job);
+            let attempts = attempt.attempts;
+            let (worker, failure) = match self.attempt(attempt, lease).await {
                 Tried::Answered(answer) => return Ok(answer),
                 Tried::Final(error) => return Err(error),
                 Tried::Retry(worker, failure) => (worker, failure),
             };
             chooser.tried(worker);
             ctx.retrying(retry_reason(failure));
-            self.back_off(asked, &terms, attempts, failure).await?;
+            self.back_off(asked, terms, attempts, failure).await?;
         }
     }
 
