@@ -67,17 +67,22 @@ impl Terms {
 /// go back at once, as a request the gateway refused.
 #[derive(Debug)]
 pub(super) struct Decided {
+    /// Its tier: the tenant's until the request's own header is read.
     pub tier: Tier,
     /// The tenant asking, once known: its place in the queue's fairness.
     pub tenant: Option<TenantId>,
     /// Its tenant's counters, for what befalls it in the queue.
     pub counters: Option<Arc<TenantCounters>>,
+    /// `Terms::deadline`, as it stands.
     pub deadline: Instant,
+    /// `Terms::client_deadline`, once the header (or the tier's default) is read.
     pub client_deadline: Option<Instant>,
+    /// `Terms::metered`: set once its tenant's token budget is reserved from.
     pub metered: bool,
     /// Its tenant's weight among its tier, and its estimated tokens: its place in the queue.
     pub weight: f64,
     pub cost: u64,
+    /// What it has taken so far.
     pub grants: Grants,
 }
 

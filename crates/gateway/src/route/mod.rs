@@ -83,12 +83,21 @@ pub struct Placement {
 #[derive(Debug)]
 pub enum Target {
     /// One worker, and the chooser that picks another on a retry.
-    One { lease: Lease, chooser: Chooser },
+    One {
+        /// The first worker's hold: its in-flight count and breaker permit, from now.
+        lease: Lease,
+        /// Picks the next worker after a failure, never one tried.
+        chooser: Chooser,
+    },
     /// A disaggregated model: its first decode worker, leased (the forward stage still waits
     /// for room in its running window), and a chooser for each side.
     Pair {
+        /// The route stage's pick of a decode worker, held while the forward stage asks it
+        /// for room.
         decode: Lease,
+        /// Picks decode workers after that one (a full window, a failed pair).
         decode_chooser: Chooser,
+        /// Picks each pair's prefill worker.
         prefill_chooser: Chooser,
     },
 }
