@@ -22,7 +22,7 @@ use crate::admit::Terms;
 use crate::context::RequestContext;
 use crate::fleet::{Lease, Pool, Worker, AT_CAPACITY_VETO};
 use crate::request::Asked;
-use crate::route::{Placement, RouteError, Target};
+use crate::route::{Placement, RouteError};
 use crate::upstream::{UpstreamBody, UpstreamResponse};
 
 /// Why the data plane answered a request itself instead of relaying the worker's answer.
@@ -89,19 +89,18 @@ impl Dispatch for ToDataPlane<'_> {
         let Placement {
             terms,
             body,
-            target,
+            mut lease,
+            chooser,
+            prefill,
         } = placement;
-        let (mut lease, chooser) = match target {
-            Target::One { lease, chooser } => (lease, chooser),
+        if prefill.is_some() {
             // `excluded` refused the pool before it was placed.
-            Target::Pair { decode_chooser, .. } => {
-                return Err(RouteError::NoAvailableWorkers {
-                    model: decode_chooser.model().clone(),
-                    detail: String::new(),
-                }
-                .into())
+            return Err(RouteError::NoAvailableWorkers {
+                model: chooser.model().clone(),
+                detail: String::new(),
             }
-        };
+            .into());
+        }
         ctx.attempt(&lease.worker().id);
         let id = &asked.arrival.id;
         lease.for_request(id);

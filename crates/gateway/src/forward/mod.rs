@@ -35,7 +35,7 @@ use crate::fleet::{Lease, Pool, AT_CAPACITY_VETO};
 use crate::http::{copy_request_headers, REQUEST_ID};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::request::Asked;
-use crate::route::{Chooser, Placement, RouteError, Target};
+use crate::route::{Chooser, Placement, RouteError};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 mod ahead;
@@ -180,24 +180,28 @@ impl Forwarder {
         self.budget.deposit();
         // Its parts are used where they are, not moved into locals of their own: an async body
         // keeps storage for each, beside the placement's, in every request's future.
-        let (first, mut chooser) = match placement.target {
-            Target::One { lease, chooser } => (lease, chooser),
-            Target::Pair {
-                decode,
-                decode_chooser,
-                prefill_chooser,
-            } => {
-                // Boxed: a disaggregated pair is the rare path, and its future (two legs, the
-                // decode window) is most of the size of every request's future, which the
-                // router moves whole into a box per request.
-                let pair = pd::Choosers {
-                    prefill: prefill_chooser,
-                    decode: decode_chooser,
-                };
-                let (terms, body) = (placement.terms, placement.body);
-                return Box::pin(self.forward_pd(ctx, asked, terms, body, decode, pair)).await;
-            }
+        let Some(prefill) = placement.prefill else {
+            return self.forward_one(ctx, asked, placement).await;
         };
+        // Boxed: a disaggregated pair is the rare path, and its future (two legs, the decode
+        // window) is most of the size of every request's future, which the router moves whole
+        // into a box per request.
+        let pair = pd::Choosers {
+            prefill: *prefill,
+            decode: placement.chooser,
+        };
+        let (terms, body) = (placement.terms, placement.body);
+        Box::pin(self.forward_pd(ctx, asked, terms, body, placement.lease, pair)).await
+    }
+
+    /// One worker at a time: the placement's, then whichever its chooser picks next.
+    async fn forward_one(
+        &self,
+        ctx: &mut RequestContext,
+        asked: &Asked<'_>,
+        placement: Placement,
+    ) -> Result<Answer, ForwardError> {
+        let (first, mut chooser) = (placement.lease, placement.chooser);
         let terms = &placement.terms;
         let mut next = Some(first);
         loop {

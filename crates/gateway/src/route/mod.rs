@@ -75,31 +75,16 @@ pub struct Placement {
     pub terms: Terms,
     /// The body the worker gets, as admission left it.
     pub body: Bytes,
-    /// The first worker (or pair), leased, and the chooser for the rest.
-    pub target: Target,
-}
-
-/// Where a placed request goes.
-#[derive(Debug)]
-pub enum Target {
-    /// One worker, and the chooser that picks another on a retry.
-    One {
-        /// The first worker's hold: its in-flight count and breaker permit, from now.
-        lease: Lease,
-        /// Picks the next worker after a failure, never one tried.
-        chooser: Chooser,
-    },
-    /// A disaggregated model: its first decode worker, leased (the forward stage still waits
-    /// for room in its running window), and a chooser for each side.
-    Pair {
-        /// The route stage's pick of a decode worker, held while the forward stage asks it
-        /// for room.
-        decode: Lease,
-        /// Picks decode workers after that one (a full window, a failed pair).
-        decode_chooser: Chooser,
-        /// Picks each pair's prefill worker.
-        prefill_chooser: Chooser,
-    },
+    /// The first worker's hold (a disaggregated model's first decode worker's, which the
+    /// forward stage still asks for room in its running window): its in-flight count and
+    /// breaker permit, from now.
+    pub lease: Lease,
+    /// Picks the next worker after a failure, never one tried (decode workers, for a
+    /// disaggregated model).
+    pub chooser: Chooser,
+    /// A disaggregated model's prefill side, which picks each pair's prefill worker. Boxed: the
+    /// rare path, which every placement would carry, and move hand-off by hand-off, otherwise.
+    pub prefill: Option<Box<Chooser>>,
 }
 
 /// What a request gets when every worker it could use is overloaded.
@@ -180,23 +165,19 @@ impl RouteStage {
         let wants = self.wants(asked, terms.tier);
         let held = self.held_keys(&pool, &wants).await;
         let request = self.request(&pool, &wants, held);
-        let chooser = Chooser::new(self.rules.clone(), pool, request, excluded);
-        let target = match chooser.split() {
-            None => Target::One {
-                lease: chooser.next()?,
-                chooser,
-            },
-            Some((prefill_chooser, decode_chooser)) => Target::Pair {
-                decode: decode_chooser.next()?,
-                decode_chooser,
-                prefill_chooser,
-            },
+        let whole = Chooser::new(self.rules.clone(), pool, request, excluded);
+        let (chooser, prefill) = match whole.split() {
+            None => (whole, None),
+            Some((prefill, decode)) => (decode, Some(Box::new(prefill))),
         };
+        let lease = chooser.next()?;
         turn.taken();
         Ok(Placement {
             terms,
             body,
-            target,
+            lease,
+            chooser,
+            prefill,
         })
     }
 
