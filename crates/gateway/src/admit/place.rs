@@ -61,10 +61,7 @@ impl AdmitStage {
                 .shed(tier)
                 .inspect_err(|e| self.admit.count_rejected(ctx, e))?;
         }
-        let asked_model = facts.model.as_deref();
-        let (pool, turn) = self
-            .pool(ctx, &mut decided, degrade, asked_model, asked)
-            .await?;
+        let (pool, turn) = self.pool(ctx, &mut decided, degrade, asked).await?;
         self.admit.count_admitted(ctx);
         let served = pool.model.as_str();
         let body = degrade
@@ -79,16 +76,17 @@ impl AdmitStage {
         })
     }
 
-    /// The pool serving `model` (or the one the ladder cascades it to), once the deadline can be
-    /// met there and, with the gateway queue, it has room; and the turn, if it waited for one.
+    /// The pool serving the model asked for (or the one the ladder cascades it to), once the
+    /// deadline can be met there and, with the gateway queue, it has room; and the turn, if it
+    /// waited for one.
     async fn pool(
         &self,
         ctx: &mut RequestContext,
         decided: &mut Decided,
         degrade: Option<&Degrader>,
-        model: Option<&str>,
         asked: &Asked<'_>,
     ) -> Result<(Arc<Pool>, Turn), AdmitError> {
+        let model = asked.facts.model.as_deref();
         let tier = decided.tier;
         let mut turn: Option<Turn> = None;
         loop {

@@ -1,14 +1,13 @@
 //! What the client is told when a stage refuses its request: every stage's refusal in one type,
 //! and the status an overload refusal is answered with (`--overload-status-code`), which only the
-//! edge knows. The OpenAI error object is written here, for the answer (`Answers::respond`).
+//! edge knows (`Answers::status`); the front stage writes the answer with `error::respond`.
 
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use axum::response::Response;
 
 use crate::admit::AdmitError;
-use crate::error::{respond, Answerable, Origin, NO_WORKERS_RETRY_AFTER};
+use crate::error::{Answerable, Origin, NO_WORKERS_RETRY_AFTER};
 use crate::forward::ForwardError;
 use crate::http::RequestError;
 use crate::route::RouteError;
@@ -91,11 +90,6 @@ impl Answers {
         } else {
             error.status()
         }
-    }
-
-    /// The answer to a request `error` refused.
-    pub fn respond(&self, error: &dyn Answerable) -> Response {
-        respond(error, self.status(error))
     }
 }
 
