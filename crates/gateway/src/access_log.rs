@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use crate::error::Origin;
 use crate::metrics::Metrics;
 
 /// Records waiting to be written before new ones are dropped.
@@ -24,42 +25,45 @@ const QUEUE: usize = 8192;
 
 /// One request, as the access log shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct AccessRecord {
+pub(crate) struct AccessRecord {
     /// Unix time the request arrived, in milliseconds.
-    pub ts_ms: u64,
-    pub request_id: String,
-    pub route: &'static str,
-    pub model: Option<String>,
-    pub worker: Option<String>,
-    pub status: u16,
+    pub(crate) ts_ms: u64,
+    pub(crate) request_id: String,
+    pub(crate) route: &'static str,
+    pub(crate) model: Option<String>,
+    pub(crate) worker: Option<String>,
+    pub(crate) status: u16,
     /// The gateway's error code, when it answered itself.
-    pub code: Option<&'static str>,
-    pub stream: bool,
-    pub attempts: u32,
+    pub(crate) code: Option<&'static str>,
+    /// Whose doing the gateway's answer was: `client`, `upstream` or `gateway`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) origin: Option<Origin>,
+    pub(crate) stream: bool,
+    pub(crate) attempts: u32,
     /// Time to the response headers.
-    pub ttfb_ms: f64,
+    pub(crate) ttfb_ms: f64,
     /// Time to the end of the response.
-    pub duration_ms: f64,
-    pub bytes: u64,
+    pub(crate) duration_ms: f64,
+    pub(crate) bytes: u64,
     /// The client left before the end.
-    pub cancelled: bool,
+    pub(crate) cancelled: bool,
     /// The worker failed mid-response.
-    pub interrupted: bool,
+    pub(crate) interrupted: bool,
     /// The engine ended its stream with an error event: `engine` (its failure), `client` (the
     /// request's), `at_capacity` (its queue was full).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_event: Option<&'static str>,
+    pub(crate) error_event: Option<&'static str>,
     /// What the degradation ladder did to it, as `x-sluice-degraded` says.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub degraded: Option<String>,
+    pub(crate) degraded: Option<String>,
     /// Its trace, when it was traced (`--enable-trace`, sampled): 32 hex digits.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace_id: Option<String>,
+    pub(crate) trace_id: Option<String>,
 }
 
 /// The sending side, cloned into every request.
 #[derive(Debug, Clone)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     tx: mpsc::Sender<AccessRecord>,
     metrics: Arc<Metrics>,
 }
@@ -75,14 +79,14 @@ pub struct AccessLogError {
 /// The writer task; it writes what is queued and ends when told to, or once every `AccessLog`
 /// handle is gone.
 #[derive(Debug)]
-pub struct AccessLogWriter {
+pub(crate) struct AccessLogWriter {
     task: JoinHandle<()>,
     stop: oneshot::Sender<()>,
 }
 
 impl AccessLogWriter {
     /// Writes the lines queued now and stops, waiting up to `within`.
-    pub async fn finish(self, within: Duration) {
+    pub(crate) async fn finish(self, within: Duration) {
         let _ = self.stop.send(());
         if tokio::time::timeout(within, self.task).await.is_err() {
             warn!(
@@ -95,7 +99,7 @@ impl AccessLogWriter {
 
 impl AccessLog {
     /// Opens `path` (`-` is stdout) for appending and starts the writer task.
-    pub async fn open(
+    pub(crate) async fn open(
         path: &Path,
         metrics: Arc<Metrics>,
     ) -> Result<(Self, AccessLogWriter), AccessLogError> {
@@ -122,7 +126,7 @@ impl AccessLog {
         Ok((Self { tx, metrics }, writer))
     }
 
-    pub fn record(&self, record: AccessRecord) {
+    pub(crate) fn record(&self, record: AccessRecord) {
         if self.tx.try_send(record).is_err() {
             self.metrics.access_log_dropped.inc();
         }

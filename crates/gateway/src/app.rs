@@ -29,16 +29,16 @@ use crate::upstream::{Upstream, UpstreamCollector};
 use sluice_core::overload::Projection;
 
 /// Everything the listeners serve.
-pub struct App {
+pub(crate) struct App {
     /// `--cors-allowed-origins`, applied to every route when set.
-    pub cors: Option<CorsLayer>,
-    pub front: Arc<Front>,
-    pub admin: Arc<Admin>,
-    pub probes: Arc<Probes>,
+    pub(crate) cors: Option<CorsLayer>,
+    pub(crate) front: Arc<Front>,
+    pub(crate) admin: Arc<Admin>,
+    pub(crate) probes: Arc<Probes>,
     /// The registry `/metrics` encodes (the families in `Metrics` and the fleet collector).
-    pub registry: Arc<Registry>,
+    pub(crate) registry: Arc<Registry>,
     /// The status page (`/ui`); `None` with `--disable-ui`.
-    pub status: Option<Arc<Status>>,
+    pub(crate) status: Option<Arc<Status>>,
 }
 
 /// Why the app could not be assembled.
@@ -54,17 +54,17 @@ pub enum AssembleError {
 
 /// An assembled gateway before it listens: the app, and what starting and stopping it needs.
 pub(crate) struct Assembled {
-    pub app: App,
-    pub fleet: Arc<Fleet>,
+    pub(crate) app: App,
+    pub(crate) fleet: Arc<Fleet>,
     /// Set when shutdown begins: readiness turns 503, new requests are refused.
-    pub draining: Arc<AtomicBool>,
+    pub(crate) draining: Arc<AtomicBool>,
     /// OpenAI requests in flight, which shutdown waits for.
-    pub in_flight: Arc<InFlight>,
-    pub access_log_writer: Option<AccessLogWriter>,
+    pub(crate) in_flight: Arc<InFlight>,
+    pub(crate) access_log_writer: Option<AccessLogWriter>,
     /// The trace exporter's task (`--enable-trace`).
-    pub trace_exporting: Option<crate::trace::Exporting>,
+    pub(crate) trace_exporting: Option<crate::trace::Exporting>,
     /// The state shared with the other replicas (`--redis-url`), whose task the gateway runs.
-    pub shared: Option<Arc<Shared>>,
+    pub(crate) shared: Option<Arc<Shared>>,
 }
 
 impl App {
@@ -167,7 +167,7 @@ impl App {
     }
 
     /// Every route of the main listener.
-    pub fn router(&self) -> Router {
+    pub(crate) fn router(&self) -> Router {
         let router = Router::new()
             .merge(front::routes(self.front.clone()))
             .merge(admin::routes(self.admin.clone()))
@@ -184,7 +184,7 @@ impl App {
 
     /// What the main listener serves: the router, with the model-routed routes taken before it
     /// (`front::shortcut`) unless a CORS layer wraps the router, which they must pass too.
-    pub fn routes(&self) -> http::Routes {
+    pub(crate) fn routes(&self) -> http::Routes {
         let shortcut = self
             .cors
             .is_none()
@@ -193,7 +193,7 @@ impl App {
     }
 
     /// `/metrics` alone, for `--prometheus-port`.
-    pub fn metrics_router(&self) -> Router {
+    pub(crate) fn metrics_router(&self) -> Router {
         probes::metrics_routes(self.registry.clone())
     }
 }

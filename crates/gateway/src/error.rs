@@ -21,14 +21,14 @@ pub const ERROR_CODE_HEADER: HeaderName = HeaderName::from_static("x-sluice-erro
 
 /// How long a client should wait after `no_available_workers` before trying again: about one
 /// registration retry, after which an unreachable worker may have come up.
-pub const NO_WORKERS_RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const NO_WORKERS_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The most of a client's own string (a model name) that an answer or a log line repeats.
-pub const REFLECTED_MAX: usize = 256;
+pub(crate) const REFLECTED_MAX: usize = 256;
 
 /// `s` as an answer or a log may repeat it: at most `REFLECTED_MAX` bytes (cut at a character
 /// boundary, marked with `...`), so a client cannot make the gateway echo megabytes.
-pub fn reflected(s: &str) -> String {
+pub(crate) fn reflected(s: &str) -> String {
     if s.len() <= REFLECTED_MAX {
         return s.to_string();
     }
@@ -147,7 +147,7 @@ pub fn body(error: &dyn Answerable) -> Bytes {
 }
 
 /// The same object as one SSE event, for an error after a stream has started.
-pub fn sse_event(error: &dyn Answerable) -> Bytes {
+pub(crate) fn sse_event(error: &dyn Answerable) -> Bytes {
     let body = body(error);
     let mut event = Vec::with_capacity(body.len() + 8);
     event.extend_from_slice(b"data: ");
@@ -158,7 +158,7 @@ pub fn sse_event(error: &dyn Answerable) -> Bytes {
 
 /// The answer to a request `error` refused, with `status`: the OpenAI error object, its code in
 /// `X-Sluice-Error-Code`, and `Retry-After` where waiting helps.
-pub fn respond(error: &dyn Answerable, status: StatusCode) -> Response {
+pub(crate) fn respond(error: &dyn Answerable, status: StatusCode) -> Response {
     let mut response = (status, body(error)).into_response();
     let headers = response.headers_mut();
     headers.insert(

@@ -53,7 +53,6 @@ pub struct Gateway {
     addr: SocketAddr,
     /// `https` when the listener serves TLS, else `http`.
     scheme: &'static str,
-    metrics_addr: Option<SocketAddr>,
     probe_listener: Option<ProbeListener>,
     /// Whether the shared limits are in use (`--redis-url`).
     shared_state: Option<watch::Receiver<crate::shared::SharedState>>,
@@ -135,10 +134,9 @@ impl Gateway {
             limits,
             stop_rx.clone(),
         ));
-        let metrics_addr = match config.metrics_listen {
-            Some(at) => Some(serve_metrics(at, &app, limits, stop_rx, &mut listeners).await?),
-            None => None,
-        };
+        if let Some(at) = config.metrics_listen {
+            serve_metrics(at, &app, limits, stop_rx, &mut listeners).await?;
+        }
         let probe_listener = match config.health_listen {
             Some(at) => Some(
                 ProbeListener::start(at, app.probes.clone(), limits, stop.subscribe())
@@ -150,7 +148,6 @@ impl Gateway {
         Ok(Self {
             addr,
             scheme,
-            metrics_addr,
             probe_listener,
             shared_state,
             fleet,
@@ -183,11 +180,6 @@ impl Gateway {
     /// The base URL clients use: `https://` when the listener serves TLS.
     pub fn url(&self) -> String {
         format!("{}://{}", self.scheme, self.addr)
-    }
-
-    /// The `--prometheus-port` listener's address, when there is one.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
     }
 
     /// The `--health-check-port` listener's address, when there is one.
@@ -306,11 +298,12 @@ async fn serve_metrics(
     limits: http::Limits,
     stop_rx: watch::Receiver<bool>,
     listeners: &mut JoinSet<()>,
-) -> Result<SocketAddr, StartError> {
+) -> Result<(), StartError> {
     let listener = bind(at).await?;
     let local = listener
         .local_addr()
         .map_err(|source| StartError::Bind { addr: at, source })?;
+    info!(addr = %local, "metrics listening (--prometheus-port)");
     listeners.spawn(http::serve(
         listener,
         None,
@@ -318,7 +311,7 @@ async fn serve_metrics(
         limits,
         stop_rx,
     ));
-    Ok(local)
+    Ok(())
 }
 
 /// The protective settings in force, once at startup: what an operator must know to read the

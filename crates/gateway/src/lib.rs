@@ -71,27 +71,27 @@
 //! decisions (policies, breaker, health, liveness, retry rules) are pure code in `sluice-core`;
 //! this crate feeds them events and acts on their answers.
 
-pub mod access_log;
-pub mod admin;
+pub(crate) mod access_log;
+pub(crate) mod admin;
 pub mod admit;
 mod app;
 pub mod config;
-pub mod context;
+pub(crate) mod context;
 pub mod control;
 pub mod error;
 pub mod fleet;
-pub mod forward;
+pub(crate) mod forward;
 pub mod front;
 mod gateway;
 pub mod http;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod probes;
-pub mod request;
-pub mod route;
+pub(crate) mod request;
+pub(crate) mod route;
 pub mod shared;
-pub mod status;
-pub mod stream;
-pub mod tls;
+pub(crate) mod status;
+pub(crate) mod stream;
+pub(crate) mod tls;
 pub mod tokens;
 pub mod trace;
 pub mod upstream;

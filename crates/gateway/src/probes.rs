@@ -117,7 +117,7 @@ impl Probes {
 /// `sluice_ready` and `sluice_routable_workers`, read at scrape time from what `/readiness`
 /// answers, so an alert on readiness fires on the very answer a load balancer got.
 #[derive(Debug)]
-pub struct ReadinessCollector(pub Arc<Probes>);
+pub(crate) struct ReadinessCollector(pub Arc<Probes>);
 
 impl std::fmt::Debug for Probes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -153,7 +153,7 @@ impl prometheus_client::collector::Collector for ReadinessCollector {
 }
 
 /// `/liveness`, `/health` and `/readiness`, for any router.
-pub fn routes<S: Clone + Send + Sync + 'static>(probes: Arc<Probes>) -> Router<S> {
+pub(crate) fn routes<S: Clone + Send + Sync + 'static>(probes: Arc<Probes>) -> Router<S> {
     Router::new()
         .route("/liveness", get(live))
         .route("/health", get(live))
@@ -171,7 +171,9 @@ async fn ready(State(probes): State<Arc<Probes>>) -> Response<Body> {
 }
 
 /// `/metrics`, for any router.
-pub fn metrics_routes<S: Clone + Send + Sync + 'static>(registry: Arc<Registry>) -> Router<S> {
+pub(crate) fn metrics_routes<S: Clone + Send + Sync + 'static>(
+    registry: Arc<Registry>,
+) -> Router<S> {
     Router::new()
         .route("/metrics", get(metrics))
         .with_state(registry)
@@ -199,8 +201,8 @@ async fn metrics(State(registry): State<Arc<Registry>>, headers: HeaderMap) -> R
 }
 
 /// The `--health-check-port` listener, on a thread with a runtime of its own.
-pub struct ProbeListener {
-    pub addr: SocketAddr,
+pub(crate) struct ProbeListener {
+    pub(crate) addr: SocketAddr,
     thread: JoinHandle<()>,
 }
 
@@ -234,7 +236,7 @@ impl ProbeListener {
     }
 
     /// Waits for the thread to end (after `stop` was set).
-    pub async fn join(self) {
+    pub(crate) async fn join(self) {
         let _ = tokio::task::spawn_blocking(move || self.thread.join()).await;
     }
 }

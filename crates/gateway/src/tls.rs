@@ -65,13 +65,13 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// A certificate chain and its key, as PEM files.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Identity {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+pub(crate) struct Identity {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 /// The listener's TLS: HTTP/2 and HTTP/1.1 offered by ALPN, as on the cleartext port.
-pub fn server_config(identity: &Identity) -> Result<Arc<ServerConfig>, TlsError> {
+pub(crate) fn server_config(identity: &Identity) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Identity)?
@@ -86,7 +86,7 @@ pub fn server_config(identity: &Identity) -> Result<Arc<ServerConfig>, TlsError>
 /// certificates are added only when the first https worker is reached (`client_config`): a
 /// gateway without one never reads them, nor holds them in memory.
 #[derive(Clone)]
-pub struct ClientTls {
+pub(crate) struct ClientTls {
     cas: Vec<CertificateDer<'static>>,
     identity: Option<(Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>)>,
     /// The given CAs and identity alone: proof at startup that they make a configuration, and
@@ -105,7 +105,7 @@ impl std::fmt::Debug for ClientTls {
 
 impl ClientTls {
     /// Reads `cas` and `identity` and checks they make a client configuration.
-    pub fn read(cas: &[PathBuf], identity: Option<&Identity>) -> Result<Self, TlsError> {
+    pub(crate) fn read(cas: &[PathBuf], identity: Option<&Identity>) -> Result<Self, TlsError> {
         let mut roots = RootCertStore::empty();
         let mut ca_certs = Vec::new();
         for path in cas {
@@ -151,7 +151,7 @@ impl ClientTls {
 
     /// The configuration for https workers: the system's CA certificates, the given ones, and
     /// the client certificate.
-    pub fn client_config(&self) -> Arc<ClientConfig> {
+    pub(crate) fn client_config(&self) -> Arc<ClientConfig> {
         let mut roots = RootCertStore::empty();
         let system = rustls_native_certs::load_native_certs();
         if !system.errors.is_empty() {

@@ -83,6 +83,16 @@ async fn every_ending_writes_its_line_and_shutdown_writes_them_out() {
     );
     assert_eq!(log[0]["model"], "test-model");
     assert_eq!(
+        log[1]["origin"], "client",
+        "an unknown model is the client's doing"
+    );
+    assert!(
+        log.iter()
+            .filter(|l| l["code"].is_null())
+            .all(|l| l.get("origin").is_none()),
+        "an origin only where the gateway answered itself: {log:#?}"
+    );
+    assert_eq!(
         log[1]["model"], "nope",
         "the model asked for, though unknown"
     );

@@ -56,7 +56,10 @@ impl TenantView {
     }
 }
 
-pub async fn admission(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
+pub(crate) async fn admission(
+    State(admin): State<Arc<Admin>>,
+    headers: HeaderMap,
+) -> Response<Body> {
     if let Err(e) = admin.check_read(&headers) {
         return e.into_response();
     }

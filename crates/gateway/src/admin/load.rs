@@ -21,7 +21,7 @@ use crate::fleet::Worker;
 
 /// A worker's last load report as shown.
 #[derive(Serialize)]
-pub struct LoadView {
+pub(crate) struct LoadView {
     source: &'static str,
     age_secs: f64,
     /// Waiting for room in the batch (the queue the ceiling reads).
@@ -42,7 +42,7 @@ pub struct LoadView {
 }
 
 impl LoadView {
-    pub fn of(worker: &Worker) -> Option<Self> {
+    pub(crate) fn of(worker: &Worker) -> Option<Self> {
         let load = worker.vetoes.load()?;
         Some(Self {
             source: load.source,
@@ -64,7 +64,7 @@ impl LoadView {
 
 /// A worker's adaptive concurrency limit as shown (`--adaptive-concurrency`).
 #[derive(Serialize)]
-pub struct LimitView {
+pub(crate) struct LimitView {
     limit: u64,
     /// It takes no new request now.
     at_limit: bool,
@@ -88,7 +88,7 @@ struct WindowView {
 }
 
 impl LimitView {
-    pub fn of(worker: &Worker) -> Option<Self> {
+    pub(crate) fn of(worker: &Worker) -> Option<Self> {
         let limit = worker.adaptive.limit()?;
         let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
         Some(Self {
@@ -113,7 +113,7 @@ fn is_zero(n: &u64) -> bool {
 
 /// Every veto in force on a worker.
 #[derive(Serialize)]
-pub struct VetoView {
+pub(crate) struct VetoView {
     overloaded: bool,
     /// The waiting queue as projected now from the last report and the requests sent and
     /// started since, this gateway's and (with `--redis-url`) the other replicas' — what the
@@ -156,7 +156,7 @@ struct TrialView {
 }
 
 impl VetoView {
-    pub fn of(worker: &Worker) -> Self {
+    pub(crate) fn of(worker: &Worker) -> Self {
         let v = &worker.vetoes;
         Self {
             overloaded: v.overloaded(),
@@ -208,7 +208,7 @@ struct Aggregate {
     mean_token_usage: f64,
 }
 
-pub async fn loads(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
+pub(crate) async fn loads(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
     if let Err(e) = admin.check_read(&headers) {
         return e.into_response();
     }
@@ -248,7 +248,10 @@ pub async fn loads(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Respo
     axum::Json(serde_json::json!({"workers": workers, "aggregate": aggregate})).into_response()
 }
 
-pub async fn busy_get(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Response<Body> {
+pub(crate) async fn busy_get(
+    State(admin): State<Arc<Admin>>,
+    headers: HeaderMap,
+) -> Response<Body> {
     if let Err(e) = admin.check_read(&headers) {
         return e.into_response();
     }
@@ -257,7 +260,7 @@ pub async fn busy_get(State(admin): State<Arc<Admin>>, headers: HeaderMap) -> Re
 
 /// Changes the busy thresholds: a field given sets it, `null` turns that check off, a field left
 /// out stays. Each worker's verdict follows at its next load report.
-pub async fn busy_post(State(admin): State<Arc<Admin>>, request: Request) -> Response<Body> {
+pub(crate) async fn busy_post(State(admin): State<Arc<Admin>>, request: Request) -> Response<Body> {
     let result = async {
         let body = authorized_body(&admin, request).await?;
         let current = admin.control.busy_thresholds();

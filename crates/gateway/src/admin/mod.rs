@@ -43,23 +43,23 @@ const SPEC_MAX_BYTES: usize = 64 * 1024;
 mod admission;
 mod refusal;
 
-pub use refusal::AdminError;
+pub(crate) use refusal::AdminError;
 mod load;
 
 /// What the admin API acts on.
-pub struct Admin {
-    pub fleet: Arc<Fleet>,
+pub(crate) struct Admin {
+    pub(crate) fleet: Arc<Fleet>,
     /// The health settings in force per worker, and the busy thresholds.
-    pub control: Arc<Control>,
-    pub keys: Keys,
+    pub(crate) control: Arc<Control>,
+    pub(crate) keys: Keys,
     /// `--admin-reads-open`.
-    pub reads_open: bool,
+    pub(crate) reads_open: bool,
     /// `--body-read-timeout-secs`.
-    pub body_read_timeout: std::time::Duration,
+    pub(crate) body_read_timeout: std::time::Duration,
     /// The admit stage, whose tenants `/admission` shows.
-    pub admit: Arc<crate::admit::Admit>,
+    pub(crate) admit: Arc<crate::admit::Admit>,
     /// The degradation ladder, whose level `/admission` shows.
-    pub degrade: Option<Arc<crate::admit::degrade::Degrader>>,
+    pub(crate) degrade: Option<Arc<crate::admit::degrade::Degrader>>,
 }
 
 impl Admin {
@@ -73,7 +73,7 @@ impl Admin {
 }
 
 /// `/workers`, `/loads` and `/busy_threshold`.
-pub fn routes(admin: Arc<Admin>) -> Router {
+pub(crate) fn routes(admin: Arc<Admin>) -> Router {
     Router::new()
         .route("/loads", get(load::loads))
         // SMG's name for the same view.
@@ -147,7 +147,7 @@ impl HealthView {
 
 /// A worker as the admin API shows it.
 #[derive(Serialize)]
-pub struct WorkerView {
+pub(crate) struct WorkerView {
     id: String,
     url: String,
     /// Who registered it: `worker_urls`, `api`, `discovery_file`, `dns` or `kubernetes`.
@@ -181,7 +181,7 @@ pub struct WorkerView {
 }
 
 impl WorkerView {
-    pub fn of(admin: &Admin, worker: &Worker) -> Self {
+    pub(crate) fn of(admin: &Admin, worker: &Worker) -> Self {
         let spec = worker.live().spec.clone();
         Self {
             id: worker.id.to_string(),

@@ -10,7 +10,7 @@ use crate::http::RequestError;
 
 /// A request the admin API refused.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
-pub enum AdminError {
+pub(crate) enum AdminError {
     #[error("Invalid worker spec: {message}")]
     InvalidWorkerSpec { field: String, message: String },
     #[error(

@@ -13,7 +13,7 @@ use crate::shared::{Shared, SharedBudget, SharedSlots, Short};
 
 /// A rate budget (requests or tokens per period).
 #[derive(Debug)]
-pub enum Budget {
+pub(crate) enum Budget {
     Local(Mutex<Bucket>),
     Shared(Arc<SharedBudget>),
 }
@@ -34,7 +34,7 @@ impl Budget {
     }
 
     /// Takes `amount`, or says why not.
-    pub async fn reserve(&self, amount: u64, now: Instant) -> Result<(), Short> {
+    pub(crate) async fn reserve(&self, amount: u64, now: Instant) -> Result<(), Short> {
         match self {
             Budget::Local(bucket) => bucket.lock().reserve(amount, now).map_err(Short::Refused),
             // Boxed: the round trip to Redis is the rare path, and its future would otherwise
@@ -44,14 +44,14 @@ impl Budget {
     }
 
     /// A request that reserved `reserved` used `used`.
-    pub fn settle(&self, reserved: u64, used: u64, now: Instant) {
+    pub(crate) fn settle(&self, reserved: u64, used: u64, now: Instant) {
         match self {
             Budget::Local(bucket) => bucket.lock().settle(reserved, used, now),
             Budget::Shared(shared) => shared.settle(reserved, used, now),
         }
     }
 
-    pub fn level(&self, now: Instant) -> Level {
+    pub(crate) fn level(&self, now: Instant) -> Level {
         match self {
             Budget::Local(bucket) => bucket.lock().level(now),
             Budget::Shared(shared) => shared.level(now),
@@ -61,7 +61,7 @@ impl Budget {
 
 /// A concurrency cap: `limit` requests at once.
 #[derive(Debug)]
-pub enum Cap {
+pub(crate) enum Cap {
     Local { limit: u32, in_flight: AtomicU32 },
     Shared(Arc<SharedSlots>),
 }
@@ -78,7 +78,7 @@ impl Cap {
     }
 
     /// Takes a place under the cap: `Ok(false)` when there is none.
-    pub async fn enter(&self) -> Result<bool, Short> {
+    pub(crate) async fn enter(&self) -> Result<bool, Short> {
         match self {
             Cap::Local { limit, in_flight } => Ok(in_flight
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -90,7 +90,7 @@ impl Cap {
         }
     }
 
-    pub fn leave(&self) {
+    pub(crate) fn leave(&self) {
         match self {
             Cap::Local { in_flight, .. } => {
                 in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -101,7 +101,7 @@ impl Cap {
 }
 
 /// What a refusal of a budget means to a client.
-pub fn not_yet(refusal: Refusal) -> Duration {
+pub(crate) fn not_yet(refusal: Refusal) -> Duration {
     match refusal {
         Refusal::NotYet { retry_after } => retry_after,
         Refusal::TooBig { .. } => Duration::from_secs(1),

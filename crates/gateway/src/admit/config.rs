@@ -25,14 +25,14 @@ pub struct AdmissionConfig {
     /// The configured tenants (the default tenant is not among them).
     pub tenants: Vec<TenantConfig>,
     /// `--trust-tenant-header`: the header naming the tenant.
-    pub tenant_header: Option<HeaderName>,
+    pub(crate) tenant_header: Option<HeaderName>,
     pub default_tier: Tier,
-    pub default_max_tokens: u64,
+    pub(crate) default_max_tokens: u64,
     pub max_concurrent: Option<u32>,
     /// Requests per second, gateway-wide.
     pub request_rate: Option<f64>,
     /// `--default-deadline-ms-by-tier`: the deadline of a request of each tier that gives none.
-    pub tier_deadlines: [Option<std::time::Duration>; 3],
+    pub(crate) tier_deadlines: [Option<std::time::Duration>; 3],
     /// The gateway queue, when `--queue-size` is above 0.
     pub queue: Option<super::queue::QueueConfig>,
 }

@@ -11,15 +11,15 @@ use super::AdmitError;
 
 /// sluice's priority header: `0`, `1`, `2`, or `interactive`, `agent`, `batch`.
 const PRIORITY_NAME: &str = "x-sluice-priority";
-pub const PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_NAME);
+pub(crate) const PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_NAME);
 /// SMG's: `system`, `interactive`, `default`, `bulk`.
-pub const SMG_PRIORITY: HeaderName = HeaderName::from_static("x-smg-priority");
+pub(crate) const SMG_PRIORITY: HeaderName = HeaderName::from_static("x-smg-priority");
 const DEADLINE_NAME: &str = "x-request-deadline-ms";
 use crate::context::DEADLINE;
 
 /// The tier a request asks for, if any. sluice's header is strict (a typo is an error, not a
 /// silent default); SMG's reads as SMG reads it.
-pub fn asked_tier(headers: &HeaderMap) -> Result<Option<Tier>, AdmitError> {
+pub(crate) fn asked_tier(headers: &HeaderMap) -> Result<Option<Tier>, AdmitError> {
     if let Some(value) = headers.get(&PRIORITY) {
         let text = value.to_str().unwrap_or("");
         return Tier::parse(text)
@@ -35,7 +35,7 @@ pub fn asked_tier(headers: &HeaderMap) -> Result<Option<Tier>, AdmitError> {
 }
 
 /// `X-Request-Deadline-Ms`, when given: a whole number of milliseconds.
-pub fn client_budget(headers: &HeaderMap) -> Result<Option<Duration>, AdmitError> {
+pub(crate) fn client_budget(headers: &HeaderMap) -> Result<Option<Duration>, AdmitError> {
     let Some(value) = headers.get(&DEADLINE) else {
         return Ok(None);
     };
@@ -51,7 +51,7 @@ pub fn client_budget(headers: &HeaderMap) -> Result<Option<Duration>, AdmitError
 }
 
 /// OpenAI's rate-limit headers for the tenant's budgets as they stand.
-pub fn rate_limits(tenant: &Tenant, now: Instant) -> HeaderMap {
+pub(crate) fn rate_limits(tenant: &Tenant, now: Instant) -> HeaderMap {
     let mut out = HeaderMap::new();
     let mut put = |kind: &str, level: Option<Level>| {
         let Some(level) = level else { return };

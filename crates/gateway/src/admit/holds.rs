@@ -13,7 +13,7 @@ use crate::metrics::{AdmissionMetrics, TenantTokenLabels};
 use crate::shared::SharedSlots;
 
 /// A place under `--max-concurrent-requests`; given back, it may let a queued request go.
-pub struct GatewaySlot(pub OwnedSemaphorePermit, pub Option<Arc<GatewayQueue>>);
+pub(crate) struct GatewaySlot(pub OwnedSemaphorePermit, pub Option<Arc<GatewayQueue>>);
 
 impl Hold for GatewaySlot {
     fn release(self: Box<Self>, _: &Ending) {
@@ -25,7 +25,7 @@ impl Hold for GatewaySlot {
 }
 
 /// A place under `--max-concurrent-requests` shared with the other replicas.
-pub struct SharedGatewaySlot(pub Arc<SharedSlots>, pub Option<Arc<GatewayQueue>>);
+pub(crate) struct SharedGatewaySlot(pub Arc<SharedSlots>, pub Option<Arc<GatewayQueue>>);
 
 impl Hold for SharedGatewaySlot {
     fn release(self: Box<Self>, _: &Ending) {
@@ -37,7 +37,7 @@ impl Hold for SharedGatewaySlot {
 }
 
 /// A place under the tenant's `max_concurrent`.
-pub struct TenantSlot(pub Arc<Tenant>);
+pub(crate) struct TenantSlot(pub Arc<Tenant>);
 
 impl Hold for TenantSlot {
     fn release(self: Box<Self>, _: &Ending) {
@@ -46,12 +46,12 @@ impl Hold for TenantSlot {
 }
 
 /// A tenant's reservation: one request, and the tokens the request was estimated to use.
-pub struct Spend {
-    pub tenant: Arc<Tenant>,
+pub(crate) struct Spend {
+    pub(crate) tenant: Arc<Tenant>,
     /// Tokens reserved: the prompt estimate plus the most it may generate.
-    pub tokens: u64,
-    pub prompt_estimate: u64,
-    pub metrics: Arc<AdmissionMetrics>,
+    pub(crate) tokens: u64,
+    pub(crate) prompt_estimate: u64,
+    pub(crate) metrics: Arc<AdmissionMetrics>,
 }
 
 impl Spend {

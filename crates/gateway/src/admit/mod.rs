@@ -35,7 +35,7 @@ mod body;
 mod budget;
 mod codel;
 mod config;
-pub mod degrade;
+pub(crate) mod degrade;
 mod headers;
 mod holds;
 mod place;
@@ -55,12 +55,12 @@ use sluice_core::ModelName;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-pub use admitted::{Admitted, Terms};
+pub(crate) use admitted::{Admitted, Terms};
 pub use config::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
-pub use place::AdmitStage;
+pub(crate) use place::AdmitStage;
 pub use queue::{Asker, GatewayQueue, QueueConfig, Turn, TURN_BOUND};
-pub use refusal::AdmitError;
-pub use tenants::{Tenant, Tenants, OTHER_TENANT};
+pub(crate) use refusal::AdmitError;
+pub(crate) use tenants::{Tenant, Tenants};
 
 use crate::context::RequestContext;
 use crate::error::{Answerable, Expired};
@@ -73,14 +73,14 @@ use holds::{GatewaySlot, SharedGatewaySlot, Spend, TenantSlot};
 
 /// What admission reads of a request.
 #[derive(Debug, Clone, Copy)]
-pub struct Asking<'a> {
-    pub headers: &'a HeaderMap,
-    pub owner: KeyOwner,
-    pub prompt_tokens: u64,
+pub(crate) struct Asking<'a> {
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) owner: KeyOwner,
+    pub(crate) prompt_tokens: u64,
     /// `max_tokens` (or `max_completion_tokens`), when given.
-    pub max_tokens: Option<u64>,
+    pub(crate) max_tokens: Option<u64>,
     /// Choices asked for: each may generate `max_tokens`.
-    pub n: u64,
+    pub(crate) n: u64,
 }
 
 /// `--max-concurrent-requests`: this gateway's own, or shared with the other replicas.
@@ -109,7 +109,7 @@ fn unavailable(short: Short, refused: impl FnOnce(Refusal) -> AdmitError) -> Adm
 
 /// The admit stage, shared by every request.
 #[derive(Debug)]
-pub struct Admit {
+pub(crate) struct Admit {
     /// `--request-timeout-secs`: the longest a request may take, answer and stream included.
     request_timeout: Duration,
     tenants: Tenants,
@@ -166,12 +166,12 @@ impl Admit {
         }
     }
 
-    pub fn tenants(&self) -> &Tenants {
+    pub(crate) fn tenants(&self) -> &Tenants {
         &self.tenants
     }
 
     /// The gateway-wide caps as they stand, for `/admission`.
-    pub fn gateway_view(&self) -> serde_json::Value {
+    pub(crate) fn gateway_view(&self) -> serde_json::Value {
         let now = Instant::now();
         serde_json::json!({
             "max_concurrent_requests": self.gateway.slots.as_ref().map(|(_, cap)| cap),
@@ -338,12 +338,12 @@ impl Admit {
         Ok(())
     }
 
-    pub fn queue(&self) -> Option<&Arc<GatewayQueue>> {
+    pub(crate) fn queue(&self) -> Option<&Arc<GatewayQueue>> {
         self.queue.as_ref()
     }
 
     /// Whether `--max-concurrent-requests` leaves room (always, without the cap).
-    pub fn slots_free(&self) -> impl Fn() -> bool + Send + 'static {
+    pub(crate) fn slots_free(&self) -> impl Fn() -> bool + Send + 'static {
         let local = match &self.gateway.slots {
             Some((Slots::Local(s), _)) => Some(s.clone()),
             _ => None,

@@ -25,21 +25,21 @@ use crate::request::Asked;
 
 /// The admit stage, shared by every request: admission, the fleet it finds pools in, the
 /// models' other names, and the ladder.
-pub struct AdmitStage {
+pub(crate) struct AdmitStage {
     /// Tenants, tiers, deadlines, budgets, caps and the gateway queue.
-    pub admit: Arc<Admit>,
+    pub(crate) admit: Arc<Admit>,
     /// Where a model's pool is found, as the fleet is at the moment of asking.
-    pub fleet: Arc<Fleet>,
+    pub(crate) fleet: Arc<Fleet>,
     /// `--model-alias`: extra client-facing names, each for a served model.
-    pub aliases: HashMap<String, ModelName>,
+    pub(crate) aliases: HashMap<String, ModelName>,
     /// The degradation ladder, when steps are configured.
-    pub degrade: Option<Arc<Degrader>>,
+    pub(crate) degrade: Option<Arc<Degrader>>,
 }
 
 impl AdmitStage {
     /// Admits `asked` to its model's pool, or refuses it; who it is and what the ladder did
     /// are written to `ctx`.
-    pub async fn admit(
+    pub(crate) async fn admit(
         &self,
         asked: &Asked<'_>,
         ctx: &mut RequestContext,

@@ -23,7 +23,7 @@ use crate::shared::{Shared, Short};
 
 /// The label of tenants named by a trusted header but not configured: the metric families take
 /// configured names only, so a header cannot grow them without bound.
-pub const OTHER_TENANT: &str = "other";
+pub(crate) const OTHER_TENANT: &str = "other";
 
 /// The longest tenant name a trusted header may give.
 const MAX_HEADER_TENANT: usize = 128;
@@ -32,20 +32,20 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 /// One tenant: its tier, its weight, and what it may spend.
 #[derive(Debug)]
-pub struct Tenant {
-    pub id: TenantId,
-    pub tier: Tier,
-    pub weight: f64,
+pub(crate) struct Tenant {
+    pub(crate) id: TenantId,
+    pub(crate) tier: Tier,
+    pub(crate) weight: f64,
     /// Its metric label: its name when configured, `other` otherwise.
-    pub label: Label,
-    pub tokens: Option<Budget>,
-    pub requests: Option<Budget>,
-    pub max_concurrent: Option<u32>,
+    pub(crate) label: Label,
+    pub(crate) tokens: Option<Budget>,
+    pub(crate) requests: Option<Budget>,
+    pub(crate) max_concurrent: Option<u32>,
     cap: Option<Cap>,
     /// Its requests in flight on this gateway.
     in_flight: AtomicU32,
     /// Its `sluice_tenant_requests_total` series.
-    pub counters: Arc<TenantCounters>,
+    pub(crate) counters: Arc<TenantCounters>,
 }
 
 impl Tenant {
@@ -93,16 +93,16 @@ impl Tenant {
     }
 
     /// Whether any budget applies (then its answers carry `x-ratelimit-*`).
-    pub fn limited(&self) -> bool {
+    pub(crate) fn limited(&self) -> bool {
         self.tokens.is_some() || self.requests.is_some()
     }
 
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Takes a concurrency slot, unless the tenant is at its limit.
-    pub async fn enter(&self) -> Result<bool, Short> {
+    pub(crate) async fn enter(&self) -> Result<bool, Short> {
         if let Some(cap) = &self.cap {
             if !cap.enter().await? {
                 return Ok(false);
@@ -112,7 +112,7 @@ impl Tenant {
         Ok(true)
     }
 
-    pub fn leave(&self) {
+    pub(crate) fn leave(&self) {
         if let Some(cap) = &self.cap {
             cap.leave();
         }
@@ -120,27 +120,31 @@ impl Tenant {
     }
 
     /// Takes `amount` from `budget`, if the tenant has that budget.
-    pub async fn reserve(budget: &Option<Budget>, amount: u64, now: Instant) -> Result<(), Short> {
+    pub(crate) async fn reserve(
+        budget: &Option<Budget>,
+        amount: u64,
+        now: Instant,
+    ) -> Result<(), Short> {
         match budget {
             Some(b) => b.reserve(amount, now).await,
             None => Ok(()),
         }
     }
 
-    pub fn settle(budget: &Option<Budget>, reserved: u64, used: u64, now: Instant) {
+    pub(crate) fn settle(budget: &Option<Budget>, reserved: u64, used: u64, now: Instant) {
         if let Some(b) = budget {
             b.settle(reserved, used, now);
         }
     }
 
-    pub fn level(budget: &Option<Budget>, now: Instant) -> Option<Level> {
+    pub(crate) fn level(budget: &Option<Budget>, now: Instant) -> Option<Level> {
         budget.as_ref().map(|b| b.level(now))
     }
 }
 
 /// Every tenant, and how a request finds its own.
 #[derive(Debug)]
-pub struct Tenants {
+pub(crate) struct Tenants {
     configured: Vec<Arc<Tenant>>,
     by_name: HashMap<TenantId, Arc<Tenant>>,
     default: Arc<Tenant>,
@@ -185,7 +189,7 @@ impl Tenants {
 
     /// Whose request this is: the tenant a trusted header names, else the owner of its key, else
     /// the default tenant.
-    pub fn of(&self, headers: &HeaderMap, owner: KeyOwner) -> Arc<Tenant> {
+    pub(crate) fn of(&self, headers: &HeaderMap, owner: KeyOwner) -> Arc<Tenant> {
         let named = self
             .header
             .as_ref()
@@ -215,12 +219,12 @@ impl Tenants {
     }
 
     /// The configured tenants and the default one.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         self.configured.iter().chain(std::iter::once(&self.default))
     }
 
     /// The metric labels the tenants of `config` may take.
-    pub fn labels(config: &AdmissionConfig) -> Vec<Label> {
+    pub(crate) fn labels(config: &AdmissionConfig) -> Vec<Label> {
         config
             .tenants
             .iter()

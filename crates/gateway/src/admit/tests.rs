@@ -292,7 +292,7 @@ async fn concurrency_is_capped_per_tenant_and_gateway_wide_and_given_back() {
 
 #[test]
 fn every_refusal_of_admission_has_its_reason_series() {
-    use crate::metrics::REASONS;
+    use crate::metrics::admission::REASONS;
     let refusals = [
         AdmitError::InvalidHeader {
             header: "x",

@@ -33,51 +33,51 @@ pub struct AdaptiveSettings {
     /// How often each worker's limit is judged, over the responses of the window.
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_window_secs: f64,
+    pub(crate) adaptive_window_secs: f64,
 
     /// p95 inter-token latency at or over which a worker's limit falls (fractions allowed).
     #[arg(long, default_value_t = 25.0, value_name = "MS")]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_itl_breach_ms: f64,
+    pub(crate) adaptive_itl_breach_ms: f64,
 
     /// p95 inter-token latency under which a worker's limit may rise.
     #[arg(long, default_value_t = 15.0, value_name = "MS")]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_itl_healthy_ms: f64,
+    pub(crate) adaptive_itl_healthy_ms: f64,
 
     /// p95 time to first token at or over which a worker's limit falls. Unset: not judged.
     #[arg(long, value_name = "MS")]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_ttft_breach_ms: Option<f64>,
+    pub(crate) adaptive_ttft_breach_ms: Option<f64>,
 
     /// p95 time to first token a worker's limit needs under it to rise. Unset: not judged.
     #[arg(long, value_name = "MS")]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_ttft_healthy_ms: Option<f64>,
+    pub(crate) adaptive_ttft_healthy_ms: Option<f64>,
 
     /// Responses a window needs before it is judged; fewer hold the limit.
     #[arg(long, default_value_t = 20)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_min_samples: u64,
+    pub(crate) adaptive_min_samples: u64,
 
     /// The least a worker's limit falls to.
     #[arg(long, default_value_t = 1)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_min_limit: u64,
+    pub(crate) adaptive_min_limit: u64,
 
     /// The most a worker's limit rises to. Unset: no ceiling.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_max_limit: Option<u64>,
+    pub(crate) adaptive_max_limit: Option<u64>,
 
     /// Where a worker's limit starts when its engine reports no running window (SGLang reports
     /// `max_running_requests`; vLLM does not).
     #[arg(long, default_value_t = 32)]
     #[arg(help_heading = "Adaptive control")]
-    pub adaptive_initial_limit: u64,
+    pub(crate) adaptive_initial_limit: u64,
 
     /// Turn CoDel off on the gateway queue (with --queue-size, each tier runs its own: once a
     /// tier's shortest wait has stood over its target for a whole interval, its head is cut,
@@ -86,13 +86,13 @@ pub struct AdaptiveSettings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub disable_codel: bool,
+    pub(crate) disable_codel: bool,
 
     /// CoDel's target wait for every tier at once. Unset: --codel-target-ms-by-tier.
     #[arg(long, value_name = "MS")]
     #[serde(default)]
     #[arg(help_heading = "Adaptive control")]
-    pub codel_target_ms: Option<u64>,
+    pub(crate) codel_target_ms: Option<u64>,
 
     /// CoDel's target wait per tier, `INTERACTIVE,AGENT,BATCH` milliseconds.
     #[arg(
@@ -103,14 +103,14 @@ pub struct AdaptiveSettings {
     )]
     #[serde(default = "default_codel_targets")]
     #[arg(help_heading = "Adaptive control")]
-    pub codel_target_ms_by_tier: Vec<u64>,
+    pub(crate) codel_target_ms_by_tier: Vec<u64>,
 
     /// How long a tier's wait must stand over its target before CoDel cuts, the base of its pace
     /// (next cut after interval / sqrt(cuts so far)), and how long it must go without refusing
     /// anyone before it stops.
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     #[arg(help_heading = "Adaptive control")]
-    pub codel_interval_ms: u64,
+    pub(crate) codel_interval_ms: u64,
 }
 
 /// A positive number of milliseconds (fractions allowed: benchmarks scale targets with a sped-up

@@ -22,28 +22,28 @@ use crate::route::Shedding;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantSpec {
-    pub name: String,
+    pub(crate) name: String,
     /// Keys that identify the tenant (as `Authorization: Bearer <key>`).
     #[serde(default)]
-    pub api_keys: Vec<String>,
+    pub(crate) api_keys: Vec<String>,
     /// The tier its requests get, and the most urgent they may ask for: 0 interactive, 1 agent,
     /// 2 batch. Default: `--default-priority`.
     #[serde(default)]
-    pub priority: Option<u8>,
+    pub(crate) priority: Option<u8>,
     /// Its share among the tenants of its tier.
     #[serde(default = "one")]
-    pub weight: f64,
+    pub(crate) weight: f64,
     #[serde(default)]
-    pub tokens_per_minute: Option<u64>,
+    pub(crate) tokens_per_minute: Option<u64>,
     #[serde(default)]
-    pub requests_per_minute: Option<u64>,
+    pub(crate) requests_per_minute: Option<u64>,
     #[serde(default)]
-    pub max_concurrent: Option<u32>,
+    pub(crate) max_concurrent: Option<u32>,
 }
 
 /// The gateway queue's default size: deeper than any standing queue CoDel lets form in the
 /// benchmarks' bursts (docs/benchmarks.md), so it bounds memory rather than shapes waits.
-pub const DEFAULT_QUEUE_SIZE: usize = 1024;
+pub(crate) const DEFAULT_QUEUE_SIZE: usize = 1024;
 
 fn one() -> f64 {
     1.0
@@ -55,7 +55,7 @@ pub struct AdmissionSettings {
     /// Tenants, from `[[tenants]]` tables of the config file (see docs/admission.md).
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tenants: Vec<TenantSpec>,
+    pub(crate) tenants: Vec<TenantSpec>,
 
     /// A key that identifies a tenant, `TENANT:KEY` (SMG's flag; repeatable). A tenant not in the
     /// config file is made with the defaults. Its requests need no --api-key.
@@ -66,19 +66,19 @@ pub struct AdmissionSettings {
     )]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
-    pub tenant_api_keys: Vec<String>,
+    pub(crate) tenant_api_keys: Vec<String>,
 
     /// Take the tenant from --tenant-header-name when a request carries it (set by an
     /// authenticating proxy in front; SMG's flag). Keys are still checked.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
-    pub trust_tenant_header: bool,
+    pub(crate) trust_tenant_header: bool,
 
     /// The header --trust-tenant-header reads (SMG's default).
     #[arg(long, default_value = "x-smg-tenant-id")]
     #[arg(help_heading = "Admission")]
-    pub tenant_header_name: String,
+    pub(crate) tenant_header_name: String,
 
     /// The tier of the default tenant and of tenants that set none, and the most urgent their
     /// requests may ask for: 0 interactive, 1 agent, 2 batch. At 0, a request is served as
@@ -86,19 +86,19 @@ pub struct AdmissionSettings {
     /// with nothing configured; give tenants their tiers to keep clients from asking.
     #[arg(long, default_value_t = 0)]
     #[arg(help_heading = "Admission")]
-    pub default_priority: u8,
+    pub(crate) default_priority: u8,
 
     /// Output tokens reserved from a tenant's token budget for a request that sets no
     /// `max_tokens` (the real count is settled when the response ends).
     #[arg(long, default_value_t = 1024)]
     #[arg(help_heading = "Admission")]
-    pub default_max_tokens_estimate: u64,
+    pub(crate) default_max_tokens_estimate: u64,
 
     /// Requests in flight through the gateway at most, each counted until its response ends
     /// (SMG's flag; -1: no cap). Past it a request is refused with 503 `queue_full`.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
     #[arg(help_heading = "Admission")]
-    pub max_concurrent_requests: i64,
+    pub(crate) max_concurrent_requests: i64,
 
     /// Requests admitted per second, gateway-wide, bursting up to --max-concurrent-requests
     /// (SMG's flag, whose name says tokens but which counts requests). Unset or 0: no limit.
@@ -106,7 +106,7 @@ pub struct AdmissionSettings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
-    pub rate_limit_tokens_per_second: Option<f64>,
+    pub(crate) rate_limit_tokens_per_second: Option<f64>,
 
     /// Requests that may wait in the gateway, when no worker of their model has room (or
     /// --max-concurrent-requests is reached), instead of being steered onto a full engine or
@@ -123,21 +123,21 @@ pub struct AdmissionSettings {
     /// timeout for every class (--smg-defaults restores it).
     #[arg(long, default_value_t = 60.0)]
     #[arg(help_heading = "Admission")]
-    pub queue_timeout_secs: f64,
+    pub(crate) queue_timeout_secs: f64,
 
     /// Per-tier default deadlines, `INTERACTIVE,AGENT,BATCH` milliseconds (0: none), for requests
     /// that send no `X-Request-Deadline-Ms`: they are then held to it as if they had.
     #[arg(long, value_delimiter = ',', value_name = "MS")]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
-    pub default_deadline_ms_by_tier: Vec<u64>,
+    pub(crate) default_deadline_ms_by_tier: Vec<u64>,
 
     /// Per-tier queue timeouts, `INTERACTIVE,AGENT,BATCH` seconds (e.g. `5,30,120`), in place of
     /// the waits --queue-timeout-secs and the first-token objectives give.
     #[arg(long, value_delimiter = ',', value_name = "SECONDS")]
     #[serde(default)]
     #[arg(help_heading = "Admission")]
-    pub queue_timeout_by_tier: Vec<f64>,
+    pub(crate) queue_timeout_by_tier: Vec<f64>,
 }
 
 fn tier(setting: &'static str, n: u8) -> Result<Tier, ConfigError> {

@@ -117,14 +117,14 @@ pub struct CascadeSpec {
 pub struct PruneSpec {
     /// The models it applies to [default: all].
     #[serde(default)]
-    pub models: Option<Vec<String>>,
+    pub(crate) models: Option<Vec<String>>,
     #[serde(default)]
-    pub tiers: Option<Vec<u8>>,
+    pub(crate) tiers: Option<Vec<u8>>,
     /// Estimated prompt tokens the messages may come to.
-    pub token_budget: u64,
+    pub(crate) token_budget: u64,
     /// The last non-system messages always kept [default: 4].
     #[serde(default)]
-    pub keep_last: Option<usize>,
+    pub(crate) keep_last: Option<usize>,
 }
 
 /// `[[degradation.clamp]]`: step 4.

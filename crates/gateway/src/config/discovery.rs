@@ -24,7 +24,7 @@ pub struct DiscoverySettings {
     #[arg(long, value_name = "PROVIDER")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub discovery_provider: Option<String>,
+    pub(crate) discovery_provider: Option<String>,
 
     /// A file listing workers (JSON, or TOML when it ends in .toml): a list of URLs or worker
     /// specs as POST /workers takes them, or an object with such a `workers` list. Reread as
@@ -43,7 +43,7 @@ pub struct DiscoverySettings {
     #[arg(long, value_name = "NAME:PORT")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub discovery_dns: Option<String>,
+    pub(crate) discovery_dns: Option<String>,
 
     /// Watch the pods --selector matches through the Kubernetes API (in-cluster service
     /// account, else the kubeconfig): each Ready pod with an IP is a worker at
@@ -52,50 +52,50 @@ pub struct DiscoverySettings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub service_discovery: bool,
+    pub(crate) service_discovery: bool,
 
     /// The pods' labels, KEY=VALUE (several after one flag, or the flag repeated).
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub selector: Vec<String>,
+    pub(crate) selector: Vec<String>,
 
     /// With --pd-disaggregation: the prefill pods' labels. A pod's bootstrap port is read from
     /// its `sglang.ai/bootstrap-port` annotation (none without one).
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub prefill_selector: Vec<String>,
+    pub(crate) prefill_selector: Vec<String>,
 
     /// With --pd-disaggregation: the decode pods' labels.
     #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub decode_selector: Vec<String>,
+    pub(crate) decode_selector: Vec<String>,
 
     /// The port every discovered pod serves on.
     #[arg(long, default_value_t = 80)]
     #[arg(help_heading = "Service discovery")]
-    pub service_discovery_port: u16,
+    pub(crate) service_discovery_port: u16,
 
     /// The namespace to watch. Unset: every namespace (needs cluster-wide permissions).
     #[arg(long, value_name = "NAMESPACE")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub service_discovery_namespace: Option<String>,
+    pub(crate) service_discovery_namespace: Option<String>,
 
     /// Each discovered worker's model from pod metadata: `namespace`, `label:KEY` or
     /// `annotation:KEY`. Unset: the model the worker lists at /v1/models.
     #[arg(long, value_name = "SOURCE")]
     #[serde(default)]
     #[arg(help_heading = "Service discovery")]
-    pub model_id_from: Option<String>,
+    pub(crate) model_id_from: Option<String>,
 
     /// Seconds between periodic rereads of --discovery-file (also reread as soon as it changes)
     /// and between lookups of --discovery-dns.
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
     #[arg(help_heading = "Service discovery")]
-    pub discovery_check_interval_secs: f64,
+    pub(crate) discovery_check_interval_secs: f64,
 }
 
 impl DiscoverySettings {

@@ -11,7 +11,7 @@ use crate::control::KvEventsConfig;
 /// The KV-event subscriptions.
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
-pub struct KvEventsSettings {
+pub(crate) struct KvEventsSettings {
     /// Subscribe to every HTTP worker's KV events on its host at this port: the ZMQ publisher
     /// vLLM and SGLang start when their KV-events config names publisher zmq and endpoint
     /// tcp://*:PORT. The cache-aware policy then scores a worker by the blocks its engine
@@ -20,19 +20,19 @@ pub struct KvEventsSettings {
     /// come on their own stream.
     #[arg(long, value_name = "PORT")]
     #[arg(help_heading = "KV events")]
-    pub kv_events_port: Option<u16>,
+    pub(crate) kv_events_port: Option<u16>,
 
     /// Data-parallel ranks per engine: rank r publishes on the port plus r (vLLM's and SGLang's
     /// rule). A worker spec's kv_events_ranks overrides it.
     #[arg(long, value_name = "N", default_value_t = 1)]
     #[arg(help_heading = "KV events")]
-    pub kv_events_ranks: u32,
+    pub(crate) kv_events_ranks: u32,
 
     /// KV blocks remembered per engine rank at most; past it, newly stored blocks are not
     /// indexed until evictions make room (about 100 bytes each).
     #[arg(long, value_name = "N", default_value_t = 262_144)]
     #[arg(help_heading = "KV events")]
-    pub kv_events_max_blocks: usize,
+    pub(crate) kv_events_max_blocks: usize,
 }
 
 impl Default for KvEventsSettings {

@@ -39,15 +39,11 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
-pub use kv_events::KvEventsSettings;
 pub use load::{load, load_with, COMMAND_LINE_ONLY};
-pub use replicas::ReplicaSettings;
-pub use resilience::ResilienceSettings;
 pub use settings::Settings;
 pub use smg_defaults::{values as smg_default_values, SMG_QUEUE};
 pub use status::{StatusSettings, UiConfig};
 pub use tls_files::TlsSettings;
-pub use tokens::TokenizerSettings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
 
@@ -372,11 +368,11 @@ pub struct Config {
     pub policy: Policy,
     /// `--prefill-policy`, `--decode-policy` (each `--policy` when not given).
     pub prefill_policy: Policy,
-    pub decode_policy: Policy,
+    pub(crate) decode_policy: Policy,
     /// The decode admission window and the prefill leg's silence bound.
     pub pd: crate::forward::PdConfig,
     /// Prefix blocks remembered per model by the cache-aware policy.
-    pub prefix_capacity: usize,
+    pub(crate) prefix_capacity: usize,
     /// `--interactive-reserve`.
     pub interactive_reserve: f64,
     /// `--routing-key-headers`, in order of precedence.
@@ -389,7 +385,7 @@ pub struct Config {
     pub model_aliases: std::collections::HashMap<String, sluice_core::ModelName>,
     pub api_keys: Vec<String>,
     /// The key sent to workers registered without one (`Settings::default_worker_key`).
-    pub default_worker_key: Option<String>,
+    pub(crate) default_worker_key: Option<String>,
     pub admin_api_key: Option<String>,
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,
@@ -407,7 +403,7 @@ pub struct Config {
     /// How worker connections are made, secured and pooled.
     pub upstream: UpstreamConfig,
     /// `--tls-cert-path` and `--tls-key-path`: the listener serves HTTPS.
-    pub listen_tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) listen_tls: Option<Arc<rustls::ServerConfig>>,
     pub request_timeout: Duration,
     pub upstream_http2: bool,
     pub retry: RetryConfig,
@@ -415,7 +411,7 @@ pub struct Config {
     pub breaker: Option<BreakerConfig>,
     pub startup_check_interval: Duration,
     /// `--worker-startup-delay`.
-    pub startup_delay: Duration,
+    pub(crate) startup_delay: Duration,
     pub drain_settle: Duration,
     /// `--worker-startup-timeout-secs`; `None`: wait forever.
     pub startup_timeout: Option<Duration>,
@@ -429,21 +425,21 @@ pub struct Config {
     /// How refusals are answered (`--overload-status-code`).
     pub answers: crate::front::Answers,
     /// `--smg-defaults`: what was not given took SMG's default (said in the startup log).
-    pub smg_defaults: bool,
+    pub(crate) smg_defaults: bool,
     /// `None` with `--disable-liveness-checks`.
     pub liveness: Option<LivenessConfig>,
     /// The dedicated probe listener (`--health-check-port`).
     pub health_listen: Option<SocketAddr>,
-    pub shutdown_grace: Duration,
-    pub metrics_listen: Option<SocketAddr>,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) metrics_listen: Option<SocketAddr>,
     /// Tenants, tiers and the gateway-wide caps.
     pub admission: AdmissionConfig,
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<crate::control::AdaptiveConfig>,
     /// `--kv-events-port`, `--kv-events-ranks`, `--kv-events-max-blocks`.
-    pub kv_events: crate::control::KvEventsConfig,
+    pub(crate) kv_events: crate::control::KvEventsConfig,
     /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
-    pub degradation: Option<crate::admit::degrade::DegradationConfig>,
+    pub(crate) degradation: Option<crate::admit::degrade::DegradationConfig>,
     pub access_log: Option<PathBuf>,
     /// `--enable-trace` and its settings; `None`: off.
     pub trace: Option<crate::trace::TraceConfig>,
@@ -466,7 +462,7 @@ impl Config {
     /// probe port: half of what the open-file limit leaves when a busy client connection holds
     /// one to a worker too (HTTP/1.1), all of it when every worker speaks HTTP/2 (one connection
     /// each, whatever the number of streams).
-    pub fn connection_limits(&self) -> crate::http::Limits {
+    pub(crate) fn connection_limits(&self) -> crate::http::Limits {
         let every_worker_http2 =
             self.upstream_http2 && self.workers.iter().all(|w| w.http2 != Some(false));
         let fds = open_file_limit().map(|files| {

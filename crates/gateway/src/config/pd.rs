@@ -12,14 +12,14 @@ use crate::fleet::{WorkerSpec, WorkerType};
 
 /// Disaggregation flags (`sluice serve --help`, "Prefill/decode disaggregation").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
-pub struct PdSettings {
+pub(crate) struct PdSettings {
     /// Serve the models of --prefill and --decode workers disaggregated: each request goes to a
     /// prefill worker and a decode worker at once (SGLang's bootstrap protocol), and the decode
     /// worker's answer is relayed. Other models' --worker-urls are served as usual.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub pd_disaggregation: bool,
+    pub(crate) pd_disaggregation: bool,
 
     /// A prefill worker and its bootstrap server's port, `URL [BOOTSTRAP_PORT|none]` (none, or
     /// left out: it has none). Repeatable. In a config file, a list in the same order:
@@ -27,25 +27,25 @@ pub struct PdSettings {
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
     #[serde(default)]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub prefill: Vec<String>,
+    pub(crate) prefill: Vec<String>,
 
     /// A decode worker. Repeatable.
     #[arg(long, value_name = "URL")]
     #[serde(default)]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub decode: Vec<String>,
+    pub(crate) decode: Vec<String>,
 
     /// The policy that picks a prefill worker (the --policy names) [default: --policy].
     #[arg(long, value_name = "POLICY")]
     #[serde(default)]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub prefill_policy: Option<String>,
+    pub(crate) prefill_policy: Option<String>,
 
     /// The policy that picks a decode worker [default: --policy].
     #[arg(long, value_name = "POLICY")]
     #[serde(default)]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub decode_policy: Option<String>,
+    pub(crate) decode_policy: Option<String>,
 
     /// How long a disaggregated request waits for room in a decode worker's running window
     /// (never more requests in flight to it than its engine's max_running_requests, or its
@@ -54,7 +54,7 @@ pub struct PdSettings {
     #[arg(long, default_value_t = 30.0, value_name = "SECS")]
     #[serde(default = "default_wait")]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub pd_admission_wait_secs: f64,
+    pub(crate) pd_admission_wait_secs: f64,
 
     /// Do not gate decode workers by their running window (sluice's own flag): every
     /// disaggregated request is dispatched at once, as SMG's HTTP router does. For comparisons;
@@ -62,7 +62,7 @@ pub struct PdSettings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Prefill/decode disaggregation")]
-    pub disable_pd_admission_window: bool,
+    pub(crate) disable_pd_admission_window: bool,
 }
 
 fn default_wait() -> f64 {

@@ -12,7 +12,7 @@ use crate::shared::{RedisTls, SharedConfig};
 
 /// Replica flags (`sluice serve --help`, "Replicas").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
-pub struct ReplicaSettings {
+pub(crate) struct ReplicaSettings {
     /// Share tenant budgets and caps, --rate-limit-tokens-per-second and
     /// --max-concurrent-requests with every replica naming the same Redis
     /// (redis://[user:password@]host:port[/db]; rediss:// over TLS, trusting --ca-cert-paths
@@ -21,7 +21,7 @@ pub struct ReplicaSettings {
     #[arg(long, value_name = "URL")]
     #[serde(default)]
     #[arg(help_heading = "Replicas")]
-    pub redis_url: Option<String>,
+    pub(crate) redis_url: Option<String>,
 
     /// While Redis cannot be reached, admit on local limits (each replica the global limit over
     /// the replicas it last counted); false refuses requests a shared limit applies to with 503
@@ -35,12 +35,12 @@ pub struct ReplicaSettings {
         value_name = "BOOL"
     )]
     #[arg(help_heading = "Replicas")]
-    pub redis_fail_open: bool,
+    pub(crate) redis_fail_open: bool,
 
     /// The longest a request waits on Redis; slower counts as unreachable.
     #[arg(long, default_value_t = 50, value_name = "MS")]
     #[arg(help_heading = "Replicas")]
-    pub redis_timeout_ms: u64,
+    pub(crate) redis_timeout_ms: u64,
 }
 
 impl ReplicaSettings {

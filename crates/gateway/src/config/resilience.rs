@@ -13,94 +13,94 @@ use super::{ConfigError, RetryConfig};
 
 /// Retry and circuit-breaker flags (`sluice serve --help`, "Retries", "Circuit breaker").
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
-pub struct ResilienceSettings {
+pub(crate) struct ResilienceSettings {
     /// Attempts of one request in all, the first included, as SMG counts them (1: never retry).
     /// The later ones follow connection failures, at-capacity answers and the statuses of
     /// --retry-status-codes, each on another worker.
     #[arg(long, default_value_t = 4)]
     #[arg(help_heading = "Retries")]
-    pub retry_max_retries: u32,
+    pub(crate) retry_max_retries: u32,
 
     /// Worker answers retried on another worker, within the retry budget, when they come before
     /// any byte reached the client (429 and 529 are always retried as at-capacity answers).
     #[arg(long, value_delimiter = ',', default_values_t = [500, 502, 503, 504])]
     #[arg(help_heading = "Retries")]
-    pub retry_status_codes: Vec<u16>,
+    pub(crate) retry_status_codes: Vec<u16>,
 
     /// Wait before the first retry.
     #[arg(long, default_value_t = 50)]
     #[arg(help_heading = "Retries")]
-    pub retry_initial_backoff_ms: u64,
+    pub(crate) retry_initial_backoff_ms: u64,
 
     /// Longest wait between retries.
     #[arg(long, default_value_t = 5_000)]
     #[arg(help_heading = "Retries")]
-    pub retry_max_backoff_ms: u64,
+    pub(crate) retry_max_backoff_ms: u64,
 
     /// Growth of the wait per retry.
     #[arg(long, default_value_t = 2.0)]
     #[arg(help_heading = "Retries")]
-    pub retry_backoff_multiplier: f64,
+    pub(crate) retry_backoff_multiplier: f64,
 
     /// Share of each wait drawn at random (0..=1), so retries from many requests spread out.
     #[arg(long, default_value_t = 0.5)]
     #[arg(help_heading = "Retries")]
-    pub retry_jitter_factor: f64,
+    pub(crate) retry_jitter_factor: f64,
 
     /// Retries may add at most this percentage of the requests of the last 10 seconds.
     #[arg(long, default_value_t = 20.0)]
     #[arg(help_heading = "Retries")]
-    pub retry_budget_percent: f64,
+    pub(crate) retry_budget_percent: f64,
 
     /// Retries always allowed per second, on top of the percentage (so a quiet gateway can retry).
     #[arg(long, default_value_t = 10)]
     #[arg(help_heading = "Retries")]
-    pub retry_budget_min_per_sec: u32,
+    pub(crate) retry_budget_min_per_sec: u32,
 
     /// Never retry.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Retries")]
-    pub disable_retries: bool,
+    pub(crate) disable_retries: bool,
 
     /// Consecutive failures (connection errors, 5xx) that open a worker's circuit.
     #[arg(long, default_value_t = 10)]
     #[arg(help_heading = "Circuit breaker")]
-    pub cb_failure_threshold: u32,
+    pub(crate) cb_failure_threshold: u32,
 
     /// Consecutive successful trials that close a half-open circuit (also the number of trial
     /// requests let through at once).
     #[arg(long, default_value_t = 3)]
     #[arg(help_heading = "Circuit breaker")]
-    pub cb_success_threshold: u32,
+    pub(crate) cb_success_threshold: u32,
 
     /// How long an open circuit refuses requests before it lets trials through.
     #[arg(long, default_value_t = 60.0)]
     #[arg(help_heading = "Circuit breaker")]
-    pub cb_timeout_duration_secs: f64,
+    pub(crate) cb_timeout_duration_secs: f64,
 
     /// A closed circuit also opens when at least this share of the outcomes within
     /// --cb-window-duration-secs failed (at least --cb-min-requests of them): a worker failing
     /// every other request never fails --cb-failure-threshold in a row.
     #[arg(long, default_value_t = 0.5)]
     #[arg(help_heading = "Circuit breaker")]
-    pub cb_failure_rate: f64,
+    pub(crate) cb_failure_rate: f64,
 
     /// Outcomes the failure rate needs before it can open a circuit; 0 turns the rule off.
     #[arg(long, default_value_t = 20)]
     #[arg(help_heading = "Circuit breaker")]
-    pub cb_min_requests: u32,
+    pub(crate) cb_min_requests: u32,
 
     /// The window the failure rate is judged over (SMG's name and default).
     #[arg(long, default_value_t = 120.0)]
     #[arg(help_heading = "Circuit breaker")]
-    pub cb_window_duration_secs: f64,
+    pub(crate) cb_window_duration_secs: f64,
 
     /// Never open circuits.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Circuit breaker")]
-    pub disable_circuit_breaker: bool,
+    pub(crate) disable_circuit_breaker: bool,
 }
 
 impl ResilienceSettings {

@@ -27,7 +27,7 @@ pub struct Settings {
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     #[arg(help_heading = "Configuration")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// Print the effective settings as TOML and exit.
     #[arg(long)]
@@ -42,12 +42,12 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Configuration")]
-    pub smg_defaults: bool,
+    pub(crate) smg_defaults: bool,
 
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     #[arg(help_heading = "Listener")]
-    pub host: String,
+    pub(crate) host: String,
 
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 30000)]
@@ -76,31 +76,31 @@ pub struct Settings {
     /// consistent_hash.
     #[arg(long, default_value = "cache_aware")]
     #[arg(help_heading = "Routing policy")]
-    pub policy: String,
+    pub(crate) policy: String,
 
     /// cache_aware: share of the prompt's prefix a worker must hold to be preferred.
     #[arg(long, visible_alias = "cache-match-threshold", default_value_t = 0.3)]
     #[arg(help_heading = "Routing policy")]
-    pub cache_threshold: f64,
+    pub(crate) cache_threshold: f64,
 
     /// cache_aware's spill gate, as in SMG 1.13: the worker holding the prompt's prefix gives
     /// way to the least loaded one when its load exceeds the pool's mean by this many requests
     /// (capped at two standard deviations of an in-flight count at that mean, at least 4)...
     #[arg(long, visible_alias = "spill-abs-threshold", default_value_t = 64)]
     #[arg(help_heading = "Routing policy")]
-    pub balance_abs_threshold: u64,
+    pub(crate) balance_abs_threshold: u64,
 
     /// ...and exceeds the mean times this.
     #[arg(long, visible_alias = "spill-rel-threshold", default_value_t = 1.5)]
     #[arg(help_heading = "Routing policy")]
-    pub balance_rel_threshold: f64,
+    pub(crate) balance_rel_threshold: f64,
 
     /// cache_aware: how much prompt text the prefix index remembers per model, in characters as
     /// in SMG; held as 64-byte blocks (about 100 bytes of memory each), the least recently used
     /// forgotten first. 2^24 (SMG's default is 2^26, which would let the index reach ~100 MB).
     #[arg(long, default_value_t = 1 << 24)]
     #[arg(help_heading = "Routing policy")]
-    pub max_tree_size: usize,
+    pub(crate) max_tree_size: usize,
 
     /// consistent_hash and cache_aware: request headers whose value is the routing key, the first
     /// present one winning (the body's `user` field is used when none is). Several after one
@@ -120,7 +120,7 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Routing policy")]
-    pub enable_igw: bool,
+    pub(crate) enable_igw: bool,
 
     /// An extra client-facing model name for a served model, `ALIAS=MODEL` (repeatable; SMG's
     /// flag). A request naming the alias is served by MODEL's workers, which are sent MODEL;
@@ -128,7 +128,7 @@ pub struct Settings {
     #[arg(long = "model-alias", value_name = "ALIAS=MODEL")]
     #[arg(help_heading = "Routing policy")]
     #[serde(default)]
-    pub model_aliases: Vec<String>,
+    pub(crate) model_aliases: Vec<String>,
 
     /// Request headers a client's own request id is taken from, the first present and sane one
     /// winning (SMG's flag; several after one flag, comma-separated or repeated); the id goes to
@@ -168,66 +168,66 @@ pub struct Settings {
     )]
     #[serde(default)]
     #[arg(help_heading = "Authentication")]
-    pub admin_api_key: Option<String>,
+    pub(crate) admin_api_key: Option<String>,
 
     /// Serve the admin API's reads (`GET /workers`, `/loads`, `/busy_threshold`) without the admin
     /// key, as before it was set.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Authentication")]
-    pub admin_reads_open: bool,
+    pub(crate) admin_reads_open: bool,
 
     /// More admin API keys, as SMG writes them: `id:name:role:key`, role `admin` (changes and
     /// reads, like --admin-api-key) or `user` (reads only). Repeatable.
     #[arg(long, num_args = 1.., value_name = "ID:NAME:ROLE:KEY", hide_env_values = true)]
     #[arg(help_heading = "Authentication")]
     #[serde(default)]
-    pub control_plane_api_keys: Vec<String>,
+    pub(crate) control_plane_api_keys: Vec<String>,
 
     /// Origins a browser may call the gateway from (e.g. http://localhost:3000), or `*` alone for
     /// any origin (SMG's flag). Unset: no cross-origin allowance.
     #[arg(long, num_args = 1.., value_delimiter = ',', value_name = "ORIGIN")]
     #[arg(help_heading = "Authentication")]
     #[serde(default)]
-    pub cors_allowed_origins: Vec<String>,
+    pub(crate) cors_allowed_origins: Vec<String>,
 
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     #[arg(help_heading = "Requests")]
-    pub max_payload_size: usize,
+    pub(crate) max_payload_size: usize,
 
     /// Bytes of request bodies the gateway holds at once (each is read whole, then sent on);
     /// past it a request is refused with 503 `request_buffers_full` and `Retry-After` rather than
     /// grow the gateway's memory. At least --max-payload-size.
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
     #[arg(help_heading = "Requests")]
-    pub max_buffered_body_bytes: usize,
+    pub(crate) max_buffered_body_bytes: usize,
 
     /// Largest `n` (choices per request) accepted; more is a 400 naming `n`. Each choice is a
     /// sequence the engine runs, and counts in a worker's load. 128 is OpenAI's own maximum.
     #[arg(long, default_value_t = 128)]
     #[arg(help_heading = "Requests")]
-    pub max_n: u64,
+    pub(crate) max_n: u64,
 
     /// Largest `max_tokens` / `max_completion_tokens` accepted; more is a 400 naming the field.
     /// Unset: the engine's context length is the only bound.
     #[arg(long, value_name = "TOKENS")]
     #[serde(default)]
     #[arg(help_heading = "Requests")]
-    pub max_tokens_limit: Option<u64>,
+    pub(crate) max_tokens_limit: Option<u64>,
 
     /// Time a client has to send a complete request head: from connecting (whatever it sends
     /// meanwhile — nothing, a byte, an HTTP/2 preface) or from the end of its previous response,
     /// so it also bounds an idle HTTP/1.1 keep-alive connection.
     #[arg(long, default_value_t = 10.0)]
     #[arg(help_heading = "Listener")]
-    pub header_read_timeout_secs: f64,
+    pub(crate) header_read_timeout_secs: f64,
 
     /// Time a client has to send a whole request body once its head arrived; a stalled or
     /// dripping body is cut with 408 `body_read_timeout` (and cannot hold shutdown longer).
     #[arg(long, default_value_t = 30.0)]
     #[arg(help_heading = "Listener")]
-    pub body_read_timeout_secs: f64,
+    pub(crate) body_read_timeout_secs: f64,
 
     /// Client connections served at once, per listener; more wait in the kernel's backlog. Capped
     /// at startup to half of what the open-file limit leaves after 64 for the rest, since each
@@ -235,27 +235,27 @@ pub struct Settings {
     /// saying otherwise) to all of it but one per worker, as workers then take one connection each.
     #[arg(long, default_value_t = 8192)]
     #[arg(help_heading = "Listener")]
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
 
     /// Time to connect to a worker.
     #[arg(long, default_value_t = 5.0)]
     #[arg(help_heading = "Workers")]
-    pub connect_timeout_secs: f64,
+    pub(crate) connect_timeout_secs: f64,
 
     /// Longest a request may take end to end, streaming included.
     #[arg(long, default_value_t = 1800.0)]
     #[arg(help_heading = "Workers")]
-    pub request_timeout_secs: f64,
+    pub(crate) request_timeout_secs: f64,
 
     /// Speak HTTP/2 (prior knowledge) to workers; a worker spec's `http2` overrides it.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Workers")]
-    pub upstream_http2: bool,
+    pub(crate) upstream_http2: bool,
 
     #[command(flatten)]
     #[serde(flatten)]
-    pub resilience: ResilienceSettings,
+    pub(crate) resilience: ResilienceSettings,
 
     /// How often a worker that could not be reached at registration is tried again
     /// (`--worker-startup-check-interval`, SMG's name, is the same flag).
@@ -274,51 +274,51 @@ pub struct Settings {
     /// to take a while to start, so the first attempts do not log them as unreachable.
     #[arg(long, default_value_t = 0.0)]
     #[arg(help_heading = "Workers")]
-    pub worker_startup_delay: f64,
+    pub(crate) worker_startup_delay: f64,
 
     /// Seconds an unused pooled connection to a worker is kept (SMG's flag and default). Keep it
     /// under the engine's own keep-alive timeout (5 s in vLLM and SGLang), or a request can be
     /// sent on a connection the engine is closing.
     #[arg(long, default_value_t = 3.0)]
     #[arg(help_heading = "Workers")]
-    pub upstream_pool_idle_timeout_secs: f64,
+    pub(crate) upstream_pool_idle_timeout_secs: f64,
 
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]
     #[arg(help_heading = "Workers")]
-    pub drain_settle_secs: f64,
+    pub(crate) drain_settle_secs: f64,
 
     /// Seconds between two health probes of a worker (each worker on its own schedule).
     #[arg(long, default_value_t = 60.0)]
     #[arg(help_heading = "Health checks")]
-    pub health_check_interval_secs: f64,
+    pub(crate) health_check_interval_secs: f64,
 
     /// A probe that has no 2xx answer within this many seconds failed.
     #[arg(long, default_value_t = 5.0)]
     #[arg(help_heading = "Health checks")]
-    pub health_check_timeout_secs: f64,
+    pub(crate) health_check_timeout_secs: f64,
 
     /// Consecutive failed probes that take a Ready worker out of rotation (NotReady); 3x more
     /// make it Failed, and 10x probes without becoming Ready fail a Pending worker.
     #[arg(long, default_value_t = 3)]
     #[arg(help_heading = "Health checks")]
-    pub health_failure_threshold: u32,
+    pub(crate) health_failure_threshold: u32,
 
     /// Consecutive passed probes that bring a worker (back) to Ready.
     #[arg(long, default_value_t = 2)]
     #[arg(help_heading = "Health checks")]
-    pub health_success_threshold: u32,
+    pub(crate) health_success_threshold: u32,
 
     /// Path probed on each worker (GET, 2xx is healthy).
     #[arg(long, default_value = "/health")]
     #[arg(help_heading = "Health checks")]
-    pub health_check_endpoint: String,
+    pub(crate) health_check_endpoint: String,
 
     /// Do not probe workers (a worker's `health.disable_health_check` overrides it).
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Health checks")]
-    pub disable_health_check: bool,
+    pub(crate) disable_health_check: bool,
 
     /// Remove workers that reach Failed. Off, they stay registered and probed, and rejoin in
     /// place once they answer again. Alone, the flag means true [default: on with service
@@ -345,14 +345,14 @@ pub struct Settings {
     )]
     #[serde(skip)]
     #[arg(help_heading = "Health checks")]
-    pub no_remove_unhealthy_workers: bool,
+    pub(crate) no_remove_unhealthy_workers: bool,
 
     /// Also serve /liveness, /readiness and /health on this port, from a thread and runtime of
     /// their own, so a saturated gateway still answers its probes.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Health checks")]
-    pub health_check_port: Option<u16>,
+    pub(crate) health_check_port: Option<u16>,
 
     /// Seconds between two load polls of a pool's workers (vLLM /metrics, SGLang /v1/loads);
     /// a worker spec's `load_monitor_interval_secs` may ask for less (never under 1 s). 1 by
@@ -362,7 +362,7 @@ pub struct Settings {
     /// least 1 s and at most 5 s.
     #[arg(long, default_value_t = 1.0)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub load_monitor_interval: f64,
+    pub(crate) load_monitor_interval: f64,
 
     /// Waiting requests (summed over a worker's ranks) at or above which it is overloaded: left
     /// out of routing while another worker is under its ceilings. At least 1.
@@ -373,19 +373,19 @@ pub struct Settings {
     /// KV cache usage (mean over a worker's ranks, 0..1) at or above which it is overloaded.
     #[arg(long, default_value_t = 0.8)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub worker_overload_token_usage: f64,
+    pub(crate) worker_overload_token_usage: f64,
 
     /// Accepted for SMG command lines: overload protection is on by default.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub worker_overload_protection: bool,
+    pub(crate) worker_overload_protection: bool,
 
     /// Turn both overload ceilings off (a worker spec's `overload` block still applies).
     #[arg(long, conflicts_with = "worker_overload_protection")]
     #[serde(default)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub disable_worker_overload_protection: bool,
+    pub(crate) disable_worker_overload_protection: bool,
 
     /// When every worker a request could use is overloaded, refuse it at once (with
     /// --overload-status-code and Retry-After) instead of steering it to the least loaded. With
@@ -411,47 +411,47 @@ pub struct Settings {
     /// a model without interactive traffic keeps nothing back. 0 turns it off (docs/overload.md).
     #[arg(long, default_value_t = 0.1)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub interactive_reserve: f64,
+    pub(crate) interactive_reserve: f64,
 
     /// Busy rank check: KV blocks in use above this fraction of the rank's blocks. Off unless set.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub active_decode_blocks_threshold: Option<f64>,
+    pub(crate) active_decode_blocks_threshold: Option<f64>,
 
     /// Busy rank check: more prompt tokens than this waiting for prefill. Off unless set.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub active_prefill_tokens_threshold: Option<u64>,
+    pub(crate) active_prefill_tokens_threshold: Option<u64>,
 
     /// Busy rank check: prompt tokens waiting for prefill above this multiple of the rank's
     /// max_num_batched_tokens. Off unless set.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Load monitoring and overload")]
-    pub active_prefill_tokens_threshold_frac: Option<f64>,
+    pub(crate) active_prefill_tokens_threshold_frac: Option<f64>,
 
     /// Seconds without any contact after which a connection failure on a worker's channels
     /// excludes it from routing as unreachable (0: the first failure does); any contact
     /// re-admits it.
     #[arg(long, default_value_t = 2.0)]
     #[arg(help_heading = "Liveness")]
-    pub worker_stall_secs: f64,
+    pub(crate) worker_stall_secs: f64,
 
     /// Seconds without a token from a worker with streams in flight and evidence it should be
     /// producing (a waiting queue, a growing or 4-deep pile) after which it is excluded from
     /// routing as wedged until it makes progress (0 disables).
     #[arg(long, default_value_t = 3.0)]
     #[arg(help_heading = "Liveness")]
-    pub worker_wedge_secs: f64,
+    pub(crate) worker_wedge_secs: f64,
 
     /// Seconds without anything at all from a worker this gateway holds requests on after
     /// which it is excluded from routing as unreachable until heard from (0 disables). Keep it
     /// above --load-monitor-interval.
     #[arg(long, default_value_t = 15.0)]
     #[arg(help_heading = "Liveness")]
-    pub worker_stale_secs: f64,
+    pub(crate) worker_stale_secs: f64,
 
     /// A worker that owes this gateway answers and has sent no byte for this long, counted
     /// across requests (a client leaving, a deadline or a retry elsewhere ends the request, not
@@ -461,7 +461,7 @@ pub struct Settings {
     /// it is readmitted on a byte, a step in its reports, or a trial. 0 turns the rule off.
     #[arg(long, default_value_t = 3.0)]
     #[arg(help_heading = "Liveness")]
-    pub worker_unresponsive_secs: f64,
+    pub(crate) worker_unresponsive_secs: f64,
 
     /// No liveness trials: a worker out for a veto that awaits progress (wedged, unresponsive)
     /// is readmitted only by a byte on a request still in flight on it or a step in its
@@ -470,7 +470,7 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Liveness")]
-    pub disable_liveness_trials: bool,
+    pub(crate) disable_liveness_trials: bool,
 
     /// No liveness vetoes at all (unreachable, stale, wedged, unresponsive): a worker that is
     /// gone or stuck stays in rotation until health checks or the circuit breaker take it out,
@@ -478,29 +478,29 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Liveness")]
-    pub disable_liveness_checks: bool,
+    pub(crate) disable_liveness_checks: bool,
 
     /// Longest wait, on SIGTERM, for requests in flight to finish.
     #[arg(long, default_value_t = 180.0)]
     #[arg(help_heading = "Listener")]
-    pub shutdown_grace_period_secs: f64,
+    pub(crate) shutdown_grace_period_secs: f64,
 
     /// Also serve /metrics on this port.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "Metrics and logs")]
-    pub prometheus_port: Option<u16>,
+    pub(crate) prometheus_port: Option<u16>,
 
     /// Address of the --prometheus-port listener.
     #[arg(long, default_value = "127.0.0.1")]
     #[arg(help_heading = "Metrics and logs")]
-    pub prometheus_host: String,
+    pub(crate) prometheus_host: String,
 
     /// Write one JSON line per request to this file (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     #[arg(help_heading = "Metrics and logs")]
-    pub access_log: Option<PathBuf>,
+    pub(crate) access_log: Option<PathBuf>,
 
     /// Export a trace of each sampled request to an OpenTelemetry collector over OTLP (SMG's
     /// flag): the request, its admission and queue wait, each attempt on a worker, the first byte
@@ -509,39 +509,39 @@ pub struct Settings {
     #[arg(long)]
     #[arg(help_heading = "Traces")]
     #[serde(default)]
-    pub enable_trace: bool,
+    pub(crate) enable_trace: bool,
 
     /// The collector, `HOST:PORT` (SMG's flag). Unset: localhost:4317 with gRPC, localhost:4318
     /// with HTTP.
     #[arg(long, value_name = "HOST:PORT")]
     #[arg(help_heading = "Traces")]
     #[serde(default)]
-    pub otlp_traces_endpoint: Option<String>,
+    pub(crate) otlp_traces_endpoint: Option<String>,
 
     /// OTLP over `grpc`, or `http` (HTTP/protobuf, to /v1/traces).
     #[arg(long, value_enum, default_value = "grpc")]
     #[arg(help_heading = "Traces")]
-    pub otlp_traces_protocol: crate::trace::Protocol,
+    pub(crate) otlp_traces_protocol: crate::trace::Protocol,
 
     /// The share of traces started here that are recorded, 0 to 1. A request whose client sent a
     /// `traceparent` follows the client's sampled flag instead.
     #[arg(long, default_value_t = 1.0, value_name = "RATIO")]
     #[arg(help_heading = "Traces")]
-    pub trace_sample_ratio: f64,
+    pub(crate) trace_sample_ratio: f64,
 
     /// Bucket bounds, in seconds and increasing, of the request-duration and time-to-first-byte
     /// histograms (SMG's flag). Default: 0.005 to 300.
     #[arg(long, num_args = 1.., value_delimiter = ',', value_name = "SECONDS")]
     #[arg(help_heading = "Metrics and logs")]
     #[serde(default)]
-    pub prometheus_duration_buckets: Vec<f64>,
+    pub(crate) prometheus_duration_buckets: Vec<f64>,
 
     /// Log level: `trace`, `debug`, `info`, `warn` (or SMG's `warning`), `error` (or `critical`),
     /// `off`; or a filter in tracing's env-filter syntax, e.g. `info,sluice_gateway=debug`. An
     /// unknown level is refused at startup.
     #[arg(long, default_value = "info", env = "SLUICE_LOG")]
     #[arg(help_heading = "Metrics and logs")]
-    pub log_level: String,
+    pub(crate) log_level: String,
 
     /// Also write the logs to `sluice.log` in this directory, created when missing (SMG's flag).
     #[arg(long, value_name = "DIR")]
@@ -573,11 +573,11 @@ pub struct Settings {
 
     #[command(flatten)]
     #[serde(flatten)]
-    pub replicas: ReplicaSettings,
+    pub(crate) replicas: ReplicaSettings,
 
     #[command(flatten)]
     #[serde(flatten)]
-    pub pd: PdSettings,
+    pub(crate) pd: PdSettings,
 
     #[command(flatten)]
     #[serde(flatten)]
@@ -585,11 +585,11 @@ pub struct Settings {
 
     #[command(flatten)]
     #[serde(flatten)]
-    pub tokenizer: TokenizerSettings,
+    pub(crate) tokenizer: TokenizerSettings,
 
     #[command(flatten)]
     #[serde(flatten)]
-    pub kv_events: KvEventsSettings,
+    pub(crate) kv_events: KvEventsSettings,
 
     #[command(flatten)]
     #[serde(flatten)]

@@ -42,7 +42,7 @@ pub fn values() -> [(&'static str, Value); 13] {
 pub const SMG_QUEUE: &str = "100, only past `--max-concurrent-requests`; none without it";
 
 /// SMG's queue: 100 requests past `--max-concurrent-requests`, none without a cap.
-pub fn smg_queue_size(max_concurrent_requests: i64) -> usize {
+pub(crate) fn smg_queue_size(max_concurrent_requests: i64) -> usize {
     if max_concurrent_requests == -1 {
         0
     } else {
@@ -52,7 +52,7 @@ pub fn smg_queue_size(max_concurrent_requests: i64) -> usize {
 
 /// Puts SMG's value into `merged` (the settings as flags and file give them) for every setting
 /// that differs and is not `given`.
-pub fn fill(merged: &mut toml::Table, given: impl Fn(&str) -> bool) {
+pub(crate) fn fill(merged: &mut toml::Table, given: impl Fn(&str) -> bool) {
     for (key, value) in values() {
         if !given(key) {
             merged.insert(key.to_string(), value);

@@ -27,20 +27,20 @@ pub struct StatusSettings {
     #[arg(long, value_delimiter = ',', value_name = "MS", default_values_t = default_tpot())]
     #[serde(default = "default_tpot")]
     #[arg(help_heading = "SLOs and the status page")]
-    pub slo_tpot_ms_by_tier: Vec<u64>,
+    pub(crate) slo_tpot_ms_by_tier: Vec<u64>,
 
     /// Do not serve the status page (`/ui`) and its live feed.
     #[arg(long)]
     #[serde(default)]
     #[arg(help_heading = "SLOs and the status page")]
-    pub disable_ui: bool,
+    pub(crate) disable_ui: bool,
 
     /// How often the status page's live feed sends an update while someone watches (once a
     /// second otherwise, so the charts have a history when the page opens).
     #[arg(long, default_value_t = 250, value_name = "MS")]
     #[serde(default = "default_interval")]
     #[arg(help_heading = "SLOs and the status page")]
-    pub ui_interval_ms: u64,
+    pub(crate) ui_interval_ms: u64,
 }
 
 fn default_ttft() -> Vec<u64> {

@@ -14,7 +14,7 @@ use crate::tokens::{ModelFiles, Tokens};
 
 /// The model's files, for `grpc://` workers.
 #[derive(Debug, Clone, Default, Args, Serialize, Deserialize, PartialEq)]
-pub struct TokenizerSettings {
+pub(crate) struct TokenizerSettings {
     /// The model's directory (Hugging Face's layout: tokenizer.json, tokenizer_config.json with
     /// its chat template), for grpc:// workers, which take token ids: the gateway tokenizes
     /// prompts, applies the chat template and detokenizes answers. Read from disk at startup; a
@@ -23,20 +23,20 @@ pub struct TokenizerSettings {
     #[arg(long, alias = "model", value_name = "DIR")]
     #[serde(default)]
     #[arg(help_heading = "Tokenizer")]
-    pub model_path: Option<PathBuf>,
+    pub(crate) model_path: Option<PathBuf>,
 
     /// The tokenizer (a tokenizer.json, or the directory holding it), overriding --model-path's.
     #[arg(long, value_name = "PATH")]
     #[serde(default)]
     #[arg(help_heading = "Tokenizer")]
-    pub tokenizer_path: Option<PathBuf>,
+    pub(crate) tokenizer_path: Option<PathBuf>,
 
     /// The chat template (a Jinja file, or JSON with a chat_template key), overriding the model
     /// directory's (chat_template.jinja, or tokenizer_config.json's chat_template).
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     #[arg(help_heading = "Tokenizer")]
-    pub chat_template: Option<PathBuf>,
+    pub(crate) chat_template: Option<PathBuf>,
 }
 
 impl Settings {

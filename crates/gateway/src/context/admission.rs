@@ -11,39 +11,39 @@ use axum::http::HeaderName;
 
 /// `X-Request-Deadline-Ms` (seed 003): the client's budget for the whole response, in
 /// milliseconds from arrival; what is left of it is passed on to the worker.
-pub const DEADLINE: HeaderName = HeaderName::from_static("x-request-deadline-ms");
+pub(crate) const DEADLINE: HeaderName = HeaderName::from_static("x-request-deadline-ms");
 
 /// How a request ended, as a hold needs to know to settle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ending {
+pub(crate) struct Ending {
     /// The status the client got; `None` when it left before any.
-    pub status: Option<u16>,
+    pub(crate) status: Option<u16>,
     /// Bytes of response body relayed.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// From arrival to the end.
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// The client left before the end.
-    pub cancelled: bool,
+    pub(crate) cancelled: bool,
     /// The worker failed mid-response.
-    pub interrupted: bool,
+    pub(crate) interrupted: bool,
     /// The request was sent to a worker (else the gateway answered it alone).
-    pub forwarded: bool,
+    pub(crate) forwarded: bool,
     /// What the response said it used, when it was metered and said so.
-    pub usage: Option<Usage>,
+    pub(crate) usage: Option<Usage>,
     /// Events of a metered stream, `[DONE]` aside: the tokens generated, where no usage is given.
-    pub chunks: u64,
+    pub(crate) chunks: u64,
 }
 
 /// Tokens a response used, from its `usage` block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    pub prompt: u64,
-    pub completion: u64,
+pub(crate) struct Usage {
+    pub(crate) prompt: u64,
+    pub(crate) completion: u64,
 }
 
 /// Something taken for one request and given back when it ends: a queue permit, a concurrency
 /// slot, a token reservation (which settles against what was used).
-pub trait Hold: Send + Sync {
+pub(crate) trait Hold: Send + Sync {
     fn release(self: Box<Self>, ending: &Ending);
 }
 
@@ -52,7 +52,7 @@ pub trait Hold: Send + Sync {
 /// its ending once the front stage handed them over, or — dropped before that, on a refusal or a
 /// client gone while admission ran — as a request the gateway never sent on.
 #[derive(Default)]
-pub struct Grants(Vec<Box<dyn Hold>>);
+pub(crate) struct Grants(Vec<Box<dyn Hold>>);
 
 impl std::fmt::Debug for Grants {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,12 +62,12 @@ impl std::fmt::Debug for Grants {
 
 impl Grants {
     /// Keeps `hold` until the request ends.
-    pub fn hold(&mut self, hold: Box<dyn Hold>) {
+    pub(crate) fn hold(&mut self, hold: Box<dyn Hold>) {
         self.0.push(hold);
     }
 
     /// All of them, leaving none here.
-    pub fn take(&mut self) -> Grants {
+    pub(crate) fn take(&mut self) -> Grants {
         Grants(std::mem::take(&mut self.0))
     }
 
@@ -92,7 +92,7 @@ impl Drop for Grants {
 
 impl Ending {
     /// A request that ended before it was sent on, or any answer made for it.
-    pub const UNSENT: Ending = Ending {
+    pub(crate) const UNSENT: Ending = Ending {
         status: None,
         bytes: 0,
         duration: Duration::ZERO,
@@ -107,13 +107,13 @@ impl Ending {
 /// What the request's context records of admission: who asked, in which tier, and the budgets
 /// its answer shows. The terms admission set travel on in its hand-off (`admit::Admitted`).
 #[derive(Debug, Default)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// The tenant asking, once tenants are configured.
-    pub tenant: Option<sluice_core::TenantId>,
+    pub(crate) tenant: Option<sluice_core::TenantId>,
     /// The request's priority tier, once known.
-    pub tier: Option<sluice_core::admission::Tier>,
+    pub(crate) tier: Option<sluice_core::admission::Tier>,
     /// Its tenant's counters, for a refusal counted under it.
-    pub counters: Option<std::sync::Arc<crate::metrics::TenantCounters>>,
+    pub(crate) counters: Option<std::sync::Arc<crate::metrics::TenantCounters>>,
     /// OpenAI's `x-ratelimit-*` headers for a tenant with limits, as admission saw its budgets.
-    pub rate_headers: Option<axum::http::HeaderMap>,
+    pub(crate) rate_headers: Option<axum::http::HeaderMap>,
 }

@@ -8,27 +8,27 @@ use tokio::sync::Notify;
 
 /// Requests in flight, and a signal when there are none.
 #[derive(Debug, Default)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     count: AtomicU64,
     idle: Notify,
 }
 
 /// One request's place in the count.
 #[derive(Debug)]
-pub struct InFlightGuard(Arc<InFlight>);
+pub(crate) struct InFlightGuard(Arc<InFlight>);
 
 impl InFlight {
-    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
+    pub(crate) fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
         InFlightGuard(self.clone())
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count.load(Ordering::SeqCst)
     }
 
     /// Resolves when nothing is in flight.
-    pub async fn idle(&self) {
+    pub(crate) async fn idle(&self) {
         loop {
             let idle = self.idle.notified();
             if self.count() == 0 {

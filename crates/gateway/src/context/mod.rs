@@ -29,11 +29,11 @@ use axum::http::{HeaderValue, StatusCode};
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
-pub use admission::{Admission, Ending, Grants, Hold, Usage, DEADLINE};
-pub use inflight::{InFlight, InFlightGuard};
+pub(crate) use admission::{Admission, Ending, Grants, Hold, Usage, DEADLINE};
+pub(crate) use inflight::{InFlight, InFlightGuard};
 
 use crate::access_log::{AccessLog, AccessRecord};
-use crate::error::Answerable;
+use crate::error::{Answerable, Origin};
 use crate::metrics::{CancelLabels, Metrics};
 use crate::trace::{AttemptEnd, RequestTrace, Tracing};
 
@@ -52,38 +52,38 @@ enum Phase {
 
 /// What every request's accounting goes to, shared by all of them.
 #[derive(Debug, Clone)]
-pub struct Accounts {
-    pub metrics: Arc<Metrics>,
-    pub access_log: Option<AccessLog>,
+pub(crate) struct Accounts {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) access_log: Option<AccessLog>,
     /// `--enable-trace`.
-    pub tracing: Option<Tracing>,
-    pub in_flight: Arc<InFlight>,
+    pub(crate) tracing: Option<Tracing>,
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
 /// What the degradation ladder did to a request: the notes of `x-sluice-degraded`, in the order
 /// the steps applied.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Degraded {
-    pub notes: Vec<String>,
+pub(crate) struct Degraded {
+    pub(crate) notes: Vec<String>,
 }
 
 /// One request, from arrival to the end of its response.
 #[derive(Debug)]
-pub struct RequestContext {
+pub(crate) struct RequestContext {
     /// `x-request-id`, the client's or ours.
-    pub id: HeaderValue,
+    pub(crate) id: HeaderValue,
     /// The route's path, a metric label.
-    pub route: &'static str,
-    pub started: Instant,
+    pub(crate) route: &'static str,
+    pub(crate) started: Instant,
     /// The model it is served by, once known.
-    pub model: Option<ModelName>,
-    pub stream: bool,
+    pub(crate) model: Option<ModelName>,
+    pub(crate) stream: bool,
     /// Who admission found the request to be, and the budgets its answer shows.
-    pub admission: Admission,
+    pub(crate) admission: Admission,
     /// What admission took for it, given back with its ending.
     grants: Grants,
     /// What the degradation ladder did to it (`x-sluice-degraded`).
-    pub degraded: Degraded,
+    pub(crate) degraded: Degraded,
     phase: Phase,
     /// The worker of the latest attempt.
     worker: Option<WorkerId>,
@@ -92,6 +92,9 @@ pub struct RequestContext {
     status: Option<u16>,
     /// The gateway's error code, when it answered itself.
     code: Option<&'static str>,
+    /// Whose doing that answer was (the client's, a worker's, the gateway's), so the access log
+    /// tells an operator which 5xx to look for on the workers.
+    origin: Option<Origin>,
     /// From arrival to the response head.
     ttfb: Duration,
     bytes: u64,
@@ -143,6 +146,7 @@ impl RequestContext {
             attempts: 0,
             status: None,
             code: None,
+            origin: None,
             ttfb: Duration::ZERO,
             bytes: 0,
             interrupted: false,
@@ -159,7 +163,7 @@ impl RequestContext {
 
     /// Starts the request's trace, when traces are on: the client's `traceparent` in `headers`
     /// is its parent.
-    pub fn trace_from(&mut self, accounts: &Accounts, headers: &axum::http::HeaderMap) {
+    pub(crate) fn trace_from(&mut self, accounts: &Accounts, headers: &axum::http::HeaderMap) {
         self.trace = accounts
             .tracing
             .as_ref()
@@ -167,17 +171,17 @@ impl RequestContext {
     }
 
     /// Its trace is recorded (traces on, and it was sampled).
-    pub fn traced(&self) -> bool {
+    pub(crate) fn traced(&self) -> bool {
         self.trace.as_deref().is_some_and(RequestTrace::sampled)
     }
 
     /// The trace, for the headers a worker gets.
-    pub fn trace(&self) -> Option<&RequestTrace> {
+    pub(crate) fn trace(&self) -> Option<&RequestTrace> {
         self.trace.as_deref()
     }
 
     /// Admission ran from `from` until now, and admitted the request or `refused` it.
-    pub fn admission_ended(&mut self, from: Instant, refused: Option<&dyn Answerable>) {
+    pub(crate) fn admission_ended(&mut self, from: Instant, refused: Option<&dyn Answerable>) {
         if self.traced() {
             let attributes = traced::admission(self, refused);
             if let Some(trace) = &mut self.trace {
@@ -187,17 +191,17 @@ impl RequestContext {
     }
 
     /// Keeps what admission took for the request, to give it back with the request's ending.
-    pub fn keep(&mut self, grants: Grants) {
+    pub(crate) fn keep(&mut self, grants: Grants) {
         self.grants.extend(grants);
     }
 
     /// It waited `wait` in the gateway queue for a turn.
-    pub fn queued(&mut self, wait: Duration) {
+    pub(crate) fn queued(&mut self, wait: Duration) {
         self.queue_wait = Some(wait);
     }
 
     /// The attempt on the current worker is given up for another, because of `cause`.
-    pub fn retrying(&mut self, cause: &'static str) {
+    pub(crate) fn retrying(&mut self, cause: &'static str) {
         if let Some(trace) = &mut self.trace {
             trace.attempt_ended(AttemptEnd::Retried(cause));
         }
@@ -205,12 +209,12 @@ impl RequestContext {
 
     /// The request is about to go to a worker: from now until a response, a drop is a client
     /// that left while waiting.
-    pub fn forwarding(&mut self) {
+    pub(crate) fn forwarding(&mut self) {
         self.phase = Phase::Forwarding;
     }
 
     /// Another attempt went to `worker`.
-    pub fn attempt(&mut self, worker: &WorkerId) {
+    pub(crate) fn attempt(&mut self, worker: &WorkerId) {
         self.attempts += 1;
         self.worker = Some(worker.clone());
         // A trace not recorded still names each attempt to its worker: an id, nothing more.
@@ -224,17 +228,17 @@ impl RequestContext {
         }
     }
 
-    pub fn attempts(&self) -> u32 {
+    pub(crate) fn attempts(&self) -> u32 {
         self.attempts
     }
 
     /// The gateway's metrics, for what a stage counts about this request.
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     /// A worker's response started with `status`; its body follows.
-    pub fn respond(&mut self, status: u16) {
+    pub(crate) fn respond(&mut self, status: u16) {
         self.answered(status, None);
         self.phase = Phase::Responding;
         if let Some(trace) = &mut self.trace {
@@ -244,8 +248,9 @@ impl RequestContext {
     }
 
     /// The gateway answers the request itself with `error`, at `status`.
-    pub fn refuse(&mut self, status: StatusCode, error: &dyn Answerable) {
+    pub(crate) fn refuse(&mut self, status: StatusCode, error: &dyn Answerable) {
         self.answered(status.as_u16(), Some(error.code()));
+        self.origin = Some(error.origin());
         self.phase = Phase::Ended;
         if let Some(trace) = &mut self.trace {
             trace.attempt_ended(AttemptEnd::Failed(error.code()));
@@ -261,25 +266,25 @@ impl RequestContext {
     }
 
     /// `n` more bytes of the response went to the client.
-    pub fn relayed(&mut self, n: usize) {
+    pub(crate) fn relayed(&mut self, n: usize) {
         self.bytes += n as u64;
     }
 
     /// What a metered response used: its `usage` block when it gave one, and its events.
-    pub fn metered(&mut self, usage: Option<Usage>, chunks: u64) {
+    pub(crate) fn metered(&mut self, usage: Option<Usage>, chunks: u64) {
         self.usage = usage;
         self.chunks = chunks;
     }
 
     /// The response is over: in full, or `interrupted` by its worker.
-    pub fn end(&mut self, interrupted: bool) {
+    pub(crate) fn end(&mut self, interrupted: bool) {
         self.interrupted = interrupted;
         self.phase = Phase::Ended;
     }
 
     /// The engine ended the stream with an error event (relayed as it came): a failed answer,
     /// whatever its status said.
-    pub fn error_event(&mut self, class: sluice_core::engine_error::ErrorClass) {
+    pub(crate) fn error_event(&mut self, class: sluice_core::engine_error::ErrorClass) {
         use sluice_core::engine_error::ErrorClass;
         self.error_event = Some(match class {
             ErrorClass::Engine => "engine",
@@ -308,6 +313,7 @@ impl RequestContext {
             // A client that left before any answer: nginx's "client closed request".
             status: ending.status.unwrap_or(STATUS_CLIENT_CLOSED),
             code: self.code,
+            origin: self.origin,
             stream: self.stream,
             attempts: self.attempts,
             ttfb_ms: self.ttfb.as_secs_f64() * 1e3,

@@ -40,7 +40,7 @@ impl Default for AdaptiveConfig {
 impl AdaptiveConfig {
     /// The settings for a worker, its spec's `adaptive` block over the flags (a new spec is a new
     /// registration, whose limiter starts again).
-    pub fn for_worker(&self, own: &AdaptiveOverrides) -> Self {
+    pub(crate) fn for_worker(&self, own: &AdaptiveOverrides) -> Self {
         let ms = Duration::from_millis;
         let aimd = AimdConfig {
             itl_breach: own.itl_breach_ms.map_or(self.aimd.itl_breach, ms),
@@ -73,7 +73,7 @@ impl AdaptiveConfig {
 }
 
 /// Runs `worker`'s limit until the registration ends (the fleet aborts it).
-pub async fn run_limiter(worker: Arc<Worker>, flags: AdaptiveConfig) {
+pub(crate) async fn run_limiter(worker: Arc<Worker>, flags: AdaptiveConfig) {
     let config = flags.for_worker(&worker.live().spec.adaptive);
     let mut limit = config.starting_limit(&worker);
     worker.adaptive.set_limit(limit);

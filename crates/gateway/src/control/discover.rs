@@ -20,7 +20,7 @@ const MODELS_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// Why a worker's models could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum DiscoverError {
+pub(crate) enum DiscoverError {
     #[error(transparent)]
     Get(#[from] GetError),
     #[error("GET /v1/models answered {0}")]
@@ -98,7 +98,10 @@ fn startup_expired(fleet: &Arc<Fleet>, control: &Control, worker: &Arc<Worker>, 
 }
 
 /// One `GET /v1/models`, or a gRPC worker's `GetModelInfo`.
-pub async fn fetch(upstream: &Upstream, worker: &Worker) -> Result<WorkerInfo, DiscoverError> {
+pub(crate) async fn fetch(
+    upstream: &Upstream,
+    worker: &Worker,
+) -> Result<WorkerInfo, DiscoverError> {
     if worker.endpoint.grpc() {
         let info = upstream
             .grpc()
@@ -153,7 +156,7 @@ fn grpc_models(
 }
 
 /// The models and flavor in an OpenAI models list.
-pub fn parse_models(body: &[u8]) -> Result<WorkerInfo, DiscoverError> {
+pub(crate) fn parse_models(body: &[u8]) -> Result<WorkerInfo, DiscoverError> {
     let list: ModelList = serde_json::from_slice(body)?;
     let models: Vec<ModelCard> = list
         .data

@@ -56,11 +56,11 @@ impl Default for HealthConfig {
 /// What applies to one worker: the gateway's values with the worker's `health` block on top.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Effective {
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub thresholds: Thresholds,
-    pub disabled: bool,
-    pub drain_settle: Duration,
+    pub(crate) interval: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) thresholds: Thresholds,
+    pub(crate) disabled: bool,
+    pub(crate) drain_settle: Duration,
 }
 
 /// Seconds already validated (finite, in range) when the spec was parsed.
@@ -71,7 +71,7 @@ fn secs(value: Option<f64>, default: Duration) -> Duration {
 }
 
 impl HealthConfig {
-    pub fn for_worker(&self, o: &HealthOverrides, drain_settle: Duration) -> Effective {
+    pub(crate) fn for_worker(&self, o: &HealthOverrides, drain_settle: Duration) -> Effective {
         Effective {
             interval: secs(o.check_interval_secs, self.interval),
             timeout: secs(o.timeout_secs, self.timeout),
@@ -102,7 +102,7 @@ pub enum ProbeError {
 
 impl ProbeError {
     /// A connection-level failure (a liveness signal), as opposed to a timeout or a bad status.
-    pub fn is_transport(&self) -> bool {
+    pub(crate) fn is_transport(&self) -> bool {
         match self {
             ProbeError::Get(e) => e.is_transport(),
             ProbeError::Grpc(status) => std::error::Error::source(status).is_some(),

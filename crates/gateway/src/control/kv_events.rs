@@ -29,13 +29,13 @@ const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// Where workers' KV events are heard (the flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvEventsConfig {
+pub(crate) struct KvEventsConfig {
     /// `--kv-events-port`: every HTTP worker's publisher is on its host at this port.
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// `--kv-events-ranks`: publishers per engine, at the port plus each rank.
-    pub ranks: u32,
+    pub(crate) ranks: u32,
     /// `--kv-events-max-blocks`: blocks indexed per rank at most.
-    pub max_blocks: usize,
+    pub(crate) max_blocks: usize,
 }
 
 impl Default for KvEventsConfig {
@@ -51,7 +51,7 @@ impl Default for KvEventsConfig {
 impl KvEventsConfig {
     /// The publishers to subscribe to for `worker`, one per rank: its spec's endpoint, else its
     /// host at `--kv-events-port`; none for a gRPC worker (its events come on its stream).
-    pub fn endpoints(&self, worker: &Worker) -> Option<Vec<String>> {
+    pub(crate) fn endpoints(&self, worker: &Worker) -> Option<Vec<String>> {
         if worker.endpoint.grpc() {
             return None;
         }

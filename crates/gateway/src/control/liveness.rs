@@ -14,7 +14,7 @@ use super::trial::Trials;
 use crate::fleet::{Fleet, Heard, Worker};
 
 /// How often the checker looks.
-pub const CHECK_EVERY: Duration = Duration::from_millis(200);
+pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// What the checker remembers of a worker between looks: the progress it last saw and the
 /// pile at that moment (to tell a growing pile), and when the veto in force was set.

@@ -45,10 +45,8 @@ use tokio::task::AbortHandle;
 use tracing::info;
 
 pub use adaptive::AdaptiveConfig;
-pub use discover::{parse_models, DiscoverError};
 pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
-pub use kv_events::KvEventsConfig;
-pub use liveness::CHECK_EVERY;
+pub(crate) use kv_events::KvEventsConfig;
 pub use load::{activity, busy_thresholds, LoadConfig, PollError};
 
 use crate::fleet::{Fleet, Supervise, Worker};
@@ -57,21 +55,21 @@ use crate::upstream::{self, GetError, Upstream};
 /// The control loops' settings (the flags).
 #[derive(Debug, Clone)]
 pub struct ControlSettings {
-    pub health: HealthConfig,
-    pub load: LoadConfig,
+    pub(crate) health: HealthConfig,
+    pub(crate) load: LoadConfig,
     /// `None`: no liveness checker (`--disable-liveness-checks`).
-    pub liveness: Option<LivenessConfig>,
+    pub(crate) liveness: Option<LivenessConfig>,
     /// How often a worker that has not answered `/v1/models` is asked again.
-    pub startup_check_interval: Duration,
+    pub(crate) startup_check_interval: Duration,
     /// `--worker-startup-delay`: the wait before a new worker is first asked.
-    pub startup_delay: Duration,
+    pub(crate) startup_delay: Duration,
     /// `--worker-startup-timeout-secs`: how long a worker may stay unregistered before it is
     /// Failed; `None`: forever.
-    pub startup_timeout: Option<Duration>,
+    pub(crate) startup_timeout: Option<Duration>,
     /// `--adaptive-concurrency` and its settings; `None`: off.
-    pub adaptive: Option<AdaptiveConfig>,
+    pub(crate) adaptive: Option<AdaptiveConfig>,
     /// Where workers' KV events are subscribed to.
-    pub kv_events: KvEventsConfig,
+    pub(crate) kv_events: KvEventsConfig,
 }
 
 /// What the control loops share.
@@ -115,13 +113,13 @@ impl Control {
     }
 
     /// What each discovery source last did (`GET /workers`).
-    pub fn sources(&self) -> Vec<discovery::SourceView> {
+    pub(crate) fn sources(&self) -> Vec<discovery::SourceView> {
         self.sources.lock().iter().flatten().cloned().collect()
     }
 
     /// Starts the fleet-wide loops (the liveness checker, unless turned off); they end with the
     /// fleet.
-    pub fn watch(&self, fleet: &Arc<Fleet>) {
+    pub(crate) fn watch(&self, fleet: &Arc<Fleet>) {
         if let Some(cfg) = self.settings.liveness {
             let trials = cfg
                 .trials
@@ -131,15 +129,10 @@ impl Control {
     }
 
     /// The health settings in force for `worker`.
-    pub fn health_of(&self, fleet: &Fleet, worker: &Worker) -> Effective {
+    pub(crate) fn health_of(&self, fleet: &Fleet, worker: &Worker) -> Effective {
         self.settings
             .health
             .for_worker(&worker.live().spec.health, fleet.drain_settle_of(worker))
-    }
-
-    /// The load settings in force.
-    pub fn load_config(&self) -> &LoadConfig {
-        &self.settings.load
     }
 
     pub fn busy_thresholds(&self) -> BusyThresholds {
@@ -147,7 +140,7 @@ impl Control {
     }
 
     /// New busy thresholds; each worker's verdict follows at its next report.
-    pub fn set_busy_thresholds(&self, thresholds: BusyThresholds) {
+    pub(crate) fn set_busy_thresholds(&self, thresholds: BusyThresholds) {
         self.busy.store(Arc::new(thresholds));
         info!(?thresholds, "busy thresholds changed");
     }

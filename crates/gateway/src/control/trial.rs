@@ -27,7 +27,7 @@ use crate::upstream::{self, Upstream};
 
 /// The header that marks a trial, so an engine's access log (and the simulator's count of its
 /// clients' requests) can tell trials apart.
-pub const TRIAL_HEADER: &str = "x-sluice-liveness-trial";
+pub(crate) const TRIAL_HEADER: &str = "x-sluice-liveness-trial";
 
 /// A worker's trial: when it began, and the task that runs it.
 struct Trying {
@@ -36,7 +36,7 @@ struct Trying {
 }
 
 /// The spacing and the time allowed of trials: `--worker-stall-secs`, at least a second.
-pub fn trial_every(stall: Duration) -> Duration {
+pub(crate) fn trial_every(stall: Duration) -> Duration {
     stall.max(Duration::from_secs(1))
 }
 

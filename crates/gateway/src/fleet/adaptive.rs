@@ -38,17 +38,17 @@ impl Counts {
 
 /// The last window judged, for `/workers` and `/loads`.
 #[derive(Debug, Clone, Copy)]
-pub struct LimitWindow {
-    pub stats: WindowStats,
-    pub decision: Decision,
+pub(crate) struct LimitWindow {
+    pub(crate) stats: WindowStats,
+    pub(crate) decision: Decision,
     /// The limit before the decision.
-    pub from: u64,
-    pub at: Instant,
+    pub(crate) from: u64,
+    pub(crate) at: Instant,
 }
 
 /// One worker's limit and samples.
 #[derive(Debug, Default)]
-pub struct AdaptiveLimit {
+pub(crate) struct AdaptiveLimit {
     /// The limit in force; 0 while none is (adaptive concurrency off, or not started yet).
     limit: AtomicU64,
     ttft: Counts,
@@ -61,17 +61,17 @@ pub struct AdaptiveLimit {
 
 impl AdaptiveLimit {
     /// The limit in force, if any.
-    pub fn limit(&self) -> Option<u64> {
+    pub(crate) fn limit(&self) -> Option<u64> {
         Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l > 0)
     }
 
     /// Whether responses are measured (a limit is in force).
-    pub fn measuring(&self) -> bool {
+    pub(crate) fn measuring(&self) -> bool {
         self.limit().is_some()
     }
 
     /// Whether a request of `weight` more may go to a worker with `in_flight` now.
-    pub fn admits(&self, in_flight: u64, weight: u64) -> bool {
+    pub(crate) fn admits(&self, in_flight: u64, weight: u64) -> bool {
         sluice_core::adaptive::admits(self.limit(), in_flight, weight)
     }
 
@@ -81,20 +81,20 @@ impl AdaptiveLimit {
     }
 
     /// A streamed response's first token came `ttft` after it was sent.
-    pub fn first_token(&self, ttft: Duration) {
+    pub(crate) fn first_token(&self, ttft: Duration) {
         self.ttft.record(ttft, 1);
         self.responses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `tokens` tokens came `gap` apart on average.
-    pub fn token_gaps(&self, gap: Duration, tokens: u64) {
+    pub(crate) fn token_gaps(&self, gap: Duration, tokens: u64) {
         if tokens > 0 {
             self.itl.record(gap, tokens);
         }
     }
 
     /// A whole (non-streamed) response of `tokens` tokens took `total`.
-    pub fn whole_response(&self, total: Duration, tokens: u64) {
+    pub(crate) fn whole_response(&self, total: Duration, tokens: u64) {
         if tokens > 0 {
             self.token_gaps(total / u32::try_from(tokens).unwrap_or(u32::MAX), tokens);
             self.responses.fetch_add(1, Ordering::Relaxed);
@@ -123,7 +123,7 @@ impl AdaptiveLimit {
         self.last.store(Some(Arc::new(window)));
     }
 
-    pub fn last(&self) -> Option<Arc<LimitWindow>> {
+    pub(crate) fn last(&self) -> Option<Arc<LimitWindow>> {
         self.last.load_full()
     }
 }

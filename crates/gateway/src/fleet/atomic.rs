@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 /// A small enum that fits a byte: every value listed once, in a fixed order (its index is the
 /// byte). Listing the values is the whole encoding, so it cannot disagree with a decoder.
-pub trait Packed: Copy + PartialEq + 'static {
+pub(crate) trait Packed: Copy + PartialEq + 'static {
     /// Every value; the first is what a fresh cell holds.
     const ALL: &'static [Self];
 }
@@ -23,7 +23,7 @@ pub trait Packed: Copy + PartialEq + 'static {
 /// An enum in an atomic: stores are `Release`, loads `Acquire`, so a reader that sees a state also
 /// sees what its writer did before storing it.
 #[derive(Debug)]
-pub struct AtomicEnum<T> {
+pub(crate) struct AtomicEnum<T> {
     byte: AtomicU8,
     kind: PhantomData<T>,
 }
@@ -46,7 +46,7 @@ impl<T: Packed> AtomicEnum<T> {
         T::ALL.get(at).copied().unwrap_or(T::ALL[0])
     }
 
-    pub fn store(&self, value: T) {
+    pub(crate) fn store(&self, value: T) {
         self.byte.store(Self::encode(value), Ordering::Release);
     }
 }
@@ -91,14 +91,14 @@ impl Packed for Option<LivenessVeto> {
 /// that 0 means none.
 /// Relaxed: an instant is a fact on its own, published with nothing else.
 #[derive(Debug)]
-pub struct AtomicInstant {
+pub(crate) struct AtomicInstant {
     base: Instant,
     nanos: AtomicU64,
 }
 
 impl AtomicInstant {
     /// A cell that holds no instant yet.
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         Self {
             base: Instant::now(),
             nanos: AtomicU64::new(0),
@@ -106,7 +106,7 @@ impl AtomicInstant {
     }
 
     /// A cell that holds now.
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         Self {
             base: Instant::now(),
             nanos: AtomicU64::new(1),
@@ -127,31 +127,24 @@ impl AtomicInstant {
         }
     }
 
-    pub fn store(&self, at: Instant) {
+    pub(crate) fn store(&self, at: Instant) {
         self.nanos.store(self.nanos(at), Ordering::Relaxed);
     }
 
     /// Holds no instant any more.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.nanos.store(0, Ordering::Relaxed);
-    }
-
-    /// Stores `at` only if it holds none.
-    pub fn set_if_none(&self, at: Instant) {
-        let _ =
-            self.nanos
-                .compare_exchange(0, self.nanos(at), Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// Keeps the later of what it holds and `at`, so writers racing from several tasks can only
     /// move it forward.
-    pub fn advance_to(&self, at: Instant) {
+    pub(crate) fn advance_to(&self, at: Instant) {
         self.nanos.fetch_max(self.nanos(at), Ordering::Relaxed);
     }
 
     /// The raw stored word, which changes exactly when the instant does (for "has it moved since
     /// I last looked").
-    pub fn stamp(&self) -> u64 {
+    pub(crate) fn stamp(&self) -> u64 {
         self.nanos.load(Ordering::Relaxed)
     }
 }

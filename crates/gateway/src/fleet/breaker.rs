@@ -33,7 +33,7 @@ pub struct WorkerBreaker {
 
 /// Permission to send one request to the worker; hand it back through `record` or `release`.
 #[derive(Debug, Clone, Copy)]
-pub struct Permit(Option<Ticket>);
+pub(crate) struct Permit(Option<Ticket>);
 
 impl WorkerBreaker {
     pub fn new(
@@ -52,18 +52,18 @@ impl WorkerBreaker {
         }
     }
 
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         self.state.load()
     }
 
     /// Consecutive failures counted while closed.
-    pub fn consecutive_failures(&self) -> u32 {
+    pub(crate) fn consecutive_failures(&self) -> u32 {
         self.inner
             .as_ref()
             .map_or(0, |b| b.lock().consecutive_failures())
     }
 
-    pub fn try_admit(&self) -> Option<Permit> {
+    pub(crate) fn try_admit(&self) -> Option<Permit> {
         match &self.inner {
             None => Some(Permit(None)),
             Some(b) => b.lock().try_admit().map(|t| Permit(Some(t))),
@@ -72,7 +72,7 @@ impl WorkerBreaker {
 
     /// Counts a request's outcome; `request` (its id) is named in the log line of a transition
     /// it causes.
-    pub fn record(&self, permit: Permit, outcome: Outcome, request: Option<&HeaderValue>) {
+    pub(crate) fn record(&self, permit: Permit, outcome: Outcome, request: Option<&HeaderValue>) {
         let (Some(b), Some(ticket)) = (&self.inner, permit.0) else {
             return;
         };
@@ -80,14 +80,14 @@ impl WorkerBreaker {
         self.publish(transition, request);
     }
 
-    pub fn release(&self, permit: Permit) {
+    pub(crate) fn release(&self, permit: Permit) {
         if let (Some(b), Some(ticket)) = (&self.inner, permit.0) {
             b.lock().release(ticket);
         }
     }
 
     /// A health promotion: open -> half-open at once, closed forgets its failures.
-    pub fn readmit(&self) {
+    pub(crate) fn readmit(&self) {
         if let Some(b) = &self.inner {
             let transition = b.lock().readmit();
             self.publish(transition, None);
@@ -122,7 +122,7 @@ impl WorkerBreaker {
 
     /// Moves the circuit to half-open whenever its open timeout passes. Runs for the worker's
     /// lifetime (the registry aborts it on removal).
-    pub async fn run_timer(self: Arc<Self>) {
+    pub(crate) async fn run_timer(self: Arc<Self>) {
         let Some(b) = &self.inner else {
             return;
         };

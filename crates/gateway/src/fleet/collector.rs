@@ -17,7 +17,7 @@ use super::atomic::Packed;
 use super::Fleet;
 
 #[derive(Debug)]
-pub struct FleetCollector(pub Arc<Fleet>);
+pub(crate) struct FleetCollector(pub Arc<Fleet>);
 
 impl std::fmt::Debug for Fleet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

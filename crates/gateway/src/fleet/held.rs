@@ -15,7 +15,7 @@ use sluice_core::kv_events::EventBatch;
 
 /// A worker's held blocks and what its event streams have done.
 #[derive(Debug)]
-pub struct HeldIndex {
+pub(crate) struct HeldIndex {
     cache: RwLock<EngineCache>,
     counts: Counts,
 }
@@ -42,40 +42,40 @@ impl Default for HeldIndex {
 
 /// What `/workers` shows of it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PrefixCacheView {
+pub(crate) struct PrefixCacheView {
     /// `events`: scored by the blocks its engine says it holds; `approximate`: by where this
     /// gateway sent prompts (no events flow from it).
-    pub scored_by: &'static str,
-    pub blocks: usize,
+    pub(crate) scored_by: &'static str,
+    pub(crate) blocks: usize,
     /// The block size its events name (`null` before the first stored block).
-    pub block_size: Option<usize>,
-    pub batches: u64,
+    pub(crate) block_size: Option<usize>,
+    pub(crate) batches: u64,
     /// Batches found missing by their numbers: what it held was forgotten each time.
-    pub gaps: u64,
+    pub(crate) gaps: u64,
     /// Streams lost (disconnected, ended): forgotten the same way.
-    pub lost: u64,
+    pub(crate) lost: u64,
     /// Stored blocks whose parent was unknown (stored before the gateway listened, or lost).
-    pub orphaned: u64,
+    pub(crate) orphaned: u64,
     /// Stored blocks refused because the index was full (`--kv-events-max-blocks`).
-    pub refused: u64,
+    pub(crate) refused: u64,
     /// Events that could not be applied, and payloads that could not be decoded.
-    pub malformed: u64,
-    pub undecodable: u64,
+    pub(crate) malformed: u64,
+    pub(crate) undecodable: u64,
     /// Each live stream (a ZMQ publisher's rank; a gRPC worker's one stream) and the number
     /// of the last batch applied from it.
-    pub streams: Vec<StreamView>,
+    pub(crate) streams: Vec<StreamView>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct StreamView {
-    pub stream: u32,
-    pub last_batch: u64,
+pub(crate) struct StreamView {
+    pub(crate) stream: u32,
+    pub(crate) last_batch: u64,
 }
 
 impl HeldIndex {
     /// Starts afresh with room for `capacity_per_rank` blocks on each rank (the writer, once,
     /// before its first batch).
-    pub fn begin(&self, capacity_per_rank: usize) {
+    pub(crate) fn begin(&self, capacity_per_rank: usize) {
         *self.cache.write() = EngineCache::new(capacity_per_rank);
     }
 
@@ -96,7 +96,7 @@ impl HeldIndex {
     }
 
     /// A stream broke: what its ranks held is forgotten (counted when it was live).
-    pub fn lost(&self, stream: u32) {
+    pub(crate) fn lost(&self, stream: u32) {
         let was_live = self.cache.write().lost(stream);
         self.counts
             .lost
@@ -104,7 +104,7 @@ impl HeldIndex {
     }
 
     /// Every stream broke at once (a gRPC worker's one stream).
-    pub fn lost_all(&self) {
+    pub(crate) fn lost_all(&self) {
         let was_live = self.cache.write().lost_all();
         self.counts
             .lost
@@ -112,17 +112,12 @@ impl HeldIndex {
     }
 
     /// A payload that was not a batch.
-    pub fn undecodable(&self) {
+    pub(crate) fn undecodable(&self) {
         self.counts.undecodable.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Events flow from it: routing may score it by what it holds.
-    pub fn on_events(&self) -> bool {
-        self.cache.read().is_live()
-    }
-
     /// The block sizes its ranks cut prompts into, while events flow.
-    pub fn block_sizes(&self) -> Vec<usize> {
+    pub(crate) fn block_sizes(&self) -> Vec<usize> {
         let cache = self.cache.read();
         if !cache.is_live() {
             return Vec::new();
@@ -131,11 +126,11 @@ impl HeldIndex {
     }
 
     /// How many of a prompt's leading blocks of `block_size` its best rank holds.
-    pub fn held_prefix(&self, block_size: usize, keys: &[u64]) -> usize {
+    pub(crate) fn held_prefix(&self, block_size: usize, keys: &[u64]) -> usize {
         self.cache.read().held_prefix(block_size, keys)
     }
 
-    pub fn view(&self) -> PrefixCacheView {
+    pub(crate) fn view(&self) -> PrefixCacheView {
         let cache = self.cache.read();
         let c = &self.counts;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -17,7 +17,7 @@ use super::worker::Worker;
 /// A request asking for `n` choices counts `n` times in the worker's load (in flight, waiting for
 /// a first byte): the engine runs it as `n` sequences and reports them so.
 #[derive(Debug)]
-pub struct Lease {
+pub(crate) struct Lease {
     worker: Arc<Worker>,
     permit: Option<Permit>,
     /// The request's `n`: how many sequences it is on the worker.
@@ -37,7 +37,7 @@ pub struct Lease {
 impl Lease {
     /// A hold on `worker` for a request of `weight` (its `n`): a place under its adaptive limit,
     /// then a permit from its circuit; `None` when either refuses.
-    pub fn acquire(worker: &Arc<Worker>, weight: u64) -> Option<Self> {
+    pub(crate) fn acquire(worker: &Arc<Worker>, weight: u64) -> Option<Self> {
         let weight = weight.max(1);
         if !worker.traffic.enter(weight, &worker.adaptive) {
             return None;
@@ -59,17 +59,17 @@ impl Lease {
     }
 
     /// Holds `rooms` of the worker's decode window until the lease ends.
-    pub fn hold_rooms(&mut self, rooms: DecodeRooms) {
+    pub(crate) fn hold_rooms(&mut self, rooms: DecodeRooms) {
         self.rooms = Some(Box::new(rooms));
     }
 
     /// Names the request this lease is for, in what its outcome logs.
-    pub fn for_request(&mut self, id: &HeaderValue) {
+    pub(crate) fn for_request(&mut self, id: &HeaderValue) {
         self.request = Some(id.clone());
     }
 
     /// Counts the request in the worker's pile of streams until the lease ends.
-    pub fn streaming(&mut self) {
+    pub(crate) fn streaming(&mut self) {
         if !self.streaming {
             self.streaming = true;
             self.worker.signals.stream_started(Instant::now());
@@ -78,7 +78,7 @@ impl Lease {
 
     /// Counts the request, and its prompt, as waiting for prefill on the worker until
     /// `first_byte`.
-    pub fn prefilling(&mut self, prompt_tokens: u64) {
+    pub(crate) fn prefilling(&mut self, prompt_tokens: u64) {
         self.first_byte();
         self.pending = true;
         let before = self.worker.traffic.pending_added(self.weight);
@@ -94,7 +94,7 @@ impl Lease {
 
     /// The first byte came `ttft` after the request was sent: a prefill-rate sample, and the
     /// prompt is no longer waiting.
-    pub fn first_byte_after(&mut self, ttft: std::time::Duration) {
+    pub(crate) fn first_byte_after(&mut self, ttft: std::time::Duration) {
         self.worker.signals.prefill_sample(self.prefill, ttft);
         if let Some(still) = self.no_longer_pending() {
             self.worker.signals.answered(Instant::now(), still);
@@ -114,7 +114,7 @@ impl Lease {
     /// The request stopped waiting for its first byte (it was answered, or it ended): the prompt
     /// is no longer waiting for prefill. Ended without a byte, it leaves the worker's silence
     /// running (`Signals::abandoned`).
-    pub fn first_byte(&mut self) {
+    pub(crate) fn first_byte(&mut self) {
         if self.no_longer_pending() == Some(0) {
             self.worker.signals.abandoned(Instant::now());
         }
@@ -139,12 +139,12 @@ impl Lease {
 
     /// The client left a stream owed its next token since `last_token`: the wait goes on into
     /// the worker's silence (`Silence::stream_left`).
-    pub fn stream_left(&self, last_token: Instant) {
+    pub(crate) fn stream_left(&self, last_token: Instant) {
         self.worker.signals.stream_left(last_token, Instant::now());
     }
 
     /// Counts the request's outcome in the worker's breaker (once; later calls do nothing).
-    pub fn settle(&mut self, outcome: Outcome) {
+    pub(crate) fn settle(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
             self.worker
                 .breaker

@@ -57,20 +57,18 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-pub use adaptive::{AdaptiveLimit, LimitWindow};
-pub use atomic::{AtomicEnum, AtomicInstant, Packed};
-pub use breaker::{Permit, WorkerBreaker};
-pub use collector::FleetCollector;
-pub use held::{HeldIndex, PrefixCacheView};
-pub use lease::Lease;
-pub use pd::{DecodeRooms, DecodeWindow, NoRoom, Role};
+pub(crate) use adaptive::LimitWindow;
+pub(crate) use breaker::WorkerBreaker;
+pub(crate) use collector::FleetCollector;
+pub(crate) use held::PrefixCacheView;
+pub(crate) use lease::Lease;
+pub(crate) use pd::{DecodeRooms, NoRoom, Role};
 pub use pool::{PdPools, Pool, PoolState};
 pub use signals::{Heard, Signals};
 pub use spec::{
     AdaptiveOverrides, HealthOverrides, OverloadOverrides, SpecError, WorkerPatch, WorkerSpec,
     WorkerType, ZmqEndpoint,
 };
-pub use traffic::Traffic;
 pub use veto::{EngineLoad, Vetoes, AT_CAPACITY_VETO};
 pub use worker::{
     HealthCell, LiveSpec, ModelCard, Notices, Origin, ProbeRecord, Worker, WorkerInfo,
@@ -82,20 +80,20 @@ use crate::upstream::Endpoint;
 /// What the fleet needs to create workers.
 #[derive(Debug, Clone)]
 pub struct FleetSettings {
-    pub breaker: Option<BreakerConfig>,
-    pub http2_default: bool,
-    pub prefix_capacity: usize,
+    pub(crate) breaker: Option<BreakerConfig>,
+    pub(crate) http2_default: bool,
+    pub(crate) prefix_capacity: usize,
     /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave
     /// to the interactive tier while it is asked for.
-    pub interactive_reserve: f64,
+    pub(crate) interactive_reserve: f64,
     /// `--drain-settle-secs`: how long a removed worker that was serving drains.
-    pub drain_settle: Duration,
+    pub(crate) drain_settle: Duration,
     /// The policy's name, a label of per-worker selection counts.
-    pub policy: &'static str,
+    pub(crate) policy: &'static str,
     /// The key sent to a worker whose spec has none.
-    pub default_worker_key: Option<String>,
+    pub(crate) default_worker_key: Option<String>,
     /// How long nothing owed ends a worker's silence (`--worker-unresponsive-secs`).
-    pub silence_lapse: Duration,
+    pub(crate) silence_lapse: Duration,
 }
 
 /// Starts the control loops of a newly registered worker (registration, probes, load polls) and
@@ -110,9 +108,9 @@ pub struct Snapshot {
     /// Every registered worker, draining ones included, in registration order.
     pub workers: Vec<Arc<Worker>>,
     /// Shared, so a request's placement can hold its pool past the next snapshot.
-    pub pools: HashMap<ModelName, Arc<Pool>>,
+    pub(crate) pools: HashMap<ModelName, Arc<Pool>>,
     /// Workers whose models are not known yet (never reached, no `model_id`).
-    pub unresolved: usize,
+    pub(crate) unresolved: usize,
 }
 
 impl Snapshot {
@@ -145,7 +143,7 @@ struct Registry {
 /// How a removal went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Removal {
+pub(crate) enum Removal {
     /// It was serving: it takes no new requests now and goes after the drain settle time.
     Draining,
     /// It was not serving: gone at once.
@@ -183,12 +181,12 @@ impl Fleet {
     }
 
     /// `--interactive-reserve`, the most any pool keeps (`Pool::reserve_for`).
-    pub fn interactive_reserve(&self) -> f64 {
+    pub(crate) fn interactive_reserve(&self) -> f64 {
         self.settings.interactive_reserve
     }
 
     /// The gateway's metrics, which the control loops count into.
-    pub fn metrics(&self) -> &Arc<Metrics> {
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
@@ -196,16 +194,16 @@ impl Fleet {
     /// report, a health state).
     /// Resolves when a request has stopped waiting on a worker or ended since the last call:
     /// room may have opened (one waiter: the gateway queue's dispatcher).
-    pub async fn freed(&self) {
+    pub(crate) async fn freed(&self) {
         self.freed.notified().await;
     }
 
-    pub fn announce(&self) {
+    pub(crate) fn announce(&self) {
         self.changed.send_modify(|v| *v += 1);
     }
 
     /// How long `worker` drains when removed while serving: its spec's, else the flag's.
-    pub fn drain_settle_of(&self, worker: &Worker) -> Duration {
+    pub(crate) fn drain_settle_of(&self, worker: &Worker) -> Duration {
         worker
             .live()
             .spec
@@ -216,7 +214,7 @@ impl Fleet {
     }
 
     /// A number that changes whenever the fleet may have (snapshot, circuit, health).
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         *self.changed.borrow()
     }
 
@@ -230,23 +228,8 @@ impl Fleet {
         self.snapshot.load_full()
     }
 
-    /// Waits until the fleet satisfies `done` (checked now and after every change), and returns
-    /// the snapshot that did.
-    pub async fn until(&self, mut done: impl FnMut(&Snapshot) -> bool) -> Arc<Snapshot> {
-        let mut changes = self.changed.subscribe();
-        loop {
-            let snapshot = self.snapshot();
-            if done(&snapshot) {
-                return snapshot;
-            }
-            if changes.changed().await.is_err() {
-                return snapshot;
-            }
-        }
-    }
-
     /// Registers a worker; it is `Pending` until it answers `/v1/models`.
-    pub fn add(
+    pub(crate) fn add(
         self: &Arc<Self>,
         spec: WorkerSpec,
         origin: Origin,
@@ -272,7 +255,7 @@ impl Fleet {
     }
 
     /// Replaces a worker's whole spec and registers it again under the same id.
-    pub fn replace(
+    pub(crate) fn replace(
         self: &Arc<Self>,
         id: &str,
         spec: WorkerSpec,
@@ -306,7 +289,7 @@ impl Fleet {
     }
 
     /// Changes the patchable parts of a worker's spec in place.
-    pub fn patch(&self, id: &str, patch: WorkerPatch) -> Result<Arc<Worker>, FleetError> {
+    pub(crate) fn patch(&self, id: &str, patch: WorkerPatch) -> Result<Arc<Worker>, FleetError> {
         let registry = self.registry.lock();
         let entry = registry
             .entries
@@ -322,7 +305,7 @@ impl Fleet {
     }
 
     /// Removes a worker: a serving one drains first.
-    pub fn remove(self: &Arc<Self>, id: &str) -> Result<Removal, FleetError> {
+    pub(crate) fn remove(self: &Arc<Self>, id: &str) -> Result<Removal, FleetError> {
         let mut registry = self.registry.lock();
         let worker = registry
             .entries
@@ -356,7 +339,7 @@ impl Fleet {
     }
 
     /// Takes this registration out (not a later one that replaced it under the same id).
-    pub fn remove_now(&self, worker: &Arc<Worker>) {
+    pub(crate) fn remove_now(&self, worker: &Arc<Worker>) {
         let mut registry = self.registry.lock();
         let before = registry.entries.len();
         registry.entries.retain(|e| !Arc::ptr_eq(&e.worker, worker));
@@ -369,7 +352,7 @@ impl Fleet {
     }
 
     /// A worker answered `/v1/models`: it serves these models, and a pending one is ready.
-    pub fn learned(self: &Arc<Self>, worker: &Arc<Worker>, info: WorkerInfo) {
+    pub(crate) fn learned(self: &Arc<Self>, worker: &Arc<Worker>, info: WorkerInfo) {
         let mut registry = self.registry.lock();
         if !registry
             .entries
@@ -390,7 +373,7 @@ impl Fleet {
 
     /// Acts on a health transition: log, gauge, breaker readmission on promotion, no load opinion
     /// once it leaves Ready, and a change signal for readiness and waiters.
-    pub fn health_changed(&self, worker: &Worker, t: HealthTransition) {
+    pub(crate) fn health_changed(&self, worker: &Worker, t: HealthTransition) {
         let (from, to) = (t.from.as_str(), t.to.as_str());
         match t.to {
             HealthState::Ready => {
@@ -412,7 +395,7 @@ impl Fleet {
     }
 
     /// No opinion on `worker`'s load any more.
-    pub fn load_cleared(&self, worker: &Worker, why: &'static str) {
+    pub(crate) fn load_cleared(&self, worker: &Worker, why: &'static str) {
         let (was_overloaded, was_busy) = worker.vetoes.clear_load();
         if was_overloaded || was_busy {
             info!(worker = %worker.id, why, "overload veto cleared");
@@ -453,7 +436,7 @@ impl Fleet {
 
     /// How a worker of `spec` would be reached, and with which authorization, were it registered
     /// now (discovery asks a removed worker's health endpoint before registering it again).
-    pub fn reach(&self, spec: &WorkerSpec) -> (Endpoint, Option<HeaderValue>) {
+    pub(crate) fn reach(&self, spec: &WorkerSpec) -> (Endpoint, Option<HeaderValue>) {
         let mut spec = spec.clone();
         if spec.api_key.is_none() {
             spec.api_key.clone_from(&self.settings.default_worker_key);

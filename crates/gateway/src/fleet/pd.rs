@@ -18,7 +18,7 @@ use tokio::time::Instant;
 /// What a worker does for the requests of its model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "type")]
-pub enum Role {
+pub(crate) enum Role {
     /// Whole requests.
     Regular,
     /// The prompt of disaggregated requests; its bootstrap server, if it has one (SGLang).
@@ -28,7 +28,7 @@ pub enum Role {
 }
 
 impl Role {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Regular => "regular",
             Role::Prefill { .. } => "prefill",
@@ -39,7 +39,7 @@ impl Role {
 
 /// Why a request got no rooms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoRoom {
+pub(crate) enum NoRoom {
     /// It needs more rooms than the window holds.
     TooWide { window: u64 },
     /// The window was full and waiting is off, or the wait ran out.
@@ -48,7 +48,7 @@ pub enum NoRoom {
 
 /// A decode worker's admission window, as this gateway counts it.
 #[derive(Debug)]
-pub struct DecodeWindow {
+pub(crate) struct DecodeWindow {
     inner: parking_lot::Mutex<Inner>,
     /// The fleet's change announcements: a request starting or ending a wait is one (the
     /// window's counts are in `GET /workers`).
@@ -85,7 +85,7 @@ impl DecodeWindow {
     }
 
     /// Requests in flight through the window, and waiting for it.
-    pub fn counts(&self) -> (u64, usize) {
+    pub(crate) fn counts(&self) -> (u64, usize) {
         let inner = self.inner.lock();
         (inner.window.in_flight(), inner.window.waiting())
     }
@@ -93,7 +93,7 @@ impl DecodeWindow {
     /// Rooms for a request of `tier` and `rooms` sequences, the window being `size` now
     /// (`None`: no window known, not gated). Waits until `until` at most; `None` there: no
     /// waiting. `Ok((rooms, waited))`.
-    pub async fn enter(
+    pub(crate) async fn enter(
         self: &Arc<Self>,
         size: Option<u64>,
         tier: Tier,
@@ -212,7 +212,7 @@ impl Drop for Waiting<'_> {
 
 /// Rooms in a decode worker's window, freed when dropped (the decode leg ended).
 #[derive(Debug)]
-pub struct DecodeRooms {
+pub(crate) struct DecodeRooms {
     window: Arc<DecodeWindow>,
     rooms: u64,
 }

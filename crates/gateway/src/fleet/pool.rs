@@ -22,8 +22,8 @@ use super::FleetSettings;
 /// index must not reset every time a worker comes or goes.
 #[derive(Debug)]
 pub struct PoolState {
-    pub ticket: AtomicU64,
-    pub prefix: parking_lot::Mutex<PrefixIndex>,
+    pub(crate) ticket: AtomicU64,
+    pub(crate) prefix: parking_lot::Mutex<PrefixIndex>,
     /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave.
     reserve: f64,
 }
@@ -31,21 +31,21 @@ pub struct PoolState {
 /// The workers of one model.
 #[derive(Debug, Clone)]
 pub struct Pool {
-    pub model: ModelName,
+    pub(crate) model: ModelName,
     /// Every worker of the model, whatever its role.
-    pub workers: Vec<Arc<Worker>>,
-    pub state: Arc<PoolState>,
+    pub(crate) workers: Vec<Arc<Worker>>,
+    pub(crate) state: Arc<PoolState>,
     /// Set when the model is served disaggregated (some of its workers are prefill or decode
     /// workers): its requests go to a pair, one of each.
-    pub pd: Option<Arc<PdPools>>,
+    pub(crate) pd: Option<Arc<PdPools>>,
 }
 
 /// A disaggregated model's prefill and decode workers, each a pool of its own (its own
 /// round-robin counter and prefix index, its own policy).
 #[derive(Debug)]
 pub struct PdPools {
-    pub prefill: Pool,
-    pub decode: Pool,
+    pub(crate) prefill: Pool,
+    pub(crate) decode: Pool,
 }
 
 impl Pool {
@@ -54,7 +54,7 @@ impl Pool {
     /// (`Projection::Wary`: the gateway queue can release many at once), and with room beyond
     /// the interactive reserve for a less urgent request (`reserve_for`). The gateway queue
     /// holds requests while this is false. A disaggregated model needs room on both sides.
-    pub fn has_room_for(&self, tier: Tier) -> bool {
+    pub(crate) fn has_room_for(&self, tier: Tier) -> bool {
         if let Some(pd) = &self.pd {
             return pd.prefill.has_room_for(tier) && pd.decode.has_room_for(tier);
         }
@@ -70,7 +70,7 @@ impl Pool {
     /// with how fast room frees on it (`--worker-overload-shed` judges the wait by them).
     /// `None` when one has room, or is out for another reason, or none is routable; and for a
     /// disaggregated model, whose decode side has its own admission window.
-    pub fn over_ceilings(&self, tier: Tier) -> Option<Vec<OverCeiling>> {
+    pub(crate) fn over_ceilings(&self, tier: Tier) -> Option<Vec<OverCeiling>> {
         if self.pd.is_some() {
             return None;
         }
@@ -88,7 +88,7 @@ impl Pool {
     /// Whether one of its workers can serve at all, full or not: ready, its circuit not open,
     /// awake (both sides, disaggregated). With none, the gateway queue would hold a request for
     /// a health check or a breaker's timeout: it is answered at once instead, as without a queue.
-    pub fn has_routable(&self) -> bool {
+    pub(crate) fn has_routable(&self) -> bool {
         if let Some(pd) = &self.pd {
             return pd.prefill.has_routable() && pd.decode.has_routable();
         }
@@ -99,7 +99,7 @@ impl Pool {
     /// tier: the reserve, for a less urgent request while the model has interactive traffic
     /// (an interactive first token on one of its workers within `RESERVE_HOLD`); none
     /// otherwise.
-    pub fn reserve_for(&self, tier: Tier) -> f64 {
+    pub(crate) fn reserve_for(&self, tier: Tier) -> f64 {
         let reserve = self.state.reserve;
         if tier == Tier::Interactive || reserve <= 0.0 {
             return 0.0;
@@ -116,14 +116,14 @@ impl Pool {
 
     /// Whether a request of `tier` goes to a worker where it starts at once when one exists
     /// (`sluice_core::overload::seeks_room`): an interactive request while a reserve is set.
-    pub fn seeks_room(&self, tier: Tier) -> bool {
+    pub(crate) fn seeks_room(&self, tier: Tier) -> bool {
         seeks_room(tier, self.state.reserve)
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
     /// its routable workers: the prompts waiting for prefill there, its own included, at the
     /// prefill rate the gateway measured on that worker. `None` until a rate is measured.
-    pub fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
+    pub(crate) fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
         if let Some(pd) = &self.pd {
             return pd.prefill.expected_ttft(prompt_tokens);
         }
@@ -142,7 +142,7 @@ impl Pool {
 
     /// The earliest moment one of its workers' at-capacity vetoes ends, the one change of room no
     /// event announces.
-    pub fn next_room(&self) -> Option<Instant> {
+    pub(crate) fn next_room(&self) -> Option<Instant> {
         self.workers
             .iter()
             .filter_map(|w| w.vetoes.at_capacity_until())

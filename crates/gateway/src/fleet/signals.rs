@@ -73,27 +73,27 @@ impl Default for Signals {
 /// The signals as read at one moment, for a judgment.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Heard {
-    pub last_contact: Instant,
-    pub last_failure: Option<Instant>,
-    pub last_timeout: Option<Instant>,
-    pub last_progress: Instant,
+    pub(crate) last_contact: Instant,
+    pub(crate) last_failure: Option<Instant>,
+    pub(crate) last_timeout: Option<Instant>,
+    pub(crate) last_progress: Instant,
     /// Changes exactly when `last_progress` does.
-    pub progress_stamp: u64,
-    pub pile: u32,
-    pub engine_stalled_since: Option<Instant>,
+    pub(crate) progress_stamp: u64,
+    pub(crate) pile: u32,
+    pub(crate) engine_stalled_since: Option<Instant>,
     /// Prompt tokens per second; 0 until measured.
-    pub prefill_rate: f64,
+    pub(crate) prefill_rate: f64,
     /// Its silence across requests.
-    pub silence: Silence,
+    pub(crate) silence: Silence,
     /// The last token or completion.
-    pub last_token: Option<Instant>,
+    pub(crate) last_token: Option<Instant>,
     /// It has pushed a load record.
-    pub pushed_load: bool,
+    pub(crate) pushed_load: bool,
 }
 
 impl Signals {
     /// Something arrived from it: a response, a byte, an answered poll or probe.
-    pub fn contact(&self, at: Instant) {
+    pub(crate) fn contact(&self, at: Instant) {
         self.last_contact.advance_to(at);
     }
 
@@ -103,24 +103,24 @@ impl Signals {
     }
 
     /// When an interactive request on it last had its first token.
-    pub fn interactive_answered_at(&self) -> Option<Instant> {
+    pub(crate) fn interactive_answered_at(&self) -> Option<Instant> {
         self.interactive_answered.load()
     }
 
     /// A token or a completion (contact too).
-    pub fn progress(&self, at: Instant) {
+    pub(crate) fn progress(&self, at: Instant) {
         self.last_contact.advance_to(at);
         self.last_progress.advance_to(at);
         self.last_token.advance_to(at);
     }
 
     /// A connection-level failure on one of its channels.
-    pub fn transport_failure(&self, at: Instant) {
+    pub(crate) fn transport_failure(&self, at: Instant) {
         self.last_failure.advance_to(at);
     }
 
     /// A poll or probe got no answer in time.
-    pub fn timeout(&self, at: Instant) {
+    pub(crate) fn timeout(&self, at: Instant) {
         self.last_timeout.advance_to(at);
     }
 
@@ -161,7 +161,7 @@ impl Signals {
     }
 
     /// A byte came back at `at`, leaving `still` of this gateway's requests without one.
-    pub(crate) fn answered(&self, at: Instant, still: u64) {
+    pub fn answered(&self, at: Instant, still: u64) {
         self.silence.lock().answered(at, still > 0);
     }
 
@@ -177,7 +177,7 @@ impl Signals {
     }
 
     /// A load poll ended at `at` with `polled`; `pending`: requests of this gateway's wait on it.
-    pub fn polled(&self, at: Instant, polled: PollShowed, pending: bool) {
+    pub(crate) fn polled(&self, at: Instant, polled: PollShowed, pending: bool) {
         self.silence.lock().polled(at, polled, pending);
     }
 
@@ -191,19 +191,19 @@ impl Signals {
     }
 
     /// The last liveness trial's verdict and when it came.
-    pub fn last_trial(&self) -> Option<(Instant, TrialVerdict)> {
+    pub(crate) fn last_trial(&self) -> Option<(Instant, TrialVerdict)> {
         *self.last_trial.lock()
     }
 
     /// A load record arrived on its KV-event stream at `at`: contact, and from now on the
     /// worker is expected to keep pushing.
-    pub fn load_pushed(&self, at: Instant) {
+    pub(crate) fn load_pushed(&self, at: Instant) {
         self.pushed_load.store(true, Ordering::Relaxed);
         self.contact(at);
     }
 
     /// The load monitor's finding on the engine's stepping: since when it showed none.
-    pub fn set_engine_stalled_since(&self, since: Option<Instant>) {
+    pub(crate) fn set_engine_stalled_since(&self, since: Option<Instant>) {
         match since {
             Some(at) => self.engine_stalled_since.store(at),
             None => self.engine_stalled_since.clear(),
@@ -211,7 +211,7 @@ impl Signals {
     }
 
     /// Everything heard, as of now.
-    pub fn heard(&self) -> Heard {
+    pub(crate) fn heard(&self) -> Heard {
         let start = Instant::now();
         Heard {
             last_contact: self.last_contact.load().unwrap_or(start),

@@ -8,7 +8,7 @@ use super::adaptive::AdaptiveLimit;
 
 /// This gateway's requests on a worker, moved only by `Lease` (the request path).
 #[derive(Debug, Default)]
-pub struct Traffic {
+pub(crate) struct Traffic {
     /// Requests in flight.
     in_flight: AtomicU64,
     /// Estimated prompt tokens of requests that have no first byte yet (waiting or in prefill).
@@ -38,36 +38,36 @@ impl Traffic {
         }
     }
 
-    pub fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    pub fn pending_prefill_tokens(&self) -> u64 {
+    pub(crate) fn pending_prefill_tokens(&self) -> u64 {
         self.pending_prefill.load(Ordering::Relaxed)
     }
 
-    pub fn pending_requests(&self) -> u64 {
+    pub(crate) fn pending_requests(&self) -> u64 {
         self.pending_requests.load(Ordering::Relaxed)
     }
 
     /// The other replicas' requests with no first byte on the worker.
-    pub fn pending_elsewhere(&self) -> u64 {
+    pub(crate) fn pending_elsewhere(&self) -> u64 {
         self.pending_elsewhere.load(Ordering::Relaxed)
     }
 
     /// The other replicas' requests in flight on the worker.
-    pub fn in_flight_elsewhere(&self) -> u64 {
+    pub(crate) fn in_flight_elsewhere(&self) -> u64 {
         self.in_flight_elsewhere.load(Ordering::Relaxed)
     }
 
     /// Every replica's requests with no first byte on the worker: what its queue is projected
     /// with between reports.
-    pub fn pending_everywhere(&self) -> u64 {
+    pub(crate) fn pending_everywhere(&self) -> u64 {
         self.pending_requests() + self.pending_elsewhere()
     }
 
     /// Requests sent to the worker so far, and ended on it.
-    pub fn sent_and_ended(&self) -> (u64, u64) {
+    pub(crate) fn sent_and_ended(&self) -> (u64, u64) {
         (
             self.sent.load(Ordering::Relaxed),
             self.ended.load(Ordering::Relaxed),
@@ -76,7 +76,7 @@ impl Traffic {
 
     /// The shared state's task heard how many requests the other replicas have pending and in
     /// flight on the worker; whether that changed.
-    pub fn set_elsewhere(&self, pending: u64, in_flight: u64) -> bool {
+    pub(crate) fn set_elsewhere(&self, pending: u64, in_flight: u64) -> bool {
         let was_pending = self.pending_elsewhere.swap(pending, Ordering::Relaxed);
         let was_in_flight = self.in_flight_elsewhere.swap(in_flight, Ordering::Relaxed);
         (was_pending, was_in_flight) != (pending, in_flight)

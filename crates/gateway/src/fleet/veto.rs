@@ -25,27 +25,27 @@ pub const AT_CAPACITY_VETO: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineLoad {
     #[serde(flatten)]
-    pub report: LoadReport,
+    pub(crate) report: LoadReport,
     /// Where it came from: `/metrics`, `/v1/loads` or `/get_load`.
-    pub source: &'static str,
+    pub(crate) source: &'static str,
     #[serde(skip)]
     pub at: Instant,
     /// The ceiling it reached, if any.
-    pub overload: Option<OverloadCause>,
+    pub(crate) overload: Option<OverloadCause>,
     /// Every rank busy by the busy thresholds.
-    pub busy: bool,
+    pub(crate) busy: bool,
     /// Since when its token counter has stood still with requests running.
     #[serde(skip)]
-    pub silent_since: Option<Instant>,
+    pub(crate) silent_since: Option<Instant>,
     /// The share of the KV cache a running request settles at on it, learnt from its reports
     /// (`RunningSize`); the interactive reserve counts room in it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_per_request: Option<f64>,
+    pub(crate) kv_per_request: Option<f64>,
     /// How fast requests start on it by its reports, and what the gateway had sent it and seen
     /// end at this one: how fast room frees on it (`--worker-overload-shed` waits only for room
     /// measured freeing).
     #[serde(skip)]
-    pub starts: Starts,
+    pub(crate) starts: Starts,
 }
 
 /// The queue gate's fields packed in one word: KV full in the top bit, then three counts of 21
@@ -115,7 +115,7 @@ impl Vetoes {
     /// The veto in force, if any, given how many of this gateway's requests on the worker have
     /// no first byte (`Worker::veto_class` passes it): doubt (liveness) outranks fullness, so the
     /// all-vetoed rule takes a merely full worker first.
-    pub fn class(&self, pending_now: u64, projection: Projection) -> Option<VetoClass> {
+    pub(crate) fn class(&self, pending_now: u64, projection: Projection) -> Option<VetoClass> {
         if self.liveness.load().is_some() {
             return Some(VetoClass::Liveness);
         }
@@ -126,7 +126,7 @@ impl Vetoes {
     }
 
     /// The last report's waiting-queue ceiling, as projected to each request.
-    pub fn queue_gate(&self) -> QueueGate {
+    pub(crate) fn queue_gate(&self) -> QueueGate {
         let packed = self.queue.load(Ordering::Acquire);
         let ceiling = self.queue_ceiling.load(Ordering::Acquire);
         let count = |at: u32| (packed >> at) & COUNT_MAX;
@@ -140,7 +140,7 @@ impl Vetoes {
     }
 
     /// What the last report says the worker could still start (`StartRoom`).
-    pub fn start_room(&self) -> StartRoom {
+    pub(crate) fn start_room(&self) -> StartRoom {
         let packed = self.start_room.load(Ordering::Acquire);
         let count = |at: u32| (packed >> at) & COUNT_MAX;
         StartRoom {
@@ -213,7 +213,7 @@ impl Vetoes {
 
     /// Resolves when this request, waiting for the worker's answer, may give up on it: the worker
     /// was judged unresponsive and this request got one of the places to leave.
-    pub async fn given_up(&self) {
+    pub(crate) async fn given_up(&self) {
         loop {
             self.unanswered.notified().await;
             let took = self
@@ -225,15 +225,15 @@ impl Vetoes {
         }
     }
 
-    pub fn overloaded(&self) -> bool {
+    pub(crate) fn overloaded(&self) -> bool {
         self.overloaded.load(Ordering::Acquire)
     }
 
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         self.busy.load(Ordering::Acquire)
     }
 
-    pub fn asleep(&self) -> bool {
+    pub(crate) fn asleep(&self) -> bool {
         self.asleep.load(Ordering::Acquire)
     }
 
@@ -242,20 +242,20 @@ impl Vetoes {
         self.asleep.swap(asleep, Ordering::AcqRel)
     }
 
-    pub fn at_capacity(&self) -> bool {
+    pub(crate) fn at_capacity(&self) -> bool {
         self.at_capacity_until
             .load()
             .is_some_and(|until| Instant::now() < until)
     }
 
     /// When its at-capacity veto ends, if one is in force: nothing else announces that moment.
-    pub fn at_capacity_until(&self) -> Option<Instant> {
+    pub(crate) fn at_capacity_until(&self) -> Option<Instant> {
         self.at_capacity_until
             .load()
             .filter(|until| Instant::now() < *until)
     }
 
-    pub fn liveness(&self) -> Option<LivenessVeto> {
+    pub(crate) fn liveness(&self) -> Option<LivenessVeto> {
         self.liveness.load()
     }
 
@@ -264,7 +264,7 @@ impl Vetoes {
     }
 
     /// The engine's running window, once a report showed it full.
-    pub fn window(&self) -> Option<u64> {
+    pub(crate) fn window(&self) -> Option<u64> {
         Some(self.window.load(Ordering::Acquire)).filter(|w| *w > 0)
     }
 

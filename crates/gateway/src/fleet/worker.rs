@@ -28,24 +28,24 @@ use crate::upstream::Endpoint;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeRecord {
     /// Why it failed (`timeout after 5s`, `connect`, `status 503`); `None` when it passed.
-    pub error: Option<String>,
-    pub at: Instant,
+    pub(crate) error: Option<String>,
+    pub(crate) at: Instant,
 }
 
 /// One model as a worker lists it in `/v1/models`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelCard {
-    pub id: ModelName,
+    pub(crate) id: ModelName,
     /// The card as the worker served it, relayed by the gateway's `/v1/models`.
-    pub card: serde_json::Value,
+    pub(crate) card: serde_json::Value,
 }
 
 /// What a worker said about itself when it was reached.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerInfo {
     /// `owned_by` of its models: `vllm`, `sglang`, or whatever it says.
-    pub flavor: String,
-    pub models: Vec<ModelCard>,
+    pub(crate) flavor: String,
+    pub(crate) models: Vec<ModelCard>,
 }
 
 /// Where a registration came from, as `GET /workers` shows it. A discovery source changes only
@@ -66,7 +66,7 @@ pub enum Origin {
 }
 
 impl Origin {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Origin::WorkerUrls => "worker_urls",
             Origin::Api => "api",
@@ -82,11 +82,11 @@ impl Origin {
 pub struct LiveSpec {
     pub spec: WorkerSpec,
     /// `Bearer <api key>`, marked sensitive so it never reaches a log.
-    pub authorization: Option<HeaderValue>,
+    pub(crate) authorization: Option<HeaderValue>,
 }
 
 impl LiveSpec {
-    pub(crate) fn new(spec: WorkerSpec) -> Self {
+    pub fn new(spec: WorkerSpec) -> Self {
         let authorization = spec.api_key.as_ref().and_then(|k| {
             let mut v = HeaderValue::try_from(format!("Bearer {k}")).ok()?;
             v.set_sensitive(true);
@@ -118,12 +118,12 @@ impl HealthCell {
         }
     }
 
-    pub fn state(&self) -> HealthState {
+    pub(crate) fn state(&self) -> HealthState {
         self.state.load()
     }
 
     /// Runs one health event under the lock and publishes the resulting state.
-    pub fn change(
+    pub(crate) fn change(
         &self,
         event: impl FnOnce(&mut Health) -> Option<HealthTransition>,
     ) -> Option<HealthTransition> {
@@ -134,15 +134,15 @@ impl HealthCell {
     }
 
     /// A copy of the state machine (counts and since when), for views.
-    pub fn machine(&self) -> Health {
+    pub(crate) fn machine(&self) -> Health {
         self.machine.lock().clone()
     }
 
-    pub fn last_probe(&self) -> Option<Arc<ProbeRecord>> {
+    pub(crate) fn last_probe(&self) -> Option<Arc<ProbeRecord>> {
         self.last_probe.load_full()
     }
 
-    pub fn set_last_probe(&self, record: ProbeRecord) {
+    pub(crate) fn set_last_probe(&self, record: ProbeRecord) {
         self.last_probe.store(Some(Arc::new(record)));
     }
 }
@@ -151,9 +151,9 @@ impl HealthCell {
 #[derive(Debug, Clone)]
 pub struct Notices {
     /// Woken when a request leaves a worker (the gateway queue waits on it).
-    pub freed: Arc<tokio::sync::Notify>,
+    pub(crate) freed: Arc<tokio::sync::Notify>,
     /// The fleet's change announcements (`Fleet::changes`).
-    pub changed: Arc<tokio::sync::watch::Sender<u64>>,
+    pub(crate) changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// A registered worker. Its fields are grouped by the one writer of each group.
@@ -162,34 +162,34 @@ pub struct Worker {
     /// Fixed for the registration.
     pub id: WorkerId,
     /// `policy::key_of(id)`, what policies hash.
-    pub key: u64,
+    pub(crate) key: u64,
     /// Where it is reached (fixed: a new URL is a new registration).
     pub endpoint: Endpoint,
     /// Who registered it (fixed: a `PUT` is a new registration).
-    pub origin: Origin,
+    pub(crate) origin: Origin,
     /// The parts of the spec `PATCH` may change, swapped whole (the admin API).
     live: ArcSwap<LiveSpec>,
     /// What it said about itself at registration (discovery).
     info: ArcSwapOption<WorkerInfo>,
     /// Its health (the health checker, and the fleet for registration and drain).
-    pub health: HealthCell,
+    pub(crate) health: HealthCell,
     /// This gateway's requests on it (the request path, through `Lease`).
-    pub traffic: Traffic,
+    pub(crate) traffic: Traffic,
     /// Why it should get no new request now, health and circuit aside (see `Vetoes` for the
     /// writer of each).
     pub vetoes: Vetoes,
     /// What the gateway hears from it (many writers, each moving a signal only forward).
     pub signals: Signals,
     /// Its circuit (the request path records outcomes, its timer reopens trials).
-    pub breaker: Arc<WorkerBreaker>,
+    pub(crate) breaker: Arc<WorkerBreaker>,
     /// Its adaptive concurrency limit (the limiter loop) and the samples it is learned from (the
     /// request path).
-    pub adaptive: AdaptiveLimit,
+    pub(crate) adaptive: AdaptiveLimit,
     /// A decode worker's admission window (the request path, through `DecodeRooms`).
-    pub decode_window: Arc<DecodeWindow>,
+    pub(crate) decode_window: Arc<DecodeWindow>,
     /// The KV blocks its engine holds, as its events tell (its event subscriber).
-    pub held: HeldIndex,
-    pub metrics: WorkerMetrics,
+    pub(crate) held: HeldIndex,
+    pub(crate) metrics: WorkerMetrics,
 }
 
 impl Worker {
@@ -227,13 +227,13 @@ impl Worker {
     }
 
     /// Its part in prefill/decode disaggregation, as its spec says.
-    pub fn role(&self) -> Role {
+    pub(crate) fn role(&self) -> Role {
         self.live().spec.role()
     }
 
     /// Its engine's running window: the spec's, else what its load reports say; `None` (not
     /// gated) when neither tells.
-    pub fn running_window(&self) -> Option<u64> {
+    pub(crate) fn running_window(&self) -> Option<u64> {
         self.live().spec.max_running_requests.or_else(|| {
             self.vetoes
                 .load()
@@ -250,11 +250,11 @@ impl Worker {
         self.live.store(Arc::new(LiveSpec::new(spec)));
     }
 
-    pub fn status(&self) -> HealthState {
+    pub(crate) fn status(&self) -> HealthState {
         self.health.state()
     }
 
-    pub fn info(&self) -> Option<Arc<WorkerInfo>> {
+    pub(crate) fn info(&self) -> Option<Arc<WorkerInfo>> {
         self.info.load_full()
     }
 
@@ -262,37 +262,37 @@ impl Worker {
         self.info.store(Some(Arc::new(info)));
     }
 
-    pub fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.traffic.in_flight()
     }
 
     /// Every replica's requests in flight on it (this one's alone without `--redis-url`): the
     /// load the policies and the all-vetoed rule compare.
-    pub fn load_everywhere(&self) -> u64 {
+    pub(crate) fn load_everywhere(&self) -> u64 {
         self.traffic.in_flight() + self.traffic.in_flight_elsewhere()
     }
 
     /// At its adaptive concurrency limit for a request of `weight`: it takes no such request now,
     /// and is never steered to.
-    pub fn at_limit(&self, weight: u64) -> bool {
+    pub(crate) fn at_limit(&self, weight: u64) -> bool {
         !self.adaptive.admits(self.in_flight(), weight)
     }
 
     /// Its waiting queue now, by `projection`: the last report's, moved by this gateway's
     /// requests sent and started since (`QueueGate::projected_by`).
-    pub fn projected_waiting(&self, projection: Projection) -> u64 {
+    pub(crate) fn projected_waiting(&self, projection: Projection) -> u64 {
         self.vetoes
             .queue_gate()
             .projected_by(self.traffic.pending_everywhere(), projection)
     }
 
     /// The veto in force on it now, if any.
-    pub fn veto_class(&self) -> Option<VetoClass> {
+    pub(crate) fn veto_class(&self) -> Option<VetoClass> {
         self.veto_class_by(Projection::Hopeful)
     }
 
     /// The veto in force on it now, its queue projected by `projection`.
-    pub fn veto_class_by(&self, projection: Projection) -> Option<VetoClass> {
+    pub(crate) fn veto_class_by(&self, projection: Projection) -> Option<VetoClass> {
         self.vetoes
             .class(self.traffic.pending_everywhere(), projection)
     }
@@ -300,7 +300,7 @@ impl Worker {
     /// The veto in force on it now for a request that must leave `reserve` of the worker's
     /// capacity to the interactive tier (0: none; `Pool::reserve_for`): kept for that tier
     /// (`VetoClass::Reserve`) while the worker could start no more than the reserve.
-    pub fn veto_class_for(&self, projection: Projection, reserve: f64) -> Option<VetoClass> {
+    pub(crate) fn veto_class_for(&self, projection: Projection, reserve: f64) -> Option<VetoClass> {
         let veto = self.veto_class_by(projection);
         if reserve <= 0.0 {
             return veto;
@@ -322,7 +322,7 @@ impl Worker {
     /// Over its ceiling for a request that must leave `reserve` (warily projected, as the gateway
     /// queue judges room), and how fast room frees on it; `None` when it has room or is kept
     /// out for another reason.
-    pub fn over_ceiling(&self, reserve: f64, now: Instant) -> Option<OverCeiling> {
+    pub(crate) fn over_ceiling(&self, reserve: f64, now: Instant) -> Option<OverCeiling> {
         if self.veto_class_for(Projection::Wary, reserve) != Some(VetoClass::Overload) {
             return None;
         }
@@ -342,7 +342,7 @@ impl Worker {
 
     /// Whether a request sent to it now would start at once, by its last report and what was
     /// sent and ended since (`StartRoom::starts_now`).
-    pub fn starts_now(&self) -> bool {
+    pub(crate) fn starts_now(&self) -> bool {
         self.vetoes.start_room().starts_now(self.load_everywhere())
     }
 
@@ -353,17 +353,8 @@ impl Worker {
             && !self.vetoes.asleep()
     }
 
-    /// Whether it serves `model` (as declared in its spec, or as learned).
-    pub fn serves(&self, model: &str) -> bool {
-        match (&self.live().spec.model_id, self.info()) {
-            (Some(declared), _) => declared == model,
-            (None, Some(info)) => info.models.iter().any(|m| m.id.as_str() == model),
-            (None, None) => false,
-        }
-    }
-
     /// The models it serves, once known.
-    pub fn models(&self) -> Vec<ModelName> {
+    pub(crate) fn models(&self) -> Vec<ModelName> {
         match (&self.live().spec.model_id, self.info()) {
             (Some(declared), _) => vec![ModelName::new(declared)],
             (None, Some(info)) => info.models.iter().map(|m| m.id.clone()).collect(),

@@ -24,22 +24,22 @@ const AHEAD_LIMIT: usize = 64 * 1024;
 
 /// What was read of an answer's body before it went to the client.
 #[derive(Debug, Default)]
-pub struct Ahead {
+pub(crate) struct Ahead {
     /// Sent to the client first.
-    pub bytes: Bytes,
+    pub(crate) bytes: Bytes,
     /// The body ended within them.
-    pub ended: bool,
+    pub(crate) ended: bool,
     /// The first event, when it was an engine's error event.
-    pub error: Option<ErrorEvent>,
+    pub(crate) error: Option<ErrorEvent>,
     /// The answer is the engine saying it is full (a 429, a 529, SGLang's full-queue 503).
-    pub at_capacity: bool,
+    pub(crate) at_capacity: bool,
 }
 
 /// Reads ahead of `response`'s head what its verdict needs: an event stream's first event, a
 /// 503's body; nothing for any other answer. At `deadline` it stops with what it has, and no
 /// verdict. The reading is boxed, only for the answers that need it: most answers need none,
 /// and every request's future would otherwise carry its state.
-pub async fn read_ahead(
+pub(crate) async fn read_ahead(
     response: &mut UpstreamResponse,
     deadline: Instant,
 ) -> Result<Ahead, ExchangeError> {

@@ -39,22 +39,22 @@ pub enum DataPlaneReply {
 #[derive(Debug)]
 pub struct Handover {
     /// The worker's hold, until the answer ends (or the handover is dropped).
-    pub lease: Lease,
+    pub(crate) lease: Lease,
     /// What to send: the client's body, or the one the ladder or the model's name rewrote.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
     /// Headers to set on the way to the worker; `http::CLIENT_CREDENTIALS` are to be removed
     /// first.
-    pub set_headers: HeaderMap,
+    pub(crate) set_headers: HeaderMap,
     /// When the worker was handed over (time to first byte counts from here).
-    pub sent_at: Instant,
+    pub(crate) sent_at: Instant,
     /// Admission's terms, which the answer is relayed under.
-    pub terms: Terms,
+    pub(crate) terms: Terms,
 }
 
 /// Hands a placed request to a data plane: leased on a worker that `allowed` accepts (the data
 /// plane's subset, the workers it can reach), never on one it does not.
 pub(crate) struct ToDataPlane<'a> {
-    pub allowed: &'a (dyn Fn(&Worker) -> bool + Sync),
+    pub(crate) allowed: &'a (dyn Fn(&Worker) -> bool + Sync),
 }
 
 impl Dispatch for ToDataPlane<'_> {
@@ -131,7 +131,7 @@ impl Handover {
     /// head, the body's frames from `frames` (`None` ends it). Read ahead and judged as
     /// `Forwarder` judges an answer — an engine that says it is full is kept off for a moment —
     /// then relayed: the returned answer's body yields what the data plane passes on.
-    pub(crate) async fn answered(
+    pub async fn answered(
         self,
         status: axum::http::StatusCode,
         headers: HeaderMap,
@@ -162,11 +162,7 @@ impl Handover {
     /// The data plane answered in the worker's place (`reply`): no contact with the worker, and
     /// nothing of it relayed. A connection it could not make is the worker's transport failure,
     /// as when the forward stage cannot connect. Returns the error the client gets instead.
-    pub(crate) fn unanswered(
-        mut self,
-        ctx: &RequestContext,
-        reply: DataPlaneReply,
-    ) -> ForwardError {
+    pub fn unanswered(mut self, ctx: &RequestContext, reply: DataPlaneReply) -> ForwardError {
         let worker = self.lease.worker().clone();
         if reply == DataPlaneReply::Unreachable {
             worker.signals.transport_failure(Instant::now());

@@ -43,26 +43,26 @@ mod handover;
 mod pd;
 mod refusal;
 
-pub use ahead::{read_ahead, Ahead};
+pub(crate) use ahead::{read_ahead, Ahead};
 pub(crate) use handover::ToDataPlane;
 pub use handover::{DataPlaneReply, Handover};
 pub use pd::PdConfig;
-pub use refusal::ForwardError;
+pub(crate) use refusal::ForwardError;
 
 /// The forward stage's hand-off to the stream-back stage: a worker's answer, to relay.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The worker's head, and its body still to read (less what `ahead` holds).
-    pub response: UpstreamResponse,
+    pub(crate) response: UpstreamResponse,
     /// The request's hold on the worker, kept until the body ends.
-    pub lease: Lease,
+    pub(crate) lease: Lease,
     /// When the request went to the worker (time to first byte counts from here).
-    pub sent_at: Instant,
+    pub(crate) sent_at: Instant,
     /// What the forward stage read of the body before deciding on the answer.
-    pub ahead: Ahead,
+    pub(crate) ahead: Ahead,
     /// Admission's terms: the deadline that still cuts the body, the tier its SLO is judged
     /// in, whether its usage is read.
-    pub terms: Terms,
+    pub(crate) terms: Terms,
 }
 
 /// Where a placed request goes: sent on to its worker (`Forwarder`, `sluice serve`), or handed to
@@ -107,12 +107,12 @@ const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryConfig {
     /// 0 disables retries.
-    pub max_retries: u32,
+    pub(crate) max_retries: u32,
     /// Worker statuses retried on another worker (`--retry-status-codes`).
     pub status_codes: Vec<u16>,
     pub backoff: Backoff,
-    pub budget_percent: f64,
-    pub budget_min_per_sec: u32,
+    pub(crate) budget_percent: f64,
+    pub(crate) budget_min_per_sec: u32,
 }
 
 /// One request to forward: the client's head, the body to send, and its chooser.
@@ -123,7 +123,7 @@ struct Job<'a> {
 }
 
 /// The forward stage, shared by every request.
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     /// The clients to workers (HTTP/1.1, HTTP/2, TLS, gRPC) every attempt is sent through.
     upstream: Upstream,
     /// How many attempts a request gets, and the backoff between them (`--retry-*`).
@@ -162,7 +162,7 @@ impl Forwarder {
     }
 
     /// With the decode admission window's settings (disaggregated models).
-    pub fn with_pd(mut self, pd: PdConfig) -> Self {
+    pub(crate) fn with_pd(mut self, pd: PdConfig) -> Self {
         self.pd = pd;
         self
     }
@@ -170,7 +170,7 @@ impl Forwarder {
     /// Forwards the placed request to its first worker, and on a retry to the one its chooser
     /// picks next, until a worker answers, a failure is final, or the client goes away (the
     /// future is dropped: the upstream request goes with it, and the context counts it).
-    pub async fn forward(
+    pub(crate) async fn forward(
         &self,
         ctx: &mut RequestContext,
         asked: &Asked<'_>,

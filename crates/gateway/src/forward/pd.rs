@@ -39,8 +39,8 @@ use crate::upstream::UpstreamResponse;
 
 /// A disaggregated request's two choosers, each remembering the workers of its side tried.
 pub(super) struct Choosers {
-    pub prefill: Chooser,
-    pub decode: Chooser,
+    pub(crate) prefill: Chooser,
+    pub(crate) decode: Chooser,
 }
 
 /// The decode admission window's settings.
@@ -52,7 +52,7 @@ pub struct PdConfig {
     pub wedge: Duration,
     /// Gate decode workers by their running window (`--disable-pd-admission-window` turns it
     /// off).
-    pub window: bool,
+    pub(crate) window: bool,
 }
 
 impl Default for PdConfig {

@@ -45,7 +45,7 @@ use crate::stream;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {
     /// `--max-n`.
-    pub max_n: u64,
+    pub(crate) max_n: u64,
     /// `--max-tokens-limit`; `None`: no bound of the gateway's.
     pub max_tokens: Option<u64>,
 }
@@ -74,31 +74,31 @@ impl RequestLimits {
 /// The request path's stages and what the front stage itself needs, shared by every request.
 pub struct Front {
     /// The workers, for `/v1/models`.
-    pub fleet: Arc<Fleet>,
+    pub(crate) fleet: Arc<Fleet>,
     /// Admission: tenants, tiers, budgets, the queue, the ladder, the model's pool.
-    pub admit: AdmitStage,
+    pub(crate) admit: AdmitStage,
     /// The chooser: the first worker of an admitted request.
-    pub route: RouteStage,
+    pub(crate) route: RouteStage,
     /// The exchange with workers, retries included.
-    pub forward: Forwarder,
+    pub(crate) forward: Forwarder,
     /// Where every request is accounted for (metrics, access log, in-flight count).
-    pub accounts: Accounts,
+    pub(crate) accounts: Accounts,
     /// The client keys (and tenants' keys) a request must carry.
-    pub keys: Keys,
+    pub(crate) keys: Keys,
     /// `--max-payload-size`: the largest body read.
-    pub max_payload: usize,
+    pub(crate) max_payload: usize,
     /// `--body-read-timeout-secs`.
-    pub body_read_timeout: std::time::Duration,
+    pub(crate) body_read_timeout: std::time::Duration,
     /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
-    pub body_budget: tokio::sync::Semaphore,
+    pub(crate) body_budget: tokio::sync::Semaphore,
     /// `--max-n`, `--max-tokens-limit`.
-    pub limits: RequestLimits,
+    pub(crate) limits: RequestLimits,
     /// `--request-id-headers`: where a client's own request id is read from, in order.
-    pub request_id_headers: Vec<HeaderName>,
+    pub(crate) request_id_headers: Vec<HeaderName>,
     /// How refusals are answered: `--overload-status-code` for an overload.
-    pub answers: Answers,
+    pub(crate) answers: Answers,
     /// Set when shutdown begins: new requests are refused.
-    pub draining: Arc<AtomicBool>,
+    pub(crate) draining: Arc<AtomicBool>,
 }
 
 impl Front {
@@ -108,7 +108,7 @@ impl Front {
 }
 
 /// The model-routed routes (every `ApiRoute`), `/v1/models` and one model's card.
-pub fn routes(front: Arc<Front>) -> Router {
+pub(crate) fn routes(front: Arc<Front>) -> Router {
     let mut router = Router::new();
     for route in ApiRoute::ALL {
         router = router.route(
@@ -131,7 +131,7 @@ pub fn routes(front: Arc<Front>) -> Router {
 /// The request handed back is matched at once, never stored: boxing it would cost an
 /// allocation on every request the router takes.
 #[allow(clippy::result_large_err)]
-pub fn shortcut(front: Arc<Front>) -> Shortcut {
+pub(crate) fn shortcut(front: Arc<Front>) -> Shortcut {
     Arc::new(move |request: Request<Incoming>| {
         let route = (request.method() == Method::POST)
             .then(|| ApiRoute::at(request.uri().path()))
@@ -189,7 +189,7 @@ async fn openai(front: &Front, route: ApiRoute, request: Request) -> Response<Bo
 }
 
 /// What the degradation ladder did to a request, on its response.
-pub const DEGRADED: HeaderName = HeaderName::from_static("x-sluice-degraded");
+pub(crate) const DEGRADED: HeaderName = HeaderName::from_static("x-sluice-degraded");
 
 fn degraded_header(plan: &crate::context::Degraded) -> Option<HeaderValue> {
     if plan.notes.is_empty() {

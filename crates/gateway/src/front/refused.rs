@@ -84,7 +84,7 @@ impl Default for Answers {
 
 impl Answers {
     /// The status `error` is answered with.
-    pub fn status(&self, error: &dyn Answerable) -> StatusCode {
+    pub(crate) fn status(&self, error: &dyn Answerable) -> StatusCode {
         if error.is_overload() {
             self.overload
         } else {

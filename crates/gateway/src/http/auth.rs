@@ -11,23 +11,23 @@ use super::RequestError;
 #[derive(Debug, Clone, Default)]
 pub struct Keys {
     /// Empty: the OpenAI routes are open.
-    pub client: Vec<String>,
+    pub(crate) client: Vec<String>,
     /// None: worker mutations are refused.
-    pub admin: Option<String>,
+    pub(crate) admin: Option<String>,
     /// `--control-plane-api-keys` (SMG's): more admin keys, and read-only ones.
-    pub control_plane: Vec<ControlPlaneKey>,
+    pub(crate) control_plane: Vec<ControlPlaneKey>,
     /// Tenants' keys, each with the index of its tenant: a request sending one is that tenant's.
-    pub tenants: Vec<(String, usize)>,
+    pub(crate) tenants: Vec<(String, usize)>,
 }
 
 /// One control-plane key, as SMG writes it: `id:name:role:key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlPlaneKey {
-    pub id: String,
-    pub name: String,
+    pub(crate) id: String,
+    pub(crate) name: String,
     /// `admin` may change workers; `user` may only read the admin API.
-    pub admin: bool,
-    pub key: String,
+    pub(crate) admin: bool,
+    pub(crate) key: String,
 }
 
 /// Why a `--control-plane-api-keys` entry was refused.
@@ -96,7 +96,7 @@ pub enum KeyOwner {
 impl Keys {
     /// Whether the request may use the OpenAI routes, and as whom. Every key is compared whatever
     /// matches, so timing tells neither which key nor which kind matched.
-    pub fn check_client(&self, headers: &HeaderMap) -> Result<KeyOwner, RequestError> {
+    pub(crate) fn check_client(&self, headers: &HeaderMap) -> Result<KeyOwner, RequestError> {
         if self.client.is_empty() && self.tenants.is_empty() {
             return Ok(KeyOwner::Anyone);
         }
@@ -116,7 +116,7 @@ impl Keys {
     }
 
     /// Whether any key guards the admin API (else changes are refused and reads are open).
-    pub fn admin_configured(&self) -> bool {
+    pub(crate) fn admin_configured(&self) -> bool {
         self.admin.is_some() || !self.control_plane.is_empty()
     }
 
@@ -130,7 +130,7 @@ impl Keys {
         )
     }
 
-    pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), RequestError> {
+    pub(crate) fn check_admin(&self, headers: &HeaderMap) -> Result<(), RequestError> {
         if !self.admin_configured() {
             return Err(RequestError::AdminDisabled);
         }
@@ -141,7 +141,7 @@ impl Keys {
     }
 
     /// An admin key, or a read-only control-plane key.
-    pub fn check_admin_read(&self, headers: &HeaderMap) -> Result<(), RequestError> {
+    pub(crate) fn check_admin_read(&self, headers: &HeaderMap) -> Result<(), RequestError> {
         match bearer(headers) {
             Some(given) if self.is_admin_reader(given) => Ok(()),
             _ => Err(RequestError::InvalidAdminKey),
@@ -150,7 +150,7 @@ impl Keys {
 
     /// Whether `given` is an admin key or a read-only control-plane key (the status page's
     /// login, whose key comes in a cookie rather than a header).
-    pub fn is_admin_reader(&self, given: &[u8]) -> bool {
+    pub(crate) fn is_admin_reader(&self, given: &[u8]) -> bool {
         let readers = self.control_plane.iter().map(|k| &k.key);
         matches_any(self.admin_keys().chain(readers), given)
     }

@@ -26,7 +26,7 @@ use super::RequestError;
 /// A body read whole, holding its share of the buffer budget until it is dropped.
 #[derive(Debug)]
 pub struct Buffered<'a> {
-    pub bytes: Bytes,
+    pub(crate) bytes: Bytes,
     _held: Option<SemaphorePermit<'a>>,
 }
 
@@ -66,9 +66,9 @@ pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// How a body is read: its size limit, the time it may take, and the budget it counts in.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimits<'a> {
-    pub max_bytes: usize,
-    pub within: Duration,
-    pub budget: Option<&'a Semaphore>,
+    pub(crate) max_bytes: usize,
+    pub(crate) within: Duration,
+    pub(crate) budget: Option<&'a Semaphore>,
 }
 
 /// Reads the whole body within `limits.within`, refusing one over `limits.max_bytes` whether it

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 /// One connection's HTTP/2 activity.
 #[derive(Debug)]
-pub struct Activity {
+pub(crate) struct Activity {
     /// Requests in progress, and since when none has been (`None` while one is).
     state: parking_lot::Mutex<(u64, Option<Instant>)>,
     h2: AtomicBool,
@@ -46,7 +46,7 @@ impl Activity {
     }
 
     /// Resolves once the connection is HTTP/2 and has been idle for `bound`; never for HTTP/1.1.
-    pub async fn idle_for(&self, bound: Duration) {
+    pub(crate) async fn idle_for(&self, bound: Duration) {
         if !self.h2.load(Ordering::Acquire) {
             self.h2_seen.notified().await;
         }
@@ -63,7 +63,7 @@ impl Activity {
 
 /// One request in progress.
 #[derive(Debug)]
-pub struct InProgress(std::sync::Arc<Activity>);
+pub(crate) struct InProgress(std::sync::Arc<Activity>);
 
 impl Drop for InProgress {
     fn drop(&mut self) {
@@ -76,9 +76,9 @@ impl Drop for InProgress {
 }
 
 /// A response body that keeps its request in progress until it is done or dropped.
-pub struct Tracked {
-    pub inner: Body,
-    pub _progress: InProgress,
+pub(crate) struct Tracked {
+    pub(crate) inner: Body,
+    pub(crate) _progress: InProgress,
 }
 
 impl http_body::Body for Tracked {

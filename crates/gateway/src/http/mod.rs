@@ -21,17 +21,17 @@ pub use headers::{
     clean_response_headers, copy_request_headers, is_event_stream, CLIENT_CREDENTIALS,
 };
 pub use refusal::RequestError;
-pub use request_id::{accept_or_make as request_id, REQUEST_ID};
-pub use server::{serve, stopped, Limits};
-pub use service::{Answering, Routes, Shortcut};
-pub use woken::OnWake;
+pub(crate) use request_id::{accept_or_make as request_id, REQUEST_ID};
+pub(crate) use server::{serve, Limits};
+pub(crate) use service::{Routes, Shortcut};
+pub(crate) use woken::OnWake;
 
 use axum::body::Body;
 use axum::http::{Method, Response, Uri};
 use axum::response::IntoResponse;
 
 /// The answer for a path no router knows.
-pub async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
+pub(crate) async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
     RequestError::UnknownRoute {
         method: method.to_string(),
         path: uri.path().to_string(),
@@ -40,7 +40,7 @@ pub async fn unknown_route(method: Method, uri: Uri) -> Response<Body> {
 }
 
 /// The answer for a known path asked with the wrong method (axum adds the `Allow` header).
-pub async fn method_not_allowed(method: Method, uri: Uri) -> Response<Body> {
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response<Body> {
     RequestError::MethodNotAllowed {
         method: method.to_string(),
         path: uri.path().to_string(),

@@ -76,9 +76,9 @@ fn from_first_bytes(first: &[u8]) -> Speaks {
 /// hyper's builders for each protocol, configured once per listener.
 #[derive(Clone)]
 pub(super) struct Builders {
-    pub http1: http1::Builder,
-    pub http2: http2::Builder<TokioExecutor>,
-    pub auto: auto::Builder<TokioExecutor>,
+    pub(crate) http1: http1::Builder,
+    pub(crate) http2: http2::Builder<TokioExecutor>,
+    pub(crate) auto: auto::Builder<TokioExecutor>,
 }
 
 type Io<S> = TokioIo<Shaped<S>>;
@@ -105,7 +105,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Serving<'a, S> {
     }
 
     /// Stops taking requests; those in progress finish (a GOAWAY on HTTP/2).
-    pub fn graceful_shutdown(&mut self) {
+    pub(crate) fn graceful_shutdown(&mut self) {
         match self {
             Serving::Http1(c) => c.as_mut().graceful_shutdown(),
             Serving::Http2(c) => c.as_mut().graceful_shutdown(),

@@ -4,7 +4,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header that carries it, both ways.
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client id kept.
 const MAX_LEN: usize = 128;
@@ -18,7 +18,7 @@ fn acceptable(id: &[u8]) -> bool {
 }
 
 /// The client's id from the first of `names` it sent, if acceptable, else a fresh random one.
-pub fn accept_or_make(headers: &HeaderMap, names: &[HeaderName]) -> HeaderValue {
+pub(crate) fn accept_or_make(headers: &HeaderMap, names: &[HeaderName]) -> HeaderValue {
     names
         .iter()
         .find_map(|name| headers.get(name).filter(|id| acceptable(id.as_bytes())))

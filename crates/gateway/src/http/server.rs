@@ -42,23 +42,23 @@ use super::woken::OnWake;
 
 /// The bounds of the connections one listener serves.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// The first request head must be complete within this; later heads too (HTTP/1.1).
-    pub header_read: Duration,
+    pub(crate) header_read: Duration,
     /// Connections served at once.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// HTTP/2 keep-alive ping interval and timeout.
-    pub h2_keepalive: Duration,
+    pub(crate) h2_keepalive: Duration,
 }
 
 /// Resolves once `stop` is set (or its sender is gone).
-pub async fn stopped(mut stop: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Serves `routes` on `listener` (over TLS with `tls`) until `stop` is set; then the listener
 /// and every connection are dropped.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     routes: impl Into<Routes>,

@@ -25,14 +25,14 @@ use super::RequestError;
 /// stores in each request, its wrappers around the handler's boxed future) took 4.6k
 /// instructions of the 60k a small request cost; past it, the request costs 2.5k fewer (the box
 /// stays: the handler's future is too large to hold in the connection's).
-pub type Shortcut =
+pub(crate) type Shortcut =
     Arc<dyn Fn(Request<Incoming>) -> Result<Answering, Request<Incoming>> + Send + Sync>;
 /// A shortcut's answer in progress.
-pub type Answering = Pin<Box<dyn Future<Output = Response> + Send>>;
+pub(crate) type Answering = Pin<Box<dyn Future<Output = Response> + Send>>;
 
 /// What a listener serves: its router, and for the main listener a shortcut tried first.
 #[derive(Clone)]
-pub struct Routes {
+pub(crate) struct Routes {
     router: Router,
     shortcut: Option<Shortcut>,
 }

@@ -22,7 +22,7 @@ use crate::error::Answerable;
 
 /// A client socket whose first bytes, if hyper writes them before any request was served, are
 /// rewritten (see the module docs).
-pub struct Shaped<T> {
+pub(crate) struct Shaped<T> {
     inner: T,
     /// Set by the service when a request reaches it.
     served: Arc<AtomicBool>,

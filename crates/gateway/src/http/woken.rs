@@ -17,7 +17,7 @@ use futures_util::task::AtomicWaker;
 pin_project_lite::pin_project! {
     /// `inner`, polled only when its waker fired since its last poll (and on the first). Pinned
     /// in place, so a connection's watchers stay in its task's own memory.
-    pub struct OnWake<F> {
+    pub(crate) struct OnWake<F> {
         #[pin]
         inner: F,
         flag: Arc<Flag>,

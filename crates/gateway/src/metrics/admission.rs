@@ -13,7 +13,7 @@ use sluice_core::admission::Tier;
 
 /// A label value shared rather than copied: a configured tenant's name.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub struct Label(Arc<str>);
+pub(crate) struct Label(Arc<str>);
 
 impl Label {
     pub fn new(s: &str) -> Self {
@@ -28,29 +28,29 @@ impl EncodeLabelValue for Label {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RejectedLabels {
-    pub tier: &'static str,
+pub(crate) struct RejectedLabels {
+    pub(crate) tier: &'static str,
     /// The refusal's code (`rate_limit_exceeded`, `queue_full`, ...).
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantTokenLabels {
-    pub tenant: Label,
+pub(crate) struct TenantTokenLabels {
+    pub(crate) tenant: Label,
     /// `prompt` or `completion`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantRequestLabels {
-    pub tenant: Label,
-    pub tier: &'static str,
+pub(crate) struct TenantRequestLabels {
+    pub(crate) tenant: Label,
+    pub(crate) tier: &'static str,
     /// `admitted` or `rejected`.
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 /// Every reason admission refuses for (the refusals' error codes).
-pub const REASONS: [&str; 11] = [
+pub(crate) const REASONS: [&str; 11] = [
     "invalid_header",
     "deadline_exceeded",
     "queue_full",
@@ -65,23 +65,23 @@ pub const REASONS: [&str; 11] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TenantTierLabels {
-    pub tenant: Label,
-    pub tier: &'static str,
+pub(crate) struct TenantTierLabels {
+    pub(crate) tenant: Label,
+    pub(crate) tier: &'static str,
 }
 
 /// Admission's families.
 #[derive(Debug, Default)]
-pub struct AdmissionMetrics {
-    pub rejected: Family<RejectedLabels, Counter>,
-    pub tenant_tokens: Family<TenantTokenLabels, Counter>,
-    pub tenant_requests: Family<TenantRequestLabels, Counter>,
-    pub queue_evictions: Family<TenantTierLabels, Counter>,
+pub(crate) struct AdmissionMetrics {
+    pub(crate) rejected: Family<RejectedLabels, Counter>,
+    pub(crate) tenant_tokens: Family<TenantTokenLabels, Counter>,
+    pub(crate) tenant_requests: Family<TenantRequestLabels, Counter>,
+    pub(crate) queue_evictions: Family<TenantTierLabels, Counter>,
 }
 
 impl AdmissionMetrics {
     /// Registers the families, each known tenant's series at zero so they exist from startup.
-    pub fn register(registry: &mut Registry, tenants: &[Label]) -> Arc<Self> {
+    pub(crate) fn register(registry: &mut Registry, tenants: &[Label]) -> Arc<Self> {
         let m = Self::default();
         for tenant in tenants {
             for kind in ["prompt", "completion"] {
@@ -137,7 +137,7 @@ impl AdmissionMetrics {
     }
 
     /// A tenant's request counters, resolved once so no request builds a label set.
-    pub fn for_tenant(&self, tenant: &Label) -> Arc<TenantCounters> {
+    pub(crate) fn for_tenant(&self, tenant: &Label) -> Arc<TenantCounters> {
         let counter = |tier: Tier, outcome| {
             self.tenant_requests
                 .get_or_create(&TenantRequestLabels {
@@ -164,19 +164,19 @@ impl AdmissionMetrics {
 
 /// One tenant's `sluice_tenant_requests_total` series: by tier, admitted and rejected.
 #[derive(Debug)]
-pub struct TenantCounters {
+pub(crate) struct TenantCounters {
     requests: [[Counter; 2]; 3],
     /// `sluice_queue_evictions_total`, by tier.
     evictions: [Counter; 3],
 }
 
 impl TenantCounters {
-    pub fn count(&self, tier: Tier, admitted: bool) {
+    pub(crate) fn count(&self, tier: Tier, admitted: bool) {
         self.requests[tier.index()][usize::from(!admitted)].inc();
     }
 
     /// One of the tenant's waiters of `tier` gave up its place in the gateway queue.
-    pub fn evicted(&self, tier: Tier) {
+    pub(crate) fn evicted(&self, tier: Tier) {
         self.evictions[tier.index()].inc();
     }
 }

@@ -9,17 +9,17 @@
 //! samples are), there is no `# UNIT` line, and no `# EOF` terminator.
 
 /// The content type of a 0.0.4 page.
-pub const TEXT_0_0_4: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const TEXT_0_0_4: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The content type of an OpenMetrics page.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Whether an `Accept` header asks for OpenMetrics.
-pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+pub(crate) fn wants_openmetrics(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("application/openmetrics-text"))
 }
 
 /// The OpenMetrics text of a registry rewritten as Prometheus text 0.0.4.
-pub fn to_text_0_0_4(openmetrics: &str) -> String {
+pub(crate) fn to_text_0_0_4(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     // A family's HELP comes before its TYPE, which says whether the name needs `_total`.
     let mut help: Option<&str> = None;

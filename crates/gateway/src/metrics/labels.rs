@@ -4,81 +4,81 @@
 use prometheus_client::encoding::EncodeLabelSet;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub route: &'static str,
-    pub status: u16,
+pub(crate) struct RequestLabels {
+    pub(crate) route: &'static str,
+    pub(crate) status: u16,
     /// The gateway's error code, or `none` when a worker's answer was relayed.
-    pub code: &'static str,
+    pub(crate) code: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabel {
-    pub route: &'static str,
+pub(crate) struct RouteLabel {
+    pub(crate) route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkerLabel {
-    pub worker: String,
+pub(crate) struct WorkerLabel {
+    pub(crate) worker: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SelectionLabels {
-    pub policy: &'static str,
-    pub worker: String,
+pub(crate) struct SelectionLabels {
+    pub(crate) policy: &'static str,
+    pub(crate) worker: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TransitionLabels {
-    pub worker: String,
-    pub from: &'static str,
-    pub to: &'static str,
+pub(crate) struct TransitionLabels {
+    pub(crate) worker: String,
+    pub(crate) from: &'static str,
+    pub(crate) to: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CancelLabels {
-    pub route: &'static str,
+pub(crate) struct CancelLabels {
+    pub(crate) route: &'static str,
     /// `waiting` (before the response started) or `streaming`.
-    pub stage: &'static str,
+    pub(crate) stage: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabel {
+pub(crate) struct StageLabel {
     /// `select` (every candidate full) or `dispatch` (the chosen one became full).
-    pub stage: &'static str,
+    pub(crate) stage: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
+pub(crate) struct ResultLabel {
     /// `success` or `failure`.
-    pub result: &'static str,
+    pub(crate) result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct UpstreamErrorLabels {
-    pub worker: String,
+pub(crate) struct UpstreamErrorLabels {
+    pub(crate) worker: String,
     /// One of `UPSTREAM_ERROR_KINDS`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReportIssueLabels {
-    pub worker: String,
+pub(crate) struct ReportIssueLabels {
+    pub(crate) worker: String,
     /// One of `REPORT_ISSUES`.
-    pub issue: &'static str,
+    pub(crate) issue: &'static str,
 }
 
 /// How a load report came out less than whole: `fallback` (the worker's preferred endpoint
 /// failed and the older one was asked), `dropped_field` (a field of the wrong type was left out,
 /// the rest of the report kept).
-pub const REPORT_ISSUES: [&str; 2] = ["fallback", "dropped_field"];
+pub(crate) const REPORT_ISSUES: [&str; 2] = ["fallback", "dropped_field"];
 
 /// Why a request was retried.
-pub const RETRY_REASONS: [&str; 6] = [
+pub(crate) const RETRY_REASONS: [&str; 6] = [
     "connect",
     "dropped",
     "at_capacity",
@@ -100,7 +100,7 @@ pub(super) const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
 /// an error event of its own failure), `event_too_large` (an event-stream line or event past
 /// the parser's cap), `bad_answer` (malformed HTTP/1.1 framing or a bound of the worker client
 /// broken, before or during the body).
-pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
+pub(crate) const UPSTREAM_ERROR_KINDS: [&str; 9] = [
     "connect",
     "reset",
     "timeout",

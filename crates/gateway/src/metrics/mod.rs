@@ -15,25 +15,25 @@
 //!   trials.
 //! - `exposition` — the text formats a scrape asks for.
 
-mod admission;
+pub(crate) mod admission;
 mod exposition;
 mod labels;
 mod slo;
 mod trials;
 
-pub use trials::TrialLabels;
+pub(crate) use trials::TrialLabels;
 
-pub use admission::{
-    AdmissionMetrics, Label, RejectedLabels, TenantCounters, TenantTokenLabels, REASONS,
+pub(crate) use admission::{
+    AdmissionMetrics, Label, RejectedLabels, TenantCounters, TenantTokenLabels,
 };
-pub use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
+pub(crate) use exposition::{to_text_0_0_4, wants_openmetrics, OPENMETRICS, TEXT_0_0_4};
 use labels::BREAKER_TRANSITIONS;
-pub use labels::{
+pub(crate) use labels::{
     CancelLabels, ReasonLabel, ReportIssueLabels, RequestLabels, ResultLabel, RouteLabel,
     SelectionLabels, StageLabel, TransitionLabels, UpstreamErrorLabels, WorkerLabel, REPORT_ISSUES,
     RETRY_REASONS, UPSTREAM_ERROR_KINDS,
 };
-pub use slo::{SloMetrics, TierLabel};
+pub(crate) use slo::SloMetrics;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -46,7 +46,7 @@ use prometheus_client::registry::Registry;
 use sluice_core::slo::Slos;
 
 /// Buckets for time to first byte and whole requests: 5 ms to 5 minutes.
-pub const LATENCY_BUCKETS: [f64; 16] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0,
 ];
 
@@ -59,53 +59,53 @@ const GAP_BUCKETS: [f64; 14] = [
 #[derive(Debug)]
 pub struct Metrics {
     /// `sluice_requests_total`: every answer, by route, status and who made it.
-    pub requests: Family<RequestLabels, Counter>,
+    pub(crate) requests: Family<RequestLabels, Counter>,
     /// `sluice_request_duration_seconds`: arrival to the last byte, per route.
-    pub duration: Family<RouteLabel, Histogram, Buckets>,
+    pub(crate) duration: Family<RouteLabel, Histogram, Buckets>,
     /// Time to first byte per worker: the latency the policies and the status page read.
-    pub ttft: Family<WorkerLabel, Histogram, Buckets>,
+    pub(crate) ttft: Family<WorkerLabel, Histogram, Buckets>,
     /// Gaps between a stream's chunks per worker: a slow decoder shows here first.
-    pub inter_chunk: Family<WorkerLabel, Histogram>,
+    pub(crate) inter_chunk: Family<WorkerLabel, Histogram>,
     /// Workers chosen, by policy: whether the policy spreads the load.
-    pub selections: Family<SelectionLabels, Counter>,
+    pub(crate) selections: Family<SelectionLabels, Counter>,
     /// Retries by reason (`RETRY_REASONS`).
-    pub retries: Family<ReasonLabel, Counter>,
+    pub(crate) retries: Family<ReasonLabel, Counter>,
     /// Retries refused because the budget was spent: failures the budget kept from multiplying.
-    pub retry_budget_exhausted: Counter,
+    pub(crate) retry_budget_exhausted: Counter,
     /// Circuit moves per worker (`BREAKER_TRANSITIONS`).
-    pub breaker_transitions: Family<TransitionLabels, Counter>,
+    pub(crate) breaker_transitions: Family<TransitionLabels, Counter>,
     /// Clients that left, by route and stage: the decoding the gateway stopped.
-    pub cancellations: Family<CancelLabels, Counter>,
+    pub(crate) cancellations: Family<CancelLabels, Counter>,
     /// Worker failures by kind (`UPSTREAM_ERROR_KINDS`), counted only by `upstream_error`.
-    pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    pub(crate) upstream_errors: Family<UpstreamErrorLabels, Counter>,
     /// Access-log lines dropped because the writer fell behind: the log is never a backpressure.
-    pub access_log_dropped: Counter,
+    pub(crate) access_log_dropped: Counter,
     /// Spans the OTLP exporter took, and spans dropped (the queue full, an export failed).
-    pub trace_spans_exported: Counter,
-    pub trace_spans_dropped_by: Family<ReasonLabel, Counter>,
+    pub(crate) trace_spans_exported: Counter,
+    pub(crate) trace_spans_dropped_by: Family<ReasonLabel, Counter>,
     /// 1 Ready, 0 any other state; deleted with the worker.
-    pub worker_health: Family<WorkerLabel, Gauge>,
+    pub(crate) worker_health: Family<WorkerLabel, Gauge>,
     /// Health probes by result.
-    pub health_checks: Family<ResultLabel, Counter>,
+    pub(crate) health_checks: Family<ResultLabel, Counter>,
     /// From each worker's last load report; deleted with the worker.
-    pub engine_waiting: Family<WorkerLabel, Gauge>,
-    pub engine_running: Family<WorkerLabel, Gauge>,
-    pub engine_token_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
+    pub(crate) engine_waiting: Family<WorkerLabel, Gauge>,
+    pub(crate) engine_running: Family<WorkerLabel, Gauge>,
+    pub(crate) engine_token_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
     /// Load reports read from a fallback endpoint, or with a field dropped.
-    pub report_issues: Family<ReportIssueLabels, Counter>,
+    pub(crate) report_issues: Family<ReportIssueLabels, Counter>,
     /// Liveness trials by verdict; deleted with the worker.
-    pub liveness_trials: Family<TrialLabels, Counter>,
+    pub(crate) liveness_trials: Family<TrialLabels, Counter>,
     /// Requests steered to a worker every candidate's overload, or liveness, veto covered.
-    pub overload_fallbacks: Counter,
-    pub liveness_fallbacks: Counter,
+    pub(crate) overload_fallbacks: Counter,
+    pub(crate) liveness_fallbacks: Counter,
     /// `--worker-overload-shed` refusals, by the stage that shed.
-    pub overload_sheds: Family<StageLabel, Counter>,
+    pub(crate) overload_sheds: Family<StageLabel, Counter>,
     /// Disaggregated dispatches that waited for the decode window and were admitted.
-    pub pd_admission_waits: Counter,
+    pub(crate) pd_admission_waits: Counter,
     /// Disaggregated requests shed by the decode window.
-    pub pd_admission_sheds: Counter,
+    pub(crate) pd_admission_sheds: Counter,
     /// Answers judged against their tier's objectives; the client's time to first byte.
-    pub slo: SloMetrics,
+    pub(crate) slo: SloMetrics,
     /// Each API route's answered-by-a-worker counter and duration histogram, resolved once
     /// (`preset_routes`), so the common request looks no label set up.
     routes: std::sync::OnceLock<Vec<RouteSeries>>,
@@ -121,7 +121,7 @@ struct RouteSeries {
 
 /// Makes the latency histograms with the configured buckets (`--prometheus-duration-buckets`).
 #[derive(Debug, Clone)]
-pub struct Buckets(Arc<[f64]>);
+pub(crate) struct Buckets(Arc<[f64]>);
 
 impl prometheus_client::metrics::family::MetricConstructor<Histogram> for Buckets {
     fn new_metric(&self) -> Histogram {
@@ -135,13 +135,14 @@ fn gaps() -> Histogram {
 
 impl Metrics {
     /// The families, with the default latency buckets, in `registry`.
-    pub fn register(registry: &mut Registry) -> Arc<Self> {
+    #[cfg(test)]
+    pub(crate) fn register(registry: &mut Registry) -> Arc<Self> {
         Self::register_with(registry, &LATENCY_BUCKETS, Slos::default())
     }
 
     /// The families, with `latency_buckets` for request durations and time to first byte, and
     /// answers judged against `slos`.
-    pub fn register_with(
+    pub(crate) fn register_with(
         registry: &mut Registry,
         latency_buckets: &[f64],
         slos: Slos,
@@ -197,7 +198,7 @@ impl Metrics {
     }
 
     /// Spans dropped for `reason`.
-    pub fn trace_spans_dropped(&self, reason: &'static str) -> Counter {
+    pub(crate) fn trace_spans_dropped(&self, reason: &'static str) -> Counter {
         self.trace_spans_dropped_by
             .get_or_create_owned(&ReasonLabel { reason })
     }
@@ -342,7 +343,7 @@ impl Metrics {
 
     /// Starts every route's series at zero, so each family is on the page from startup and a
     /// rate over it has a start (Prometheus's advice: initialise the label sets you know).
-    pub fn preset_routes(&self, routes: &[&'static str]) {
+    pub(crate) fn preset_routes(&self, routes: &[&'static str]) {
         let mut series = Vec::with_capacity(routes.len());
         for &route in routes {
             let relayed_ok = self
@@ -374,7 +375,7 @@ impl Metrics {
     }
 
     /// A request on `route` took `duration`, from arrival to the end of its response.
-    pub fn observe_duration(&self, route: &'static str, duration: std::time::Duration) {
+    pub(crate) fn observe_duration(&self, route: &'static str, duration: std::time::Duration) {
         let secs = duration.as_secs_f64();
         match self.route(route) {
             Some(series) => series.duration.observe(secs),
@@ -387,7 +388,7 @@ impl Metrics {
 
     /// One failure of `worker` as the request path saw it, by `kind` (one of
     /// `UPSTREAM_ERROR_KINDS`): the one place `sluice_upstream_errors_total` is counted.
-    pub fn upstream_error(&self, worker: &str, kind: &'static str) {
+    pub(crate) fn upstream_error(&self, worker: &str, kind: &'static str) {
         self.upstream_errors
             .get_or_create(&UpstreamErrorLabels {
                 worker: worker.to_string(),
@@ -397,7 +398,7 @@ impl Metrics {
     }
 
     /// The handles one worker's requests touch.
-    pub fn for_worker(&self, worker: &str, policy: &'static str) -> WorkerMetrics {
+    pub(crate) fn for_worker(&self, worker: &str, policy: &'static str) -> WorkerMetrics {
         let label = WorkerLabel {
             worker: worker.to_string(),
         };
@@ -437,7 +438,7 @@ impl Metrics {
         })
     }
 
-    pub fn count_health_check(&self, passed: bool) {
+    pub(crate) fn count_health_check(&self, passed: bool) {
         let result = if passed { "success" } else { "failure" };
         self.health_checks
             .get_or_create(&ResultLabel { result })
@@ -447,7 +448,7 @@ impl Metrics {
     /// Deletes a removed worker's series, every family that carries its label, so a dashboard
     /// sees it gone rather than frozen. (Seed 000 has such gauges read -1 only because its
     /// metrics library cannot delete a series; this one can.)
-    pub fn forget_worker(&self, worker: &str, policy: &'static str) {
+    pub(crate) fn forget_worker(&self, worker: &str, policy: &'static str) {
         let label = WorkerLabel {
             worker: worker.to_string(),
         };
@@ -483,7 +484,7 @@ impl Metrics {
         }
     }
 
-    pub fn count_request(&self, route: &'static str, status: u16, code: &'static str) {
+    pub(crate) fn count_request(&self, route: &'static str, status: u16, code: &'static str) {
         if let (200, "none", Some(series)) = (status, code, self.route(route)) {
             series.relayed_ok.inc();
             return;
@@ -501,13 +502,13 @@ impl Metrics {
 /// Per-worker handles, resolved once.
 #[derive(Debug, Clone)]
 pub struct WorkerMetrics {
-    pub ttft: Histogram,
-    pub inter_chunk: Histogram,
-    pub selections: Counter,
-    pub health: Gauge,
-    pub engine_waiting: Gauge,
-    pub engine_running: Gauge,
-    pub engine_token_usage: Gauge<f64, AtomicU64>,
-    pub report_fallback: Counter,
-    pub report_dropped_field: Counter,
+    pub(crate) ttft: Histogram,
+    pub(crate) inter_chunk: Histogram,
+    pub(crate) selections: Counter,
+    pub(crate) health: Gauge,
+    pub(crate) engine_waiting: Gauge,
+    pub(crate) engine_running: Gauge,
+    pub(crate) engine_token_usage: Gauge<f64, AtomicU64>,
+    pub(crate) report_fallback: Counter,
+    pub(crate) report_dropped_field: Counter,
 }

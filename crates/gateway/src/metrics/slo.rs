@@ -17,15 +17,15 @@ const TTFT_BUCKETS: [f64; 20] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TierLabel {
-    pub tier: &'static str,
+pub(crate) struct TierLabel {
+    pub(crate) tier: &'static str,
 }
 
 /// The SLO families' series, one per tier, resolved at registration so the request path never
 /// looks a label set up; and the objectives they judge by.
 #[derive(Debug)]
-pub struct SloMetrics {
-    pub slos: Slos,
+pub(crate) struct SloMetrics {
+    pub(crate) slos: Slos,
     attained: [Counter; 3],
     missed: [Counter; 3],
     ttft: [Histogram; 3],
@@ -37,7 +37,7 @@ fn ttft_histogram() -> Histogram {
 
 impl SloMetrics {
     /// The families, every tier's series at zero from startup.
-    pub fn register(registry: &mut Registry, slos: Slos) -> Self {
+    pub(crate) fn register(registry: &mut Registry, slos: Slos) -> Self {
         let attained = Family::<TierLabel, Counter>::default();
         let missed = Family::<TierLabel, Counter>::default();
         let ttft =
@@ -67,12 +67,12 @@ impl SloMetrics {
     }
 
     /// A successful answer's first byte went to its client `ttft` after arrival.
-    pub fn first_byte(&self, tier: Tier, ttft: std::time::Duration) {
+    pub(crate) fn first_byte(&self, tier: Tier, ttft: std::time::Duration) {
         self.ttft[tier.index()].observe(ttft.as_secs_f64());
     }
 
     /// A successful answer completed: counted against its tier's objectives.
-    pub fn completed(&self, tier: Tier, served: &Served) {
+    pub(crate) fn completed(&self, tier: Tier, served: &Served) {
         let counters = if served.within(&self.slos.of(tier)) {
             &self.attained
         } else {

@@ -7,15 +7,15 @@ use sluice_core::liveness::TrialVerdict;
 use super::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TrialLabels {
-    pub worker: String,
+pub(crate) struct TrialLabels {
+    pub(crate) worker: String,
     /// `TrialVerdict::label`.
-    pub verdict: &'static str,
+    pub(crate) verdict: &'static str,
 }
 
 impl Metrics {
     /// A liveness trial on `worker` came to `verdict`.
-    pub fn count_trial(&self, worker: &str, verdict: TrialVerdict) {
+    pub(crate) fn count_trial(&self, worker: &str, verdict: TrialVerdict) {
         self.liveness_trials
             .get_or_create(&TrialLabels {
                 worker: worker.to_string(),

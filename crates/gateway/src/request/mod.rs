@@ -22,34 +22,34 @@ use crate::http::KeyOwner;
 
 /// When and as what a request arrived: known before its body is read.
 #[derive(Debug, Clone)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     /// `x-request-id`, the client's or ours: on every answer and sent to every worker.
-    pub id: HeaderValue,
+    pub(crate) id: HeaderValue,
     /// Its route, which decides how its body is read and whether it names a model.
-    pub route: ApiRoute,
+    pub(crate) route: ApiRoute,
     /// Its arrival: deadlines and timeouts count from here.
-    pub started: Instant,
+    pub(crate) started: Instant,
 }
 
 /// A request read whole and parsed, as every stage after the front reads it.
 #[derive(Debug, Clone, Copy)]
-pub struct Asked<'a> {
-    pub arrival: &'a Arrival,
+pub(crate) struct Asked<'a> {
+    pub(crate) arrival: &'a Arrival,
     /// The client's head: its headers are admission's (tenant, tier, deadline), the chooser's
     /// (routing key) and the worker's (those that may cross).
-    pub parts: &'a Parts,
+    pub(crate) parts: &'a Parts,
     /// The body as the client sent it; the worker gets it byte for byte unless the model's name
     /// or the ladder changes it (`admit::Admitted::body`).
-    pub body: &'a Bytes,
+    pub(crate) body: &'a Bytes,
     /// What routing and admission read of the body.
-    pub facts: &'a RequestFacts<'a>,
+    pub(crate) facts: &'a RequestFacts<'a>,
     /// Whose key it came with: the tenant it belongs to, unless a trusted header says otherwise.
-    pub owner: KeyOwner,
+    pub(crate) owner: KeyOwner,
 }
 
 impl Asked<'_> {
     /// Its estimated prompt size in tokens, as admission budgets and the chooser weighs it.
-    pub fn prompt_tokens(&self) -> u64 {
+    pub(crate) fn prompt_tokens(&self) -> u64 {
         self.facts.prompt_tokens_estimate()
     }
 }

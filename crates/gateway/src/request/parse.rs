@@ -37,7 +37,7 @@ pub enum ApiRoute {
 }
 
 impl ApiRoute {
-    pub const ALL: [ApiRoute; 12] = [
+    pub(crate) const ALL: [ApiRoute; 12] = [
         ApiRoute::Chat,
         ApiRoute::Completions,
         ApiRoute::Embeddings,
@@ -52,7 +52,7 @@ impl ApiRoute {
         ApiRoute::Speech,
     ];
 
-    pub fn path(self) -> &'static str {
+    pub(crate) fn path(self) -> &'static str {
         match self {
             ApiRoute::Chat => "/v1/chat/completions",
             ApiRoute::Completions => "/v1/completions",
@@ -70,12 +70,12 @@ impl ApiRoute {
     }
 
     /// The route a request for `path` takes, if it is one of these.
-    pub fn at(path: &str) -> Option<ApiRoute> {
+    pub(crate) fn at(path: &str) -> Option<ApiRoute> {
         ApiRoute::ALL.into_iter().find(|route| route.path() == path)
     }
 
     /// Whether the body is a multipart form (an audio upload) rather than JSON.
-    pub fn is_form(self) -> bool {
+    pub(crate) fn is_form(self) -> bool {
         matches!(self, ApiRoute::Transcriptions | ApiRoute::Translations)
     }
 
@@ -91,7 +91,7 @@ impl ApiRoute {
 
     /// Whether a request without `model` may have the model chosen for it spliced in: not for
     /// SGLang's `/generate`, whose body has no such field, nor for a form.
-    pub fn takes_model(self) -> bool {
+    pub(crate) fn takes_model(self) -> bool {
         self != ApiRoute::Generate && !self.is_form()
     }
 }
@@ -99,26 +99,26 @@ impl ApiRoute {
 /// What routing needs from a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestFacts<'a> {
-    pub model: Option<Cow<'a, str>>,
+    pub(crate) model: Option<Cow<'a, str>>,
     /// Where the `model` value (a string or `null`) stands in the body, its byte range: the
     /// model the gateway chose (for a `null`) or the one an alias names replaces it there,
     /// instead of adding a second `model` key.
-    pub model_at: Option<std::ops::Range<usize>>,
-    pub stream: bool,
+    pub(crate) model_at: Option<std::ops::Range<usize>>,
+    pub(crate) stream: bool,
     /// `max_completion_tokens`, else `max_tokens`, with the name of the field it came from.
-    pub max_tokens: Option<u64>,
-    pub max_tokens_param: &'static str,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) max_tokens_param: &'static str,
     /// `n`, the choices asked for: 1 unless given.
-    pub n: u64,
-    pub user: Option<Cow<'a, str>>,
+    pub(crate) n: u64,
+    pub(crate) user: Option<Cow<'a, str>>,
     /// The raw JSON of the prompt (`messages`, `prompt` or `input`): what prefix affinity hashes
     /// and the size estimate counts.
-    pub prompt: &'a [u8],
+    pub(crate) prompt: &'a [u8],
 }
 
 impl RequestFacts<'_> {
     /// A rough prompt size in tokens (about 4 bytes of JSON per token), without a tokenizer.
-    pub fn prompt_tokens_estimate(&self) -> u64 {
+    pub(crate) fn prompt_tokens_estimate(&self) -> u64 {
         (self.prompt.len() as u64).div_ceil(4)
     }
 }

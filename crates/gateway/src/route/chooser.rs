@@ -26,23 +26,23 @@ use crate::metrics::{Metrics, StageLabel};
 #[derive(Debug, Clone)]
 pub(super) struct Rules {
     /// `--policy`: the pick among a whole pool's candidates.
-    pub policy: Policy,
+    pub(crate) policy: Policy,
     /// `--prefill-policy`, `--decode-policy`: each side of a disaggregated model (the main
     /// policy when not given).
-    pub prefill_policy: Policy,
-    pub decode_policy: Policy,
+    pub(crate) prefill_policy: Policy,
+    pub(crate) decode_policy: Policy,
     /// What a request gets when every worker it could use is overloaded.
-    pub shedding: Shedding,
+    pub(crate) shedding: Shedding,
     /// How a worker's queue is projected between reports: warily with a gateway queue, whose
     /// requests are released many at once (`Projection::Wary`).
-    pub projection: Projection,
+    pub(crate) projection: Projection,
     /// Where fallbacks onto vetoed workers and sheds are counted.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Rules {
     /// Whether a policy routes by prompt prefix, so prompts must be hashed.
-    pub fn wants_prefix(&self) -> bool {
+    pub(crate) fn wants_prefix(&self) -> bool {
         [self.policy, self.prefill_policy, self.decode_policy]
             .iter()
             .any(Policy::wants_prefix)
@@ -67,7 +67,7 @@ enum Side {
 /// One request's chooser: its pool as the fleet was when it was admitted, what the policy reads
 /// of it, and the workers it has tried (or may not use).
 #[derive(Debug)]
-pub struct Chooser {
+pub(crate) struct Chooser {
     /// The rules it picks by, shared with the route stage.
     rules: Arc<Rules>,
     /// The pool it was admitted to (the whole one, for either side of a disaggregated model).
@@ -129,28 +129,28 @@ impl Chooser {
     }
 
     /// The model its pool serves.
-    pub fn model(&self) -> &ModelName {
+    pub(crate) fn model(&self) -> &ModelName {
         &self.pool.model
     }
 
     /// What the policy reads of the request, which each attempt's lease counts on its worker.
-    pub fn request(&self) -> &RouteRequest {
+    pub(crate) fn request(&self) -> &RouteRequest {
         &self.request
     }
 
     /// `worker` was tried: it is not picked again.
-    pub fn tried(&mut self, worker: u64) {
+    pub(crate) fn tried(&mut self, worker: u64) {
         self.tried.push(worker);
     }
 
     /// A worker for the next attempt: the policy's pick with its breaker permit, or the
     /// all-vetoed rule's answer.
-    pub fn next(&self) -> Result<Lease, RouteError> {
+    pub(crate) fn next(&self) -> Result<Lease, RouteError> {
         self.pick_skipping(&self.tried)
     }
 
     /// The same, skipping the workers in `skip` too (a decode worker whose window is full).
-    pub fn next_except(&self, skip: &[u64]) -> Result<Lease, RouteError> {
+    pub(crate) fn next_except(&self, skip: &[u64]) -> Result<Lease, RouteError> {
         let mut skipped = self.tried.clone();
         skipped.extend_from_slice(skip);
         self.pick_skipping(&skipped)
@@ -195,7 +195,7 @@ impl Chooser {
 
     /// The overload answer for its pool (`--overload-status-code`, Retry-After): what the
     /// decode admission window sheds with.
-    pub fn shed(&self) -> RouteError {
+    pub(crate) fn shed(&self) -> RouteError {
         self.rules.count_shed("pd_window");
         RouteError::WorkerOverloadShed {
             model: self.pool().model.clone(),
@@ -205,7 +205,7 @@ impl Chooser {
 
     /// Whether a retry has somewhere to go: a routable worker other than `current` and those
     /// tried.
-    pub fn has_another(&self, current: u64) -> bool {
+    pub(crate) fn has_another(&self, current: u64) -> bool {
         self.pool()
             .workers
             .iter()

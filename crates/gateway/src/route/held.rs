@@ -23,7 +23,7 @@ const MAX_MATCHED_TOKENS: usize = 32_768;
 
 /// A prompt's block keys in each block size its pool's engines cache in (one, in practice).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct HeldKeys {
+pub(crate) struct HeldKeys {
     by_size: Vec<(usize, Vec<u64>)>,
 }
 
@@ -80,7 +80,7 @@ impl RouteStage {
     /// The request's prompt cut into the block keys of the pool's engines whose events flow;
     /// `None` when none does, when the policy does not route by prefix, or when the prompt's
     /// ids cannot be known here.
-    pub async fn held_keys(&self, pool: &Pool, wants: &Wants<'_>) -> Option<HeldKeys> {
+    pub(crate) async fn held_keys(&self, pool: &Pool, wants: &Wants<'_>) -> Option<HeldKeys> {
         if !self.wants_prefix() {
             return None;
         }

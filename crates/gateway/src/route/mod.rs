@@ -42,10 +42,10 @@ use sluice_core::admission::Tier;
 use sluice_core::overload::Projection;
 use sluice_core::policy::Policy;
 
-pub use chooser::Chooser;
-pub use held::HeldKeys;
-pub use refusal::RouteError;
-pub use request::{RouteRequest, Wants};
+pub(crate) use chooser::Chooser;
+pub(crate) use held::HeldKeys;
+pub(crate) use refusal::RouteError;
+pub(crate) use request::{RouteRequest, Wants};
 
 use crate::admit::{Admitted, Terms};
 use crate::fleet::{Lease, Pool};
@@ -56,7 +56,7 @@ use chooser::Rules;
 
 /// The route stage, shared by every request.
 #[derive(Debug)]
-pub struct RouteStage {
+pub(crate) struct RouteStage {
     /// The policies and the shedding rule every request's chooser picks by.
     rules: Arc<Rules>,
     /// The model's tokens, to cut prompts into the blocks engines' events name.
@@ -69,22 +69,22 @@ pub struct RouteStage {
 /// The route stage's hand-off to the forward stage: where the request goes first, how it may be
 /// retried, and what admission decided that still binds it.
 #[derive(Debug)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// Admission's terms (tier, deadlines, metering), which the forward and stream-back
     /// stages keep.
-    pub terms: Terms,
+    pub(crate) terms: Terms,
     /// The body the worker gets, as admission left it.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
     /// The first worker's hold (a disaggregated model's first decode worker's, which the
     /// forward stage still asks for room in its running window): its in-flight count and
     /// breaker permit, from now.
-    pub lease: Lease,
+    pub(crate) lease: Lease,
     /// Picks the next worker after a failure, never one tried (decode workers, for a
     /// disaggregated model).
-    pub chooser: Chooser,
+    pub(crate) chooser: Chooser,
     /// A disaggregated model's prefill side, which picks each pair's prefill worker. Boxed: the
     /// rare path, which every placement would carry, and move hand-off by hand-off, otherwise.
-    pub prefill: Option<Box<Chooser>>,
+    pub(crate) prefill: Option<Box<Chooser>>,
 }
 
 /// What a request gets when every worker it could use is overloaded.
@@ -114,20 +114,20 @@ impl RouteStage {
 
     /// With the model's tokens (`--model-path`, or fetched from a gRPC worker): prompts can be
     /// matched against what engines' KV events say they hold.
-    pub fn with_tokens(mut self, tokens: SharedTokens) -> Self {
+    pub(crate) fn with_tokens(mut self, tokens: SharedTokens) -> Self {
         self.tokens = tokens;
         self
     }
 
     /// With a gateway queue: room is judged as the queue judges it (`Pool::has_room`), so a
     /// request it releases goes where the room it was released for is.
-    pub fn with_projection(mut self, projection: Projection) -> Self {
+    pub(crate) fn with_projection(mut self, projection: Projection) -> Self {
         Arc::make_mut(&mut self.rules).projection = projection;
         self
     }
 
     /// With `--prefill-policy` and `--decode-policy`.
-    pub fn with_pd_policies(mut self, prefill: Policy, decode: Policy) -> Self {
+    pub(crate) fn with_pd_policies(mut self, prefill: Policy, decode: Policy) -> Self {
         let rules = Arc::make_mut(&mut self.rules);
         rules.prefill_policy = prefill;
         rules.decode_policy = decode;
@@ -135,7 +135,7 @@ impl RouteStage {
     }
 
     /// With `--routing-key-headers`.
-    pub fn with_routing_key_headers(mut self, headers: Vec<HeaderName>) -> Self {
+    pub(crate) fn with_routing_key_headers(mut self, headers: Vec<HeaderName>) -> Self {
         self.routing_key_headers = headers;
         self
     }
@@ -147,7 +147,7 @@ impl RouteStage {
 
     /// Places an admitted request: its first worker (never one in `excluded`) leased, the turn
     /// out of the gateway queue given back, and its chooser for retries.
-    pub async fn place(
+    pub(crate) async fn place(
         &self,
         asked: &Asked<'_>,
         admitted: Admitted,

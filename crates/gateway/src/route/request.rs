@@ -10,21 +10,21 @@ use crate::tokens::PromptJson;
 
 /// What the route stage reads of a request (the front stage parsed it, admission tiered it).
 #[derive(Debug, Clone, Copy)]
-pub struct Wants<'a> {
+pub(crate) struct Wants<'a> {
     /// The routing-key header, else the `user` field: what hash policies hash.
-    pub routing_key: Option<&'a [u8]>,
+    pub(crate) routing_key: Option<&'a [u8]>,
     /// The raw JSON of the prompt, hashed into prefix blocks for the cache-aware policy.
-    pub prompt: &'a [u8],
+    pub(crate) prompt: &'a [u8],
     /// The same, for a chat or a completion: what can be tokenized as its engine will.
-    pub prompt_json: Option<PromptJson<'a>>,
+    pub(crate) prompt_json: Option<PromptJson<'a>>,
     /// Its estimated prompt size, counted as prefill work on the worker chosen.
-    pub prompt_tokens: u64,
+    pub(crate) prompt_tokens: u64,
     /// A stream, counted in the chosen worker's pile of streams.
-    pub stream: bool,
+    pub(crate) stream: bool,
     /// `n`: the sequences it asks the engine for, each counted in the worker's load.
-    pub n: u64,
+    pub(crate) n: u64,
     /// Its tier: a less urgent one leaves the interactive reserve alone (`Pool::reserve_for`).
-    pub tier: Tier,
+    pub(crate) tier: Tier,
 }
 
 /// Bytes per prefix block: about 16 tokens, an engine's KV block.
@@ -35,24 +35,24 @@ const PREFIX_MAX_BLOCKS: usize = 512;
 
 /// What the route stage knows about one request, owned by its chooser.
 #[derive(Debug, Clone, Default)]
-pub struct RouteRequest {
+pub(crate) struct RouteRequest {
     /// What the policy itself reads: the routing key's hash, the prefix's length in blocks.
-    pub input: RouteInput,
+    pub(crate) input: RouteInput,
     /// Prefix block hashes, only when the policy uses them.
-    pub blocks: Vec<u64>,
+    pub(crate) blocks: Vec<u64>,
     /// The prompt's keys in its engines' blocks, where their KV events flow.
-    pub held: Option<HeldKeys>,
+    pub(crate) held: Option<HeldKeys>,
     /// The prompt's estimated size, counted as waiting for prefill on the chosen worker.
-    pub prompt_tokens: u64,
+    pub(crate) prompt_tokens: u64,
     /// A streaming request, counted in the chosen worker's pile of streams.
-    pub stream: bool,
+    pub(crate) stream: bool,
     /// Its `n`, the weight of its lease.
-    pub weight: u64,
+    pub(crate) weight: u64,
     /// The share of a worker's capacity it leaves to the interactive tier (`Pool::reserve_for`):
     /// a worker that could start no more than that is full for it.
-    pub reserve: f64,
+    pub(crate) reserve: f64,
     /// It goes where it starts at once when such a worker exists (`Pool::seeks_room`).
-    pub seeks_room: bool,
+    pub(crate) seeks_room: bool,
 }
 
 impl RouteRequest {

@@ -18,7 +18,7 @@ use super::store::Store;
 
 /// Why a shared budget did not give what was asked.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Short {
+pub(crate) enum Short {
     Refused(Refusal),
     /// Redis is away and `--redis-fail-open` is off.
     Unavailable,
@@ -45,7 +45,7 @@ struct State {
 
 /// One shared budget.
 #[derive(Debug)]
-pub struct SharedBudget {
+pub(crate) struct SharedBudget {
     store: Arc<Store>,
     key: String,
     capacity: u64,
@@ -86,7 +86,7 @@ impl SharedBudget {
 
     /// Takes `amount`: from this replica's claim, claiming more (one bounded round trip) when
     /// it falls short.
-    pub async fn reserve(&self, amount: u64, now: Instant) -> Result<(), Short> {
+    pub(crate) async fn reserve(&self, amount: u64, now: Instant) -> Result<(), Short> {
         if amount > self.capacity {
             return Err(Short::Refused(Refusal::TooBig {
                 capacity: self.capacity,
@@ -162,7 +162,7 @@ impl SharedBudget {
     }
 
     /// The end of a request that reserved `reserved` and used `used`.
-    pub fn settle(&self, reserved: u64, used: u64, now: Instant) {
+    pub(crate) fn settle(&self, reserved: u64, used: u64, now: Instant) {
         let mut state = self.state.lock();
         if let Some(bucket) = &mut state.apart {
             bucket.settle(reserved, used, now);
@@ -173,7 +173,7 @@ impl SharedBudget {
     }
 
     /// The budget as this replica sees it, for `x-ratelimit-*`.
-    pub fn level(&self, now: Instant) -> Level {
+    pub(crate) fn level(&self, now: Instant) -> Level {
         let mut state = self.state.lock();
         if let Some(bucket) = &mut state.apart {
             return bucket.level(now);
@@ -189,7 +189,7 @@ impl SharedBudget {
     }
 
     /// Gives back what this replica holds and does not need (all of it once idle).
-    pub async fn give_back(&self, now: Instant) {
+    pub(crate) async fn give_back(&self, now: Instant) {
         let surplus = {
             let mut state = self.state.lock();
             let idle = now.saturating_duration_since(state.last_spent) >= IDLE;
@@ -210,7 +210,7 @@ impl SharedBudget {
 
     /// Redis is back: what was spent apart is charged to the shared bucket (less what this
     /// replica still held of its claim), and the claim starts over. Whether Redis took it.
-    pub async fn reconcile(&self) -> bool {
+    pub(crate) async fn reconcile(&self) -> bool {
         let (spent, held) = {
             let state = self.state.lock();
             (state.spent_apart, state.allowance.held().max(0))

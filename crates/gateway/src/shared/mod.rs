@@ -31,14 +31,14 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::warn;
 
-pub use budget::{SharedBudget, Short};
+pub(crate) use budget::{SharedBudget, Short};
 
 use crate::fleet::Fleet;
-pub use slots::SharedSlots;
+pub(crate) use slots::SharedSlots;
 pub use store::{SharedState, Store, StoreError};
 
 /// How long a replica's grants and its place in the count live without renewal.
-pub const LEASE: Duration = Duration::from_secs(10);
+pub(crate) const LEASE: Duration = Duration::from_secs(10);
 
 /// `--redis-url` and how to use it.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,7 +84,7 @@ const BEAT: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The shared state of one gateway replica.
-pub struct Shared {
+pub(crate) struct Shared {
     store: Arc<Store>,
     budgets: Mutex<Vec<Arc<SharedBudget>>>,
     caps: Mutex<Vec<Arc<SharedSlots>>>,
@@ -127,12 +127,8 @@ impl Shared {
         }))
     }
 
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
     /// A budget of `capacity` per `period`, shared under `name`.
-    pub fn budget(&self, name: &str, capacity: u64, period: Duration) -> Arc<SharedBudget> {
+    pub(crate) fn budget(&self, name: &str, capacity: u64, period: Duration) -> Arc<SharedBudget> {
         let budget = Arc::new(SharedBudget::new(
             self.store.clone(),
             name,
@@ -144,14 +140,14 @@ impl Shared {
     }
 
     /// A concurrency cap of `cap`, shared under `name`.
-    pub fn slots(&self, name: &str, cap: u64) -> Arc<SharedSlots> {
+    pub(crate) fn slots(&self, name: &str, cap: u64) -> Arc<SharedSlots> {
         let slots = Arc::new(SharedSlots::new(self.store.clone(), name, cap));
         self.caps.lock().push(slots.clone());
         slots
     }
 
     /// Calls `f` whenever a beat may have opened room under a cap.
-    pub fn on_room(&self, f: impl Fn() + Send + Sync + 'static) {
+    pub(crate) fn on_room(&self, f: impl Fn() + Send + Sync + 'static) {
         self.on_room.lock().push(Box::new(f));
     }
 
@@ -162,7 +158,7 @@ impl Shared {
 
     /// Connects before the gateway serves, so its first requests see the shared limits; if
     /// Redis does not answer, the gateway starts on local limits and the task keeps trying.
-    pub async fn connect(&self) {
+    pub(crate) async fn connect(&self) {
         if !self.rejoin(true).await {
             self.store.fell_back_at_start();
             warn!("Redis does not answer at startup: limits are local until it does");
@@ -194,7 +190,7 @@ impl Shared {
     }
 
     /// Beats until `stop`, sharing the pending requests on `fleet`'s workers.
-    pub async fn run(self: Arc<Self>, fleet: Weak<Fleet>, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(self: Arc<Self>, fleet: Weak<Fleet>, mut stop: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(BEAT);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let heartbeat = (self.store.lease() / 4).min(HEARTBEAT);

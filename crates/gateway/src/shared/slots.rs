@@ -21,7 +21,7 @@ use super::store::Store;
 
 /// One shared cap.
 #[derive(Debug)]
-pub struct SharedSlots {
+pub(crate) struct SharedSlots {
     store: Arc<Store>,
     key: String,
     cap: u64,
@@ -32,7 +32,7 @@ pub struct SharedSlots {
 }
 
 /// Why no slot was taken.
-pub type Full = Short;
+pub(crate) type Full = Short;
 
 impl SharedSlots {
     pub fn new(store: Arc<Store>, name: &str, cap: u64) -> Self {
@@ -52,7 +52,7 @@ impl SharedSlots {
     }
 
     /// Takes a slot without waiting: from the grant, or (Redis away) the local share.
-    pub fn try_enter(&self) -> Result<bool, Full> {
+    pub(crate) fn try_enter(&self) -> Result<bool, Full> {
         let mut grant = self.grant.lock();
         if self.store.up() {
             return Ok(grant.enter());
@@ -69,7 +69,7 @@ impl SharedSlots {
 
     /// Takes a slot, asking Redis for a larger grant (one bounded call) when the grant is full.
     /// `Ok(false)`: the cap is reached.
-    pub async fn enter(&self) -> Result<bool, Full> {
+    pub(crate) async fn enter(&self) -> Result<bool, Full> {
         if self.try_enter()? {
             return Ok(true);
         }
@@ -86,12 +86,12 @@ impl SharedSlots {
         self.try_enter()
     }
 
-    pub fn leave(&self) {
+    pub(crate) fn leave(&self) {
         self.grant.lock().leave();
     }
 
     /// Whether a slot is free now, without asking Redis.
-    pub fn has_free(&self) -> bool {
+    pub(crate) fn has_free(&self) -> bool {
         let grant = self.grant.lock();
         if self.store.up() {
             grant.in_use < grant.granted
@@ -101,13 +101,13 @@ impl SharedSlots {
     }
 
     /// Requests running under the cap on this replica.
-    pub fn in_use(&self) -> u64 {
+    pub(crate) fn in_use(&self) -> u64 {
         self.grant.lock().in_use
     }
 
     /// Sets the grant to the running requests, `more` about to start and the headroom, as far
     /// as the cap allows (and renews the lease). Whether Redis answered.
-    pub async fn renew(&self, more: u64) -> bool {
+    pub(crate) async fn renew(&self, more: u64) -> bool {
         let _renewing = self.renewing.lock().await;
         let (want, floor) = {
             let grant = self.grant.lock();

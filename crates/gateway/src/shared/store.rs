@@ -140,13 +140,13 @@ pub struct Store {
     client: redis::Client,
     connection: ArcSwapOption<MultiplexedConnection>,
     /// This replica's name in Redis (random per process).
-    pub replica: String,
+    pub(crate) replica: String,
     /// Prepended to every key.
     prefix: String,
     timeout: Duration,
     /// How long its grants and its place in the count outlive the last renewal.
     lease: Duration,
-    pub fail_open: bool,
+    pub(crate) fail_open: bool,
     up: AtomicBool,
     /// Live replicas as Redis last counted them (1 until it has).
     replicas: AtomicU32,
@@ -228,20 +228,20 @@ impl Store {
         self.state.subscribe()
     }
 
-    pub fn up(&self) -> bool {
+    pub(crate) fn up(&self) -> bool {
         self.up.load(Ordering::Acquire)
     }
 
     /// How long this replica's lease outlives its last renewal.
-    pub fn lease(&self) -> Duration {
+    pub(crate) fn lease(&self) -> Duration {
         self.lease
     }
 
-    pub fn replicas(&self) -> u32 {
+    pub(crate) fn replicas(&self) -> u32 {
         self.replicas.load(Ordering::Relaxed).max(1)
     }
 
-    pub fn key(&self, name: &str) -> String {
+    pub(crate) fn key(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
 
@@ -280,7 +280,7 @@ impl Store {
     }
 
     /// `CLAIM` on bucket `key`: (given, level left).
-    pub async fn claim(
+    pub(crate) async fn claim(
         &self,
         key: &str,
         capacity: u64,
@@ -305,7 +305,7 @@ impl Store {
     }
 
     /// `GRANT` on cap `key`: the grant now held.
-    pub async fn grant(
+    pub(crate) async fn grant(
         &self,
         key: &str,
         cap: u64,
@@ -331,7 +331,10 @@ impl Store {
 
     /// Publishes `mine` (worker id, this replica's requests there with no first byte, and in
     /// flight) and returns the other replicas' counts on each, in the same order.
-    pub async fn share(&self, mine: &[(&str, u64, u64)]) -> Result<Vec<(u64, u64)>, StoreError> {
+    pub(crate) async fn share(
+        &self,
+        mine: &[(&str, u64, u64)],
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
         let replicas = self.key("replicas");
         let sums: Vec<u64> = self
             .bounded(async |mut c| {
@@ -353,7 +356,7 @@ impl Store {
     }
 
     /// Renews this replica's lease and learns how many are live.
-    pub async fn heartbeat(&self) -> Result<u32, StoreError> {
+    pub(crate) async fn heartbeat(&self) -> Result<u32, StoreError> {
         let key = self.key("replicas");
         let live: u32 = self
             .bounded(async |mut c| {
@@ -375,7 +378,7 @@ impl Store {
 
     /// Connects and checks Redis answers; `true` when it does (the store is not marked up
     /// yet: the caller reconciles first, then calls `came_back`).
-    pub async fn connect(&self) -> bool {
+    pub(crate) async fn connect(&self) -> bool {
         let attempt = async {
             let mut connection = self.client.get_multiplexed_async_connection().await?;
             redis::cmd("PING")
@@ -393,7 +396,7 @@ impl Store {
     }
 
     /// Redis answers again and what was spent apart is reconciled: shared limits resume.
-    pub fn came_back(&self, first: bool) {
+    pub(crate) fn came_back(&self, first: bool) {
         if !self.up.swap(true, Ordering::AcqRel) {
             self.up_gauge.set(1);
             self.state.send_modify(|s| s.up = true);
@@ -406,13 +409,13 @@ impl Store {
     }
 
     /// Redis did not answer at startup: counted as a switch to local limits.
-    pub fn fell_back_at_start(&self) {
+    pub(crate) fn fell_back_at_start(&self) {
         self.fallbacks.inc();
         self.state.send_modify(|s| s.fallbacks += 1);
     }
 
     /// Whether the store has a connection (it may not be marked up yet).
-    pub fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.connection.load().is_some()
     }
 }

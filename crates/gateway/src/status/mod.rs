@@ -41,8 +41,6 @@ use sluice_core::slo::Slos;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use sluice_core::status::CardState;
-
 use crate::admin::Admin;
 use crate::config::UiConfig;
 use crate::http::RequestError;
@@ -63,7 +61,7 @@ const SCRIPT: &str = include_str!("assets/app.js");
 const STYLE: &str = include_str!("assets/style.css");
 
 /// The page's state: what it reads, and the feed it publishes.
-pub struct Status {
+pub(crate) struct Status {
     admin: Arc<Admin>,
     registry: Arc<Registry>,
     slos: Slos,
@@ -96,7 +94,7 @@ impl Status {
     }
 
     /// Makes an update every tick until `stop`: a few a second while someone watches.
-    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         loop {
             self.tick();
             let wait = if self.feed.receiver_count() > 0 {
@@ -157,7 +155,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// The page's routes.
-pub fn routes(status: Arc<Status>) -> Router {
+pub(crate) fn routes(status: Arc<Status>) -> Router {
     Router::new()
         .route(
             "/ui",

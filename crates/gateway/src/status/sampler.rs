@@ -18,7 +18,7 @@ use tokio::time::Instant;
 const WINDOW: Duration = Duration::from_secs(5);
 
 /// Points kept for a page that opens: ten minutes at one a second.
-pub const HISTORY: usize = 600;
+pub(crate) const HISTORY: usize = 600;
 
 /// The series a reading sums (their sample lines begin so).
 const READ: [&str; 6] = [
@@ -32,17 +32,17 @@ const READ: [&str; 6] = [
 
 /// The counters and histograms one reading takes from the exposition.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Reading {
+pub(crate) struct Reading {
     /// Requests admission let in.
-    pub admitted: f64,
+    pub(crate) admitted: f64,
     /// The gateway's own refusals by error code (429 and 5xx it answered itself).
-    pub refused: BTreeMap<String, f64>,
+    pub(crate) refused: BTreeMap<String, f64>,
     /// Answers that completed, and those of them within their tier's objectives.
-    pub completed: f64,
-    pub within_slo: f64,
+    pub(crate) completed: f64,
+    pub(crate) within_slo: f64,
     /// Time to first token from arrival, and gaps between chunks, as `(le, cumulative)`.
-    pub ttft: Vec<(f64, f64)>,
-    pub itl: Vec<(f64, f64)>,
+    pub(crate) ttft: Vec<(f64, f64)>,
+    pub(crate) itl: Vec<(f64, f64)>,
 }
 
 /// Sums a histogram family's buckets over every label set but `le`.
@@ -69,7 +69,7 @@ fn sum(exposition: &Exposition, name: &str, keep: impl Fn(&prom_text::Sample) ->
 }
 
 impl Reading {
-    pub fn of(exposition: &Exposition) -> Self {
+    pub(crate) fn of(exposition: &Exposition) -> Self {
         let mut refused = BTreeMap::new();
         for sample in exposition.named("sluice_requests_total") {
             let status: u16 = sample
@@ -98,7 +98,7 @@ impl Reading {
 
     /// Reads the registry as a scrape would; only the lines of the series it sums are parsed
     /// (a fleet's per-worker histograms are most of the page).
-    pub fn of_registry(registry: &Registry) -> Self {
+    pub(crate) fn of_registry(registry: &Registry) -> Self {
         let mut text = String::new();
         if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
             return Self::default();
@@ -116,19 +116,19 @@ impl Reading {
 
 /// One point of the page's charts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Point {
+pub(crate) struct Point {
     /// Unix seconds.
-    pub t: f64,
+    pub(crate) t: f64,
     /// Per second, over the window.
-    pub admitted: f64,
-    pub refused: BTreeMap<String, f64>,
-    pub completed: f64,
-    pub within_slo: f64,
+    pub(crate) admitted: f64,
+    pub(crate) refused: BTreeMap<String, f64>,
+    pub(crate) completed: f64,
+    pub(crate) within_slo: f64,
     /// Seconds; `None` with nothing observed in the window.
-    pub ttft_p50: Option<f64>,
-    pub ttft_p95: Option<f64>,
-    pub itl_p50: Option<f64>,
-    pub itl_p95: Option<f64>,
+    pub(crate) ttft_p50: Option<f64>,
+    pub(crate) ttft_p95: Option<f64>,
+    pub(crate) itl_p50: Option<f64>,
+    pub(crate) itl_p95: Option<f64>,
 }
 
 fn per_second(later: f64, earlier: f64, secs: f64) -> f64 {
@@ -137,7 +137,7 @@ fn per_second(later: f64, earlier: f64, secs: f64) -> f64 {
 }
 
 /// The point from `earlier` to `later`, `secs` apart.
-pub fn point(t: f64, later: &Reading, earlier: &Reading, secs: f64) -> Point {
+pub(crate) fn point(t: f64, later: &Reading, earlier: &Reading, secs: f64) -> Point {
     let secs = secs.max(1e-3);
     let ttft = histogram::since(&later.ttft, &earlier.ttft);
     let itl = histogram::since(&later.itl, &earlier.itl);
@@ -164,14 +164,14 @@ pub fn point(t: f64, later: &Reading, earlier: &Reading, secs: f64) -> Point {
 
 /// The readings of the last window, and the points made from them.
 #[derive(Debug, Default)]
-pub struct Series {
+pub(crate) struct Series {
     readings: VecDeque<(Instant, Reading)>,
-    pub points: VecDeque<Point>,
+    pub(crate) points: VecDeque<Point>,
 }
 
 impl Series {
     /// Takes a reading made `at`; returns the new point.
-    pub fn push(&mut self, at: Instant, reading: Reading) -> Point {
+    pub(crate) fn push(&mut self, at: Instant, reading: Reading) -> Point {
         while self
             .readings
             .get(1)

@@ -14,10 +14,10 @@ use crate::fleet::Worker;
 
 /// A veto in force and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct VetoNote {
+pub(crate) struct VetoNote {
     /// `unreachable`, `wedged`, `unresponsive`, `overloaded`, `busy` or `at_capacity`.
-    pub kind: &'static str,
-    pub cause: String,
+    pub(crate) kind: &'static str,
+    pub(crate) cause: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -30,12 +30,12 @@ struct EngineView {
 
 /// One worker's card.
 #[derive(Debug, Serialize)]
-pub struct Card {
+pub(crate) struct Card {
     id: String,
     url: String,
     role: &'static str,
     models: Vec<String>,
-    pub state: CardState,
+    pub(crate) state: CardState,
     health: HealthState,
     circuit: &'static str,
     vetoes: Vec<VetoNote>,
@@ -87,7 +87,7 @@ fn vetoes_of(worker: &Worker) -> Vec<VetoNote> {
 }
 
 impl Card {
-    pub fn of(worker: &Worker, now: Instant) -> Self {
+    pub(crate) fn of(worker: &Worker, now: Instant) -> Self {
         let veto = worker.veto_class();
         let circuit = worker.breaker.state();
         Self {
@@ -121,13 +121,13 @@ struct SloView {
 
 /// One update.
 #[derive(Debug, Serialize)]
-pub struct Update {
-    pub workers: Vec<Card>,
+pub(crate) struct Update {
+    pub(crate) workers: Vec<Card>,
     queue: Option<serde_json::Value>,
     tenants: Vec<TenantView>,
     degradation: Option<serde_json::Value>,
     slos: Vec<SloView>,
-    pub point: Point,
+    pub(crate) point: Point,
 }
 
 #[derive(Debug, Serialize)]
@@ -138,7 +138,7 @@ struct TenantView {
 }
 
 impl Update {
-    pub fn of(admin: &Admin, slos: &sluice_core::slo::Slos, point: Point) -> Self {
+    pub(crate) fn of(admin: &Admin, slos: &sluice_core::slo::Slos, point: Point) -> Self {
         let now = Instant::now();
         let snapshot = admin.fleet.snapshot();
         Self {

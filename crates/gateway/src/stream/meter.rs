@@ -33,7 +33,7 @@ fn usage_of(json: &[u8]) -> Option<Usage> {
 
 /// A metered response, read as it passes.
 #[derive(Debug, Default)]
-pub struct Meter {
+pub(crate) struct Meter {
     chunks: u64,
     usage: Option<Usage>,
     /// A non-streaming body, kept while it stays under `MAX_BODY`.
@@ -49,7 +49,7 @@ impl Meter {
     }
 
     /// One event of a stream.
-    pub fn event(&mut self, data: &[u8]) {
+    pub(crate) fn event(&mut self, data: &[u8]) {
         if data == b"[DONE]" {
             return;
         }
@@ -73,7 +73,7 @@ impl Meter {
     }
 
     /// What the response used (`None` when it did not say), and its events.
-    pub fn read(&mut self) -> (Option<Usage>, u64) {
+    pub(crate) fn read(&mut self) -> (Option<Usage>, u64) {
         if let Some(body) = self.body.take() {
             self.usage = usage_of(&body);
         }

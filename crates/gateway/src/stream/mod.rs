@@ -38,7 +38,7 @@
 mod meter;
 mod refusal;
 
-pub use refusal::StreamError;
+pub(crate) use refusal::StreamError;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -67,7 +67,7 @@ use meter::Meter;
 
 /// The client's response: the worker's head, cleaned, and its body relayed. The request's
 /// context goes with the body and ends with it.
-pub fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
+pub(crate) fn relay(answer: Answer, mut ctx: RequestContext) -> Response<AxumBody> {
     let Answer {
         response,
         lease,

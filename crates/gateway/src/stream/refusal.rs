@@ -9,7 +9,7 @@ use crate::error::{Answerable, Expired, Origin};
 
 /// A response cut short, told to an event-stream client as one last event.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
-pub enum StreamError {
+pub(crate) enum StreamError {
     #[error("Worker {worker} failed in the middle of the response")]
     StreamInterrupted { worker: WorkerId },
     /// The worker's event stream held a line or an event past the gateway's cap

@@ -12,9 +12,9 @@ use super::TokensError;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Decoded {
     /// Text to send now (possibly empty).
-    pub text: String,
+    pub(crate) text: String,
     /// The stop sequence that ended the answer, when one did.
-    pub stopped: Option<String>,
+    pub(crate) stopped: Option<String>,
 }
 
 /// The decoder of one answer.

@@ -48,18 +48,18 @@ pub struct ModelFiles {
 /// A chat template's text and the special tokens it is rendered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct TemplateSource {
-    pub source: String,
-    pub bos_token: String,
-    pub eos_token: String,
+    pub(crate) source: String,
+    pub(crate) bos_token: String,
+    pub(crate) eos_token: String,
     /// Where it came from, for errors.
-    pub origin: String,
+    pub(crate) origin: String,
 }
 
 /// The files found.
 #[derive(Debug)]
 pub(super) struct Found {
-    pub tokenizer: PathBuf,
-    pub template: Option<TemplateSource>,
+    pub(crate) tokenizer: PathBuf,
+    pub(crate) template: Option<TemplateSource>,
 }
 
 fn existing(flag: &'static str, path: &Path) -> Result<(), TokensError> {
@@ -111,7 +111,7 @@ fn template_text(value: &Value) -> Option<String> {
 
 impl ModelFiles {
     /// True when no flag names a model's files.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.model_path.is_none() && self.tokenizer_path.is_none() && self.chat_template.is_none()
     }
 

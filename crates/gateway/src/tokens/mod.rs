@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 pub use decode::{Decoded, Detokenizer};
 pub use files::{ModelFiles, TokensError};
-pub use routed::PromptJson;
+pub(crate) use routed::PromptJson;
 pub use template::{ChatMessage, ChatTemplate};
 
 /// The model's tokens where several parts read them (the gRPC client, the route stage): set at
@@ -35,7 +35,7 @@ impl SharedTokens {
         Self(Arc::new(arc_swap::ArcSwapOption::new(tokens)))
     }
 
-    pub fn get(&self) -> Option<Arc<Tokens>> {
+    pub(crate) fn get(&self) -> Option<Arc<Tokens>> {
         self.0.load_full()
     }
 
@@ -43,7 +43,7 @@ impl SharedTokens {
         self.0.load().is_some()
     }
 
-    pub fn set(&self, tokens: Arc<Tokens>) {
+    pub(crate) fn set(&self, tokens: Arc<Tokens>) {
         self.0.store(Some(tokens));
     }
 }

@@ -21,7 +21,7 @@ use super::{ChatMessage, Tokens};
 
 /// The raw JSON of a request's prompt, as the front stage found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptJson<'a> {
+pub(crate) enum PromptJson<'a> {
     /// A chat's `messages`.
     Messages(&'a [u8]),
     /// A completion's `prompt`.
@@ -60,7 +60,7 @@ enum Completion {
 
 impl Tokens {
     /// The ids the engine will make of this prompt; `None` when they cannot be known here.
-    pub fn routing_ids(&self, prompt: PromptJson<'_>) -> Option<Vec<u32>> {
+    pub(crate) fn routing_ids(&self, prompt: PromptJson<'_>) -> Option<Vec<u32>> {
         match prompt {
             PromptJson::Messages(raw) => {
                 let messages: Vec<Message<'_>> = serde_json::from_slice(raw).ok()?;

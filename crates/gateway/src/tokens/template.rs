@@ -77,7 +77,7 @@ impl ChatTemplate {
     }
 
     /// The conversation as the prompt text, the assistant's turn primed.
-    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, TokensError> {
+    pub(crate) fn render(&self, messages: &[ChatMessage]) -> Result<String, TokensError> {
         let template = self
             .env
             .get_template(NAME)

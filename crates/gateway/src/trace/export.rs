@@ -27,13 +27,13 @@ const LINGER: Duration = Duration::from_secs(1);
 /// Spans exported and dropped so far, for whoever awaits the exporter (the metrics say the same).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExportStats {
-    pub exported: u64,
+    pub(crate) exported: u64,
     pub dropped: u64,
 }
 
 /// Where finished requests' spans go; cloned into every request.
 #[derive(Debug, Clone)]
-pub struct Queue {
+pub(crate) struct Queue {
     tx: mpsc::Sender<Vec<SpanData>>,
     counts: Counts,
 }
@@ -59,7 +59,7 @@ impl Counts {
 
 impl Queue {
     /// Hands one request's spans on, or drops them (counted) when the queue is full.
-    pub fn send(&self, spans: Vec<SpanData>) {
+    pub(crate) fn send(&self, spans: Vec<SpanData>) {
         let n = spans.len() as u64;
         if self.tx.try_send(spans).is_err() {
             self.counts.dropped("queue_full", n);
@@ -67,7 +67,7 @@ impl Queue {
     }
 
     /// The exporter's counts as they change.
-    pub fn stats(&self) -> watch::Receiver<ExportStats> {
+    pub(crate) fn stats(&self) -> watch::Receiver<ExportStats> {
         self.counts.stats.subscribe()
     }
 }
@@ -82,7 +82,7 @@ pub struct Exporting {
 
 impl Exporting {
     /// Exports what is queued now and stops, waiting up to `within`.
-    pub async fn finish(self, within: Duration) {
+    pub(crate) async fn finish(self, within: Duration) {
         let _ = self.stop.send(());
         if tokio::time::timeout(within, self.task).await.is_err() {
             warn!(

@@ -19,7 +19,7 @@
 //! - `request` — one request's spans while it runs.
 
 mod export;
-pub mod genai;
+pub(crate) mod genai;
 mod request;
 
 use std::sync::Arc;
@@ -36,7 +36,7 @@ use opentelemetry_sdk::trace::{RandomIdGenerator, Sampler};
 use opentelemetry_sdk::Resource;
 
 pub use export::{ExportStats, Exporting};
-pub use request::{AttemptEnd, RequestTrace};
+pub(crate) use request::{AttemptEnd, RequestTrace};
 
 use crate::metrics::Metrics;
 
@@ -52,7 +52,7 @@ pub enum Protocol {
 
 impl Protocol {
     /// The collector's conventional port for this protocol.
-    pub fn default_port(self) -> u16 {
+    pub(crate) fn default_port(self) -> u16 {
         match self {
             Protocol::Grpc => 4317,
             Protocol::Http => 4318,
@@ -64,10 +64,10 @@ impl Protocol {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceConfig {
     /// `--otlp-traces-endpoint`, `HOST:PORT`.
-    pub endpoint: String,
-    pub protocol: Protocol,
+    pub(crate) endpoint: String,
+    pub(crate) protocol: Protocol,
     /// `--trace-sample-ratio`: the share of traces started here that are recorded.
-    pub sample_ratio: f64,
+    pub(crate) sample_ratio: f64,
     /// The longest one export may take before its spans count as dropped.
     pub export_timeout: Duration,
     /// Requests whose spans may wait for the exporter before new ones are dropped.
@@ -94,7 +94,7 @@ pub struct TraceError(#[from] opentelemetry_otlp::ExporterBuildError);
 
 /// What every request's trace shares.
 #[derive(Debug, Clone)]
-pub struct Tracing(Arc<Shared>);
+pub(crate) struct Tracing(Arc<Shared>);
 
 #[derive(Debug)]
 struct Shared {
@@ -156,13 +156,13 @@ impl Tracing {
     }
 
     /// The exporter's counts as they change.
-    pub fn stats(&self) -> tokio::sync::watch::Receiver<ExportStats> {
+    pub(crate) fn stats(&self) -> tokio::sync::watch::Receiver<ExportStats> {
         self.0.queue.stats()
     }
 
     /// The trace of a request that arrived with `headers`: the client's context, if it sent a
     /// valid one, is its parent.
-    pub fn begin(&self, headers: &HeaderMap, route: &'static str) -> RequestTrace {
+    pub(crate) fn begin(&self, headers: &HeaderMap, route: &'static str) -> RequestTrace {
         let parent_cx = self.0.propagator.extract(&HeaderExtractor(headers));
         let parent: Option<SpanContext> =
             Some(parent_cx.span().span_context().clone()).filter(SpanContext::is_valid);

@@ -22,7 +22,7 @@ use super::Tracing;
 
 /// How an attempt on a worker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptEnd {
+pub(crate) enum AttemptEnd {
     /// The worker's answer went to the client with this status.
     Answered(u16),
     /// Given up for another worker, for this reason (`connect`, `at_capacity`, ...).
@@ -44,7 +44,7 @@ struct Open {
 
 /// One request's trace.
 #[derive(Debug)]
-pub struct RequestTrace {
+pub(crate) struct RequestTrace {
     tracing: Tracing,
     /// The request span's own context.
     span: SpanContext,
@@ -105,11 +105,11 @@ impl RequestTrace {
     }
 
     /// Whether this request's spans are recorded and exported.
-    pub fn sampled(&self) -> bool {
+    pub(crate) fn sampled(&self) -> bool {
         self.span.is_sampled()
     }
 
-    pub fn trace_id(&self) -> TraceId {
+    pub(crate) fn trace_id(&self) -> TraceId {
         self.span.trace_id()
     }
 
@@ -154,7 +154,12 @@ impl RequestTrace {
     }
 
     /// Admission ran from `from` until now; `refused`: the error code it answered with.
-    pub fn admission(&mut self, from: Instant, attributes: Vec<KeyValue>, refused: Option<&str>) {
+    pub(crate) fn admission(
+        &mut self,
+        from: Instant,
+        attributes: Vec<KeyValue>,
+        refused: Option<&str>,
+    ) {
         if !self.sampled() {
             return;
         }
@@ -175,7 +180,7 @@ impl RequestTrace {
     }
 
     /// An attempt on a worker starts now. One still open (it should not be) ends as cancelled.
-    pub fn attempt(&mut self, name: Cow<'static, str>, attributes: Vec<KeyValue>) {
+    pub(crate) fn attempt(&mut self, name: Cow<'static, str>, attributes: Vec<KeyValue>) {
         self.attempt_ended(AttemptEnd::Cancelled);
         self.attempt = Some(Open {
             span: self.child_context(),
@@ -186,7 +191,7 @@ impl RequestTrace {
     }
 
     /// The attempt running now ended so.
-    pub fn attempt_ended(&mut self, end: AttemptEnd) {
+    pub(crate) fn attempt_ended(&mut self, end: AttemptEnd) {
         let Some(open) = self.attempt.take() else {
             return;
         };
@@ -239,13 +244,13 @@ impl RequestTrace {
 
     /// `traceparent` (and `tracestate`) for the worker of the attempt running now: its span is
     /// the worker's parent.
-    pub fn to_worker(&self, headers: &mut HeaderMap) {
+    pub(crate) fn to_worker(&self, headers: &mut HeaderMap) {
         let span = self.attempt.as_ref().map_or(&self.span, |open| &open.span);
         super::inject(span, headers);
     }
 
     /// Something happened at `at` (the first byte, say).
-    pub fn event(&mut self, name: &'static str, at: Instant, attributes: Vec<KeyValue>) {
+    pub(crate) fn event(&mut self, name: &'static str, at: Instant, attributes: Vec<KeyValue>) {
         if self.sampled() {
             self.events
                 .push(Event::new(name, self.wall(at), attributes, 0));
@@ -254,7 +259,7 @@ impl RequestTrace {
 
     /// The request ended now: its span, with `attributes` and `status`, and every span under
     /// it go to the exporter. An attempt still open is one its client left.
-    pub fn finish(mut self, attributes: Vec<KeyValue>, status: Status) {
+    pub(crate) fn finish(mut self, attributes: Vec<KeyValue>, status: Status) {
         self.attempt_ended(AttemptEnd::Cancelled);
         if !self.sampled() {
             return;

@@ -38,12 +38,12 @@ pub struct Upstream {
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
     /// `--connect-timeout-secs`.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// `--upstream-pool-idle-timeout-secs`: an unused pooled connection is closed after this,
     /// before the engine's own keep-alive timeout closes it under a request.
-    pub pool_idle_timeout: Duration,
+    pub(crate) pool_idle_timeout: Duration,
     /// How `https` workers are verified and what they are shown.
-    pub tls: ClientTls,
+    pub(crate) tls: ClientTls,
     /// The model's tokenizer and chat template, for `grpc://` workers (and the route stage).
     pub tokens: crate::tokens::SharedTokens,
 }
@@ -119,17 +119,17 @@ impl Upstream {
     }
 
     /// Requests resent after a keep-alive race on a cleartext HTTP/1.1 connection, since start.
-    pub fn keepalive_resends(&self) -> u64 {
+    pub(crate) fn keepalive_resends(&self) -> u64 {
         self.http1.keepalive_resends()
     }
 
     /// The client to `grpc://` workers, for the control loops' own calls.
-    pub fn grpc(&self) -> &super::grpc::GrpcUpstream {
+    pub(crate) fn grpc(&self) -> &super::grpc::GrpcUpstream {
         &self.grpc
     }
 
     /// Sends one request to `endpoint` over the pool for its scheme and protocol.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         endpoint: &Endpoint,
         request: UpstreamRequest,

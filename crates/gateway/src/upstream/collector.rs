@@ -9,7 +9,7 @@ use prometheus_client::metrics::MetricType;
 use super::Upstream;
 
 #[derive(Debug)]
-pub struct UpstreamCollector(pub Upstream);
+pub(crate) struct UpstreamCollector(pub Upstream);
 
 impl Collector for UpstreamCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

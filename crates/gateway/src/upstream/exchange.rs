@@ -41,7 +41,7 @@ pub enum SendError {
 
 impl SendError {
     /// The worker could not be reached at all (nothing was sent).
-    pub fn is_connect(&self) -> bool {
+    pub(crate) fn is_connect(&self) -> bool {
         match self {
             SendError::Connect(_) | SendError::ConnectTimeout(_) => true,
             SendError::Exchange(_) => false,
@@ -55,7 +55,7 @@ impl SendError {
 impl SendError {
     /// The worker answered, but not as HTTP allows or within the client's bounds (on hyper's
     /// pooled client, a head hyper could not parse).
-    pub fn is_bad_answer(&self) -> bool {
+    pub(crate) fn is_bad_answer(&self) -> bool {
         match self {
             SendError::Exchange(e) => e.is_bad_answer(),
             SendError::Pooled(e) => std::error::Error::source(e)
@@ -83,7 +83,7 @@ pub enum ExchangeError {
 impl ExchangeError {
     /// The worker's answer broke HTTP's rules or the client's bounds (`wire::limits`), where
     /// the others are a connection lost.
-    pub fn is_bad_answer(&self) -> bool {
+    pub(crate) fn is_bad_answer(&self) -> bool {
         match self {
             ExchangeError::Hyper(e) => e.is_parse() || e.is_parse_too_large(),
             ExchangeError::Wire(e) => e.is_bad_answer(),

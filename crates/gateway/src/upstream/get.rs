@@ -29,18 +29,18 @@ pub enum GetError {
 
 impl GetError {
     /// A connection-level failure, as opposed to slowness or a bad answer.
-    pub fn is_transport(&self) -> bool {
+    pub(crate) fn is_transport(&self) -> bool {
         matches!(self, GetError::Connect(_))
     }
 
-    pub fn is_timeout(&self) -> bool {
+    pub(crate) fn is_timeout(&self) -> bool {
         matches!(self, GetError::Timeout(_))
     }
 }
 
 /// `GET <endpoint><path>` with `authorization` (the worker's key) when there is one: the status
 /// and at most `limit` bytes of body, within `timeout`.
-pub async fn get(
+pub(crate) async fn get(
     upstream: &Upstream,
     endpoint: &Endpoint,
     authorization: Option<&HeaderValue>,
@@ -53,7 +53,7 @@ pub async fn get(
 }
 
 /// `POST <endpoint><path>` of a JSON `body` with `marker` as a header, as `get` otherwise.
-pub async fn post_json(
+pub(crate) async fn post_json(
     upstream: &Upstream,
     endpoint: &Endpoint,
     authorization: Option<&HeaderValue>,

@@ -10,14 +10,14 @@ mod client;
 mod collector;
 mod exchange;
 mod get;
-pub mod grpc;
+pub(crate) mod grpc;
 mod pool;
 mod wire;
 
 pub use client::{Upstream, UpstreamConfig};
-pub use collector::UpstreamCollector;
+pub(crate) use collector::UpstreamCollector;
 pub use exchange::{ExchangeError, SendError, UpstreamRequest};
-pub use get::{get, post_json, GetError};
+pub(crate) use get::{get, post_json, GetError};
 pub use pool::{UpstreamBody, UpstreamResponse};
 
 use axum::http::uri::{Authority, PathAndQuery, Scheme};
@@ -26,20 +26,20 @@ use axum::http::Uri;
 /// Where a worker is reached and how: fixed for a registration (a new URL is a new one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
-    pub scheme: Scheme,
-    pub authority: Authority,
+    pub(crate) scheme: Scheme,
+    pub(crate) authority: Authority,
     /// HTTP/2 with prior knowledge, else HTTP/1.1.
-    pub http2: bool,
+    pub(crate) http2: bool,
 }
 
 impl Endpoint {
     /// A `grpc://` worker: SGLang's scheduler service over HTTP/2 (`grpc`).
-    pub fn grpc(&self) -> bool {
+    pub(crate) fn grpc(&self) -> bool {
         self.scheme.as_str() == grpc::SCHEME
     }
 
     /// Reached over TLS (`https`).
-    pub fn tls(&self) -> bool {
+    pub(crate) fn tls(&self) -> bool {
         self.scheme == Scheme::HTTPS
     }
 
@@ -60,7 +60,7 @@ impl Endpoint {
     }
 
     /// The absolute URI of `path` on this endpoint.
-    pub fn uri(&self, path: PathAndQuery) -> Uri {
+    pub(crate) fn uri(&self, path: PathAndQuery) -> Uri {
         let mut parts = axum::http::uri::Parts::default();
         parts.scheme = Some(self.scheme.clone());
         parts.authority = Some(self.authority.clone());

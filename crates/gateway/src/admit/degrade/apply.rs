@@ -17,7 +17,7 @@ const SHED_AGENT: u8 = 6;
 
 impl Degrader {
     /// Step 5: a request of `tier` refused at arrival while the level sheds it.
-    pub fn shed(&self, tier: Tier) -> Result<(), AdmitError> {
+    pub(crate) fn shed(&self, tier: Tier) -> Result<(), AdmitError> {
         if !self.config.shed {
             return Ok(());
         }
@@ -44,7 +44,12 @@ impl Degrader {
     /// level, a request stays on `model` when `model` has room and the model cascaded to has
     /// none: the cascade relieves the model asked for, and a request it moved from room to
     /// none would wait there or be shed.
-    pub fn cascade(&self, tier: Tier, model: &str, room: impl Fn(&str) -> bool) -> Option<&str> {
+    pub(crate) fn cascade(
+        &self,
+        tier: Tier,
+        model: &str,
+        room: impl Fn(&str) -> bool,
+    ) -> Option<&str> {
         let level = self.level();
         if level < CASCADE {
             return None;
@@ -61,7 +66,7 @@ impl Degrader {
     }
 
     /// Counts a cascade that was taken, and its note.
-    pub fn cascaded(&self, tier: Tier, to: &str, plan: &mut Degraded) {
+    pub(crate) fn cascaded(&self, tier: Tier, to: &str, plan: &mut Degraded) {
         self.count("cascade", tier);
         plan.notes.push(format!("cascade={to}"));
     }
@@ -69,7 +74,7 @@ impl Degrader {
     /// Steps 1, 3 and 4 on the body of a request of `tier` served by `model`: the body
     /// re-serialised, with `model` as its model, when a step changed it; `None` otherwise (it is
     /// then sent as it came).
-    pub fn rewrite(
+    pub(crate) fn rewrite(
         &self,
         tier: Tier,
         model: &str,

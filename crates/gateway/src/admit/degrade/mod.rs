@@ -38,9 +38,9 @@ use crate::fleet::Fleet;
 
 /// Where a step applies: its models (all when `None`) and tiers.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Scope {
-    pub models: Option<Vec<String>>,
-    pub tiers: Vec<Tier>,
+pub(crate) struct Scope {
+    pub(crate) models: Option<Vec<String>>,
+    pub(crate) tiers: Vec<Tier>,
 }
 
 impl Scope {
@@ -55,7 +55,7 @@ impl Scope {
 
 /// What a step does.
 #[derive(Debug, Clone, PartialEq)]
-pub enum StepKind {
+pub(crate) enum StepKind {
     /// 1: reasoning off or capped.
     Reasoning(ReasoningSwitch),
     /// 2: to this model.
@@ -68,7 +68,7 @@ pub enum StepKind {
 
 impl StepKind {
     /// The level it applies from.
-    pub fn level(&self) -> u8 {
+    pub(crate) fn level(&self) -> u8 {
         match self {
             StepKind::Reasoning(_) => 1,
             StepKind::Cascade(_) => 2,
@@ -78,7 +78,7 @@ impl StepKind {
     }
 
     /// Its name in `x-sluice-degraded` and `sluice_degraded_total{step}`.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             StepKind::Reasoning(_) => "reasoning",
             StepKind::Cascade(_) => "cascade",
@@ -90,23 +90,23 @@ impl StepKind {
 
 /// One configured step.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Step {
-    pub scope: Scope,
-    pub kind: StepKind,
+pub(crate) struct Step {
+    pub(crate) scope: Scope,
+    pub(crate) kind: StepKind,
 }
 
 /// The ladder, checked (`config` builds it from the file).
 #[derive(Debug, Clone, PartialEq)]
-pub struct DegradationConfig {
-    pub steps: Vec<Step>,
+pub(crate) struct DegradationConfig {
+    pub(crate) steps: Vec<Step>,
     /// Step 5: tier 2 refused at level 5, tier 1 too at level 6.
-    pub shed: bool,
+    pub(crate) shed: bool,
     /// How long a level holds before it may fall a step (the hold grows if it flaps).
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How long a shedding level (5, 6) holds.
-    pub shed_interval: Duration,
+    pub(crate) shed_interval: Duration,
     /// Each tier's oldest wait in the queue that is level 1 (interactive, agent, batch).
-    pub references: [Duration; 3],
+    pub(crate) references: [Duration; 3],
 }
 
 /// The cascade's level.
@@ -123,7 +123,7 @@ struct StepTier {
 
 /// The ladder at run time.
 #[derive(Debug)]
-pub struct Degrader {
+pub(crate) struct Degrader {
     config: DegradationConfig,
     level: AtomicU8,
     /// Quarters of the requests that pass the top level's step (`Ladder::released`).
@@ -174,7 +174,7 @@ impl Degrader {
         })
     }
 
-    pub fn level(&self) -> u8 {
+    pub(crate) fn level(&self) -> u8 {
         self.level.load(Ordering::Relaxed)
     }
 
@@ -203,7 +203,7 @@ impl Degrader {
     }
 
     /// The level and the reading it follows, for `/admission`.
-    pub fn view(&self) -> serde_json::Value {
+    pub(crate) fn view(&self) -> serde_json::Value {
         let (last, hold) = *self.last.lock();
         serde_json::json!({
             "level": self.level(),
@@ -222,7 +222,7 @@ impl Degrader {
     }
 
     /// Owns the level until `stop`: reads the pressure and moves the level.
-    pub async fn run(
+    pub(crate) async fn run(
         self: Arc<Self>,
         queue: Option<Arc<GatewayQueue>>,
         fleet: Arc<Fleet>,
@@ -303,7 +303,7 @@ impl Degrader {
     }
 
     /// Counts a cascaded request in flight until it ends (held in its context).
-    pub fn diverting(&self) -> Box<dyn crate::context::Hold> {
+    pub(crate) fn diverting(&self) -> Box<dyn crate::context::Hold> {
         self.diverted.fetch_add(1, Ordering::Relaxed);
         Box::new(Diverted(self.diverted.clone()))
     }

@@ -63,7 +63,7 @@ impl GatewayQueue {
     }
 
     /// The dispatcher: sends waiters out as room opens, until `stop`.
-    pub async fn dispatch(
+    pub(crate) async fn dispatch(
         self: Arc<Self>,
         fleet: Arc<Fleet>,
         slots_free: impl Fn() -> bool + Send + 'static,

@@ -127,23 +127,23 @@ impl std::fmt::Debug for GatewayQueue {
 /// What the queue needs to know of a request.
 #[derive(Debug, Clone)]
 pub struct Asker {
-    pub tier: Tier,
-    pub tenant: TenantId,
-    pub weight: f64,
-    pub cost: u64,
-    pub model: ModelName,
+    pub(crate) tier: Tier,
+    pub(crate) tenant: TenantId,
+    pub(crate) weight: f64,
+    pub(crate) cost: u64,
+    pub(crate) model: ModelName,
     /// The client's deadline, if it gave one.
-    pub deadline: Option<Instant>,
+    pub(crate) deadline: Option<Instant>,
     /// Its tenant's counters.
-    pub counters: Option<Arc<TenantCounters>>,
+    pub(crate) counters: Option<Arc<TenantCounters>>,
     /// Why it would wait: overload, or only the interactive reserve (`drain::hopeless`).
-    pub hold: drain::Hold,
+    pub(crate) hold: drain::Hold,
     /// Every candidate over its ceiling, with how fast room frees on each
     /// (`Pool::over_ceilings`); `None` when it waits for anything else.
-    pub over_ceilings: Option<Vec<drain::OverCeiling>>,
+    pub(crate) over_ceilings: Option<Vec<drain::OverCeiling>>,
     /// When it first asked for room: a request sent back to wait (its room gone before it took
     /// it) waits what is left of its tier's timeout, not a fresh one.
-    pub asked: Instant,
+    pub(crate) asked: Instant,
 }
 
 /// The longest the dispatcher waits for a request it sent out to take its worker before it
@@ -257,7 +257,7 @@ impl GatewayQueue {
     }
 
     /// `--worker-overload-shed`: waiting that cannot help is refused.
-    pub fn sheds(&self) -> bool {
+    pub(crate) fn sheds(&self) -> bool {
         self.config.shed
     }
 
@@ -275,7 +275,7 @@ impl GatewayQueue {
     /// asked for first, and an arrival taking a slot as it frees would pass them. Less urgent
     /// waiters do not hold it back: they would go after it, and may be waiting for room beyond
     /// the interactive reserve it does not need.
-    pub fn has_waiters_for(
+    pub(crate) fn has_waiters_for(
         &self,
         model: &ModelName,
         tier: Tier,
@@ -297,7 +297,7 @@ impl GatewayQueue {
     /// when the queue is full and the request may take no one's place; ended by its tier's
     /// timeout, its client's deadline or an eviction. A client that leaves drops this future and with it its
     /// place.
-    pub async fn wait_turn(&self, asker: Asker) -> Result<Turn, AdmitError> {
+    pub(crate) async fn wait_turn(&self, asker: Asker) -> Result<Turn, AdmitError> {
         let arrived = Instant::now();
         self.arrival(&asker, arrived)?;
         let (turn, rx) = oneshot::channel();
@@ -397,7 +397,7 @@ impl GatewayQueue {
     /// A request of `tier` found room and went on without waiting: it took room as a waiter sent
     /// out does, so it counts in the rates the expected wait is judged on (counting only the
     /// waiters, a queue that most requests pass by would seem to drain slowly).
-    pub fn went_direct(&self, tier: Tier) {
+    pub(crate) fn went_direct(&self, tier: Tier) {
         let now = Instant::now();
         let mut rates = self.rates.lock();
         rates.arrived(tier, now);
@@ -405,12 +405,12 @@ impl GatewayQueue {
     }
 
     /// Room may have opened outside the fleet (a gateway slot came back).
-    pub fn kick(&self) {
+    pub(crate) fn kick(&self) {
         self.kick.notify_one();
     }
 
     /// Waiters by tier, for `/admission`: depth, the oldest wait, and per tenant.
-    pub fn view(&self) -> serde_json::Value {
+    pub(crate) fn view(&self) -> serde_json::Value {
         let now = Instant::now();
         let waiting = self.waiting.lock();
         let tiers: Vec<serde_json::Value> = Tier::ALL
@@ -443,7 +443,7 @@ impl GatewayQueue {
 
     /// The longest any waiter of each tier now in the queue has waited (interactive, agent,
     /// batch).
-    pub fn oldest_waits(&self, now: Instant) -> [Duration; 3] {
+    pub(crate) fn oldest_waits(&self, now: Instant) -> [Duration; 3] {
         let waiting = self.waiting.lock();
         Tier::ALL.map(|tier| {
             waiting
@@ -454,7 +454,7 @@ impl GatewayQueue {
     }
 
     /// Which tiers' CoDel is dropping (interactive, agent, batch).
-    pub fn codel_dropping(&self) -> [bool; 3] {
+    pub(crate) fn codel_dropping(&self) -> [bool; 3] {
         self.codel
             .as_ref()
             .map_or([false; 3], |c| Tier::ALL.map(|t| c.dropping(t)))

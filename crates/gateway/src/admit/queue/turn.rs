@@ -18,7 +18,7 @@ impl Turn {
     }
 
     /// The request has its worker: the dispatcher may look for the next waiter.
-    pub fn taken(&mut self) {
+    pub(crate) fn taken(&mut self) {
         if let Some(ack) = self.0.take() {
             let _ = ack.send(());
         }

@@ -158,7 +158,7 @@ pub struct FileSource {
 impl FileSource {
     /// Reads the file once: a gateway started with a file it cannot use says so at once. A file
     /// not there yet is waited for (a deployment tool may write it after the gateway starts).
-    pub fn open(config: FileConfig) -> Result<(Self, Option<Listing>), ListingError> {
+    pub(crate) fn open(config: FileConfig) -> Result<(Self, Option<Listing>), ListingError> {
         let toml = config
             .path
             .extension()

@@ -51,7 +51,7 @@ use crate::fleet::{Fleet, FleetError, Origin, Snapshot, Worker, WorkerSpec};
 use crate::upstream;
 
 /// A source's workers, by normalized URL.
-pub type Listing = BTreeMap<String, WorkerSpec>;
+pub(crate) type Listing = BTreeMap<String, WorkerSpec>;
 
 /// How often a source is asked for news and removed workers are noticed.
 const TEND_EVERY: Duration = Duration::from_secs(1);
@@ -62,13 +62,6 @@ pub struct DiscoveryConfig {
     pub file: Option<FileConfig>,
     pub dns: Option<DnsConfig>,
     pub kubernetes: Option<KubeConfig>,
-}
-
-impl DiscoveryConfig {
-    /// Some source registers workers (auto-recovery then defaults on).
-    pub fn any(&self) -> bool {
-        self.file.is_some() || self.dns.is_some() || self.kubernetes.is_some()
-    }
 }
 
 /// Why discovery could not start.
@@ -82,7 +75,7 @@ pub enum DiscoveryError {
 
 /// What one look at a source found.
 #[derive(Debug)]
-pub enum Look {
+pub(crate) enum Look {
     /// Nothing new to read.
     Unchanged,
     /// The workers listed now.
@@ -92,7 +85,7 @@ pub enum Look {
 }
 
 /// A source of listings.
-pub trait Source: Send + 'static {
+pub(crate) trait Source: Send + 'static {
     /// Written on the workers it registers.
     const ORIGIN: Origin;
 
@@ -105,16 +98,16 @@ pub trait Source: Send + 'static {
 
 /// What a source last did, as `GET /workers` shows it under `discovery`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SourceView {
-    pub source: Origin,
+pub(crate) struct SourceView {
+    pub(crate) source: Origin,
     /// The file's path, or `NAME:PORT`.
-    pub target: String,
+    pub(crate) target: String,
     /// Workers in the listing acted on last.
-    pub listed: usize,
+    pub(crate) listed: usize,
     /// Listed workers the gateway removed, waiting for their health endpoint to answer.
-    pub held: Vec<String>,
+    pub(crate) held: Vec<String>,
     /// Why the last look failed; cleared by the next that succeeds.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// Starts every configured source in `tasks`; they stop with `stop`. The discovery file is read

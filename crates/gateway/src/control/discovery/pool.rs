@@ -42,7 +42,7 @@ pub struct PoolRef {
 pub type InferencePool = Object<InferencePoolSpec, NotUsed>;
 
 /// Where InferencePools are served.
-pub fn pool_resource() -> ApiResource {
+pub(crate) fn pool_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(POOL_GROUP, "v1", "InferencePool"),
         "inferencepools",
@@ -53,9 +53,9 @@ pub fn pool_resource() -> ApiResource {
 #[serde(rename_all = "camelCase")]
 pub struct InferencePoolSpec {
     /// Which pods of the pool's namespace are its members.
-    pub selector: LabelSelector,
+    pub(crate) selector: LabelSelector,
     /// The ports the members serve on (one endpoint per pod and port).
-    pub target_ports: Vec<Port>,
+    pub(crate) target_ports: Vec<Port>,
     /// The picker the gateway asks for this pool's requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_picker_ref: Option<EndpointPickerRef>,
@@ -63,14 +63,14 @@ pub struct InferencePoolSpec {
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LabelSelector {
+pub(crate) struct LabelSelector {
     /// Every pair must be among a pod's labels.
     #[serde(default)]
-    pub match_labels: BTreeMap<String, String>,
+    pub(crate) match_labels: BTreeMap<String, String>,
 }
 
 impl LabelSelector {
-    pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+    pub(crate) fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         self.match_labels
             .iter()
             .all(|(key, value)| labels.and_then(|l| l.get(key)) == Some(value))
@@ -86,20 +86,20 @@ pub struct Port {
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPickerRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
+    pub(crate) group: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
+    pub(crate) kind: Option<String>,
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<Port>,
     /// `FailOpen` or `FailClose` (the default): what the gateway does when the picker does not
     /// answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_mode: Option<String>,
+    pub(crate) failure_mode: Option<String>,
 }
 
 /// The workers `pool`'s spec makes of the pods known.
-pub fn members(
+pub(crate) fn members(
     spec: &InferencePoolSpec,
     pods: &BTreeMap<String, Pod>,
     model_from: Option<&ModelFrom>,

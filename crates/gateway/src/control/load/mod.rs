@@ -65,13 +65,13 @@ impl LoadConfig {
     /// How long a poll at `interval` may take: twice the interval, at least a second, at most
     /// `poll_timeout`. A poll nobody answers is evidence for the liveness checks (the engine
     /// shows no reason for a wait), so it should not take five intervals to count.
-    pub fn poll_timeout_at(&self, interval: Duration) -> Duration {
+    pub(crate) fn poll_timeout_at(&self, interval: Duration) -> Duration {
         self.poll_timeout
             .min(interval.saturating_mul(2).max(Duration::from_secs(1)))
     }
 
     /// A worker's ceilings: each field of its block wins over the gateway's.
-    pub fn ceilings_for(&self, o: &OverloadOverrides) -> Ceilings {
+    pub(crate) fn ceilings_for(&self, o: &OverloadOverrides) -> Ceilings {
         Ceilings {
             waiting_requests: o.waiting_requests.or(self.ceilings.waiting_requests),
             token_usage: o.token_usage.or(self.ceilings.token_usage),

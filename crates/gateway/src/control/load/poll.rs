@@ -82,7 +82,7 @@ pub enum PollError {
 }
 
 impl PollError {
-    pub fn is_transport(&self) -> bool {
+    pub(crate) fn is_transport(&self) -> bool {
         match self {
             PollError::Get(e) => e.is_transport(),
             PollError::Grpc(status) => std::error::Error::source(status).is_some(),
@@ -90,7 +90,7 @@ impl PollError {
         }
     }
 
-    pub fn is_timeout(&self) -> bool {
+    pub(crate) fn is_timeout(&self) -> bool {
         match self {
             PollError::Get(e) => e.is_timeout(),
             PollError::Grpc(status) => status.code() == tonic::Code::DeadlineExceeded,
@@ -136,9 +136,9 @@ impl PollError {
 /// A poll's report, where it came from, and whether an older endpoint had to stand in.
 #[derive(Debug)]
 pub(super) struct Polled {
-    pub report: LoadReport,
-    pub source: &'static str,
-    pub fell_back: bool,
+    pub(crate) report: LoadReport,
+    pub(crate) source: &'static str,
+    pub(crate) fell_back: bool,
 }
 
 /// What the monitor remembers of one worker's load endpoints between polls.

@@ -30,9 +30,9 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 pub(super) struct Silence {
     /// How long the engine has produced nothing while holding streaming work; `None`: the
     /// servicer does not say (or holds none).
-    pub ms: Option<u32>,
+    pub(crate) ms: Option<u32>,
     /// The wire reports every scheduler step, so a silence is never a prefill in progress.
-    pub reports_steps: bool,
+    pub(crate) reports_steps: bool,
 }
 
 /// What the stream gave.

@@ -53,11 +53,11 @@ impl Told {
 
 /// What one worker's monitor keeps from report to report.
 pub(super) struct Kept<'a> {
-    pub told: &'a mut Told,
+    pub(crate) told: &'a mut Told,
     /// The size its running requests settle at, in which the reserve counts room.
-    pub size: &'a mut RunningSize,
+    pub(crate) size: &'a mut RunningSize,
     /// Its poll interval: the most of its life one report stands for.
-    pub interval: std::time::Duration,
+    pub(crate) interval: std::time::Duration,
 }
 
 /// What the busy checks read from a report. The prompt tokens waiting for prefill are the

@@ -58,32 +58,32 @@ pub(super) fn overload_block(object: &Map<String, Value>) -> Result<OverloadOver
 pub struct AdaptiveOverrides {
     /// `--adaptive-window-secs` (from 0.1 to 3600, fractions allowed)
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub window_secs: Option<f64>,
+    pub(crate) window_secs: Option<f64>,
     /// `--adaptive-initial-limit`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub initial_limit: Option<u64>,
+    pub(crate) initial_limit: Option<u64>,
     /// `--adaptive-min-limit`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_limit: Option<u64>,
+    pub(crate) min_limit: Option<u64>,
     /// `--adaptive-max-limit`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_limit: Option<u64>,
+    pub(crate) max_limit: Option<u64>,
     /// `--adaptive-itl-breach-ms`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub itl_breach_ms: Option<u64>,
+    pub(crate) itl_breach_ms: Option<u64>,
     /// `--adaptive-itl-healthy-ms`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub itl_healthy_ms: Option<u64>,
+    pub(crate) itl_healthy_ms: Option<u64>,
     /// `--adaptive-ttft-breach-ms`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttft_breach_ms: Option<u64>,
+    pub(crate) ttft_breach_ms: Option<u64>,
     /// `--adaptive-ttft-healthy-ms`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttft_healthy_ms: Option<u64>,
+    pub(crate) ttft_healthy_ms: Option<u64>,
 }
 
 impl AdaptiveOverrides {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self == &Self::default()
     }
 }

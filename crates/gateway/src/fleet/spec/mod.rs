@@ -18,8 +18,8 @@ use super::pd::Role;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct SpecError {
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 fn spec_error(field: &str, message: impl Into<String>) -> SpecError {
@@ -40,31 +40,31 @@ pub struct WorkerSpec {
     /// The model the worker serves, when known before it answers; otherwise learned from its
     /// `/v1/models`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub model_id: Option<String>,
+    pub(crate) model_id: Option<String>,
     /// Speak HTTP/2 (prior knowledge) to this worker; unset follows `--upstream-http2`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub http2: Option<bool>,
+    pub(crate) http2: Option<bool>,
     /// Free-form labels for operators.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Health-check settings of this worker; unset fields follow the gateway's flags.
     #[serde(skip_serializing_if = "HealthOverrides::is_empty")]
-    pub health: HealthOverrides,
+    pub(crate) health: HealthOverrides,
     /// Overload ceilings of this worker; unset fields follow the gateway's flags. Applies even
     /// under `--disable-worker-overload-protection`. Changed only by PUT.
     #[serde(skip_serializing_if = "OverloadOverrides::is_empty")]
-    pub overload: OverloadOverrides,
+    pub(crate) overload: OverloadOverrides,
     /// Its adaptive concurrency settings; unset fields follow the gateway's flags. Changed only
     /// by PUT.
     #[serde(skip_serializing_if = "AdaptiveOverrides::is_empty")]
-    pub adaptive: AdaptiveOverrides,
+    pub(crate) adaptive: AdaptiveOverrides,
     /// How often its load is polled; its pool polls at the smallest of its workers' values.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub load_monitor_interval_secs: Option<f64>,
+    pub(crate) load_monitor_interval_secs: Option<f64>,
     /// Its engine's tokens per batch (vLLM `--max-num-batched-tokens`), for the fractional
     /// prefill busy check; SGLang workers report theirs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_num_batched_tokens: Option<u64>,
+    pub(crate) max_num_batched_tokens: Option<u64>,
     /// `regular`, or one half of prefill/decode disaggregation: `prefill` (with its
     /// `bootstrap_port`, SGLang's bootstrap server, when it has one) or `decode`.
     #[serde(skip_serializing_if = "is_regular")]
@@ -74,14 +74,14 @@ pub struct WorkerSpec {
     /// Its engine's running window (`--max-running-requests`, vLLM's `--max-num-seqs`), for the
     /// decode admission window; SGLang workers report theirs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_running_requests: Option<u64>,
+    pub(crate) max_running_requests: Option<u64>,
     /// Its engine's KV-event publisher (`tcp://host:port`, rank r at port + r), overriding
     /// `--kv-events-port`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events_endpoint: Option<ZmqEndpoint>,
     /// Its engine's data-parallel ranks, each publishing; unset follows `--kv-events-ranks`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_events_ranks: Option<u32>,
+    pub(crate) kv_events_ranks: Option<u32>,
 }
 
 /// A ZMQ TCP endpoint a publisher binds, as a spec names it: `tcp://host:port`.
@@ -97,7 +97,7 @@ impl ZmqEndpoint {
     }
 
     /// Its host and port.
-    pub fn host_port(&self) -> Option<(String, u16)> {
+    pub(crate) fn host_port(&self) -> Option<(String, u16)> {
         let rest = self.0.strip_prefix("tcp://")?;
         let (host, port) = rest.rsplit_once(':')?;
         let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
@@ -117,7 +117,7 @@ pub enum WorkerType {
 }
 
 impl WorkerType {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WorkerType::Regular => "regular",
             WorkerType::Prefill => "prefill",
@@ -135,14 +135,14 @@ fn is_regular(t: &WorkerType) -> bool {
 pub struct OverloadOverrides {
     /// `--worker-overload-waiting-requests`: at least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub waiting_requests: Option<u64>,
+    pub(crate) waiting_requests: Option<u64>,
     /// `--worker-overload-token-usage`: in (0, 1].
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_usage: Option<f64>,
+    pub(crate) token_usage: Option<f64>,
 }
 
 impl OverloadOverrides {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self == &Self::default()
     }
 }
@@ -153,43 +153,43 @@ impl OverloadOverrides {
 pub struct HealthOverrides {
     /// `--health-check-interval-secs`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub check_interval_secs: Option<f64>,
+    pub(crate) check_interval_secs: Option<f64>,
     /// `--health-check-timeout-secs`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout_secs: Option<f64>,
+    pub(crate) timeout_secs: Option<f64>,
     /// `--health-failure-threshold`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_threshold: Option<u32>,
+    pub(crate) failure_threshold: Option<u32>,
     /// `--health-success-threshold`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub success_threshold: Option<u32>,
+    pub(crate) success_threshold: Option<u32>,
     /// `--disable-health-check`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub disable_health_check: Option<bool>,
+    pub(crate) disable_health_check: Option<bool>,
     /// `--drain-settle-secs`
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub drain_settle_secs: Option<f64>,
+    pub(crate) drain_settle_secs: Option<f64>,
 }
 
 /// The fields `PATCH /workers/{id}` may change; the rest need `PUT`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerPatch {
-    pub api_key: Option<Option<String>>,
-    pub labels: Option<BTreeMap<String, String>>,
+    pub(crate) api_key: Option<Option<String>>,
+    pub(crate) labels: Option<BTreeMap<String, String>>,
     /// Merged field by field: a field given sets it, `null` returns it to the gateway value,
     /// a field left out stays as it was.
-    pub health: Option<HealthPatch>,
+    pub(crate) health: Option<HealthPatch>,
 }
 
 /// A `health` block in a PATCH: `None` leaves a field alone, `Some(None)` clears it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct HealthPatch {
-    pub check_interval_secs: Option<Option<f64>>,
-    pub timeout_secs: Option<Option<f64>>,
-    pub failure_threshold: Option<Option<u32>>,
-    pub success_threshold: Option<Option<u32>>,
-    pub disable_health_check: Option<Option<bool>>,
-    pub drain_settle_secs: Option<Option<f64>>,
+pub(crate) struct HealthPatch {
+    pub(crate) check_interval_secs: Option<Option<f64>>,
+    pub(crate) timeout_secs: Option<Option<f64>>,
+    pub(crate) failure_threshold: Option<Option<u32>>,
+    pub(crate) success_threshold: Option<Option<u32>>,
+    pub(crate) disable_health_check: Option<Option<bool>>,
+    pub(crate) drain_settle_secs: Option<Option<f64>>,
 }
 
 mod blocks;
@@ -219,9 +219,9 @@ const FIELDS: &[&str] = &[
 /// The shortest load-poll interval a spec may ask for (the gateway polls no more often anyway).
 const MIN_POLL_SECS: f64 = 1.0;
 /// The shortest probe interval a spec may ask for: more often than this is load, not health.
-pub const MIN_PROBE_INTERVAL_SECS: f64 = 0.05;
+pub(crate) const MIN_PROBE_INTERVAL_SECS: f64 = 0.05;
 /// The shortest probe timeout a spec may ask for.
-pub const MIN_PROBE_TIMEOUT_SECS: f64 = 0.01;
+pub(crate) const MIN_PROBE_TIMEOUT_SECS: f64 = 0.01;
 
 const PATCHABLE: &[&str] = &["api_key", "labels", "health"];
 const HEALTH_FIELDS: &[&str] = &[
@@ -256,7 +256,7 @@ impl WorkerSpec {
     }
 
     /// What the worker does in its pool.
-    pub fn role(&self) -> Role {
+    pub(crate) fn role(&self) -> Role {
         match self.worker_type {
             WorkerType::Regular => Role::Regular,
             WorkerType::Prefill => Role::Prefill {
@@ -362,7 +362,7 @@ impl WorkerSpec {
     }
 
     /// The scheme and authority requests to this worker are sent to.
-    pub fn endpoint(&self) -> (Scheme, Authority) {
+    pub(crate) fn endpoint(&self) -> (Scheme, Authority) {
         #[allow(clippy::expect_used)]
         let uri: Uri = self.url.parse().expect("normalized at validation");
         #[allow(clippy::expect_used)]
@@ -384,7 +384,7 @@ impl WorkerSpec {
 }
 
 impl HealthOverrides {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self == &Self::default()
     }
 

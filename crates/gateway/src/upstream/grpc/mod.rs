@@ -41,9 +41,8 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
-pub use render::Renderer;
-pub use request::{Asked, Refused, Route};
-pub use tokenizer::FetchError;
+pub(crate) use render::Renderer;
+pub(crate) use request::Route;
 
 use super::exchange::{ExchangeError, SendError, UpstreamRequest};
 use super::pool::{UpstreamBody, UpstreamResponse};
@@ -51,7 +50,7 @@ use super::Endpoint;
 use crate::tokens::SharedTokens;
 
 /// The scheme of a gRPC worker's URL (SMG's form).
-pub const SCHEME: &str = "grpc";
+pub(crate) const SCHEME: &str = "grpc";
 
 /// Rendered pieces a stream may get ahead of its client.
 const AHEAD: usize = 32;
@@ -64,7 +63,7 @@ pub(super) type Client = SglangSchedulerClient<Channel>;
 
 /// Connections to every gRPC worker, made on first use, and the model's tokens.
 #[derive(Debug)]
-pub struct GrpcUpstream {
+pub(crate) struct GrpcUpstream {
     channels: Mutex<HashMap<String, Channel>>,
     connect_timeout: Duration,
     /// The model's tokens: from the command line's files, else fetched from the first worker
@@ -107,7 +106,7 @@ fn is_connect(status: &Status) -> bool {
 }
 
 /// The HTTP status an engine's gRPC status stands for.
-pub fn http_status(code: Code) -> u16 {
+pub(crate) fn http_status(code: Code) -> u16 {
     match code {
         Code::InvalidArgument => 400,
         Code::NotFound => 404,
@@ -172,12 +171,12 @@ impl GrpcUpstream {
     /// Forgets the connection to `endpoint`, whose worker's registration ended: kept, it would
     /// hold a task and an idle connection (pinged every `KEEPALIVE`) to an engine no longer in
     /// the fleet, one more with every worker discovery replaces. Calls holding it finish on it.
-    pub fn forget(&self, endpoint: &Endpoint) {
+    pub(crate) fn forget(&self, endpoint: &Endpoint) {
         self.channels.lock().remove(endpoint.authority.as_str());
     }
 
     /// `GetModelInfo`: what the worker serves, as the control loop registers it.
-    pub async fn model_info(
+    pub(crate) async fn model_info(
         &self,
         endpoint: &Endpoint,
         timeout: Duration,
@@ -191,7 +190,7 @@ impl GrpcUpstream {
     }
 
     /// `HealthCheck`: the servicer's one-token probe.
-    pub async fn health(
+    pub(crate) async fn health(
         &self,
         endpoint: &Endpoint,
         timeout: Duration,
@@ -205,7 +204,7 @@ impl GrpcUpstream {
     }
 
     /// `GetServerInfo`: the engine's settings (`server_args`).
-    pub async fn server_info(
+    pub(crate) async fn server_info(
         &self,
         endpoint: &Endpoint,
         timeout: Duration,
@@ -222,7 +221,7 @@ impl GrpcUpstream {
     }
 
     /// `SubscribeKvEvents`: the engine's KV events, each batch with its load record.
-    pub async fn subscribe_kv_events(
+    pub(crate) async fn subscribe_kv_events(
         &self,
         endpoint: &Endpoint,
         request: sluice_proto::common::SubscribeKvEventsRequest,
@@ -235,7 +234,7 @@ impl GrpcUpstream {
     }
 
     /// `GetLoads` with every section: each rank's load, as `/v1/loads?include=all` gives it.
-    pub async fn loads(
+    pub(crate) async fn loads(
         &self,
         endpoint: &Endpoint,
         timeout: Duration,
@@ -484,7 +483,7 @@ impl Call {
 
 /// A `GetLoads` answer as the `/v1/loads` body it mirrors (the same names, field for field), so
 /// the one SGLang parser reads both.
-pub fn loads_json(loads: &GetLoadsResponse) -> String {
+pub(crate) fn loads_json(loads: &GetLoadsResponse) -> String {
     let ranks: Vec<serde_json::Value> = loads
         .loads
         .iter()

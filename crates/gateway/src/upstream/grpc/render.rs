@@ -22,7 +22,7 @@ struct Choice {
 }
 
 /// The answer of one request, built reply by reply.
-pub struct Renderer {
+pub(crate) struct Renderer {
     asked: Asked,
     id: String,
     created: u64,
@@ -35,11 +35,11 @@ pub struct Renderer {
 
 /// What one reply adds to a streamed answer.
 #[derive(Debug, Default)]
-pub struct Rendered {
-    pub bytes: Vec<u8>,
+pub(crate) struct Rendered {
+    pub(crate) bytes: Vec<u8>,
     /// Every choice has finished: the stream's end follows, and the engine's remaining work
     /// (after a stop sequence) can be aborted.
-    pub done: bool,
+    pub(crate) done: bool,
 }
 
 fn finish_reason(engine: &str) -> &'static str {
@@ -79,7 +79,7 @@ impl Renderer {
     }
 
     /// Whether a stop sequence ended an answer the engine was still generating.
-    pub fn cut_short(&self) -> bool {
+    pub(crate) fn cut_short(&self) -> bool {
         self.cut
     }
 
@@ -121,7 +121,7 @@ impl Renderer {
     }
 
     /// The stream's bytes for one reply.
-    pub fn stream(&mut self, reply: &Reply) -> Rendered {
+    pub(crate) fn stream(&mut self, reply: &Reply) -> Rendered {
         let mut out = Vec::new();
         if !self.role_sent && self.asked.route == Route::Chat {
             self.role_sent = true;
@@ -153,7 +153,7 @@ impl Renderer {
     }
 
     /// A whole answer's reply: its choice's tokens kept; true once every choice has finished.
-    pub fn whole(&mut self, reply: &Reply) -> bool {
+    pub(crate) fn whole(&mut self, reply: &Reply) -> bool {
         let (index, ids, finish) = match reply {
             Reply::Chunk(c) => (c.index, c.token_ids.as_slice(), None),
             Reply::Complete(c) => (
@@ -209,7 +209,7 @@ impl Renderer {
     }
 
     /// The stream's end: the usage when asked, then `[DONE]`.
-    pub fn end(&self) -> Bytes {
+    pub(crate) fn end(&self) -> Bytes {
         let mut out = Vec::new();
         if self.asked.include_usage {
             let chunk = json!({
@@ -227,7 +227,7 @@ impl Renderer {
     }
 
     /// The whole answer.
-    pub fn completion(&self) -> Bytes {
+    pub(crate) fn completion(&self) -> Bytes {
         let choices: Vec<Value> = self
             .choices
             .iter()
@@ -265,7 +265,7 @@ fn write_event(out: &mut Vec<u8>, value: &Value) {
 }
 
 /// An engine's failure after the stream began: vLLM's error event, then `[DONE]`.
-pub fn error_event(status: u16, message: &str) -> Bytes {
+pub(crate) fn error_event(status: u16, message: &str) -> Bytes {
     let mut out = Vec::new();
     let kind = if status < 500 {
         "BadRequestError"

@@ -23,14 +23,14 @@ use crate::tokens::{ChatMessage, Tokens, TokensError};
 
 /// Which OpenAI route the request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     Chat,
     Completions,
 }
 
 /// Why a request cannot go to a gRPC worker: the client's to fix.
 #[derive(Debug, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("`{field}` is not supported on gRPC workers: {why}")]
     Unsupported {
         field: &'static str,
@@ -49,7 +49,7 @@ pub enum Refused {
 
 impl Refused {
     /// The request field it names, when it names one.
-    pub fn param(&self) -> Option<&'static str> {
+    pub(crate) fn param(&self) -> Option<&'static str> {
         match self {
             Refused::Unsupported { field, .. } | Refused::Invalid { field, .. } => Some(field),
             Refused::Body(_) | Refused::Tokens(_) => None,
@@ -157,13 +157,13 @@ const REFUSED: [(&str, &str); 6] = [
 
 /// What rendering the answer needs of the request.
 #[derive(Debug, Clone)]
-pub struct Asked {
-    pub route: Route,
-    pub stream: bool,
-    pub include_usage: bool,
-    pub choices: u32,
-    pub stop: Vec<String>,
-    pub prompt_tokens: u32,
+pub(crate) struct Asked {
+    pub(crate) route: Route,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) choices: u32,
+    pub(crate) stop: Vec<String>,
+    pub(crate) prompt_tokens: u32,
 }
 
 fn refused_fields(raw: &Value) -> Result<(), Refused> {
@@ -245,7 +245,7 @@ fn disaggregated(body: &Body) -> Result<Option<DisaggregatedParams>, Refused> {
 }
 
 /// Builds the engine's request; tokenizing is CPU work the caller runs off the runtime.
-pub fn generate_request(
+pub(crate) fn generate_request(
     route: Route,
     raw: &[u8],
     tokens: &Tokens,

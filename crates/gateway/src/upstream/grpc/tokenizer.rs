@@ -16,7 +16,7 @@ const MAX_ARCHIVE_BYTES: usize = 256 * 1024 * 1024;
 
 /// Why the worker's tokenizer could not be had.
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("GetTokenizer failed: {0}")]
     Call(#[from] tonic::Status),
     #[error("the tokenizer archive is over {MAX_ARCHIVE_BYTES} bytes")]
@@ -37,7 +37,7 @@ impl GrpcUpstream {
     /// Loads the model's tokenizer from `endpoint` unless one is loaded already.
     /// Workers registering at once fetch one at a time: the first loads it, the others find it
     /// loaded.
-    pub async fn fetch_tokenizer(&self, endpoint: &Endpoint) -> Result<(), FetchError> {
+    pub(crate) async fn fetch_tokenizer(&self, endpoint: &Endpoint) -> Result<(), FetchError> {
         if self.tokens.is_set() {
             return Ok(());
         }

@@ -79,7 +79,7 @@ impl Http1Pool {
 
     /// Sends `request` to `authority` on an idle connection, or a new one, and reads the
     /// answer's head.
-    pub async fn send(
+    pub(crate) async fn send(
         self: &Arc<Self>,
         authority: &Authority,
         request: UpstreamRequest,
@@ -177,7 +177,7 @@ impl Http1Pool {
     }
 
     /// Requests sent once more on a fresh connection after a keep-alive race, since start.
-    pub fn keepalive_resends(&self) -> u64 {
+    pub(crate) fn keepalive_resends(&self) -> u64 {
         self.keepalive_resends.load(Ordering::Relaxed)
     }
 
@@ -324,7 +324,9 @@ impl From<Incoming> for UpstreamBody {
 
 impl UpstreamBody {
     /// A body the gateway renders as it goes (a gRPC worker's answer in OpenAI's shape).
-    pub fn rendered(pieces: tokio::sync::mpsc::Receiver<Result<Bytes, ExchangeError>>) -> Self {
+    pub(crate) fn rendered(
+        pieces: tokio::sync::mpsc::Receiver<Result<Bytes, ExchangeError>>,
+    ) -> Self {
         Self {
             source: Source::Rendered(pieces),
             back: None,

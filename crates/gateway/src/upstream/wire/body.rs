@@ -37,7 +37,10 @@ impl Body {
     }
 
     /// The next piece of data; `None` at the end. After an error the body yields nothing more.
-    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, WireError>>> {
+    pub(crate) fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, WireError>>> {
         loop {
             if self.framing == Framing::Done {
                 return Poll::Ready(None);
@@ -80,17 +83,17 @@ impl Body {
     }
 
     /// Read to its end.
-    pub fn is_end(&self) -> bool {
+    pub(crate) fn is_end(&self) -> bool {
         self.framing == Framing::Done
     }
 
     /// The body's bytes left, when its length is known.
-    pub fn remaining(&self) -> Option<u64> {
+    pub(crate) fn remaining(&self) -> Option<u64> {
         self.framing.remaining()
     }
 
     /// The connection, when the body was read to its end and the connection may be used again.
-    pub fn take_reusable(&mut self) -> Option<Conn> {
+    pub(crate) fn take_reusable(&mut self) -> Option<Conn> {
         if !self.is_end() || !self.reusable {
             return None;
         }

@@ -70,7 +70,7 @@ pub enum WireError {
 impl WireError {
     /// The worker answered, but not as HTTP/1.1 allows or within the client's bounds
     /// (`limits`): its failure, though not a lost connection.
-    pub fn is_bad_answer(&self) -> bool {
+    pub(crate) fn is_bad_answer(&self) -> bool {
         !matches!(
             self,
             WireError::Io(_) | WireError::ClosedBeforeAnswer | WireError::Truncated
@@ -105,7 +105,7 @@ pub(super) struct Conn {
 
 /// An answer's head, and where its body ends.
 pub(super) struct Head {
-    pub response: Response<()>,
+    pub(crate) response: Response<()>,
     framing: Framing,
     /// The connection may carry another exchange once the body is read.
     reusable: bool,

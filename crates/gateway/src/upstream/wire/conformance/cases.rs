@@ -7,18 +7,18 @@ use axum::http::Method;
 
 /// One answer of the table.
 pub(super) struct Case {
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The section of RFC 9112 it tests.
-    pub section: &'static str,
+    pub(crate) section: &'static str,
     /// The bytes the worker writes after reading the request.
-    pub answer: &'static [u8],
-    pub method: Method,
+    pub(crate) answer: &'static [u8],
+    pub(crate) method: Method,
     /// The worker closes after the answer (for answers that end only so).
-    pub close: bool,
+    pub(crate) close: bool,
     /// The wire client reads it whole.
-    pub accepted: bool,
+    pub(crate) accepted: bool,
     /// Why the clients differ on it, where they do.
-    pub why: Option<&'static str>,
+    pub(crate) why: Option<&'static str>,
 }
 
 /// A POST answered on a connection the worker keeps open, accepted alike by both clients.
