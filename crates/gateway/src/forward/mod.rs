@@ -14,6 +14,16 @@
 //! Nothing is retried once the response has started. To see a refusal or a failure written in the
 //! body, an event stream's head is held until its first event, and a 503's body is read
 //! (`ahead`); the client was waiting for that first event anyway.
+//!
+//! ## Layout
+//!
+//! - `mod.rs` — the stage: `Forwarder`, one worker's attempts, the request a worker gets.
+//! - `failed` — an attempt's failure, classified where it happens (`Failed`: the kind the retry
+//!   rule judges, what it leaves the client) and judged in one place (`Forwarder::judge`).
+//! - `ahead` — what is read of an answer before its head is relayed.
+//! - `pd` — a disaggregated model's prefill/decode pair.
+//! - `handover` — for a data plane (`sluice epp`): the leased worker handed over, not called.
+//! - `refusal` — `ForwardError`, the stage's refusals.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +33,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, Request, Version};
 use bytes::Bytes;
 use sluice_core::breaker::Outcome;
-use sluice_core::retry::{may_retry, AttemptFailure, Backoff};
+use sluice_core::retry::{AttemptFailure, Backoff};
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 
@@ -39,9 +49,12 @@ use crate::route::{Chooser, Placement, RouteError};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
 mod ahead;
+mod failed;
 mod handover;
 mod pd;
 mod refusal;
+
+use failed::{retry_reason, transport_failure, Failed, Left};
 
 pub(crate) use ahead::{read_ahead, Ahead};
 pub(crate) use handover::ToDataPlane;
@@ -265,30 +278,49 @@ impl Forwarder {
         let sent_at = Instant::now();
         let sent = match self.wait_for_answer(&at, &mut lease).await {
             Ok(sent) => sent,
-            Err(given_up) => return given_up,
+            Err((worker, failure)) => return Tried::Retry(worker, failure),
         };
-        match sent {
+        let key = lease.worker().key;
+        let failed = match sent {
             // The client's deadline is not the worker's failure: its permit goes back unrecorded.
             Err(_) if at.terms.cut_by_client() => {
-                Tried::Final(Expired::DeadlineExceeded { budget: at.timeout }.into())
+                Failed::refused(key, Expired::DeadlineExceeded { budget: at.timeout }.into())
             }
-            Err(_) => Tried::Final(self.timed_out(lease, at.timeout)),
-            Ok(Ok((response, ahead))) => self.answered(&at, lease, response, ahead, sent_at),
+            Err(_) => Failed::refused(key, self.timed_out(lease, at.timeout)),
+            Ok(Ok((response, ahead))) => {
+                match self.answered(&at, lease, response, ahead, sent_at) {
+                    (answer, None) => return Tried::Answered(answer),
+                    (answer, Some(kind)) => Failed {
+                        worker: key,
+                        kind,
+                        left: Left::Relay(answer),
+                    },
+                }
+            }
             // Nothing was sent: the worker's permit goes back unrecorded.
             Ok(Err(crate::upstream::SendError::NotOnGrpc { param, message })) => {
-                Tried::Final(ForwardError::NotOnGrpc { param, message })
+                Failed::refused(key, ForwardError::NotOnGrpc { param, message })
             }
             // The gateway's own want, not the worker's failure.
             Ok(Err(crate::upstream::SendError::NoTokenizer)) => {
-                Tried::Final(ForwardError::TokenizerUnavailable)
+                Failed::refused(key, ForwardError::TokenizerUnavailable)
             }
             Ok(Err(e)) => self.transport_failed(&at, lease, &e),
+        };
+        match self.judge(failed, &at) {
+            Ok((worker, failure)) => Tried::Retry(worker, failure),
+            Err(Left::Relay(answer)) => Tried::Answered(answer),
+            Err(Left::Refuse(error)) => Tried::Final(error),
         }
     }
 
     /// Sends the request and waits for the answer's head, until the deadline — or until the
     /// worker is judged unresponsive and this request may go elsewhere (then the retry).
-    async fn wait_for_answer(&self, at: &Attempt<'_>, lease: &mut Lease) -> Result<Sent, Tried> {
+    async fn wait_for_answer(
+        &self,
+        at: &Attempt<'_>,
+        lease: &mut Lease,
+    ) -> Result<Sent, (u64, AttemptFailure)> {
         let worker = lease.worker().clone();
         let request = build_request(at, lease);
         let deadline = at.terms.deadline;
@@ -317,10 +349,15 @@ impl Forwarder {
                 () = &mut given_up, if may_give_up => {
                     // Judged unresponsive while this waited: go elsewhere if allowed (dropping
                     // the attempt closes its connection), else keep waiting here.
-                    if self.may_retry(AttemptFailure::Unresponsive, at, lease) {
+                    let unresponsive = Failed {
+                        worker: worker.key,
+                        kind: AttemptFailure::Unresponsive,
+                        left: (),
+                    };
+                    if let Ok(retry) = self.judge(unresponsive, at) {
                         lease.settle(Outcome::Failure);
                         self.count_upstream_error(lease, "unresponsive");
-                        return Err(Tried::Retry(worker.key, AttemptFailure::Unresponsive));
+                        return Err(retry);
                     }
                     may_give_up = false;
                 }
@@ -330,7 +367,8 @@ impl Forwarder {
 
     /// The worker answered: at capacity (429, 529, SGLang's full queue as a 503 or as a stream's
     /// first event) or a retryable error (a status, or an engine's error as a stream's first
-    /// event) may go elsewhere; anything else is the answer.
+    /// event) is a failure, which may go elsewhere (its kind, beside the answer relayed if it
+    /// does not); anything else is the answer.
     fn answered(
         &self,
         at: &Attempt<'_>,
@@ -338,9 +376,8 @@ impl Forwarder {
         response: UpstreamResponse,
         ahead: Ahead,
         sent_at: Instant,
-    ) -> Tried {
-        let worker = lease.worker().clone();
-        worker.signals.contact(Instant::now());
+    ) -> (Answer, Option<AttemptFailure>) {
+        lease.worker().signals.contact(Instant::now());
         if ahead.at_capacity || !response.status().is_success() {
             // A refusal or an error is an answer: the worker is not silent. (A stream's 200
             // head is not: an API process sends it before its engine has stepped.)
@@ -349,10 +386,7 @@ impl Forwarder {
         if ahead.at_capacity {
             // The worker says it is full: keep new requests off it for a moment. Not a failure
             // of the worker: its permit is handed back unrecorded.
-            worker.vetoes.at_capacity_for(AT_CAPACITY_VETO);
-            if self.may_retry(AttemptFailure::AtCapacity, at, &lease) {
-                return Tried::Retry(worker.key, AttemptFailure::AtCapacity);
-            }
+            lease.worker().vetoes.at_capacity_for(AT_CAPACITY_VETO);
         }
         // An engine's failure in the first event is judged as the status it names (500 when it
         // names none): nothing has reached the client yet.
@@ -360,24 +394,26 @@ impl Forwarder {
             .error
             .and_then(|e| e.failure_status())
             .unwrap_or_else(|| response.status().as_u16());
-        if !ahead.at_capacity && self.retry.status_codes.contains(&status) {
-            // Retried, or relayed when it may not be; a failure of the worker only by the one
-            // rule (`Outcome::of_answer`), whatever `--retry-status-codes` lists.
-            if Outcome::of_answer(status, false) == Some(Outcome::Failure) {
-                lease.settle(Outcome::Failure);
-                self.count_upstream_error(&lease, "status");
-            }
-            if self.may_retry(AttemptFailure::ServerError, at, &lease) {
-                return Tried::Retry(worker.key, AttemptFailure::ServerError);
-            }
+        let retryable = !ahead.at_capacity && self.retry.status_codes.contains(&status);
+        // Retried, or relayed when it may not be; a failure of the worker only by the one rule
+        // (`Outcome::of_answer`), whatever `--retry-status-codes` lists.
+        if retryable && Outcome::of_answer(status, false) == Some(Outcome::Failure) {
+            lease.settle(Outcome::Failure);
+            self.count_upstream_error(&lease, "status");
         }
-        Tried::Answered(Answer {
+        let failure = if ahead.at_capacity {
+            Some(AttemptFailure::AtCapacity)
+        } else {
+            retryable.then_some(AttemptFailure::ServerError)
+        };
+        let answer = Answer {
             response,
             lease,
             sent_at,
             ahead,
             terms: *at.terms,
-        })
+        };
+        (answer, failure)
     }
 
     /// Refused or reset: the transport failed (a liveness signal); retried when safe.
@@ -386,15 +422,12 @@ impl Forwarder {
         at: &Attempt<'_>,
         mut lease: Lease,
         e: &crate::upstream::SendError,
-    ) -> Tried {
+    ) -> Failed {
         let worker = lease.worker().clone();
         let (failure, kind) = transport_failure(&worker, e);
         lease.settle(Outcome::Failure);
         self.count_upstream_error(&lease, kind);
-        if self.may_retry(failure, at, &lease) {
-            return Tried::Retry(worker.key, failure);
-        }
-        Tried::Final(if failure == AttemptFailure::BadAnswer {
+        let error = if failure == AttemptFailure::BadAnswer {
             ForwardError::UpstreamBadAnswer {
                 worker: worker.id.clone(),
             }
@@ -407,7 +440,12 @@ impl Forwarder {
             ForwardError::UpstreamFailed {
                 worker: worker.id.clone(),
             }
-        })
+        };
+        Failed {
+            worker: worker.key,
+            kind: failure,
+            left: Left::Refuse(error),
+        }
     }
 
     fn count_retry(&self, failure: AttemptFailure) {
@@ -417,22 +455,6 @@ impl Forwarder {
                 reason: retry_reason(failure),
             })
             .inc();
-    }
-
-    /// Whether this failure may be tried again now: a safe kind, retries left, another worker
-    /// to try, and budget to spend (withdrawn only when everything else allows it).
-    fn may_retry(&self, failure: AttemptFailure, at: &Attempt<'_>, lease: &Lease) -> bool {
-        if !may_retry(failure, at.attempts - 1, self.retry.max_retries) {
-            return false;
-        }
-        if !at.job.chooser.has_another(lease.worker().key) {
-            return false;
-        }
-        if !self.budget.withdraw() {
-            self.metrics.retry_budget_exhausted.inc();
-            return false;
-        }
-        true
     }
 
     fn timed_out(&self, mut lease: Lease, timeout: Duration) -> ForwardError {
@@ -447,38 +469,6 @@ impl Forwarder {
     fn count_upstream_error(&self, lease: &Lease, kind: &'static str) {
         self.metrics
             .upstream_error(lease.worker().id.as_str(), kind);
-    }
-}
-
-/// A transport failure of `worker`: refused before the request was sent or lost after (a
-/// liveness signal), or a bad answer (contact, and the breaker's); and its kind in
-/// `sluice_upstream_errors_total`.
-fn transport_failure(
-    worker: &crate::fleet::Worker,
-    e: &crate::upstream::SendError,
-) -> (AttemptFailure, &'static str) {
-    if e.is_bad_answer() {
-        // Bytes came: the worker is there, its answer broken (the breaker's to judge).
-        worker.signals.contact(Instant::now());
-        return (AttemptFailure::BadAnswer, "bad_answer");
-    }
-    worker.signals.transport_failure(Instant::now());
-    if e.is_connect() {
-        (AttemptFailure::Connect, "connect")
-    } else {
-        (AttemptFailure::Dropped, "reset")
-    }
-}
-
-/// Why an attempt is given up for another worker, as metrics and traces name it.
-fn retry_reason(failure: AttemptFailure) -> &'static str {
-    match failure {
-        AttemptFailure::AtCapacity => "at_capacity",
-        AttemptFailure::Dropped => "dropped",
-        AttemptFailure::ServerError => "status",
-        AttemptFailure::Unresponsive => "unresponsive",
-        AttemptFailure::BadAnswer => "bad_answer",
-        _ => "connect",
     }
 }
 

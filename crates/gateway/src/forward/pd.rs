@@ -27,8 +27,9 @@ use sluice_core::liveness::{leg_silence_bound, prefill_allowance};
 use sluice_core::retry::AttemptFailure;
 use tokio::time::Instant;
 
+use super::failed::{transport_failure, Failed};
 use super::ForwardError;
-use super::{build_request, transport_failure, Ahead, Answer, Attempt, Forwarder, Job, Tried};
+use super::{build_request, Ahead, Answer, Attempt, Forwarder, Job, Tried};
 use crate::admit::Terms;
 use crate::context::RequestContext;
 use crate::fleet::{DecodeRooms, Lease, NoRoom, Role};
@@ -295,12 +296,17 @@ impl Forwarder {
             LegEnd::Failed(failure) => failure,
             LegEnd::Done(_) | LegEnd::Silent => AttemptFailure::Unresponsive,
         };
-        if self.may_retry(failure, at, &lease) {
-            return Paired::RetryPrefill(lease.worker().key, failure);
+        let failed = Failed {
+            worker: lease.worker().key,
+            kind: failure,
+            left: ForwardError::UpstreamFailed {
+                worker: lease.worker().id.clone(),
+            },
+        };
+        match self.judge(failed, at) {
+            Ok((worker, failure)) => Paired::RetryPrefill(worker, failure),
+            Err(error) => Paired::Final(error),
         }
-        Paired::Final(ForwardError::UpstreamFailed {
-            worker: lease.worker().id.clone(),
-        })
     }
 
     /// The prefill leg: sent, its answer read to the end (its KV is across then). Silent past
