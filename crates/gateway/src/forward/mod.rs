@@ -187,36 +187,27 @@ impl Forwarder {
         &self,
         ctx: &mut RequestContext,
         asked: &Asked<'_>,
-        placement: Placement,
+        mut placement: Placement,
     ) -> Result<Answer, ForwardError> {
         ctx.forwarding();
         self.budget.deposit();
-        // Its parts are used where they are, not moved into locals of their own: an async body
-        // keeps storage for each, beside the placement's, in every request's future.
-        let Some(prefill) = placement.prefill else {
-            return self.forward_one(ctx, asked, placement).await;
-        };
-        // Boxed: a disaggregated pair is the rare path, and its future (two legs, the decode
-        // window) is most of the size of every request's future, which the router moves whole
-        // into a box per request.
-        let pair = pd::Choosers {
-            prefill: *prefill,
-            decode: placement.chooser,
-        };
-        let (terms, body) = (placement.terms, placement.body);
-        Box::pin(self.forward_pd(ctx, asked, terms, body, placement.lease, pair)).await
-    }
-
-    /// One worker at a time: the placement's, then whichever its chooser picks next.
-    async fn forward_one(
-        &self,
-        ctx: &mut RequestContext,
-        asked: &Asked<'_>,
-        placement: Placement,
-    ) -> Result<Answer, ForwardError> {
-        let (first, mut chooser) = (placement.lease, placement.chooser);
+        if let Some(prefill) = placement.prefill.take() {
+            // Boxed: a disaggregated pair is the rare path, and its future (two legs, the decode
+            // window) is most of the size of every request's future, which the router moves
+            // whole into a box per request.
+            let pair = pd::Choosers {
+                prefill: *prefill,
+                decode: placement.chooser,
+            };
+            let (terms, body) = (placement.terms, placement.body);
+            return Box::pin(self.forward_pd(ctx, asked, terms, body, placement.lease, pair)).await;
+        }
+        // One worker at a time: the placement's, then whichever its chooser picks next. The
+        // placement's parts are used where they are, not moved into locals of their own (nor
+        // into a function of their own): each move copies them within the request's future.
+        let chooser = &mut placement.chooser;
         let terms = &placement.terms;
-        let mut next = Some(first);
+        let mut next = Some(placement.lease);
         loop {
             let lease = match next.take() {
                 Some(lease) => lease,
@@ -226,7 +217,7 @@ impl Forwarder {
             let job = Job {
                 parts: asked.parts,
                 body: &placement.body,
-                chooser: &chooser,
+                chooser,
             };
             let attempt = Attempt::of(ctx, asked, terms, &job);
             let attempts = attempt.attempts;
@@ -288,14 +279,7 @@ impl Forwarder {
             }
             Err(_) => Failed::refused(key, self.timed_out(lease, at.timeout)),
             Ok(Ok((response, ahead))) => {
-                match self.answered(&at, lease, response, ahead, sent_at) {
-                    (answer, None) => return Tried::Answered(answer),
-                    (answer, Some(kind)) => Failed {
-                        worker: key,
-                        kind,
-                        left: Left::Relay(answer),
-                    },
-                }
+                return self.answered(&at, lease, response, ahead, sent_at)
             }
             // Nothing was sent: the worker's permit goes back unrecorded.
             Ok(Err(crate::upstream::SendError::NotOnGrpc { param, message })) => {
@@ -307,7 +291,12 @@ impl Forwarder {
             }
             Ok(Err(e)) => self.transport_failed(&at, lease, &e),
         };
-        match self.judge(failed, &at) {
+        self.tried(failed, &at)
+    }
+
+    /// What a failed attempt comes to, as `judge` decides.
+    fn tried(&self, failed: Failed, at: &Attempt<'_>) -> Tried {
+        match self.judge(failed, at) {
             Ok((worker, failure)) => Tried::Retry(worker, failure),
             Err(Left::Relay(answer)) => Tried::Answered(answer),
             Err(Left::Refuse(error)) => Tried::Final(error),
@@ -367,8 +356,8 @@ impl Forwarder {
 
     /// The worker answered: at capacity (429, 529, SGLang's full queue as a 503 or as a stream's
     /// first event) or a retryable error (a status, or an engine's error as a stream's first
-    /// event) is a failure, which may go elsewhere (its kind, beside the answer relayed if it
-    /// does not); anything else is the answer.
+    /// event) is a failure, judged as any other (the answer relayed if it goes nowhere else);
+    /// anything else is the answer.
     fn answered(
         &self,
         at: &Attempt<'_>,
@@ -376,7 +365,7 @@ impl Forwarder {
         response: UpstreamResponse,
         ahead: Ahead,
         sent_at: Instant,
-    ) -> (Answer, Option<AttemptFailure>) {
+    ) -> Tried {
         lease.worker().signals.contact(Instant::now());
         if ahead.at_capacity || !response.status().is_success() {
             // A refusal or an error is an answer: the worker is not silent. (A stream's 200
@@ -401,11 +390,12 @@ impl Forwarder {
             lease.settle(Outcome::Failure);
             self.count_upstream_error(&lease, "status");
         }
-        let failure = if ahead.at_capacity {
+        let kind = if ahead.at_capacity {
             Some(AttemptFailure::AtCapacity)
         } else {
             retryable.then_some(AttemptFailure::ServerError)
         };
+        let worker = lease.worker().key;
         let answer = Answer {
             response,
             lease,
@@ -413,7 +403,13 @@ impl Forwarder {
             ahead,
             terms: *at.terms,
         };
-        (answer, failure)
+        match kind {
+            None => Tried::Answered(answer),
+            Some(kind) => {
+                let left = Left::Relay(answer);
+                self.tried(Failed { worker, kind, left }, at)
+            }
+        }
     }
 
     /// Refused or reset: the transport failed (a liveness signal); retried when safe.

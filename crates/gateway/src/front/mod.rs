@@ -276,7 +276,12 @@ async fn run_stages<D: Dispatch>(
         let excluded = dispatch.excluded(&admitted.pool)?;
         front.route.place(asked, admitted, excluded)
     };
-    Ok(dispatch.dispatch(ctx, asked, placing.await?).await?)
+    // Converted in place, not taken apart and rewrapped by `?`: the answer is large.
+    let placement = placing.await?;
+    dispatch
+        .dispatch(ctx, asked, placement)
+        .await
+        .map_err(GatewayError::from)
 }
 
 /// An upload must say it is a multipart form (its boundary is in the content type).

@@ -97,18 +97,19 @@ impl Chooser {
         }
     }
 
-    /// A disaggregated model's two sides, each picked by its own policy: (prefill, decode).
-    /// `None` for a pool that is not disaggregated.
-    pub(super) fn split(&self) -> Option<(Chooser, Chooser)> {
+    /// For a disaggregated model, the prefill side's chooser, this one becoming the decode
+    /// side's (each side picked by its own policy); `None`, and this one unchanged, for a pool
+    /// that is not disaggregated. Boxed: only a pair has it.
+    pub(super) fn split_prefill(&mut self) -> Option<Box<Chooser>> {
         self.pool.pd.as_ref()?;
-        let side = |side| Chooser {
+        self.side = Side::Decode;
+        Some(Box::new(Chooser {
             rules: self.rules.clone(),
             pool: self.pool.clone(),
-            side,
+            side: Side::Prefill,
             request: self.request.clone(),
             tried: self.tried.clone(),
-        };
-        Some((side(Side::Prefill), side(Side::Decode)))
+        }))
     }
 
     /// The workers it picks among.

@@ -165,11 +165,8 @@ impl RouteStage {
         let wants = self.wants(asked, terms.tier);
         let held = self.held_keys(&pool, &wants).await;
         let request = self.request(&pool, &wants, held);
-        let whole = Chooser::new(self.rules.clone(), pool, request, excluded);
-        let (chooser, prefill) = match whole.split() {
-            None => (whole, None),
-            Some((prefill, decode)) => (decode, Some(Box::new(prefill))),
-        };
+        let mut chooser = Chooser::new(self.rules.clone(), pool, request, excluded);
+        let prefill = chooser.split_prefill();
         let lease = chooser.next()?;
         turn.taken();
         Ok(Placement {
