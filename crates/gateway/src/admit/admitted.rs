@@ -79,8 +79,9 @@ pub(super) struct Decided {
     pub(crate) client_deadline: Option<Instant>,
     /// `Terms::metered`: set once its tenant's token budget is reserved from.
     pub(crate) metered: bool,
-    /// Its tenant's weight among its tier, and its estimated tokens: its place in the queue.
+    /// Its tenant's weight among its tier: with `cost`, its place in the queue.
     pub(crate) weight: f64,
+    /// Its estimated tokens: what a fair queue charges its tenant for its turn.
     pub(crate) cost: u64,
     /// What it has taken so far.
     pub(crate) grants: Grants,

@@ -74,9 +74,11 @@ pub(crate) struct RequestContext {
     pub(crate) id: HeaderValue,
     /// The route's path, a metric label.
     pub(crate) route: &'static str,
+    /// Its arrival: every duration the log, the metrics and the trace give counts from here.
     pub(crate) started: Instant,
     /// The model it is served by, once known.
     pub(crate) model: Option<ModelName>,
+    /// Whether the client asked for a stream (the access log's `stream`), once its body is read.
     pub(crate) stream: bool,
     /// Who admission found the request to be, and the budgets its answer shows.
     pub(crate) admission: Admission,
@@ -84,9 +86,11 @@ pub(crate) struct RequestContext {
     grants: Grants,
     /// What the degradation ladder did to it (`x-sluice-degraded`).
     pub(crate) degraded: Degraded,
+    /// How far it got: a client that leaves is counted as cancelled at this stage.
     phase: Phase,
     /// The worker of the latest attempt.
     worker: Option<WorkerId>,
+    /// Workers tried so far: the retry rule's count, and the access log's.
     attempts: u32,
     /// The status the client got, once it got one.
     status: Option<u16>,
@@ -97,14 +101,18 @@ pub(crate) struct RequestContext {
     origin: Option<Origin>,
     /// From arrival to the response head.
     ttfb: Duration,
+    /// Response bytes relayed to the client, for the access log.
     bytes: u64,
+    /// Its worker failed mid-response (the access log's `interrupted`).
     interrupted: bool,
     /// The engine ended its stream with an error event of this class (`engine`, `client`,
     /// `at_capacity`).
     error_event: Option<&'static str>,
     /// What a metered response said it used, and its events.
     usage: Option<Usage>,
+    /// Events relayed, for the per-event metrics of a metered stream.
     chunks: u64,
+    /// Where its ending is counted, however it ends.
     metrics: Arc<Metrics>,
     /// The access log and the arrival in Unix milliseconds, when the log is on.
     access: Option<(AccessLog, u64)>,

@@ -130,8 +130,12 @@ pub struct RetryConfig {
 
 /// One request to forward: the client's head, the body to send, and its chooser.
 struct Job<'a> {
+    /// The client's method, path and headers, copied onto each attempt's request.
     parts: &'a Parts,
+    /// What the worker gets: admission's body (spliced or rewritten by the ladder), or a pair
+    /// leg's own.
     body: &'a Bytes,
+    /// What the retry rule asks (another worker?) and what the request says to the upstream.
     chooser: &'a Chooser,
 }
 
@@ -477,6 +481,7 @@ type Sent = Result<
 /// One attempt, and what its request and retry rules need to know.
 #[derive(Clone)]
 pub(super) struct Attempt<'a> {
+    /// What is sent, the same for every attempt of one leg.
     job: &'a Job<'a>,
     /// Sent to the worker, and what its lease is known by.
     request_id: &'a axum::http::HeaderValue,

@@ -34,6 +34,7 @@ pub(crate) struct Arrival {
 /// A request read whole and parsed, as every stage after the front reads it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Asked<'a> {
+    /// Its id, route and arrival time: what every stage's records name it by.
     pub(crate) arrival: &'a Arrival,
     /// The client's head: its headers are admission's (tenant, tier, deadline), the chooser's
     /// (routing key) and the worker's (those that may cross).

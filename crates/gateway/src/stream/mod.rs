@@ -145,16 +145,23 @@ impl EndOfStream {
 
 /// A worker's response body on its way to the client.
 struct Relay {
+    /// The worker's body, read frame by frame as the client takes them.
     inner: UpstreamBody,
     /// Read by the forward stage before the head went out: passed on first.
     ahead: Option<Bytes>,
     /// The answer is the engine saying it is full: not charged to its circuit.
     at_capacity: bool,
+    /// The request's hold on its worker: settled with the stream's outcome, released at its end.
     lease: Lease,
+    /// The worker's status, judged with how the body ended (`Outcome::of_answer`).
     status: u16,
+    /// An event stream: its events are counted, timed and read for an in-band error or `[DONE]`.
     sse: bool,
+    /// When the request went to the worker: time to first token counts from here.
     sent_at: Instant,
+    /// The first frame's time: the worker's time to first token, and the SLO's.
     first_chunk: Option<Instant>,
+    /// The latest frame's time: gaps between tokens are measured from it.
     last_chunk: Option<Instant>,
     /// Token events of an event stream so far.
     tokens: u64,
@@ -165,6 +172,7 @@ struct Relay {
     meter: Option<Box<Meter>>,
     /// Its latencies are samples for the worker's adaptive limit.
     measured: bool,
+    /// Relaying, or done: so an ending is accounted for once.
     state: State,
     /// Admission's terms: the deadline and whose it is, the tier the SLO is judged in.
     terms: Terms,
