@@ -106,6 +106,19 @@ pub(crate) struct LevelTally {
 }
 
 impl LevelTally {
+    /// A token at `now` of the sequence that `arrival` (when it arrived, whether a token of it
+    /// was seen) tells of: counted while measuring, the first one's wait as a time to first token.
+    fn token(&mut self, arrival: Option<&mut (Duration, bool)>, now: Duration, measuring: bool) {
+        if measuring {
+            self.tokens += 1;
+        }
+        if let Some((arrived, seen)) = arrival {
+            if !std::mem::replace(seen, true) && measuring {
+                self.ttfts.push((now - *arrived).as_secs_f64());
+            }
+        }
+    }
+
     pub(crate) fn result(&self, concurrency: u32, window: Duration) -> LevelResult {
         let secs = window.as_secs_f64().max(f64::EPSILON);
         LevelResult {
@@ -168,19 +181,7 @@ fn virtual_level(engine: &EngineConfig, plan: &CapacityPlan, concurrency: u32) -
         let measuring = now >= start && now < end;
         for event in step.events {
             match event {
-                SeqEvent::Token(id) => {
-                    if measuring {
-                        tally.tokens += 1;
-                    }
-                    if let Some((arrived, seen)) = arrivals.get_mut(&id) {
-                        if !*seen {
-                            *seen = true;
-                            if measuring {
-                                tally.ttfts.push((now - *arrived).as_secs_f64());
-                            }
-                        }
-                    }
-                }
+                SeqEvent::Token(id) => tally.token(arrivals.get_mut(&id), now, measuring),
                 SeqEvent::Finished(id, _) => {
                     arrivals.remove(&id);
                     if measuring {

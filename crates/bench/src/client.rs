@@ -193,9 +193,51 @@ pub async fn run(
 ) -> Outcome {
     let due = start + job.due;
     tokio::time::sleep_until(due).await;
-    let sent_late = due.elapsed();
     let sent = Instant::now();
-    let body = Bytes::from(job.body(api, model, behaviour.stream));
+    let base = Outcome {
+        due: job.due,
+        tier: job.tier,
+        status: 0,
+        code: None,
+        completed: false,
+        ttft: None,
+        e2e: Duration::ZERO,
+        output_tokens: 0,
+        attempts: 1,
+        rejected_after: None,
+        sent_late: due.elapsed(),
+    };
+    let sending = Sending {
+        http,
+        url,
+        body: Bytes::from(job.body(api, model, behaviour.stream)),
+        headers: request_headers(job, behaviour),
+        behaviour,
+        due,
+    };
+    let mut tally = Tally::default();
+    let tries = sending.until_answered(&mut tally, base.clone());
+    let finished = match behaviour.patience.gives_up_after() {
+        Some(limit) => tokio::time::timeout_at(sent + limit, tries).await.ok(),
+        None => Some(tries.await),
+    };
+    match finished {
+        Some(outcome) => Outcome {
+            attempts: tally.attempts,
+            ..outcome
+        },
+        None => Outcome {
+            attempts: tally.attempts,
+            rejected_after: tally.rejected_after,
+            code: Some(CLIENT_TIMEOUT.into()),
+            e2e: due.elapsed(),
+            ..base
+        },
+    }
+}
+
+/// The job's headers, and its deadline when the client sends one.
+fn request_headers(job: &Job, behaviour: Behaviour) -> Vec<(String, String)> {
     let mut headers = job.headers.clone();
     if let Some(deadline) = behaviour.patience.deadline {
         headers.push((
@@ -203,43 +245,56 @@ pub async fn run(
             deadline.as_millis().to_string(),
         ));
     }
-    let mut attempts = 0u32;
-    let mut rejected_after = None;
-    let outcome = |status, code, e2e: Duration| Outcome {
-        due: job.due,
-        tier: job.tier,
-        status,
-        code,
-        completed: false,
-        ttft: None,
-        e2e,
-        output_tokens: 0,
-        attempts: 1,
-        rejected_after: None,
-        sent_late,
-    };
-    let tries = async {
+    headers
+}
+
+/// What the client counted across its tries: read after them, even when it gave up mid-try.
+#[derive(Default)]
+struct Tally {
+    attempts: u32,
+    rejected_after: Option<Duration>,
+}
+
+/// One request as the client sends it, on each of its tries.
+struct Sending<'a> {
+    http: &'a HttpClient,
+    url: &'a str,
+    body: Bytes,
+    headers: Vec<(String, String)>,
+    behaviour: Behaviour,
+    due: Instant,
+}
+
+impl Sending<'_> {
+    /// Tries until answered, or refused with no retry left (an SDK client retries what the
+    /// OpenAI SDK retries, after the wait it would take).
+    async fn until_answered(&self, tally: &mut Tally, base: Outcome) -> Outcome {
+        let due = self.due;
         loop {
-            attempts += 1;
-            match attempt(http, url, body.clone(), &headers, behaviour).await {
+            tally.attempts += 1;
+            let attempt = attempt(
+                self.http,
+                self.url,
+                self.body.clone(),
+                &self.headers,
+                self.behaviour,
+            );
+            match attempt.await {
                 Attempt::Answered {
                     ttft,
                     end,
                     tokens,
                     ending,
                 } => {
-                    let code = match ending {
-                        Ending::Done | Ending::Cut => None,
-                        Ending::Idle => Some(IDLE_TIMEOUT.to_string()),
-                        Ending::Left => Some(LEFT.to_string()),
-                    };
                     return Outcome {
-                        code,
+                        status: 200,
+                        code: ending.code(),
                         completed: matches!(ending, Ending::Done | Ending::Left),
                         ttft: ttft.map(|t| t - due),
+                        e2e: end - due,
                         output_tokens: tokens,
-                        rejected_after,
-                        ..outcome(200, None, end - due)
+                        rejected_after: tally.rejected_after,
+                        ..base
                     };
                 }
                 Attempt::Refused {
@@ -248,38 +303,37 @@ pub async fn run(
                     at,
                     headers,
                 } => {
-                    rejected_after.get_or_insert(at - due);
-                    let wait = match behaviour.retries {
-                        ClientKind::Sdk if attempts <= SDK_RETRIES => {
-                            sdk_wait(status, &headers, attempts)
+                    let rejected_after = *tally.rejected_after.get_or_insert(at - due);
+                    let wait = match self.behaviour.retries {
+                        ClientKind::Sdk if tally.attempts <= SDK_RETRIES => {
+                            sdk_wait(status, &headers, tally.attempts)
                         }
                         _ => None,
                     };
                     let Some(wait) = wait else {
                         return Outcome {
-                            rejected_after,
-                            ..outcome(status, code, at - due)
+                            status,
+                            code,
+                            e2e: at - due,
+                            rejected_after: Some(rejected_after),
+                            ..base
                         };
                     };
                     tokio::time::sleep(wait).await;
                 }
             }
         }
-    };
-    let finished = match behaviour.patience.gives_up_after() {
-        Some(limit) => tokio::time::timeout_at(sent + limit, tries).await.ok(),
-        None => Some(tries.await),
-    };
-    match finished {
-        Some(outcome) => Outcome {
-            attempts,
-            ..outcome
-        },
-        None => Outcome {
-            attempts,
-            rejected_after,
-            ..outcome(0, Some(CLIENT_TIMEOUT.into()), due.elapsed())
-        },
+    }
+}
+
+impl Ending {
+    /// The code the outcome gives an answer that ended so: none for a whole or cut one.
+    fn code(self) -> Option<String> {
+        match self {
+            Ending::Done | Ending::Cut => None,
+            Ending::Idle => Some(IDLE_TIMEOUT.to_string()),
+            Ending::Left => Some(LEFT.to_string()),
+        }
     }
 }
 

@@ -161,19 +161,6 @@ pub struct Report {
 pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Report {
     let secs = window.as_secs_f64().max(f64::MIN_POSITIVE);
     let requests = outcomes.len() as u64;
-    let mut tier_reports: Vec<TierReport> = tiers
-        .iter()
-        .map(|t| TierReport {
-            name: t.name.clone(),
-            requests: 0,
-            completed: 0,
-            met_slo: 0,
-            attainment: 0.0,
-            ttft_p95: 0.0,
-            rejections: BTreeMap::new(),
-        })
-        .collect();
-    let mut tier_ttfts: Vec<Vec<f64>> = vec![Vec::new(); tiers.len()];
     let (mut met, mut completed, mut attempts) = (0u64, 0u64, 0u64);
     let (mut ttfts, mut tpots, mut rejects) = (Vec::new(), Vec::new(), Vec::new());
     let mut rejects_sent = Vec::new();
@@ -184,31 +171,14 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
             rejects.push(r.as_secs_f64());
             rejects_sent.push(r.saturating_sub(o.sent_late).as_secs_f64());
         }
-        let meets = tiers.get(o.tier).is_some_and(|t| o.meets(&t.slo));
-        if let Some(t) = tier_reports.get_mut(o.tier) {
-            t.requests += 1;
-            t.completed += u64::from(o.admitted());
-            t.met_slo += u64::from(meets);
-        }
-        met += u64::from(meets);
+        met += u64::from(tiers.get(o.tier).is_some_and(|t| o.meets(&t.slo)));
         if o.admitted() {
             completed += 1;
             ttfts.extend(o.ttft.map(|d| d.as_secs_f64()));
-            if let Some(t) = tier_ttfts.get_mut(o.tier) {
-                t.extend(o.ttft.map(|d| d.as_secs_f64()));
-            }
             tpots.extend(o.tpot().map(|d| d.as_secs_f64()));
         } else if o.status != 200 {
-            let code = o.failure_code();
-            if let Some(t) = tier_reports.get_mut(o.tier) {
-                *t.rejections.entry(code.clone()).or_default() += 1;
-            }
-            *rejections.entry(code).or_default() += 1;
+            *rejections.entry(o.failure_code()).or_default() += 1;
         }
-    }
-    for (t, ttfts) in tier_reports.iter_mut().zip(&tier_ttfts) {
-        t.attainment = ratio(t.met_slo, t.requests);
-        t.ttft_p95 = percentile(ttfts, 0.95);
     }
     Report {
         requests,
@@ -216,7 +186,11 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
         offered_rps: requests as f64 / secs,
         goodput_rps: met as f64 / secs,
         throughput_rps: completed as f64 / secs,
-        tiers: tier_reports,
+        tiers: tiers
+            .iter()
+            .enumerate()
+            .map(|(i, tier)| tier_report(tier, outcomes.iter().filter(|o| o.tier == i)))
+            .collect(),
         ttft_p50: percentile(&ttfts, 0.5),
         ttft_p99: percentile(&ttfts, 0.99),
         tpot_p50: percentile(&tpots, 0.5),
@@ -232,6 +206,33 @@ pub fn summarize(outcomes: &[Outcome], tiers: &[Tier], window: Duration) -> Repo
         },
         prefix_sharing: 0.0,
     }
+}
+
+/// One tier's share of a run: its requests, what met its objectives, and why the rest did not.
+fn tier_report<'a>(tier: &Tier, outcomes: impl Iterator<Item = &'a Outcome>) -> TierReport {
+    let mut report = TierReport {
+        name: tier.name.clone(),
+        requests: 0,
+        completed: 0,
+        met_slo: 0,
+        attainment: 0.0,
+        ttft_p95: 0.0,
+        rejections: BTreeMap::new(),
+    };
+    let mut ttfts = Vec::new();
+    for o in outcomes {
+        report.requests += 1;
+        report.completed += u64::from(o.admitted());
+        report.met_slo += u64::from(o.meets(&tier.slo));
+        if o.admitted() {
+            ttfts.extend(o.ttft.map(|d| d.as_secs_f64()));
+        } else if o.status != 200 {
+            *report.rejections.entry(o.failure_code()).or_default() += 1;
+        }
+    }
+    report.attainment = ratio(report.met_slo, report.requests);
+    report.ttft_p95 = percentile(&ttfts, 0.95);
+    report
 }
 
 impl Report {

@@ -105,6 +105,17 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     })
     .await?;
     let fleet = Arc::new(fleet);
+    announce(&fleet);
+    if let Some(port) = args.control_port {
+        serve_control(&fleet, SocketAddr::new(args.host, port)).await?;
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Each engine's address and what it simulates, in the log.
+fn announce(fleet: &SimFleet) {
     for slot in fleet.engines() {
         let engine = slot.config();
         tracing::info!(
@@ -126,21 +137,20 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(port) = args.control_port {
-        let addr = SocketAddr::new(args.host, port);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} for the control API"))?;
-        tracing::info!(url = %format!("http://{addr}"), "control listener");
-        let router = sluice_sim::control::router(fleet.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!(error = %e, "control listener stopped");
-            }
-        });
-    }
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+}
+
+/// `--control-port`: the fault-injection API, on a task of its own.
+async fn serve_control(fleet: &Arc<SimFleet>, addr: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for the control API"))?;
+    tracing::info!(url = %format!("http://{addr}"), "control listener");
+    let router = sluice_sim::control::router(fleet.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "control listener stopped");
+        }
+    });
     Ok(())
 }
 

@@ -23,6 +23,9 @@
 //! - `tls` — the gRPC listeners' certificate: given, or made at start.
 //! - `deploy` — the Envoy configuration the picker runs behind, for tests and benchmarks.
 
+// Functions stay under 60 lines (clippy.toml), test code excepted: `cargo clippy` holds it.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod deploy;
 mod exchange;
 mod health;
@@ -193,6 +196,26 @@ fn local(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, EppErro
         .map_err(|source| EppError::Bind { addr, source })
 }
 
+/// Workers named by host name are never picked: the data plane connects to the `ip:port` it is
+/// given, so say so at start.
+fn warn_unaddressed(gateway: &Gateway) {
+    let unaddressed: Vec<String> = gateway
+        .fleet()
+        .snapshot()
+        .workers
+        .iter()
+        .filter(|w| w.endpoint.socket_addr().is_none())
+        .map(|w| w.id.to_string())
+        .collect();
+    if !unaddressed.is_empty() {
+        warn!(
+            workers = ?unaddressed,
+            "workers named by host name are never picked: the data plane connects to the \
+             ip:port it is given"
+        );
+    }
+}
+
 impl Picker {
     /// Starts the gateway as `sluice serve` would, then the ext_proc and health listeners on its
     /// `--host`.
@@ -209,21 +232,7 @@ impl Picker {
         };
         let host = config.listen.ip();
         let gateway = Gateway::start(config).await?;
-        let unaddressed: Vec<String> = gateway
-            .fleet()
-            .snapshot()
-            .workers
-            .iter()
-            .filter(|w| w.endpoint.socket_addr().is_none())
-            .map(|w| w.id.to_string())
-            .collect();
-        if !unaddressed.is_empty() {
-            warn!(
-                workers = ?unaddressed,
-                "workers named by host name are never picked: the data plane connects to the \
-                 ip:port it is given"
-            );
-        }
+        warn_unaddressed(&gateway);
         let grpc_at = SocketAddr::new(host, epp.grpc_port);
         let health_at = SocketAddr::new(host, epp.grpc_health_port);
         let grpc = bind(grpc_at).await?;

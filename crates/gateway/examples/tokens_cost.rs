@@ -11,6 +11,9 @@
 //! (name it beside them) and on the tokenizer: a real model's vocabulary (100k+ tokens, hundreds
 //! of thousands of merges) costs more per byte than a small one.
 
+// Functions stay under 60 lines (clippy.toml), test code excepted: `cargo clippy` holds it.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use std::time::Duration;
 
 use tokio::time::Instant;

@@ -457,9 +457,9 @@ pub(crate) fn print_report(
     }
 }
 
-async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {
-    let engine = args.engine.config()?;
-    let plan = CapacityPlan {
+/// The levels, windows and workload `sluice bench capacity` was asked for.
+fn capacity_plan(args: &CapacityArgs, seed: u64) -> Result<CapacityPlan, BenchError> {
+    Ok(CapacityPlan {
         levels: if args.levels.is_empty() {
             default_levels()
         } else {
@@ -474,8 +474,13 @@ async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {
             output_sigma: args.output_sigma,
             output_max: args.output_max,
         },
-        seed: engine.seed,
-    };
+        seed,
+    })
+}
+
+async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {
+    let engine = args.engine.config()?;
+    let plan = capacity_plan(&args, engine.seed)?;
     let method = if args.http { "http" } else { "virtual" };
     let (report, late) = if args.http {
         let (report, levels) = run_http(&engine, &plan).await?;
@@ -511,14 +516,20 @@ async fn capacity(args: CapacityArgs) -> Result<(), BenchError> {
     );
     print!("{}", report.table());
     if let Some(late) = late {
-        for (level, (late_steps, steps)) in plan.levels.iter().zip(late) {
-            if steps > 0 && late_steps * 20 > steps {
-                println!(
-                    "warning: at concurrency {level}, {late_steps} of {steps} engine steps started late: \
-                     the host CPU, not the modelled GPU, limited that level (lower --time-scale)"
-                );
-            }
-        }
+        warn_late_steps(&plan.levels, &late);
     }
     Ok(())
+}
+
+/// Levels where more than one engine step in 20 started late: the host, not the modelled GPU,
+/// limited them.
+fn warn_late_steps(levels: &[u32], late: &[(u64, u64)]) {
+    for (level, &(late_steps, steps)) in levels.iter().zip(late) {
+        if steps > 0 && late_steps * 20 > steps {
+            println!(
+                "warning: at concurrency {level}, {late_steps} of {steps} engine steps started late: \
+                 the host CPU, not the modelled GPU, limited that level (lower --time-scale)"
+            );
+        }
+    }
 }

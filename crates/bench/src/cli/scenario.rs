@@ -1,6 +1,6 @@
 //! `sluice bench scenario <name>`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -177,48 +177,58 @@ pub struct ScenarioArgs {
 }
 
 pub(super) async fn scenario(args: ScenarioArgs) -> Result<(), BenchError> {
-    if let ScenarioName::Overhead = args.name {
-        return overhead(OverheadArgs {
-            targets: args.configs,
-            gateways: args.gateways,
-            connections: vec![1, 64],
-            stream_connections: 64,
-            stream_tokens: 1000,
-            warmup_secs: if args.quick { 1.0 } else { 2.0 },
-            window_secs: if args.quick { 3.0 } else { 10.0 },
-            gateway_core: 0,
-            load_core: 1,
-            engines: 2,
-            no_shared_core: false,
-            instructions: false,
-            instruction_requests: 3200,
-            json: args.json,
-        })
-        .await;
-    }
-    if let ScenarioName::ManyStreams = args.name {
-        return many_streams(&args).await;
-    }
-    if let ScenarioName::Liveness = args.name {
-        return liveness(&args).await;
-    }
     let long_context_pd = matches!(args.name, ScenarioName::LongContext) && args.disaggregated;
-    if matches!(args.name, ScenarioName::PdBurst) || long_context_pd {
-        std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
-        let exe = std::env::current_exe().map_err(BenchError::Exe)?;
-        let report = crate::scenario::pd_burst(&crate::scenario::PdBurstPlan {
-            sluice_exe: exe,
-            out_dir: args.out.clone(),
-            time_scale: args.time_scale,
-            seed: args.seed,
-            configs: args.configs.clone(),
-            long_context: long_context_pd,
-        })
-        .await?;
-        print_report(args.json, &report, || report.table());
-        return Ok(());
+    match args.name {
+        ScenarioName::Overhead => overhead_scenario(args).await,
+        ScenarioName::ManyStreams => many_streams(&args).await,
+        ScenarioName::Liveness => liveness(&args).await,
+        ScenarioName::PdBurst => pd_burst(&args, false).await,
+        _ if long_context_pd => pd_burst(&args, true).await,
+        _ => planned(&args).await,
     }
-    let plan = plan(&args)?;
+}
+
+/// `overhead` as a scenario: the overhead benchmark at its usual rows, shorter with `--quick`.
+async fn overhead_scenario(args: ScenarioArgs) -> Result<(), BenchError> {
+    overhead(OverheadArgs {
+        targets: args.configs,
+        gateways: args.gateways,
+        connections: vec![1, 64],
+        stream_connections: 64,
+        stream_tokens: 1000,
+        warmup_secs: if args.quick { 1.0 } else { 2.0 },
+        window_secs: if args.quick { 3.0 } else { 10.0 },
+        gateway_core: 0,
+        load_core: 1,
+        engines: 2,
+        no_shared_core: false,
+        instructions: false,
+        instruction_requests: 3200,
+        json: args.json,
+    })
+    .await
+}
+
+/// `pd-burst`, or `long-context --disaggregated`: prefill/decode pairs under a burst.
+async fn pd_burst(args: &ScenarioArgs, long_context: bool) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+    let exe = std::env::current_exe().map_err(BenchError::Exe)?;
+    let report = crate::scenario::pd_burst(&crate::scenario::PdBurstPlan {
+        sluice_exe: exe,
+        out_dir: args.out.clone(),
+        time_scale: args.time_scale,
+        seed: args.seed,
+        configs: args.configs.clone(),
+        long_context,
+    })
+    .await?;
+    print_report(args.json, &report, || report.table());
+    Ok(())
+}
+
+/// The scenarios run from one plan of fleet, configs and load.
+async fn planned(args: &ScenarioArgs) -> Result<(), BenchError> {
+    let plan = plan(args)?;
     std::fs::create_dir_all(&args.out).map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
     let plot = |svg: &Option<PathBuf>| {
         svg.as_ref()
@@ -357,79 +367,7 @@ fn envoy_for(named: bool) -> Result<Option<std::path::PathBuf>, BenchError> {
 
 fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError> {
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
-    let mut configs = crate::scenario::default_configs(&exe, args.time_scale);
-    match args.name {
-        ScenarioName::TieredOverload => {
-            configs.push(crate::scenario::tiered_config(&exe, args.time_scale));
-            if crate::overhead::on_path("smg") {
-                let engines = args.engines.unwrap_or(2);
-                configs.push(crate::scenario::smg_priority_config(
-                    engines,
-                    args.time_scale,
-                ));
-            }
-        }
-        ScenarioName::NoisyTenant => {
-            let sizes = if args.queue_size.is_empty() {
-                crate::scenario::QUEUE_SIZES.to_vec()
-            } else {
-                args.queue_size.clone()
-            };
-            if sizes.contains(&0) {
-                return Err(BenchError::Zero("queue-size"));
-            }
-            for size in sizes {
-                configs.push(crate::scenario::tenants_config(&exe, args.time_scale, size));
-            }
-        }
-        ScenarioName::Routing => {
-            configs = crate::scenario::routing_configs(&exe, args.time_scale);
-        }
-        ScenarioName::Degradation => {
-            // Against the same gateway without the ladder, and against the plain defaults.
-            configs.retain(|t| ["direct", "sluice", "smg"].contains(&t.name.as_str()));
-            let own = crate::scenario::degradation_configs(&exe, args.time_scale, &args.out)
-                .map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
-            configs.extend(own);
-        }
-        name => {
-            if let Some(incident) = name.incident() {
-                configs.push(crate::scenario::quiet_sluice(
-                    "direct-unreachable",
-                    &exe,
-                    &crate::scenario::naive_flags(true),
-                ));
-                configs.extend(crate::scenario::incident_configs(
-                    incident,
-                    &exe,
-                    args.time_scale,
-                ));
-            }
-        }
-    }
-    if matches!(
-        args.name,
-        ScenarioName::TieredOverload | ScenarioName::FrozenEngine
-    ) {
-        let named = args.configs.iter().any(|c| c.starts_with("envoy"));
-        if let Some(envoy) = envoy_for(named)? {
-            configs.extend(crate::scenario::envoy_configs(&exe, args.time_scale, envoy));
-        }
-    }
-    for g in &args.gateways {
-        configs.push(Template::parse(g)?);
-    }
-    if !args.configs.is_empty() {
-        let wanted = |name: &str| name == "direct" || args.configs.iter().any(|c| c == name);
-        if let Some(unknown) = args
-            .configs
-            .iter()
-            .find(|c| !configs.iter().any(|t| &t.name == *c))
-        {
-            return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
-        }
-        configs.retain(|t| wanted(&t.name));
-    }
+    let configs = configs(args, &exe)?;
     if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
         return Err(BenchError::Positive("time-scale"));
     }
@@ -466,23 +404,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         capacity: args.capacity.map(|per_engine| per_engine * engines as f64),
         sluice_exe: exe,
         out_dir: args.out.clone(),
-        engine_args: args
-            .engine_args
-            .as_deref()
-            .unwrap_or(match args.name {
-                ScenarioName::LongContext => "--max-num-seqs 64",
-                _ => "--max-num-seqs 64 --num-gpu-blocks 2048",
-            })
-            .split_whitespace()
-            .map(String::from)
-            .chain(
-                args.grpc
-                    .then_some(["--grpc", "--flavor", "sglang"])
-                    .into_iter()
-                    .flatten()
-                    .map(String::from),
-            )
-            .collect(),
+        engine_args: engine_args(args),
         fleet: match args.name {
             ScenarioName::Degradation => crate::scenario::degradation_shape(engines),
             ScenarioName::Routing => crate::scenario::FleetShape {
@@ -503,6 +425,105 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             _ => crate::run::default_tiers(),
         },
     })
+}
+
+/// The simulated engines' arguments: `--engine-args`, or the scenario's, and gRPC's.
+fn engine_args(args: &ScenarioArgs) -> Vec<String> {
+    args.engine_args
+        .as_deref()
+        .unwrap_or(match args.name {
+            ScenarioName::LongContext => "--max-num-seqs 64",
+            _ => "--max-num-seqs 64 --num-gpu-blocks 2048",
+        })
+        .split_whitespace()
+        .map(String::from)
+        .chain(
+            args.grpc
+                .then_some(["--grpc", "--flavor", "sglang"])
+                .into_iter()
+                .flatten()
+                .map(String::from),
+        )
+        .collect()
+}
+
+/// The configurations the scenario compares: its own and the defaults, `--gateway`'s, narrowed
+/// to `--configs` when given.
+fn configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError> {
+    let mut configs = crate::scenario::default_configs(exe, args.time_scale);
+    match args.name {
+        ScenarioName::TieredOverload => {
+            configs.push(crate::scenario::tiered_config(exe, args.time_scale));
+            if crate::overhead::on_path("smg") {
+                let engines = args.engines.unwrap_or(2);
+                configs.push(crate::scenario::smg_priority_config(
+                    engines,
+                    args.time_scale,
+                ));
+            }
+        }
+        ScenarioName::NoisyTenant => {
+            let sizes = if args.queue_size.is_empty() {
+                crate::scenario::QUEUE_SIZES.to_vec()
+            } else {
+                args.queue_size.clone()
+            };
+            if sizes.contains(&0) {
+                return Err(BenchError::Zero("queue-size"));
+            }
+            for size in sizes {
+                configs.push(crate::scenario::tenants_config(exe, args.time_scale, size));
+            }
+        }
+        ScenarioName::Routing => {
+            configs = crate::scenario::routing_configs(exe, args.time_scale);
+        }
+        ScenarioName::Degradation => {
+            // Against the same gateway without the ladder, and against the plain defaults.
+            configs.retain(|t| ["direct", "sluice", "smg"].contains(&t.name.as_str()));
+            let own = crate::scenario::degradation_configs(exe, args.time_scale, &args.out)
+                .map_err(|e| BenchError::OutDir(args.out.clone(), e))?;
+            configs.extend(own);
+        }
+        name => {
+            if let Some(incident) = name.incident() {
+                configs.push(crate::scenario::quiet_sluice(
+                    "direct-unreachable",
+                    exe,
+                    &crate::scenario::naive_flags(true),
+                ));
+                configs.extend(crate::scenario::incident_configs(
+                    incident,
+                    exe,
+                    args.time_scale,
+                ));
+            }
+        }
+    }
+    if matches!(
+        args.name,
+        ScenarioName::TieredOverload | ScenarioName::FrozenEngine
+    ) {
+        let named = args.configs.iter().any(|c| c.starts_with("envoy"));
+        if let Some(envoy) = envoy_for(named)? {
+            configs.extend(crate::scenario::envoy_configs(exe, args.time_scale, envoy));
+        }
+    }
+    for g in &args.gateways {
+        configs.push(Template::parse(g)?);
+    }
+    if !args.configs.is_empty() {
+        let wanted = |name: &str| name == "direct" || args.configs.iter().any(|c| c == name);
+        if let Some(unknown) = args
+            .configs
+            .iter()
+            .find(|c| !configs.iter().any(|t| &t.name == *c))
+        {
+            return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
+        }
+        configs.retain(|t| wanted(&t.name));
+    }
+    Ok(configs)
 }
 
 fn phases(spec: &str) -> Result<crate::scenario::Timing, BenchError> {

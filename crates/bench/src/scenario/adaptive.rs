@@ -76,22 +76,27 @@ pub fn controlled_config(name: &str, exe: &Path, time_scale: f64, controls: Cont
     crate::overhead::sluice_template(name, exe, &argv)
 }
 
+/// The default (cache-aware) policy alone, none of the controls.
+const NO_CONTROLS: Controls = Controls {
+    round_robin: false,
+    queue: false,
+    codel: false,
+    adaptive: None,
+};
+
+/// The queue with CoDel and the adaptive limit at the seed's inter-token target.
+const ALL_CONTROLS: Controls = Controls {
+    queue: true,
+    codel: true,
+    adaptive: Some(SEED_ITL_MS),
+    ..NO_CONTROLS
+};
+
 /// The configurations the incident scenarios add: for a slow worker, limits with and without
 /// round robin; for a spike, the queue without CoDel, with it, and with limits too (at the
 /// seed's inter-token targets, and at the scenarios' objective).
 pub fn incident_configs(incident: super::Incident, exe: &Path, time_scale: f64) -> Vec<Template> {
-    let none = Controls {
-        round_robin: false,
-        queue: false,
-        codel: false,
-        adaptive: None,
-    };
-    let all = Controls {
-        queue: true,
-        codel: true,
-        adaptive: Some(SEED_ITL_MS),
-        ..none
-    };
+    let (none, all) = (NO_CONTROLS, ALL_CONTROLS);
     let named: Vec<(&str, Controls)> = match incident {
         super::Incident::SlowWorker => vec![
             ("sluice-adaptive", all),

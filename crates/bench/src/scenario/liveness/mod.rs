@@ -354,17 +354,10 @@ fn vetoes_in_log(log: &Path, worker: &str) -> Vec<SystemTime> {
 }
 
 impl Run {
-    fn row(
-        &self,
-        failure: Failure,
-        clients: &Clients,
-        gateway: &str,
-        timing: &Timing,
-        vetoes: Option<Vec<SystemTime>>,
-    ) -> Row {
-        let (fault, restore) = (timing.before, timing.before + timing.during);
-        // Before: over before the failure. During: in flight when it came, or sent while it
-        // lasted. After: sent after the recovery.
+    /// The requests that failed in each phase — before: over before the failure; during: in
+    /// flight when it came, or sent while it lasted; after: sent after the recovery — and the
+    /// failures by code.
+    fn failures(&self, fault: Duration, restore: Duration) -> ([u64; 3], BTreeMap<String, u64>) {
         let phase = |o: &Outcome| {
             if o.due + o.e2e < fault {
                 0
@@ -384,6 +377,19 @@ impl Run {
             failed[phase(o)] += 1;
             *failures.entry(o.failure_code()).or_insert(0) += 1;
         }
+        (failed, failures)
+    }
+
+    fn row(
+        &self,
+        failure: Failure,
+        clients: &Clients,
+        gateway: &str,
+        timing: &Timing,
+        vetoes: Option<Vec<SystemTime>>,
+    ) -> Row {
+        let (fault, restore) = (timing.before, timing.before + timing.during);
+        let (failed, failures) = self.failures(fault, restore);
         let seconds_after = |t: SystemTime| {
             t.duration_since(self.fault_at)
                 .map(|d| d.as_secs_f64())

@@ -383,16 +383,15 @@ impl Run<'_> {
                 count(set, Fate::Good) as f64 / set.len() as f64
             }
         };
-        let ttfts: Vec<f64> = during
-            .iter()
-            .filter(|o| o.status == 200 && o.completed)
-            .filter_map(|o| o.ttft.map(|t| t.as_secs_f64() * scale))
-            .collect();
-        let tpots: Vec<f64> = during
-            .iter()
-            .filter(|o| o.status == 200 && o.completed)
-            .filter_map(|o| o.tpot().map(|t| t.as_secs_f64() * scale))
-            .collect();
+        // The 99th percentile of a time of the answers completed during the incident.
+        let p99_during = |time: fn(&Outcome) -> Option<Duration>| {
+            let times: Vec<f64> = during
+                .iter()
+                .filter(|o| o.status == 200 && o.completed)
+                .filter_map(|o| time(o).map(|t| t.as_secs_f64() * scale))
+                .collect();
+            crate::stats::percentile(&times, 0.99)
+        };
         let arrived = arrivals(readings);
         let (excluded, share_of_target) = if incident.counter_readable() {
             (
@@ -411,8 +410,8 @@ impl Run<'_> {
             attainment_during: share(&during),
             failed: count(outcomes, Fate::Failed),
             refused: count(outcomes, Fate::Refused),
-            ttft_p99_during: crate::stats::percentile(&ttfts, 0.99),
-            tpot_p99_during: crate::stats::percentile(&tpots, 0.99),
+            ttft_p99_during: p99_during(|o| o.ttft),
+            tpot_p99_during: p99_during(Outcome::tpot),
             excluded_after: excluded,
             rejoined_after: (incident != Incident::Spike)
                 .then(|| rejoined_after(&arrived, &phases))
