@@ -500,29 +500,40 @@ fn configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError>
             }
         }
     }
-    if matches!(
-        args.name,
-        ScenarioName::TieredOverload | ScenarioName::FrozenEngine
-    ) {
-        let named = args.configs.iter().any(|c| c.starts_with("envoy"));
-        if let Some(envoy) = envoy_for(named)? {
-            configs.extend(crate::scenario::envoy_configs(exe, args.time_scale, envoy));
-        }
-    }
+    configs.extend(envoy_configs(args, exe)?);
     for g in &args.gateways {
         configs.push(Template::parse(g)?);
     }
-    if !args.configs.is_empty() {
-        let wanted = |name: &str| name == "direct" || args.configs.iter().any(|c| c == name);
-        if let Some(unknown) = args
-            .configs
-            .iter()
-            .find(|c| !configs.iter().any(|t| &t.name == *c))
-        {
-            return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
-        }
-        configs.retain(|t| wanted(&t.name));
+    narrowed(configs, &args.configs)
+}
+
+/// Envoy's configurations, for the scenarios that compare it, when an Envoy is at hand.
+fn envoy_configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError> {
+    if !matches!(
+        args.name,
+        ScenarioName::TieredOverload | ScenarioName::FrozenEngine
+    ) {
+        return Ok(Vec::new());
     }
+    let named = args.configs.iter().any(|c| c.starts_with("envoy"));
+    Ok(envoy_for(named)?
+        .map(|envoy| crate::scenario::envoy_configs(exe, args.time_scale, envoy))
+        .unwrap_or_default())
+}
+
+/// Only the configurations `wanted` names (and `direct`), when it names any; a name that is no
+/// configuration is refused.
+fn narrowed(mut configs: Vec<Template>, wanted: &[String]) -> Result<Vec<Template>, BenchError> {
+    if wanted.is_empty() {
+        return Ok(configs);
+    }
+    if let Some(unknown) = wanted
+        .iter()
+        .find(|c| !configs.iter().any(|t| &t.name == *c))
+    {
+        return Err(crate::overhead::TemplateError::Unknown(unknown.clone()).into());
+    }
+    configs.retain(|t| t.name == "direct" || wanted.contains(&t.name));
     Ok(configs)
 }
 

@@ -172,40 +172,43 @@ fn scope(
     })
 }
 
+impl ReasoningSpec {
+    /// How this step switches reasoning down.
+    fn switch(&self) -> Result<ReasoningSwitch, ConfigError> {
+        Ok(match self.switch.as_str() {
+            "disable" => ReasoningSwitch::Disable,
+            "effort" => {
+                ReasoningSwitch::Effort(self.effort.clone().unwrap_or_else(|| "low".into()))
+            }
+            "budget" => ReasoningSwitch::Budget {
+                field: self
+                    .budget_field
+                    .clone()
+                    .unwrap_or_else(|| "thinking_token_budget".into()),
+                tokens: self.budget_tokens.ok_or_else(|| {
+                    invalid(
+                        "degradation.reasoning",
+                        "switch = \"budget\" needs budget_tokens",
+                    )
+                })?,
+            },
+            other => {
+                return Err(invalid(
+                    "degradation.reasoning",
+                    format!("switch \"{other}\": one of disable, effort, budget"),
+                ))
+            }
+        })
+    }
+}
+
 impl DegradationSpec {
-    /// The ladder, when any step is configured; `None` leaves the request path as it was.
-    pub(super) fn validate(
-        &self,
-        cascades: &[CascadeSpec],
-        [default_interval, shed_interval]: [Duration; 2],
-        reference: [Duration; 3],
-    ) -> Result<Option<DegradationConfig>, ConfigError> {
+    /// The ladder's steps in the order they are taken: reasoning switched, cascades, prompts
+    /// pruned, answers clamped.
+    fn steps(&self, cascades: &[CascadeSpec]) -> Result<Vec<Step>, ConfigError> {
         let mut steps = Vec::new();
         for r in &self.reasoning {
-            let switch = match r.switch.as_str() {
-                "disable" => ReasoningSwitch::Disable,
-                "effort" => {
-                    ReasoningSwitch::Effort(r.effort.clone().unwrap_or_else(|| "low".into()))
-                }
-                "budget" => ReasoningSwitch::Budget {
-                    field: r
-                        .budget_field
-                        .clone()
-                        .unwrap_or_else(|| "thinking_token_budget".into()),
-                    tokens: r.budget_tokens.ok_or_else(|| {
-                        invalid(
-                            "degradation.reasoning",
-                            "switch = \"budget\" needs budget_tokens",
-                        )
-                    })?,
-                },
-                other => {
-                    return Err(invalid(
-                        "degradation.reasoning",
-                        format!("switch \"{other}\": one of disable, effort, budget"),
-                    ))
-                }
-            };
+            let switch = r.switch()?;
             steps.push(Step {
                 scope: scope(
                     "degradation.reasoning",
@@ -255,6 +258,17 @@ impl DegradationSpec {
                 kind: StepKind::Clamp(cap),
             });
         }
+        Ok(steps)
+    }
+
+    /// The ladder, when any step is configured; `None` leaves the request path as it was.
+    pub(super) fn validate(
+        &self,
+        cascades: &[CascadeSpec],
+        [default_interval, shed_interval]: [Duration; 2],
+        reference: [Duration; 3],
+    ) -> Result<Option<DegradationConfig>, ConfigError> {
+        let steps = self.steps(cascades)?;
         let interval = match self.interval_secs {
             None => default_interval,
             Some(secs) => Duration::try_from_secs_f64(secs)

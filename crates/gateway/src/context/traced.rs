@@ -121,6 +121,31 @@ pub(super) fn request(ctx: &RequestContext, ending: &Ending) -> (Vec<KeyValue>, 
     if let Some(class) = ctx.error_event {
         a.push(KeyValue::new("sluice.error_event", class));
     }
+    answer_attributes(&mut a, ctx, ending);
+    if !ctx.degraded.notes.is_empty() {
+        a.push(KeyValue::new(
+            "sluice.degraded",
+            ctx.degraded.notes.join(", "),
+        ));
+    }
+    if ending.cancelled {
+        a.push(KeyValue::new("sluice.cancelled", true));
+    }
+    if ending.interrupted {
+        a.push(KeyValue::new("sluice.interrupted", true));
+    }
+    let failed =
+        ending.interrupted || ctx.error_event.is_some() || ending.status.is_some_and(|s| s >= 500);
+    let status = if failed {
+        Status::error(ctx.code.unwrap_or("failed"))
+    } else {
+        Status::Unset
+    };
+    (a, status)
+}
+
+/// What the answer itself tells: its usage, its time to first chunk and per output token.
+fn answer_attributes(a: &mut Vec<KeyValue>, ctx: &RequestContext, ending: &Ending) {
     if let Some(usage) = ending.usage {
         a.push(KeyValue::new(
             genai::USAGE_INPUT_TOKENS,
@@ -145,26 +170,6 @@ pub(super) fn request(ctx: &RequestContext, ending: &Ending) -> (Vec<KeyValue>, 
             a.push(KeyValue::new("sluice.tpot_ms", tpot * 1e3));
         }
     }
-    if !ctx.degraded.notes.is_empty() {
-        a.push(KeyValue::new(
-            "sluice.degraded",
-            ctx.degraded.notes.join(", "),
-        ));
-    }
-    if ending.cancelled {
-        a.push(KeyValue::new("sluice.cancelled", true));
-    }
-    if ending.interrupted {
-        a.push(KeyValue::new("sluice.interrupted", true));
-    }
-    let failed =
-        ending.interrupted || ctx.error_event.is_some() || ending.status.is_some_and(|s| s >= 500);
-    let status = if failed {
-        Status::error(ctx.code.unwrap_or("failed"))
-    } else {
-        Status::Unset
-    };
-    (a, status)
 }
 
 /// Seconds per output token after the first: the rest of the answer over the rest of its

@@ -14,7 +14,7 @@ use sluice_core::overload::VetoClass;
 
 use super::atomic::Packed;
 
-use super::Fleet;
+use super::{Fleet, Worker};
 
 #[derive(Debug)]
 pub(crate) struct FleetCollector(pub Arc<Fleet>);
@@ -28,38 +28,31 @@ impl std::fmt::Debug for Fleet {
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let snapshot = self.0.snapshot();
-        let mut family = encoder.encode_descriptor(
-            "worker_in_flight",
-            "Requests in flight through this gateway, per worker",
-            None,
-            MetricType::Gauge,
+        let workers = &snapshot.workers;
+        per_worker(
+            &mut encoder,
+            (
+                "worker_in_flight",
+                "Requests in flight through this gateway, per worker",
+            ),
+            workers,
+            |w| Some(w.in_flight() as i64),
         )?;
-        for w in &snapshot.workers {
-            let labels = [("worker", w.id.as_str())];
-            ConstGauge::new(w.in_flight() as i64).encode(family.encode_family(&labels)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "worker_concurrency_limit",
-            "Each worker's adaptive concurrency limit (--adaptive-concurrency): this gateway's requests in flight on it at most",
-            None,
-            MetricType::Gauge,
+        per_worker(
+            &mut encoder,
+            ("worker_concurrency_limit", "Each worker's adaptive concurrency limit (--adaptive-concurrency): this gateway's requests in flight on it at most"),
+            workers,
+            |w| w.adaptive.limit().map(|limit| limit as i64),
         )?;
-        for w in &snapshot.workers {
-            if let Some(limit) = w.adaptive.limit() {
-                let labels = [("worker", w.id.as_str())];
-                ConstGauge::new(limit as i64).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            "worker_circuit_state",
-            "Circuit breaker state per worker: 0 closed, 1 open, 2 half-open",
-            None,
-            MetricType::Gauge,
+        per_worker(
+            &mut encoder,
+            (
+                "worker_circuit_state",
+                "Circuit breaker state per worker: 0 closed, 1 open, 2 half-open",
+            ),
+            workers,
+            |w| Some(w.breaker.state().gauge()),
         )?;
-        for w in &snapshot.workers {
-            let labels = [("worker", w.id.as_str())];
-            ConstGauge::new(w.breaker.state().gauge()).encode(family.encode_family(&labels)?)?;
-        }
         let mut family = encoder.encode_descriptor(
             "workers_overloaded",
             "Workers of each model kept out of routing as full (over a ceiling, busy, or at capacity)",
@@ -90,39 +83,64 @@ impl Collector for FleetCollector {
             }
         }
         encode_kv_events(&mut encoder, &snapshot.workers)?;
-        let mut family = encoder.encode_descriptor(
+        encode_identity(&mut encoder, &snapshot.workers)
+    }
+}
+
+/// One gauge per worker, `value` of each (none for a worker it says nothing of).
+fn per_worker(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    workers: &[Arc<Worker>],
+    value: impl Fn(&Worker) -> Option<i64>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for w in workers {
+        if let Some(value) = value(w) {
+            let labels = [("worker", w.id.as_str())];
+            ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// What each worker is (its URL and flavor) and the health state it is in.
+fn encode_identity(
+    encoder: &mut DescriptorEncoder,
+    workers: &[Arc<Worker>],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
             "worker_info",
             "Registered workers: id, URL and flavor (value 1); labels that do not change while the worker lives",
             None,
             MetricType::Gauge,
         )?;
-        for w in &snapshot.workers {
-            let url = w.live().spec.url.clone();
-            let flavor = w
-                .info()
-                .map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
-            let labels = [
-                ("worker", w.id.as_str()),
-                ("url", url.as_str()),
-                ("flavor", flavor.as_str()),
-            ];
-            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "worker_state",
-            "Each worker's health state: 1 for the state it is in, 0 for the others",
-            None,
-            MetricType::Gauge,
-        )?;
-        for w in &snapshot.workers {
-            let now = w.status();
-            for &state in HealthState::ALL {
-                let labels = [("worker", w.id.as_str()), ("state", state.as_str())];
-                ConstGauge::new(i64::from(state == now)).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+    for w in workers {
+        let url = w.live().spec.url.clone();
+        let flavor = w
+            .info()
+            .map_or_else(|| "unknown".to_string(), |i| i.flavor.clone());
+        let labels = [
+            ("worker", w.id.as_str()),
+            ("url", url.as_str()),
+            ("flavor", flavor.as_str()),
+        ];
+        ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
     }
+    let mut family = encoder.encode_descriptor(
+        "worker_state",
+        "Each worker's health state: 1 for the state it is in, 0 for the others",
+        None,
+        MetricType::Gauge,
+    )?;
+    for w in workers {
+        let now = w.status();
+        for &state in HealthState::ALL {
+            let labels = [("worker", w.id.as_str()), ("state", state.as_str())];
+            ConstGauge::new(i64::from(state == now)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// What each worker's KV events say and did, for the workers that have sent any.

@@ -191,6 +191,26 @@ pub fn last_failure_after(outcomes: &[Outcome], tiers: &[Tier], phases: &Phases)
         .fold(0.0, f64::max)
 }
 
+/// When the failing worker stopped getting requests, and its share of them: read from its
+/// arrivals where its counter can be read, from the last failure a client saw where it crashed.
+pub fn exclusion(
+    incident: super::Incident,
+    (arrived, readings, outcomes): (&[Duration], &[Reading], &[Outcome]),
+    tiers: &[Tier],
+    phases: &Phases,
+) -> (Option<f64>, Option<f64>) {
+    if incident.counter_readable() {
+        (
+            excluded_after(arrived, phases),
+            target_share(readings, outcomes, phases),
+        )
+    } else if incident == super::Incident::WorkerCrash {
+        (Some(last_failure_after(outcomes, tiers, phases)), None)
+    } else {
+        (None, target_share(readings, outcomes, phases))
+    }
+}
+
 /// The target's share of the requests due during the incident (a fair share is 1/engines).
 pub fn target_share(readings: &[Reading], outcomes: &[Outcome], phases: &Phases) -> Option<f64> {
     let during = |r: &&Reading| r.at >= phases.fault && r.at <= phases.restore;

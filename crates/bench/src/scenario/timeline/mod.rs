@@ -393,16 +393,8 @@ impl Run<'_> {
             crate::stats::percentile(&times, 0.99)
         };
         let arrived = arrivals(readings);
-        let (excluded, share_of_target) = if incident.counter_readable() {
-            (
-                excluded_after(&arrived, &phases),
-                target_share(readings, outcomes, &phases),
-            )
-        } else if incident == Incident::WorkerCrash {
-            (Some(last_failure_after(outcomes, tiers, &phases)), None)
-        } else {
-            (None, target_share(readings, outcomes, &phases))
-        };
+        let (excluded, share_of_target) =
+            exclusion(incident, (&arrived, readings, outcomes), tiers, &phases);
         Row {
             config: config.into(),
             requests: outcomes.len() as u64,

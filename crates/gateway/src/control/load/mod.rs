@@ -96,17 +96,59 @@ async fn next_push(
     }
 }
 
+/// What one worker's monitor keeps from one report to the next.
+#[derive(Default)]
+struct Between {
+    /// Where its reports are read, as found.
+    sources: poll::Sources,
+    /// Which less-than-whole reports of it were logged already: each kind is logged once.
+    told: verdict::Told,
+    /// The size its running requests settle at, in which the reserve counts room.
+    size: RunningSize,
+    /// Its engine's batch size, asked once, of SGLang workers only (vLLM's /metrics does not
+    /// carry it).
+    engine_batch: Option<Option<u64>>,
+}
+
+impl Between {
+    /// What the verdict on its next report reads and keeps.
+    fn verdict(&mut self, interval: Duration) -> verdict::Kept<'_> {
+        verdict::Kept {
+            told: &mut self.told,
+            size: &mut self.size,
+            interval,
+        }
+    }
+
+    /// Polls `worker` now and judges its answer; `None` once the fleet is gone.
+    async fn poll(
+        &mut self,
+        fleet: &Weak<Fleet>,
+        worker: &Arc<Worker>,
+        control: &Control,
+        interval: Duration,
+        timeout: Duration,
+    ) -> Option<()> {
+        let upstream = &control.upstream;
+        let result = self.sources.poll(upstream, worker, timeout).await;
+        let sglang = worker.info().is_some_and(|i| i.flavor == "sglang");
+        if result.is_ok() && sglang && self.engine_batch.is_none() {
+            self.engine_batch = Some(poll::sglang_batch_size(upstream, worker, timeout).await);
+        }
+        let fleet = fleet.upgrade()?;
+        let batch = self.engine_batch.flatten();
+        control.load_polled(&fleet, worker, result, batch, self.verdict(interval));
+        Some(())
+    }
+}
+
 /// Polls one worker while it is registered: every interval of its pool, only while Ready (the
 /// first poll as soon as it is). A gRPC worker's pushed records are reports too, each ingested
 /// as it comes; its poll is skipped while a record came within the interval, and takes over when
 /// they stop.
 pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control: Arc<Control>) {
     let upstream = &control.upstream;
-    let mut sources = poll::Sources::default();
-    let mut told = verdict::Told::default();
-    let mut size = RunningSize::default();
-    // Asked once, of SGLang workers only (vLLM's /metrics does not carry it).
-    let mut engine_batch: Option<Option<u64>> = None;
+    let mut kept = Between::default();
     let mut pushed = worker.endpoint.grpc().then(pushed::Pushed::new);
     if pushed.is_some() {
         // This task is the one writer of a gRPC worker's held blocks.
@@ -131,21 +173,12 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                 let polled = if pushed.as_ref().is_some_and(|p| p.fresh(interval)) {
                     None
                 } else {
-                    let result = sources.poll(upstream, &worker, timeout).await;
-                    let sglang = worker.info().is_some_and(|i| i.flavor == "sglang");
-                    if result.is_ok() && sglang && engine_batch.is_none() {
-                        engine_batch =
-                            Some(poll::sglang_batch_size(upstream, &worker, timeout).await);
-                    }
-                    let Some(fleet) = fleet.upgrade() else {
+                    let Some(()) = kept
+                        .poll(&fleet, &worker, &control, interval, timeout)
+                        .await
+                    else {
                         return;
                     };
-                    let kept = verdict::Kept {
-                        told: &mut told,
-                        size: &mut size,
-                        interval,
-                    };
-                    control.load_polled(&fleet, &worker, result, engine_batch.flatten(), kept);
                     Some(Instant::now())
                 };
                 let early = async {
@@ -162,12 +195,8 @@ pub(super) async fn run_monitor(fleet: Weak<Fleet>, worker: Arc<Worker>, control
                         let Some(fleet) = fleet.upgrade() else {
                             return;
                         };
-                        let kept = verdict::Kept {
-                            told: &mut told,
-                            size: &mut size,
-                            interval,
-                        };
-                        control.load_pushed(&fleet, &worker, push, engine_batch.flatten(), kept);
+                        let batch = kept.engine_batch.flatten();
+                        control.load_pushed(&fleet, &worker, push, batch, kept.verdict(interval));
                     }
                 }
             }

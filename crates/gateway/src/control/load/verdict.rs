@@ -5,7 +5,8 @@ use sluice_core::admission::drain::{AtReport, Starts};
 use sluice_core::liveness::{stalled_since, PollShowed, Reading};
 use sluice_core::load::LoadReport;
 use sluice_core::overload::{
-    overload_verdict, worker_busy, OverloadCause, QueueGate, RankActivity, RunningSize, StartRoom,
+    overload_verdict, worker_busy, Ceilings, OverloadCause, QueueGate, RankActivity, RunningSize,
+    StartRoom,
 };
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -127,6 +128,38 @@ fn say_changes(
     }
 }
 
+/// What the engine reported, as the worker's gauges show it.
+fn engine_gauges(worker: &Worker, report: &LoadReport) {
+    let m = &worker.metrics;
+    m.engine_waiting.set(report.waiting() as i64);
+    m.engine_running.set(report.running() as i64);
+    m.engine_token_usage.set(report.mean_kv_usage());
+}
+
+/// The room `report` leaves on `worker` to start requests, set on its vetoes (tight when what is
+/// left is the interactive reserve), and the gate its engine's queue puts on new ones.
+fn room_after(
+    fleet: &Fleet,
+    worker: &Worker,
+    (report, previous): (&LoadReport, Option<&LoadReport>),
+    ceilings: &Ceilings,
+    settled: Option<f64>,
+) -> QueueGate {
+    let window = worker.vetoes.learn_window(report);
+    let gate = QueueGate::new(
+        report,
+        ceilings,
+        worker.traffic.pending_everywhere(),
+        window,
+    );
+    let room = StartRoom::new(report, ceilings, window, worker.load_everywhere(), settled)
+        .after_preemptions(report.preempted_since(previous));
+    worker
+        .vetoes
+        .set_start_room(room, room.tight(fleet.interactive_reserve()));
+    gate
+}
+
 impl Control {
     /// A poll of `worker` ended: its verdicts follow the report, or clear without one.
     pub(super) fn load_polled(
@@ -158,33 +191,20 @@ impl Control {
             .ceilings_for(&worker.live().spec.overload);
         let overload = overload_verdict(&report, previous.as_ref().map(|p| &p.report), &ceilings);
         let asleep = report.asleep();
-        let window = worker.vetoes.learn_window(&report);
-        let gate = QueueGate::new(
-            &report,
-            &ceilings,
-            worker.traffic.pending_everywhere(),
-            window,
-        );
         kept.size.observe(&report, now, kept.interval);
         let settled = kept.size.remembered();
-        let room = StartRoom::new(
-            &report,
+        let previous_report = previous.as_ref().map(|p| &p.report);
+        let gate = room_after(
+            fleet,
+            worker,
+            (&report, previous_report),
             &ceilings,
-            window,
-            worker.load_everywhere(),
             settled,
-        )
-        .after_preemptions(report.preempted_since(previous.as_ref().map(|p| &p.report)));
-        worker
-            .vetoes
-            .set_start_room(room, room.tight(fleet.interactive_reserve()));
+        );
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = activity(&report, worker.traffic.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
-        let m = &worker.metrics;
-        m.engine_waiting.set(report.waiting() as i64);
-        m.engine_running.set(report.running() as i64);
-        m.engine_token_usage.set(report.mean_kv_usage());
+        engine_gauges(worker, &report);
         let was_asleep = worker.vetoes.set_asleep(asleep);
         let at_report = AtReport::new(report.waiting(), worker.traffic.sent_and_ended(), now);
         let starts = previous

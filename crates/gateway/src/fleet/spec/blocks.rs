@@ -150,6 +150,12 @@ pub(super) fn adaptive_block(object: &Map<String, Value>) -> Result<AdaptiveOver
         ttft_breach_ms: whole("ttft_breach_ms")?,
         ttft_healthy_ms: whole("ttft_healthy_ms")?,
     };
+    adaptive_ordered(&block)?;
+    Ok(block)
+}
+
+/// A floor not over its ceiling, a healthy target under its breach target, where both are given.
+fn adaptive_ordered(block: &AdaptiveOverrides) -> Result<(), SpecError> {
     let ordered = |low: Option<u64>, high: Option<u64>, strict: bool| match (low, high) {
         (Some(l), Some(h)) => l < h || (!strict && l == h),
         _ => true,
@@ -172,7 +178,7 @@ pub(super) fn adaptive_block(object: &Map<String, Value>) -> Result<AdaptiveOver
             "must be under ttft_breach_ms",
         ));
     }
-    Ok(block)
+    Ok(())
 }
 
 /// The `health` block, each field validated and named (`health.timeout_secs`) when wrong.

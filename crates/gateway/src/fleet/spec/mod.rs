@@ -275,89 +275,58 @@ impl WorkerSpec {
                 format!("unknown field (known: {})", FIELDS.join(", ")),
             ));
         }
-        let url = match object.get("url") {
-            Some(Value::String(url)) => normalize_url(url)?,
-            Some(_) => return Err(spec_error("url", "must be a string")),
-            None => return Err(spec_error("url", "is required")),
-        };
         Ok(Self {
-            url,
+            url: match object.get("url") {
+                Some(Value::String(url)) => normalize_url(url)?,
+                Some(_) => return Err(spec_error("url", "must be a string")),
+                None => return Err(spec_error("url", "is required")),
+            },
             api_key: optional_string(&object, "api_key")?,
             model_id: optional_string(&object, "model_id")?,
-            http2: match object.get("http2") {
-                None | Some(Value::Null) => None,
-                Some(Value::Bool(b)) => Some(*b),
-                Some(_) => return Err(spec_error("http2", "must be a boolean")),
-            },
+            http2: optional(&object, "http2", "must be a boolean", Value::as_bool)?,
             labels: labels(&object)?.unwrap_or_default(),
-            health: match health_patch(&object)? {
-                Some(patch) => HealthOverrides::default().patched(patch),
-                None => HealthOverrides::default(),
-            },
+            health: health_patch(&object)?.map_or_else(HealthOverrides::default, |patch| {
+                HealthOverrides::default().patched(patch)
+            }),
             overload: overload_block(&object)?,
             adaptive: adaptive_block(&object)?,
             worker_type: worker_type(&object)?,
-            bootstrap_port: match object.get("bootstrap_port") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(
-                    v.as_u64()
-                        .and_then(|p| u16::try_from(p).ok())
-                        .filter(|p| *p > 0)
-                        .ok_or_else(|| spec_error("bootstrap_port", "must be a port number"))?,
-                ),
-            },
-            max_running_requests: match object.get("max_running_requests") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-                    spec_error(
-                        "max_running_requests",
-                        "must be a whole number of at least 1",
-                    )
-                })?),
-            },
-            kv_events_endpoint: match object.get("kv_events_endpoint") {
-                None | Some(Value::Null) => None,
-                Some(v) => {
-                    Some(v.as_str().and_then(ZmqEndpoint::parse).ok_or_else(|| {
-                        spec_error("kv_events_endpoint", "must be tcp://host:port")
-                    })?)
-                }
-            },
-            kv_events_ranks: match object.get("kv_events_ranks") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(
+            bootstrap_port: optional(&object, "bootstrap_port", "must be a port number", |v| {
+                v.as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .filter(|p| *p > 0)
+            })?,
+            max_running_requests: optional(&object, "max_running_requests", AT_LEAST_1, |v| {
+                v.as_u64().filter(|n| *n >= 1)
+            })?,
+            kv_events_endpoint: optional(
+                &object,
+                "kv_events_endpoint",
+                "must be tcp://host:port",
+                |v| v.as_str().and_then(ZmqEndpoint::parse),
+            )?,
+            kv_events_ranks: optional(
+                &object,
+                "kv_events_ranks",
+                "must be a whole number from 1 to 1024",
+                |v| {
                     v.as_u64()
                         .and_then(|n| u32::try_from(n).ok())
                         .filter(|n| (1..=1024).contains(n))
-                        .ok_or_else(|| {
-                            spec_error("kv_events_ranks", "must be a whole number from 1 to 1024")
-                        })?,
-                ),
-            },
-            max_num_batched_tokens: match object.get("max_num_batched_tokens") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-                    spec_error(
-                        "max_num_batched_tokens",
-                        "must be a whole number of at least 1",
-                    )
-                })?),
-            },
-            load_monitor_interval_secs: match object.get("load_monitor_interval_secs") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(
+                },
+            )?,
+            max_num_batched_tokens: optional(&object, "max_num_batched_tokens", AT_LEAST_1, |v| {
+                v.as_u64().filter(|n| *n >= 1)
+            })?,
+            load_monitor_interval_secs: optional(
+                &object,
+                "load_monitor_interval_secs",
+                format!("must be a number of seconds from {MIN_POLL_SECS} to 86400"),
+                |v| {
                     v.as_f64()
                         .filter(|x| x.is_finite() && *x >= MIN_POLL_SECS && *x <= 86_400.0)
-                        .ok_or_else(|| {
-                            spec_error(
-                                "load_monitor_interval_secs",
-                                format!(
-                                    "must be a number of seconds from {MIN_POLL_SECS} to 86400"
-                                ),
-                            )
-                        })?,
-                ),
-            },
+                },
+            )?,
         })
     }
 
@@ -452,6 +421,23 @@ fn parse_object(body: &[u8]) -> Result<Map<String, Value>, SpecError> {
         Ok(Value::Object(object)) => Ok(object),
         Ok(_) => Err(spec_error("body", "must be a JSON object")),
         Err(e) => Err(spec_error("body", format!("is not valid JSON: {e}"))),
+    }
+}
+
+/// What a field's value must be when it has to be a whole number of at least 1.
+const AT_LEAST_1: &str = "must be a whole number of at least 1";
+
+/// An optional field: absent or null is `None`; a value `read` cannot take is refused, saying
+/// what it `must` be.
+fn optional<T>(
+    object: &Map<String, Value>,
+    field: &str,
+    must: impl Into<String>,
+    read: impl FnOnce(&Value) -> Option<T>,
+) -> Result<Option<T>, SpecError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => read(v).map(Some).ok_or_else(|| spec_error(field, must)),
     }
 }
 

@@ -244,18 +244,10 @@ fn disaggregated(body: &Body) -> Result<Option<DisaggregatedParams>, Refused> {
     }))
 }
 
-/// Builds the engine's request; tokenizing is CPU work the caller runs off the runtime.
-pub(crate) fn generate_request(
-    route: Route,
-    raw: &[u8],
-    tokens: &Tokens,
-    request_id: &str,
-) -> Result<(GenerateRequest, Asked), Refused> {
-    let value: Value = serde_json::from_slice(raw).map_err(|e| Refused::Body(e.to_string()))?;
-    refused_fields(&value)?;
-    let body: Body =
-        serde_json::from_value(value.clone()).map_err(|e| Refused::Body(e.to_string()))?;
-    let ids = match route {
+/// The prompt's token ids: a chat's messages through the chat template, a completion's text
+/// tokenized, or its ids as given.
+fn prompt_ids(route: Route, body: &Body, tokens: &Tokens) -> Result<Vec<u32>, Refused> {
+    Ok(match route {
         Route::Chat => {
             let messages = body.messages.as_ref().ok_or(Refused::Invalid {
                 field: "messages",
@@ -282,21 +274,12 @@ pub(crate) fn generate_request(
                 })
             }
         },
-    };
-    let n = body.n.unwrap_or(1);
-    if n == 0 {
-        return Err(Refused::Invalid {
-            field: "n",
-            rule: "must be at least 1",
-        });
-    }
-    let disaggregated_params = disaggregated(&body)?;
-    let stop = match body.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) => v,
-    };
-    let sampling = SamplingParams {
+    })
+}
+
+/// The sampling the body asks for, with OpenAI's defaults where it says nothing.
+fn sampling(body: &Body, stop: Vec<String>, n: u32) -> Result<SamplingParams, Refused> {
+    Ok(SamplingParams {
         temperature: body.temperature.unwrap_or(1.0),
         top_p: body.top_p.unwrap_or(1.0),
         top_k: body.top_k.unwrap_or(-1),
@@ -307,7 +290,7 @@ pub(crate) fn generate_request(
         max_new_tokens: body.max_completion_tokens.or(body.max_tokens),
         // The engine stops on them (and so frees its slot), and the decoded text is cut here,
         // where the stream's pieces meet.
-        stop: stop.clone(),
+        stop,
         stop_token_ids: body.stop_token_ids.clone(),
         skip_special_tokens: body.skip_special_tokens.unwrap_or(true),
         spaces_between_special_tokens: true,
@@ -317,7 +300,35 @@ pub(crate) fn generate_request(
         ignore_eos: body.ignore_eos,
         logit_bias: body.logit_bias.clone().unwrap_or_default(),
         ..Default::default()
+    })
+}
+
+/// Builds the engine's request; tokenizing is CPU work the caller runs off the runtime.
+pub(crate) fn generate_request(
+    route: Route,
+    raw: &[u8],
+    tokens: &Tokens,
+    request_id: &str,
+) -> Result<(GenerateRequest, Asked), Refused> {
+    let value: Value = serde_json::from_slice(raw).map_err(|e| Refused::Body(e.to_string()))?;
+    refused_fields(&value)?;
+    let mut body: Body =
+        serde_json::from_value(value.clone()).map_err(|e| Refused::Body(e.to_string()))?;
+    let ids = prompt_ids(route, &body, tokens)?;
+    let n = body.n.unwrap_or(1);
+    if n == 0 {
+        return Err(Refused::Invalid {
+            field: "n",
+            rule: "must be at least 1",
+        });
+    }
+    let disaggregated_params = disaggregated(&body)?;
+    let stop = match body.stop.take() {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
     };
+    let sampling = sampling(&body, stop.clone(), n)?;
     let prompt_tokens = ids.len() as u32;
     let request = GenerateRequest {
         request_id: request_id.to_string(),
