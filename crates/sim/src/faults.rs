@@ -216,6 +216,11 @@ pub enum FaultError {
 }
 
 impl FaultSet {
+    /// The engine takes no step: paused, asleep or wedged inside one.
+    pub fn stops_steps(&self) -> bool {
+        self.paused || self.asleep.is_some() || self.wedged.is_some()
+    }
+
     pub fn new(dp_size: u32) -> Self {
         Self {
             wedged: None,

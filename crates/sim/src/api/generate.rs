@@ -21,7 +21,7 @@ use super::intake::{checked, refuse, submit};
 use super::sse::{event_stream, Renderer, Usage};
 use super::{pd, ApiState};
 use crate::config::Flavor;
-use crate::engine::{EventKind, GateTicket, LoadGuard, Submission};
+use crate::engine::{ChoiceEvent, EventKind, GateTicket, LoadGuard, Submission};
 use crate::pd::Disagg;
 use crate::request::{GenerationRequest, Route};
 use crate::scheduler::FinishReason;
@@ -70,11 +70,7 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         expected_tokens,
     } = match admitted {
         Ok(admitted) => admitted,
-        Err(Refused::Answer(error)) => return refuse(st, error),
-        Err(Refused::InStream(error)) => {
-            st.engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
-            return failed_stream(&error, flavor);
-        }
+        Err(refused) => return refused.answer(st, flavor),
     };
     let failure = st.inject_error_event();
     if let (Some(code), false) = (failure, request.stream) {
@@ -110,6 +106,19 @@ async fn generate(route: Route, st: &ApiState, headers: &HeaderMap, body: &[u8])
         stream(state)
     } else {
         complete(renderer, submission, held, choices, usage, flavor).await
+    }
+}
+
+impl Refused {
+    /// The answer the engine gives: the error, or the stream it opens with it.
+    fn answer(self, st: &ApiState, flavor: Flavor) -> Response {
+        match self {
+            Refused::Answer(error) => refuse(st, error),
+            Refused::InStream(error) => {
+                st.engine.totals().rejected.fetch_add(1, Ordering::Relaxed);
+                failed_stream(&error, flavor)
+            }
+        }
     }
 }
 
@@ -246,6 +255,41 @@ fn stream(state: StreamState) -> Response {
     )))
 }
 
+impl StreamState {
+    /// Renders one of the engine's events into `out`; whether the stream stops after it (cut, or
+    /// failed, as the faults ask).
+    fn render(&mut self, out: &mut String, e: &ChoiceEvent) -> bool {
+        match e.kind {
+            EventKind::Token => {
+                let index = &mut self.tokens[e.choice as usize];
+                self.renderer.token(out, e.choice, *index);
+                *index += 1;
+                self.usage.completion_tokens += 1;
+            }
+            EventKind::Finished(reason) => {
+                self.renderer.finish(out, e.choice, reason);
+                self.open -= 1;
+            }
+        }
+        let emitted = self.usage.completion_tokens;
+        if self.cut_after.is_some_and(|cut| emitted >= cut) {
+            self.phase = StreamPhase::Cut;
+            return true;
+        }
+        if let Some((_, error)) = self
+            .fail_after
+            .as_ref()
+            .filter(|(after, _)| emitted >= *after)
+        {
+            Renderer::error(out, &error.event(self.renderer.flavor()));
+            Renderer::done(out);
+            self.phase = StreamPhase::Done;
+            return true;
+        }
+        false
+    }
+}
+
 /// The next piece of the stream: every event the engine has ready, as SSE.
 async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, StreamState)> {
     match s.phase {
@@ -276,32 +320,7 @@ async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, Str
     }
     let mut event = Some(first);
     while let Some(e) = event {
-        match e.kind {
-            EventKind::Token => {
-                let index = &mut s.tokens[e.choice as usize];
-                s.renderer.token(&mut out, e.choice, *index);
-                *index += 1;
-                s.usage.completion_tokens += 1;
-            }
-            EventKind::Finished(reason) => {
-                s.renderer.finish(&mut out, e.choice, reason);
-                s.open -= 1;
-            }
-        }
-        if s.cut_after
-            .is_some_and(|cut| s.usage.completion_tokens >= cut)
-        {
-            s.phase = StreamPhase::Cut;
-            return Some((Ok(Bytes::from(out)), s));
-        }
-        if let Some((_, error)) = s
-            .fail_after
-            .as_ref()
-            .filter(|(after, _)| s.usage.completion_tokens >= *after)
-        {
-            Renderer::error(&mut out, &error.event(s.renderer.flavor()));
-            Renderer::done(&mut out);
-            s.phase = StreamPhase::Done;
+        if s.render(&mut out, &e) {
             return Some((Ok(Bytes::from(out)), s));
         }
         event = s.submission.events.try_recv().ok();

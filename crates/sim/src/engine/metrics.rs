@@ -190,52 +190,7 @@ impl EngineMetrics {
             e2e: histograms(),
         };
         let reg = &mut registry;
-        reg.register(
-            names.running,
-            "Requests in the running batch.",
-            m.running.clone(),
-        );
-        reg.register(
-            names.waiting,
-            "Requests waiting to be scheduled.",
-            m.waiting.clone(),
-        );
-        reg.register(
-            names.kv_usage,
-            "Fraction of KV cache blocks in use (0..1).",
-            m.kv_usage.clone(),
-        );
-        reg.register(
-            names.preemptions,
-            "Preempted requests.",
-            m.preemptions.clone(),
-        );
-        reg.register(
-            names.prompt_tokens,
-            "Prefill tokens processed.",
-            m.prompt_tokens.clone(),
-        );
-        reg.register(
-            names.generation_tokens,
-            "Generation tokens produced.",
-            m.generation_tokens.clone(),
-        );
-        reg.register(
-            names.success,
-            "Finished requests by finish reason.",
-            m.success.clone(),
-        );
-        reg.register(
-            names.ttft,
-            "Time to first token in seconds.",
-            m.ttft.clone(),
-        );
-        reg.register(names.itl, "Inter-token latency in seconds.", m.itl.clone());
-        reg.register(
-            names.e2e,
-            "End-to-end request latency in seconds.",
-            m.e2e.clone(),
-        );
+        m.register_common(reg, names);
         match cfg.flavor {
             Flavor::Vllm => m.register_vllm(reg, cfg),
             Flavor::Sglang => m.register_sglang(reg),
@@ -358,6 +313,60 @@ impl EngineMetrics {
 impl EngineMetrics {
     /// vLLM's own families: the cache config, prefix cache counters, waiting reasons, sleep
     /// state and iteration histogram.
+    /// The families both engines export, under `names`, each flavor's.
+    fn register_common(&self, reg: &mut Registry, names: &Names) {
+        reg.register(
+            names.running,
+            "Requests in the running batch.",
+            self.running.clone(),
+        );
+        reg.register(
+            names.waiting,
+            "Requests waiting to be scheduled.",
+            self.waiting.clone(),
+        );
+        reg.register(
+            names.kv_usage,
+            "Fraction of KV cache blocks in use (0..1).",
+            self.kv_usage.clone(),
+        );
+        reg.register(
+            names.preemptions,
+            "Preempted requests.",
+            self.preemptions.clone(),
+        );
+        reg.register(
+            names.prompt_tokens,
+            "Prefill tokens processed.",
+            self.prompt_tokens.clone(),
+        );
+        reg.register(
+            names.generation_tokens,
+            "Generation tokens produced.",
+            self.generation_tokens.clone(),
+        );
+        reg.register(
+            names.success,
+            "Finished requests by finish reason.",
+            self.success.clone(),
+        );
+        reg.register(
+            names.ttft,
+            "Time to first token in seconds.",
+            self.ttft.clone(),
+        );
+        reg.register(
+            names.itl,
+            "Inter-token latency in seconds.",
+            self.itl.clone(),
+        );
+        reg.register(
+            names.e2e,
+            "End-to-end request latency in seconds.",
+            self.e2e.clone(),
+        );
+    }
+
     fn register_vllm(&mut self, reg: &mut Registry, cfg: &EngineConfig) {
         let info = Family::<CacheConfigLabels, FloatGauge>::default();
         for rank in 0..cfg.dp_size {

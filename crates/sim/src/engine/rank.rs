@@ -176,6 +176,66 @@ impl Reporter {
     }
 }
 
+/// What applying the commands that arrived came to.
+enum Applied {
+    /// Go on stepping.
+    Go,
+    /// A command shut the engine down.
+    ShutDown,
+    /// Every handle to the engine is gone.
+    Gone,
+}
+
+impl Applied {
+    /// After a command: go on, unless it shut the engine down.
+    fn of(go_on: bool) -> Self {
+        if go_on {
+            Applied::Go
+        } else {
+            Applied::ShutDown
+        }
+    }
+}
+
+/// Idle, paused or asleep: waits for a command (and applies it) or a change of faults.
+async fn wait_idle(
+    (commands, faults): (
+        &mut mpsc::UnboundedReceiver<RankCommand>,
+        &mut watch::Receiver<FaultSet>,
+    ),
+    scheduler: &mut Scheduler,
+    subscribers: &mut HashMap<SeqId, Subscriber>,
+) -> Applied {
+    tokio::select! {
+        cmd = commands.recv() => match cmd {
+            Some(cmd) => Applied::of(apply(cmd, scheduler, subscribers)),
+            None => Applied::Gone,
+        },
+        changed = faults.changed() => match changed {
+            Ok(()) => Applied::Go,
+            Err(_) => Applied::Gone,
+        },
+    }
+}
+
+/// Applies whatever arrived during the last step, waiting for nothing.
+fn apply_arrived(
+    commands: &mut mpsc::UnboundedReceiver<RankCommand>,
+    scheduler: &mut Scheduler,
+    subscribers: &mut HashMap<SeqId, Subscriber>,
+) -> Applied {
+    loop {
+        match commands.try_recv() {
+            Ok(cmd) => match Applied::of(apply(cmd, scheduler, subscribers)) {
+                Applied::Go => {}
+                stop => return stop,
+            },
+            Err(mpsc::error::TryRecvError::Empty) => return Applied::Go,
+            Err(mpsc::error::TryRecvError::Disconnected) => return Applied::Gone,
+        }
+    }
+}
+
 pub(crate) async fn run(
     mut scheduler: Scheduler,
     mut commands: mpsc::UnboundedReceiver<RankCommand>,
@@ -193,31 +253,22 @@ pub(crate) async fn run(
             let Some(held) = sit_out_wedge(&mut commands, &mut ctx.faults).await else {
                 return shut_down(scheduler, &ctx, &mut reporter);
             };
-            for cmd in held {
-                if !apply(cmd, &mut scheduler, &mut subscribers) {
-                    return shut_down(scheduler, &ctx, &mut reporter);
-                }
+            if !held
+                .into_iter()
+                .all(|cmd| apply(cmd, &mut scheduler, &mut subscribers))
+            {
+                return shut_down(scheduler, &ctx, &mut reporter);
             }
             pacer.reset();
         }
-        // Apply whatever arrived during the last step.
-        loop {
-            match commands.try_recv() {
-                Ok(cmd) => {
-                    if !apply(cmd, &mut scheduler, &mut subscribers) {
-                        return shut_down(scheduler, &ctx, &mut reporter);
-                    }
-                }
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => return,
-            }
+        match apply_arrived(&mut commands, &mut scheduler, &mut subscribers) {
+            Applied::Go => {}
+            Applied::ShutDown => return shut_down(scheduler, &ctx, &mut reporter),
+            Applied::Gone => return,
         }
         let (stopped, slow) = {
             let faults = ctx.faults.borrow();
-            (
-                faults.paused || faults.asleep.is_some() || faults.wedged.is_some(),
-                faults.slow_factor,
-            )
+            (faults.stops_steps(), faults.slow_factor)
         };
         let step = if stopped { None } else { scheduler.step() };
         let Some(step) = step else {
@@ -225,21 +276,11 @@ pub(crate) async fn run(
                 continue;
             }
             publish(&scheduler, &ctx, &mut reporter);
-            // Idle, paused or asleep: wait for a command or a change of faults.
-            tokio::select! {
-                cmd = commands.recv() => match cmd {
-                    Some(cmd) => {
-                        if !apply(cmd, &mut scheduler, &mut subscribers) {
-                            return shut_down(scheduler, &ctx, &mut reporter);
-                        }
-                    }
-                    None => return,
-                },
-                changed = ctx.faults.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
+            let idle = (&mut commands, &mut ctx.faults);
+            match wait_idle(idle, &mut scheduler, &mut subscribers).await {
+                Applied::Go => {}
+                Applied::ShutDown => return shut_down(scheduler, &ctx, &mut reporter),
+                Applied::Gone => return,
             }
             pacer.reset();
             continue;
