@@ -299,3 +299,33 @@ fn no_two_files_under_one_folder_import_each_other_in_any_crate() {
     assert!(scanned > 100, "the scan found the imports ({scanned})");
     assert!(report_all.is_empty(), "{report_all}");
 }
+
+/// The longest a source file may be, tests included: past it, a file wants splitting along what
+/// it does (the developers' guide). Functions are held under 60 lines by clippy
+/// (`too_many_lines`, clippy.toml), test code excepted.
+const MAX_FILE_LINES: usize = 600;
+
+#[test]
+fn no_source_file_of_any_crate_is_longer_than_600_lines() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&crates).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.is_dir() {
+            rust_files(&dir, &mut files);
+        }
+    }
+    assert!(
+        files.len() > 300,
+        "the scan found the sources ({})",
+        files.len()
+    );
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).unwrap().lines().count();
+            (lines > MAX_FILE_LINES).then(|| format!("{} ({lines} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "over {MAX_FILE_LINES} lines: {long:#?}");
+}

@@ -109,6 +109,14 @@ struct Incarnation {
     kv_publishers: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// An incarnation's KV event publishers: where each rank publishes, its batches sent, its task.
+#[derive(Default)]
+struct KvPublishers {
+    endpoints: Vec<String>,
+    batches: Vec<Arc<std::sync::atomic::AtomicU64>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
 /// One engine's place in the fleet.
 pub struct EngineSlot {
     index: usize,
@@ -342,34 +350,7 @@ impl EngineSlot {
             ))),
             _ => None,
         };
-        let topic = bytes::Bytes::from(
-            self.cfg
-                .kv_events_zmq
-                .as_ref()
-                .map(|c| c.topic.clone())
-                .unwrap_or_default(),
-        );
-        let mut kv_event_endpoints = Vec::new();
-        let mut kv_event_batches = Vec::new();
-        let mut kv_publishers = Vec::new();
-        for (rank, publisher) in publishers.into_iter().enumerate() {
-            kv_event_endpoints.push(publisher.endpoint.clone());
-            let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            kv_event_batches.push(sent.clone());
-            let publishing = crate::zmq_events::Publishing {
-                rank: rank as u32,
-                flavor: self.cfg.flavor,
-                block_size: self.cfg.block_size,
-                topic: topic.clone(),
-                sent,
-            };
-            kv_publishers.push(tokio::spawn(crate::zmq_events::run(
-                publisher,
-                engine.subscribe_kv_events(),
-                publishing,
-                killed.clone(),
-            )));
-        }
+        let kv = self.publish_kv_events(publishers, &engine, &killed);
         let server = tokio::spawn(server::serve(
             listener,
             router,
@@ -385,11 +366,47 @@ impl EngineSlot {
             kill,
             server,
             bootstrap,
-            kv_event_endpoints,
-            kv_event_batches,
-            kv_publishers,
+            kv_event_endpoints: kv.endpoints,
+            kv_event_batches: kv.batches,
+            kv_publishers: kv.tasks,
         });
         Ok(())
+    }
+
+    /// Each rank's KV event publisher, started on `engine`'s events, killed with it.
+    fn publish_kv_events(
+        &self,
+        publishers: Vec<crate::zmq_events::Publisher>,
+        engine: &Engine,
+        killed: &watch::Receiver<bool>,
+    ) -> KvPublishers {
+        let topic = bytes::Bytes::from(
+            self.cfg
+                .kv_events_zmq
+                .as_ref()
+                .map(|c| c.topic.clone())
+                .unwrap_or_default(),
+        );
+        let mut kv = KvPublishers::default();
+        for (rank, publisher) in publishers.into_iter().enumerate() {
+            kv.endpoints.push(publisher.endpoint.clone());
+            let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            kv.batches.push(sent.clone());
+            let publishing = crate::zmq_events::Publishing {
+                rank: rank as u32,
+                flavor: self.cfg.flavor,
+                block_size: self.cfg.block_size,
+                topic: topic.clone(),
+                sent,
+            };
+            kv.tasks.push(tokio::spawn(crate::zmq_events::run(
+                publisher,
+                engine.subscribe_kv_events(),
+                publishing,
+                killed.clone(),
+            )));
+        }
+        kv
     }
 
     /// Waits until the engine's state satisfies `done` (checked at every change), and returns it.

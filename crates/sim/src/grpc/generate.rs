@@ -23,6 +23,7 @@ use sluice_proto::sglang_scheduler::generate_complete::MatchedStop;
 use sluice_proto::sglang_scheduler::generate_response::Response as Reply;
 use sluice_proto::sglang_scheduler::{
     AbortResponse, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk,
+    SamplingParams,
 };
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tonic::Status;
@@ -30,7 +31,7 @@ use tonic::Status;
 use super::{pd, status_for, Service, Streamed};
 use crate::api::intake::{count_refusal, submit};
 use crate::api::{ApiError, ApiState};
-use crate::engine::{EventKind, GateTicket, LoadGuard, Submission};
+use crate::engine::{ChoiceEvent, EventKind, GateTicket, LoadGuard, Submission};
 use crate::pd::Disagg;
 use crate::request::GenerationRequest;
 use crate::scheduler::FinishReason;
@@ -95,20 +96,14 @@ fn refused(st: &ApiState, error: ApiError) -> Status {
     status_for(&error)
 }
 
-/// Reads the request, runs the checks and puts it into the engine.
-pub(super) async fn generate(
-    svc: &Service,
-    request: GenerateRequest,
-) -> Result<Streamed<GenerateResponse>, Status> {
-    let st = &svc.st;
-    let engine = &st.engine;
-    let cfg = engine.config();
-    let load = engine.track_request();
-    engine
-        .totals()
-        .requests_received
-        .fetch_add(1, Ordering::Relaxed);
-    let params = request.sampling_params.clone().unwrap_or_default();
+/// The request read from its token ids, refused (and counted) as the engine refuses it: a
+/// malformed one, a prompt past the context length, or an injected failure.
+fn checked(
+    st: &ApiState,
+    request: &GenerateRequest,
+    params: &SamplingParams,
+) -> Result<GenerationRequest, Status> {
+    let cfg = st.engine.config();
     let ids = request
         .tokenized
         .as_ref()
@@ -135,18 +130,42 @@ pub(super) async fn generate(
     if st.inject_error() {
         return Err(refused(st, ApiError::Internal));
     }
-    let mut ticket = match engine.gate() {
-        Some(gate) => Some(
-            gate.try_enter()
-                .ok_or_else(|| refused(st, ApiError::AtCapacity))?,
-        ),
-        None => None,
+    Ok(parsed)
+}
+
+/// Through the engine's queue gate, when it has one: refused when its queue is full, else
+/// waiting for a slot.
+async fn queued(st: &ApiState) -> Result<Option<GateTicket>, Status> {
+    let engine = &st.engine;
+    let Some(gate) = engine.gate() else {
+        return Ok(None);
     };
-    if let Some(ticket) = ticket.as_mut() {
-        engine.notify_changed();
-        ticket.slot().await;
-        engine.notify_changed();
-    }
+    let mut ticket = gate
+        .try_enter()
+        .ok_or_else(|| refused(st, ApiError::AtCapacity))?;
+    engine.notify_changed();
+    ticket.slot().await;
+    engine.notify_changed();
+    Ok(Some(ticket))
+}
+
+/// Reads the request, runs the checks and puts it into the engine.
+pub(super) async fn generate(
+    svc: &Service,
+    request: GenerateRequest,
+) -> Result<Streamed<GenerateResponse>, Status> {
+    let st = &svc.st;
+    let engine = &st.engine;
+    let cfg = engine.config();
+    let load = engine.track_request();
+    engine
+        .totals()
+        .requests_received
+        .fetch_add(1, Ordering::Relaxed);
+    let params = request.sampling_params.clone().unwrap_or_default();
+    let parsed = checked(st, &request, &params)?;
+    let prompt = parsed.longest_prompt();
+    let ticket = queued(st).await?;
     let (mut aborted, registered) = svc.live.register(&request.request_id);
     if let Some(Disagg::Prefill(rooms)) = engine.disagg() {
         return pd::prefill(svc, rooms, &request, &parsed, &mut aborted).await;
@@ -166,11 +185,7 @@ pub(super) async fn generate(
         }
         _ => None,
     };
-    let stops: Vec<Option<String>> = choices
-        .iter_mut()
-        .enumerate()
-        .map(|(index, choice)| stop_string(choice, index as u32, &params.stop))
-        .collect();
+    let planned = planned(&mut choices, &params.stop);
     let submission = submit(st, &choices).map_err(|e| refused(st, e))?;
     let expected: u64 = choices.iter().map(|c| u64::from(c.output_tokens)).sum();
     let half_way = (expected / 2).max(1);
@@ -180,19 +195,7 @@ pub(super) async fn generate(
         stream: request.stream,
         prompt_tokens: prompt,
         vocab: svc.vocab.clone(),
-        choices: choices
-            .iter()
-            .zip(stops)
-            .map(|(c, stop)| Choice {
-                planned: c.output_tokens,
-                finish: c.finish,
-                stop,
-                sent: Vec::new(),
-                emitted: 0,
-                done: None,
-                completed: false,
-            })
-            .collect(),
+        choices: planned,
         fail_after: st
             .inject_error_event()
             .map(|code| (half_way, ApiError::Failed(code))),
@@ -208,6 +211,18 @@ pub(super) async fn generate(
     let (tx, rx) = mpsc::channel(AHEAD);
     tokio::spawn(generation.run(submission, aborted, tx));
     Ok(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) }).boxed())
+}
+
+/// Each choice as the engine will generate it, ended at the first of `stops` its words reach.
+fn planned(choices: &mut [crate::engine::SeqSpec], stops: &[String]) -> Vec<Choice> {
+    choices
+        .iter_mut()
+        .enumerate()
+        .map(|(index, c)| {
+            let stop = stop_string(c, index as u32, stops);
+            Choice::planned(c.output_tokens, c.finish, stop)
+        })
+        .collect()
 }
 
 /// Ends a choice at the first of `stops` its words reach, as SGLang's detokenizer stops a
@@ -260,6 +275,21 @@ struct Choice {
     completed: bool,
 }
 
+impl Choice {
+    /// A choice the engine will generate `planned` tokens of, none sent yet.
+    fn planned(planned: u32, finish: FinishReason, stop: Option<String>) -> Self {
+        Choice {
+            planned,
+            finish,
+            stop,
+            sent: Vec::new(),
+            emitted: 0,
+            done: None,
+            completed: false,
+        }
+    }
+}
+
 struct Generation {
     request_id: String,
     stream: bool,
@@ -278,6 +308,30 @@ struct Generation {
 type Outbox = mpsc::Sender<Result<GenerateResponse, Status>>;
 
 impl Generation {
+    /// One of the engine's events: a token taken into its choice's ids to send (whether it was
+    /// one), or the choice finished.
+    fn take(&mut self, e: &ChoiceEvent) -> bool {
+        let choice = &mut self.choices[e.choice as usize];
+        match e.kind {
+            EventKind::Token => {
+                let id = self.vocab.answer_token(e.choice, choice.emitted);
+                // A natural stop ends on the end-of-turn token; a stop string on a word.
+                let last_of_stop = choice.emitted + 1 == choice.planned
+                    && choice.finish == FinishReason::Stop
+                    && choice.stop.is_none();
+                choice
+                    .sent
+                    .push(if last_of_stop { self.vocab.eos() } else { id });
+                choice.emitted += 1;
+                true
+            }
+            EventKind::Finished(reason) => {
+                choice.done = Some(reason);
+                false
+            }
+        }
+    }
+
     async fn run(
         mut self,
         mut submission: Submission,
@@ -302,22 +356,7 @@ impl Generation {
             };
             let mut event = Some(first);
             while let Some(e) = event {
-                let choice = &mut self.choices[e.choice as usize];
-                match e.kind {
-                    EventKind::Token => {
-                        let id = self.vocab.answer_token(e.choice, choice.emitted);
-                        // A natural stop ends on the end-of-turn token; a stop string on a word.
-                        let last_of_stop = choice.emitted + 1 == choice.planned
-                            && choice.finish == FinishReason::Stop
-                            && choice.stop.is_none();
-                        choice
-                            .sent
-                            .push(if last_of_stop { self.vocab.eos() } else { id });
-                        choice.emitted += 1;
-                        tokens += 1;
-                    }
-                    EventKind::Finished(reason) => choice.done = Some(reason),
-                }
+                tokens += u64::from(self.take(&e));
                 event = submission.events.try_recv().ok();
             }
             if !self.deliverable(&tx).await {
