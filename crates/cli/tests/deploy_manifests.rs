@@ -108,7 +108,7 @@ fn the_gateways_arguments_and_config_file_are_valid_settings() {
         .find(|p| p.name.as_deref() == Some("probes"))
         .unwrap();
     assert_eq!(
-        valid.health_listen.map(|a| a.port()),
+        valid.listener.health.map(|a| a.port()),
         Some(probes.container_port as u16)
     );
     let path = |probe: &Option<k8s_openapi::api::core::v1::Probe>| {

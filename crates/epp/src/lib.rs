@@ -230,7 +230,7 @@ impl Picker {
         } else {
             None
         };
-        let host = config.listen.ip();
+        let host = config.listener.addr.ip();
         let gateway = Gateway::start(config).await?;
         warn_unaddressed(&gateway);
         let grpc_at = SocketAddr::new(host, epp.grpc_port);

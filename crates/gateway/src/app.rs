@@ -130,7 +130,7 @@ impl App {
                 registry.clone(),
                 config.slos,
                 ui,
-                config.listen_tls.is_some(),
+                config.listener.tls.is_some(),
             )
         });
         let stages = Stages {

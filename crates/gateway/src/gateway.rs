@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::access_log::AccessLogWriter;
 use crate::app::{App, AssembleError, Assembled};
-use crate::config::Config;
+use crate::config::{Config, ListenConfig};
 use crate::context::InFlight;
 use crate::fleet::{Fleet, Origin};
 use crate::http;
@@ -75,18 +75,17 @@ pub struct Gateway {
 /// How long shutdown waits for the access log's queued lines to be written.
 const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(5);
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, source })
+/// A listener bound at `addr`, and the address it got (its port, when `addr` asked for 0).
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let bound = |source| StartError::Bind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bound)?;
+    let local = listener.local_addr().map_err(bound)?;
+    Ok((listener, local))
 }
 
 impl Gateway {
     /// Binds the listeners, registers the configured workers (they become ready as they answer)
     /// and starts serving.
-    // Until the settings sections build their consumers' configs (issue 72), this reads the
-    // flat `Config` field by field.
-    #[allow(clippy::too_many_lines)]
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let Assembled {
             app,
@@ -110,16 +109,8 @@ impl Gateway {
         let limits = config.connection_limits();
         let (stop, stop_rx) = watch::channel(false);
         let mut listeners = JoinSet::new();
-        let listener = bind(config.listen).await?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-        let tls = config
-            .listen_tls
-            .clone()
-            .map(tokio_rustls::TlsAcceptor::from);
-        let scheme = if tls.is_some() { "https" } else { "http" };
+        let listen = &config.listener;
+        let (listener, addr) = bind(listen.addr).await?;
         crate::control::discovery::start(
             &config.discovery,
             &fleet,
@@ -130,23 +121,12 @@ impl Gateway {
         .await?;
         let shared_state = shared.as_ref().map(|s| s.changes());
         spawn_loops(&app, &fleet, shared, &stop_rx, &mut listeners);
-        listeners.spawn(http::serve(
-            listener,
-            tls,
-            app.routes(),
+        let serving = Serving {
+            app: &app,
             limits,
-            stop_rx.clone(),
-        ));
-        if let Some(at) = config.metrics_listen {
-            serve_metrics(at, &app, limits, stop_rx, &mut listeners).await?;
-        }
-        let probe_listener = match config.health_listen {
-            Some(at) => Some(
-                ProbeListener::start(at, app.probes.clone(), limits, stop.subscribe())
-                    .map_err(|source| StartError::Bind { addr: at, source })?,
-            ),
-            None => None,
+            stop: &stop,
         };
+        let (scheme, probe_listener) = serving.serve(listen, listener, &mut listeners).await?;
         announce(addr, scheme, &config);
         Ok(Self {
             addr,
@@ -162,7 +142,7 @@ impl Gateway {
             listeners,
             access_log_writer,
             trace_exporting,
-            grace: config.shutdown_grace,
+            grace: config.listener.shutdown_grace,
         })
     }
 
@@ -294,6 +274,52 @@ fn spawn_loops(
     }
 }
 
+/// What the listeners share: the routes, the connection bounds, the stop signal.
+struct Serving<'a> {
+    app: &'a App,
+    limits: http::Limits,
+    stop: &'a watch::Sender<bool>,
+}
+
+impl Serving<'_> {
+    /// Serves the main `listener` (HTTPS when `listen` has TLS), and the metrics and probe
+    /// ports when `listen` asks for them: the main listener's scheme, and the probe listener.
+    async fn serve(
+        &self,
+        listen: &ListenConfig,
+        listener: TcpListener,
+        listeners: &mut JoinSet<()>,
+    ) -> Result<(&'static str, Option<ProbeListener>), StartError> {
+        let tls = listen.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let stop_rx = self.stop.subscribe();
+        let routes = self.app.routes();
+        listeners.spawn(http::serve(
+            listener,
+            tls,
+            routes,
+            self.limits,
+            stop_rx.clone(),
+        ));
+        if let Some(at) = listen.metrics {
+            serve_metrics(at, self.app, self.limits, stop_rx, listeners).await?;
+        }
+        let probes = match listen.health {
+            Some(at) => Some(
+                ProbeListener::start(
+                    at,
+                    self.app.probes.clone(),
+                    self.limits,
+                    self.stop.subscribe(),
+                )
+                .map_err(|source| StartError::Bind { addr: at, source })?,
+            ),
+            None => None,
+        };
+        Ok((scheme, probes))
+    }
+}
+
 /// `/metrics` on its own listener (`--prometheus-port`): the address it is bound to.
 async fn serve_metrics(
     at: SocketAddr,
@@ -302,10 +328,7 @@ async fn serve_metrics(
     stop_rx: watch::Receiver<bool>,
     listeners: &mut JoinSet<()>,
 ) -> Result<(), StartError> {
-    let listener = bind(at).await?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| StartError::Bind { addr: at, source })?;
+    let (listener, local) = bind(at).await?;
     info!(addr = %local, "metrics listening (--prometheus-port)");
     listeners.spawn(http::serve(
         listener,

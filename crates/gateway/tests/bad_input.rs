@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 async fn setup() -> Setup {
     start(1, instant(Flavor::Vllm), |c| {
         c.max_payload_size = 4096;
-        c.header_read_timeout = Duration::from_millis(300);
+        c.listener.header_read_timeout = Duration::from_millis(300);
     })
     .await
 }

@@ -20,9 +20,9 @@ async fn until_closed(mut tcp: TcpStream) -> String {
 #[tokio::test]
 async fn silent_sockets_filling_the_cap_are_cut_and_the_probe_port_answers_throughout() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.max_connections = 12;
-        c.header_read_timeout = Duration::from_secs(1);
-        c.health_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.listener.max_connections = 12;
+        c.listener.header_read_timeout = Duration::from_secs(1);
+        c.listener.health = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     let main = s.gateway.addr();
@@ -85,7 +85,7 @@ async fn a_dripping_body_is_cut_with_408() {
 async fn an_idle_http2_connection_is_closed_but_not_while_a_stream_runs() {
     use http_body_util::BodyExt;
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
-        c.header_read_timeout = Duration::from_secs(1);
+        c.listener.header_read_timeout = Duration::from_secs(1);
     })
     .await;
     let tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();

@@ -90,7 +90,7 @@ fn ladder(shed: bool) -> DegradationSettings {
 
 async fn gateway(urls: &[String], shed: bool) -> (Gateway, HttpClient) {
     let mut settings = sluice_gateway::Settings::defaults();
-    settings.port = 0;
+    settings.listen.port = 0;
     settings.worker_urls = urls.to_vec();
     settings.degradation = ladder(shed);
     let mut config = settings.validate().unwrap();

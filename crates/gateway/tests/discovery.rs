@@ -190,7 +190,7 @@ async fn a_failed_listed_worker_returns_only_once_it_answers_again() {
         urls[0], urls[1]
     ));
     let mut settings = Settings::defaults();
-    settings.port = 0;
+    settings.listen.port = 0;
     settings.discovery.discovery_file = Some(file.path().to_path_buf());
     let mut config = settings.validate().unwrap();
     assert!(

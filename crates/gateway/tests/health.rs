@@ -368,7 +368,7 @@ fn the_probe_port_answers_while_the_main_runtime_is_saturated() {
         .build()
         .unwrap();
     let s = runtime.block_on(start(1, instant(Flavor::Vllm), |c| {
-        c.health_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.listener.health = Some("127.0.0.1:0".parse().unwrap());
     }));
     let probe_port = s.gateway.health_addr().unwrap();
     let main_port = s.gateway.addr();

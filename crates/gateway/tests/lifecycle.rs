@@ -132,7 +132,7 @@ async fn a_single_api_key_is_also_the_workers_key_as_in_smg() {
         .await
         .unwrap();
     let mut settings = sluice_gateway::Settings::defaults();
-    settings.port = 0;
+    settings.listen.port = 0;
     settings.worker_urls = sims.urls();
     settings.api_keys = vec!["shared-key".into()];
     let gateway = Gateway::start(settings.validate().unwrap()).await.unwrap();

@@ -26,7 +26,7 @@ async fn exported() -> BTreeSet<String> {
         .await
         .unwrap();
     let mut settings = sluice_gateway::Settings::defaults();
-    settings.port = 0;
+    settings.listen.port = 0;
     settings.worker_urls = sims.urls();
     settings.admission.queue_size = 16;
     settings.adaptive.adaptive_concurrency = true;

@@ -68,7 +68,7 @@ async fn https_get(client: &HttpsClient, url: &str) -> (u16, http::Version) {
 /// The defaults on an ephemeral loopback port, in front of `workers`, adjusted by `tune`.
 fn settings(workers: &[String], tune: impl FnOnce(&mut Settings)) -> Config {
     let mut settings = Settings::defaults();
-    settings.port = 0;
+    settings.listen.port = 0;
     settings.worker_urls = workers.to_vec();
     tune(&mut settings);
     settings.validate().unwrap()

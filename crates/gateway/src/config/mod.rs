@@ -11,6 +11,7 @@ mod checks;
 mod degradation;
 mod discovery;
 mod kv_events;
+mod listen;
 mod load;
 mod pd;
 mod replicas;
@@ -24,9 +25,7 @@ mod telemetry;
 mod tls_files;
 mod tokens;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
@@ -39,13 +38,14 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
+pub use listen::{ListenConfig, ListenSettings};
 pub use load::{load, load_with, COMMAND_LINE_ONLY};
 pub use settings::Settings;
 pub use smg_defaults::{values as smg_default_values, SMG_QUEUE};
 pub use status::{StatusSettings, UiConfig};
 pub use tls_files::TlsSettings;
 
-use checks::{invalid, non_empty_keys, parse_host, positive_count, positive_seconds, seconds};
+use checks::{invalid, non_empty_keys, parse_host, positive_seconds, seconds};
 
 use crate::control::{HealthConfig, LoadConfig};
 use crate::fleet::WorkerSpec;
@@ -74,9 +74,6 @@ pub enum CorsOrigins {
     Any,
     List(Vec<axum::http::HeaderValue>),
 }
-
-/// How often an idle HTTP/2 client is pinged, and how long it has to answer.
-const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// Why the settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -193,13 +190,12 @@ impl Settings {
     // flat `Config` field by field.
     #[allow(clippy::too_many_lines)]
     pub fn validate(&self) -> Result<Config, ConfigError> {
-        let host = parse_host("host", &self.host)?;
         let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
         let breaker = self.resilience.breaker()?;
         let slos = self.status.slos()?;
         Ok(Config {
-            listen: SocketAddr::new(host, self.port),
+            listener: self.listen.validate(self.listen_tls()?)?,
             workers: self.workers()?,
             policy: self.policy()?,
             prefill_policy,
@@ -219,17 +215,11 @@ impl Settings {
             max_payload_size: self.max_payload_size,
             max_buffered_body_bytes: self.body_budget()?,
             limits: self.request_limits()?,
-            header_read_timeout: positive_seconds(
-                "header-read-timeout-secs",
-                self.header_read_timeout_secs,
-            )?,
             body_read_timeout: positive_seconds(
                 "body-read-timeout-secs",
                 self.body_read_timeout_secs,
             )?,
-            max_connections: positive_count("max-connections", self.max_connections)?,
             upstream: self.upstream()?,
-            listen_tls: self.listen_tls()?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
             retry,
@@ -247,14 +237,6 @@ impl Settings {
             answers: self.answers()?,
             smg_defaults: self.smg_defaults,
             liveness: self.liveness()?,
-            health_listen: self
-                .health_check_port
-                .map(|port| SocketAddr::new(host, port)),
-            shutdown_grace: seconds(
-                "shutdown-grace-period-secs",
-                self.shutdown_grace_period_secs,
-            )?,
-            metrics_listen: self.metrics_listen()?,
             admission: self.admission.validate(
                 &self.api_keys,
                 &self.shedding(),
@@ -350,22 +332,13 @@ impl Settings {
         )?;
         Ok(Some(timeout).filter(|t| !t.is_zero()))
     }
-
-    /// `--prometheus-port` on `--prometheus-host`, when given.
-    fn metrics_listen(&self) -> Result<Option<SocketAddr>, ConfigError> {
-        self.prometheus_port
-            .map(|port| {
-                let host = parse_host("prometheus-host", &self.prometheus_host)?;
-                Ok(SocketAddr::new(host, port))
-            })
-            .transpose()
-    }
 }
 
 /// The validated configuration of one gateway.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub listen: SocketAddr,
+    /// Where and how it listens: its address, TLS, connection bounds, probe and metrics ports.
+    pub listener: ListenConfig,
     /// Workers registered at startup.
     pub workers: Vec<WorkerSpec>,
     pub policy: Policy,
@@ -398,15 +371,10 @@ pub struct Config {
     pub max_buffered_body_bytes: usize,
     /// `--max-n`, `--max-tokens-limit`.
     pub limits: RequestLimits,
-    pub header_read_timeout: Duration,
     /// `--body-read-timeout-secs`.
     pub body_read_timeout: Duration,
-    /// `--max-connections` as asked; `Config::connection_limits` caps it by the open-file limit.
-    pub max_connections: usize,
     /// How worker connections are made, secured and pooled.
     pub upstream: UpstreamConfig,
-    /// `--tls-cert-path` and `--tls-key-path`: the listener serves HTTPS.
-    pub(crate) listen_tls: Option<Arc<rustls::ServerConfig>>,
     pub request_timeout: Duration,
     pub upstream_http2: bool,
     pub retry: RetryConfig,
@@ -431,10 +399,6 @@ pub struct Config {
     pub(crate) smg_defaults: bool,
     /// `None` with `--disable-liveness-checks`.
     pub liveness: Option<LivenessConfig>,
-    /// The dedicated probe listener (`--health-check-port`).
-    pub health_listen: Option<SocketAddr>,
-    pub(crate) shutdown_grace: Duration,
-    pub(crate) metrics_listen: Option<SocketAddr>,
     /// Tenants, tiers and the gateway-wide caps.
     pub admission: AdmissionConfig,
     /// `--adaptive-concurrency` and its settings; `None`: off.
@@ -454,45 +418,18 @@ pub struct Config {
     pub ui: Option<UiConfig>,
 }
 
-/// The soft open-file limit, read from `/proc/self/limits` (Linux); `None` elsewhere or unlimited.
-fn open_file_limit() -> Option<usize> {
-    sluice_core::room::open_file_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
-}
-
 impl Config {
-    /// The connection bounds of a listener: `--max-connections`, capped so that a flood of
-    /// connections cannot take the file descriptors the gateway needs for its workers and its
-    /// probe port: half of what the open-file limit leaves when a busy client connection holds
-    /// one to a worker too (HTTP/1.1), all of it when every worker speaks HTTP/2 (one connection
-    /// each, whatever the number of streams).
+    /// The connection bounds of each listener (`ListenConfig::limits`), for these workers.
     pub(crate) fn connection_limits(&self) -> crate::http::Limits {
         let every_worker_http2 =
             self.upstream_http2 && self.workers.iter().all(|w| w.http2 != Some(false));
-        let fds = open_file_limit().map(|files| {
-            sluice_core::room::client_connections(files, every_worker_http2, self.workers.len())
-        });
-        let max_connections = match fds {
-            Some(room) if room < self.max_connections => {
-                tracing::warn!(
-                    asked = self.max_connections,
-                    capped = room,
-                    "--max-connections capped by the open-file limit (ulimit -n)"
-                );
-                room
-            }
-            _ => self.max_connections,
-        };
-        crate::http::Limits {
-            header_read: self.header_read_timeout,
-            max_connections,
-            h2_keepalive: H2_KEEPALIVE,
-        }
+        self.listener.limits(every_worker_http2, self.workers.len())
     }
 
     /// The defaults, listening on an ephemeral loopback port: what tests start from.
     pub fn local(worker_urls: &[String]) -> Self {
         let mut settings = Settings::defaults();
-        settings.port = 0;
+        settings.listen.port = 0;
         settings.worker_urls = worker_urls.to_vec();
         #[allow(clippy::expect_used)]
         settings.validate().expect("the defaults are valid")

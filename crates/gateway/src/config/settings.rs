@@ -12,6 +12,7 @@ use super::admission::AdmissionSettings;
 use super::degradation::DegradationSettings;
 use super::discovery::DiscoverySettings;
 use super::kv_events::KvEventsSettings;
+use super::listen::ListenSettings;
 use super::pd::PdSettings;
 use super::replicas::ReplicaSettings;
 use super::resilience::ResilienceSettings;
@@ -44,15 +45,10 @@ pub struct Settings {
     #[arg(help_heading = "Configuration")]
     pub(crate) smg_defaults: bool,
 
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    #[arg(help_heading = "Listener")]
-    pub(crate) host: String,
-
-    /// Port to listen on (0 picks a free one).
-    #[arg(long, default_value_t = 30000)]
-    #[arg(help_heading = "Listener")]
-    pub port: u16,
+    /// Where and how the gateway listens.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub listen: ListenSettings,
 
     /// Workers to register at startup (OpenAI-compatible base URLs, e.g. http://10.0.0.5:8000).
     #[arg(long, num_args = 1.., value_name = "URL")]
@@ -216,26 +212,11 @@ pub struct Settings {
     #[arg(help_heading = "Requests")]
     pub(crate) max_tokens_limit: Option<u64>,
 
-    /// Time a client has to send a complete request head: from connecting (whatever it sends
-    /// meanwhile — nothing, a byte, an HTTP/2 preface) or from the end of its previous response,
-    /// so it also bounds an idle HTTP/1.1 keep-alive connection.
-    #[arg(long, default_value_t = 10.0)]
-    #[arg(help_heading = "Listener")]
-    pub(crate) header_read_timeout_secs: f64,
-
     /// Time a client has to send a whole request body once its head arrived; a stalled or
     /// dripping body is cut with 408 `body_read_timeout` (and cannot hold shutdown longer).
     #[arg(long, default_value_t = 30.0)]
     #[arg(help_heading = "Listener")]
     pub(crate) body_read_timeout_secs: f64,
-
-    /// Client connections served at once, per listener; more wait in the kernel's backlog. Capped
-    /// at startup to half of what the open-file limit leaves after 64 for the rest, since each
-    /// busy connection also holds one to a worker; with --upstream-http2 (and no worker spec
-    /// saying otherwise) to all of it but one per worker, as workers then take one connection each.
-    #[arg(long, default_value_t = 8192)]
-    #[arg(help_heading = "Listener")]
-    pub(crate) max_connections: usize,
 
     /// Time to connect to a worker.
     #[arg(long, default_value_t = 5.0)]
@@ -346,13 +327,6 @@ pub struct Settings {
     #[serde(skip)]
     #[arg(help_heading = "Health checks")]
     pub(crate) no_remove_unhealthy_workers: bool,
-
-    /// Also serve /liveness, /readiness and /health on this port, from a thread and runtime of
-    /// their own, so a saturated gateway still answers its probes.
-    #[arg(long)]
-    #[serde(default)]
-    #[arg(help_heading = "Health checks")]
-    pub(crate) health_check_port: Option<u16>,
 
     /// Seconds between two load polls of a pool's workers (vLLM /metrics, SGLang /v1/loads);
     /// a worker spec's `load_monitor_interval_secs` may ask for less (never under 1 s). 1 by
@@ -479,22 +453,6 @@ pub struct Settings {
     #[serde(default)]
     #[arg(help_heading = "Liveness")]
     pub(crate) disable_liveness_checks: bool,
-
-    /// Longest wait, on SIGTERM, for requests in flight to finish.
-    #[arg(long, default_value_t = 180.0)]
-    #[arg(help_heading = "Listener")]
-    pub(crate) shutdown_grace_period_secs: f64,
-
-    /// Also serve /metrics on this port.
-    #[arg(long)]
-    #[serde(default)]
-    #[arg(help_heading = "Metrics and logs")]
-    pub(crate) prometheus_port: Option<u16>,
-
-    /// Address of the --prometheus-port listener.
-    #[arg(long, default_value = "127.0.0.1")]
-    #[arg(help_heading = "Metrics and logs")]
-    pub(crate) prometheus_host: String,
 
     /// Write one JSON line per request to this file (`-` for stdout).
     #[arg(long, value_name = "FILE")]

@@ -22,7 +22,7 @@ fn the_file_fills_in_and_the_command_line_wins() {
         "9100",
     ])
     .unwrap();
-    assert_eq!(s.port, 9100, "the flag wins");
+    assert_eq!(s.listen.port, 9100, "the flag wins");
     assert_eq!(s.policy, "least_load", "the file fills in");
     assert_eq!(s.worker_urls, vec!["http://127.0.0.1:1"]);
     assert_eq!(s.resilience.cb_failure_threshold, 10, "defaults stay");
@@ -31,7 +31,7 @@ fn the_file_fills_in_and_the_command_line_wins() {
     let printed = s.to_toml().unwrap();
     std::fs::write(&path, printed).unwrap();
     let again = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap();
-    assert_eq!(again.port, 9100);
+    assert_eq!(again.listen.port, 9100);
     assert_eq!(again.policy, "least_load");
 
     std::fs::write(&path, "port = 1\n\n  prot = 1\n").unwrap();
@@ -86,14 +86,17 @@ fn a_commands_own_settings_come_from_the_same_file_as_the_gateways() {
     .unwrap();
     let (settings, own) =
         load_with_own(&["sluice", "--config", file, "--grpc-health-port", "9200"]).unwrap();
-    assert_eq!(settings.port, 9000, "the gateway's key from the file");
+    assert_eq!(
+        settings.listen.port, 9000,
+        "the gateway's key from the file"
+    );
     assert_eq!(own.grpc_port, 9102, "the command's own key from the file");
     assert_eq!(own.grpc_health_port, 9200, "the flag wins");
 
     // What --print-config prints loads back to the same settings.
     std::fs::write(&path, settings.to_toml_with(&own).unwrap()).unwrap();
     let (again, own_again) = load_with_own(&["sluice", "--config", file]).unwrap();
-    assert_eq!((again.port, own_again), (9000, own));
+    assert_eq!((again.listen.port, own_again), (9000, own));
 
     // Without a file, the flags and the defaults.
     let (_, own) = load_with_own(&["sluice", "--grpc-port", "1"]).unwrap();

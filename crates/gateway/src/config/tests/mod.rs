@@ -159,7 +159,7 @@ fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
 #[test]
 fn defaults_validate() {
     let c = Settings::defaults().validate().unwrap();
-    assert_eq!(c.listen, "127.0.0.1:30000".parse().unwrap());
+    assert_eq!(c.listener.addr, "127.0.0.1:30000".parse().unwrap());
     assert_eq!(c.policy.name(), "cache_aware");
     assert_eq!(c.retry.max_retries, 3);
     assert_eq!(c.breaker.unwrap().failure_threshold, 10);
