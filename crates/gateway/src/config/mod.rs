@@ -10,6 +10,7 @@ mod admission;
 mod checks;
 mod degradation;
 mod discovery;
+mod intake;
 mod kv_events;
 mod listen;
 mod load;
@@ -38,6 +39,7 @@ pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
+pub use intake::IntakeSettings;
 pub use listen::{ListenConfig, ListenSettings};
 pub use load::{load, load_with, COMMAND_LINE_ONLY};
 pub use settings::Settings;
@@ -212,13 +214,7 @@ impl Settings {
             admin_api_key: self.admin_key()?,
             admin_reads_open: self.admin_reads_open,
             control_plane_keys: self.control_plane_keys()?,
-            max_payload_size: self.max_payload_size,
-            max_buffered_body_bytes: self.body_budget()?,
-            limits: self.request_limits()?,
-            body_read_timeout: positive_seconds(
-                "body-read-timeout-secs",
-                self.body_read_timeout_secs,
-            )?,
+            intake: self.intake.validate()?,
             upstream: self.upstream()?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
@@ -367,12 +363,8 @@ pub struct Config {
     pub admin_reads_open: bool,
     /// `--control-plane-api-keys`.
     pub control_plane_keys: Vec<crate::http::ControlPlaneKey>,
-    pub max_payload_size: usize,
-    pub max_buffered_body_bytes: usize,
-    /// `--max-n`, `--max-tokens-limit`.
-    pub limits: RequestLimits,
-    /// `--body-read-timeout-secs`.
-    pub body_read_timeout: Duration,
+    /// What a request may send and ask for, and how long its body may take.
+    pub intake: crate::front::Intake,
     /// How worker connections are made, secured and pooled.
     pub upstream: UpstreamConfig,
     pub request_timeout: Duration,

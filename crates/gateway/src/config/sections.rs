@@ -12,7 +12,7 @@ use sluice_core::overload::Ceilings;
 use sluice_core::policy::{CacheAware, Policy};
 
 use super::checks::{at_least, fraction, invalid, positive_count, positive_seconds, seconds};
-use super::{ConfigError, RequestLimits, Settings};
+use super::{ConfigError, Settings};
 use crate::control::{busy_thresholds, HealthConfig, LoadConfig};
 use axum::http::StatusCode;
 
@@ -224,32 +224,6 @@ impl Settings {
                 },
                 source,
             }
-        })
-    }
-
-    /// `--max-buffered-body-bytes`: at least one body of the largest size, and in a semaphore's
-    /// range.
-    pub(super) fn body_budget(&self) -> Result<usize, ConfigError> {
-        let budget = self.max_buffered_body_bytes;
-        if budget < self.max_payload_size || u32::try_from(budget).is_err() {
-            return Err(invalid(
-                "max-buffered-body-bytes",
-                format!(
-                    "{budget} must be at least --max-payload-size ({}) and under 4 GiB",
-                    self.max_payload_size
-                ),
-            ));
-        }
-        Ok(budget)
-    }
-
-    pub(super) fn request_limits(&self) -> Result<RequestLimits, ConfigError> {
-        Ok(RequestLimits {
-            max_n: positive_count("max-n", self.max_n)?,
-            max_tokens: match self.max_tokens_limit {
-                Some(n) => Some(positive_count("max-tokens-limit", n)?),
-                None => None,
-            },
         })
     }
 

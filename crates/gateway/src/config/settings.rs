@@ -11,6 +11,7 @@ use super::adaptive::AdaptiveSettings;
 use super::admission::AdmissionSettings;
 use super::degradation::DegradationSettings;
 use super::discovery::DiscoverySettings;
+use super::intake::IntakeSettings;
 use super::kv_events::KvEventsSettings;
 use super::listen::ListenSettings;
 use super::pd::PdSettings;
@@ -187,36 +188,10 @@ pub struct Settings {
     #[serde(default)]
     pub(crate) cors_allowed_origins: Vec<String>,
 
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
-    #[arg(help_heading = "Requests")]
-    pub(crate) max_payload_size: usize,
-
-    /// Bytes of request bodies the gateway holds at once (each is read whole, then sent on);
-    /// past it a request is refused with 503 `request_buffers_full` and `Retry-After` rather than
-    /// grow the gateway's memory. At least --max-payload-size.
-    #[arg(long, default_value_t = 256 * 1024 * 1024)]
-    #[arg(help_heading = "Requests")]
-    pub(crate) max_buffered_body_bytes: usize,
-
-    /// Largest `n` (choices per request) accepted; more is a 400 naming `n`. Each choice is a
-    /// sequence the engine runs, and counts in a worker's load. 128 is OpenAI's own maximum.
-    #[arg(long, default_value_t = 128)]
-    #[arg(help_heading = "Requests")]
-    pub(crate) max_n: u64,
-
-    /// Largest `max_tokens` / `max_completion_tokens` accepted; more is a 400 naming the field.
-    /// Unset: the engine's context length is the only bound.
-    #[arg(long, value_name = "TOKENS")]
-    #[serde(default)]
-    #[arg(help_heading = "Requests")]
-    pub(crate) max_tokens_limit: Option<u64>,
-
-    /// Time a client has to send a whole request body once its head arrived; a stalled or
-    /// dripping body is cut with 408 `body_read_timeout` (and cannot hold shutdown longer).
-    #[arg(long, default_value_t = 30.0)]
-    #[arg(help_heading = "Listener")]
-    pub(crate) body_read_timeout_secs: f64,
+    /// What a request may send and ask for, and how long its body may take.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub intake: IntakeSettings,
 
     /// Time to connect to a worker.
     #[arg(long, default_value_t = 5.0)]

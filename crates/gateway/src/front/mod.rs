@@ -41,6 +41,21 @@ use crate::request::{Arrival, Asked};
 use crate::route::RouteStage;
 use crate::stream;
 
+/// What the front stage takes of a request before any other stage sees it: its body's size and
+/// time, the bodies held at once, what a body may ask for. Built by its settings section
+/// (`config::IntakeSettings`), taken whole.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Intake {
+    /// `--max-payload-size`: the largest body read.
+    pub max_payload: usize,
+    /// `--max-buffered-body-bytes`: bytes of request bodies held at once.
+    pub max_buffered: usize,
+    /// `--body-read-timeout-secs`: a body's time to arrive once its head has.
+    pub body_read_timeout: std::time::Duration,
+    /// `--max-n`, `--max-tokens-limit`.
+    pub limits: RequestLimits,
+}
+
 /// What the gateway accepts of a request's own numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {
@@ -85,14 +100,10 @@ pub struct Front {
     pub(crate) accounts: Accounts,
     /// The client keys (and tenants' keys) a request must carry.
     pub(crate) keys: Keys,
-    /// `--max-payload-size`: the largest body read.
-    pub(crate) max_payload: usize,
-    /// `--body-read-timeout-secs`.
-    pub(crate) body_read_timeout: std::time::Duration,
+    /// The body's size and time, and what a body may ask for.
+    pub(crate) intake: Intake,
     /// `--max-buffered-body-bytes`: bytes of request bodies held at once, in permits.
     pub(crate) body_budget: tokio::sync::Semaphore,
-    /// `--max-n`, `--max-tokens-limit`.
-    pub(crate) limits: RequestLimits,
     /// `--request-id-headers`: where a client's own request id is read from, in order.
     pub(crate) request_id_headers: Vec<HeaderName>,
     /// How refusals are answered: `--overload-status-code` for an overload.
@@ -224,8 +235,8 @@ async fn serve<D: Dispatch>(
         return Err(RequestError::BodyUnreadable.into());
     };
     let limits = BodyLimits {
-        max_bytes: front.max_payload,
-        within: front.body_read_timeout,
+        max_bytes: front.intake.max_payload,
+        within: front.intake.body_read_timeout,
         budget: Some(&front.body_budget),
     };
     let buffered = read_body(unread, &parts.headers, limits).await?;
@@ -236,7 +247,7 @@ async fn serve<D: Dispatch>(
         Some(content_type) => parse_form(content_type, body).await?,
         None => parse(route, body)?,
     };
-    front.limits.check(&facts)?;
+    front.intake.limits.check(&facts)?;
     ctx.stream = facts.stream;
     let asked = Asked {
         arrival,
