@@ -52,7 +52,7 @@ impl EppSettings {
         });
         // As with any discovery (seed 004): a removed pod is registered again once healthy.
         if settings.remove_unhealthy_workers.is_none() {
-            config.health.remove_unhealthy = true;
+            config.control.health.remove_unhealthy = true;
         }
         Ok(config)
     }
@@ -90,7 +90,7 @@ mod tests {
             ("llama", "llm")
         );
         assert!(
-            config.health.remove_unhealthy,
+            config.control.health.remove_unhealthy,
             "auto-recovery follows discovery"
         );
         let kept = self::config(&[
@@ -100,11 +100,11 @@ mod tests {
             "--no-remove-unhealthy-workers",
         ])
         .unwrap();
-        assert!(!kept.health.remove_unhealthy, "unless turned off");
+        assert!(!kept.control.health.remove_unhealthy, "unless turned off");
 
         let plain = self::config(&["sluice", "--worker-urls", "http://10.0.0.1:8000"]).unwrap();
         assert_eq!(watched(&plain), None);
-        assert!(!plain.health.remove_unhealthy);
+        assert!(!plain.control.health.remove_unhealthy);
     }
 
     #[test]

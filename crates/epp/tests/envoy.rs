@@ -108,10 +108,10 @@ async fn a_frozen_engine_stops_being_chosen_within_the_wedge_bound() {
     let wedge = Duration::from_millis(300);
     let s = start(2, instant(Flavor::Vllm), |c, _| {
         c.policy = Policy::RoundRobin;
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
-        c.load.poll_timeout = Duration::from_millis(200);
-        let liveness = c.liveness.as_mut().expect("on by default");
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.load.min_interval = Duration::from_millis(10);
+        c.control.load.poll_timeout = Duration::from_millis(200);
+        let liveness = c.control.liveness.as_mut().expect("on by default");
         liveness.wedge = wedge;
         liveness.stall = Duration::from_millis(300);
         liveness.stale = Duration::from_secs(1);
@@ -276,8 +276,8 @@ async fn envoys_own_reply_for_a_crashed_worker_is_a_connection_failure_not_its_a
     // tell the picker that engine 0 is gone.
     let s = start(2, instant(Flavor::Vllm), |c, _| {
         c.policy = Policy::RoundRobin;
-        c.load.interval = Duration::from_secs(3600);
-        let liveness = c.liveness.as_mut().expect("on by default");
+        c.control.load.interval = Duration::from_secs(3600);
+        let liveness = c.control.liveness.as_mut().expect("on by default");
         liveness.stall = Duration::from_millis(300);
     })
     .await;

@@ -15,7 +15,7 @@ use crate::admin::{self, Admin};
 use crate::admit::{Admit, AdmitStage};
 use crate::config::{Config, CorsOrigins};
 use crate::context::{Accounts, InFlight};
-use crate::control::{Control, ControlSettings};
+use crate::control::Control;
 use crate::fleet::{Fleet, FleetCollector, FleetSettings};
 use crate::forward::Forwarder;
 use crate::front::{self, ApiRoute, Front};
@@ -69,70 +69,31 @@ pub(crate) struct Assembled {
 
 impl App {
     /// Everything `config` describes, wired together; no worker registered, nothing listening.
-    // Until the settings sections build their consumers' configs (issue 72), this reads the
-    // flat `Config` field by field.
-    #[allow(clippy::too_many_lines)]
     pub(crate) async fn assemble(config: &Config) -> Result<Assembled, AssembleError> {
-        let mut registry = Registry::with_prefix("sluice");
-        let buckets = config
-            .duration_buckets
-            .as_deref()
-            .unwrap_or(&crate::metrics::LATENCY_BUCKETS);
-        let metrics = Metrics::register_with(&mut registry, buckets, config.slos);
-        metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
+        let (mut registry, metrics) = registered(config);
         let upstream = Upstream::new(&config.upstream);
         let (control, fleet) = control_and_fleet(config, &upstream, &metrics);
         registry.register_collector(Box::new(FleetCollector(fleet.clone())));
         registry.register_collector(Box::new(UpstreamCollector(upstream.clone())));
-        let (access_log, access_log_writer) = match &config.access_log {
-            Some(path) => AccessLog::open(path, metrics.clone())
-                .await
-                .map(|(log, writer)| (Some(log), Some(writer)))?,
-            None => (None, None),
-        };
-        let (tracing, trace_exporting) = match &config.trace {
-            Some(trace) => crate::trace::Tracing::start(trace, metrics.clone())
-                .map(|(tracing, exporting)| (Some(tracing), Some(exporting)))?,
-            None => (None, None),
-        };
+        let Records {
+            access_log,
+            access_log_writer,
+            tracing,
+            trace_exporting,
+        } = Records::start(config, &metrics).await?;
         let in_flight = Arc::new(InFlight::default());
         let draining = Arc::new(AtomicBool::new(false));
         let keys = keys_of(config);
-        let shared = match &config.shared {
-            Some(c) => Some(Shared::new(c, &mut registry)?),
-            None => None,
-        };
-        let admit = Arc::new(Admit::new(
-            config.request_timeout,
-            &config.admission,
-            &mut registry,
-            shared.as_deref(),
-        ));
+        let (shared, admit) = admission(config, &mut registry)?;
         let probes = Probes::new(fleet.clone(), draining.clone());
         registry.register_collector(Box::new(probes::ReadinessCollector(probes.clone())));
         let degrade = config
             .degradation
             .clone()
             .map(|c| crate::admit::degrade::Degrader::new(c, &mut registry));
-        let admin = Arc::new(Admin {
-            fleet: fleet.clone(),
-            control,
-            keys: keys.clone(),
-            reads_open: config.admin_reads_open,
-            body_read_timeout: config.intake.body_read_timeout,
-            admit: admit.clone(),
-            degrade: degrade.clone(),
-        });
+        let admin = admin(config, (&fleet, control), &keys, &admit, degrade.clone());
         let registry = Arc::new(registry);
-        let status = config.ui.map(|ui| {
-            Status::new(
-                admin.clone(),
-                registry.clone(),
-                config.slos,
-                ui,
-                config.listener.tls.is_some(),
-            )
-        });
+        let status = status_page(config, &admin, &registry);
         let stages = Stages {
             admit: AdmitStage {
                 admit: admit.clone(),
@@ -221,19 +182,7 @@ fn control_and_fleet(
     upstream: &Upstream,
     metrics: &Arc<Metrics>,
 ) -> (Arc<Control>, Arc<Fleet>) {
-    let control = Control::new(
-        ControlSettings {
-            health: config.health.clone(),
-            load: config.load.clone(),
-            liveness: config.liveness,
-            startup_check_interval: config.startup_check_interval,
-            startup_delay: config.startup_delay,
-            startup_timeout: config.startup_timeout,
-            adaptive: config.adaptive,
-            kv_events: config.kv_events,
-        },
-        upstream.clone(),
-    );
+    let control = Control::new(config.control.clone(), upstream.clone());
     let fleet = Fleet::new(
         FleetSettings {
             breaker: config.breaker,
@@ -243,13 +192,112 @@ fn control_and_fleet(
             drain_settle: config.drain_settle,
             policy: config.policy.name(),
             default_worker_key: config.default_worker_key.clone(),
-            silence_lapse: config.liveness.unwrap_or_default().unresponsive,
+            silence_lapse: config.control.liveness.unwrap_or_default().unresponsive,
         },
         metrics.clone(),
         control.clone(),
     );
     control.watch(&fleet);
     (control, fleet)
+}
+
+/// The admin routes' state: the fleet and its control loops, the keys, admission and the ladder.
+fn admin(
+    config: &Config,
+    (fleet, control): (&Arc<Fleet>, Arc<Control>),
+    keys: &Keys,
+    admit: &Arc<Admit>,
+    degrade: Option<Arc<crate::admit::degrade::Degrader>>,
+) -> Arc<Admin> {
+    Arc::new(Admin {
+        fleet: fleet.clone(),
+        control,
+        keys: keys.clone(),
+        reads_open: config.admin_reads_open,
+        body_read_timeout: config.intake.body_read_timeout,
+        admit: admit.clone(),
+        degrade,
+    })
+}
+
+/// Admission, and the state it shares with the other replicas when `--redis-url` asks.
+fn admission(
+    config: &Config,
+    registry: &mut Registry,
+) -> Result<(Option<Arc<Shared>>, Arc<Admit>), AssembleError> {
+    let shared = match &config.shared {
+        Some(c) => Some(Shared::new(c, registry)?),
+        None => None,
+    };
+    let admit = Arc::new(Admit::new(
+        config.request_timeout,
+        &config.admission,
+        registry,
+        shared.as_deref(),
+    ));
+    Ok((shared, admit))
+}
+
+/// The metrics registry, with the gateway's families (`--prometheus-duration-buckets`, the
+/// objectives) and every OpenAI route's series from the start.
+fn registered(config: &Config) -> (Registry, Arc<Metrics>) {
+    let mut registry = Registry::with_prefix("sluice");
+    let buckets = config
+        .duration_buckets
+        .as_deref()
+        .unwrap_or(&crate::metrics::LATENCY_BUCKETS);
+    let metrics = Metrics::register_with(&mut registry, buckets, config.slos);
+    metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
+    (registry, metrics)
+}
+
+/// Where requests are recorded besides the metrics: the access log and traces, when on, with
+/// the tasks that write them.
+struct Records {
+    access_log: Option<AccessLog>,
+    access_log_writer: Option<AccessLogWriter>,
+    tracing: Option<crate::trace::Tracing>,
+    trace_exporting: Option<crate::trace::Exporting>,
+}
+
+impl Records {
+    /// Opens `--access-log` and starts `--enable-trace`'s exporter, as `config` asks.
+    async fn start(config: &Config, metrics: &Arc<Metrics>) -> Result<Self, AssembleError> {
+        let (access_log, access_log_writer) = match &config.access_log {
+            Some(path) => AccessLog::open(path, metrics.clone())
+                .await
+                .map(|(log, writer)| (Some(log), Some(writer)))?,
+            None => (None, None),
+        };
+        let (tracing, trace_exporting) = match &config.trace {
+            Some(trace) => crate::trace::Tracing::start(trace, metrics.clone())
+                .map(|(tracing, exporting)| (Some(tracing), Some(exporting)))?,
+            None => (None, None),
+        };
+        Ok(Records {
+            access_log,
+            access_log_writer,
+            tracing,
+            trace_exporting,
+        })
+    }
+}
+
+/// The status page (`/ui`), unless `--disable-ui`.
+fn status_page(
+    config: &Config,
+    admin: &Arc<Admin>,
+    registry: &Arc<Registry>,
+) -> Option<Arc<Status>> {
+    config.ui.map(|ui| {
+        Status::new(
+            admin.clone(),
+            registry.clone(),
+            config.slos,
+            ui,
+            config.listener.tls.is_some(),
+        )
+    })
 }
 
 /// The request path's stages after the front one, as `assemble` makes them.

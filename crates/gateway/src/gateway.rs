@@ -344,15 +344,15 @@ async fn serve_metrics(
 /// gateway's behaviour under load, and whose defaults filled what no flag gave.
 fn protections(config: &Config) {
     let secs = |d: Duration| d.as_secs_f64();
-    let ceilings = config.load.ceilings;
+    let ceilings = config.control.load.ceilings;
     let queue = config.admission.queue.as_ref();
     let codel = queue.and_then(|q| q.codel);
     info!(
         defaults = if config.smg_defaults { "smg" } else { "sluice" },
         waiting_ceiling = ?ceilings.waiting_requests,
         kv_ceiling = ?ceilings.token_usage,
-        load_poll_secs = secs(config.load.interval),
-        liveness = config.liveness.is_some(),
+        load_poll_secs = secs(config.control.load.interval),
+        liveness = config.control.liveness.is_some(),
         overload_shed = config.shedding.enabled,
         queue_size = queue.map_or(0, |q| q.size),
         queue_timeouts_secs = ?queue.map(|q| q.timeouts.map(secs)),
@@ -362,7 +362,7 @@ fn protections(config: &Config) {
         tenants = config.admission.tenants.len(),
         breaker_failures = ?config.breaker.map(|b| b.failure_threshold),
         max_retries = config.retry.max_retries,
-        adaptive_concurrency = config.adaptive.is_some(),
+        adaptive_concurrency = config.control.adaptive.is_some(),
         degradation_steps = config.degradation.as_ref().map_or(0, |d| d.steps.len()),
         "protective settings"
     );

@@ -27,7 +27,7 @@ fn adaptive(
     initial: u64,
     ceiling: Option<u64>,
 ) {
-    c.adaptive = Some(AdaptiveConfig {
+    c.control.adaptive = Some(AdaptiveConfig {
         window,
         aimd: AimdConfig {
             min_samples,
@@ -146,8 +146,8 @@ async fn a_worker_at_its_limit_is_never_steered_to_and_a_queue_holds_its_request
     // Worker 0 at a fixed limit of 1; worker 1 vetoed as overloaded by its reported queue.
     let s = start(2, timed(Flavor::Vllm, 1.0), |c| {
         adaptive(c, Duration::from_secs(3600), 1_000, 1, Some(1));
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.load.min_interval = Duration::from_millis(10);
         // Seed 000's steering, which the queue below replaces.
         c.admission.queue = None;
     })
@@ -428,8 +428,8 @@ async fn whole_answers_are_measured_by_their_time_over_their_tokens() {
 async fn a_limit_starts_at_the_running_window_sglang_reports_and_at_the_flag_for_vllm() {
     let tune = |c: &mut Config| {
         adaptive(c, Duration::from_millis(200), 1_000, 8, None);
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.load.min_interval = Duration::from_millis(10);
     };
     // SGLang's `/v1/loads` carries `max_running_requests` (the sim reports its --max-num-seqs).
     let sglang = start(1, timed(Flavor::Sglang, 1.0), tune).await;

@@ -40,8 +40,8 @@ async fn pd(
         }
         config.workers.push(spec);
     }
-    config.load.interval = Duration::from_millis(50);
-    config.load.min_interval = Duration::from_millis(10);
+    config.control.load.interval = Duration::from_millis(50);
+    config.control.load.min_interval = Duration::from_millis(10);
     config.admin_api_key = Some(ADMIN_KEY.into());
     config.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
@@ -399,8 +399,8 @@ async fn a_request_waiting_for_decode_room_does_not_stop_the_gateway_queue_for_o
         }
         config.workers.push(spec);
     }
-    config.load.interval = Duration::from_millis(50);
-    config.load.min_interval = Duration::from_millis(10);
+    config.control.load.interval = Duration::from_millis(50);
+    config.control.load.min_interval = Duration::from_millis(10);
     config.admin_api_key = Some(ADMIN_KEY.into());
     config.pd.admission_wait = Duration::from_secs(120);
     config.admission.max_concurrent = Some(3);

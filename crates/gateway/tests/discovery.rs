@@ -194,17 +194,17 @@ async fn a_failed_listed_worker_returns_only_once_it_answers_again() {
     settings.discovery.discovery_file = Some(file.path().to_path_buf());
     let mut config = settings.validate().unwrap();
     assert!(
-        config.health.remove_unhealthy,
+        config.control.health.remove_unhealthy,
         "auto-recovery follows discovery"
     );
-    config.health = HealthConfig {
+    config.control.health = HealthConfig {
         interval: Duration::from_millis(100),
         timeout: Duration::from_secs(1),
         thresholds: Thresholds {
             failure: 1,
             success: 1,
         },
-        ..config.health
+        ..config.control.health
     };
     config.admin_api_key = Some(ADMIN_KEY.into());
     let gateway = Gateway::start(config).await.unwrap();

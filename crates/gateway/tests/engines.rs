@@ -26,8 +26,8 @@ async fn gateway_over(engines: &[&WireEngine], tune: impl FnOnce(&mut Config)) -
     let urls: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
     let mut config = Config::local(&urls);
     config.policy = Policy::RoundRobin;
-    config.load.interval = Duration::from_millis(50);
-    config.load.min_interval = Duration::from_millis(10);
+    config.control.load.interval = Duration::from_millis(50);
+    config.control.load.min_interval = Duration::from_millis(10);
     tune(&mut config);
     let gateway = Gateway::start(config).await.unwrap();
     until_workers(&gateway, &client(), "workers ready", all_ready).await;
@@ -321,7 +321,7 @@ async fn send_held(
 }
 
 fn fast_liveness(c: &mut Config) {
-    let l = c.liveness.as_mut().expect("on by default");
+    let l = c.control.liveness.as_mut().expect("on by default");
     l.wedge = Duration::from_millis(300);
     l.unresponsive = Duration::from_millis(300);
 }
@@ -451,8 +451,8 @@ async fn an_engine_preempting_is_over_its_kv_ceiling_whatever_its_usage_reads() 
     sglang.set_load("/v1/loads", 200, fixture("sglang/v1-loads-retracting.json"));
     let gateway = gateway_over(&[&vllm, &sglang], |c| {
         // The KV ceiling above the retracting engine's usage (0.984): only preemption trips.
-        c.load.ceilings.token_usage = Some(0.99);
-        c.load.ceilings.waiting_requests = Some(100);
+        c.control.load.ceilings.token_usage = Some(0.99);
+        c.control.load.ceilings.waiting_requests = Some(100);
     })
     .await;
     let [vllm_id, sglang_id] = <[String; 2]>::try_from(ids(&gateway).await).unwrap();

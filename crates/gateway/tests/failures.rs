@@ -133,7 +133,7 @@ async fn an_unreachable_worker_stays_visible_and_its_model_is_unavailable_not_un
     let engine = sims.engine(0).unwrap();
     engine.crash().await;
     let mut config = Config::local(&sims.urls());
-    config.startup_check_interval = Duration::from_millis(50);
+    config.control.startup_check_interval = Duration::from_millis(50);
     let gateway = Gateway::start(config).await.unwrap();
     let c = client();
     let workers = get(&c, &format!("{}/workers", gateway.url())).await.json();
@@ -395,17 +395,17 @@ async fn a_worker_failing_part_of_its_requests_costs_clients_nothing_and_opens_o
 #[tokio::test]
 async fn a_worker_that_never_registers_fails_at_the_startup_timeout() {
     let mut config = Config::local(&["http://127.0.0.1:9".to_string()]);
-    config.startup_check_interval = Duration::from_millis(100);
-    config.startup_timeout = Some(Duration::from_millis(500));
+    config.control.startup_check_interval = Duration::from_millis(100);
+    config.control.startup_timeout = Some(Duration::from_millis(500));
     let gateway = Gateway::start(config).await.unwrap();
     let c = client();
     let workers = until_workers(&gateway, &c, "failed", |w| w[0]["status"] == "failed").await;
     assert_eq!(workers[0]["health"]["state"], "failed");
 
     let mut config = Config::local(&["http://127.0.0.1:9".to_string()]);
-    config.startup_check_interval = Duration::from_millis(100);
-    config.startup_timeout = Some(Duration::from_millis(500));
-    config.health.remove_unhealthy = true;
+    config.control.startup_check_interval = Duration::from_millis(100);
+    config.control.startup_timeout = Some(Duration::from_millis(500));
+    config.control.health.remove_unhealthy = true;
     let gateway = Gateway::start(config).await.unwrap();
     until_workers(&gateway, &c, "removed", <[Value]>::is_empty).await;
 }

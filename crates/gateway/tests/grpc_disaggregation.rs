@@ -53,8 +53,8 @@ async fn pd_grpc(
         config.workers.push(spec);
     }
     config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
-    config.load.interval = Duration::from_millis(50);
-    config.load.min_interval = Duration::from_millis(10);
+    config.control.load.interval = Duration::from_millis(50);
+    config.control.load.min_interval = Duration::from_millis(10);
     config.admin_api_key = Some(ADMIN_KEY.into());
     config.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
@@ -68,7 +68,7 @@ fn sglang() -> EngineConfig {
 /// No health probes: a gRPC worker's probe is a one-token generation, which the engines'
 /// counts would show beside the requests'.
 fn unprobed(c: &mut Config) {
-    c.health.disabled = true;
+    c.control.health.disabled = true;
 }
 
 /// A decode engine that runs one request at a time, at an H100's pace.

@@ -20,7 +20,7 @@ use sluice_sim::{Flavor, FleetConfig, GrpcConfig, SimFleet};
 
 /// A poll so rare it never comes in a test: what the gateway knows of the load is pushed.
 fn poll_rarely(c: &mut Config) {
-    c.load.interval = Duration::from_secs(3600);
+    c.control.load.interval = Duration::from_secs(3600);
 }
 
 /// Reads `/loads` until worker 0's report came from `source`.
@@ -241,8 +241,8 @@ async fn a_worker_that_pushed_and_then_answers_nothing_is_excluded_as_unreachabl
     let model = ModelDir::new("stale");
     let s = grpc_setup_with(2, instant(Flavor::Sglang), &model, |c| {
         poll_rarely(c);
-        c.health.interval = Duration::from_secs(3600);
-        c.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
+        c.control.health.interval = Duration::from_secs(3600);
+        c.control.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
     })
     .await;
     for _ in 0..2 {
@@ -276,9 +276,9 @@ async fn a_worker_that_pushed_and_then_answers_nothing_is_excluded_as_unreachabl
 async fn a_stopped_event_stream_alone_is_not_staleness_while_polls_answer() {
     let model = ModelDir::new("polled");
     let s = grpc_setup_with(1, instant(Flavor::Sglang), &model, |c| {
-        c.load.interval = Duration::from_millis(200);
-        c.load.min_interval = Duration::from_millis(50);
-        c.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
+        c.control.load.interval = Duration::from_millis(200);
+        c.control.load.min_interval = Duration::from_millis(50);
+        c.control.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
     })
     .await;
     let answer = s
@@ -314,7 +314,7 @@ async fn a_frozen_grpc_engine_under_a_deep_pile_of_streams_is_wedged_until_it_re
     let model = ModelDir::new("pile");
     let s = grpc_setup_with(2, timed(Flavor::Sglang, 1.0), &model, |c| {
         c.policy = sluice_core::policy::Policy::RoundRobin;
-        c.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
+        c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
     })
     .await;
     let id = s.worker_id(0).await;
@@ -361,10 +361,10 @@ async fn the_health_rpc_demotes_a_frozen_grpc_engine_and_passes_once_it_produces
     let model = ModelDir::new("health");
     // SGLang's 20 s probe wait is 0.2 s at 100x.
     let s = grpc_setup_with(1, timed(Flavor::Sglang, 100.0), &model, |c| {
-        c.health.interval = Duration::from_millis(100);
-        c.health.timeout = Duration::from_secs(5);
-        c.health.thresholds.failure = 1;
-        c.health.thresholds.success = 1;
+        c.control.health.interval = Duration::from_millis(100);
+        c.control.health.timeout = Duration::from_secs(5);
+        c.control.health.thresholds.failure = 1;
+        c.control.health.thresholds.success = 1;
     })
     .await;
     let id = s.worker_id(0).await;
@@ -390,7 +390,7 @@ async fn an_engine_that_reports_its_own_silence_is_caught_holding_a_single_strea
     });
     let s = grpc_setup_with(1, engine, &model, |c| {
         poll_rarely(c);
-        c.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
+        c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
     })
     .await;
     // A first answer measures the worker's prefill rate: on SGLang's wire (token batches only)
@@ -489,7 +489,7 @@ async fn a_tokenizer_no_worker_could_serve_at_registration_is_asked_for_again() 
     fleet.faults.push((None, sluice_sim::Fault::NoTokenizer));
     let sims = SimFleet::start(fleet).await.unwrap();
     let mut config = Config::local(&sims.urls());
-    config.health.interval = Duration::from_millis(100);
+    config.control.health.interval = Duration::from_millis(100);
     let s = serve(sims, config).await;
     let refused = s.chat(&chat_body("test-model", "hi", 4, false)).await;
     assert_eq!(refused.status, 503, "{}", refused.text());

@@ -23,7 +23,7 @@ const INTERVAL: Duration = Duration::from_millis(30);
 /// Probes every 30 ms, 2 failures to NotReady (6 more to Failed), 1 pass back to Ready.
 fn fast_health(c: &mut Config) {
     c.policy = Policy::RoundRobin;
-    c.health = HealthConfig {
+    c.control.health = HealthConfig {
         interval: INTERVAL,
         timeout: Duration::from_millis(200),
         thresholds: Thresholds {
@@ -168,7 +168,7 @@ async fn readiness_is_503_when_no_worker_is_healthy() {
 async fn failed_workers_are_removed_under_auto_recovery() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_health(c);
-        c.health.remove_unhealthy = true;
+        c.control.health.remove_unhealthy = true;
     })
     .await;
     let id = first_worker(&s).await;
@@ -285,7 +285,7 @@ async fn probes_use_the_endpoint_and_send_the_workers_key() {
     let s = start(1, engine, |c| {
         fast_health(c);
         // The engine guards /v1/* with its key (as vLLM does), so this probe needs it.
-        c.health.endpoint = "/v1/models".into();
+        c.control.health.endpoint = "/v1/models".into();
         c.workers[0].api_key = Some("worker-key".into());
     })
     .await;

@@ -19,12 +19,12 @@ const WEDGE: Duration = Duration::from_millis(300);
 
 fn fast(c: &mut Config) {
     c.policy = Policy::RoundRobin;
-    c.load.interval = Duration::from_millis(50);
-    c.load.min_interval = Duration::from_millis(10);
-    c.load.poll_timeout = Duration::from_millis(200);
-    c.liveness.as_mut().expect("on by default").wedge = WEDGE;
-    c.liveness.as_mut().expect("on by default").stall = Duration::from_millis(300);
-    c.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
+    c.control.load.interval = Duration::from_millis(50);
+    c.control.load.min_interval = Duration::from_millis(10);
+    c.control.load.poll_timeout = Duration::from_millis(200);
+    c.control.liveness.as_mut().expect("on by default").wedge = WEDGE;
+    c.control.liveness.as_mut().expect("on by default").stall = Duration::from_millis(300);
+    c.control.liveness.as_mut().expect("on by default").stale = Duration::from_secs(1);
 }
 
 /// The reason `/workers` gives a worker's liveness veto, in the terms of
@@ -192,7 +192,11 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
 ) {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast(c);
-        c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_millis(300);
+        c.control
+            .liveness
+            .as_mut()
+            .expect("on by default")
+            .unresponsive = Duration::from_millis(300);
         // One failure opens a circuit, for an hour: the released requests open it.
         c.breaker = Some(BreakerConfig {
             failure_threshold: 1,
@@ -337,7 +341,11 @@ async fn a_wedged_engine_is_out_for_clients_that_give_up_and_a_trial_brings_it_b
     for (leaves, stream) in [(Leaves::Timeout, true), (Leaves::Deadline, false)] {
         let s = start(2, instant(Flavor::Vllm), |c| {
             fast(c);
-            c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_millis(400);
+            c.control
+                .liveness
+                .as_mut()
+                .expect("on by default")
+                .unresponsive = Duration::from_millis(400);
         })
         .await;
         let id = s.worker_id(0).await;
@@ -403,7 +411,11 @@ async fn a_wedged_engine_is_out_for_clients_that_give_up_and_a_trial_brings_it_b
 async fn a_slow_engine_is_never_out_though_every_client_gives_up_on_it() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         fast(c);
-        c.liveness.as_mut().expect("on by default").unresponsive = Duration::from_secs(1);
+        c.control
+            .liveness
+            .as_mut()
+            .expect("on by default")
+            .unresponsive = Duration::from_secs(1);
     })
     .await;
     let slow = s.sims.engine(0).unwrap();

@@ -103,7 +103,7 @@ async fn an_opened_circuit_names_its_request_and_a_lowered_limit_its_figures() {
 /// A slowed engine's adaptive limit falls, and the log says so with the figures it fell on.
 async fn limit_lowered(captured: &Captured) {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
-        c.adaptive = Some(sluice_gateway::control::AdaptiveConfig {
+        c.control.adaptive = Some(sluice_gateway::control::AdaptiveConfig {
             window: Duration::from_millis(300),
             aimd: sluice_core::adaptive::AimdConfig {
                 min_samples: 2,

@@ -189,7 +189,7 @@ async fn a_burst_onto_a_full_fleet_spreads_by_the_queues_it_builds_not_onto_one_
     let s = start(3, timed(Flavor::Vllm, 1.0), |c| {
         fast_load(c);
         steer_at_once(c);
-        c.load.interval = Duration::from_secs(2);
+        c.control.load.interval = Duration::from_secs(2);
         c.policy = Policy::RoundRobin;
     })
     .await;
@@ -233,7 +233,7 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
         steer_at_once(c);
         c.policy = Policy::RoundRobin;
         c.shedding.enabled = true;
-        c.health = HealthConfig {
+        c.control.health = HealthConfig {
             interval: Duration::from_millis(30),
             timeout: Duration::from_millis(200),
             thresholds: Thresholds {
@@ -315,8 +315,8 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
     let s = start(2, engine, |c| {
         fast_load(c);
         c.policy = Policy::RoundRobin;
-        c.load.ceilings = Default::default(); // the busy check alone
-        c.load.busy.active_decode_blocks_threshold = Some(0.8);
+        c.control.load.ceilings = Default::default(); // the busy check alone
+        c.control.load.busy.active_decode_blocks_threshold = Some(0.8);
     })
     .await;
     let id = s.worker_id(0).await;
@@ -380,10 +380,10 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         fast_load(c);
         steer_at_once(c);
-        c.load.interval = Duration::from_secs(3600);
-        c.load.ceilings.waiting_requests = Some(2);
+        c.control.load.interval = Duration::from_secs(3600);
+        c.control.load.ceilings.waiting_requests = Some(2);
         c.shedding.enabled = true;
-        c.liveness.as_mut().expect("on by default").wedge = Duration::from_secs(60);
+        c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_secs(60);
     })
     .await;
     let id = s.worker_id(0).await;

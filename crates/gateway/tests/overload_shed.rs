@@ -28,7 +28,7 @@ fn shedding(c: &mut Config, wait_secs: u64, status: u16) {
     let derived = settings.validate().unwrap();
     c.shedding = derived.shedding;
     c.answers = derived.answers;
-    c.load.ceilings = derived.load.ceilings;
+    c.control.load.ceilings = derived.control.load.ceilings;
     c.admission.queue = derived.admission.queue.map(|mut q| {
         q.timeouts = [Duration::from_secs(wait_secs); 3];
         q

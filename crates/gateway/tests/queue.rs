@@ -251,8 +251,8 @@ async fn with_shedding_a_batch_request_that_would_wait_is_refused_at_once() {
 #[tokio::test]
 async fn a_request_for_a_fully_vetoed_pool_waits_and_goes_when_a_veto_lifts() {
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.load.min_interval = Duration::from_millis(10);
         c.admission.queue = queue(10, [30, 30, 30]);
     })
     .await;
@@ -387,8 +387,8 @@ async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
 /// interactive reserve of 0.1.
 async fn one_place_left_behind_a_reserve() -> Setup {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.load.min_interval = Duration::from_millis(10);
         c.admission.default_tier = Tier::Interactive;
         c.admission.queue = queue(10, [30, 30, 30]);
         if let Some(q) = &mut c.admission.queue {
@@ -490,9 +490,9 @@ async fn a_model_without_interactive_traffic_keeps_nothing_back() {
 #[tokio::test]
 async fn a_backlog_is_released_only_into_the_room_a_report_showed() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.load.interval = Duration::from_millis(50);
-        c.load.min_interval = Duration::from_millis(10);
-        c.load.ceilings.waiting_requests = Some(2);
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.load.min_interval = Duration::from_millis(10);
+        c.control.load.ceilings.waiting_requests = Some(2);
         c.admission.queue = queue(20, [30, 30, 30]);
     })
     .await;

@@ -178,8 +178,8 @@ async fn a_frozen_engine_turns_its_card_vetoed_with_the_cause() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         quick_updates(c);
         c.policy = sluice_core::policy::Policy::RoundRobin;
-        c.load.interval = Duration::from_millis(50);
-        c.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
+        c.control.load.interval = Duration::from_millis(50);
+        c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
     })
     .await;
     let mut feed = Feed::open(&s, &[]).await;

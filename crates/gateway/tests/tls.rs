@@ -197,7 +197,7 @@ async fn https_workers_are_verified_by_the_ca_and_shown_the_client_certificate()
             s.worker_startup_check_interval_secs = 0.2;
             tune(s, &certs);
         });
-        config.startup_check_interval = Duration::from_millis(200);
+        config.control.startup_check_interval = Duration::from_millis(200);
         Gateway::start(config)
     };
     let no_ca = untrusting(|s, certs| {

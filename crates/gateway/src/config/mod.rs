@@ -49,13 +49,11 @@ pub use tls_files::TlsSettings;
 
 use checks::{invalid, non_empty_keys, parse_host, positive_seconds, seconds};
 
-use crate::control::{HealthConfig, LoadConfig};
 use crate::fleet::WorkerSpec;
 pub use crate::forward::RetryConfig;
 pub use crate::front::RequestLimits;
 use crate::route::Shedding;
 pub use crate::upstream::UpstreamConfig;
-use sluice_core::liveness::LivenessConfig;
 
 /// Header names from a flag's list, each checked.
 fn header_names(setting: &'static str, names: &[String]) -> Result<Vec<HeaderName>, ConfigError> {
@@ -188,9 +186,6 @@ impl Settings {
         Ok(toml::to_string(&table)?)
     }
 
-    // Until each settings section builds its consumer's config (issue 72), this builds the
-    // flat `Config` field by field.
-    #[allow(clippy::too_many_lines)]
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
@@ -220,27 +215,17 @@ impl Settings {
             upstream_http2: self.upstream_http2,
             retry,
             breaker,
-            startup_check_interval: positive_seconds(
-                "worker-startup-check-interval-secs",
-                self.worker_startup_check_interval_secs,
-            )?,
-            startup_delay: seconds("worker-startup-delay", self.worker_startup_delay)?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
-            startup_timeout: self.startup_timeout()?,
-            health: self.health()?,
-            load: self.load()?,
+            control: self.control()?,
             shedding: self.shedding(),
             answers: self.answers()?,
             smg_defaults: self.smg_defaults,
-            liveness: self.liveness()?,
             admission: self.admission.validate(
                 &self.api_keys,
                 &self.shedding(),
                 self.adaptive.codel()?,
                 &slos,
             )?,
-            adaptive: self.adaptive.limiter()?,
-            kv_events: self.kv_events()?,
             degradation: self
                 .degradation
                 .validate(self.adaptive.codel()?, self.load()?.interval)?,
@@ -372,31 +357,21 @@ pub struct Config {
     pub retry: RetryConfig,
     /// `None` when circuit breaking is disabled.
     pub breaker: Option<BreakerConfig>,
-    pub startup_check_interval: Duration,
-    /// `--worker-startup-delay`.
-    pub(crate) startup_delay: Duration,
     pub drain_settle: Duration,
-    /// `--worker-startup-timeout-secs`; `None`: wait forever.
-    pub startup_timeout: Option<Duration>,
-    pub health: HealthConfig,
+    /// What the control loops that watch each worker run by: registration, probes, load polls,
+    /// liveness, adaptive limits, KV events. Passed whole to `Control`.
+    pub control: crate::control::ControlSettings,
     /// `--discovery-file`, `--discovery-dns`.
     pub discovery: crate::control::discovery::DiscoveryConfig,
     /// `--redis-url`: budgets and caps shared with the other replicas.
     pub shared: Option<crate::shared::SharedConfig>,
-    pub load: LoadConfig,
     pub shedding: Shedding,
     /// How refusals are answered (`--overload-status-code`).
     pub answers: crate::front::Answers,
     /// `--smg-defaults`: what was not given took SMG's default (said in the startup log).
     pub(crate) smg_defaults: bool,
-    /// `None` with `--disable-liveness-checks`.
-    pub liveness: Option<LivenessConfig>,
     /// Tenants, tiers and the gateway-wide caps.
     pub admission: AdmissionConfig,
-    /// `--adaptive-concurrency` and its settings; `None`: off.
-    pub adaptive: Option<crate::control::AdaptiveConfig>,
-    /// `--kv-events-port`, `--kv-events-ranks`, `--kv-events-max-blocks`.
-    pub(crate) kv_events: crate::control::KvEventsConfig,
     /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
     pub(crate) degradation: Option<crate::admit::degrade::DegradationConfig>,
     pub access_log: Option<PathBuf>,

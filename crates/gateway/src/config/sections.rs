@@ -13,7 +13,7 @@ use sluice_core::policy::{CacheAware, Policy};
 
 use super::checks::{at_least, fraction, invalid, positive_count, positive_seconds, seconds};
 use super::{ConfigError, Settings};
-use crate::control::{busy_thresholds, HealthConfig, LoadConfig};
+use crate::control::{busy_thresholds, ControlSettings, HealthConfig, LoadConfig};
 use axum::http::StatusCode;
 
 use crate::front::Answers;
@@ -224,6 +224,23 @@ impl Settings {
                 },
                 source,
             }
+        })
+    }
+
+    /// The control loops' settings, each part from its section's flags.
+    pub(super) fn control(&self) -> Result<ControlSettings, ConfigError> {
+        Ok(ControlSettings {
+            health: self.health()?,
+            load: self.load()?,
+            liveness: self.liveness()?,
+            startup_check_interval: positive_seconds(
+                "worker-startup-check-interval-secs",
+                self.worker_startup_check_interval_secs,
+            )?,
+            startup_delay: seconds("worker-startup-delay", self.worker_startup_delay)?,
+            startup_timeout: self.startup_timeout()?,
+            adaptive: self.adaptive.limiter()?,
+            kv_events: self.kv_events()?,
         })
     }
 

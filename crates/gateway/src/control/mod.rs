@@ -52,22 +52,24 @@ pub use load::{activity, busy_thresholds, LoadConfig, PollError};
 use crate::fleet::{Fleet, Supervise, Worker};
 use crate::upstream::{self, GetError, Upstream};
 
-/// The control loops' settings (the flags).
+/// The control loops' settings, built by the settings sections of their flags and taken whole.
 #[derive(Debug, Clone)]
 pub struct ControlSettings {
-    pub(crate) health: HealthConfig,
-    pub(crate) load: LoadConfig,
+    /// The health prober's: interval, timeout, thresholds, endpoint, removal of failed workers.
+    pub health: HealthConfig,
+    /// The load monitor's: interval, ceilings, busy thresholds.
+    pub load: LoadConfig,
     /// `None`: no liveness checker (`--disable-liveness-checks`).
-    pub(crate) liveness: Option<LivenessConfig>,
+    pub liveness: Option<LivenessConfig>,
     /// How often a worker that has not answered `/v1/models` is asked again.
-    pub(crate) startup_check_interval: Duration,
+    pub startup_check_interval: Duration,
     /// `--worker-startup-delay`: the wait before a new worker is first asked.
     pub(crate) startup_delay: Duration,
     /// `--worker-startup-timeout-secs`: how long a worker may stay unregistered before it is
     /// Failed; `None`: forever.
-    pub(crate) startup_timeout: Option<Duration>,
+    pub startup_timeout: Option<Duration>,
     /// `--adaptive-concurrency` and its settings; `None`: off.
-    pub(crate) adaptive: Option<AdaptiveConfig>,
+    pub adaptive: Option<AdaptiveConfig>,
     /// Where workers' KV events are subscribed to.
     pub(crate) kv_events: KvEventsConfig,
 }

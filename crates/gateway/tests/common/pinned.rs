@@ -7,9 +7,9 @@ use super::*;
 
 /// Polls every 50 ms.
 pub fn fast_load(c: &mut Config) {
-    c.load.interval = Duration::from_millis(50);
-    c.load.min_interval = Duration::from_millis(10);
-    c.load.poll_timeout = Duration::from_millis(500);
+    c.control.load.interval = Duration::from_millis(50);
+    c.control.load.min_interval = Duration::from_millis(10);
+    c.control.load.poll_timeout = Duration::from_millis(500);
     c.shedding.retry_after = Duration::from_secs(10);
     c.admin_api_key = Some(ADMIN_KEY.into());
 }
@@ -61,7 +61,7 @@ pub async fn reported_once(fault: Fault, tune: impl FnOnce(&mut Config)) -> Setu
     sims.engine(0).unwrap().fault(fault).await.unwrap();
     let mut config = Config::local(&sims.urls());
     fast_load(&mut config);
-    config.load.interval = Duration::from_secs(3600);
+    config.control.load.interval = Duration::from_secs(3600);
     tune(&mut config);
     serve(sims, config).await
 }

@@ -72,9 +72,10 @@ fn tenants_come_from_the_file_and_smgs_tenant_keys_from_flags() {
 
 #[test]
 fn adaptive_concurrency_is_opt_in_with_the_seeds_targets() {
-    assert_eq!(validated(&[]).unwrap().adaptive, None);
+    assert_eq!(validated(&[]).unwrap().control.adaptive, None);
     let on = validated(&["--adaptive-concurrency"])
         .unwrap()
+        .control
         .adaptive
         .unwrap();
     assert_eq!(on.window, Duration::from_secs(10));
@@ -94,6 +95,7 @@ fn adaptive_concurrency_is_opt_in_with_the_seeds_targets() {
         "5",
     ])
     .unwrap()
+    .control
     .adaptive
     .unwrap();
     assert_eq!(tuned.aimd.ttft_breach, Some(Duration::from_secs(2)));
@@ -189,7 +191,7 @@ fn the_adaptive_settings_come_from_the_config_file_too() {
         .validate()
         .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    let adaptive = config.adaptive.unwrap();
+    let adaptive = config.control.adaptive.unwrap();
     assert_eq!(adaptive.aimd.itl_breach, Duration::from_millis(40));
     let codel = config.admission.queue.unwrap().codel.unwrap();
     assert_eq!(codel[2].target, Duration::from_secs(2));

@@ -2,8 +2,10 @@
 
 use super::*;
 use crate::control::discovery::Members;
+use crate::control::{HealthConfig, LoadConfig};
 use clap::{CommandFactory, Parser};
 use sluice_core::admission::Tier;
+use sluice_core::liveness::LivenessConfig;
 use sluice_core::overload::Ceilings;
 
 mod admission;
@@ -167,7 +169,7 @@ fn defaults_validate() {
 
 #[test]
 fn health_defaults_follow_the_seed() {
-    let h = Settings::defaults().validate().unwrap().health;
+    let h = Settings::defaults().validate().unwrap().control.health;
     assert_eq!(h, HealthConfig::default());
     assert_eq!(h.interval, Duration::from_secs(60));
     assert_eq!(h.timeout, Duration::from_secs(5));
@@ -179,11 +181,12 @@ fn health_defaults_follow_the_seed() {
 #[test]
 fn overload_defaults_follow_the_seeds() {
     let c = Settings::defaults().validate().unwrap();
-    assert_eq!(c.load, LoadConfig::default());
-    assert_eq!(c.load.ceilings.waiting_requests, Some(8));
-    assert_eq!(c.load.ceilings.token_usage, Some(0.8));
-    assert!(!c.load.busy.any(), "busy checks are off unless set");
+    assert_eq!(c.control.load, LoadConfig::default());
+    assert_eq!(c.control.load.ceilings.waiting_requests, Some(8));
+    assert_eq!(c.control.load.ceilings.token_usage, Some(0.8));
+    assert!(!c.control.load.busy.any(), "busy checks are off unless set");
     let liveness = c
+        .control
         .liveness
         .expect("liveness checks are on unless turned off");
     assert_eq!(liveness, LivenessConfig::default());
@@ -209,7 +212,7 @@ fn overload_defaults_follow_the_seeds() {
     .unwrap()
     .validate()
     .unwrap();
-    assert_eq!(off.load.ceilings, Ceilings::default());
+    assert_eq!(off.control.load.ceilings, Ceilings::default());
     assert!(off.shedding.enabled);
     assert_eq!(off.answers.overload, 529);
     assert_eq!(
@@ -221,7 +224,7 @@ fn overload_defaults_follow_the_seeds() {
 
 #[test]
 fn auto_recovery_takes_every_spelling() {
-    let remove = |args: &[&str]| validated(args).unwrap().health.remove_unhealthy;
+    let remove = |args: &[&str]| validated(args).unwrap().control.health.remove_unhealthy;
     assert!(!remove(&[]), "no service discovery: off by default");
     assert!(remove(&["--remove-unhealthy-workers"]));
     assert!(remove(&["--remove-unhealthy-workers=true"]));
@@ -245,7 +248,7 @@ fn auto_recovery_takes_every_spelling() {
 
 #[test]
 fn discovery_turns_auto_recovery_on_unless_told_otherwise() {
-    let remove = |args: &[&str]| validated(args).unwrap().health.remove_unhealthy;
+    let remove = |args: &[&str]| validated(args).unwrap().control.health.remove_unhealthy;
     assert!(remove(&["--discovery-file", "workers.json"]));
     assert!(remove(&["--discovery-dns", "vllm.llm:8000"]));
     assert!(!remove(&[
@@ -325,7 +328,7 @@ fn discovery_sources_are_checked() {
     ])
     .unwrap();
     assert!(
-        k8s.health.remove_unhealthy,
+        k8s.control.health.remove_unhealthy,
         "auto-recovery follows discovery"
     );
     let k8s = k8s.discovery.kubernetes.unwrap();
@@ -502,9 +505,9 @@ fn tls_files_are_read_at_startup_and_named_when_unusable() {
 
 #[test]
 fn liveness_checks_are_on_unless_turned_off_whatever_their_thresholds() {
-    assert!(validated(&[]).unwrap().liveness.is_some());
+    assert!(validated(&[]).unwrap().control.liveness.is_some());
     let off = validated(&["--disable-liveness-checks", "--worker-stall-secs", "0"]).unwrap();
-    assert_eq!(off.liveness, None);
+    assert_eq!(off.control.liveness, None);
     assert!(
         validated(&["--disable-liveness-checks", "--worker-wedge-secs", "-1"]).is_err(),
         "the thresholds are still checked"
