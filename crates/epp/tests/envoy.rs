@@ -84,7 +84,7 @@ async fn until_metric(s: &Setup, series: &str, want: f64) {
 #[tokio::test]
 async fn requests_are_served_through_the_endpoints_the_picker_chose() {
     let s = start(2, instant(Flavor::Vllm), |c, epp| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         secure(c, epp);
     })
     .await;
@@ -107,7 +107,7 @@ async fn requests_are_served_through_the_endpoints_the_picker_chose() {
 async fn a_frozen_engine_stops_being_chosen_within_the_wedge_bound() {
     let wedge = Duration::from_millis(300);
     let s = start(2, instant(Flavor::Vllm), |c, _| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.control.load.interval = Duration::from_millis(50);
         c.control.load.min_interval = Duration::from_millis(10);
         c.control.load.poll_timeout = Duration::from_millis(200);
@@ -275,7 +275,7 @@ async fn envoys_own_reply_for_a_crashed_worker_is_a_connection_failure_not_its_a
     // The load polls are too far apart to notice: only the requests Envoy could not deliver
     // tell the picker that engine 0 is gone.
     let s = start(2, instant(Flavor::Vllm), |c, _| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.control.load.interval = Duration::from_secs(3600);
         let liveness = c.control.liveness.as_mut().expect("on by default");
         liveness.stall = Duration::from_millis(300);

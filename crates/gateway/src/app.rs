@@ -190,7 +190,7 @@ fn control_and_fleet(
             prefix_capacity: config.prefix_capacity,
             interactive_reserve: config.interactive_reserve,
             drain_settle: config.drain_settle,
-            policy: config.policy.name(),
+            policy: config.route.policy.name(),
             default_worker_key: config.default_worker_key.clone(),
             silence_lapse: config.control.liveness.unwrap_or_default().unresponsive,
         },
@@ -339,10 +339,8 @@ fn route_stage(config: &Config, admit: &Arc<Admit>, metrics: &Arc<Metrics>) -> R
     } else {
         Projection::Hopeful
     };
-    RouteStage::new(config.policy, config.shedding, metrics.clone())
-        .with_pd_policies(config.prefill_policy, config.decode_policy)
+    RouteStage::new(&config.route, metrics.clone())
         .with_projection(projection)
-        .with_routing_key_headers(config.routing_key_headers.clone())
         .with_tokens(config.upstream.tokens.clone())
 }
 

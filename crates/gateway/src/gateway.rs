@@ -353,7 +353,7 @@ fn protections(config: &Config) {
         kv_ceiling = ?ceilings.token_usage,
         load_poll_secs = secs(config.control.load.interval),
         liveness = config.control.liveness.is_some(),
-        overload_shed = config.shedding.enabled,
+        overload_shed = config.route.shedding.enabled,
         queue_size = queue.map_or(0, |q| q.size),
         queue_timeouts_secs = ?queue.map(|q| q.timeouts.map(secs)),
         codel_targets_ms = ?codel.map(|c| c.map(|t| t.target.as_millis() as u64)),
@@ -372,7 +372,7 @@ fn protections(config: &Config) {
 /// interface by default, and a launch line carried over from it would otherwise serve nobody
 /// else without a word.
 fn announce(addr: SocketAddr, scheme: &str, config: &Config) {
-    info!(%addr, scheme, policy = config.policy.name(), workers = config.workers.len(), "sluice gateway listening");
+    info!(%addr, scheme, policy = config.route.policy.name(), workers = config.workers.len(), "sluice gateway listening");
     protections(config);
     if addr.ip().is_loopback() {
         warn!(

@@ -36,7 +36,7 @@ fn adaptive(
         },
         initial_limit: initial,
     });
-    c.policy = Policy::RoundRobin;
+    c.route.policy = Policy::RoundRobin;
     c.admin_api_key = Some(ADMIN_KEY.into());
 }
 

@@ -43,7 +43,7 @@ async fn pd(
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
     config.admin_api_key = Some(ADMIN_KEY.into());
-    config.shedding.retry_after = Duration::from_secs(7);
+    config.route.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
     serve(sims, config).await
 }
@@ -303,7 +303,7 @@ async fn a_client_that_leaves_aborts_both_legs_and_frees_their_kv() {
 #[tokio::test]
 async fn a_frozen_prefill_fails_over_to_a_new_pair_within_the_wedge_bound() {
     let s = pd(2, sglang(), 1, sglang(), |c| {
-        c.prefill_policy = Policy::RoundRobin;
+        c.route.prefill_policy = Policy::RoundRobin;
         c.pd.wedge = Duration::from_secs(1);
     })
     .await;

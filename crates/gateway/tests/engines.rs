@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 async fn gateway_over(engines: &[&WireEngine], tune: impl FnOnce(&mut Config)) -> Gateway {
     let urls: Vec<String> = engines.iter().map(|e| e.url.clone()).collect();
     let mut config = Config::local(&urls);
-    config.policy = Policy::RoundRobin;
+    config.route.policy = Policy::RoundRobin;
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
     tune(&mut config);

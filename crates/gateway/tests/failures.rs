@@ -13,7 +13,7 @@ use sluice_core::policy::Policy;
 #[tokio::test]
 async fn a_crash_under_steady_load_loses_no_request() {
     let s = start(3, timed(Flavor::Vllm, 20.0), |c| {
-        c.policy = Policy::RoundRobin
+        c.route.policy = Policy::RoundRobin
     })
     .await;
     let mut clients = Vec::new();
@@ -48,7 +48,7 @@ async fn a_crash_under_steady_load_loses_no_request() {
 #[tokio::test]
 async fn the_breaker_opens_and_recovers_on_time() {
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         // Each 500 reaches the client here, to count them (retrying them is tested below).
         c.retry.status_codes.clear();
         c.breaker = Some(BreakerConfig {
@@ -173,7 +173,10 @@ async fn an_unreachable_worker_stays_visible_and_its_model_is_unavailable_not_un
 
 #[tokio::test]
 async fn connection_failures_on_every_worker_end_in_502_without_urls() {
-    let s = start(2, instant(Flavor::Vllm), |c| c.policy = Policy::RoundRobin).await;
+    let s = start(2, instant(Flavor::Vllm), |c| {
+        c.route.policy = Policy::RoundRobin
+    })
+    .await;
     for e in s.sims.engines() {
         e.crash().await;
     }
@@ -222,7 +225,7 @@ async fn at_capacity_answers_are_retried_on_another_worker() {
     );
 
     let mut config = Config::local(&[full.urls()[0].clone(), roomy.urls()[0].clone()]);
-    config.policy = Policy::RoundRobin;
+    config.route.policy = Policy::RoundRobin;
     let gateway = Gateway::start(config).await.unwrap();
     until_workers(&gateway, &c, "ready", all_ready).await;
     let refused_before = full_engine.state().rejected;
@@ -252,7 +255,7 @@ async fn at_capacity_answers_are_retried_on_another_worker() {
 async fn a_client_error_status_retried_by_choice_is_not_a_failure_of_the_worker() {
     // 408 added to the retried statuses; one failure would open a circuit.
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.retry.status_codes.push(408);
         c.breaker = Some(BreakerConfig {
             failure_threshold: 1,
@@ -304,7 +307,7 @@ async fn a_client_error_status_retried_by_choice_is_not_a_failure_of_the_worker(
 async fn a_deadline_that_passes_during_a_retrys_backoff_is_charged_to_no_worker() {
     // Every retry waits 5 s, far past the 1 s the gateway gives a request.
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.request_timeout = Duration::from_secs(1);
         c.retry.backoff = sluice_core::retry::Backoff {
             initial: Duration::from_secs(5),
@@ -358,7 +361,10 @@ async fn a_deadline_that_passes_during_a_retrys_backoff_is_charged_to_no_worker(
 
 #[tokio::test]
 async fn a_worker_failing_part_of_its_requests_costs_clients_nothing_and_opens_on_its_rate() {
-    let s = start(3, instant(Flavor::Vllm), |c| c.policy = Policy::RoundRobin).await;
+    let s = start(3, instant(Flavor::Vllm), |c| {
+        c.route.policy = Policy::RoundRobin
+    })
+    .await;
     let sick = s.worker_id(0).await;
     s.sims
         .engine(0)

@@ -19,7 +19,7 @@ use sluice_sim::{Fault, Flavor};
 async fn a_failing_grpc_worker_is_retried_around_and_its_circuit_opens() {
     let model = ModelDir::new("breaker");
     let s = grpc_setup_with(2, instant(Flavor::Sglang), &model, |c| {
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.breaker = Some(BreakerConfig {
             failure_threshold: 3,
             success_threshold: 1,

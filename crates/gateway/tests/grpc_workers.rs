@@ -188,7 +188,7 @@ async fn a_full_engine_queue_is_at_capacity_and_the_request_goes_to_another_work
         .await
         .unwrap();
     let mut config = Config::local(&sims.urls());
-    config.policy = sluice_core::policy::Policy::RoundRobin;
+    config.route.policy = sluice_core::policy::Policy::RoundRobin;
     config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
     let s = serve(sims, config).await;
     for _ in 0..4 {
@@ -313,7 +313,7 @@ async fn a_stopped_event_stream_alone_is_not_staleness_while_polls_answer() {
 async fn a_frozen_grpc_engine_under_a_deep_pile_of_streams_is_wedged_until_it_resumes() {
     let model = ModelDir::new("pile");
     let s = grpc_setup_with(2, timed(Flavor::Sglang, 1.0), &model, |c| {
-        c.policy = sluice_core::policy::Policy::RoundRobin;
+        c.route.policy = sluice_core::policy::Policy::RoundRobin;
         c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
     })
     .await;
@@ -437,7 +437,7 @@ async fn without_a_model_directory_the_tokenizer_comes_from_the_worker() {
         .unwrap();
     // No --model-path: the gateway asks the worker (GetTokenizer), as SMG does.
     let mut config = Config::local(&sims.urls());
-    config.policy = sluice_core::policy::Policy::RoundRobin;
+    config.route.policy = sluice_core::policy::Policy::RoundRobin;
     assert!(!config.upstream.tokens.is_set());
     let s = serve(sims, config).await;
     for _ in 0..4 {

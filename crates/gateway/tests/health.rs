@@ -22,7 +22,7 @@ const INTERVAL: Duration = Duration::from_millis(30);
 
 /// Probes every 30 ms, 2 failures to NotReady (6 more to Failed), 1 pass back to Ready.
 fn fast_health(c: &mut Config) {
-    c.policy = Policy::RoundRobin;
+    c.route.policy = Policy::RoundRobin;
     c.control.health = HealthConfig {
         interval: INTERVAL,
         timeout: Duration::from_millis(200),

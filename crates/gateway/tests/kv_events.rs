@@ -68,7 +68,7 @@ fn publishing(flavor: Flavor) -> EngineConfig {
 /// The cache-aware policy with the model's files.
 fn precise_config(urls: &[String], model: &ModelDir) -> Config {
     let mut config = Config::local(urls);
-    config.policy = Policy::CacheAware(CacheAware::default());
+    config.route.policy = Policy::CacheAware(CacheAware::default());
     config.upstream.tokens = SharedTokens::new(Some(model.tokens()));
     config
 }

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 const WEDGE: Duration = Duration::from_millis(300);
 
 fn fast(c: &mut Config) {
-    c.policy = Policy::RoundRobin;
+    c.route.policy = Policy::RoundRobin;
     c.control.load.interval = Duration::from_millis(50);
     c.control.load.min_interval = Duration::from_millis(10);
     c.control.load.poll_timeout = Duration::from_millis(200);

@@ -30,7 +30,7 @@ async fn chat_with_key(s: &Setup, key: &str) -> Answer {
 
 #[tokio::test]
 async fn every_policy_skips_a_worker_over_its_ceiling() {
-    let cache_aware = Config::local(&[]).policy;
+    let cache_aware = Config::local(&[]).route.policy;
     let policies = [
         Policy::RoundRobin,
         Policy::Random,
@@ -43,7 +43,7 @@ async fn every_policy_skips_a_worker_over_its_ceiling() {
         let name = policy.name();
         let s = start(2, instant(Flavor::Vllm), |c| {
             fast_load(c);
-            c.policy = policy;
+            c.route.policy = policy;
         })
         .await;
         overload_first_worker(&s).await;
@@ -68,7 +68,7 @@ async fn the_veto_lifts_on_the_first_report_under_and_on_a_failed_poll() {
         // Agent requests: an interactive one goes only where it starts at once, while another
         // worker would start it.
         c.admission.default_tier = Tier::Agent;
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
     })
     .await;
     let id = s.worker_id(0).await;
@@ -118,7 +118,7 @@ async fn a_fleet_all_over_is_steered_to_its_least_loaded_worker() {
     let s = start(3, instant(Flavor::Vllm), |c| {
         fast_load(c);
         steer_at_once(c);
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
     })
     .await;
     for (i, waiting) in [(0, 12), (1, 9), (2, 10)] {
@@ -190,7 +190,7 @@ async fn a_burst_onto_a_full_fleet_spreads_by_the_queues_it_builds_not_onto_one_
         fast_load(c);
         steer_at_once(c);
         c.control.load.interval = Duration::from_secs(2);
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
     })
     .await;
     for (i, waiting) in [(0, 20), (1, 21), (2, 22)] {
@@ -231,8 +231,8 @@ async fn with_shedding_a_full_fleet_refuses_at_once() {
     let s = start(3, instant(Flavor::Vllm), |c| {
         fast_load(c);
         steer_at_once(c);
-        c.policy = Policy::RoundRobin;
-        c.shedding.enabled = true;
+        c.route.policy = Policy::RoundRobin;
+        c.route.shedding.enabled = true;
         c.control.health = HealthConfig {
             interval: Duration::from_millis(30),
             timeout: Duration::from_millis(200),
@@ -289,7 +289,7 @@ async fn the_shed_status_can_be_529_for_dynamo_style_clients() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         fast_load(c);
         steer_at_once(c);
-        c.shedding.enabled = true;
+        c.route.shedding.enabled = true;
         c.answers.overload = axum::http::StatusCode::from_u16(529).unwrap();
     })
     .await;
@@ -314,7 +314,7 @@ async fn a_two_rank_worker_is_busy_only_when_both_ranks_are() {
     engine.dp_size = 2;
     let s = start(2, engine, |c| {
         fast_load(c);
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.control.load.ceilings = Default::default(); // the busy check alone
         c.control.load.busy.active_decode_blocks_threshold = Some(0.8);
     })
@@ -382,7 +382,7 @@ async fn a_queue_building_between_polls_is_judged_before_the_next_poll() {
         steer_at_once(c);
         c.control.load.interval = Duration::from_secs(3600);
         c.control.load.ceilings.waiting_requests = Some(2);
-        c.shedding.enabled = true;
+        c.route.shedding.enabled = true;
         c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_secs(60);
     })
     .await;

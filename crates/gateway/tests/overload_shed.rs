@@ -26,7 +26,7 @@ fn shedding(c: &mut Config, wait_secs: u64, status: u16) {
     settings.overload_status_code = status;
     settings.worker_overload_waiting_requests = 4;
     let derived = settings.validate().unwrap();
-    c.shedding = derived.shedding;
+    c.route.shedding = derived.route.shedding;
     c.answers = derived.answers;
     c.control.load.ceilings = derived.control.load.ceilings;
     c.admission.queue = derived.admission.queue.map(|mut q| {
@@ -34,9 +34,9 @@ fn shedding(c: &mut Config, wait_secs: u64, status: u16) {
         q
     });
     c.admission.default_tier = Tier::Interactive;
-    let retry_after = c.shedding.retry_after;
+    let retry_after = c.route.shedding.retry_after;
     fast_load(c);
-    c.shedding.retry_after = retry_after;
+    c.route.shedding.retry_after = retry_after;
 }
 
 /// Requests that waited in the queue, by `/metrics` (the wait histogram's count, every tier).

@@ -39,7 +39,7 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_load(c);
         steer_at_once(c);
-        c.shedding.enabled = true;
+        c.route.shedding.enabled = true;
         // Requests may ask for any tier.
         c.admission.default_tier = Tier::Interactive;
         c.interactive_reserve = 0.1;
@@ -78,7 +78,7 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
 async fn an_interactive_request_goes_where_it_starts_at_once() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_load(c);
-        c.policy = Policy::RoundRobin;
+        c.route.policy = Policy::RoundRobin;
         c.admission.default_tier = Tier::Interactive;
         c.interactive_reserve = 0.1;
     })

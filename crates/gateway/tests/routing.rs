@@ -7,7 +7,7 @@ use common::*;
 use sluice_core::policy::{CacheAware, Policy};
 
 async fn with_policy(engines: usize, engine: EngineConfig, policy: Policy) -> Setup {
-    start(engines, engine, |c| c.policy = policy).await
+    start(engines, engine, |c| c.route.policy = policy).await
 }
 
 #[tokio::test]
@@ -198,8 +198,8 @@ async fn a_request_for_n_choices_weighs_n_in_its_workers_load() {
 #[tokio::test]
 async fn the_first_routing_key_header_present_wins() {
     let s = start(4, instant(Flavor::Vllm), |c| {
-        c.policy = Policy::ConsistentHash;
-        c.routing_key_headers = vec![
+        c.route.policy = Policy::ConsistentHash;
+        c.route.routing_key_headers = vec![
             http::HeaderName::from_static("x-tenant"),
             http::HeaderName::from_static("x-session-id"),
         ];

@@ -177,7 +177,7 @@ async fn the_feed_sends_the_history_then_a_card_per_worker_and_the_charts_points
 async fn a_frozen_engine_turns_its_card_vetoed_with_the_cause() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         quick_updates(c);
-        c.policy = sluice_core::policy::Policy::RoundRobin;
+        c.route.policy = sluice_core::policy::Policy::RoundRobin;
         c.control.load.interval = Duration::from_millis(50);
         c.control.liveness.as_mut().expect("on by default").wedge = Duration::from_millis(300);
     })

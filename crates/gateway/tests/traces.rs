@@ -275,7 +275,7 @@ async fn a_retried_attempt_says_why_and_the_next_one_answers() {
     let trace = TraceConfig::new(receiver.endpoint(), Protocol::Grpc, 1.0);
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.trace = Some(trace);
-        c.policy = sluice_core::policy::Policy::RoundRobin;
+        c.route.policy = sluice_core::policy::Policy::RoundRobin;
     })
     .await;
     s.fault(0, Fault::ErrorRate { rate: 1.0 }).await;

@@ -18,7 +18,7 @@ use sluice_core::policy::Policy;
 async fn gateway_over(urls: &[&str]) -> Gateway {
     let urls: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
     let mut config = Config::local(&urls);
-    config.policy = Policy::RoundRobin;
+    config.route.policy = Policy::RoundRobin;
     config.breaker = Some(BreakerConfig {
         failure_threshold: 1,
         success_threshold: 1,

@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use axum::http::HeaderName;
 use sluice_core::breaker::BreakerConfig;
-use sluice_core::policy::Policy;
 
 pub use adaptive::AdaptiveSettings;
 pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec, DEFAULT_TENANT};
@@ -52,7 +51,6 @@ use checks::{invalid, non_empty_keys, parse_host, positive_seconds, seconds};
 use crate::fleet::WorkerSpec;
 pub use crate::forward::RetryConfig;
 pub use crate::front::RequestLimits;
-use crate::route::Shedding;
 pub use crate::upstream::UpstreamConfig;
 
 /// Header names from a flag's list, each checked.
@@ -187,23 +185,19 @@ impl Settings {
     }
 
     pub fn validate(&self) -> Result<Config, ConfigError> {
-        let (prefill_policy, decode_policy) = self.pd_policies()?;
         let retry = self.resilience.retry()?;
         let breaker = self.resilience.breaker()?;
         let slos = self.status.slos()?;
         Ok(Config {
             listener: self.listen.validate(self.listen_tls()?)?,
             workers: self.workers()?,
-            policy: self.policy()?,
-            prefill_policy,
-            decode_policy,
+            route: self.route()?,
             pd: self.pd_config()?,
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             model_aliases: self.model_aliases()?,
             cors: self.cors()?,
-            routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             api_keys: non_empty_keys("api-key", &self.api_keys)?,
             default_worker_key: self.default_worker_key(),
             admin_api_key: self.admin_key()?,
@@ -217,7 +211,6 @@ impl Settings {
             breaker,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
             control: self.control()?,
-            shedding: self.shedding(),
             answers: self.answers()?,
             smg_defaults: self.smg_defaults,
             admission: self.admission.validate(
@@ -322,18 +315,14 @@ pub struct Config {
     pub listener: ListenConfig,
     /// Workers registered at startup.
     pub workers: Vec<WorkerSpec>,
-    pub policy: Policy,
-    /// `--prefill-policy`, `--decode-policy` (each `--policy` when not given).
-    pub prefill_policy: Policy,
-    pub(crate) decode_policy: Policy,
+    /// How the route stage picks: the policies, the routing key, shedding.
+    pub route: crate::route::RouteConfig,
     /// The decode admission window and the prefill leg's silence bound.
     pub pd: crate::forward::PdConfig,
     /// Prefix blocks remembered per model by the cache-aware policy.
     pub(crate) prefix_capacity: usize,
     /// `--interactive-reserve`.
     pub interactive_reserve: f64,
-    /// `--routing-key-headers`, in order of precedence.
-    pub routing_key_headers: Vec<HeaderName>,
     /// `--request-id-headers`, in order of precedence.
     pub request_id_headers: Vec<HeaderName>,
     /// `--cors-allowed-origins`; `None`: no cross-origin allowance.
@@ -365,7 +354,6 @@ pub struct Config {
     pub discovery: crate::control::discovery::DiscoveryConfig,
     /// `--redis-url`: budgets and caps shared with the other replicas.
     pub shared: Option<crate::shared::SharedConfig>,
-    pub shedding: Shedding,
     /// How refusals are answered (`--overload-status-code`).
     pub answers: crate::front::Answers,
     /// `--smg-defaults`: what was not given took SMG's default (said in the startup log).

@@ -12,12 +12,12 @@ use sluice_core::overload::Ceilings;
 use sluice_core::policy::{CacheAware, Policy};
 
 use super::checks::{at_least, fraction, invalid, positive_count, positive_seconds, seconds};
-use super::{ConfigError, Settings};
+use super::{header_names, ConfigError, Settings};
 use crate::control::{busy_thresholds, ControlSettings, HealthConfig, LoadConfig};
 use axum::http::StatusCode;
 
 use crate::front::Answers;
-use crate::route::Shedding;
+use crate::route::{RouteConfig, Shedding};
 use crate::tls::{self, Identity};
 
 impl Settings {
@@ -108,6 +108,18 @@ impl Settings {
             remove_unhealthy: self
                 .remove_unhealthy_workers
                 .unwrap_or(self.discovery.any()),
+        })
+    }
+
+    /// The route stage's config: the policies, the routing key, shedding.
+    pub(super) fn route(&self) -> Result<RouteConfig, ConfigError> {
+        let (prefill_policy, decode_policy) = self.pd_policies()?;
+        Ok(RouteConfig {
+            policy: self.policy()?,
+            prefill_policy,
+            decode_policy,
+            routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
+            shedding: self.shedding(),
         })
     }
 

@@ -87,6 +87,21 @@ pub(crate) struct Placement {
     pub(crate) prefill: Option<Box<Chooser>>,
 }
 
+/// How the route stage picks, built from its flags and taken whole by `RouteStage::new`.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// `--policy`: how a worker is picked among those that may take the request.
+    pub policy: Policy,
+    /// `--prefill-policy`: a disaggregated model's prefill side (`--policy` when not given).
+    pub prefill_policy: Policy,
+    /// `--decode-policy`: its decode side (`--policy` when not given).
+    pub(crate) decode_policy: Policy,
+    /// `--routing-key-headers`, in order of precedence: the key `consistent_hash` reads.
+    pub routing_key_headers: Vec<HeaderName>,
+    /// When every worker a request could use is overloaded: steer it or shed it.
+    pub shedding: Shedding,
+}
+
 /// What a request gets when every worker it could use is overloaded.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shedding {
@@ -97,18 +112,18 @@ pub struct Shedding {
 }
 
 impl RouteStage {
-    pub fn new(policy: Policy, shedding: Shedding, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: &RouteConfig, metrics: Arc<Metrics>) -> Self {
         Self {
             rules: Arc::new(Rules {
-                policy,
-                prefill_policy: policy,
-                decode_policy: policy,
-                shedding,
+                policy: config.policy,
+                prefill_policy: config.prefill_policy,
+                decode_policy: config.decode_policy,
+                shedding: config.shedding,
                 projection: Projection::Hopeful,
                 metrics,
             }),
             tokens: SharedTokens::default(),
-            routing_key_headers: Vec::new(),
+            routing_key_headers: config.routing_key_headers.clone(),
         }
     }
 
@@ -123,20 +138,6 @@ impl RouteStage {
     /// request it releases goes where the room it was released for is.
     pub(crate) fn with_projection(mut self, projection: Projection) -> Self {
         Arc::make_mut(&mut self.rules).projection = projection;
-        self
-    }
-
-    /// With `--prefill-policy` and `--decode-policy`.
-    pub(crate) fn with_pd_policies(mut self, prefill: Policy, decode: Policy) -> Self {
-        let rules = Arc::make_mut(&mut self.rules);
-        rules.prefill_policy = prefill;
-        rules.decode_policy = decode;
-        self
-    }
-
-    /// With `--routing-key-headers`.
-    pub(crate) fn with_routing_key_headers(mut self, headers: Vec<HeaderName>) -> Self {
-        self.routing_key_headers = headers;
         self
     }
 

@@ -10,7 +10,7 @@ pub fn fast_load(c: &mut Config) {
     c.control.load.interval = Duration::from_millis(50);
     c.control.load.min_interval = Duration::from_millis(10);
     c.control.load.poll_timeout = Duration::from_millis(500);
-    c.shedding.retry_after = Duration::from_secs(10);
+    c.route.shedding.retry_after = Duration::from_secs(10);
     c.admin_api_key = Some(ADMIN_KEY.into());
 }
 

@@ -96,7 +96,8 @@ fn routing_key_headers_are_a_list_under_either_name() {
         let mut full = vec!["sluice"];
         full.extend_from_slice(args);
         let c = load_args(&full).unwrap().validate().unwrap();
-        c.routing_key_headers
+        c.route
+            .routing_key_headers
             .iter()
             .map(|h| h.as_str().to_string())
             .collect::<Vec<_>>()
@@ -116,7 +117,7 @@ fn smgs_policy_names_mean_the_same_or_are_refused_with_an_alternative() {
     let policy = |name: &str| {
         let mut s = Settings::defaults();
         s.policy = name.into();
-        s.validate().map(|c| c.policy.name())
+        s.validate().map(|c| c.route.policy.name())
     };
     assert_eq!(policy("consistent_hashing").unwrap(), "consistent_hash");
     for refused in ["prefix_hash", "passthrough", "manual"] {
@@ -162,7 +163,7 @@ fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
 fn defaults_validate() {
     let c = Settings::defaults().validate().unwrap();
     assert_eq!(c.listener.addr, "127.0.0.1:30000".parse().unwrap());
-    assert_eq!(c.policy.name(), "cache_aware");
+    assert_eq!(c.route.policy.name(), "cache_aware");
     assert_eq!(c.retry.max_retries, 3);
     assert_eq!(c.breaker.unwrap().failure_threshold, 10);
 }
@@ -193,10 +194,10 @@ fn overload_defaults_follow_the_seeds() {
     assert_eq!(liveness.stall, Duration::from_secs(2));
     assert_eq!(liveness.wedge, Duration::from_secs(3));
     assert_eq!(liveness.stale, Duration::from_secs(15));
-    assert!(!c.shedding.enabled);
+    assert!(!c.route.shedding.enabled);
     assert_eq!(c.answers.overload, 503);
     assert_eq!(
-        c.shedding.retry_after,
+        c.route.shedding.retry_after,
         Duration::from_secs(1),
         "the load-monitor interval, 1 s where the seed's is 10 (docs/overload.md, Polling)"
     );
@@ -213,10 +214,10 @@ fn overload_defaults_follow_the_seeds() {
     .validate()
     .unwrap();
     assert_eq!(off.control.load.ceilings, Ceilings::default());
-    assert!(off.shedding.enabled);
+    assert!(off.route.shedding.enabled);
     assert_eq!(off.answers.overload, 529);
     assert_eq!(
-        off.shedding.retry_after,
+        off.route.shedding.retry_after,
         Duration::from_secs(3),
         "whole seconds, rounded up"
     );
@@ -378,7 +379,10 @@ fn prefill_workers_take_smgs_url_and_bootstrap_port_form() {
             ("http://d:1", WorkerType::Decode, None),
         ]
     );
-    assert_eq!(c.prefill_policy, sluice_core::policy::Policy::RoundRobin);
+    assert_eq!(
+        c.route.prefill_policy,
+        sluice_core::policy::Policy::RoundRobin
+    );
     assert_eq!(c.pd.admission_wait, std::time::Duration::from_secs(30));
     for (args, says) in [
         (&["--prefill", "http://p:1"][..], "--pd-disaggregation"),
