@@ -320,7 +320,7 @@ impl Serving<'_> {
     }
 }
 
-/// `/metrics` on its own listener (`--prometheus-port`): the address it is bound to.
+/// `/metrics` on its own listener (`--prometheus-port`), the address it got logged.
 async fn serve_metrics(
     at: SocketAddr,
     app: &App,
