@@ -347,9 +347,6 @@ fn route_stage(config: &Config, admit: &Arc<Admit>, metrics: &Arc<Metrics>) -> R
 /// Every key the gateway checks: clients', the admin's, the control plane's, the tenants'.
 fn keys_of(config: &Config) -> Keys {
     Keys {
-        client: config.api_keys.clone(),
-        admin: config.admin_api_key.clone(),
-        control_plane: config.control_plane_keys.clone(),
         tenants: config
             .admission
             .tenants
@@ -357,5 +354,6 @@ fn keys_of(config: &Config) -> Keys {
             .enumerate()
             .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
             .collect(),
+        ..config.keys.clone()
     }
 }

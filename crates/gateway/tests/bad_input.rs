@@ -202,7 +202,7 @@ async fn a_client_that_sends_headers_too_slowly_is_cut_off() {
 #[tokio::test]
 async fn data_plane_keys_are_enforced() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.api_keys = vec!["k-1".into(), "k-2".into()]
+        c.keys.client = vec!["k-1".into(), "k-2".into()]
     })
     .await;
     let body = chat_body("test-model", "hi", 2, false);

@@ -42,7 +42,7 @@ async fn pd(
     }
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
-    config.admin_api_key = Some(ADMIN_KEY.into());
+    config.keys.admin = Some(ADMIN_KEY.into());
     config.route.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
     serve(sims, config).await
@@ -401,7 +401,7 @@ async fn a_request_waiting_for_decode_room_does_not_stop_the_gateway_queue_for_o
     }
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
-    config.admin_api_key = Some(ADMIN_KEY.into());
+    config.keys.admin = Some(ADMIN_KEY.into());
     config.pd.admission_wait = Duration::from_secs(120);
     config.admission.max_concurrent = Some(3);
     config.admission.queue = Some(sluice_gateway::admit::QueueConfig {

@@ -55,7 +55,7 @@ async fn pd_grpc(
     config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
-    config.admin_api_key = Some(ADMIN_KEY.into());
+    config.keys.admin = Some(ADMIN_KEY.into());
     config.route.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
     serve(sims, config).await

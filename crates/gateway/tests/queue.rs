@@ -289,7 +289,7 @@ async fn a_noisy_tenant_waits_behind_a_quiet_ones_request_not_the_other_way() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         one_at_a_time(c, 50, [30, 30, 30]);
         c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
-        c.api_keys = vec!["holder".into()];
+        c.keys.client = vec!["holder".into()];
     })
     .await;
     let holder = open_stream_as(
@@ -337,7 +337,7 @@ async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         one_at_a_time(c, 4, [30, 30, 30]);
         c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
-        c.api_keys = vec!["holder".into()];
+        c.keys.client = vec!["holder".into()];
     })
     .await;
     let holder = open_stream_as(

@@ -173,7 +173,7 @@ async fn a_stream_arrives_byte_for_byte() {
 #[tokio::test]
 async fn headers_cross_filtered_and_the_request_id_round_trips() {
     let gateway = gateway_over(fake_engine().await, |c| {
-        c.api_keys = vec!["client-key".into()]
+        c.keys.client = vec!["client-key".into()]
     })
     .await;
     let c = client();

@@ -198,11 +198,9 @@ impl Settings {
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             model_aliases: self.model_aliases()?,
             cors: self.cors()?,
-            api_keys: non_empty_keys("api-key", &self.api_keys)?,
+            keys: self.keys()?,
             default_worker_key: self.default_worker_key(),
-            admin_api_key: self.admin_key()?,
             admin_reads_open: self.admin_reads_open,
-            control_plane_keys: self.control_plane_keys()?,
             intake: self.intake.validate()?,
             upstream: self.upstream()?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
@@ -268,6 +266,16 @@ impl Settings {
         })
     }
 
+    /// The keys the flags give; tenants' keys are admission's.
+    fn keys(&self) -> Result<crate::http::Keys, ConfigError> {
+        Ok(crate::http::Keys {
+            client: non_empty_keys("api-key", &self.api_keys)?,
+            admin: self.admin_key()?,
+            control_plane: self.control_plane_keys()?,
+            tenants: Vec::new(),
+        })
+    }
+
     fn admin_key(&self) -> Result<Option<String>, ConfigError> {
         Ok(match &self.admin_api_key {
             Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
@@ -329,14 +337,14 @@ pub struct Config {
     pub cors: Option<CorsOrigins>,
     /// `--model-alias`: alias -> the served model it names.
     pub model_aliases: std::collections::HashMap<String, sluice_core::ModelName>,
-    pub api_keys: Vec<String>,
     /// The key sent to workers registered without one (`Settings::default_worker_key`).
     pub(crate) default_worker_key: Option<String>,
-    pub admin_api_key: Option<String>,
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,
-    /// `--control-plane-api-keys`.
-    pub control_plane_keys: Vec<crate::http::ControlPlaneKey>,
+    /// The keys a request must carry: clients' (`--api-key`), the admin's (`--admin-api-key`),
+    /// the control plane's (`--control-plane-api-keys`); tenants' keys join them from admission
+    /// when the gateway is assembled.
+    pub keys: crate::http::Keys,
     /// What a request may send and ask for, and how long its body may take.
     pub intake: crate::front::Intake,
     /// How worker connections are made, secured and pooled.

@@ -11,11 +11,11 @@ use super::RequestError;
 #[derive(Debug, Clone, Default)]
 pub struct Keys {
     /// Empty: the OpenAI routes are open.
-    pub(crate) client: Vec<String>,
+    pub client: Vec<String>,
     /// None: worker mutations are refused.
-    pub(crate) admin: Option<String>,
+    pub admin: Option<String>,
     /// `--control-plane-api-keys` (SMG's): more admin keys, and read-only ones.
-    pub(crate) control_plane: Vec<ControlPlaneKey>,
+    pub control_plane: Vec<ControlPlaneKey>,
     /// Tenants' keys, each with the index of its tenant: a request sending one is that tenant's.
     pub(crate) tenants: Vec<(String, usize)>,
 }
