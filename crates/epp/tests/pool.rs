@@ -43,7 +43,7 @@ async fn picker_of_pool(api: &FakeApi) -> Picker {
         model_from: None,
         cluster: Cluster::At(api.url().parse().unwrap()),
     });
-    config.drain_settle = std::time::Duration::ZERO;
+    config.fleet.drain_settle = std::time::Duration::ZERO;
     Picker::start(config, &epp_settings()).await.unwrap()
 }
 

@@ -185,14 +185,10 @@ fn control_and_fleet(
     let control = Control::new(config.control.clone(), upstream.clone());
     let fleet = Fleet::new(
         FleetSettings {
-            breaker: config.breaker,
-            http2_default: config.upstream_http2,
-            prefix_capacity: config.prefix_capacity,
-            interactive_reserve: config.interactive_reserve,
-            drain_settle: config.drain_settle,
             policy: config.route.policy.name(),
-            default_worker_key: config.default_worker_key.clone(),
+            http2_default: config.upstream_http2,
             silence_lapse: config.control.liveness.unwrap_or_default().unresponsive,
+            ..config.fleet.clone()
         },
         metrics.clone(),
         control.clone(),

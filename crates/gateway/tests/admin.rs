@@ -56,7 +56,7 @@ async fn without_an_admin_key_mutations_are_refused_with_a_hint() {
 async fn workers_are_registered_changed_and_removed() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         c.keys.admin = Some(KEY.into());
-        c.drain_settle = Duration::from_millis(100);
+        c.fleet.drain_settle = Duration::from_millis(100);
     })
     .await;
     let extra = SimFleet::start(FleetConfig::local(1, instant(Flavor::Sglang)))

@@ -90,7 +90,7 @@ async fn a_fleet_follows_its_discovery_file() {
         every: Duration::from_secs(600),
     });
     // Long enough that a drained worker is still listed, draining, when the test looks.
-    config.drain_settle = Duration::from_secs(60);
+    config.fleet.drain_settle = Duration::from_secs(60);
     let gateway = Gateway::start(config).await.unwrap();
     let client = client();
 
@@ -289,7 +289,7 @@ async fn a_fleet_follows_what_its_name_resolves_to() {
         every: Duration::from_secs(1),
         resolver: dns.clone(),
     });
-    config.drain_settle = Duration::ZERO;
+    config.fleet.drain_settle = Duration::ZERO;
     let gateway = Gateway::start(config).await.unwrap();
     let client = client();
     let workers = until_workers(&gateway, &client, "both ready", |w| {

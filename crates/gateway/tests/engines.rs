@@ -42,7 +42,7 @@ async fn until_worker(gateway: &Gateway, id: &str, what: &str, done: impl Fn(&Va
 }
 
 fn quick_breaker(c: &mut Config) {
-    c.breaker = Some(BreakerConfig {
+    c.fleet.breaker = Some(BreakerConfig {
         failure_threshold: 3,
         success_threshold: 1,
         open_timeout: Duration::from_secs(60),

@@ -51,7 +51,7 @@ async fn the_breaker_opens_and_recovers_on_time() {
         c.route.policy = Policy::RoundRobin;
         // Each 500 reaches the client here, to count them (retrying them is tested below).
         c.retry.status_codes.clear();
-        c.breaker = Some(BreakerConfig {
+        c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 3,
             success_threshold: 1,
             // Long enough that the requests below all see it open on a loaded machine.
@@ -257,7 +257,7 @@ async fn a_client_error_status_retried_by_choice_is_not_a_failure_of_the_worker(
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.route.policy = Policy::RoundRobin;
         c.retry.status_codes.push(408);
-        c.breaker = Some(BreakerConfig {
+        c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 1,
             success_threshold: 1,
             open_timeout: Duration::from_secs(60),

@@ -20,7 +20,7 @@ async fn a_failing_grpc_worker_is_retried_around_and_its_circuit_opens() {
     let model = ModelDir::new("breaker");
     let s = grpc_setup_with(2, instant(Flavor::Sglang), &model, |c| {
         c.route.policy = Policy::RoundRobin;
-        c.breaker = Some(BreakerConfig {
+        c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 3,
             success_threshold: 1,
             // Open for the rest of the test.
@@ -57,7 +57,7 @@ async fn a_removed_workers_connection_is_let_go() {
     let model = ModelDir::new("let-go");
     let s = grpc_setup_with(1, instant(Flavor::Sglang), &model, |c| {
         c.keys.admin = Some(ADMIN_KEY.into());
-        c.drain_settle = Duration::ZERO;
+        c.fleet.drain_settle = Duration::ZERO;
     })
     .await;
     let answer = s.chat(&chat_body("test-model", "hi", 4, false)).await;

@@ -62,7 +62,7 @@ async fn chats_all_ok(s: &Setup, n: usize) {
 async fn a_crashed_worker_leaves_rotation_and_rejoins_in_place_when_restarted() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_health(c);
-        c.breaker = None; // only health checks keep requests off the dead worker
+        c.fleet.breaker = None; // only health checks keep requests off the dead worker
     })
     .await;
     let id = first_worker(&s).await;
@@ -196,7 +196,7 @@ async fn failed_workers_are_removed_under_auto_recovery() {
 async fn a_promotion_readmits_an_open_circuit_at_once() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         fast_health(c);
-        c.breaker = Some(BreakerConfig {
+        c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 1,
             success_threshold: 1,
             open_timeout: Duration::from_secs(600),

@@ -59,7 +59,7 @@ async fn ready_pods_are_workers_through_dropped_watches_expired_versions_and_fla
         model_from: Some(ModelFrom::Label("model".into())),
         cluster: Cluster::At(api.url().parse().unwrap()),
     });
-    config.drain_settle = Duration::ZERO;
+    config.fleet.drain_settle = Duration::ZERO;
     let gateway = Gateway::start(config).await.unwrap();
     let client = client();
     let only = |url: &str| {

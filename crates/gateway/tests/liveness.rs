@@ -198,7 +198,7 @@ async fn a_worker_that_looks_healthy_and_answers_nobody_is_unresponsive_and_its_
             .expect("on by default")
             .unresponsive = Duration::from_millis(300);
         // One failure opens a circuit, for an hour: the released requests open it.
-        c.breaker = Some(BreakerConfig {
+        c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 1,
             success_threshold: 1,
             open_timeout: Duration::from_secs(3600),

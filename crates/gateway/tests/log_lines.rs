@@ -59,7 +59,7 @@ async fn an_opened_circuit_names_its_request_and_a_lowered_limit_its_figures() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         c.route.policy = Policy::RoundRobin;
         c.retry.status_codes.clear();
-        c.breaker = Some(BreakerConfig {
+        c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 1,
             success_threshold: 1,
             open_timeout: Duration::from_secs(30),

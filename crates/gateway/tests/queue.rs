@@ -396,7 +396,7 @@ async fn one_place_left_behind_a_reserve() -> Setup {
             // holds back.
             q.shed = true;
         }
-        c.interactive_reserve = 0.1;
+        c.fleet.interactive_reserve = 0.1;
     })
     .await;
     s.sims

@@ -16,7 +16,7 @@ use sluice_core::policy::Policy;
 /// (on an engine of short answers, much of the batch ends between two reports).
 #[tokio::test]
 async fn a_worker_with_no_room_beyond_the_reserve_is_polled_again_when_a_request_on_it_ends() {
-    let s = reported_once(one_place_left(), |c| c.interactive_reserve = 0.1).await;
+    let s = reported_once(one_place_left(), |c| c.fleet.interactive_reserve = 0.1).await;
     let id = s.worker_id(0).await;
     s.until_worker(&id, "the first report", |w| w["vetoes"]["start_room"] == 1)
         .await;
@@ -42,7 +42,7 @@ async fn without_the_queue_room_kept_for_the_interactive_tier_is_not_shed() {
         c.route.shedding.enabled = true;
         // Requests may ask for any tier.
         c.admission.default_tier = Tier::Interactive;
-        c.interactive_reserve = 0.1;
+        c.fleet.interactive_reserve = 0.1;
     })
     .await;
     // The first engine full; the second with room for one, within what the reserve keeps.
@@ -80,7 +80,7 @@ async fn an_interactive_request_goes_where_it_starts_at_once() {
         fast_load(c);
         c.route.policy = Policy::RoundRobin;
         c.admission.default_tier = Tier::Interactive;
-        c.interactive_reserve = 0.1;
+        c.fleet.interactive_reserve = 0.1;
     })
     .await;
     s.fault(0, pin_waiting(2)).await;
@@ -108,7 +108,7 @@ async fn an_interactive_request_goes_where_it_starts_at_once() {
 async fn room_is_counted_in_the_size_the_workers_requests_settle_at() {
     let s = start(1, instant(Flavor::Vllm), |c| {
         fast_load(c);
-        c.interactive_reserve = 0.1;
+        c.fleet.interactive_reserve = 0.1;
     })
     .await;
     let id = s.worker_id(0).await;

@@ -19,7 +19,7 @@ async fn gateway_over(urls: &[&str]) -> Gateway {
     let urls: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
     let mut config = Config::local(&urls);
     config.route.policy = Policy::RoundRobin;
-    config.breaker = Some(BreakerConfig {
+    config.fleet.breaker = Some(BreakerConfig {
         failure_threshold: 1,
         success_threshold: 1,
         open_timeout: Duration::from_secs(60),

@@ -30,7 +30,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::http::HeaderName;
-use sluice_core::breaker::BreakerConfig;
 
 pub use adaptive::AdaptiveSettings;
 pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec, DEFAULT_TENANT};
@@ -186,28 +185,23 @@ impl Settings {
 
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let retry = self.resilience.retry()?;
-        let breaker = self.resilience.breaker()?;
         let slos = self.status.slos()?;
         Ok(Config {
             listener: self.listen.validate(self.listen_tls()?)?,
             workers: self.workers()?,
             route: self.route()?,
             pd: self.pd_config()?,
-            prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
-            interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
+            fleet: self.fleet()?,
             request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
             model_aliases: self.model_aliases()?,
             cors: self.cors()?,
             keys: self.keys()?,
-            default_worker_key: self.default_worker_key(),
             admin_reads_open: self.admin_reads_open,
             intake: self.intake.validate()?,
             upstream: self.upstream()?,
             request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
             upstream_http2: self.upstream_http2,
             retry,
-            breaker,
-            drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
             control: self.control()?,
             answers: self.answers()?,
             smg_defaults: self.smg_defaults,
@@ -263,6 +257,22 @@ impl Settings {
             admission_wait: self.pd.admission_wait()?,
             window: !self.pd.disable_pd_admission_window,
             wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
+        })
+    }
+
+    /// What the fleet keeps of its workers; the policy label, silence lapse and HTTP/2 default
+    /// are filled when the gateway is assembled, from the route's config, liveness's and
+    /// `upstream_http2`.
+    fn fleet(&self) -> Result<crate::fleet::FleetSettings, ConfigError> {
+        Ok(crate::fleet::FleetSettings {
+            breaker: self.resilience.breaker()?,
+            http2_default: self.upstream_http2,
+            prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
+            interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
+            drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
+            policy: "",
+            default_worker_key: self.default_worker_key(),
+            silence_lapse: Duration::ZERO,
         })
     }
 
@@ -327,18 +337,16 @@ pub struct Config {
     pub route: crate::route::RouteConfig,
     /// The decode admission window and the prefill leg's silence bound.
     pub pd: crate::forward::PdConfig,
-    /// Prefix blocks remembered per model by the cache-aware policy.
-    pub(crate) prefix_capacity: usize,
-    /// `--interactive-reserve`.
-    pub interactive_reserve: f64,
+    /// What the fleet keeps of its workers: their circuits, the prefix index, the interactive
+    /// reserve, the drain, the default key. Its policy label, silence lapse and HTTP/2 default
+    /// are the route's, liveness's and `upstream_http2`, joined when the gateway is assembled.
+    pub fleet: crate::fleet::FleetSettings,
     /// `--request-id-headers`, in order of precedence.
     pub request_id_headers: Vec<HeaderName>,
     /// `--cors-allowed-origins`; `None`: no cross-origin allowance.
     pub cors: Option<CorsOrigins>,
     /// `--model-alias`: alias -> the served model it names.
     pub model_aliases: std::collections::HashMap<String, sluice_core::ModelName>,
-    /// The key sent to workers registered without one (`Settings::default_worker_key`).
-    pub(crate) default_worker_key: Option<String>,
     /// `--admin-reads-open`: admin reads need no key.
     pub admin_reads_open: bool,
     /// The keys a request must carry: clients' (`--api-key`), the admin's (`--admin-api-key`),
@@ -352,9 +360,6 @@ pub struct Config {
     pub request_timeout: Duration,
     pub upstream_http2: bool,
     pub retry: RetryConfig,
-    /// `None` when circuit breaking is disabled.
-    pub breaker: Option<BreakerConfig>,
-    pub drain_settle: Duration,
     /// What the control loops that watch each worker run by: registration, probes, load polls,
     /// liveness, adaptive limits, KV events. Passed whole to `Control`.
     pub control: crate::control::ControlSettings,

@@ -80,14 +80,17 @@ use crate::upstream::Endpoint;
 /// What the fleet needs to create workers.
 #[derive(Debug, Clone)]
 pub struct FleetSettings {
-    pub(crate) breaker: Option<BreakerConfig>,
+    /// The circuit breaker's thresholds; `None` with `--disable-circuit-breaker`.
+    pub breaker: Option<BreakerConfig>,
+    /// `--upstream-http2`: a worker whose spec does not say is spoken to over HTTP/2.
     pub(crate) http2_default: bool,
+    /// `--max-tree-size`, in the cache-aware policy's prefix blocks per model.
     pub(crate) prefix_capacity: usize,
     /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave
     /// to the interactive tier while it is asked for.
-    pub(crate) interactive_reserve: f64,
+    pub interactive_reserve: f64,
     /// `--drain-settle-secs`: how long a removed worker that was serving drains.
-    pub(crate) drain_settle: Duration,
+    pub drain_settle: Duration,
     /// The policy's name, a label of per-worker selection counts.
     pub(crate) policy: &'static str,
     /// The key sent to a worker whose spec has none.

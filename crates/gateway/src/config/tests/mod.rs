@@ -80,7 +80,7 @@ fn duration_buckets_must_increase() {
 
 #[test]
 fn the_prefix_index_is_sized_in_characters_as_in_smg() {
-    let capacity = |args: &[&str]| validated(args).unwrap().prefix_capacity;
+    let capacity = |args: &[&str]| validated(args).unwrap().fleet.prefix_capacity;
     assert_eq!(
         capacity(&[]),
         (1 << 24) / 64,
@@ -165,7 +165,7 @@ fn defaults_validate() {
     assert_eq!(c.listener.addr, "127.0.0.1:30000".parse().unwrap());
     assert_eq!(c.route.policy.name(), "cache_aware");
     assert_eq!(c.retry.max_retries, 3);
-    assert_eq!(c.breaker.unwrap().failure_threshold, 10);
+    assert_eq!(c.fleet.breaker.unwrap().failure_threshold, 10);
 }
 
 #[test]
