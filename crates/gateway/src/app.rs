@@ -16,7 +16,7 @@ use crate::admit::{Admit, AdmitStage};
 use crate::config::{Config, CorsOrigins};
 use crate::context::{Accounts, InFlight};
 use crate::control::Control;
-use crate::fleet::{Fleet, FleetCollector, FleetSettings};
+use crate::fleet::{Borrowed, Fleet, FleetCollector};
 use crate::forward::Forwarder;
 use crate::front::{self, ApiRoute, Front};
 use crate::http::{self, Keys};
@@ -184,12 +184,14 @@ fn control_and_fleet(
 ) -> (Arc<Control>, Arc<Fleet>) {
     let control = Control::new(config.control.clone(), upstream.clone());
     let fleet = Fleet::new(
-        FleetSettings {
-            policy: config.route.policy.name(),
-            http2_default: config.upstream_http2,
-            silence_lapse: config.control.liveness.unwrap_or_default().unresponsive,
-            ..config.fleet.clone()
-        },
+        (
+            config.fleet.clone(),
+            Borrowed {
+                policy: config.route.policy.name(),
+                http2_default: config.upstream_http2,
+                silence_lapse: config.control.liveness.unwrap_or_default().unresponsive,
+            },
+        ),
         metrics.clone(),
         control.clone(),
     );

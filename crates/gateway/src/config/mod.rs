@@ -260,19 +260,15 @@ impl Settings {
         })
     }
 
-    /// What the fleet keeps of its workers; the policy label, silence lapse and HTTP/2 default
-    /// are filled when the gateway is assembled, from the route's config, liveness's and
-    /// `upstream_http2`.
+    /// What the fleet keeps of its workers, from its own flags (what it borrows of other
+    /// sections is read where it is when the gateway is assembled: `fleet::Borrowed`).
     fn fleet(&self) -> Result<crate::fleet::FleetSettings, ConfigError> {
         Ok(crate::fleet::FleetSettings {
             breaker: self.resilience.breaker()?,
-            http2_default: self.upstream_http2,
             prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
             interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
             drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
-            policy: "",
             default_worker_key: self.default_worker_key(),
-            silence_lapse: Duration::ZERO,
         })
     }
 
@@ -338,8 +334,7 @@ pub struct Config {
     /// The decode admission window and the prefill leg's silence bound.
     pub pd: crate::forward::PdConfig,
     /// What the fleet keeps of its workers: their circuits, the prefix index, the interactive
-    /// reserve, the drain, the default key. Its policy label, silence lapse and HTTP/2 default
-    /// are the route's, liveness's and `upstream_http2`, joined when the gateway is assembled.
+    /// reserve, the drain, the default key (what it borrows of other sections: `fleet::Borrowed`).
     pub fleet: crate::fleet::FleetSettings,
     /// `--request-id-headers`, in order of precedence.
     pub request_id_headers: Vec<HeaderName>,

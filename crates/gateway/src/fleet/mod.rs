@@ -77,13 +77,11 @@ pub use worker::{
 use crate::metrics::Metrics;
 use crate::upstream::Endpoint;
 
-/// What the fleet needs to create workers.
+/// What the fleet needs to create workers, from its own flags.
 #[derive(Debug, Clone)]
 pub struct FleetSettings {
     /// The circuit breaker's thresholds; `None` with `--disable-circuit-breaker`.
     pub breaker: Option<BreakerConfig>,
-    /// `--upstream-http2`: a worker whose spec does not say is spoken to over HTTP/2.
-    pub(crate) http2_default: bool,
     /// `--max-tree-size`, in the cache-aware policy's prefix blocks per model.
     pub(crate) prefix_capacity: usize,
     /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave
@@ -91,11 +89,19 @@ pub struct FleetSettings {
     pub interactive_reserve: f64,
     /// `--drain-settle-secs`: how long a removed worker that was serving drains.
     pub drain_settle: Duration,
-    /// The policy's name, a label of per-worker selection counts.
-    pub(crate) policy: &'static str,
     /// The key sent to a worker whose spec has none.
     pub(crate) default_worker_key: Option<String>,
-    /// How long nothing owed ends a worker's silence (`--worker-unresponsive-secs`).
+}
+
+/// What the fleet takes from other sections' settings, read where they are when the gateway is
+/// assembled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Borrowed {
+    /// The route's policy name, a label of per-worker selection counts.
+    pub(crate) policy: &'static str,
+    /// `--upstream-http2`: a worker whose spec does not say is spoken to over HTTP/2.
+    pub(crate) http2_default: bool,
+    /// How long nothing owed ends a worker's silence (liveness's `--worker-unresponsive-secs`).
     pub(crate) silence_lapse: Duration,
 }
 
@@ -162,13 +168,14 @@ pub struct Fleet {
     freed: Arc<tokio::sync::Notify>,
     registry: parking_lot::Mutex<Registry>,
     settings: FleetSettings,
+    borrowed: Borrowed,
     metrics: Arc<Metrics>,
     supervisor: Arc<dyn Supervise>,
 }
 
 impl Fleet {
-    pub fn new(
-        settings: FleetSettings,
+    pub(crate) fn new(
+        (settings, borrowed): (FleetSettings, Borrowed),
         metrics: Arc<Metrics>,
         supervisor: Arc<dyn Supervise>,
     ) -> Arc<Self> {
@@ -178,6 +185,7 @@ impl Fleet {
             freed: Arc::default(),
             registry: parking_lot::Mutex::new(Registry::default()),
             settings,
+            borrowed,
             metrics,
             supervisor,
         })
@@ -348,7 +356,7 @@ impl Fleet {
         registry.entries.retain(|e| !Arc::ptr_eq(&e.worker, worker));
         if registry.entries.len() < before {
             self.metrics
-                .forget_worker(worker.id.as_str(), self.settings.policy);
+                .forget_worker(worker.id.as_str(), self.borrowed.policy);
             self.publish(&mut registry);
             info!(worker = %worker.id, "worker removed");
         }
@@ -420,9 +428,9 @@ impl Fleet {
             id.clone(),
             spec,
             origin,
-            self.settings.http2_default,
+            self.borrowed.http2_default,
             breaker.clone(),
-            self.metrics.for_worker(id.as_str(), self.settings.policy),
+            self.metrics.for_worker(id.as_str(), self.borrowed.policy),
             Notices {
                 freed: self.freed.clone(),
                 changed: self.changed.clone(),
@@ -431,7 +439,7 @@ impl Fleet {
         worker.metrics.health.set(0);
         worker
             .signals
-            .set_silence_lapse(self.settings.silence_lapse);
+            .set_silence_lapse(self.borrowed.silence_lapse);
         let mut tasks = vec![tokio::spawn(breaker.run_timer()).abort_handle()];
         tasks.extend(self.supervisor.clone().supervise(self, &worker));
         Entry { worker, tasks }
@@ -448,7 +456,7 @@ impl Fleet {
         let endpoint = Endpoint {
             scheme,
             authority,
-            http2: spec.http2.unwrap_or(self.settings.http2_default),
+            http2: spec.http2.unwrap_or(self.borrowed.http2_default),
         };
         (endpoint, LiveSpec::new(spec).authorization)
     }
