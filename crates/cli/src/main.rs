@@ -165,9 +165,9 @@ fn epp_settings(
 
 fn start_logging(settings: &sluice_gateway::Settings) -> anyhow::Result<()> {
     init_tracing(
-        &settings.log_filter()?,
-        settings.log_json,
-        settings.log_dir.as_deref(),
+        &settings.telemetry.log_filter()?,
+        settings.telemetry.log_json,
+        settings.telemetry.log_dir.as_deref(),
     )
 }
 

@@ -99,7 +99,7 @@ fn list_flags_take_several_values_after_one_use_or_repeated_or_comma_separated()
         ],
         &["--routing-key-headers", "x-session-id,x-user-id"],
     ] {
-        assert_eq!(parse(args).routing_key_headers, wanted, "{args:?}");
+        assert_eq!(parse(args).routing.routing_key_headers, wanted, "{args:?}");
     }
     let ids = parse(&[
         "--request-id-headers",
@@ -108,5 +108,5 @@ fn list_flags_take_several_values_after_one_use_or_repeated_or_comma_separated()
         "--policy",
         "round_robin",
     ]);
-    assert_eq!(ids.request_id_headers, ["x-a", "x-b"]);
+    assert_eq!(ids.intake.request_id_headers, ["x-a", "x-b"]);
 }

@@ -306,7 +306,7 @@ async fn with_an_admin_key_the_page_asks_for_it_once_and_no_script_can_read_it()
         .await
         .unwrap();
     let mut config = sluice_gateway::Config::local(&sims.urls());
-    config.keys.admin = Some("page-secret".into());
+    config.access.keys.admin = Some("page-secret".into());
     let gateway = sluice_gateway::Gateway::start(config).await.unwrap();
     let browser = Browser::start().await;
     browser

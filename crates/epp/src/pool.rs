@@ -51,7 +51,7 @@ impl EppSettings {
             cluster: Cluster::Infer,
         });
         // As with any discovery (seed 004): a removed pod is registered again once healthy.
-        if settings.remove_unhealthy_workers.is_none() {
+        if settings.health.remove_unhealthy_workers.is_none() {
             config.control.health.remove_unhealthy = true;
         }
         Ok(config)

@@ -13,13 +13,13 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::access_log::{AccessLog, AccessLogError, AccessLogWriter};
 use crate::admin::{self, Admin};
 use crate::admit::{Admit, AdmitStage};
-use crate::config::{Config, CorsOrigins};
+use crate::config::Config;
 use crate::context::{Accounts, InFlight};
 use crate::control::Control;
 use crate::fleet::{Borrowed, Fleet, FleetCollector};
 use crate::forward::Forwarder;
 use crate::front::{self, ApiRoute, Front};
-use crate::http::{self, Keys};
+use crate::http::{self, CorsOrigins, Keys};
 use crate::metrics::Metrics;
 use crate::probes::{self, Probes};
 use crate::route::RouteStage;
@@ -98,12 +98,11 @@ impl App {
             admit: AdmitStage {
                 admit: admit.clone(),
                 fleet: fleet.clone(),
-                aliases: config.model_aliases.clone(),
+                aliases: config.admission.aliases.clone(),
                 degrade,
             },
             route: route_stage(config, &admit, &metrics),
-            forward: Forwarder::new(upstream, config.retry.clone(), metrics.clone())
-                .with_pd(config.pd),
+            forward: Forwarder::new(upstream, config.forward.clone(), metrics.clone()),
             accounts: Accounts {
                 metrics,
                 access_log,
@@ -112,7 +111,7 @@ impl App {
             },
         };
         let app = App {
-            cors: config.cors.as_ref().map(cors_layer),
+            cors: config.access.cors.as_ref().map(cors_layer),
             front: Arc::new(front(config, &fleet, stages, keys, &draining)),
             admin,
             probes: probes.clone(),
@@ -188,7 +187,7 @@ fn control_and_fleet(
             config.fleet.clone(),
             Borrowed {
                 policy: config.route.policy.name(),
-                http2_default: config.upstream_http2,
+                http2_default: config.upstream.http2,
                 silence_lapse: config.control.liveness.unwrap_or_default().unresponsive,
             },
         ),
@@ -211,8 +210,7 @@ fn admin(
         fleet: fleet.clone(),
         control,
         keys: keys.clone(),
-        reads_open: config.admin_reads_open,
-        body_read_timeout: config.intake.body_read_timeout,
+        body_read_timeout: config.front.intake.body_read_timeout,
         admit: admit.clone(),
         degrade,
     })
@@ -227,12 +225,7 @@ fn admission(
         Some(c) => Some(Shared::new(c, registry)?),
         None => None,
     };
-    let admit = Arc::new(Admit::new(
-        config.request_timeout,
-        &config.admission,
-        registry,
-        shared.as_deref(),
-    ));
+    let admit = Arc::new(Admit::new(&config.admission, registry, shared.as_deref()));
     Ok((shared, admit))
 }
 
@@ -241,10 +234,11 @@ fn admission(
 fn registered(config: &Config) -> (Registry, Arc<Metrics>) {
     let mut registry = Registry::with_prefix("sluice");
     let buckets = config
+        .telemetry
         .duration_buckets
         .as_deref()
         .unwrap_or(&crate::metrics::LATENCY_BUCKETS);
-    let metrics = Metrics::register_with(&mut registry, buckets, config.slos);
+    let metrics = Metrics::register_with(&mut registry, buckets, config.telemetry.slos);
     metrics.preset_routes(&ApiRoute::ALL.map(ApiRoute::path));
     (registry, metrics)
 }
@@ -261,13 +255,13 @@ struct Records {
 impl Records {
     /// Opens `--access-log` and starts `--enable-trace`'s exporter, as `config` asks.
     async fn start(config: &Config, metrics: &Arc<Metrics>) -> Result<Self, AssembleError> {
-        let (access_log, access_log_writer) = match &config.access_log {
+        let (access_log, access_log_writer) = match &config.telemetry.access_log {
             Some(path) => AccessLog::open(path, metrics.clone())
                 .await
                 .map(|(log, writer)| (Some(log), Some(writer)))?,
             None => (None, None),
         };
-        let (tracing, trace_exporting) = match &config.trace {
+        let (tracing, trace_exporting) = match &config.telemetry.trace {
             Some(trace) => crate::trace::Tracing::start(trace, metrics.clone())
                 .map(|(tracing, exporting)| (Some(tracing), Some(exporting)))?,
             None => (None, None),
@@ -291,7 +285,7 @@ fn status_page(
         Status::new(
             admin.clone(),
             registry.clone(),
-            config.slos,
+            config.telemetry.slos,
             ui,
             config.listener.tls.is_some(),
         )
@@ -321,10 +315,10 @@ fn front(
         forward: stages.forward,
         accounts: stages.accounts,
         keys,
-        intake: config.intake,
-        body_budget: tokio::sync::Semaphore::new(config.intake.max_buffered),
-        answers: config.answers,
-        request_id_headers: config.request_id_headers.clone(),
+        intake: config.front.intake,
+        body_budget: tokio::sync::Semaphore::new(config.front.intake.max_buffered),
+        answers: config.front.answers,
+        request_id_headers: config.front.request_id_headers.clone(),
         draining: draining.clone(),
     }
 }
@@ -352,6 +346,6 @@ fn keys_of(config: &Config) -> Keys {
             .enumerate()
             .flat_map(|(i, t)| t.api_keys.iter().map(move |k| (k.clone(), i)))
             .collect(),
-        ..config.keys.clone()
+        ..config.access.keys.clone()
     }
 }

@@ -348,7 +348,7 @@ fn protections(config: &Config) {
     let queue = config.admission.queue.as_ref();
     let codel = queue.and_then(|q| q.codel);
     info!(
-        defaults = if config.smg_defaults { "smg" } else { "sluice" },
+        defaults = if config.telemetry.smg_defaults { "smg" } else { "sluice" },
         waiting_ceiling = ?ceilings.waiting_requests,
         kv_ceiling = ?ceilings.token_usage,
         load_poll_secs = secs(config.control.load.interval),
@@ -361,7 +361,7 @@ fn protections(config: &Config) {
         max_concurrent_requests = ?config.admission.max_concurrent,
         tenants = config.admission.tenants.len(),
         breaker_failures = ?config.fleet.breaker.map(|b| b.failure_threshold),
-        max_retries = config.retry.max_retries,
+        max_retries = config.forward.retry.max_retries,
         adaptive_concurrency = config.control.adaptive.is_some(),
         degradation_steps = config.degradation.as_ref().map_or(0, |d| d.steps.len()),
         "protective settings"

@@ -23,7 +23,7 @@ async fn every_ending_writes_its_line_and_shutdown_writes_them_out() {
     let path = dir.join("access.jsonl");
     let _ = std::fs::remove_file(&path);
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
-        c.access_log = Some(path.clone())
+        c.telemetry.access_log = Some(path.clone())
     })
     .await;
     let engine = s.sims.engine(0).unwrap();

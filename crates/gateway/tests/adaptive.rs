@@ -37,7 +37,7 @@ fn adaptive(
         initial_limit: initial,
     });
     c.route.policy = Policy::RoundRobin;
-    c.keys.admin = Some(ADMIN_KEY.into());
+    c.access.keys.admin = Some(ADMIN_KEY.into());
 }
 
 /// Worker `i`'s `concurrency` block in `/workers`.
@@ -246,7 +246,7 @@ async fn with_every_worker_at_its_limit_a_request_waits_in_the_queue_or_is_refus
 /// A queue of one place at a time (`--max-concurrent-requests 1`) whose tiers run CoDel with
 /// `target` and `interval`.
 fn codel_queue(c: &mut Config, target: Duration, interval: Duration) {
-    c.keys.admin = Some(ADMIN_KEY.into());
+    c.access.keys.admin = Some(ADMIN_KEY.into());
     c.admission.default_tier = Tier::Interactive;
     c.admission.max_concurrent = Some(1);
     c.admission.queue = Some(QueueConfig {

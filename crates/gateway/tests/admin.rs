@@ -55,7 +55,7 @@ async fn without_an_admin_key_mutations_are_refused_with_a_hint() {
 #[tokio::test]
 async fn workers_are_registered_changed_and_removed() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.admin = Some(KEY.into());
+        c.access.keys.admin = Some(KEY.into());
         c.fleet.drain_settle = Duration::from_millis(100);
     })
     .await;
@@ -180,7 +180,7 @@ async fn workers_are_registered_changed_and_removed() {
 #[tokio::test]
 async fn with_an_admin_key_reads_need_it_too_and_metrics_and_probes_stay_open() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.admin = Some(KEY.into())
+        c.access.keys.admin = Some(KEY.into())
     })
     .await;
     let id = s.worker_id(0).await;
@@ -220,8 +220,8 @@ async fn with_an_admin_key_reads_need_it_too_and_metrics_and_probes_stay_open() 
     }
 
     let opened = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.admin = Some(KEY.into());
-        c.admin_reads_open = true;
+        c.access.keys.admin = Some(KEY.into());
+        c.access.keys.reads_open = true;
     })
     .await;
     assert_eq!(
@@ -235,7 +235,7 @@ async fn with_an_admin_key_reads_need_it_too_and_metrics_and_probes_stay_open() 
 #[tokio::test]
 async fn one_engine_is_one_worker_however_its_address_is_spelled_and_absurd_specs_are_refused() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.admin = Some(KEY.into())
+        c.access.keys.admin = Some(KEY.into())
     })
     .await;
     let port = s.sims.urls()[0].rsplit(':').next().unwrap().to_string();
@@ -268,7 +268,7 @@ async fn one_engine_is_one_worker_however_its_address_is_spelled_and_absurd_spec
 #[tokio::test]
 async fn browsers_from_the_allowed_origins_may_call_the_gateway() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.cors = Some(sluice_gateway::config::CorsOrigins::List(vec![
+        c.access.cors = Some(sluice_gateway::config::CorsOrigins::List(vec![
             http::HeaderValue::from_static("http://localhost:3000"),
         ]));
     })
@@ -339,7 +339,7 @@ async fn browsers_from_the_allowed_origins_may_call_the_gateway() {
 #[tokio::test]
 async fn smgs_control_plane_keys_give_admin_and_read_only_access() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.control_plane = vec![
+        c.access.keys.control_plane = vec![
             "ops:Operators:admin:adm-secret".parse().unwrap(),
             "dash:Dashboards:user:read-secret".parse().unwrap(),
             // What the test helpers read /workers with.

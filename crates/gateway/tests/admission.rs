@@ -117,7 +117,7 @@ async fn a_tenant_at_its_concurrency_waits_its_turn_others_do_not() {
         let mut t = tenant("one-at-a-time", "k1");
         t.max_concurrent = Some(1);
         c.admission.tenants = vec![t];
-        c.keys.client = vec!["shared".into()];
+        c.access.keys.client = vec!["shared".into()];
     })
     .await;
     let mine = [("authorization", "Bearer k1")];

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 async fn setup() -> Setup {
     start(1, instant(Flavor::Vllm), |c| {
-        c.intake.max_payload = 4096;
+        c.front.intake.max_payload = 4096;
         c.listener.header_read_timeout = Duration::from_millis(300);
     })
     .await
@@ -202,7 +202,7 @@ async fn a_client_that_sends_headers_too_slowly_is_cut_off() {
 #[tokio::test]
 async fn data_plane_keys_are_enforced() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.client = vec!["k-1".into(), "k-2".into()]
+        c.access.keys.client = vec!["k-1".into(), "k-2".into()]
     })
     .await;
     let body = chat_body("test-model", "hi", 2, false);
@@ -305,7 +305,7 @@ async fn an_early_refusal_reaches_a_client_that_writes_its_whole_body_first() {
 #[tokio::test]
 async fn n_and_max_tokens_are_bounded_naming_the_field() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.intake.limits.max_tokens = Some(100);
+        c.front.intake.limits.max_tokens = Some(100);
     })
     .await;
     let chat = |extra: &str| {
@@ -340,8 +340,8 @@ async fn n_and_max_tokens_are_bounded_naming_the_field() {
 #[tokio::test]
 async fn request_bodies_held_at_once_are_bounded() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.intake.max_payload = 8192;
-        c.intake.max_buffered = 10_000;
+        c.front.intake.max_payload = 8192;
+        c.front.intake.max_buffered = 10_000;
     })
     .await;
     let engine = s.sims.engine(0).unwrap();

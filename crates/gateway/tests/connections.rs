@@ -65,7 +65,7 @@ async fn silent_sockets_filling_the_cap_are_cut_and_the_probe_port_answers_throu
 #[tokio::test]
 async fn a_dripping_body_is_cut_with_408() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.intake.body_read_timeout = Duration::from_secs(1);
+        c.front.intake.body_read_timeout = Duration::from_secs(1);
     })
     .await;
     let mut tcp = TcpStream::connect(s.gateway.addr()).await.unwrap();

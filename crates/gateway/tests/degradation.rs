@@ -94,7 +94,7 @@ async fn gateway(urls: &[String], shed: bool) -> (Gateway, HttpClient) {
     settings.worker_urls = urls.to_vec();
     settings.degradation = ladder(shed);
     let mut config = settings.validate().unwrap();
-    config.keys.admin = Some(ADMIN_KEY.into());
+    config.access.keys.admin = Some(ADMIN_KEY.into());
     config.admission.max_concurrent = Some(1);
     // Agent requests: the cascade applies to tiers 1 and 2 unless told otherwise.
     config.admission.default_tier = sluice_core::admission::Tier::Agent;

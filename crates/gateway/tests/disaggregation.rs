@@ -42,7 +42,7 @@ async fn pd(
     }
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
-    config.keys.admin = Some(ADMIN_KEY.into());
+    config.access.keys.admin = Some(ADMIN_KEY.into());
     config.route.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
     serve(sims, config).await
@@ -146,7 +146,10 @@ async fn with_traces_on_both_legs_carry_the_attempts_traceparent() {
         sluice_gateway::trace::Protocol::Grpc,
         1.0,
     );
-    let s = pd(1, sglang(), 1, sglang(), |c| c.trace = Some(trace)).await;
+    let s = pd(1, sglang(), 1, sglang(), |c| {
+        c.telemetry.trace = Some(trace)
+    })
+    .await;
     let answer = s.chat(&exact("hello", 3, false)).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     let spans = bounded("the pair's spans", receiver.take(3)).await;
@@ -232,7 +235,7 @@ async fn waiters_spread_over_the_decode_workers_whose_windows_are_full() {
 #[tokio::test]
 async fn no_room_within_the_wait_is_shed_with_the_overload_answer() {
     let s = pd(1, sglang(), 1, one_slot_decode(), |c| {
-        c.pd.admission_wait = Duration::from_millis(300);
+        c.forward.pd.admission_wait = Duration::from_millis(300);
     })
     .await;
     until_window(&s, "the window reported", |w| w["size"] == 1).await;
@@ -252,7 +255,7 @@ async fn no_room_within_the_wait_is_shed_with_the_overload_answer() {
 #[tokio::test]
 async fn waiting_off_or_a_request_wider_than_the_window_is_shed_at_once() {
     let s = pd(1, sglang(), 1, one_slot_decode(), |c| {
-        c.pd.admission_wait = Duration::ZERO;
+        c.forward.pd.admission_wait = Duration::ZERO;
     })
     .await;
     until_window(&s, "the window reported", |w| w["size"] == 1).await;
@@ -304,7 +307,7 @@ async fn a_client_that_leaves_aborts_both_legs_and_frees_their_kv() {
 async fn a_frozen_prefill_fails_over_to_a_new_pair_within_the_wedge_bound() {
     let s = pd(2, sglang(), 1, sglang(), |c| {
         c.route.prefill_policy = Policy::RoundRobin;
-        c.pd.wedge = Duration::from_secs(1);
+        c.forward.pd.wedge = Duration::from_secs(1);
     })
     .await;
     s.sims.engines()[0].fault(Fault::Pause).await.unwrap();
@@ -401,8 +404,8 @@ async fn a_request_waiting_for_decode_room_does_not_stop_the_gateway_queue_for_o
     }
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
-    config.keys.admin = Some(ADMIN_KEY.into());
-    config.pd.admission_wait = Duration::from_secs(120);
+    config.access.keys.admin = Some(ADMIN_KEY.into());
+    config.forward.pd.admission_wait = Duration::from_secs(120);
     config.admission.max_concurrent = Some(3);
     config.admission.queue = Some(sluice_gateway::admit::QueueConfig {
         size: 10,

@@ -206,7 +206,7 @@ async fn a_failed_listed_worker_returns_only_once_it_answers_again() {
         },
         ..config.control.health
     };
-    config.keys.admin = Some(ADMIN_KEY.into());
+    config.access.keys.admin = Some(ADMIN_KEY.into());
     let gateway = Gateway::start(config).await.unwrap();
     let client = client();
     until_workers(&gateway, &client, "both ready", |w| {

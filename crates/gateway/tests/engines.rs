@@ -419,7 +419,7 @@ async fn a_stream_whose_first_event_misses_the_deadline_is_cut_without_charging_
     let engine = WireEngine::start("vllm", Scripted::ok_stream()).await;
     let gateway = gateway_over(&[&engine], |c| {
         quick_breaker(c);
-        c.request_timeout = Duration::from_millis(300);
+        c.admission.request_timeout = Duration::from_millis(300);
     })
     .await;
     let id = ids(&gateway).await[0].clone();

@@ -50,7 +50,7 @@ async fn the_breaker_opens_and_recovers_on_time() {
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.route.policy = Policy::RoundRobin;
         // Each 500 reaches the client here, to count them (retrying them is tested below).
-        c.retry.status_codes.clear();
+        c.forward.retry.status_codes.clear();
         c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 3,
             success_threshold: 1,
@@ -256,7 +256,7 @@ async fn a_client_error_status_retried_by_choice_is_not_a_failure_of_the_worker(
     // 408 added to the retried statuses; one failure would open a circuit.
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.route.policy = Policy::RoundRobin;
-        c.retry.status_codes.push(408);
+        c.forward.retry.status_codes.push(408);
         c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 1,
             success_threshold: 1,
@@ -308,8 +308,8 @@ async fn a_deadline_that_passes_during_a_retrys_backoff_is_charged_to_no_worker(
     // Every retry waits 5 s, far past the 1 s the gateway gives a request.
     let s = start(2, instant(Flavor::Vllm), |c| {
         c.route.policy = Policy::RoundRobin;
-        c.request_timeout = Duration::from_secs(1);
-        c.retry.backoff = sluice_core::retry::Backoff {
+        c.admission.request_timeout = Duration::from_secs(1);
+        c.forward.retry.backoff = sluice_core::retry::Backoff {
             initial: Duration::from_secs(5),
             multiplier: 1.0,
             max: Duration::from_secs(5),

@@ -55,7 +55,7 @@ async fn pd_grpc(
     config.upstream.tokens = sluice_gateway::tokens::SharedTokens::new(Some(model.tokens()));
     config.control.load.interval = Duration::from_millis(50);
     config.control.load.min_interval = Duration::from_millis(10);
-    config.keys.admin = Some(ADMIN_KEY.into());
+    config.access.keys.admin = Some(ADMIN_KEY.into());
     config.route.shedding.retry_after = Duration::from_secs(7);
     tune(&mut config);
     serve(sims, config).await
@@ -171,7 +171,7 @@ async fn a_grpc_decode_workers_window_holds_the_next_request_until_a_room_frees(
 async fn no_room_on_a_grpc_decode_worker_within_the_wait_is_shed_with_the_overload_answer() {
     let model = ModelDir::new("pd-shed");
     let s = pd_grpc(&model, 1, sglang(), 1, one_slot_decode(), |c| {
-        c.pd.admission_wait = Duration::from_millis(300);
+        c.forward.pd.admission_wait = Duration::from_millis(300);
     })
     .await;
     until_window(&s, "the window reported", |w| w["size"] == 1).await;
@@ -228,7 +228,7 @@ async fn a_frozen_grpc_prefill_fails_over_to_a_new_pair_within_the_wedge_bound()
     let model = ModelDir::new("pd-frozen");
     let s = pd_grpc(&model, 2, sglang(), 1, sglang(), |c| {
         c.route.prefill_policy = Policy::RoundRobin;
-        c.pd.wedge = Duration::from_secs(1);
+        c.forward.pd.wedge = Duration::from_secs(1);
         unprobed(c);
     })
     .await;

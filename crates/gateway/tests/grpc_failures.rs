@@ -56,7 +56,7 @@ async fn a_failing_grpc_worker_is_retried_around_and_its_circuit_opens() {
 async fn a_removed_workers_connection_is_let_go() {
     let model = ModelDir::new("let-go");
     let s = grpc_setup_with(1, instant(Flavor::Sglang), &model, |c| {
-        c.keys.admin = Some(ADMIN_KEY.into());
+        c.access.keys.admin = Some(ADMIN_KEY.into());
         c.fleet.drain_settle = Duration::ZERO;
     })
     .await;

@@ -32,7 +32,7 @@ fn fast_health(c: &mut Config) {
         },
         ..HealthConfig::default()
     };
-    c.keys.admin = Some(ADMIN_KEY.into());
+    c.access.keys.admin = Some(ADMIN_KEY.into());
 }
 
 async fn first_worker(s: &Setup) -> String {

@@ -73,7 +73,7 @@ async fn metrics_describe_requests_workers_and_circuits() {
 
 #[tokio::test]
 async fn http2_to_workers_with_prior_knowledge() {
-    let s = start(1, instant(Flavor::Vllm), |c| c.upstream_http2 = true).await;
+    let s = start(1, instant(Flavor::Vllm), |c| c.upstream.http2 = true).await;
     assert_eq!(s.workers().await[0]["http2"], true);
     let a = s.chat(&chat_body("test-model", "hi", 5, true)).await;
     assert_eq!(a.status, 200, "{}", a.text());
@@ -134,7 +134,7 @@ async fn a_single_api_key_is_also_the_workers_key_as_in_smg() {
     let mut settings = sluice_gateway::Settings::defaults();
     settings.listen.port = 0;
     settings.worker_urls = sims.urls();
-    settings.api_keys = vec!["shared-key".into()];
+    settings.access.api_keys = vec!["shared-key".into()];
     let gateway = Gateway::start(settings.validate().unwrap()).await.unwrap();
     let c = client();
     // The engine answers /v1/models only with its key: ready means the key was sent.
@@ -157,11 +157,11 @@ async fn a_single_api_key_is_also_the_workers_key_as_in_smg() {
     assert_eq!(a.status, 200, "{}", a.text());
 
     let mut own = sluice_gateway::Settings::defaults();
-    own.api_keys = vec!["client-key".into()];
+    own.access.api_keys = vec!["client-key".into()];
     own.worker_api_key = Some("worker-key".into());
     assert_eq!(own.default_worker_key().as_deref(), Some("worker-key"));
     own.worker_api_key = None;
-    own.api_keys = vec!["a".into(), "b".into()];
+    own.access.api_keys = vec!["a".into(), "b".into()];
     assert_eq!(
         own.default_worker_key(),
         None,

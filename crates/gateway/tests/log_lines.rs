@@ -58,7 +58,7 @@ async fn an_opened_circuit_names_its_request_and_a_lowered_limit_its_figures() {
     .unwrap();
     let s = start(1, instant(Flavor::Vllm), |c| {
         c.route.policy = Policy::RoundRobin;
-        c.retry.status_codes.clear();
+        c.forward.retry.status_codes.clear();
         c.fleet.breaker = Some(BreakerConfig {
             failure_threshold: 1,
             success_threshold: 1,

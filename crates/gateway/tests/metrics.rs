@@ -96,7 +96,7 @@ async fn promtool_accepts_the_page_and_every_family_is_there_from_startup() {
 #[tokio::test]
 async fn duration_buckets_can_be_set_as_in_smg() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.duration_buckets = Some(vec![0.25, 7.5]);
+        c.telemetry.duration_buckets = Some(vec![0.25, 7.5]);
     })
     .await;
     s.chat(&chat_body("test-model", "hi", 1, false)).await;

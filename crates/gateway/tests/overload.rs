@@ -290,7 +290,7 @@ async fn the_shed_status_can_be_529_for_dynamo_style_clients() {
         fast_load(c);
         steer_at_once(c);
         c.route.shedding.enabled = true;
-        c.answers.overload = axum::http::StatusCode::from_u16(529).unwrap();
+        c.front.answers.overload = axum::http::StatusCode::from_u16(529).unwrap();
     })
     .await;
     overload_first_worker(&s).await;

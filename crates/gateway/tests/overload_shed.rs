@@ -22,12 +22,12 @@ use tokio::task::JoinHandle;
 /// for every tier; reports polled every 50 ms.
 fn shedding(c: &mut Config, wait_secs: u64, status: u16) {
     let mut settings = Settings::defaults();
-    settings.worker_overload_shed = true;
-    settings.overload_status_code = status;
-    settings.worker_overload_waiting_requests = 4;
+    settings.overload.worker_overload_shed = true;
+    settings.overload.overload_status_code = status;
+    settings.overload.worker_overload_waiting_requests = 4;
     let derived = settings.validate().unwrap();
     c.route.shedding = derived.route.shedding;
-    c.answers = derived.answers;
+    c.front.answers = derived.front.answers;
     c.control.load.ceilings = derived.control.load.ceilings;
     c.admission.queue = derived.admission.queue.map(|mut q| {
         q.timeouts = [Duration::from_secs(wait_secs); 3];

@@ -186,7 +186,7 @@ fn objectives_set_the_waits(c: &mut Config) {
     let mut settings = Settings::defaults();
     settings.status.slo_ttft_ms_by_tier = vec![1000, 0, 0];
     let derived = settings.validate().unwrap();
-    c.slos = derived.slos;
+    c.telemetry.slos = derived.telemetry.slos;
     c.admission.queue = derived.admission.queue;
     c.admission.default_tier = Tier::Interactive;
     c.admission.max_concurrent = Some(1);
@@ -289,7 +289,7 @@ async fn a_noisy_tenant_waits_behind_a_quiet_ones_request_not_the_other_way() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         one_at_a_time(c, 50, [30, 30, 30]);
         c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
-        c.keys.client = vec!["holder".into()];
+        c.access.keys.client = vec!["holder".into()];
     })
     .await;
     let holder = open_stream_as(
@@ -337,7 +337,7 @@ async fn a_full_queue_makes_room_for_a_tenant_under_its_share() {
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         one_at_a_time(c, 4, [30, 30, 30]);
         c.admission.tenants = vec![tenant("noisy", "kn"), tenant("quiet", "kq")];
-        c.keys.client = vec!["holder".into()];
+        c.access.keys.client = vec!["holder".into()];
     })
     .await;
     let holder = open_stream_as(
@@ -555,7 +555,7 @@ async fn a_traced_waiter_says_how_long_it_waited_in_the_queue() {
     );
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
         one_at_a_time(c, 10, [30, 30, 30]);
-        c.trace = Some(trace);
+        c.telemetry.trace = Some(trace);
     })
     .await;
     let holder = hold(&s).await;

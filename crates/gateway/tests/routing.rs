@@ -230,7 +230,7 @@ async fn the_first_routing_key_header_present_wins() {
 #[tokio::test]
 async fn a_model_alias_is_served_by_its_model_which_is_sent_the_real_name() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.model_aliases = [(
+        c.admission.aliases = [(
             "gpt-4o".to_string(),
             sluice_core::ModelName::new("test-model"),
         )]

@@ -67,7 +67,7 @@ async fn an_answer_outside_an_objective_is_missed_and_tpot_is_judged_on_streams(
     // each token after it.
     let s = start(1, timed(Flavor::Vllm, 4.0), |config| {
         any_tier(config);
-        config.slos = Slos::new([
+        config.telemetry.slos = Slos::new([
             Slo {
                 ttft: Some(Duration::from_nanos(1)),
                 tpot: None,

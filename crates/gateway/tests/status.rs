@@ -222,7 +222,7 @@ async fn a_frozen_engine_turns_its_card_vetoed_with_the_cause() {
 #[tokio::test]
 async fn with_an_admin_key_the_page_asks_once_and_keeps_it_in_an_httponly_cookie() {
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.keys.admin = Some(ADMIN_KEY.into());
+        c.access.keys.admin = Some(ADMIN_KEY.into());
     })
     .await;
     let session = |headers: Vec<(&'static str, String)>| {

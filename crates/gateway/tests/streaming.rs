@@ -173,7 +173,7 @@ async fn a_stream_arrives_byte_for_byte() {
 #[tokio::test]
 async fn headers_cross_filtered_and_the_request_id_round_trips() {
     let gateway = gateway_over(fake_engine().await, |c| {
-        c.keys.client = vec!["client-key".into()]
+        c.access.keys.client = vec!["client-key".into()]
     })
     .await;
     let c = client();
@@ -339,7 +339,7 @@ async fn a_stream_cut_short_without_done_is_reported() {
 async fn the_gateways_own_timeout_ending_a_stream_says_so_and_spares_the_worker() {
     // 3 s for the first byte (generous on a loaded machine); the answer takes far longer.
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
-        c.request_timeout = std::time::Duration::from_secs(3);
+        c.admission.request_timeout = std::time::Duration::from_secs(3);
     })
     .await;
     let body = r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true,"stream":true}"#;
@@ -416,7 +416,7 @@ async fn a_client_leaving_before_the_answer_aborts_it_too() {
 #[tokio::test]
 async fn a_request_id_is_read_from_the_configured_headers() {
     let gateway = gateway_over(fake_engine().await, |c| {
-        c.request_id_headers = vec![
+        c.front.request_id_headers = vec![
             http::HeaderName::from_static("x-correlation-id"),
             http::HeaderName::from_static("x-request-id"),
         ];

@@ -193,8 +193,8 @@ async fn https_workers_are_verified_by_the_ca_and_shown_the_client_certificate()
     // timeout instead of becoming ready.
     let untrusting = |tune: fn(&mut Settings, &Certs)| {
         let mut config = settings(std::slice::from_ref(&worker), |s| {
-            s.worker_startup_timeout_secs = 1.0;
-            s.worker_startup_check_interval_secs = 0.2;
+            s.registration.worker_startup_timeout_secs = 1.0;
+            s.registration.worker_startup_check_interval_secs = 0.2;
             tune(s, &certs);
         });
         config.control.startup_check_interval = Duration::from_millis(200);

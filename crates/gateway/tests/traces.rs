@@ -27,7 +27,10 @@ async fn traced(receiver: &Receiver, protocol: Protocol, ratio: f64) -> Setup {
 }
 
 async fn traced_with(_receiver: &Receiver, trace: TraceConfig) -> Setup {
-    start(1, instant(Flavor::Vllm), |c| c.trace = Some(trace)).await
+    start(1, instant(Flavor::Vllm), |c| {
+        c.telemetry.trace = Some(trace)
+    })
+    .await
 }
 
 fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
@@ -51,8 +54,8 @@ async fn a_request_is_a_server_span_over_its_admission_and_attempt_in_the_client
     let log = std::env::temp_dir().join(format!("sluice-traces-{}.log", std::process::id()));
     let trace = TraceConfig::new(receiver.endpoint(), Protocol::Grpc, 1.0);
     let s = start(1, instant(Flavor::Vllm), |c| {
-        c.trace = Some(trace);
-        c.access_log = Some(log.clone());
+        c.telemetry.trace = Some(trace);
+        c.telemetry.access_log = Some(log.clone());
     })
     .await;
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
@@ -274,7 +277,7 @@ async fn a_retried_attempt_says_why_and_the_next_one_answers() {
     let mut receiver = Receiver::grpc().await;
     let trace = TraceConfig::new(receiver.endpoint(), Protocol::Grpc, 1.0);
     let s = start(2, instant(Flavor::Vllm), |c| {
-        c.trace = Some(trace);
+        c.telemetry.trace = Some(trace);
         c.route.policy = sluice_core::policy::Policy::RoundRobin;
     })
     .await;

@@ -51,9 +51,8 @@ pub(crate) struct Admin {
     pub(crate) fleet: Arc<Fleet>,
     /// The health settings in force per worker, and the busy thresholds.
     pub(crate) control: Arc<Control>,
+    /// The admin's keys, and whether reads need one (`--admin-reads-open`).
     pub(crate) keys: Keys,
-    /// `--admin-reads-open`.
-    pub(crate) reads_open: bool,
     /// `--body-read-timeout-secs`.
     pub(crate) body_read_timeout: std::time::Duration,
     /// The admit stage, whose tenants `/admission` shows.
@@ -65,7 +64,7 @@ pub(crate) struct Admin {
 impl Admin {
     /// Whether these headers may read the admin API.
     fn check_read(&self, headers: &HeaderMap) -> Result<(), AdminError> {
-        if self.reads_open || !self.keys.admin_configured() {
+        if self.keys.reads_open || !self.keys.admin_configured() {
             return Ok(());
         }
         Ok(self.keys.check_admin_read(headers)?)

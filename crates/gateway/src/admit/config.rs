@@ -35,4 +35,9 @@ pub struct AdmissionConfig {
     pub(crate) tier_deadlines: [Option<std::time::Duration>; 3],
     /// The gateway queue, when `--queue-size` is above 0.
     pub queue: Option<super::queue::QueueConfig>,
+    /// `--request-timeout-secs`: the longest a request may take, its deadline unless it sets an
+    /// earlier one.
+    pub request_timeout: std::time::Duration,
+    /// `--model-alias`: alias -> the served model it names, resolved by the admit stage.
+    pub aliases: std::collections::HashMap<String, sluice_core::ModelName>,
 }

@@ -124,12 +124,7 @@ pub(crate) struct Admit {
 impl Admit {
     /// The stage for `config`, its metric families registered in `registry`; its budgets and
     /// caps shared through `shared` when given.
-    pub fn new(
-        request_timeout: Duration,
-        config: &AdmissionConfig,
-        registry: &mut Registry,
-        shared: Option<&Shared>,
-    ) -> Self {
+    pub fn new(config: &AdmissionConfig, registry: &mut Registry, shared: Option<&Shared>) -> Self {
         let now = Instant::now();
         let burst = config.max_concurrent.unwrap_or(0);
         let metrics = AdmissionMetrics::register(registry, &Tenants::labels(config));
@@ -149,7 +144,7 @@ impl Admit {
         }
         Self {
             queue,
-            request_timeout,
+            request_timeout: config.request_timeout,
             tenants,
             default_max_tokens: config.default_max_tokens,
             tier_deadlines: config.tier_deadlines,

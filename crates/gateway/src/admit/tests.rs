@@ -41,16 +41,13 @@ fn config(tenants: Vec<TenantConfig>) -> AdmissionConfig {
         request_rate: None,
         tier_deadlines: [None; 3],
         queue: None,
+        request_timeout: Duration::from_secs(600),
+        aliases: Default::default(),
     }
 }
 
 fn admit(config: &AdmissionConfig) -> Admit {
-    Admit::new(
-        Duration::from_secs(600),
-        config,
-        &mut Registry::default(),
-        None,
-    )
+    Admit::new(config, &mut Registry::default(), None)
 }
 
 fn asking(headers: &HeaderMap, owner: KeyOwner) -> Asking<'_> {

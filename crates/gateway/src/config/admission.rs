@@ -18,6 +18,22 @@ use crate::admit::QueueConfig;
 pub use crate::admit::{AdmissionConfig, TenantConfig, DEFAULT_TENANT};
 use crate::route::Shedding;
 
+/// What admission's config takes from other sections.
+pub(super) struct Joined<'a> {
+    /// `--api-key`: a tenant's key may not be a client key.
+    pub(super) client_keys: &'a [String],
+    /// Whether and how a request with nowhere to go is shed (the queue sheds the same way).
+    pub(super) shedding: Shedding,
+    /// Per-tier CoDel targets, when adaptive limits are on.
+    pub(super) codel: Option<[CodelConfig; 3]>,
+    /// The tiers' objectives, which bound the queue's waits by default.
+    pub(super) slos: &'a Slos,
+    /// `--request-timeout-secs`.
+    pub(super) request_timeout: Duration,
+    /// `--model-alias`, checked.
+    pub(super) aliases: HashMap<String, sluice_core::ModelName>,
+}
+
 /// One `[[tenants]]` table of the config file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -148,15 +164,9 @@ fn tier(setting: &'static str, n: u8) -> Result<Tier, ConfigError> {
 }
 
 impl AdmissionSettings {
-    pub(super) fn validate(
-        &self,
-        client_keys: &[String],
-        shedding: &Shedding,
-        codel: Option<[CodelConfig; 3]>,
-        slos: &Slos,
-    ) -> Result<AdmissionConfig, ConfigError> {
+    pub(super) fn validate(&self, joined: Joined<'_>) -> Result<AdmissionConfig, ConfigError> {
         let default_tier = tier("default-priority", self.default_priority)?;
-        let tenants = self.tenants(default_tier, client_keys)?;
+        let tenants = self.tenants(default_tier, joined.client_keys)?;
         let tenant_header = self
             .trust_tenant_header
             .then(|| {
@@ -166,13 +176,15 @@ impl AdmissionSettings {
             .transpose()?;
         Ok(AdmissionConfig {
             tier_deadlines: self.tier_deadlines()?,
-            queue: self.queue(shedding, codel, slos)?,
+            queue: self.queue(&joined.shedding, joined.codel, joined.slos)?,
             tenants,
             tenant_header,
             default_tier,
             default_max_tokens: self.default_max_tokens_estimate,
             max_concurrent: self.max_concurrent()?,
             request_rate: self.request_rate()?,
+            request_timeout: joined.request_timeout,
+            aliases: joined.aliases,
         })
     }
 

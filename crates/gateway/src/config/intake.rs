@@ -1,17 +1,30 @@
-//! The intake's settings: the largest body, the bodies held at once, what a body may ask for,
-//! and the time it has to arrive. They build `front::Intake`, which the front stage takes whole
-//! (and admin reads the body time of).
+//! The intake's settings: where a client's request id is read from, the largest body, the bodies
+//! held at once, what a body may ask for, and the time it has to arrive. They build the front
+//! stage's `FrontConfig` (with the overload section's `Answers`), which it takes whole (and admin
+//! reads the body time of).
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::checks::{invalid, positive_count, positive_seconds};
-use super::ConfigError;
-use crate::front::{Intake, RequestLimits};
+use super::{header_names, ConfigError};
+use crate::front::{Answers, FrontConfig, Intake, RequestLimits};
 
 /// The request flags (`sluice serve --help`, "Requests", and the body's time).
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
 pub struct IntakeSettings {
+    /// Request headers a client's own request id is taken from, the first present and sane one
+    /// winning (SMG's flag; several after one flag, comma-separated or repeated); the id goes to
+    /// the worker and back to the client as `x-request-id`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_values_t = ["x-request-id".to_string()]
+    )]
+    #[arg(help_heading = "Requests")]
+    pub request_id_headers: Vec<String>,
+
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     #[arg(help_heading = "Requests")]
@@ -45,7 +58,16 @@ pub struct IntakeSettings {
 }
 
 impl IntakeSettings {
-    pub(super) fn validate(&self) -> Result<Intake, ConfigError> {
+    /// The front stage's config; `answers`: how refusals are answered (the overload section's).
+    pub(super) fn validate(&self, answers: Answers) -> Result<FrontConfig, ConfigError> {
+        Ok(FrontConfig {
+            intake: self.intake()?,
+            request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
+            answers,
+        })
+    }
+
+    fn intake(&self) -> Result<Intake, ConfigError> {
         Ok(Intake {
             max_payload: self.max_payload_size,
             max_buffered: self.body_budget()?,

@@ -52,9 +52,9 @@ where
 /// The settings the command line gives, defaults where it gives none.
 fn command_line(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     let mut cli = Settings::from_arg_matches(matches)?;
-    if cli.no_remove_unhealthy_workers {
+    if cli.health.no_remove_unhealthy_workers {
         // One field carries the choice, so --print-config shows it.
-        cli.remove_unhealthy_workers = Some(false);
+        cli.health.remove_unhealthy_workers = Some(false);
     }
     Ok(cli)
 }
@@ -98,8 +98,8 @@ fn merge(cli: Settings, file: toml::Table, matches: &ArgMatches) -> Result<Setti
     settings.config = cli.config;
     settings.print_config = cli.print_config;
     settings.smg_defaults = smg_defaults;
-    if cli.no_remove_unhealthy_workers {
-        settings.remove_unhealthy_workers = Some(false);
+    if cli.health.no_remove_unhealthy_workers {
+        settings.health.remove_unhealthy_workers = Some(false);
     }
     Ok(settings)
 }

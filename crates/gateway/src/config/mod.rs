@@ -4,19 +4,39 @@
 //! merges the two: a flag given on the command line (or through its environment variable) wins,
 //! then the file, then the flag's default. `Settings::validate` is the one place values are
 //! checked; everything downstream takes `Config` and re-checks nothing.
+//!
+//! Layout: each section owns its flags and builds the config of what consumes it, which takes it
+//! whole; `Config` holds only those outputs.
+//! - `settings`: `Settings`, the sections flattened (their order is `--help`'s and the file's).
+//! - `listen` (`ListenConfig`: the listeners), `access` (`http::Access`: keys, CORS), `intake`
+//!   (`front::FrontConfig`), `routing` (`route::RouteConfig`, the prefix index's size, the model
+//!   aliases), `upstream` (`UpstreamConfig`, the request timeout), `resilience` (retries,
+//!   breakers), `pd` (a pair's workers and window).
+//! - The control loops' parts, joined in `sections` into `ControlSettings`: `registration`,
+//!   `health`, `overload` (the load monitor, shedding, the overload answer, the interactive
+//!   reserve), `liveness`, `adaptive`, `kv_events`.
+//! - `admission`, `degradation`, `discovery`, `replicas`, `status`, `telemetry`, `tokens`,
+//!   `tls_files`: each its own consumer's config.
+//! - `load` merges flags, file and defaults (`smg_defaults`: SMG's); `checks` the shared checks.
 
+mod access;
 mod adaptive;
 mod admission;
 mod checks;
 mod degradation;
 mod discovery;
+mod health;
 mod intake;
 mod kv_events;
 mod listen;
+mod liveness;
 mod load;
+mod overload;
 mod pd;
+mod registration;
 mod replicas;
 mod resilience;
+mod routing;
 mod sections;
 mod settings;
 pub mod smg;
@@ -25,31 +45,40 @@ mod status;
 mod telemetry;
 mod tls_files;
 mod tokens;
+mod upstream;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use axum::http::HeaderName;
 
+pub use access::AccessSettings;
 pub use adaptive::AdaptiveSettings;
 pub use admission::{AdmissionConfig, AdmissionSettings, TenantConfig, TenantSpec, DEFAULT_TENANT};
 pub use degradation::{
     CascadeSpec, ClampSpec, DegradationSettings, DegradationSpec, PruneSpec, ReasoningSpec,
 };
 pub use discovery::DiscoverySettings;
+pub use health::HealthSettings;
 pub use intake::IntakeSettings;
 pub use listen::{ListenConfig, ListenSettings};
+pub use liveness::LivenessSettings;
 pub use load::{load, load_with, COMMAND_LINE_ONLY};
+pub use overload::OverloadSettings;
+pub use registration::RegistrationSettings;
+pub use routing::RoutingSettings;
 pub use settings::Settings;
 pub use smg_defaults::{values as smg_default_values, SMG_QUEUE};
 pub use status::{StatusSettings, UiConfig};
+pub use telemetry::{TelemetryConfig, TelemetrySettings};
 pub use tls_files::TlsSettings;
+pub use upstream::UpstreamSettings;
 
-use checks::{invalid, non_empty_keys, parse_host, positive_seconds, seconds};
+use checks::{invalid, parse_host};
 
 use crate::fleet::WorkerSpec;
-pub use crate::forward::RetryConfig;
+pub use crate::forward::{ForwardConfig, RetryConfig};
 pub use crate::front::RequestLimits;
+pub use crate::http::CorsOrigins;
 pub use crate::upstream::UpstreamConfig;
 
 /// Header names from a flag's list, each checked.
@@ -60,16 +89,6 @@ fn header_names(setting: &'static str, names: &[String]) -> Result<Vec<HeaderNam
             HeaderName::try_from(h.trim()).map_err(|e| invalid(setting, format!("'{h}': {e}")))
         })
         .collect()
-}
-
-/// Characters of prompt per prefix block of the cache-aware index (`route`'s block size).
-const PREFIX_BLOCK_CHARS: usize = 64;
-
-/// Which origins a browser may call the gateway from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CorsOrigins {
-    Any,
-    List(Vec<axum::http::HeaderValue>),
 }
 
 /// Why the settings cannot be used.
@@ -111,60 +130,12 @@ pub enum ConfigError {
 }
 
 impl Settings {
-    /// `--cors-allowed-origins`, checked: `*` alone, or origins that are header values.
-    fn cors(&self) -> Result<Option<CorsOrigins>, ConfigError> {
-        let origins = &self.cors_allowed_origins;
-        if origins.is_empty() {
-            return Ok(None);
-        }
-        if origins.iter().any(|o| o == "*") {
-            if origins.len() > 1 {
-                return Err(invalid("cors-allowed-origins", "'*' stands alone"));
-            }
-            return Ok(Some(CorsOrigins::Any));
-        }
-        origins
-            .iter()
-            .map(|o| {
-                axum::http::HeaderValue::try_from(o.trim())
-                    .map_err(|_| invalid("cors-allowed-origins", format!("'{o}' is not an origin")))
-            })
-            .collect::<Result<_, _>>()
-            .map(|list| Some(CorsOrigins::List(list)))
-    }
-
-    /// `--model-alias ALIAS=MODEL` pairs, checked: both named, an alias once, not a model itself.
-    fn model_aliases(
-        &self,
-    ) -> Result<std::collections::HashMap<String, sluice_core::ModelName>, ConfigError> {
-        let mut aliases = std::collections::HashMap::new();
-        for pair in &self.model_aliases {
-            let Some((alias, model)) = pair
-                .split_once('=')
-                .map(|(a, m)| (a.trim(), m.trim()))
-                .filter(|(a, m)| !a.is_empty() && !m.is_empty() && a != m)
-            else {
-                return Err(invalid(
-                    "model-alias",
-                    format!("'{pair}' is not ALIAS=MODEL with two different names"),
-                ));
-            };
-            if aliases
-                .insert(alias.to_string(), sluice_core::ModelName::new(model))
-                .is_some()
-            {
-                return Err(invalid("model-alias", format!("'{alias}' is given twice")));
-            }
-        }
-        Ok(aliases)
-    }
-
     /// The key sent to workers that have none of their own: `--worker-api-key`, else — SMG's
     /// meaning of `--api-key` — the one client key when exactly one is given.
     pub fn default_worker_key(&self) -> Option<String> {
         self.worker_api_key
             .clone()
-            .or_else(|| match self.api_keys.as_slice() {
+            .or_else(|| match self.access.api_keys.as_slice() {
                 [only] => Some(only.clone()),
                 _ => None,
             })
@@ -184,41 +155,31 @@ impl Settings {
     }
 
     pub fn validate(&self) -> Result<Config, ConfigError> {
-        let retry = self.resilience.retry()?;
         let slos = self.status.slos()?;
         Ok(Config {
             listener: self.listen.validate(self.listen_tls()?)?,
             workers: self.workers()?,
-            route: self.route()?,
-            pd: self.pd_config()?,
+            route: self.routing.route(&self.pd, self.overload.shedding())?,
             fleet: self.fleet()?,
-            request_id_headers: header_names("request-id-headers", &self.request_id_headers)?,
-            model_aliases: self.model_aliases()?,
-            cors: self.cors()?,
-            keys: self.keys()?,
-            admin_reads_open: self.admin_reads_open,
-            intake: self.intake.validate()?,
-            upstream: self.upstream()?,
-            request_timeout: positive_seconds("request-timeout-secs", self.request_timeout_secs)?,
-            upstream_http2: self.upstream_http2,
-            retry,
-            control: self.control()?,
-            answers: self.answers()?,
-            smg_defaults: self.smg_defaults,
-            admission: self.admission.validate(
-                &self.api_keys,
-                &self.shedding(),
-                self.adaptive.codel()?,
-                &slos,
+            access: self.access.validate()?,
+            front: self.intake.validate(self.overload.answers()?)?,
+            upstream: self.upstream.validate(
+                self.upstream_tls()?,
+                crate::tokens::SharedTokens::new(self.tokens()?),
             )?,
+            forward: self.forward()?,
+            control: self.control()?,
+            admission: self.admission.validate(admission::Joined {
+                client_keys: &self.access.api_keys,
+                shedding: self.overload.shedding(),
+                codel: self.adaptive.codel()?,
+                slos: &slos,
+                request_timeout: self.upstream.request_timeout()?,
+                aliases: self.routing.model_aliases()?,
+            })?,
             degradation: self
                 .degradation
-                .validate(self.adaptive.codel()?, self.load()?.interval)?,
-            access_log: self.access_log.clone(),
-            trace: self.trace()?,
-            duration_buckets: self.duration_buckets()?,
-            slos,
-            ui: self.status.ui()?,
+                .validate(self.adaptive.codel()?, self.overload.load()?.interval)?,
             discovery: self.discovery.validate()?,
             shared: self.replicas.validate(
                 &self.tls.ca_cert_paths,
@@ -227,6 +188,8 @@ impl Settings {
                     .as_deref()
                     .zip(self.tls.client_key_path.as_deref()),
             )?,
+            ui: self.status.ui()?,
+            telemetry: self.telemetry.validate(slos, self.smg_defaults)?,
         })
     }
 
@@ -252,11 +215,15 @@ impl Settings {
         Ok(workers)
     }
 
-    fn pd_config(&self) -> Result<crate::forward::PdConfig, ConfigError> {
-        Ok(crate::forward::PdConfig {
-            admission_wait: self.pd.admission_wait()?,
-            window: !self.pd.disable_pd_admission_window,
-            wedge: seconds("worker-wedge-secs", self.worker_wedge_secs)?,
+    /// The forward stage's retries and a pair's window.
+    fn forward(&self) -> Result<ForwardConfig, ConfigError> {
+        Ok(ForwardConfig {
+            retry: self.resilience.retry()?,
+            pd: crate::forward::PdConfig {
+                admission_wait: self.pd.admission_wait()?,
+                window: !self.pd.disable_pd_admission_window,
+                wedge: self.liveness.wedge()?,
+            },
         })
     }
 
@@ -265,64 +232,16 @@ impl Settings {
     fn fleet(&self) -> Result<crate::fleet::FleetSettings, ConfigError> {
         Ok(crate::fleet::FleetSettings {
             breaker: self.resilience.breaker()?,
-            prefix_capacity: (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1),
-            interactive_reserve: checks::fraction("interactive-reserve", self.interactive_reserve)?,
-            drain_settle: seconds("drain-settle-secs", self.drain_settle_secs)?,
+            prefix_capacity: self.routing.prefix_capacity(),
+            interactive_reserve: self.overload.interactive_reserve()?,
+            drain_settle: self.registration.drain_settle()?,
             default_worker_key: self.default_worker_key(),
         })
     }
-
-    /// The keys the flags give; tenants' keys are admission's.
-    fn keys(&self) -> Result<crate::http::Keys, ConfigError> {
-        Ok(crate::http::Keys {
-            client: non_empty_keys("api-key", &self.api_keys)?,
-            admin: self.admin_key()?,
-            control_plane: self.control_plane_keys()?,
-            tenants: Vec::new(),
-        })
-    }
-
-    fn admin_key(&self) -> Result<Option<String>, ConfigError> {
-        Ok(match &self.admin_api_key {
-            Some(k) => non_empty_keys("admin-api-key", std::slice::from_ref(k))?.pop(),
-            None => None,
-        })
-    }
-
-    fn control_plane_keys(&self) -> Result<Vec<crate::http::ControlPlaneKey>, ConfigError> {
-        self.control_plane_api_keys
-            .iter()
-            .map(|k| {
-                k.parse().map_err(|e: crate::http::ControlPlaneKeyError| {
-                    invalid("control-plane-api-keys", e.to_string())
-                })
-            })
-            .collect()
-    }
-
-    fn upstream(&self) -> Result<UpstreamConfig, ConfigError> {
-        Ok(UpstreamConfig {
-            connect_timeout: positive_seconds("connect-timeout-secs", self.connect_timeout_secs)?,
-            pool_idle_timeout: seconds(
-                "upstream-pool-idle-timeout-secs",
-                self.upstream_pool_idle_timeout_secs,
-            )?,
-            tls: self.upstream_tls()?,
-            tokens: crate::tokens::SharedTokens::new(self.tokens()?),
-        })
-    }
-
-    /// `--worker-startup-timeout-secs`; 0: none.
-    fn startup_timeout(&self) -> Result<Option<Duration>, ConfigError> {
-        let timeout = seconds(
-            "worker-startup-timeout-secs",
-            self.worker_startup_timeout_secs,
-        )?;
-        Ok(Some(timeout).filter(|t| !t.is_zero()))
-    }
 }
 
-/// The validated configuration of one gateway.
+/// The validated configuration of one gateway: each field is one settings section's output,
+/// taken whole by what consumes it.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where and how it listens: its address, TLS, connection bounds, probe and metrics ports.
@@ -331,61 +250,41 @@ pub struct Config {
     pub workers: Vec<WorkerSpec>,
     /// How the route stage picks: the policies, the routing key, shedding.
     pub route: crate::route::RouteConfig,
-    /// The decode admission window and the prefill leg's silence bound.
-    pub pd: crate::forward::PdConfig,
     /// What the fleet keeps of its workers: their circuits, the prefix index, the interactive
     /// reserve, the drain, the default key (what it borrows of other sections: `fleet::Borrowed`).
     pub fleet: crate::fleet::FleetSettings,
-    /// `--request-id-headers`, in order of precedence.
-    pub request_id_headers: Vec<HeaderName>,
-    /// `--cors-allowed-origins`; `None`: no cross-origin allowance.
-    pub cors: Option<CorsOrigins>,
-    /// `--model-alias`: alias -> the served model it names.
-    pub model_aliases: std::collections::HashMap<String, sluice_core::ModelName>,
-    /// `--admin-reads-open`: admin reads need no key.
-    pub admin_reads_open: bool,
-    /// The keys a request must carry: clients' (`--api-key`), the admin's (`--admin-api-key`),
-    /// the control plane's (`--control-plane-api-keys`); tenants' keys join them from admission
-    /// when the gateway is assembled.
-    pub keys: crate::http::Keys,
-    /// What a request may send and ask for, and how long its body may take.
-    pub intake: crate::front::Intake,
-    /// How worker connections are made, secured and pooled.
+    /// Who may call: the keys a request must carry (tenants' keys join them from admission when
+    /// the gateway is assembled), whether admin reads need one, the origins browsers may use.
+    pub access: crate::http::Access,
+    /// What a request may send and ask for, where its id is read from, how refusals are answered.
+    pub front: crate::front::FrontConfig,
+    /// How worker connections are made, secured and pooled, and which protocol by default.
     pub upstream: UpstreamConfig,
-    pub request_timeout: Duration,
-    pub upstream_http2: bool,
-    pub retry: RetryConfig,
+    /// The forward stage's retries and a disaggregated pair's window.
+    pub forward: ForwardConfig,
     /// What the control loops that watch each worker run by: registration, probes, load polls,
     /// liveness, adaptive limits, KV events. Passed whole to `Control`.
     pub control: crate::control::ControlSettings,
+    /// Tenants, tiers, the gateway-wide caps, the request timeout, the model aliases.
+    pub admission: AdmissionConfig,
+    /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
+    pub(crate) degradation: Option<crate::admit::degrade::DegradationConfig>,
     /// `--discovery-file`, `--discovery-dns`.
     pub discovery: crate::control::discovery::DiscoveryConfig,
     /// `--redis-url`: budgets and caps shared with the other replicas.
     pub shared: Option<crate::shared::SharedConfig>,
-    /// How refusals are answered (`--overload-status-code`).
-    pub answers: crate::front::Answers,
-    /// `--smg-defaults`: what was not given took SMG's default (said in the startup log).
-    pub(crate) smg_defaults: bool,
-    /// Tenants, tiers and the gateway-wide caps.
-    pub admission: AdmissionConfig,
-    /// The degradation ladder (`[degradation]`, `[[cascade]]`); `None`: off.
-    pub(crate) degradation: Option<crate::admit::degrade::DegradationConfig>,
-    pub access_log: Option<PathBuf>,
-    /// `--enable-trace` and its settings; `None`: off.
-    pub trace: Option<crate::trace::TraceConfig>,
-    /// `--prometheus-duration-buckets`; `None`: the defaults.
-    pub duration_buckets: Option<Vec<f64>>,
-    /// `--slo-ttft-ms-by-tier`, `--slo-tpot-ms-by-tier`.
-    pub slos: sluice_core::slo::Slos,
     /// The status page; `None` with `--disable-ui`.
     pub ui: Option<UiConfig>,
+    /// What is recorded besides serving: the access log, traces, the histograms' buckets, the
+    /// objectives counted against.
+    pub telemetry: TelemetryConfig,
 }
 
 impl Config {
     /// The connection bounds of each listener (`ListenConfig::limits`), for these workers.
     pub(crate) fn connection_limits(&self) -> crate::http::Limits {
         let every_worker_http2 =
-            self.upstream_http2 && self.workers.iter().all(|w| w.http2 != Some(false));
+            self.upstream.http2 && self.workers.iter().all(|w| w.http2 != Some(false));
         self.listener.limits(every_worker_http2, self.workers.len())
     }
 

@@ -116,6 +116,15 @@ impl Dispatch for Forwarder {
 /// The window the retry budget looks back over.
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
+/// What the forward stage is configured with, built by the settings (the resilience section's
+/// retries, the disaggregation section's window) and taken whole by `Forwarder::new`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardConfig {
+    pub retry: RetryConfig,
+    /// The decode admission window and the prefill leg's silence bound (disaggregated models).
+    pub pd: PdConfig,
+}
+
 /// Retry rules of the forward stage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryConfig {
@@ -163,7 +172,8 @@ impl std::fmt::Debug for Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(upstream: Upstream, retry: RetryConfig, metrics: Arc<Metrics>) -> Self {
+    pub fn new(upstream: Upstream, config: ForwardConfig, metrics: Arc<Metrics>) -> Self {
+        let ForwardConfig { retry, pd } = config;
         let budget = TpsBudget::new(
             BUDGET_WINDOW,
             retry.budget_min_per_sec,
@@ -172,16 +182,10 @@ impl Forwarder {
         Self {
             upstream,
             retry,
-            pd: PdConfig::default(),
+            pd,
             budget,
             metrics,
         }
-    }
-
-    /// With the decode admission window's settings (disaggregated models).
-    pub(crate) fn with_pd(mut self, pd: PdConfig) -> Self {
-        self.pd = pd;
-        self
     }
 
     /// Forwards the placed request to its first worker, and on a retry to the one its chooser

@@ -56,6 +56,18 @@ pub struct Intake {
     pub limits: RequestLimits,
 }
 
+/// What the front stage is configured with, built by its settings section
+/// (`config::IntakeSettings`) and taken whole at assembly.
+#[derive(Debug, Clone)]
+pub struct FrontConfig {
+    /// The body's size and time, and what a body may ask for.
+    pub intake: Intake,
+    /// `--request-id-headers`: where a client's own request id is read from, in order.
+    pub request_id_headers: Vec<HeaderName>,
+    /// How refusals are answered (`--overload-status-code`).
+    pub answers: Answers,
+}
+
 /// What the gateway accepts of a request's own numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {

@@ -18,6 +18,24 @@ pub struct Keys {
     pub control_plane: Vec<ControlPlaneKey>,
     /// Tenants' keys, each with the index of its tenant: a request sending one is that tenant's.
     pub(crate) tenants: Vec<(String, usize)>,
+    /// `--admin-reads-open`: the admin API's reads need no key even when one guards its changes.
+    pub reads_open: bool,
+}
+
+/// Who may call the gateway: the keys requests must carry, and the origins a browser may call
+/// from. Built by its settings section (`config::AccessSettings`), taken whole at assembly.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub keys: Keys,
+    /// `--cors-allowed-origins`; `None`: no cross-origin allowance.
+    pub cors: Option<CorsOrigins>,
+}
+
+/// Which origins a browser may call the gateway from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CorsOrigins {
+    Any,
+    List(Vec<axum::http::HeaderValue>),
 }
 
 /// One control-plane key, as SMG writes it: `id:name:role:key`.

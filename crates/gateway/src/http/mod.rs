@@ -15,7 +15,7 @@ mod service;
 mod shaped;
 mod woken;
 
-pub use auth::{ControlPlaneKey, ControlPlaneKeyError, KeyOwner, Keys};
+pub use auth::{Access, ControlPlaneKey, ControlPlaneKeyError, CorsOrigins, KeyOwner, Keys};
 pub use body::{declared_length, discard, read_body, BodyLimits, Buffered};
 pub use headers::{
     clean_response_headers, copy_request_headers, is_event_stream, CLIENT_CREDENTIALS,

@@ -121,7 +121,7 @@ impl Status {
     /// Whether these headers may read the feed.
     fn authorized(&self, headers: &HeaderMap) -> bool {
         let keys = &self.admin.keys;
-        if self.admin.reads_open || !keys.admin_configured() {
+        if self.admin.keys.reads_open || !keys.admin_configured() {
             return true;
         }
         keys.check_admin_read(headers).is_ok()

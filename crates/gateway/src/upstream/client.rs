@@ -42,6 +42,9 @@ pub struct UpstreamConfig {
     /// `--upstream-pool-idle-timeout-secs`: an unused pooled connection is closed after this,
     /// before the engine's own keep-alive timeout closes it under a request.
     pub(crate) pool_idle_timeout: Duration,
+    /// `--upstream-http2`: HTTP/2 (prior knowledge) to workers whose spec does not say; read by
+    /// the fleet, which decides each worker's protocol at registration.
+    pub http2: bool,
     /// How `https` workers are verified and what they are shown.
     pub(crate) tls: ClientTls,
     /// The model's tokenizer and chat template, for `grpc://` workers (and the route stage).

@@ -11,7 +11,7 @@ pub fn fast_load(c: &mut Config) {
     c.control.load.min_interval = Duration::from_millis(10);
     c.control.load.poll_timeout = Duration::from_millis(500);
     c.route.shedding.retry_after = Duration::from_secs(10);
-    c.keys.admin = Some(ADMIN_KEY.into());
+    c.access.keys.admin = Some(ADMIN_KEY.into());
 }
 
 /// Seed 000's rule as it reads, without the gateway queue the defaults add: a request every

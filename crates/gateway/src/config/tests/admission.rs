@@ -326,7 +326,7 @@ to = "llama-8b"
 fn slos_by_tier_default_to_the_documented_objectives_and_zero_sets_none() {
     use sluice_core::slo::{Slo, Slos};
     let ms = |n| Some(Duration::from_millis(n));
-    assert_eq!(validated(&[]).unwrap().slos, Slos::default());
+    assert_eq!(validated(&[]).unwrap().telemetry.slos, Slos::default());
     let c = validated(&[
         "--slo-ttft-ms-by-tier",
         "500,0,60000",
@@ -335,7 +335,7 @@ fn slos_by_tier_default_to_the_documented_objectives_and_zero_sets_none() {
     ])
     .unwrap();
     assert_eq!(
-        [Tier::Interactive, Tier::Agent, Tier::Batch].map(|t| c.slos.of(t)),
+        [Tier::Interactive, Tier::Agent, Tier::Batch].map(|t| c.telemetry.slos.of(t)),
         [
             Slo {
                 ttft: ms(500),

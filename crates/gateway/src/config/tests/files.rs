@@ -23,7 +23,7 @@ fn the_file_fills_in_and_the_command_line_wins() {
     ])
     .unwrap();
     assert_eq!(s.listen.port, 9100, "the flag wins");
-    assert_eq!(s.policy, "least_load", "the file fills in");
+    assert_eq!(s.routing.policy, "least_load", "the file fills in");
     assert_eq!(s.worker_urls, vec!["http://127.0.0.1:1"]);
     assert_eq!(s.resilience.cb_failure_threshold, 10, "defaults stay");
 
@@ -32,7 +32,7 @@ fn the_file_fills_in_and_the_command_line_wins() {
     std::fs::write(&path, printed).unwrap();
     let again = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap();
     assert_eq!(again.listen.port, 9100);
-    assert_eq!(again.policy, "least_load");
+    assert_eq!(again.routing.policy, "least_load");
 
     std::fs::write(&path, "port = 1\n\n  prot = 1\n").unwrap();
     let err = load_args(&["sluice", "--config", path.to_str().unwrap()]).unwrap_err();

@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser};
 use sluice_core::admission::Tier;
 use sluice_core::liveness::LivenessConfig;
 use sluice_core::overload::Ceilings;
+use std::time::Duration;
 
 mod admission;
 mod files;
@@ -32,7 +33,7 @@ fn validated(args: &[&str]) -> Result<Config, ConfigError> {
 
 #[test]
 fn cors_origins_are_a_list_or_a_star_alone() {
-    let cors = |args: &[&str]| validated(args).map(|c| c.cors);
+    let cors = |args: &[&str]| validated(args).map(|c| c.access.cors);
     assert_eq!(cors(&[]).unwrap(), None);
     assert_eq!(
         cors(&["--cors-allowed-origins", "*"]).unwrap(),
@@ -47,7 +48,7 @@ fn cors_origins_are_a_list_or_a_star_alone() {
 
 #[test]
 fn model_aliases_are_pairs_of_two_names() {
-    let aliases = |args: &[&str]| validated(args).map(|c| c.model_aliases);
+    let aliases = |args: &[&str]| validated(args).map(|c| c.admission.aliases);
     let ok = aliases(&[
         "--model-alias",
         "gpt-4o=llama",
@@ -65,7 +66,7 @@ fn model_aliases_are_pairs_of_two_names() {
 
 #[test]
 fn duration_buckets_must_increase() {
-    let buckets = |args: &[&str]| validated(args).map(|c| c.duration_buckets);
+    let buckets = |args: &[&str]| validated(args).map(|c| c.telemetry.duration_buckets);
     assert_eq!(buckets(&[]).unwrap(), None);
     assert_eq!(
         buckets(&["--prometheus-duration-buckets", "0.1", "1", "10"]).unwrap(),
@@ -109,14 +110,17 @@ fn routing_key_headers_are_a_list_under_either_name() {
     );
     assert_eq!(headers(&["--routing-key-header", "x-user"]), ["x-user"]);
     let s = load_args(&["sluice", "--worker-startup-check-interval", "2.5"]).unwrap();
-    assert_eq!(s.worker_startup_check_interval_secs, 2.5, "SMG's name");
+    assert_eq!(
+        s.registration.worker_startup_check_interval_secs, 2.5,
+        "SMG's name"
+    );
 }
 
 #[test]
 fn smgs_policy_names_mean_the_same_or_are_refused_with_an_alternative() {
     let policy = |name: &str| {
         let mut s = Settings::defaults();
-        s.policy = name.into();
+        s.routing.policy = name.into();
         s.validate().map(|c| c.route.policy.name())
     };
     assert_eq!(policy("consistent_hashing").unwrap(), "consistent_hash");
@@ -129,7 +133,7 @@ fn smgs_policy_names_mean_the_same_or_are_refused_with_an_alternative() {
 
 #[test]
 fn retry_max_retries_counts_attempts_as_smg_does() {
-    let retries = |args: &[&str]| validated(args).unwrap().retry.max_retries;
+    let retries = |args: &[&str]| validated(args).unwrap().forward.retry.max_retries;
     assert_eq!(
         retries(&["--retry-max-retries", "1"]),
         0,
@@ -145,8 +149,8 @@ fn retry_max_retries_counts_attempts_as_smg_does() {
 fn log_levels_take_smgs_names_and_refuse_unknown_ones() {
     let filter = |level: &str| {
         let mut s = Settings::defaults();
-        s.log_level = level.into();
-        s.log_filter()
+        s.telemetry.log_level = level.into();
+        s.telemetry.log_filter()
     };
     assert_eq!(filter("warning").unwrap(), "warn");
     assert_eq!(filter("CRITICAL").unwrap(), "error");
@@ -164,7 +168,7 @@ fn defaults_validate() {
     let c = Settings::defaults().validate().unwrap();
     assert_eq!(c.listener.addr, "127.0.0.1:30000".parse().unwrap());
     assert_eq!(c.route.policy.name(), "cache_aware");
-    assert_eq!(c.retry.max_retries, 3);
+    assert_eq!(c.forward.retry.max_retries, 3);
     assert_eq!(c.fleet.breaker.unwrap().failure_threshold, 10);
 }
 
@@ -195,7 +199,7 @@ fn overload_defaults_follow_the_seeds() {
     assert_eq!(liveness.wedge, Duration::from_secs(3));
     assert_eq!(liveness.stale, Duration::from_secs(15));
     assert!(!c.route.shedding.enabled);
-    assert_eq!(c.answers.overload, 503);
+    assert_eq!(c.front.answers.overload, 503);
     assert_eq!(
         c.route.shedding.retry_after,
         Duration::from_secs(1),
@@ -215,7 +219,7 @@ fn overload_defaults_follow_the_seeds() {
     .unwrap();
     assert_eq!(off.control.load.ceilings, Ceilings::default());
     assert!(off.route.shedding.enabled);
-    assert_eq!(off.answers.overload, 529);
+    assert_eq!(off.front.answers.overload, 529);
     assert_eq!(
         off.route.shedding.retry_after,
         Duration::from_secs(3),
@@ -383,7 +387,10 @@ fn prefill_workers_take_smgs_url_and_bootstrap_port_form() {
         c.route.prefill_policy,
         sluice_core::policy::Policy::RoundRobin
     );
-    assert_eq!(c.pd.admission_wait, std::time::Duration::from_secs(30));
+    assert_eq!(
+        c.forward.pd.admission_wait,
+        std::time::Duration::from_secs(30)
+    );
     for (args, says) in [
         (&["--prefill", "http://p:1"][..], "--pd-disaggregation"),
         (

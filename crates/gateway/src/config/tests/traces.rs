@@ -5,14 +5,23 @@ use super::*;
 #[test]
 fn traces_take_smgs_endpoint_by_protocol_and_refuse_what_cannot_work() {
     use crate::trace::Protocol;
-    assert_eq!(validated(&[]).unwrap().trace, None, "off by default");
-    let on = validated(&["--enable-trace"]).unwrap().trace.unwrap();
+    assert_eq!(
+        validated(&[]).unwrap().telemetry.trace,
+        None,
+        "off by default"
+    );
+    let on = validated(&["--enable-trace"])
+        .unwrap()
+        .telemetry
+        .trace
+        .unwrap();
     assert_eq!(
         (on.endpoint.as_str(), on.protocol, on.sample_ratio),
         ("localhost:4317", Protocol::Grpc, 1.0)
     );
     let http = validated(&["--enable-trace", "--otlp-traces-protocol", "http"])
         .unwrap()
+        .telemetry
         .trace
         .unwrap();
     assert_eq!(http.endpoint, "localhost:4318");
@@ -24,6 +33,7 @@ fn traces_take_smgs_endpoint_by_protocol_and_refuse_what_cannot_work() {
         "0.01",
     ])
     .unwrap()
+    .telemetry
     .trace
     .unwrap();
     assert_eq!(

@@ -1,0 +1,68 @@
+//! A worker's joining and leaving: how often one not yet reached is tried, how long it may take
+//! to start, and how long one being removed settles. The control loops take the first three
+//! (`ControlSettings`), the fleet the last (`FleetSettings`).
+
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::checks::{positive_seconds, seconds};
+use super::ConfigError;
+
+/// The registration flags (`sluice serve --help`, "Workers").
+#[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
+pub struct RegistrationSettings {
+    /// How often a worker that could not be reached at registration is tried again
+    /// (`--worker-startup-check-interval`, SMG's name, is the same flag).
+    #[arg(long, alias = "worker-startup-check-interval", default_value_t = 5.0)]
+    #[arg(help_heading = "Workers")]
+    pub worker_startup_check_interval_secs: f64,
+
+    /// A worker registration has not reached within this long is Failed (and removed under
+    /// --remove-unhealthy-workers); it is still asked, and can join later. SMG's flag and default
+    /// (large models take long to load); 0: wait forever.
+    #[arg(long, default_value_t = 1800.0)]
+    #[arg(help_heading = "Workers")]
+    pub worker_startup_timeout_secs: f64,
+
+    /// Seconds before a new worker is first asked what it serves (SMG's flag): for engines known
+    /// to take a while to start, so the first attempts do not log them as unreachable.
+    #[arg(long, default_value_t = 0.0)]
+    #[arg(help_heading = "Workers")]
+    pub(crate) worker_startup_delay: f64,
+
+    /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
+    #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = "Workers")]
+    pub(crate) drain_settle_secs: f64,
+}
+
+impl RegistrationSettings {
+    /// `--worker-startup-check-interval-secs`.
+    pub(super) fn check_interval(&self) -> Result<Duration, ConfigError> {
+        positive_seconds(
+            "worker-startup-check-interval-secs",
+            self.worker_startup_check_interval_secs,
+        )
+    }
+
+    /// `--worker-startup-delay`.
+    pub(super) fn delay(&self) -> Result<Duration, ConfigError> {
+        seconds("worker-startup-delay", self.worker_startup_delay)
+    }
+
+    /// `--worker-startup-timeout-secs`; 0: none.
+    pub(super) fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
+        let timeout = seconds(
+            "worker-startup-timeout-secs",
+            self.worker_startup_timeout_secs,
+        )?;
+        Ok(Some(timeout).filter(|t| !t.is_zero()))
+    }
+
+    /// `--drain-settle-secs`.
+    pub(super) fn drain_settle(&self) -> Result<Duration, ConfigError> {
+        seconds("drain-settle-secs", self.drain_settle_secs)
+    }
+}
