@@ -159,6 +159,7 @@ fn virtual_level(engine: &EngineConfig, plan: &CapacityPlan, concurrency: u32) -
             prefix: std::sync::Arc::from([]),
             prompt: std::sync::Arc::from([]),
             preloaded: 0,
+            adapter: None,
         });
         arrivals.insert(id, (now, false));
     };

@@ -2,9 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::lora::{LoraSettings, SGLANG_MAX_LORAS_PER_BATCH, VLLM_MAX_LORAS};
 use crate::pd::{PdRole, DEFAULT_BOOTSTRAP_TIMEOUT_SECS};
 use crate::profile::Profile;
-use crate::scheduler::{blocks_for, Eviction, Preemption, SchedulerConfig};
+use crate::scheduler::{blocks_for, Eviction, LoraConfig, Preemption, SchedulerConfig};
 
 /// Which engine the simulator imitates on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +78,8 @@ pub struct EngineConfig {
     /// HTTP prompts in the simulated model's tokens (`--model-tokenizer`) rather than 4 bytes
     /// a token.
     pub model_tokenizer: bool,
+    /// LoRA adapters (`--enable-lora`); `None`: the base model only.
+    pub lora: Option<LoraSettings>,
 }
 
 /// How the gRPC service behaves, as the servicer in front of a real engine is configured.
@@ -163,6 +166,7 @@ impl EngineConfig {
             grpc: None,
             kv_events_zmq: None,
             model_tokenizer: false,
+            lora: None,
             profile,
         }
     }
@@ -245,6 +249,29 @@ impl EngineConfig {
             preemption: self.preemption,
             eviction: self.eviction,
             cost: self.profile.cost,
+            lora: self.lora.as_ref().map(|l| lora_scheduler(l, self.flavor)),
         }
+    }
+}
+
+/// The scheduler's view of `--enable-lora`: the cap (counting the base model where SGLang
+/// does), the host-memory bound with each flavor's default, the load times.
+fn lora_scheduler(lora: &LoraSettings, flavor: Flavor) -> LoraConfig {
+    let (max_loras, max_cpu_loras) = match flavor {
+        Flavor::Vllm => {
+            let slots = lora.max_loras.unwrap_or(VLLM_MAX_LORAS);
+            (slots, Some(lora.max_cpu_loras.unwrap_or(slots)))
+        }
+        Flavor::Sglang => (
+            lora.max_loras.unwrap_or(SGLANG_MAX_LORAS_PER_BATCH),
+            lora.max_cpu_loras,
+        ),
+    };
+    LoraConfig {
+        max_loras,
+        base_takes_slot: flavor == Flavor::Sglang,
+        max_cpu_loras,
+        load_from_cpu: lora.load_from_cpu,
+        load_from_disk: lora.load_from_disk,
     }
 }

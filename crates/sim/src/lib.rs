@@ -27,6 +27,7 @@
 //! - `fleet` — several engines in one process, crash and restart, ground-truth state.
 //! - `control` — the control listener's routes over a fleet.
 //! - `profile`, `config` — timing presets and validated engine settings.
+//! - `lora` — the LoRA adapters an engine serves: limits, load times, the adapters named at start.
 //! - `testkit` — a small HTTP client and fleet helpers for black-box tests against the sim.
 
 // Functions stay under 60 lines (clippy.toml), test code excepted: `cargo clippy` holds it.
@@ -42,6 +43,7 @@ pub mod faults;
 pub mod fleet;
 pub mod grpc;
 pub mod kv_events_config;
+pub mod lora;
 pub mod model_tokens;
 pub mod pd;
 pub mod profile;

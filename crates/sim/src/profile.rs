@@ -164,6 +164,7 @@ mod tests {
             preemption: Default::default(),
             eviction: Default::default(),
             cost: profile.cost,
+            lora: None,
         });
         s.add(NewSeq {
             id: SeqId(0),
@@ -173,6 +174,7 @@ mod tests {
             prefix: std::sync::Arc::from([]),
             prompt: std::sync::Arc::from([]),
             preloaded: 0,
+            adapter: None,
         });
         let mut elapsed = 0.0;
         while let Some(step) = s.step() {

@@ -29,6 +29,7 @@ pub use crate::kv_events_config::{KvEventsConfig, KvEventsError};
 use crate::config::Flavor;
 use crate::engine::KvBatch;
 use crate::scheduler::prefix::CacheEvent;
+use crate::scheduler::Adapter;
 
 /// One rank's publisher, bound.
 pub(crate) struct Publisher {
@@ -161,6 +162,9 @@ struct Run {
     hashes: Vec<u64>,
     parent: Option<u64>,
     tokens: Vec<u32>,
+    /// The request's adapter: `lora_id` is its `lora_int_id`, `lora_name` its name
+    /// (`cache_full_blocks` reads both off the request's `lora_request`).
+    adapter: Option<Adapter>,
 }
 
 /// An event as vLLM reports it.
@@ -179,9 +183,10 @@ fn vllm_events(events: &[CacheEvent]) -> Vec<VllmEvent> {
                 hash,
                 parent,
                 tokens: ids,
+                adapter,
             } => {
                 if let Some(VllmEvent::Stored(run)) = out.last_mut() {
-                    if *parent == run.hashes.last().copied() {
+                    if *parent == run.hashes.last().copied() && *adapter == run.adapter {
                         run.hashes.push(*hash);
                         run.tokens.extend(ids);
                         continue;
@@ -191,6 +196,7 @@ fn vllm_events(events: &[CacheEvent]) -> Vec<VllmEvent> {
                     hashes: vec![*hash],
                     parent: *parent,
                     tokens: ids.clone(),
+                    adapter: adapter.clone(),
                 }));
             }
             CacheEvent::Removed(hash) => out.push(VllmEvent::Removed(*hash)),
@@ -215,9 +221,19 @@ fn vllm_batch(batch: &KvBatch, block_size: u32, ts: f64) -> Value {
                 ),
                 ("token_ids", tokens(&run.tokens)),
                 ("block_size", Value::from(block_size)),
-                ("lora_id", Value::Nil),
+                (
+                    "lora_id",
+                    run.adapter
+                        .as_ref()
+                        .map_or(Value::Nil, |a| Value::from(a.id.0)),
+                ),
                 ("medium", Value::from("GPU")),
-                ("lora_name", Value::Nil),
+                (
+                    "lora_name",
+                    run.adapter
+                        .as_ref()
+                        .map_or(Value::Nil, |a| Value::from(a.name.as_ref())),
+                ),
             ]),
             VllmEvent::Removed(hash) => map(vec![
                 ("type", Value::from("BlockRemoved")),
@@ -238,10 +254,13 @@ fn sglang_batch(batch: &KvBatch, block_size: u32, ts: f64) -> Value {
         .events
         .iter()
         .map(|event| match event {
+            // SGLang's radix cache publishes `lora_id=None` whatever the request's adapter
+            // (mem_cache/radix_cache.py, `_record_store_event`); its tree keeps adapters apart.
             CacheEvent::Stored {
                 hash,
                 parent,
                 tokens: ids,
+                adapter: _,
             } => Value::Array(vec![
                 Value::from("BlockStored"),
                 Value::Array(vec![Value::from(*hash)]),
@@ -292,6 +311,7 @@ mod tests {
             hash,
             parent,
             tokens: vec![t, t],
+            adapter: None,
         };
         let events = vllm_events(&[
             stored(1, None, 1),

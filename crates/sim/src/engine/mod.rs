@@ -296,6 +296,7 @@ impl Engine {
                 },
                 prefix,
                 preloaded: spec.preloaded,
+                adapter: None,
             };
             let subscriber = Subscriber {
                 events: tx.clone(),

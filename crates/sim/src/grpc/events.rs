@@ -154,10 +154,12 @@ fn events_of(batch: &KvBatch, block_size: u32, next_id: &mut u64) -> Vec<KvCache
     let mut out: Vec<KvCacheEvent> = Vec::with_capacity(batch.events.len());
     for event in &batch.events {
         let data = match event {
+            // SGLang's events carry no adapter (`lora_id=None`), so the servicer's blocks do not.
             CacheEvent::Stored {
                 hash,
                 parent,
                 tokens,
+                adapter: _,
             } => Data::Stored(KvBlocksStored {
                 blocks: vec![KvBlock {
                     block_hash: *hash as i64,
@@ -382,6 +384,7 @@ mod tests {
                     hash: 3,
                     parent: Some(9),
                     tokens: vec![5, 6],
+                    adapter: None,
                 },
                 CacheEvent::Removed(4),
             ],

@@ -108,7 +108,7 @@ pub(super) fn cache_computed(
             .prompt
             .get(at * size..(at + 1) * size)
             .unwrap_or_default();
-        if !cache.register(hash, parent, tokens) {
+        if !cache.register(hash, parent, tokens, seq.adapter.as_ref()) {
             if cache.acquire(hash) == Some(Acquired::Revived) {
                 pool.try_take(1);
             }

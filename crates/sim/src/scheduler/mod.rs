@@ -21,14 +21,16 @@
 //! duration, and delivers the returned events. That keeps every scheduling decision testable on a
 //! plain `for` loop.
 
+mod admission;
 mod blocks;
 mod cost;
+pub mod lora;
 pub mod prefix;
 mod seq;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -37,7 +39,8 @@ pub use blocks::{blocks_for, BlockPool};
 use blocks::{cache_computed, return_blocks, take_blocks};
 pub use cost::StepCost;
 use cost::{attention_pairs_of, StepWork};
-use prefix::{Acquired, PrefixCache};
+pub use lora::{Adapter, AdapterCounters, AdapterId, LoraConfig, Residency};
+use prefix::PrefixCache;
 pub use seq::{FinishReason, NewSeq, Phase, Seq, SeqId};
 
 /// What happens to a running request evicted to free KV blocks.
@@ -82,6 +85,8 @@ pub struct SchedulerConfig {
     pub preemption: Preemption,
     pub eviction: Eviction,
     pub cost: StepCost,
+    /// LoRA adapters' cap and residency; `None`: the engine serves no adapters.
+    pub lora: Option<LoraConfig>,
 }
 
 /// Something a step did to a sequence, for the engine to deliver.
@@ -158,11 +163,14 @@ pub struct Scheduler {
     swapped: VecDeque<SeqId>,
     admissions: u64,
     counters: Counters,
+    /// Where the adapters are (`SchedulerConfig::lora`).
+    adapters: Option<Residency>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Self {
         let pool = BlockPool::new(cfg.num_gpu_blocks);
+        let adapters = cfg.lora.clone().map(Residency::new);
         Self {
             cfg,
             pool,
@@ -173,6 +181,7 @@ impl Scheduler {
             swapped: VecDeque::new(),
             admissions: 0,
             counters: Counters::default(),
+            adapters,
         }
     }
 
@@ -235,6 +244,26 @@ impl Scheduler {
         self.counters
     }
 
+    /// Where the adapters are, and their moves; `None` when the engine serves no adapters.
+    pub fn adapters(&self) -> Option<&Residency> {
+        self.adapters.as_ref()
+    }
+
+    /// An adapter loaded through the API, read into host memory; how long the read takes
+    /// (the caller holds the rank's loop for it, as vLLM's `add_lora` utility call does).
+    pub fn preload_adapter(&mut self, id: AdapterId) -> Duration {
+        self.adapters
+            .as_mut()
+            .map_or(Duration::ZERO, |a| a.preload(id))
+    }
+
+    /// An adapter unloaded through the API.
+    pub fn forget_adapter(&mut self, id: AdapterId) {
+        if let Some(a) = self.adapters.as_mut() {
+            a.forget(id);
+        }
+    }
+
     pub fn seq(&self, id: SeqId) -> Option<&Seq> {
         self.seqs.get(&id)
     }
@@ -294,9 +323,30 @@ impl Scheduler {
         if plan.is_empty() && transferred_blocks == 0 && events.is_empty() {
             return None;
         }
-        let step = self.apply(plan, transferred_blocks, events);
+        let adapter_moves = self.activate_adapters(&plan);
+        let mut step = self.apply(plan, transferred_blocks, events);
+        step.duration += adapter_moves;
         self.counters.steps += 1;
         Some(step)
+    }
+
+    /// The adapters (`None`: the base model) of the planned requests.
+    fn batch_adapters(&self, plan: &[(SeqId, Work)]) -> BTreeSet<Option<AdapterId>> {
+        plan.iter()
+            .filter_map(|(id, _)| self.seqs.get(id))
+            .map(|s| s.adapter.as_ref().map(|a| a.id))
+            .collect()
+    }
+
+    /// Brings the planned requests' adapters into GPU slots before the pass; what that takes.
+    fn activate_adapters(&mut self, plan: &[(SeqId, Work)]) -> Duration {
+        if self.adapters.is_none() {
+            return Duration::ZERO;
+        }
+        let batch: BTreeSet<AdapterId> = self.batch_adapters(plan).into_iter().flatten().collect();
+        self.adapters
+            .as_mut()
+            .map_or(Duration::ZERO, |a| a.activate(&batch))
     }
 
     /// Schedules the running batch; returns whether anything was preempted.
@@ -391,94 +441,6 @@ impl Scheduler {
                 self.counters.finished += 1;
                 events.push(SeqEvent::Finished(id, FinishReason::Length));
             }
-        }
-    }
-
-    /// Brings swapped requests back while blocks (plus the watermark) allow, each decoding in the
-    /// step that brings it back.
-    fn resume_swapped(
-        &mut self,
-        plan: &mut Vec<(SeqId, Work)>,
-        budget: &mut u32,
-        transferred_blocks: &mut u32,
-    ) {
-        while let Some(&id) = self.swapped.front() {
-            if self.running.len() >= self.cfg.max_num_seqs as usize || *budget == 0 {
-                break;
-            }
-            let Some(seq) = self.seqs.get_mut(&id) else {
-                self.swapped.pop_front();
-                continue;
-            };
-            let work = if seq.is_prefilling() {
-                Work::Prefill((seq.prefill_target - seq.computed).min(*budget))
-            } else {
-                Work::Decode
-            };
-            let extra = blocks_for(seq.computed + work.tokens(), self.cfg.block_size)
-                .saturating_sub(seq.blocks);
-            let need = seq.blocks + extra;
-            if self.pool.free() < need + self.cfg.watermark_blocks
-                || !take_blocks(&mut self.pool, &mut self.cache, need)
-            {
-                break;
-            }
-            *transferred_blocks += seq.blocks;
-            seq.blocks = need;
-            self.admissions += 1;
-            seq.admitted_at = self.admissions;
-            seq.phase = Phase::Running;
-            *budget -= work.tokens();
-            plan.push((id, work));
-            self.swapped.pop_front();
-            self.running.push(id);
-        }
-    }
-
-    /// Admits waiting requests in order while the blocks of their first chunk (plus the
-    /// watermark) are free; the rest of a long prompt takes its blocks chunk by chunk.
-    fn admit_waiting(&mut self, plan: &mut Vec<(SeqId, Work)>, budget: &mut u32) {
-        while self.running.len() < self.cfg.max_num_seqs as usize && *budget > 0 {
-            let Some(&id) = self.waiting.front() else {
-                break;
-            };
-            let Some(seq) = self.seqs.get_mut(&id) else {
-                self.waiting.pop_front();
-                continue;
-            };
-            // At least the last prompt token is computed, as in vLLM, even on a full hit.
-            let hashed = (seq.prefill_target.saturating_sub(1) / self.cfg.block_size.max(1))
-                .min(seq.prefix.len() as u32);
-            let (hits, revived) = self.cache.lookup(&seq.prefix[..hashed as usize]);
-            // Transferred KV lands in the blocks taken now; the last prompt token is still
-            // computed here, as on a full prefix hit.
-            let preloaded = seq.preloaded.min(seq.prefill_target.saturating_sub(1));
-            let computed = (hits * self.cfg.block_size).max(preloaded);
-            let chunk = (seq.prefill_target - computed).min(*budget);
-            let need = blocks_for(computed + chunk, self.cfg.block_size).max(hits);
-            let fresh = need - hits;
-            if self.pool.free() < fresh + revived + self.cfg.watermark_blocks {
-                break;
-            }
-            for hash in &seq.prefix[..hits as usize] {
-                if self.cache.acquire(*hash) == Some(Acquired::Revived) {
-                    self.pool.try_take(1);
-                }
-            }
-            let taken = take_blocks(&mut self.pool, &mut self.cache, fresh);
-            debug_assert!(taken, "the free blocks were counted above");
-            self.counters.prefix_queries += u64::from(seq.prefill_target);
-            self.counters.prefix_hits += u64::from(hits * self.cfg.block_size);
-            seq.shared = hits;
-            seq.computed = computed;
-            self.waiting.pop_front();
-            self.admissions += 1;
-            seq.admitted_at = self.admissions;
-            seq.blocks = need;
-            seq.phase = Phase::Running;
-            *budget -= chunk;
-            plan.push((id, Work::Prefill(chunk)));
-            self.running.push(id);
         }
     }
 

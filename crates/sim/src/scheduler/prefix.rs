@@ -25,11 +25,12 @@ struct Entry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheEvent {
     /// A block was computed and cached under this hash, after the block `parent` (none: it is
-    /// a prompt's first); it holds `tokens`.
+    /// a prompt's first); it holds `tokens`, computed under `adapter` (`None`: the base model).
     Stored {
         hash: u64,
         parent: Option<u64>,
         tokens: Vec<u32>,
+        adapter: Option<super::Adapter>,
     },
     /// A cached block was evicted.
     Removed(u64),
@@ -88,7 +89,13 @@ impl PrefixCache {
     /// Caches a block just computed by a request that holds it (one reference): `hash`, after
     /// the block `parent`, holding `tokens`. False when the hash is cached already: the caller
     /// keeps its copy private.
-    pub fn register(&mut self, hash: u64, parent: Option<u64>, tokens: &[u32]) -> bool {
+    pub fn register(
+        &mut self,
+        hash: u64,
+        parent: Option<u64>,
+        tokens: &[u32],
+        adapter: Option<&super::Adapter>,
+    ) -> bool {
         if self.entries.contains_key(&hash) {
             return false;
         }
@@ -103,6 +110,7 @@ impl PrefixCache {
             hash,
             parent,
             tokens: tokens.to_vec(),
+            adapter: adapter.cloned(),
         });
         true
     }
@@ -157,18 +165,30 @@ impl PrefixCache {
 /// The chained hashes of a prompt's full blocks: each block's hash covers its tokens and every
 /// token before it, so two prompts share block `i` only if they agree up to its end.
 pub fn block_hashes(tokens: &[u32], block_size: u32) -> Vec<u64> {
+    block_hashes_under(tokens, block_size, None)
+}
+
+/// `block_hashes` of a prompt run under a LoRA adapter: the adapter's name is part of every
+/// block's hash, as vLLM puts `lora_name` first among a block's extra hash keys
+/// (vllm/v1/core/kv_cache_utils.py, `_gen_lora_extra_hash_keys`), so the same tokens under two
+/// adapters (or under one and the base model) never share a cached block.
+pub fn block_hashes_under(tokens: &[u32], block_size: u32, adapter: Option<&str>) -> Vec<u64> {
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const FNV_PRIME: u64 = 0x0100_0000_01b3;
-    let mut previous = FNV_OFFSET;
+    let fold = |hash: u64, bytes: &[u8]| {
+        bytes
+            .iter()
+            .fold(hash, |h, b| (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
+    };
+    let mut previous = adapter.map_or(FNV_OFFSET, |name| {
+        fold(fold(FNV_OFFSET, b"lora:"), name.as_bytes())
+    });
     tokens
         .chunks_exact(block_size.max(1) as usize)
         .map(|block| {
-            let mut hash = previous;
-            for byte in block.iter().flat_map(|t| t.to_le_bytes()) {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME);
-            }
-            previous = hash;
-            hash
+            let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+            previous = fold(previous, &bytes);
+            previous
         })
         .collect()
 }
@@ -192,10 +212,15 @@ mod tests {
     fn released_blocks_are_evicted_oldest_first() {
         let mut cache = PrefixCache::default();
         for hash in 1..=3 {
-            assert!(cache.register(hash, hash.checked_sub(1).filter(|&p| p > 0), &[hash as u32]));
+            assert!(cache.register(
+                hash,
+                hash.checked_sub(1).filter(|&p| p > 0),
+                &[hash as u32],
+                None
+            ));
         }
         assert!(
-            !cache.register(2, Some(1), &[2]),
+            !cache.register(2, Some(1), &[2], None),
             "a cached hash is not cached twice"
         );
         assert!(cache.release(2));
@@ -215,6 +240,7 @@ mod tests {
                     hash,
                     parent: hash.checked_sub(1).filter(|&p| p > 0),
                     tokens: vec![hash as u32],
+                    adapter: None,
                 })
                 .into_iter()
                 .chain([2, 3].map(CacheEvent::Removed))

@@ -46,6 +46,8 @@ pub struct NewSeq {
     /// Prompt tokens whose KV another engine computed and sent (the decode half of a
     /// disaggregated request): admitted, they are in the cache without a prefill.
     pub preloaded: u32,
+    /// The LoRA adapter the request names; `None`: the base model.
+    pub adapter: Option<super::Adapter>,
 }
 
 /// Where a sequence is in its life.
@@ -89,6 +91,10 @@ pub struct Seq {
     pub shared: u32,
     /// Prompt tokens that arrive computed (`NewSeq::preloaded`).
     pub preloaded: u32,
+    /// `NewSeq::adapter`.
+    pub adapter: Option<super::Adapter>,
+    /// Passed over at least once because the batch's adapter slots were taken.
+    pub slot_waited: bool,
 }
 
 impl Seq {
@@ -109,6 +115,8 @@ impl Seq {
             prompt: new.prompt,
             shared: 0,
             preloaded: new.preloaded,
+            adapter: new.adapter,
+            slot_waited: false,
         }
     }
 

@@ -27,6 +27,7 @@ fn config(blocks: u32, block_size: u32) -> SchedulerConfig {
         preemption: Preemption::Recompute,
         eviction: Eviction::Fcfs,
         cost: cost(),
+        lora: None,
     }
 }
 
@@ -39,6 +40,7 @@ fn seq(id: u64, prompt: u32, output: u32) -> NewSeq {
         prefix: Arc::from([]),
         prompt: Arc::from([]),
         preloaded: 0,
+        adapter: None,
     }
 }
 
@@ -106,6 +108,7 @@ fn check_blocks(s: &Scheduler) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+mod lora;
 mod preemption;
 mod prefix_cache;
 
@@ -417,6 +420,7 @@ proptest! {
         max_num_seqs in 1u32..16,
         max_num_batched_tokens in 1u32..300,
         watermark_blocks in 0u32..3,
+        lora in prop::option::of((1u32..3, any::<bool>())),
     ) {
         // 25 blocks of 16 tokens hold the longest possible request (400 tokens) beside the watermark.
         let cfg = SchedulerConfig {
@@ -428,18 +432,30 @@ proptest! {
             preemption,
             eviction,
             cost: cost(),
+            lora: lora.map(|(max_loras, base_takes_slot)| LoraConfig {
+                max_loras,
+                base_takes_slot,
+                max_cpu_loras: Some(2),
+                load_from_cpu: Duration::from_millis(1),
+                load_from_disk: Duration::from_millis(5),
+            }),
         };
         let mut s = Scheduler::new(cfg);
         let mut next = 0;
         for op in ops {
             match op {
                 Op::Add { prompt, output, family } => {
-                    // Family 0 is uncached; the others share their first 100 tokens.
-                    if family == 0 {
-                        s.add(seq(next, prompt, output));
+                    // Family 0 is uncached; the others share their first 100 tokens. With
+                    // adapters on, each family but 0 runs under an adapter of its own.
+                    let mut new = if family == 0 {
+                        seq(next, prompt, output)
                     } else {
-                        s.add(cached_seq(next, &prompt_of(family, next, 100, prompt), output, 16));
+                        cached_seq(next, &prompt_of(family, next, 100, prompt), output, 16)
+                    };
+                    if lora.is_some() && family > 0 {
+                        new.adapter = Some(Adapter { id: AdapterId(family), name: "f".into() });
                     }
+                    s.add(new);
                     next += 1;
                 }
                 Op::Abort(id) => {
@@ -452,6 +468,14 @@ proptest! {
             check_blocks(&s)?;
             prop_assert!(s.pool().used() <= s.pool().total());
             prop_assert!(s.running_len() <= max_num_seqs as usize);
+            if let Some((max_loras, base_takes_slot)) = lora {
+                let distinct: std::collections::BTreeSet<_> = s
+                    .running()
+                    .filter(|q| base_takes_slot || q.adapter.is_some())
+                    .map(|q| q.adapter.as_ref().map(|a| a.id))
+                    .collect();
+                prop_assert!(distinct.len() <= max_loras as usize, "{distinct:?}");
+            }
             prop_assert_eq!(
                 s.running_len() + s.waiting_len() + s.swapped_len(),
                 s.seqs.len(),
