@@ -16,6 +16,10 @@ pub enum ArgsError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     KvEvents(#[from] crate::zmq_events::KvEventsError),
+    #[error("--lora-modules: {0:?} is not NAME=PATH")]
+    LoraModule(String),
+    #[error("--{0} must be a number of milliseconds, at least 0; got {1}")]
+    LoraLoadTime(&'static str, f64),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -152,6 +156,74 @@ pub struct EngineArgs {
     /// ids of a prompt, as precise prefix routing needs.
     #[arg(long)]
     pub model_tokenizer: bool,
+    #[command(flatten)]
+    pub lora: LoraArgs,
+}
+
+/// LoRA adapters, with each engine's flag names (vLLM's first, SGLang's as aliases).
+#[derive(Debug, Clone, Args)]
+pub struct LoraArgs {
+    /// Serve LoRA adapters (given with --lora-modules or loaded at run time).
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// Distinct adapters in one running batch, and their GPU slots (SGLang counts the base model
+    /// as one). Default: vLLM 1, SGLang 8.
+    #[arg(long, alias = "max-loras-per-batch", requires = "enable_lora")]
+    pub max_loras: Option<u32>,
+    /// Adapters kept in host memory. Default: vLLM --max-loras, SGLang no bound.
+    #[arg(long, alias = "max-loaded-loras", requires = "enable_lora")]
+    pub max_cpu_loras: Option<u32>,
+    /// Adapters loaded at start, NAME=PATH (SGLang's --lora-paths).
+    #[arg(long, alias = "lora-paths", num_args = 1.., value_name = "NAME=PATH", requires = "enable_lora")]
+    pub lora_modules: Vec<String>,
+    /// Milliseconds (engine time) to copy an adapter from host memory into a GPU slot: an
+    /// 84 MB rank-16 Llama-3-8B adapter over PCIe 4.0 x16 (docs/simulator.md).
+    #[arg(long, default_value_t = crate::lora::FAST_LOAD.from_cpu_ms)]
+    pub lora_load_from_cpu_ms: f64,
+    /// Milliseconds (engine time) to read an adapter from disk into host memory.
+    #[arg(long, default_value_t = crate::lora::FAST_LOAD.from_disk_ms)]
+    pub lora_load_from_disk_ms: f64,
+    /// Serve vLLM's load and unload endpoints, as `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` does
+    /// (SGLang serves its own always).
+    #[arg(long, env = "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
+    pub allow_runtime_lora_updating: bool,
+}
+
+impl LoraArgs {
+    /// The engine's LoRA settings, or none without --enable-lora.
+    fn settings(&self, flavor: Flavor) -> Result<Option<crate::lora::LoraSettings>, ArgsError> {
+        if !self.enable_lora {
+            return Ok(None);
+        }
+        let modules = self
+            .lora_modules
+            .iter()
+            .map(|m| match m.split_once('=') {
+                Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+                    Ok(crate::lora::AdapterModule {
+                        name: name.to_string(),
+                        path: path.to_string(),
+                    })
+                }
+                _ => Err(ArgsError::LoraModule(m.clone())),
+            })
+            .collect::<Result<_, _>>()?;
+        let ms = |flag: &'static str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(std::time::Duration::from_secs_f64(v / 1000.0))
+            } else {
+                Err(ArgsError::LoraLoadTime(flag, v))
+            }
+        };
+        Ok(Some(crate::lora::LoraSettings {
+            max_loras: self.max_loras,
+            max_cpu_loras: self.max_cpu_loras,
+            modules,
+            load_from_cpu: ms("lora-load-from-cpu-ms", self.lora_load_from_cpu_ms)?,
+            load_from_disk: ms("lora-load-from-disk-ms", self.lora_load_from_disk_ms)?,
+            runtime_updates: flavor == Flavor::Sglang || self.allow_runtime_lora_updating,
+        }))
+    }
 }
 
 impl EngineArgs {
@@ -212,6 +284,7 @@ impl EngineArgs {
             None => None,
         };
         cfg.model_tokenizer = self.model_tokenizer;
+        cfg.lora = self.lora.settings(flavor)?;
         if self.max_model_len.is_none() {
             cfg.fit_context();
         }

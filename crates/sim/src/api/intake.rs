@@ -47,11 +47,9 @@ pub(super) async fn checked(
     let cfg = engine.config();
     authorize(cfg, headers)?;
     engine.saw_trace_context(headers.get("traceparent").and_then(|v| v.to_str().ok()));
-    let request = GenerationRequest::parse_with(route, body, st.tokenizer.as_ref())
+    let mut request = GenerationRequest::parse_with(route, body, st.tokenizer.as_ref())
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    if request.model != cfg.model {
-        return Err(ApiError::ModelNotFound(request.model));
-    }
+    request.adapter = resolve_model(engine, &request)?;
     check_context(&request, cfg.max_model_len, cfg.flavor)?;
     if st.inject_error() {
         return Err(ApiError::Internal);
@@ -66,6 +64,52 @@ pub(super) async fn checked(
         engine.notify_changed();
     }
     Ok((request, ticket))
+}
+
+/// The adapter a request names, if any; an unknown model is a 404. vLLM takes a loaded
+/// adapter's name as the `model` (vllm/entrypoints/openai/engine/serving.py,
+/// `_maybe_get_adapters`); SGLang reads `base-model:adapter` in `model`, else the body's
+/// `lora_path`, and refuses an adapter it has not loaded with a 400
+/// (python/sglang/srt/entrypoints/openai/serving_base.py `_resolve_lora_path`;
+/// python/sglang/srt/lora/lora_registry.py `acquire`).
+fn resolve_model(
+    engine: &crate::engine::Engine,
+    request: &GenerationRequest,
+) -> Result<Option<crate::scheduler::Adapter>, ApiError> {
+    let cfg = engine.config();
+    let not_found = || ApiError::ModelNotFound(request.model.clone());
+    match cfg.flavor {
+        crate::config::Flavor::Vllm if request.model == cfg.model => Ok(None),
+        crate::config::Flavor::Vllm => engine
+            .adapter(&request.model)
+            .map(Some)
+            .ok_or_else(not_found),
+        crate::config::Flavor::Sglang => {
+            let (base, named) = match request.model.split_once(':') {
+                Some((base, adapter)) => {
+                    (base.trim(), Some(adapter.trim()).filter(|a| !a.is_empty()))
+                }
+                None => (request.model.as_str(), None),
+            };
+            if base != cfg.model {
+                return Err(not_found());
+            }
+            let Some(name) = named.or(request.lora_path.as_deref()) else {
+                return Ok(None);
+            };
+            engine.adapter(name).map(Some).ok_or_else(|| {
+                let loaded: Vec<String> = engine
+                    .loaded_adapters()
+                    .iter()
+                    .map(|l| format!("'{}'", l.adapter.name))
+                    .collect();
+                ApiError::BadRequest(format!(
+                    "The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: odict_keys([{}]).",
+                    loaded.join(", ")
+                ))
+            })
+        }
+    }
 }
 
 /// A prompt longer than the context, or a prompt plus `max_tokens` over it, is a 400.

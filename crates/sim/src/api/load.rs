@@ -92,7 +92,35 @@ pub(super) async fn models(State(st): State<Arc<ApiState>>, headers: HeaderMap) 
     if cfg.flavor == Flavor::Vllm {
         model["permission"] = json!([]);
     }
-    axum::Json(json!({"object": "list", "data": [model]})).into_response()
+    let mut data = vec![model];
+    data.extend(
+        st.engine
+            .loaded_adapters()
+            .iter()
+            .map(|l| adapter_card(&st, l)),
+    );
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// A loaded adapter in `/v1/models`, after the base model: its name, the path it was loaded
+/// from as `root`, the base model as `parent`, no `max_model_len` (vLLM's
+/// `show_available_models` in vllm/entrypoints/openai/models/serving.py; SGLang's
+/// `available_models` in python/sglang/srt/entrypoints/http_server.py).
+fn adapter_card(st: &ApiState, loaded: &crate::lora::Loaded) -> serde_json::Value {
+    let cfg = st.engine.config();
+    let mut card = json!({
+        "id": loaded.adapter.name.as_ref(),
+        "object": "model",
+        "created": st.created,
+        "owned_by": cfg.flavor.owner(),
+        "root": loaded.path,
+        "parent": cfg.model,
+        "max_model_len": null,
+    });
+    if cfg.flavor == Flavor::Vllm {
+        card["permission"] = json!([]);
+    }
+    card
 }
 
 /// vLLM: 200 with an empty body while the process lives, even when the scheduler is stuck.
@@ -118,6 +146,7 @@ pub(super) async fn sglang_health(State(st): State<Arc<ApiState>>) -> StatusCode
         output_tokens: 1,
         finish: FinishReason::Length,
         preloaded: 0,
+        adapter: None,
     }];
     let Ok(mut submission) = engine.submit(&probe) else {
         return StatusCode::SERVICE_UNAVAILABLE;

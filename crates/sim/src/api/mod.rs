@@ -10,6 +10,7 @@
 //! | load | `/load` | `/v1/loads`, `/get_load` |
 //! | info | `/version` | `/server_info`, `/get_server_info` |
 //! | sleep (vLLM's dev mode) | `POST /sleep?level=1\|2`, `POST /wake_up`, `GET /is_sleeping` | |
+//! | adapters (`--enable-lora`) | `POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter` (runtime updates allowed) | `POST /load_lora_adapter`, `/unload_lora_adapter` |
 //!
 //! The `hang` fault is applied here to every route: a request that arrives is never answered
 //! while it lasts, and an answer already under way is held (a stream's chunks are held in
@@ -20,6 +21,7 @@ mod errors;
 pub(crate) mod generate;
 pub(crate) mod intake;
 pub(crate) mod load;
+mod lora;
 pub(crate) mod pd;
 mod sse;
 
@@ -163,6 +165,20 @@ async fn hang_if_faulted(
     response
 }
 
+/// The load and unload routes, where the engine serves them: with LoRA on, and for vLLM only
+/// with runtime updates allowed.
+fn with_adapter_routes(router: Router<Arc<ApiState>>, cfg: &EngineConfig) -> Router<Arc<ApiState>> {
+    match (&cfg.lora, cfg.flavor) {
+        (Some(lora), Flavor::Vllm) if lora.runtime_updates => router
+            .route("/v1/load_lora_adapter", post(lora::load))
+            .route("/v1/unload_lora_adapter", post(lora::unload)),
+        (Some(lora), Flavor::Sglang) if lora.runtime_updates => router
+            .route("/load_lora_adapter", post(lora::load))
+            .route("/unload_lora_adapter", post(lora::unload)),
+        _ => router,
+    }
+}
+
 /// The engine's routes for its flavor.
 pub fn router(state: Arc<ApiState>) -> Router {
     let common = Router::new()
@@ -188,7 +204,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
             .route("/server_info", get(load::sglang_server_info))
             .route("/get_server_info", get(load::sglang_server_info)),
     };
-    flavored
+    with_adapter_routes(flavored, state.engine.config())
         .fallback(|| async { errors::not_found() })
         .method_not_allowed_fallback(|| async { errors::method_not_allowed() })
         .layer(middleware::from_fn_with_state(

@@ -23,9 +23,10 @@ pub use stats::{RankGauges, RankView, Totals, TRIAL_HEADER};
 
 use crate::config::EngineConfig;
 use crate::faults::FaultSet;
+use crate::lora::{AdapterError, Loaded, Registry};
 use crate::pd::Disagg;
-use crate::scheduler::prefix::{block_hashes, CacheEvent};
-use crate::scheduler::{FinishReason, NewSeq, Scheduler, SeqId};
+use crate::scheduler::prefix::{block_hashes_under, CacheEvent};
+use crate::scheduler::{Adapter, FinishReason, NewSeq, Scheduler, SeqId};
 use rank::{RankCommand, RankContext, Subscriber};
 
 /// Something that happened to one choice of a request.
@@ -51,6 +52,8 @@ pub struct SeqSpec {
     pub finish: FinishReason,
     /// Prompt tokens whose KV arrives computed from a prefill engine.
     pub preloaded: u32,
+    /// The LoRA adapter it runs under; `None`: the base model.
+    pub adapter: Option<Adapter>,
 }
 
 /// One step's changes to a rank's prefix cache: a batch of KV events.
@@ -106,6 +109,8 @@ pub struct Engine {
     trace_context: parking_lot::Mutex<Option<String>>,
     /// Every rank's KV events.
     kv_events: tokio::sync::broadcast::Sender<Arc<KvBatch>>,
+    /// The LoRA adapters loaded (`--enable-lora`); `None`: the base model only.
+    adapters: Option<parking_lot::Mutex<Registry>>,
 }
 
 impl Engine {
@@ -157,6 +162,10 @@ impl Engine {
             ready_at: Instant::now(),
             trace_context: parking_lot::Mutex::new(None),
             kv_events,
+            adapters: cfg
+                .lora
+                .as_ref()
+                .map(|l| parking_lot::Mutex::new(Registry::new(&l.modules))),
             cfg,
             ranks,
             metrics,
@@ -283,7 +292,7 @@ impl Engine {
         let mut hashed = PromptHashes::default();
         for (choice, spec) in choices.iter().enumerate() {
             let id = SeqId(self.next_seq.fetch_add(1, Ordering::Relaxed));
-            let prefix = hashed.of(&spec.prompt, self.cfg.prefix_caching, self.cfg.block_size);
+            let prefix = hashed.of(spec, self.cfg.prefix_caching, self.cfg.block_size);
             let seq = NewSeq {
                 id,
                 prompt_tokens: spec.prompt_tokens,
@@ -296,7 +305,7 @@ impl Engine {
                 },
                 prefix,
                 preloaded: spec.preloaded,
-                adapter: None,
+                adapter: spec.adapter.clone(),
             };
             let subscriber = Subscriber {
                 events: tx.clone(),
@@ -313,6 +322,45 @@ impl Engine {
             events: rx,
             abort: AbortOnDrop { commands, ids },
         })
+    }
+
+    /// The loaded adapter called `name`; `None` also when the engine serves no adapters.
+    pub fn adapter(&self, name: &str) -> Option<Adapter> {
+        self.adapters.as_ref()?.lock().get(name)
+    }
+
+    /// Every loaded adapter, in load order (empty without `--enable-lora`).
+    pub fn loaded_adapters(&self) -> Vec<Loaded> {
+        self.adapters
+            .as_ref()
+            .map(|r| r.lock().loaded().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Loads an adapter through the API: every rank reads it into host memory between steps.
+    /// `None` when the engine serves no adapters.
+    pub fn load_adapter(&self, name: &str, path: &str) -> Option<Result<Adapter, AdapterError>> {
+        let loaded = self.adapters.as_ref()?.lock().load(name, path);
+        if let Ok(adapter) = &loaded {
+            self.tell_ranks(|| RankCommand::Preload(adapter.id));
+        }
+        Some(loaded)
+    }
+
+    /// Unloads an adapter through the API; `None` when the engine serves no adapters.
+    pub fn unload_adapter(&self, name: &str) -> Option<Result<Adapter, AdapterError>> {
+        let unloaded = self.adapters.as_ref()?.lock().unload(name);
+        if let Ok(adapter) = &unloaded {
+            self.tell_ranks(|| RankCommand::Forget(adapter.id));
+        }
+        Some(unloaded)
+    }
+
+    fn tell_ranks(&self, command: impl Fn() -> RankCommand) {
+        for rank in &self.ranks {
+            // A rank that is gone has nothing to load into.
+            let _ = rank.commands.send(command());
+        }
     }
 
     /// The KV events of every rank from now on; a subscriber that falls more than a few thousand
@@ -384,14 +432,18 @@ struct PromptHashes {
 }
 
 impl PromptHashes {
-    fn of(&mut self, prompt: &Arc<[u32]>, caching: bool, block_size: u32) -> Arc<[u64]> {
+    /// The block hashes of a choice's prompt, under its adapter (every choice of one request
+    /// has the same one).
+    fn of(&mut self, spec: &SeqSpec, caching: bool, block_size: u32) -> Arc<[u64]> {
+        let prompt = &spec.prompt;
         if let (Some(tokens), Some(hashes)) = (&self.tokens, &self.hashes) {
             if Arc::ptr_eq(tokens, prompt) {
                 return hashes.clone();
             }
         }
         let prefix: Arc<[u64]> = if caching {
-            block_hashes(prompt, block_size).into()
+            let adapter = spec.adapter.as_ref().map(|a| a.name.as_ref());
+            block_hashes_under(prompt, block_size, adapter).into()
         } else {
             Arc::from([])
         };

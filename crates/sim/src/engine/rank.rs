@@ -17,7 +17,7 @@ use super::metrics::EngineMetrics;
 use super::stats::{RankGauges, RankView, Totals};
 use super::{ChoiceEvent, EventKind, KvBatch};
 use crate::faults::FaultSet;
-use crate::scheduler::{Counters, NewSeq, Scheduler, SeqEvent, SeqId};
+use crate::scheduler::{AdapterId, Counters, NewSeq, Scheduler, SeqEvent, SeqId};
 
 /// What the rest of the engine asks of a rank.
 pub(crate) enum RankCommand {
@@ -25,6 +25,10 @@ pub(crate) enum RankCommand {
     Abort(SeqId),
     /// Abort everything and stop (the engine crashed).
     Shutdown,
+    /// An adapter loaded through the API: read it into host memory.
+    Preload(AdapterId),
+    /// An adapter unloaded through the API.
+    Forget(AdapterId),
 }
 
 /// Where a sequence's tokens go, and the timestamps its latency metrics need.
@@ -350,6 +354,10 @@ fn apply(
             scheduler.abort(id);
         }
         RankCommand::Shutdown => return false,
+        RankCommand::Preload(adapter) => {
+            scheduler.preload_adapter(adapter);
+        }
+        RankCommand::Forget(adapter) => scheduler.forget_adapter(adapter),
     }
     true
 }

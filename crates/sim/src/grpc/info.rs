@@ -45,6 +45,7 @@ pub(super) async fn health(st: &ApiState) -> HealthCheckResponse {
         output_tokens: 1,
         finish: FinishReason::Length,
         preloaded: 0,
+        adapter: None,
     }];
     let mut submission = match engine.submit(&probe) {
         Ok(submission) => submission,

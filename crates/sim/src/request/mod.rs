@@ -117,6 +117,8 @@ struct Body {
     bootstrap_room: Option<u64>,
     #[serde(default)]
     kv_transfer_params: Option<KvTransferParams>,
+    #[serde(default)]
+    lora_path: Option<String>,
 }
 
 /// vLLM's `kv_transfer_params` as its disaggregated proxy sends them: to the prefill engine
@@ -169,6 +171,10 @@ pub struct GenerationRequest {
     pub bootstrap_room: Option<u64>,
     /// vLLM's disaggregation fields.
     pub kv_transfer_params: Option<KvTransferParams>,
+    /// SGLang's `lora_path`: the adapter's name, when `model` does not name one.
+    pub lora_path: Option<String>,
+    /// The adapter the request runs under, once the engine has resolved its name.
+    pub adapter: Option<crate::scheduler::Adapter>,
 }
 
 /// FNV-1a: a stable fingerprint, so answer lengths do not change between builds.
@@ -351,6 +357,8 @@ impl GenerationRequest {
             bootstrap_port: body.bootstrap_port,
             bootstrap_room: body.bootstrap_room,
             kv_transfer_params: body.kv_transfer_params,
+            lora_path: body.lora_path,
+            adapter: None,
         })
     }
 
@@ -387,6 +395,8 @@ impl GenerationRequest {
             bootstrap_port: None,
             bootstrap_room: None,
             kv_transfer_params: None,
+            lora_path: None,
+            adapter: None,
         })
     }
 
@@ -464,6 +474,7 @@ impl GenerationRequest {
                     output_tokens,
                     finish,
                     preloaded: 0,
+                    adapter: self.adapter.clone(),
                 });
             }
         }

@@ -165,6 +165,9 @@ pub struct Scheduler {
     counters: Counters,
     /// Where the adapters are (`SchedulerConfig::lora`).
     adapters: Option<Residency>,
+    /// Time the loop spent between steps on adapters loaded through the API, which the next
+    /// step waits out (vLLM runs `add_lora` as a utility call between steps).
+    stall: Duration,
 }
 
 impl Scheduler {
@@ -182,6 +185,7 @@ impl Scheduler {
             admissions: 0,
             counters: Counters::default(),
             adapters,
+            stall: Duration::ZERO,
         }
     }
 
@@ -249,12 +253,15 @@ impl Scheduler {
         self.adapters.as_ref()
     }
 
-    /// An adapter loaded through the API, read into host memory; how long the read takes
-    /// (the caller holds the rank's loop for it, as vLLM's `add_lora` utility call does).
+    /// An adapter loaded through the API, read into host memory; the next step waits for the
+    /// read, as vLLM's `add_lora` utility call holds the engine loop. Returns the read's time.
     pub fn preload_adapter(&mut self, id: AdapterId) -> Duration {
-        self.adapters
+        let read = self
+            .adapters
             .as_mut()
-            .map_or(Duration::ZERO, |a| a.preload(id))
+            .map_or(Duration::ZERO, |a| a.preload(id));
+        self.stall += read;
+        read
     }
 
     /// An adapter unloaded through the API.
@@ -325,7 +332,7 @@ impl Scheduler {
         }
         let adapter_moves = self.activate_adapters(&plan);
         let mut step = self.apply(plan, transferred_blocks, events);
-        step.duration += adapter_moves;
+        step.duration += adapter_moves + std::mem::take(&mut self.stall);
         self.counters.steps += 1;
         Some(step)
     }

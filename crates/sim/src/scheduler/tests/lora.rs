@@ -99,7 +99,7 @@ fn a_step_that_brings_an_adapter_in_takes_its_load_time_longer() {
 }
 
 #[test]
-fn an_adapter_preloaded_through_the_api_costs_only_its_copy() {
+fn an_adapter_loaded_through_the_api_is_read_once_and_holds_the_next_step() {
     let mut s = Scheduler::new(with_lora(1, false));
     assert_eq!(s.preload_adapter(AdapterId(1)), FROM_DISK);
     let plain = Scheduler::new(with_lora(1, false))
@@ -108,7 +108,9 @@ fn an_adapter_preloaded_through_the_api_costs_only_its_copy() {
         .unwrap()
         .duration;
     s.add(under(0, Some(1), 10, 2));
-    assert_eq!(s.step().unwrap().duration, plain + FROM_CPU);
+    // The read held the loop before this step; the step itself only copies the adapter in.
+    assert_eq!(s.step().unwrap().duration, plain + FROM_DISK + FROM_CPU);
+    assert_eq!(s.adapters().unwrap().counters().loads_from_disk, 1);
     s.forget_adapter(AdapterId(1));
     assert!(s.adapters().unwrap().in_host_memory().is_empty());
 }
