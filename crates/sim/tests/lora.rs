@@ -154,3 +154,47 @@ async fn sglang_answers_a_load_with_the_adapters_loaded() {
     let ids: Vec<Value> = models(base).await.iter().map(|m| m["id"].clone()).collect();
     assert_eq!(ids, [json!("test-model"), json!("sql"), json!("med")]);
 }
+
+#[tokio::test]
+async fn vllm_reports_the_adapters_its_requests_ran_under() {
+    let fleet = fleet(with_adapters(Flavor::Vllm, &["sql"])).await;
+    let base = &fleet.urls()[0];
+    let url = format!("{base}/v1/chat/completions");
+    assert_eq!(
+        post(&client(), &url, &chat("sql").to_string()).await.status,
+        200
+    );
+    let text = get(&client(), &format!("{base}/metrics")).await.text();
+    assert!(
+        text.contains("vllm:lora_requests_info{max_lora=\"1\",waiting_lora_adapters=\"\",running_lora_adapters=\"sql\"}"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn sglang_reports_its_slots_in_metrics_and_loads() {
+    let fleet = fleet(with_adapters(Flavor::Sglang, &["sql"])).await;
+    let base = &fleet.urls()[0];
+    let url = format!("{base}/v1/chat/completions");
+    assert_eq!(
+        post(&client(), &url, &chat("test-model:sql").to_string())
+            .await
+            .status,
+        200
+    );
+    let text = get(&client(), &format!("{base}/metrics")).await.text();
+    assert!(
+        text.contains("sglang:lora_pool_slots_total{model_name=\"test-model\",engine=\"0\"} 8"),
+        "{text}"
+    );
+    let loads = get(&client(), &format!("{base}/v1/loads?include=lora"))
+        .await
+        .json();
+    assert_eq!(loads["loads"][0]["lora"]["slots_total"], 8);
+    assert_eq!(
+        loads["loads"][0]["lora"]["slots_used"], 0,
+        "nothing runs now"
+    );
+    let core = get(&client(), &format!("{base}/v1/loads")).await.json();
+    assert_eq!(core["loads"][0].get("lora"), None);
+}

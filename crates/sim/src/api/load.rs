@@ -63,10 +63,14 @@ pub(super) async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
         return answer;
     }
     let faults = st.engine.faults();
-    let text = st
+    let mut text = st
         .engine
         .metrics()
         .render(&st.engine.ranks(), &faults.report, faults.asleep);
+    let cfg = st.engine.config();
+    if let (Some(stats), Some(lora)) = (st.engine.adapter_stats(), cfg.scheduler().lora) {
+        text.push_str(&stats.render(cfg.flavor, &cfg.model, lora.max_loras));
+    }
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -200,6 +204,7 @@ pub(super) async fn vllm_version() -> Response {
 struct Include {
     queues: bool,
     disagg: bool,
+    lora: bool,
 }
 
 impl Include {
@@ -207,9 +212,10 @@ impl Include {
         let mut include = Include::default();
         for part in query.get("include").into_iter().flat_map(|v| v.split(',')) {
             match part.trim() {
-                "all" => (include.queues, include.disagg) = (true, true),
+                "all" => (include.queues, include.disagg, include.lora) = (true, true, true),
                 "queues" => include.queues = true,
                 "disagg" => include.disagg = true,
+                "lora" => include.lora = true,
                 _ => {}
             }
         }
@@ -289,6 +295,14 @@ fn sglang_rank_load(
             "grammar": 0,
             "paused": 0,
             "retracted": l.retracted,
+        });
+    }
+    let slots = st.engine.adapter_stats().and_then(|s| s.slots(rank));
+    if let (true, Some(slots)) = (include.lora, slots) {
+        load["lora"] = json!({
+            "slots_used": slots.used,
+            "slots_total": slots.total,
+            "utilization": slots.utilization(),
         });
     }
     if let (true, Some(role)) = (include.disagg, cfg.pd_role) {

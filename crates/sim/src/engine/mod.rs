@@ -5,6 +5,7 @@
 //! (the client went away), aborts whatever is still running so the rank frees its KV blocks at
 //! the next step.
 
+mod adapters;
 mod gate;
 mod metrics;
 mod rank;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+pub use adapters::{AdapterStats, Slots};
 pub use gate::{AdmissionGate, GateTicket};
 pub use metrics::EngineMetrics;
 pub(crate) use stats::COUNTED_WHILE_HUNG;
@@ -111,6 +113,8 @@ pub struct Engine {
     kv_events: tokio::sync::broadcast::Sender<Arc<KvBatch>>,
     /// The LoRA adapters loaded (`--enable-lora`); `None`: the base model only.
     adapters: Option<parking_lot::Mutex<Registry>>,
+    /// What the ranks' adapters are doing, for the metrics (`--enable-lora`).
+    adapter_stats: Option<Arc<AdapterStats>>,
 }
 
 impl Engine {
@@ -126,6 +130,10 @@ impl Engine {
         let metrics = Arc::new(EngineMetrics::new(&cfg));
         let progress = Arc::new(parking_lot::Mutex::new(Instant::now()));
         let (kv_events, _) = tokio::sync::broadcast::channel(KV_EVENT_BACKLOG);
+        let adapter_stats = cfg
+            .lora
+            .as_ref()
+            .map(|_| Arc::new(AdapterStats::new(cfg.dp_size as usize)));
         let ranks = (0..cfg.dp_size as usize)
             .map(|index| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -140,6 +148,7 @@ impl Engine {
                     progress: progress.clone(),
                     published: published.clone(),
                     kv_events: kv_events.clone(),
+                    adapters: adapter_stats.clone(),
                 };
                 let task = tokio::spawn(rank::run(Scheduler::new(cfg.scheduler()), rx, ctx));
                 Rank {
@@ -162,10 +171,8 @@ impl Engine {
             ready_at: Instant::now(),
             trace_context: parking_lot::Mutex::new(None),
             kv_events,
-            adapters: cfg
-                .lora
-                .as_ref()
-                .map(|l| parking_lot::Mutex::new(Registry::new(&l.modules))),
+            adapter_stats,
+            adapters: registry_of(&cfg),
             cfg,
             ranks,
             metrics,
@@ -329,6 +336,11 @@ impl Engine {
         self.adapters.as_ref()?.lock().get(name)
     }
 
+    /// What the ranks' adapters are doing; `None` without `--enable-lora`.
+    pub fn adapter_stats(&self) -> Option<&AdapterStats> {
+        self.adapter_stats.as_deref()
+    }
+
     /// Every loaded adapter, in load order (empty without `--enable-lora`).
     pub fn loaded_adapters(&self) -> Vec<Loaded> {
         self.adapters
@@ -385,6 +397,12 @@ impl Engine {
             }
         }
     }
+}
+
+/// The adapters named at start, loaded; `None` without `--enable-lora`.
+fn registry_of(cfg: &EngineConfig) -> Option<parking_lot::Mutex<Registry>> {
+    let lora = cfg.lora.as_ref()?;
+    Some(parking_lot::Mutex::new(Registry::new(&lora.modules)))
 }
 
 /// A request inside the engine: its events, and its abort when dropped.

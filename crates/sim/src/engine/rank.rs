@@ -53,6 +53,8 @@ pub(crate) struct RankContext {
     pub published: Arc<tokio::sync::Notify>,
     /// Where the rank's KV events go, a batch per step that changed its cache.
     pub kv_events: tokio::sync::broadcast::Sender<Arc<KvBatch>>,
+    /// Where the rank's adapter use goes (`--enable-lora`).
+    pub adapters: Option<Arc<super::AdapterStats>>,
 }
 
 /// Keeps the modelled clock and the host clock together: steps are timed against absolute
@@ -451,6 +453,9 @@ fn publish(scheduler: &Scheduler, ctx: &RankContext, reporter: &mut Reporter) {
         prealloc: 0,
         transfer: 0,
     });
+    if let (Some(stats), Some(adapter_use)) = (&ctx.adapters, scheduler.adapter_use()) {
+        stats.record(ctx.index, adapter_use);
+    }
     ctx.published.notify_waiters();
 }
 

@@ -29,6 +29,7 @@ pub mod prefix;
 mod seq;
 #[cfg(test)]
 mod tests;
+pub mod usage;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
