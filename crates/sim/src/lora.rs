@@ -82,6 +82,20 @@ pub enum AdapterError {
     NotFound(String),
 }
 
+/// SGLang's refusal of a request for an adapter it has not loaded (a 400 over HTTP,
+/// `INVALID_ARGUMENT` over gRPC): python/sglang/srt/lora/lora_registry.py, `acquire`, whose
+/// list is the repr of its registry's keys.
+pub fn not_loaded(name: &str, loaded: &[Loaded]) -> String {
+    let names: Vec<String> = loaded
+        .iter()
+        .map(|l| format!("'{}'", l.adapter.name))
+        .collect();
+    format!(
+        "The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: odict_keys([{}]).",
+        names.join(", ")
+    )
+}
+
 /// One loaded adapter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loaded {

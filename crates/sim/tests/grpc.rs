@@ -540,3 +540,38 @@ async fn abort_ends_a_decode_half_still_waiting_for_its_prefill() {
     let replies = waiting.await.unwrap().unwrap();
     assert_eq!(completes(&replies)[0].finish_reason, "abort");
 }
+
+#[tokio::test]
+async fn a_generation_names_its_adapter_in_lora_id_and_get_loads_shows_the_slots() {
+    let mut cfg = instant(Flavor::Sglang);
+    cfg.lora = Some(sluice_sim::lora::LoraSettings {
+        max_loras: Some(4),
+        max_cpu_loras: None,
+        modules: vec![sluice_sim::lora::AdapterModule {
+            name: "sql".into(),
+            path: "/adapters/sql".into(),
+        }],
+        load_from_cpu: Duration::ZERO,
+        load_from_disk: Duration::ZERO,
+        runtime_updates: true,
+    });
+    let (_fleet, mut client) = grpc_fleet(cfg).await;
+    let mut named = request("l1", vec![5, 6, 7], Some(3), false);
+    named.lora_id = "sql".into();
+    assert!(collect(&mut client, named).await.is_ok());
+    let mut unknown = request("l2", vec![5, 6, 7], Some(3), false);
+    unknown.lora_id = "med".into();
+    let refused = collect(&mut client, unknown).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("not loaded: med"), "{}", refused.message());
+    let loads = client
+        .get_loads(GetLoadsRequest {
+            dp_rank: None,
+            include: vec!["lora".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let lora = loads.loads[0].lora.as_ref().expect("the lora section");
+    assert_eq!((lora.slots_used, lora.slots_total), (0, 4));
+}

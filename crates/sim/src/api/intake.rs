@@ -98,15 +98,7 @@ fn resolve_model(
                 return Ok(None);
             };
             engine.adapter(name).map(Some).ok_or_else(|| {
-                let loaded: Vec<String> = engine
-                    .loaded_adapters()
-                    .iter()
-                    .map(|l| format!("'{}'", l.adapter.name))
-                    .collect();
-                ApiError::BadRequest(format!(
-                    "The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: odict_keys([{}]).",
-                    loaded.join(", ")
-                ))
+                ApiError::BadRequest(crate::lora::not_loaded(name, &engine.loaded_adapters()))
             })
         }
     }

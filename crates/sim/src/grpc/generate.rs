@@ -119,6 +119,15 @@ fn checked(
         request.stream,
     )
     .map_err(|e| refused(st, ApiError::BadRequest(e.to_string())))?;
+    let mut parsed = parsed;
+    // The adapter's name, as SGLang's servicer passes `lora_id` on as the request's LoRA.
+    if !request.lora_id.is_empty() {
+        let adapter = st.engine.adapter(&request.lora_id).ok_or_else(|| {
+            let message = crate::lora::not_loaded(&request.lora_id, &st.engine.loaded_adapters());
+            refused(st, ApiError::BadRequest(message))
+        })?;
+        parsed.adapter = Some(adapter);
+    }
     let prompt = parsed.longest_prompt();
     if prompt >= cfg.max_model_len {
         let message = format!(

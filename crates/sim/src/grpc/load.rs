@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use sluice_proto::common::{EngineLoad, EngineQueues};
+use sluice_proto::common::{EngineLoad, EngineLora, EngineQueues};
 use sluice_proto::sglang_scheduler::{
     AggregateMetrics, GetLoadsRequest, GetLoadsResponse, SchedulerLoad,
 };
@@ -68,9 +68,13 @@ pub(super) fn get_loads(
         }
         None => all.iter().enumerate().collect(),
     };
+    let lora = request.include.iter().any(|s| s == "lora" || s == "all");
     let loads: Vec<SchedulerLoad> = chosen
         .iter()
-        .map(|(rank, l)| scheduler_load(*rank, l, queues))
+        .map(|(rank, l)| SchedulerLoad {
+            lora: lora.then(|| slots(st, *rank)).flatten(),
+            ..scheduler_load(*rank, l, queues)
+        })
         .collect();
     let count = loads.len().max(1) as f64;
     let running: i32 = loads.iter().map(|l| l.num_running_reqs).sum();
@@ -113,10 +117,21 @@ pub(super) fn record(st: &ApiState, rank: u32, silence: Option<Silence>) -> Opti
         num_used_tokens: Some(load.num_used_tokens),
         max_total_num_tokens: Some(load.max_total_num_tokens),
         queues: load.queues,
+        lora: slots(st, rank as usize),
         engine_silence_ms: silence.and_then(|s| s.ms),
         engine_reports_steps: silence.map(|_| false),
         prefill_pending_tokens: silence.map(|_| load.num_waiting_uncached_tokens.max(0) as u32),
         ..Default::default()
+    })
+}
+
+/// A rank's adapter slots, as `GetLoads`' `lora` section carries them (`--enable-lora`).
+fn slots(st: &ApiState, rank: usize) -> Option<EngineLora> {
+    let s = st.engine.adapter_stats()?.slots(rank)?;
+    Some(EngineLora {
+        slots_used: s.used as i32,
+        slots_total: s.total as i32,
+        utilization: s.utilization(),
     })
 }
 
