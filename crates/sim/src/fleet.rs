@@ -185,6 +185,8 @@ pub struct EngineState {
     /// Batches each rank's publisher has sent since the engine (re)started: the next batch's
     /// number.
     pub kv_event_batches: Vec<u64>,
+    /// Adapter loads and slot waits since it (re)started, over its ranks (`--enable-lora`).
+    pub adapters: Option<crate::scheduler::AdapterCounters>,
 }
 
 impl EngineSlot {
@@ -479,6 +481,7 @@ impl EngineSlot {
             open_connections: load(&t.open_connections),
             kv_event_endpoints,
             kv_event_batches,
+            adapters: engine.as_ref().and_then(|e| e.adapter_stats().map(|s| s.totals())),
         }
     }
 }

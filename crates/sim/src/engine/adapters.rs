@@ -92,6 +92,18 @@ impl AdapterStats {
         self.ranks.lock().clone()
     }
 
+    /// Adapter moves and slot waits over the ranks.
+    pub fn totals(&self) -> crate::scheduler::AdapterCounters {
+        let ranks = self.ranks.lock();
+        let mut sum = crate::scheduler::AdapterCounters::default();
+        for c in ranks.iter().flatten().map(|u| u.counters) {
+            sum.loads_from_cpu += c.loads_from_cpu;
+            sum.loads_from_disk += c.loads_from_disk;
+            sum.slot_waits += c.slot_waits;
+        }
+        sum
+    }
+
     /// A rank's slots, SGLang's way.
     pub fn slots(&self, rank: usize) -> Option<Slots> {
         let ranks = self.ranks.lock();
