@@ -73,6 +73,33 @@ pub struct RunPlan {
     pub starts_at: Option<Instant>,
     /// Completions of exact lengths, or chats at the model's length.
     pub api: crate::client::Api,
+    /// Each request names one of these LoRA adapters as its model instead of `model`.
+    pub adapters: Option<AdapterMix>,
+}
+
+/// LoRA adapters requests ask for, the popular ones most (Zipf, ranked in order).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterMix {
+    pub names: Vec<Arc<str>>,
+    /// The Zipf exponent: 1.0, the k-th adapter asked for 1/k as often as the first.
+    pub exponent: f64,
+}
+
+impl AdapterMix {
+    /// `count` adapters named `lora-00`, `lora-01`, ...
+    pub fn numbered(count: usize, exponent: f64) -> Self {
+        Self {
+            names: (0..count).map(|i| format!("lora-{i:02}").into()).collect(),
+            exponent,
+        }
+    }
+
+    fn pick(&self, rng: &mut rand::rngs::StdRng) -> Option<Arc<str>> {
+        use rand_distr::Distribution;
+        let zipf = rand_distr::Zipf::new(self.names.len() as f64, self.exponent).ok()?;
+        let rank = zipf.sample(rng) as usize;
+        self.names.get(rank.saturating_sub(1)).cloned()
+    }
 }
 
 /// The jobs of a run, drawn from its seed: when each is due, its tier, shape and tenant.
@@ -129,7 +156,13 @@ impl JobSource {
             tenant: self.rng.random_range(0..self.plan.tenants.max(1)),
             priority: tier as i64,
             headers: Vec::new(),
+            model: None,
         };
+        job.model = self
+            .plan
+            .adapters
+            .as_ref()
+            .and_then(|a| a.pick(&mut self.rng));
         job.headers = identity_headers(&self.plan, &job);
         job
     }
@@ -217,10 +250,11 @@ impl Sender {
     /// Sends `job` when it is due (from `start`) and returns what came of it.
     async fn send(&self, job: Job, start: Instant) -> Outcome {
         let due = start + job.due;
+        let model = job.model.clone().unwrap_or_else(|| self.model.clone());
         let sent = client::run(
             &self.http,
             &self.url,
-            (self.api, &self.model),
+            (self.api, &model),
             &job,
             self.behaviour,
             start,
@@ -313,6 +347,7 @@ mod tests {
 
     fn plan(url: String) -> RunPlan {
         RunPlan {
+            adapters: None,
             url,
             model: "test-model".into(),
             schedule: Schedule::constant(100.0),

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 fn job(output_tokens: u32) -> Job {
     Job {
+        model: None,
         due: Duration::ZERO,
         tier: 0,
         prompt_tokens: 16,
@@ -161,6 +162,7 @@ async fn closed_loop_clients_each_send_the_next_request_when_the_last_ended() {
     let sims = fleet(instant(Flavor::Vllm)).await;
     let slot = sims.engine(0).unwrap();
     let plan = RunPlan {
+        adapters: None,
         url: format!("{}/v1/completions", slot.url()),
         model: "test-model".into(),
         schedule: Schedule::constant(1.0),

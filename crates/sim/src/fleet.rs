@@ -481,7 +481,9 @@ impl EngineSlot {
             open_connections: load(&t.open_connections),
             kv_event_endpoints,
             kv_event_batches,
-            adapters: engine.as_ref().and_then(|e| e.adapter_stats().map(|s| s.totals())),
+            adapters: engine
+                .as_ref()
+                .and_then(|e| e.adapter_stats().map(|s| s.totals())),
         }
     }
 }

@@ -563,7 +563,11 @@ async fn a_generation_names_its_adapter_in_lora_id_and_get_loads_shows_the_slots
     unknown.lora_id = "med".into();
     let refused = collect(&mut client, unknown).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
-    assert!(refused.message().contains("not loaded: med"), "{}", refused.message());
+    assert!(
+        refused.message().contains("not loaded: med"),
+        "{}",
+        refused.message()
+    );
     let loads = client
         .get_loads(GetLoadsRequest {
             dp_rank: None,

@@ -353,6 +353,7 @@ async fn open_loop(args: RunArgs) -> Result<(), BenchError> {
         segments.push(segment(spec, true)?);
     }
     let plan = RunPlan {
+        adapters: None,
         url: format!("{}/v1/completions", args.url.trim_end_matches('/')),
         model: args.model.clone(),
         schedule: Schedule {

@@ -26,6 +26,11 @@ pub enum ScenarioName {
     /// power_of_two, consistent_hash (on x-session-id) and cache_aware, SMG's round_robin and
     /// cache_aware; prefix hit rate per engine, TTFT, goodput, evenness.
     Routing,
+    /// 32 LoRA adapters (Zipf) over 4 engines with --max-loras 4, at 0.8x and 1.5x C, with fast
+    /// and slow adapter loads: round_robin, least_load, power_of_two and cache_aware as they
+    /// are today (blind to adapters), SMG's round_robin and cache_aware; goodput, TTFT, adapter
+    /// loads and slot waits per engine.
+    Lora,
     /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
     Spike,
     /// 0.5x C on 3 engines; one is killed with SIGKILL and started again later.
@@ -73,6 +78,7 @@ impl ScenarioName {
             | ScenarioName::NoisyTenant
             | ScenarioName::Degradation
             | ScenarioName::Routing
+            | ScenarioName::Lora
             | ScenarioName::PdBurst
             | ScenarioName::Liveness
             | ScenarioName::Overhead
@@ -255,6 +261,9 @@ async fn planned(args: &ScenarioArgs) -> Result<(), BenchError> {
     } else if let ScenarioName::Routing = args.name {
         let report = crate::scenario::routing(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
+    } else if let ScenarioName::Lora = args.name {
+        let report = crate::scenario::lora(&plan).await?;
+        print_report(args.json, &report, || report.table());
     } else {
         let report = crate::scenario::overload_sweep(&plan).await?;
         print_report(args.json, &report, || report.table() + &plot(&report.svg));
@@ -379,7 +388,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
         | ScenarioName::TieredOverload
         | ScenarioName::NoisyTenant
         | ScenarioName::Degradation => 2,
-        ScenarioName::Routing => 4,
+        ScenarioName::Routing | ScenarioName::Lora => 4,
         _ => 3,
     });
     if engines == 0 {
@@ -417,6 +426,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             ScenarioName::Degradation => crate::scenario::degradation_api(),
             _ => crate::client::Api::Completions,
         },
+        adapters: None,
         tiers: match args.name {
             ScenarioName::TieredOverload | ScenarioName::Degradation => {
                 crate::scenario::three_tiers()
@@ -477,6 +487,9 @@ fn configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError>
         }
         ScenarioName::Routing => {
             configs = crate::scenario::routing_configs(exe, args.time_scale);
+        }
+        ScenarioName::Lora => {
+            configs = crate::scenario::lora_configs(exe, args.time_scale);
         }
         ScenarioName::Degradation => {
             // Against the same gateway without the ladder, and against the plain defaults.

@@ -117,6 +117,8 @@ pub struct Job {
     /// Request headers saying who asks and how urgently: the tenant's key, the tier (see
     /// `run::identity_headers`).
     pub headers: Vec<(String, String)>,
+    /// The model it asks for when not the run's (a LoRA adapter's name).
+    pub model: Option<std::sync::Arc<str>>,
 }
 
 impl Job {

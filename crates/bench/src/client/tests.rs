@@ -56,6 +56,7 @@ fn bodies_carry_the_shape() {
         conversation: 1,
     };
     let job = Job {
+        model: None,
         due: Duration::ZERO,
         tier: 0,
         prompt_tokens: 256,

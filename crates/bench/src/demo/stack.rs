@@ -144,6 +144,7 @@ fn template(kind: Kind, plan: &DemoPlan, dir: &Path) -> Result<Template, Scenari
 /// a load two cores carry with their clocks kept.
 fn scenario_plan(plan: &DemoPlan, models: &[Model; 2], dir: &Path) -> ScenarioPlan {
     ScenarioPlan {
+        adapters: None,
         configs: Vec::new(),
         time_scale: plan.speed,
         window: plan.duration,

@@ -35,6 +35,11 @@ pub struct EngineTotals {
     /// Steps that ended after their simulated time: this machine, not the engine model, set the
     /// pace then.
     pub late_steps: u64,
+    /// LoRA adapters copied into a GPU slot, read from disk, and requests that waited for an
+    /// adapter slot (`--enable-lora`).
+    pub adapter_loads_from_cpu: u64,
+    pub adapter_loads_from_disk: u64,
+    pub adapter_slot_waits: u64,
 }
 
 impl EngineTotals {
@@ -49,6 +54,9 @@ impl EngineTotals {
             aborted: read("aborted"),
             steps: read("steps"),
             late_steps: read("late_steps"),
+            adapter_loads_from_cpu: state["adapters"]["loads_from_cpu"].as_u64().unwrap_or(0),
+            adapter_loads_from_disk: state["adapters"]["loads_from_disk"].as_u64().unwrap_or(0),
+            adapter_slot_waits: state["adapters"]["slot_waits"].as_u64().unwrap_or(0),
         }
     }
 
@@ -69,6 +77,9 @@ impl EngineTotals {
             aborted: f(self.aborted, other.aborted),
             steps: f(self.steps, other.steps),
             late_steps: f(self.late_steps, other.late_steps),
+            adapter_loads_from_cpu: f(self.adapter_loads_from_cpu, other.adapter_loads_from_cpu),
+            adapter_loads_from_disk: f(self.adapter_loads_from_disk, other.adapter_loads_from_disk),
+            adapter_slot_waits: f(self.adapter_slot_waits, other.adapter_slot_waits),
         }
     }
 

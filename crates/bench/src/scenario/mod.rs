@@ -18,6 +18,7 @@ mod adaptive;
 mod degradation;
 mod fleet;
 mod liveness;
+mod lora;
 mod many_streams;
 mod noisy;
 mod pd_burst;
@@ -39,6 +40,7 @@ pub use degradation::{
 };
 pub use fleet::{EngineTotals, FleetShape, SimFleet};
 pub use liveness::{liveness, Clients, Failure, LivenessPlan, LivenessReport, Wait};
+pub use lora::{configs as lora_configs, lora, LoraReport};
 pub use many_streams::{many_streams, ManyStreamsPlan, ManyStreamsReport};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants, QUEUE_SIZES};
 pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
@@ -118,6 +120,8 @@ pub struct ScenarioPlan {
     pub fleet: FleetShape,
     /// Completions of exact lengths, or chats at the model's length.
     pub api: Api,
+    /// The LoRA adapters requests ask for instead of the model (the `lora` scenario).
+    pub adapters: Option<crate::run::AdapterMix>,
 }
 
 /// The load poll every gateway of a scenario gets, SMG included: both default to 10 s, so the
@@ -412,6 +416,7 @@ pub(crate) fn load_plan(
         Api::Chat { .. } => "/v1/chat/completions",
     };
     RunPlan {
+        adapters: plan.adapters.clone(),
         url: format!("{url}{path}"),
         model: plan.fleet.model.clone(),
         api: plan.api,

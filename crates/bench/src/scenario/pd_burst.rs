@@ -400,6 +400,7 @@ async fn burst(
     let jobs = (0..BURST as u64).map(|i| {
         let tokens = prompt_tokens(i, seed, long_context);
         Job {
+            model: None,
             due: Duration::ZERO,
             tier: 0,
             prompt_tokens: tokens,

@@ -171,7 +171,7 @@ pub struct RoutingReport {
 }
 
 /// Measures `config` at `rate` on a fleet and gateway of its own, stopped after.
-async fn cold_point(
+pub(super) async fn cold_point(
     plan: &ScenarioPlan,
     config: &Template,
     rate: f64,

@@ -131,6 +131,7 @@ pub async fn liveness(plan: &LivenessPlan) -> Result<LivenessReport, ScenarioErr
 /// long prompt needs it), at full speed, as the gateways' timers are.
 fn fleet_plan(plan: &LivenessPlan, failure: Failure, dir: &Path) -> ScenarioPlan {
     ScenarioPlan {
+        adapters: None,
         configs: Vec::new(),
         time_scale: 1.0,
         window: plan.timing.during,
@@ -196,6 +197,7 @@ fn load_plan(plan: &LivenessPlan, clients: &Clients, url: &str, start: Instant) 
     let behaviour = clients.behaviour();
     let t = &plan.timing;
     RunPlan {
+        adapters: None,
         url: format!("{url}/v1/completions"),
         model: MODEL.into(),
         schedule: Schedule::constant(1.0),
