@@ -15,6 +15,8 @@
 //! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
 //! - `load` — engine load reports (vLLM `/metrics`, SGLang `/v1/loads` and `/get_load`) in one
 //!   per-rank shape.
+//! - `lora` — LoRA adapters: where a request naming one stands on each worker (its adapter
+//!   running there, a slot free, or a wait).
 //! - `overload` — overload ceilings, busy ranks, and the one rule for a pool whose every
 //!   candidate is vetoed (steer to the least loaded, or shed).
 //! - `policy` — the load-balancing policies (round robin, random, least load, power of two,
@@ -64,6 +66,7 @@ pub mod ids;
 pub mod kv_events;
 pub mod liveness;
 pub mod load;
+pub mod lora;
 pub mod overload;
 pub mod pd_window;
 pub mod policy;

@@ -467,3 +467,53 @@ async fn sglang_refuses_past_max_queued_requests_as_its_scheduler_does_in_both_s
             .collect::<Vec<_>>()
     );
 }
+
+/// An engine serving adapters `sql` and `med` with the engine's own defaults otherwise, after one
+/// request under `model`.
+async fn serving_adapters(flavor: Flavor, model: &str) -> SimFleet {
+    use sluice_sim::lora::{AdapterModule, LoraSettings, FAST_LOAD};
+    let mut cfg = instant(flavor);
+    cfg.lora = Some(LoraSettings {
+        max_loras: None,
+        max_cpu_loras: None,
+        modules: ["sql", "med"]
+            .iter()
+            .map(|n| AdapterModule {
+                name: (*n).to_string(),
+                path: format!("/adapters/{n}"),
+            })
+            .collect(),
+        load_from_cpu: std::time::Duration::from_secs_f64(FAST_LOAD.from_cpu_ms / 1000.0),
+        load_from_disk: std::time::Duration::from_secs_f64(FAST_LOAD.from_disk_ms / 1000.0),
+        runtime_updates: false,
+    });
+    let fleet = fleet(cfg).await;
+    let body = json!({"model": model, "prompt": "hello", "max_tokens": 2}).to_string();
+    let url = format!("{}/v1/completions", fleet.urls()[0]);
+    assert_eq!(post(&client(), &url, &body).await.status, 200);
+    fleet
+}
+
+#[tokio::test]
+async fn vllm_lora_info_has_the_fixtures_labels() {
+    let fleet = serving_adapters(Flavor::Vllm, "sql").await;
+    let text = get(&client(), &format!("{}/metrics", fleet.urls()[0])).await;
+    let sim = metrics(&text.text());
+    assert_metrics_shape("vllm/metrics-lora.prom", &sim);
+    assert!(sim
+        .named("vllm:lora_requests_info")
+        .any(|s| s.label("running_lora_adapters") == Some("sql")));
+}
+
+#[tokio::test]
+async fn sglang_loads_have_the_fixtures_lora_section() {
+    let fleet = serving_adapters(Flavor::Sglang, "test-model:sql").await;
+    let url = format!("{}/v1/loads?include=all", fleet.urls()[0]);
+    let sim = get(&client(), &url).await.json();
+    let expected: Value = serde_json::from_str(&fixture("sglang/v1-loads-lora.json")).unwrap();
+    assert_json_shape(
+        "sglang/v1-loads-lora.json",
+        &expected["loads"][0]["lora"],
+        &sim["loads"][0]["lora"],
+    );
+}

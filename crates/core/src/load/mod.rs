@@ -21,6 +21,7 @@ mod vllm;
 
 use serde::Serialize;
 
+use crate::lora::AdapterSlots;
 use crate::prom_text;
 
 pub use sglang::{parse_sglang_get_load, parse_sglang_loads, SGLANG_LOADS_QUERY};
@@ -83,6 +84,9 @@ pub struct LoadReport {
     /// Fields the parser dropped as malformed (the rest of the report stands).
     #[serde(skip)]
     pub dropped: Vec<&'static str>,
+    /// Its LoRA adapter slots, when it serves adapters (`lora`), over all ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<AdapterSlots>,
 }
 
 /// What a report says of the engine's own stepping, compared between reports: when nothing in
@@ -237,7 +241,11 @@ fn non_empty(
     let mut dropped = dropped;
     dropped.sort_unstable();
     dropped.dedup();
-    Ok(LoadReport { ranks, dropped })
+    Ok(LoadReport {
+        ranks,
+        dropped,
+        adapters: None,
+    })
 }
 
 #[cfg(test)]

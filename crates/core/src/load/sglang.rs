@@ -6,12 +6,15 @@
 //! worker always "waits"; `include=all` adds `queues.waiting` (the scheduler's own waiting queue)
 //! and `disaggregation.*_queue_reqs`, from which the queue that means overload is told apart.
 //! The request in chunked prefill is in neither count; `num_waiting_uncached_tokens` includes
-//! its remaining tokens. The older `/get_load` (now a deprecated shim) sends `"dp_rank": null`
-//! when there is one rank and has no KV usage.
+//! its remaining tokens. `include=lora` adds each rank's adapter slots (`lora.slots_used`,
+//! `slots_total`: `scheduler_metrics_mixin.py`, `get_loads`), counts without names. The older
+//! `/get_load` (now a deprecated shim) sends `"dp_rank": null` when there is one rank and has
+//! no KV usage.
 
 use serde_json::{Map, Value};
 
 use super::{count, fraction, non_empty, LoadError, LoadReport, RankLoad};
+use crate::lora::AdapterSlots;
 
 /// The path and query polled for SGLang's load: every section (an engine that does not know
 /// `include` ignores it; `all` reads the same as a list or as one value).
@@ -61,6 +64,7 @@ pub fn parse_sglang_loads(body: &[u8]) -> Result<LoadReport, LoadError> {
     };
     let mut dropped = Vec::new();
     let mut ranks = Vec::new();
+    let mut adapters: Option<AdapterSlots> = None;
     for (i, entry) in loads.iter().enumerate() {
         let Value::Object(object) = entry else {
             dropped.push("loads[]");
@@ -70,6 +74,9 @@ pub fn parse_sglang_loads(body: &[u8]) -> Result<LoadReport, LoadError> {
             object,
             dropped: &mut dropped,
         };
+        if let Some(lora) = f.section("lora") {
+            add_slots(adapters.get_or_insert_with(AdapterSlots::default), lora);
+        }
         let all_waiting = f.count("num_waiting_reqs").unwrap_or(0);
         let deferred = deferred_of(&mut f, all_waiting);
         let (queue_waiting, retracted) = match f.section("queues") {
@@ -94,7 +101,25 @@ pub fn parse_sglang_loads(body: &[u8]) -> Result<LoadReport, LoadError> {
             ..RankLoad::default()
         });
     }
-    non_empty(ranks, dropped)
+    let mut report = non_empty(ranks, dropped)?;
+    report.adapters = adapters;
+    Ok(report)
+}
+
+/// One rank's `lora` section (`include=lora`: `slots_used`, `slots_total`), added to the
+/// worker's: each rank batches its own adapters.
+fn add_slots(slots: &mut AdapterSlots, lora: &Map<String, Value>) {
+    let field = |key: &str| {
+        lora.get(key)
+            .and_then(Value::as_f64)
+            .map(|x| count(x) as u32)
+    };
+    if let Some(total) = field("slots_total") {
+        *slots.max.get_or_insert(0) += total;
+    }
+    if let Some(used) = field("slots_used") {
+        *slots.used.get_or_insert(0) += used;
+    }
 }
 
 /// Requests counted as waiting that wait for a KV transfer or a bootstrap, not for room: from

@@ -311,3 +311,31 @@ fn every_fixture_names_its_source() {
         }
     }
 }
+
+#[test]
+fn vllm_lora_info_is_read_from_its_newest_series() {
+    let r = parse_vllm_metrics(&fixture("vllm/metrics-lora.prom")).unwrap();
+    let slots = r.adapters.expect("adapter slots");
+    assert_eq!(slots.max, Some(2));
+    assert_eq!(slots.running, vec!["sql".to_string(), "med".to_string()]);
+    assert_eq!(slots.waiting, vec!["law".to_string()]);
+    assert_eq!(slots.used, None);
+    assert_eq!(r.ranks[0].running, 5);
+}
+
+#[test]
+fn an_engine_without_adapters_reports_no_slots() {
+    assert_eq!(parse_vllm_metrics(VLLM_DP2).unwrap().adapters, None);
+    let r = parse_sglang_loads(fixture("sglang/v1-loads-decode.json").as_bytes()).unwrap();
+    assert_eq!(r.adapters, None);
+}
+
+#[test]
+fn sglang_adapter_slots_are_summed_over_ranks() {
+    let r = parse_sglang_loads(fixture("sglang/v1-loads-lora.json").as_bytes()).unwrap();
+    let slots = r.adapters.expect("adapter slots");
+    assert_eq!(slots.max, Some(8));
+    assert_eq!(slots.used, Some(7));
+    assert!(slots.running.is_empty());
+    assert_eq!(r.ranks.len(), 2);
+}

@@ -6,11 +6,14 @@
 //! it in `num_requests_waiting_by_reason{reason="capacity"|"deferred"}` — deferred being a
 //! request held by a transient constraint (remote KV in a disaggregated decode, a LoRA budget),
 //! not by a full batch. `engine_sleep_state` has one series per `sleep_state` label; `awake` 0
-//! means asleep.
+//! means asleep. `lora_requests_info` is set to the current time at every step with the step's
+//! adapters in its labels, and every label combination it ever had stays a series: the newest
+//! value is the current one.
 
 use std::collections::BTreeMap;
 
 use super::{fraction, non_empty, LoadError, LoadReport, RankLoad};
+use crate::lora::AdapterSlots;
 use crate::prom_text;
 
 /// What one rank's series said, before the waiting queue is settled.
@@ -30,10 +33,17 @@ struct Seen {
 pub fn parse_vllm_metrics(text: &str) -> Result<LoadReport, LoadError> {
     let exposition = prom_text::parse(text)?;
     let mut ranks: BTreeMap<u32, Seen> = BTreeMap::new();
+    let mut adapters: Option<(f64, AdapterSlots)> = None;
     for s in &exposition.samples {
         let Some(field) = s.name.strip_prefix("vllm:") else {
             continue;
         };
+        if field == "lora_requests_info" {
+            if adapters.as_ref().is_none_or(|(at, _)| s.value > *at) {
+                adapters = Some((s.value, adapter_slots(s)));
+            }
+            continue;
+        }
         if !KNOWN.contains(&field) {
             continue;
         }
@@ -72,7 +82,27 @@ pub fn parse_vllm_metrics(text: &str) -> Result<LoadReport, LoadError> {
         }
     }
     let ranks = ranks.into_values().map(settle).collect();
-    non_empty(ranks, Vec::new())
+    let mut report = non_empty(ranks, Vec::new())?;
+    report.adapters = adapters.map(|(_, slots)| slots);
+    Ok(report)
+}
+
+/// One `lora_requests_info` series: the names are joined by commas, an empty label none.
+fn adapter_slots(s: &prom_text::Sample) -> AdapterSlots {
+    let names = |label| -> Vec<String> {
+        s.label(label)
+            .unwrap_or("")
+            .split(',')
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    AdapterSlots {
+        max: s.label("max_lora").and_then(|m| m.parse().ok()),
+        running: names("running_lora_adapters"),
+        waiting: names("waiting_lora_adapters"),
+        used: None,
+    }
 }
 
 const KNOWN: &[&str] = &[
