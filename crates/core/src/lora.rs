@@ -76,14 +76,20 @@ pub fn affinity(adapter: &str, slots: Option<&AdapterSlots>, here: &[&str]) -> A
     }
 }
 
-/// The indexes of `affinities` in the best group (all of them when it is empty).
-pub fn best_group(affinities: &[Affinity]) -> Vec<usize> {
-    let Some(best) = affinities.iter().min() else {
-        return Vec::new();
-    };
-    (0..affinities.len())
-        .filter(|&i| affinities[i] == *best)
-        .collect()
+/// `items` in groups of equal affinity, the best group first: the route stage's policy chooses
+/// within the first group that yields a worker.
+pub fn groups<T>(mut items: Vec<(Affinity, T)>) -> Vec<Vec<T>> {
+    items.sort_by_key(|(standing, _)| *standing);
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    let mut last = None;
+    for (standing, item) in items {
+        match groups.last_mut() {
+            Some(group) if last == Some(standing) => group.push(item),
+            _ => groups.push(vec![item]),
+        }
+        last = Some(standing);
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -165,11 +171,14 @@ mod tests {
     }
 
     #[test]
-    fn the_best_group_is_every_worker_of_the_best_affinity() {
+    fn workers_are_grouped_by_affinity_best_first_keeping_their_order_within() {
         use Affinity::*;
-        assert_eq!(best_group(&[Waits, FreeSlot, Running, Running]), vec![2, 3]);
-        assert_eq!(best_group(&[Waits, FreeSlot, Waits, FreeSlot]), vec![1, 3]);
-        assert_eq!(best_group(&[Waits, Waits]), vec![0, 1]);
-        assert!(best_group(&[]).is_empty());
+        let ranked = groups(vec![(Waits, 0), (FreeSlot, 1), (Running, 2), (FreeSlot, 3)]);
+        assert_eq!(ranked, vec![vec![2], vec![1, 3], vec![0]]);
+        assert_eq!(
+            groups(vec![(Waits, 'a'), (Waits, 'b')]),
+            vec![vec!['a', 'b']]
+        );
+        assert!(groups::<u8>(Vec::new()).is_empty());
     }
 }

@@ -38,6 +38,10 @@ pub(crate) struct LoadView {
     /// over about a minute of its busy time: the interactive reserve counts its room in it, so
     /// requests started lately are counted as grown to it.
     kv_per_request: Option<f64>,
+    /// Its LoRA adapter slots, when it serves adapters: `max` slots, the adapters `running` and
+    /// `waiting` by name (vLLM) or the slots `used` (SGLang).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    adapters: Option<sluice_core::lora::AdapterSlots>,
     ranks: Vec<RankLoad>,
 }
 
@@ -57,6 +61,7 @@ impl LoadView {
             busy: load.busy,
             running_window: worker.vetoes.window(),
             kv_per_request: load.kv_per_request,
+            adapters: load.report.adapters.clone(),
             ranks: load.report.ranks.clone(),
         })
     }

@@ -164,6 +164,10 @@ pub(crate) struct WorkerView {
     flavor: Option<String>,
     models: Vec<ModelName>,
     in_flight: u64,
+    /// This gateway's requests in flight on it by LoRA adapter (the engine's own view of its
+    /// adapter slots is in `engine_load.adapters`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    adapters_in_flight: std::collections::BTreeMap<String, u64>,
     health: HealthView,
     circuit: CircuitView,
     /// Why it gets no new request now, health and circuit aside.
@@ -194,6 +198,12 @@ impl WorkerView {
             flavor: worker.info().map(|i| i.flavor.clone()),
             models: worker.models(),
             in_flight: worker.in_flight(),
+            adapters_in_flight: worker
+                .adapters
+                .counts()
+                .into_iter()
+                .map(|(name, n)| (name.to_string(), n))
+                .collect(),
             health: HealthView::of(admin, worker),
             vetoes: load::VetoView::of(worker),
             engine_load: load::LoadView::of(worker),

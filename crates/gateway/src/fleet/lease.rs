@@ -32,6 +32,8 @@ pub(crate) struct Lease {
     streaming: bool,
     /// A decode worker's rooms in its admission window, freed with the lease.
     rooms: Option<Box<DecodeRooms>>,
+    /// The LoRA adapter the request names, counted on the worker until the lease ends.
+    adapter: Option<Arc<str>>,
 }
 
 impl Lease {
@@ -55,12 +57,21 @@ impl Lease {
             pending: false,
             streaming: false,
             rooms: None,
+            adapter: None,
         })
     }
 
     /// Holds `rooms` of the worker's decode window until the lease ends.
     pub(crate) fn hold_rooms(&mut self, rooms: DecodeRooms) {
         self.rooms = Some(Box::new(rooms));
+    }
+
+    /// Counts the request under `adapter` on the worker until the lease ends.
+    pub(crate) fn for_adapter(&mut self, adapter: &Arc<str>) {
+        if self.adapter.is_none() {
+            self.worker.adapters.enter(adapter);
+            self.adapter = Some(adapter.clone());
+        }
     }
 
     /// Names the request this lease is for, in what its outcome logs.
@@ -161,6 +172,9 @@ impl Drop for Lease {
         }
         if let Some(permit) = self.permit.take() {
             self.worker.breaker.release(permit);
+        }
+        if let Some(adapter) = self.adapter.take() {
+            self.worker.adapters.leave(&adapter);
         }
         // A request of `n` counted `n` times in flight.
         self.worker.traffic.leave(self.weight);

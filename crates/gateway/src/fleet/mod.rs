@@ -25,7 +25,9 @@
 //! - `spec` — the worker spec of `--worker-urls` and the admin API.
 //! - `collector` — per-worker gauges read at scrape time.
 //! - `held` — the KV blocks its engine holds, as its events tell (precise prefix routing).
+//! - `adapters` — the LoRA adapters of this gateway's requests in flight on it.
 
+mod adapters;
 mod adaptive;
 mod atomic;
 mod breaker;
@@ -483,12 +485,16 @@ impl Fleet {
                         workers: Vec::new(),
                         state,
                         pd: None,
+                        adapter: None,
                     })
                     .workers
                     .push(worker.clone());
             }
         }
         for pool in pools.values_mut() {
+            if pool.workers.iter().any(|w| w.lists_as_adapter(&pool.model)) {
+                pool.adapter = Some(Arc::from(pool.model.as_str()));
+            }
             pool.pd = pool::pd_pools(&mut registry.pools, &self.settings, pool);
         }
         registry

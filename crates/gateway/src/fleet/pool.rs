@@ -38,6 +38,9 @@ pub struct Pool {
     /// Set when the model is served disaggregated (some of its workers are prefill or decode
     /// workers): its requests go to a pair, one of each.
     pub(crate) pd: Option<Arc<PdPools>>,
+    /// Its name, when the model is a LoRA adapter (a worker lists it with a `parent`): its
+    /// requests go where the adapter runs or has a slot first (`sluice_core::lora`).
+    pub(crate) adapter: Option<Arc<str>>,
 }
 
 /// A disaggregated model's prefill and decode workers, each a pool of its own (its own
@@ -192,6 +195,7 @@ pub(super) fn pd_pools(
         workers,
         state: pool_state(pools, settings, &pool.model, Some(role)),
         pd: None,
+        adapter: pool.adapter.clone(),
     };
     let prefill = side("prefill", prefill);
     let decode = side("decode", decode);

@@ -8,10 +8,12 @@ use axum::http::HeaderValue;
 use sluice_core::admission::drain::OverCeiling;
 use sluice_core::breaker::BreakerState;
 use sluice_core::health::{Health, HealthState, HealthTransition};
+use sluice_core::lora::{affinity, Affinity};
 use sluice_core::overload::{Projection, VetoClass};
 use sluice_core::{ModelName, WorkerId};
 use tokio::time::Instant;
 
+use super::adapters::AdapterUse;
 use super::adaptive::AdaptiveLimit;
 use super::atomic::AtomicEnum;
 use super::breaker::WorkerBreaker;
@@ -189,6 +191,8 @@ pub struct Worker {
     pub(crate) decode_window: Arc<DecodeWindow>,
     /// The KV blocks its engine holds, as its events tell (its event subscriber).
     pub(crate) held: HeldIndex,
+    /// The LoRA adapters of this gateway's requests on it (the request path, through `Lease`).
+    pub(crate) adapters: AdapterUse,
     pub(crate) metrics: WorkerMetrics,
 }
 
@@ -222,6 +226,7 @@ impl Worker {
             adaptive: AdaptiveLimit::default(),
             decode_window: Arc::new(DecodeWindow::new(notices.changed)),
             held: HeldIndex::default(),
+            adapters: AdapterUse::default(),
             metrics,
         }
     }
@@ -346,11 +351,31 @@ impl Worker {
         self.vetoes.start_room().starts_now(self.load_everywhere())
     }
 
+    /// Where a request for `adapter` stands on it: its engine's last report of its adapter
+    /// slots, and the adapters of this gateway's requests in flight there.
+    pub(crate) fn adapter_affinity(&self, adapter: &str) -> Affinity {
+        let load = self.vetoes.load();
+        let slots = load.as_ref().and_then(|l| l.report.adapters.as_ref());
+        let names = self.adapters.names();
+        let here: Vec<&str> = names.iter().map(|n| &**n).collect();
+        affinity(adapter, slots, &here)
+    }
+
     /// Ready, awake, and its circuit lets requests through: a request could use it now.
     pub fn is_routable(&self) -> bool {
         self.status() == HealthState::Ready
             && self.breaker.state() != BreakerState::Open
             && !self.vetoes.asleep()
+    }
+
+    /// Whether it lists `model` as a LoRA adapter: its `/v1/models` card names a `parent` (the
+    /// base model), as vLLM's and SGLang's do.
+    pub(crate) fn lists_as_adapter(&self, model: &ModelName) -> bool {
+        self.info().is_some_and(|info| {
+            info.models
+                .iter()
+                .any(|m| &m.id == model && m.card.get("parent").is_some_and(|p| p.is_string()))
+        })
     }
 
     /// The models it serves, once known.

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use sluice_core::health::HealthState;
+use sluice_core::lora;
 use sluice_core::overload::{when_all_vetoed, AllVetoed, Projection, VetoClass, Vetoed};
 use sluice_core::policy::{choose, Candidate, Draw, Policy};
 use sluice_core::ModelName;
@@ -179,6 +180,10 @@ impl Chooser {
             // Room within the reserve is room: not a fallback onto a vetoed worker.
             Some(VetoClass::Reserve) | None => {}
         }
+        let mut selected = selected;
+        if let Some(adapter) = &pool.adapter {
+            selected.lease.for_adapter(adapter);
+        }
         let worker = selected.lease.worker();
         if rules.shedding.enabled
             && worker.veto_class_by(rules.projection) == Some(VetoClass::Overload)
@@ -240,17 +245,34 @@ fn select(
             w.veto_class_for(rules.projection, request.reserve)
                 .is_none()
         });
-    if let Some(lease) = pick_where_it_starts(policy, pool, request, free) {
-        return Ok(Selected {
-            lease,
-            fallback: None,
-        });
+    for group in by_adapter(pool, free) {
+        if let Some(lease) = pick_where_it_starts(policy, pool, request, group) {
+            return Ok(Selected {
+                lease,
+                fallback: None,
+            });
+        }
     }
     let others_out = pool
         .workers
         .iter()
         .any(|w| !w.is_routable() && !tried.contains(&w.key));
     fall_back(rules, pool, request, tried, vetoed, others_out)
+}
+
+/// `workers` in the order a request for its pool's LoRA adapter tries them: those where the
+/// adapter runs, then those with a free slot, then those where it would wait, the policy
+/// choosing within each group (`sluice_core::lora`); one group for any other model.
+fn by_adapter<'w>(pool: &Pool, workers: Vec<&'w Arc<Worker>>) -> Vec<Vec<&'w Arc<Worker>>> {
+    match &pool.adapter {
+        Some(adapter) => lora::groups(
+            workers
+                .into_iter()
+                .map(|w| (w.adapter_affinity(adapter), w))
+                .collect(),
+        ),
+        None => vec![workers],
+    }
 }
 
 /// The policy's pick among `workers`; for a request that seeks room, among those where it

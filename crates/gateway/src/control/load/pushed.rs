@@ -152,6 +152,7 @@ impl Pushed {
         let report = LoadReport {
             ranks: self.ranks.values().cloned().collect(),
             dropped: Vec::new(),
+            adapters: None,
         };
         Push::Report(report, silence)
     }

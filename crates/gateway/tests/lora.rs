@@ -1,0 +1,99 @@
+//! Requests naming a LoRA adapter go where the adapter runs, then where a slot is free, before
+//! the policy chooses: seen from the engines' own request counts.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use sluice_core::policy::Policy;
+use sluice_sim::lora::{AdapterModule, LoraSettings, FAST_LOAD};
+
+/// A vLLM-shaped engine serving `sql` and `med` with one adapter slot (vLLM's default).
+fn serving_adapters() -> EngineConfig {
+    let mut engine = timed(Flavor::Vllm, 1.0);
+    engine.lora = Some(LoraSettings {
+        max_loras: None,
+        max_cpu_loras: None,
+        modules: ["sql", "med"]
+            .iter()
+            .map(|n| AdapterModule {
+                name: (*n).to_string(),
+                path: format!("/adapters/{n}"),
+            })
+            .collect(),
+        load_from_cpu: std::time::Duration::from_secs_f64(FAST_LOAD.from_cpu_ms / 1000.0),
+        load_from_disk: std::time::Duration::from_secs_f64(FAST_LOAD.from_disk_ms / 1000.0),
+        runtime_updates: false,
+    });
+    engine
+}
+
+fn engine_running(s: &Setup) -> usize {
+    let running: Vec<usize> = (0..2)
+        .filter(|&i| s.sims.engines()[i].state().running > 0)
+        .collect();
+    assert_eq!(running.len(), 1, "one stream, one engine");
+    running[0]
+}
+
+#[tokio::test]
+async fn an_adapters_requests_join_it_where_it_runs_and_another_adapter_goes_where_a_slot_is_free()
+{
+    let s = start(2, serving_adapters(), |c| {
+        c.route.policy = Policy::RoundRobin
+    })
+    .await;
+    let body = chat_body("sql", "a long answer", 4000, true);
+    let held = open_stream_with(&s.client, &s.gateway, body, &[]).await;
+    let runs_sql = engine_running(&s);
+    let before = s.received();
+    for i in 0..6 {
+        let a = s.chat(&chat_body("sql", &format!("q{i}"), 1, false)).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let after = s.received();
+    assert_eq!(
+        after[runs_sql] - before[runs_sql],
+        6,
+        "round robin would have split them: {before:?} -> {after:?}"
+    );
+    let other = 1 - runs_sql;
+    for i in 0..4 {
+        let a = s.chat(&chat_body("med", &format!("m{i}"), 1, false)).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let last = s.received();
+    assert_eq!(
+        last[other] - after[other],
+        4,
+        "the engine whose one slot holds sql would make med wait: {after:?} -> {last:?}"
+    );
+    let base = s.chat(&chat_body("test-model", "base", 1, false)).await;
+    assert_eq!(base.status, 200, "the base model is routed as before");
+    drop(held);
+}
+
+#[tokio::test]
+async fn workers_show_their_adapters_in_flight() {
+    let s = start(2, serving_adapters(), |c| {
+        c.route.policy = Policy::RoundRobin
+    })
+    .await;
+    let body = chat_body("med", "a long answer", 4000, true);
+    let held = open_stream_with(&s.client, &s.gateway, body, &[]).await;
+    let runs = engine_running(&s);
+    let workers = get_admin(&s.client, &s.url("/workers")).await.json();
+    let shown: Vec<serde_json::Value> = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["adapters_in_flight"].clone())
+        .collect();
+    assert_eq!(
+        shown.iter().filter(|a| a["med"] == 1).count(),
+        1,
+        "{shown:?}"
+    );
+    assert!(s.sims.engines()[runs].state().running > 0);
+    drop(held);
+}
