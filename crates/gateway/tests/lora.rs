@@ -6,25 +6,12 @@ mod common;
 
 use common::*;
 use sluice_core::policy::Policy;
-use sluice_sim::lora::{AdapterModule, LoraSettings, FAST_LOAD};
+use sluice_sim::lora::{LoraSettings, FAST_LOAD};
 
 /// A vLLM-shaped engine serving `sql` and `med` with one adapter slot (vLLM's default).
 fn serving_adapters() -> EngineConfig {
     let mut engine = timed(Flavor::Vllm, 1.0);
-    engine.lora = Some(LoraSettings {
-        max_loras: None,
-        max_cpu_loras: None,
-        modules: ["sql", "med"]
-            .iter()
-            .map(|n| AdapterModule {
-                name: (*n).to_string(),
-                path: format!("/adapters/{n}"),
-            })
-            .collect(),
-        load_from_cpu: std::time::Duration::from_secs_f64(FAST_LOAD.from_cpu_ms / 1000.0),
-        load_from_disk: std::time::Duration::from_secs_f64(FAST_LOAD.from_disk_ms / 1000.0),
-        runtime_updates: false,
-    });
+    engine.lora = Some(LoraSettings::serving(&["sql", "med"], FAST_LOAD));
     engine
 }
 

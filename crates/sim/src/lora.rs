@@ -67,6 +67,28 @@ pub struct LoraSettings {
     pub runtime_updates: bool,
 }
 
+impl LoraSettings {
+    /// Adapters `names` at `/adapters/NAME`, loaded at start with `load` times and the flavor's
+    /// defaults otherwise; no run-time loading (vLLM's default).
+    pub fn serving(names: &[&str], load: LoadTimes) -> Self {
+        let ms = |ms: f64| Duration::from_secs_f64(ms / 1000.0);
+        Self {
+            max_loras: None,
+            max_cpu_loras: None,
+            modules: names
+                .iter()
+                .map(|n| AdapterModule {
+                    name: (*n).to_string(),
+                    path: format!("/adapters/{n}"),
+                })
+                .collect(),
+            load_from_cpu: ms(load.from_cpu_ms),
+            load_from_disk: ms(load.from_disk_ms),
+            runtime_updates: false,
+        }
+    }
+}
+
 /// Why an adapter could not be loaded or unloaded, in the engine's own words
 /// (vllm/entrypoints/openai/models/serving.py, `_check_load_lora_adapter_request` and
 /// `_check_unload_lora_adapter_request`).

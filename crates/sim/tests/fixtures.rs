@@ -471,22 +471,9 @@ async fn sglang_refuses_past_max_queued_requests_as_its_scheduler_does_in_both_s
 /// An engine serving adapters `sql` and `med` with the engine's own defaults otherwise, after one
 /// request under `model`.
 async fn serving_adapters(flavor: Flavor, model: &str) -> SimFleet {
-    use sluice_sim::lora::{AdapterModule, LoraSettings, FAST_LOAD};
+    use sluice_sim::lora::{LoraSettings, FAST_LOAD};
     let mut cfg = instant(flavor);
-    cfg.lora = Some(LoraSettings {
-        max_loras: None,
-        max_cpu_loras: None,
-        modules: ["sql", "med"]
-            .iter()
-            .map(|n| AdapterModule {
-                name: (*n).to_string(),
-                path: format!("/adapters/{n}"),
-            })
-            .collect(),
-        load_from_cpu: std::time::Duration::from_secs_f64(FAST_LOAD.from_cpu_ms / 1000.0),
-        load_from_disk: std::time::Duration::from_secs_f64(FAST_LOAD.from_disk_ms / 1000.0),
-        runtime_updates: false,
-    });
+    cfg.lora = Some(LoraSettings::serving(&["sql", "med"], FAST_LOAD));
     let fleet = fleet(cfg).await;
     let body = json!({"model": model, "prompt": "hello", "max_tokens": 2}).to_string();
     let url = format!("{}/v1/completions", fleet.urls()[0]);

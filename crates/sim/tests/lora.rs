@@ -6,24 +6,14 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use sluice_sim::lora::{AdapterModule, LoraSettings, FAST_LOAD};
+use sluice_sim::lora::{LoraSettings, FAST_LOAD};
 use sluice_sim::{EngineConfig, Flavor};
 
 fn with_adapters(flavor: Flavor, names: &[&str]) -> EngineConfig {
     let mut cfg = instant(flavor);
     cfg.lora = Some(LoraSettings {
-        max_loras: None,
-        max_cpu_loras: None,
-        modules: names
-            .iter()
-            .map(|n| AdapterModule {
-                name: (*n).to_string(),
-                path: format!("/adapters/{n}"),
-            })
-            .collect(),
-        load_from_cpu: std::time::Duration::from_secs_f64(FAST_LOAD.from_cpu_ms / 1000.0),
-        load_from_disk: std::time::Duration::from_secs_f64(FAST_LOAD.from_disk_ms / 1000.0),
         runtime_updates: true,
+        ..LoraSettings::serving(names, FAST_LOAD)
     });
     cfg
 }

@@ -19,6 +19,10 @@
 //! where it starts at once (`Worker::starts_now`) when some would and some would not: the room
 //! the reserve keeps is of no use to it on another worker, behind an engine's queue.
 //!
+//! A request for a LoRA adapter (its pool's `adapter`) is placed by adapter before the policy
+//! chooses: among the unvetoed candidates, where the adapter runs, then where a slot is free,
+//! then where it would wait (`sluice_core::lora`).
+//!
 //! Where a pool's engines publish KV events, the cache-aware policy scores by the blocks they
 //! hold (`held`); elsewhere by where prompts were sent.
 //!
