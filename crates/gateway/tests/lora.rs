@@ -84,3 +84,62 @@ async fn workers_show_their_adapters_in_flight() {
     assert!(s.sims.engines()[runs].state().running > 0);
     drop(held);
 }
+
+/// `/v1/models` of the gateway lists `name`.
+fn lists(models: &Value, name: &str) -> bool {
+    model_ids(models).iter().any(|id| id == name)
+}
+
+#[tokio::test]
+async fn an_adapter_loaded_or_unloaded_after_registration_is_routed_by_what_the_worker_lists_now() {
+    let mut engine = timed(Flavor::Vllm, 1.0);
+    let mut lora = LoraSettings::serving(&["sql"], FAST_LOAD);
+    lora.runtime_updates = true;
+    engine.lora = Some(lora);
+    let s = start(2, engine, |c| {
+        c.control.models_refresh = Some(std::time::Duration::from_millis(50))
+    })
+    .await;
+    let missing = s.chat(&chat_body("med", "q", 1, false)).await;
+    assert_eq!(code(&missing).as_deref(), Some("model_not_found"));
+
+    let engine_url = |path: &str| format!("{}{path}", s.sims.urls()[1]);
+    let load = r#"{"lora_name":"med","lora_path":"/adapters/med"}"#;
+    let loaded = send(
+        &s.client,
+        "POST",
+        &engine_url("/v1/load_lora_adapter"),
+        Some(load),
+        &[],
+    )
+    .await;
+    assert_eq!(loaded.status, 200, "{}", loaded.text());
+    until_view(&s.gateway, &s.client, "med listed", "/v1/models", |m| {
+        lists(m, "med")
+    })
+    .await;
+    let before = s.received();
+    for i in 0..3 {
+        let a = s.chat(&chat_body("med", &format!("q{i}"), 1, false)).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let after = s.received();
+    assert_eq!(after[1] - before[1], 3, "{before:?} -> {after:?}");
+
+    let unload = r#"{"lora_name":"med"}"#;
+    let unloaded = send(
+        &s.client,
+        "POST",
+        &engine_url("/v1/unload_lora_adapter"),
+        Some(unload),
+        &[],
+    )
+    .await;
+    assert_eq!(unloaded.status, 200, "{}", unloaded.text());
+    until_view(&s.gateway, &s.client, "med gone", "/v1/models", |m| {
+        !lists(m, "med")
+    })
+    .await;
+    let gone = s.chat(&chat_body("med", "q", 1, false)).await;
+    assert_eq!(code(&gone).as_deref(), Some("model_not_found"));
+}

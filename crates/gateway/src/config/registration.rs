@@ -32,6 +32,12 @@ pub struct RegistrationSettings {
     #[arg(help_heading = "Workers")]
     pub(crate) worker_startup_delay: f64,
 
+    /// Seconds between reads of a registered worker's `/v1/models`, so that the LoRA adapters
+    /// loaded or unloaded on it at run time are routed to (0: read once, at registration).
+    #[arg(long, default_value_t = 10.0)]
+    #[arg(help_heading = "Workers")]
+    pub(crate) worker_models_refresh_secs: f64,
+
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]
     #[arg(help_heading = "Workers")]
@@ -59,6 +65,15 @@ impl RegistrationSettings {
             self.worker_startup_timeout_secs,
         )?;
         Ok(Some(timeout).filter(|t| !t.is_zero()))
+    }
+
+    /// `--worker-models-refresh-secs`; 0: never.
+    pub(super) fn models_refresh(&self) -> Result<Option<Duration>, ConfigError> {
+        let every = seconds(
+            "worker-models-refresh-secs",
+            self.worker_models_refresh_secs,
+        )?;
+        Ok(Some(every).filter(|t| !t.is_zero()))
     }
 
     /// `--drain-settle-secs`.

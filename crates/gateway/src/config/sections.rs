@@ -72,6 +72,7 @@ impl Settings {
             startup_check_interval: self.registration.check_interval()?,
             startup_delay: self.registration.delay()?,
             startup_timeout: self.registration.timeout()?,
+            models_refresh: self.registration.models_refresh()?,
             adaptive: self.adaptive.limiter()?,
             kv_events: self.kv_events()?,
         })

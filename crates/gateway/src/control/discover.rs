@@ -1,6 +1,9 @@
 //! Learning what a worker serves: `GET /v1/models` at registration, the models and the flavor
 //! (`owned_by`: `vllm`, `sglang`, ...). A worker that cannot be reached stays registered and
 //! `Pending`, and is asked again every `--worker-startup-check-interval-secs` until it answers.
+//! Once registered, an HTTP worker is asked again every `--worker-models-refresh-secs`: LoRA
+//! adapters come and go at run time (vLLM's `/v1/load_lora_adapter`, SGLang's
+//! `/load_lora_adapter`), and its pools follow what it lists now.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -63,10 +66,12 @@ pub(super) async fn register(fleet: Weak<Fleet>, worker: Arc<Worker>, control: A
         }
         match fetch(upstream, &worker).await {
             Ok(info) => {
-                if let Some(fleet) = fleet.upgrade() {
-                    fleet.learned(&worker, info);
-                }
-                return;
+                let Some(fleet) = fleet.upgrade() else {
+                    return;
+                };
+                fleet.learned(&worker, info);
+                drop(fleet);
+                break;
             }
             Err(e) => {
                 attempts += 1;
@@ -78,6 +83,30 @@ pub(super) async fn register(fleet: Weak<Fleet>, worker: Arc<Worker>, control: A
             }
         }
         tokio::time::sleep(interval).await;
+    }
+    if let Some(every) = control.settings.models_refresh {
+        if !worker.endpoint.grpc() {
+            refresh(fleet, worker, upstream, every).await;
+        }
+    }
+}
+
+/// Asks a registered worker what it serves every `every`, and tells the fleet when that changed.
+/// A failed ask changes nothing: whether the worker is up is the prober's to say.
+async fn refresh(fleet: Weak<Fleet>, worker: Arc<Worker>, upstream: &Upstream, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        match fetch(upstream, &worker).await {
+            Ok(info) => {
+                let Some(fleet) = fleet.upgrade() else {
+                    return;
+                };
+                if worker.info().is_none_or(|now| !now.same_models(&info)) {
+                    fleet.models_changed(&worker, info);
+                }
+            }
+            Err(e) => debug!(worker = %worker.id, error = %e, "models not re-read"),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! ## Layout
 //!
 //! - `discover` — registration: a worker's models and flavor from `GET /v1/models`, asked until it
-//!   answers; it turns a `Pending` worker `Ready`.
+//!   answers; it turns a `Pending` worker `Ready`; then asked again now and then, for the LoRA
+//!   adapters loaded and unloaded since.
 //! - `health` — the prober: each worker probed on its own schedule, results fed to the health
 //!   state machine; failed workers removed under auto-recovery.
 //! - `load` — the load monitor: engine load polled (vLLM `/metrics`, SGLang `/v1/loads`), turned
@@ -68,6 +69,9 @@ pub struct ControlSettings {
     /// `--worker-startup-timeout-secs`: how long a worker may stay unregistered before it is
     /// Failed; `None`: forever.
     pub startup_timeout: Option<Duration>,
+    /// `--worker-models-refresh-secs`: how often a registered worker's models are read again;
+    /// `None`: never.
+    pub models_refresh: Option<Duration>,
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<AdaptiveConfig>,
     /// Where workers' KV events are subscribed to.

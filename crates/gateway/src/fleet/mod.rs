@@ -366,22 +366,36 @@ impl Fleet {
 
     /// A worker answered `/v1/models`: it serves these models, and a pending one is ready.
     pub(crate) fn learned(self: &Arc<Self>, worker: &Arc<Worker>, info: WorkerInfo) {
+        if !self.set_models(worker, info, "worker models learned") {
+            return;
+        }
+        if let Some(t) = worker.health.change(|h| h.registered(Instant::now())) {
+            self.health_changed(worker, t);
+        }
+    }
+
+    /// A registered worker lists other models than it did (an adapter loaded or unloaded): its
+    /// pools are rebuilt; its health is not the list's to change.
+    pub(crate) fn models_changed(&self, worker: &Arc<Worker>, info: WorkerInfo) {
+        self.set_models(worker, info, "worker models changed");
+    }
+
+    /// Records what a still registered worker serves and publishes the pools; whether it was.
+    fn set_models(&self, worker: &Arc<Worker>, info: WorkerInfo, what: &str) -> bool {
         let mut registry = self.registry.lock();
         if !registry
             .entries
             .iter()
             .any(|e| Arc::ptr_eq(&e.worker, worker))
         {
-            return;
+            return false;
         }
         let models: Vec<_> = info.models.iter().map(|m| m.id.to_string()).collect();
         worker.set_info(info);
         self.publish(&mut registry);
         drop(registry);
-        info!(worker = %worker.id, ?models, "worker models learned");
-        if let Some(t) = worker.health.change(|h| h.registered(Instant::now())) {
-            self.health_changed(worker, t);
-        }
+        info!(worker = %worker.id, ?models, "{what}");
+        true
     }
 
     /// Acts on a health transition: log, gauge, breaker readmission on promotion, no load opinion

@@ -50,6 +50,17 @@ pub struct WorkerInfo {
     pub(crate) models: Vec<ModelCard>,
 }
 
+impl WorkerInfo {
+    /// The same models, each with the same parent: what routing reads from a list (the cards
+    /// also carry `created`, which vLLM stamps per answer).
+    pub(crate) fn same_models(&self, other: &WorkerInfo) -> bool {
+        let key = |m: &ModelCard| (m.id.clone(), m.card.get("parent").cloned());
+        self.flavor == other.flavor
+            && self.models.len() == other.models.len()
+            && self.models.iter().map(key).eq(other.models.iter().map(key))
+    }
+}
+
 /// Where a registration came from, as `GET /workers` shows it. A discovery source changes only
 /// the workers it registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
