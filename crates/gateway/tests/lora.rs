@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::pinned::fast_load;
 use common::*;
 use sluice_core::policy::Policy;
 use sluice_sim::lora::{LoraSettings, FAST_LOAD};
@@ -61,8 +62,9 @@ async fn an_adapters_requests_join_it_where_it_runs_and_another_adapter_goes_whe
 }
 
 #[tokio::test]
-async fn workers_show_their_adapters_in_flight() {
+async fn workers_and_metrics_show_each_workers_adapters_and_slots() {
     let s = start(2, serving_adapters(), |c| {
+        fast_load(c);
         c.route.policy = Policy::RoundRobin
     })
     .await;
@@ -81,7 +83,35 @@ async fn workers_show_their_adapters_in_flight() {
         1,
         "{shown:?}"
     );
-    assert!(s.sims.engines()[runs].state().running > 0);
+    let id = s.worker_id(runs).await;
+    let view = s
+        .until_worker(&id, "the engine reports med running", |w| {
+            w["engine_load"]["adapters"]["running"] == serde_json::json!(["med"])
+        })
+        .await;
+    assert_eq!(
+        view["engine_load"]["adapters"]["max"], 1,
+        "vLLM's --max-loras default"
+    );
+    for (series, value) in [
+        (
+            format!("sluice_worker_adapter_in_flight{{worker=\"{id}\",adapter=\"med\"}}"),
+            1.0,
+        ),
+        (
+            format!(
+                "sluice_worker_lora_adapter{{worker=\"{id}\",adapter=\"med\",state=\"running\"}}"
+            ),
+            1.0,
+        ),
+        (format!("sluice_worker_lora_slots{{worker=\"{id}\"}}"), 1.0),
+        (
+            format!("sluice_worker_lora_slots_taken{{worker=\"{id}\"}}"),
+            1.0,
+        ),
+    ] {
+        assert_eq!(s.metric(&series).await, Some(value), "{series}");
+    }
     drop(held);
 }
 

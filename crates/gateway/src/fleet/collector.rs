@@ -83,6 +83,7 @@ impl Collector for FleetCollector {
             }
         }
         encode_kv_events(&mut encoder, &snapshot.workers)?;
+        encode_adapters(&mut encoder, &snapshot.workers)?;
         encode_identity(&mut encoder, &snapshot.workers)
     }
 }
@@ -138,6 +139,64 @@ fn encode_identity(
         for &state in HealthState::ALL {
             let labels = [("worker", w.id.as_str()), ("state", state.as_str())];
             ConstGauge::new(i64::from(state == now)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each worker's LoRA adapter slots as its engine last reported them, the adapters running and
+/// waiting there, and this gateway's requests in flight per adapter: what routing by adapter
+/// reads (`Worker::adapter_affinity`).
+fn encode_adapters(
+    encoder: &mut DescriptorEncoder,
+    workers: &[Arc<Worker>],
+) -> Result<(), std::fmt::Error> {
+    let slots = |w: &Worker| w.vetoes.load().and_then(|l| l.report.adapters.clone());
+    per_worker(
+        encoder,
+        ("worker_lora_slots", "LoRA adapters one running batch of each worker's engine may hold (vLLM max_lora, SGLang's slots_total), as it last reported"),
+        workers,
+        |w| slots(w)?.max.map(i64::from),
+    )?;
+    per_worker(
+        encoder,
+        ("worker_lora_slots_taken", "Adapter slots taken on each worker: the adapters its engine reports running and those of this gateway's requests in flight there"),
+        workers,
+        |w| {
+            let names = w.adapters.names();
+            let here: Vec<&str> = names.iter().map(|n| &**n).collect();
+            Some(i64::from(slots(w)?.taken(&here)))
+        },
+    )?;
+    let mut family = encoder.encode_descriptor(
+        "worker_lora_adapter",
+        "1 for each adapter a worker's engine reports with requests running or waiting (vLLM's lora_requests_info)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for w in workers {
+        let Some(slots) = slots(w) else { continue };
+        for (state, names) in [("running", &slots.running), ("waiting", &slots.waiting)] {
+            for adapter in names {
+                let labels = [
+                    ("worker", w.id.as_str()),
+                    ("adapter", adapter.as_str()),
+                    ("state", state),
+                ];
+                ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "worker_adapter_in_flight",
+        "This gateway's requests in flight per worker and LoRA adapter",
+        None,
+        MetricType::Gauge,
+    )?;
+    for w in workers {
+        for (adapter, n) in w.adapters.counts() {
+            let labels = [("worker", w.id.as_str()), ("adapter", &*adapter)];
+            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
         }
     }
     Ok(())

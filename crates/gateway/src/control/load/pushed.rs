@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sluice_core::load::{LoadReport, RankLoad};
-use sluice_proto::common::{EngineLoad, KvEventBatch, SubscribeKvEventsRequest};
+use sluice_core::lora::AdapterSlots;
+use sluice_proto::common::{EngineLoad, EngineLora, KvEventBatch, SubscribeKvEventsRequest};
 use tonic::{Code, Streaming};
 
 use crate::fleet::Worker;
@@ -57,6 +58,9 @@ pub(super) struct Pushed {
     ranks: BTreeMap<u32, RankLoad>,
     /// When each rank's last record came.
     heard: BTreeMap<u32, tokio::time::Instant>,
+    /// Each rank's adapter slots, from the last record that carried them (telemetry rides
+    /// heartbeats).
+    slots: BTreeMap<u32, EngineLora>,
 }
 
 impl Pushed {
@@ -67,6 +71,7 @@ impl Pushed {
             retry_at: None,
             ranks: BTreeMap::new(),
             heard: BTreeMap::new(),
+            slots: BTreeMap::new(),
         }
     }
 
@@ -145,6 +150,9 @@ impl Pushed {
         let previous = self.ranks.remove(&rank);
         let merged = rank_load(rank, record, previous.as_ref());
         self.ranks.insert(rank, merged);
+        if let Some(lora) = record.lora {
+            self.slots.insert(rank, lora);
+        }
         let silence = Silence {
             ms: record.engine_silence_ms,
             reports_steps: record.engine_reports_steps == Some(true),
@@ -152,10 +160,22 @@ impl Pushed {
         let report = LoadReport {
             ranks: self.ranks.values().cloned().collect(),
             dropped: Vec::new(),
-            adapters: None,
+            adapters: adapter_slots(self.slots.values()),
         };
         Push::Report(report, silence)
     }
+}
+
+/// The worker's adapter slots, each rank's added (each batches its own adapters), as SGLang's
+/// `lora` section of `/v1/loads` reads; `None` when no record carried them.
+fn adapter_slots<'a>(ranks: impl Iterator<Item = &'a EngineLora>) -> Option<AdapterSlots> {
+    ranks.fold(None, |sum, rank| {
+        let mut sum: AdapterSlots = sum.unwrap_or_default();
+        let count = |n: i32| u32::try_from(n).unwrap_or(0);
+        *sum.max.get_or_insert(0) += count(rank.slots_total);
+        *sum.used.get_or_insert(0) += count(rank.slots_used);
+        Some(sum)
+    })
 }
 
 async fn subscribe(
@@ -287,5 +307,34 @@ mod tests {
             pushed.batch(&KvEventBatch::default()),
             Push::Contact
         ));
+    }
+
+    #[test]
+    fn adapter_slots_are_each_ranks_added_and_kept_through_records_without_them() {
+        let mut pushed = Pushed::new();
+        let batch = |rank: i32, lora: Option<EngineLora>| KvEventBatch {
+            dp_rank: Some(rank),
+            load: Some(EngineLoad {
+                lora,
+                ..EngineLoad::default()
+            }),
+            ..KvEventBatch::default()
+        };
+        let slots = |used, total| EngineLora {
+            slots_used: used,
+            slots_total: total,
+            utilization: 0.0,
+        };
+        let Push::Report(none, _) = pushed.batch(&batch(0, None)) else {
+            panic!("a record is a report");
+        };
+        assert_eq!(none.adapters, None, "no record said");
+        pushed.batch(&batch(0, Some(slots(2, 8))));
+        pushed.batch(&batch(1, Some(slots(8, 8))));
+        let Push::Report(both, _) = pushed.batch(&batch(0, None)) else {
+            panic!("a record is a report");
+        };
+        let adapters = both.adapters.expect("the ranks' slots");
+        assert_eq!((adapters.used, adapters.max), (Some(10), Some(16)));
     }
 }

@@ -506,6 +506,12 @@ pub(crate) fn loads_json(loads: &GetLoadsResponse) -> String {
                     "retracted": q.retracted,
                 });
             }
+            if let Some(lora) = &l.lora {
+                rank["lora"] = serde_json::json!({
+                    "slots_used": lora.slots_used, "slots_total": lora.slots_total,
+                    "utilization": lora.utilization,
+                });
+            }
             if let Some(d) = &l.disaggregation {
                 rank["disaggregation"] = serde_json::json!({
                     "mode": d.mode,
@@ -518,4 +524,30 @@ pub(crate) fn loads_json(loads: &GetLoadsResponse) -> String {
         })
         .collect();
     serde_json::json!({ "loads": ranks }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::common::EngineLora;
+    use sluice_proto::sglang_scheduler::SchedulerLoad;
+
+    #[test]
+    fn get_loads_lora_section_reads_as_the_v1_loads_one() {
+        let rank = |used, total| SchedulerLoad {
+            lora: Some(EngineLora {
+                slots_used: used,
+                slots_total: total,
+                utilization: 0.0,
+            }),
+            ..SchedulerLoad::default()
+        };
+        let loads = GetLoadsResponse {
+            loads: vec![rank(3, 8), rank(1, 8)],
+            ..GetLoadsResponse::default()
+        };
+        let report = sluice_core::load::parse_sglang_loads(loads_json(&loads).as_bytes()).unwrap();
+        let slots = report.adapters.expect("the lora section");
+        assert_eq!((slots.used, slots.max), (Some(4), Some(16)));
+    }
 }
