@@ -173,3 +173,27 @@ async fn an_adapter_loaded_or_unloaded_after_registration_is_routed_by_what_the_
     let gone = s.chat(&chat_body("med", "q", 1, false)).await;
     assert_eq!(code(&gone).as_deref(), Some("model_not_found"));
 }
+
+#[tokio::test]
+async fn with_adapter_routing_disabled_the_policy_alone_chooses() {
+    let s = start(2, serving_adapters(), |c| {
+        c.route.policy = Policy::RoundRobin;
+        c.route.by_adapter = false;
+    })
+    .await;
+    let body = chat_body("sql", "a long answer", 4000, true);
+    let held = open_stream_with(&s.client, &s.gateway, body, &[]).await;
+    let runs_sql = engine_running(&s);
+    let before = s.received();
+    for i in 0..6 {
+        let a = s.chat(&chat_body("sql", &format!("q{i}"), 1, false)).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let after = s.received();
+    assert_eq!(
+        after[runs_sql] - before[runs_sql],
+        3,
+        "round robin, blind to where sql runs: {before:?} -> {after:?}"
+    );
+    drop(held);
+}

@@ -27,9 +27,9 @@ pub enum ScenarioName {
     /// cache_aware; prefix hit rate per engine, TTFT, goodput, evenness.
     Routing,
     /// 32 LoRA adapters (Zipf) over 4 engines with --max-loras 4, at 0.8x and 1.5x C, with fast
-    /// and slow adapter loads: round_robin, least_load, power_of_two and cache_aware as they
-    /// are today (blind to adapters), SMG's round_robin and cache_aware; goodput, TTFT, adapter
-    /// loads and slot waits per engine.
+    /// and slow adapter loads: round_robin, least_load, power_of_two and cache_aware routing by
+    /// adapter, least_load and power_of_two blind to adapters (-blind), SMG's round_robin and
+    /// cache_aware; goodput, TTFT, adapter loads and slot waits per engine.
     Lora,
     /// 0.6x C, tripled for a while: refusals, goodput over time, recovery.
     Spike,
@@ -108,7 +108,8 @@ pub struct ScenarioArgs {
     /// slow-worker: sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue,
     /// sluice-codel, sluice-adaptive, sluice-adaptive-slo; routing: direct and only its own,
     /// sluice-round-robin, sluice-least-load, sluice-power-of-two, sluice-consistent-hash,
-    /// sluice-cache-aware, smg-round-robin, smg-cache-aware; many-streams: sluice-http2,
+    /// sluice-cache-aware, smg-round-robin, smg-cache-aware; lora: the routing names and
+    /// sluice-least-load-blind, sluice-power-of-two-blind; many-streams: sluice-http2,
     /// sluice-http1, envoy), or names from --gateway [default:
     /// all that can run here; direct always runs first, it sets C].
     #[arg(long, value_delimiter = ',')]

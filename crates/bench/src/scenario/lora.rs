@@ -7,8 +7,10 @@
 //! (Zipf, exponent 1). Two load-time settings (`sluice_sim::lora::FAST_LOAD`, `SLOW_LOAD`, each
 //! cited there); per setting, C is measured on `direct` with the same requests, and every
 //! configuration runs at 0.8x and 1.5x C, each point from cold engines (no adapter in a slot,
-//! empty caches) and a fresh gateway. The gateways see each adapter as one more model every
-//! engine serves: this is the baseline adapter-aware routing must beat.
+//! empty caches) and a fresh gateway. sluice's policies run as they are (routing by adapter:
+//! where it runs, then a free slot) and, for the two best without it, blind to adapters
+//! (`--disable-adapter-routing`, the `-blind` configurations), as `direct` is: the baseline
+//! routing by adapter must beat.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -32,8 +34,11 @@ pub const MAX_CPU_LORAS: u32 = 16;
 /// The adapters' popularity: the k-th asked for 1/k as often as the first.
 const ZIPF_EXPONENT: f64 = 1.0;
 
-/// sluice's policies, by their `--policy` names, as they are today (blind to adapters).
+/// sluice's policies, by their `--policy` names, routing by adapter.
 const POLICIES: [&str; 4] = ["round_robin", "least_load", "power_of_two", "cache_aware"];
+/// The policies also run blind to adapters: the best two of the baseline (docs/benchmarks.md,
+/// "LoRA adapters"), all four within each other's spread there.
+const BLIND: [&str; 2] = ["least_load", "power_of_two"];
 
 /// How long moving an adapter takes, from `sluice_sim::lora`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -96,8 +101,8 @@ pub fn adapters() -> AdapterMix {
     AdapterMix::numbered(ADAPTERS, ZIPF_EXPONENT)
 }
 
-/// `direct` first (it sets C), sluice's policies, SMG's round robin and cache-aware when SMG is
-/// installed.
+/// `direct` first (it sets C), sluice's policies, two of them blind to adapters, SMG's round
+/// robin and cache-aware when SMG is installed.
 pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
     let poll = super::load_poll(time_scale);
     let mut configs = vec![quiet_sluice("direct", exe, &super::naive_flags(false))];
@@ -107,6 +112,20 @@ pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
             &name,
             exe,
             &["--load-monitor-interval", &poll, "--policy", policy],
+        ));
+    }
+    for policy in BLIND {
+        let name = format!("sluice-{}-blind", policy.replace('_', "-"));
+        configs.push(quiet_sluice(
+            &name,
+            exe,
+            &[
+                "--load-monitor-interval",
+                &poll,
+                "--policy",
+                policy,
+                "--disable-adapter-routing",
+            ],
         ));
     }
     if crate::overhead::on_path("smg") {

@@ -299,6 +299,7 @@ pub fn naive_flags(keep_unreachable: bool) -> Vec<&'static str> {
         "--disable-health-check",
         "--disable-circuit-breaker",
         "--disable-retries",
+        "--disable-adapter-routing",
     ];
     if keep_unreachable {
         flags.extend(["--worker-wedge-secs", "0", "--worker-stale-secs", "0"]);

@@ -64,6 +64,14 @@ pub struct RoutingSettings {
     #[arg(help_heading = "Routing policy")]
     pub routing_key_headers: Vec<String>,
 
+    /// Route requests naming a LoRA adapter by the policy alone, blind to where the adapter runs
+    /// (by default they go where it runs, then where an adapter slot is free, then where they
+    /// would wait for one, the policy choosing within the first of these that has a worker).
+    #[arg(long)]
+    #[serde(default)]
+    #[arg(help_heading = "Routing policy")]
+    pub(crate) disable_adapter_routing: bool,
+
     /// Accepted for SMG command lines (its multi-model mode): sluice always routes each request
     /// by its model.
     #[arg(long)]
@@ -98,6 +106,7 @@ impl RoutingSettings {
             decode_policy: side("decode-policy", &pd.decode_policy)?,
             routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             shedding,
+            by_adapter: !self.disable_adapter_routing,
         })
     }
 

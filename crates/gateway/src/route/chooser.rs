@@ -39,6 +39,9 @@ pub(super) struct Rules {
     pub(crate) projection: Projection,
     /// Where fallbacks onto vetoed workers and sheds are counted.
     pub(crate) metrics: Arc<Metrics>,
+    /// A LoRA adapter's requests tried where it runs, then where a slot is free, before the
+    /// policy chooses (off: `--disable-adapter-routing`).
+    pub(crate) by_adapter: bool,
 }
 
 impl Rules {
@@ -245,7 +248,12 @@ fn select(
             w.veto_class_for(rules.projection, request.reserve)
                 .is_none()
         });
-    for group in by_adapter(pool, free) {
+    let groups = if rules.by_adapter {
+        by_adapter(pool, free)
+    } else {
+        vec![free]
+    };
+    for group in groups {
         if let Some(lease) = pick_where_it_starts(policy, pool, request, group) {
             return Ok(Selected {
                 lease,

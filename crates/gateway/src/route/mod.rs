@@ -104,6 +104,9 @@ pub struct RouteConfig {
     pub routing_key_headers: Vec<HeaderName>,
     /// When every worker a request could use is overloaded: steer it or shed it.
     pub shedding: Shedding,
+    /// Where a LoRA adapter runs orders the candidates for its requests (on unless
+    /// `--disable-adapter-routing`).
+    pub by_adapter: bool,
 }
 
 /// What a request gets when every worker it could use is overloaded.
@@ -125,6 +128,7 @@ impl RouteStage {
                 shedding: config.shedding,
                 projection: Projection::Hopeful,
                 metrics,
+                by_adapter: config.by_adapter,
             }),
             tokens: SharedTokens::default(),
             routing_key_headers: config.routing_key_headers.clone(),
