@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::held_blocks::{EventError, HeldBlocks, Stored};
+use crate::held_blocks::{event_chain_start, EventError, HeldBlocks, Stored};
 use crate::kv_events::{EventBatch, KvEvent};
 
 /// A batch's place on its stream: vLLM's and SGLang's ZMQ publishers count from 0 by one per
@@ -192,12 +192,14 @@ fn apply_event(held: &mut HeldBlocks, event: &KvEvent, applied: &mut Applied) {
             block_size,
             medium,
             group,
+            adapter,
         } if counted(medium.as_deref(), *group) => {
             let stored = Stored {
                 parent: *parent,
                 engine_hashes: hashes,
                 tokens,
                 block_size: *block_size,
+                start: event_chain_start(adapter.as_ref()),
             };
             match held.store(&stored) {
                 Ok(outcome) => {
@@ -241,6 +243,7 @@ mod tests {
             block_size: BS,
             medium: None,
             group: None,
+            adapter: None,
         }
     }
 
@@ -259,7 +262,7 @@ mod tests {
     const PROMPT: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
     fn keys() -> Vec<u64> {
-        token_block_hashes(&PROMPT, BS, 100)
+        token_block_hashes(0, &PROMPT, BS, 100)
     }
 
     #[test]
@@ -331,6 +334,7 @@ mod tests {
             block_size: BS,
             medium: Some("CPU".into()),
             group: None,
+            adapter: None,
         };
         let second_group = KvEvent::Stored {
             hashes: vec![31],
@@ -339,6 +343,7 @@ mod tests {
             block_size: BS,
             medium: Some("GPU".into()),
             group: Some(1),
+            adapter: None,
         };
         let short = stored(&[40], None, &PROMPT[..3]);
         let applied = cache.apply(

@@ -19,13 +19,39 @@
 
 use std::collections::HashMap;
 
-use crate::hash::chain_hash;
+use crate::hash::{chain_hash, stable_hash};
+use crate::kv_events::AdapterTag;
 
 /// The chained hashes of the leading full blocks of `tokens` (a partial last block is ignored,
 /// as engines cache only full blocks), at most `max_blocks` of them: block `i`'s hash names the
-/// whole prefix up to and including it.
-pub fn token_block_hashes(tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<u64> {
-    chained(0, tokens, block_size).take(max_blocks).collect()
+/// whole prefix up to and including it. `start` is the chain's start (`chain_start`).
+pub fn token_block_hashes(
+    start: u64,
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+) -> Vec<u64> {
+    chained(start, tokens, block_size)
+        .take(max_blocks)
+        .collect()
+}
+
+/// Where the chain of a prompt's block keys starts: 0 for the base model, a hash of the name for
+/// a LoRA adapter. vLLM puts the adapter's name in the first block's extra keys
+/// (`vllm/v1/core/kv_cache_utils.py`, `_gen_lora_extra_hash_keys`), so the same tokens under two
+/// adapters are two caches; keyed apart here, a hit under one never counts for another.
+pub fn chain_start(adapter: Option<&str>) -> u64 {
+    adapter.map_or(0, |name| stable_hash(format!("lora:{name}").as_bytes()))
+}
+
+/// The chain start of a stored event's blocks: a named adapter's as a request for it starts;
+/// one known only by the engine's number apart from every request's (no name to match).
+pub fn event_chain_start(adapter: Option<&AdapterTag>) -> u64 {
+    match adapter {
+        None => 0,
+        Some(AdapterTag::Name(name)) => chain_start(Some(name)),
+        Some(AdapterTag::Id(id)) => stable_hash(format!("lora-id:{id}").as_bytes()),
+    }
 }
 
 /// The chained hashes of `tokens`' full blocks after the block whose hash is `previous`.
@@ -47,13 +73,15 @@ fn chained(previous: u64, tokens: &[u32], block_size: usize) -> impl Iterator<It
 }
 
 /// One `BlockStored` event, as the subscriber decoded it: blocks `engine_hashes` hold `tokens`
-/// (`block_size` each, in order) and follow the block `parent` (none: they start a prompt).
+/// (`block_size` each, in order) and follow the block `parent` (none: they start a prompt, whose
+/// chain begins at `start`, `event_chain_start`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored<'a> {
     pub parent: Option<u64>,
     pub engine_hashes: &'a [u64],
     pub tokens: &'a [u32],
     pub block_size: usize,
+    pub start: u64,
 }
 
 /// What became of a stored event's blocks.
@@ -139,7 +167,7 @@ impl HeldBlocks {
         }
         self.block_size = Some(size);
         let previous = match event.parent {
-            None => 0,
+            None => event.start,
             Some(parent) => match self.by_engine.get(&parent) {
                 Some(&(key, _)) => key,
                 None => {
@@ -224,20 +252,21 @@ mod tests {
             engine_hashes: hashes,
             tokens,
             block_size: BS,
+            start: 0,
         }
     }
 
     #[test]
     fn a_prompts_blocks_chain_so_a_shared_prefix_shares_keys() {
-        let a = token_block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9], BS, 100);
-        let b = token_block_hashes(&[1, 2, 3, 4, 9, 9, 9, 9], BS, 100);
+        let a = token_block_hashes(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9], BS, 100);
+        let b = token_block_hashes(0, &[1, 2, 3, 4, 9, 9, 9, 9], BS, 100);
         assert_eq!(a.len(), 2, "the partial last block is ignored");
         assert_eq!(a[0], b[0]);
         assert_ne!(a[1], b[1]);
-        let moved = token_block_hashes(&[9, 9, 9, 9, 5, 6, 7, 8], BS, 100);
+        let moved = token_block_hashes(0, &[9, 9, 9, 9, 5, 6, 7, 8], BS, 100);
         assert_ne!(a[1], moved[1], "a block's key depends on what precedes it");
-        assert_eq!(token_block_hashes(&tokens(16), BS, 3).len(), 3);
-        assert!(token_block_hashes(&tokens(16), 0, 3).is_empty());
+        assert_eq!(token_block_hashes(0, &tokens(16), BS, 3).len(), 3);
+        assert!(token_block_hashes(0, &tokens(16), 0, 3).is_empty());
     }
 
     #[test]
@@ -252,9 +281,9 @@ mod tests {
             .unwrap();
         assert_eq!(rest.added, 2);
         assert_eq!(held.block_size(), Some(BS));
-        let keys = token_block_hashes(&prompt, BS, 100);
+        let keys = token_block_hashes(0, &prompt, BS, 100);
         assert_eq!(held.held_prefix(&keys), 3);
-        let other = token_block_hashes(&[0, 1, 2, 3, 9, 9, 9, 9], BS, 100);
+        let other = token_block_hashes(0, &[0, 1, 2, 3, 9, 9, 9, 9], BS, 100);
         assert_eq!(held.held_prefix(&other), 1, "only the shared first block");
     }
 
@@ -263,7 +292,7 @@ mod tests {
         let mut held = HeldBlocks::new(100);
         let prompt = tokens(12);
         held.store(&stored(None, &[1, 2, 3], &prompt)).unwrap();
-        let keys = token_block_hashes(&prompt, BS, 100);
+        let keys = token_block_hashes(0, &prompt, BS, 100);
         assert_eq!(held.remove(&[2, 404]), 1, "an unknown hash is ignored");
         assert_eq!(
             held.held_prefix(&keys),
@@ -283,7 +312,7 @@ mod tests {
         let outcome = held.store(&stored(Some(999), &[2], &prompt[4..])).unwrap();
         assert_eq!(outcome.orphaned, 1);
         assert!(held.is_empty());
-        let keys = token_block_hashes(&prompt, BS, 100);
+        let keys = token_block_hashes(0, &prompt, BS, 100);
         assert_eq!(held.held_prefix(&keys), 0);
     }
 
@@ -293,7 +322,7 @@ mod tests {
         let prompt = tokens(4);
         held.store(&stored(None, &[1], &prompt)).unwrap();
         held.store(&stored(None, &[2], &prompt)).unwrap();
-        let keys = token_block_hashes(&prompt, BS, 100);
+        let keys = token_block_hashes(0, &prompt, BS, 100);
         held.remove(&[1]);
         assert_eq!(held.held_prefix(&keys), 1);
         held.remove(&[2]);
@@ -309,7 +338,7 @@ mod tests {
         let again = held.store(&stored(None, &[1], &prompt)).unwrap();
         assert_eq!(again.added, 0, "no new block");
         assert_eq!(held.len(), 1);
-        let keys = token_block_hashes(&prompt, BS, 100);
+        let keys = token_block_hashes(0, &prompt, BS, 100);
         held.remove(&[1]);
         assert_eq!(held.held_prefix(&keys), 1, "one copy left");
         held.remove(&[1]);
@@ -423,7 +452,7 @@ mod tests {
                     }
                 }
                 for p in 0..3 {
-                    let keys = token_block_hashes(&prompt(p), BS, 100);
+                    let keys = token_block_hashes(0, &prompt(p), BS, 100);
                     // Block 0 is the same tokens in every prompt: any prompt's block 0 counts.
                     let holds = |b: usize| {
                         engine.values().any(|&((q, c), _)| c == b && (q == p || b == 0))
@@ -432,6 +461,27 @@ mod tests {
                     proptest::prop_assert_eq!(held.held_prefix(&keys), expected);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn blocks_under_an_adapter_match_only_that_adapters_prompts() {
+        let prompt = tokens(8);
+        let mut held = HeldBlocks::new(100);
+        let under = |adapter: Option<&AdapterTag>| Stored {
+            start: event_chain_start(adapter),
+            ..stored(None, &[1, 2], &prompt)
+        };
+        let sql = AdapterTag::Name("sql".into());
+        held.store(&under(Some(&sql))).unwrap();
+        let keys = |adapter| token_block_hashes(chain_start(adapter), &prompt, BS, 100);
+        assert_eq!(held.held_prefix(&keys(Some("sql"))), 2);
+        assert_eq!(held.held_prefix(&keys(Some("med"))), 0);
+        assert_eq!(held.held_prefix(&keys(None)), 0, "nor the base model's");
+        let mut numbered = HeldBlocks::new(100);
+        numbered.store(&under(Some(&AdapterTag::Id(1)))).unwrap();
+        for adapter in [None, Some("sql"), Some("1")] {
+            assert_eq!(numbered.held_prefix(&keys(adapter)), 0, "{adapter:?}");
         }
     }
 }

@@ -44,6 +44,9 @@ pub enum KvEvent {
         medium: Option<String>,
         /// The KV cache group (hybrid models keep several); `None`: the only one.
         group: Option<u32>,
+        /// The LoRA adapter whose cache the blocks are in; `None`: the base model's, or an
+        /// engine that does not say (SGLang publishes `lora_id` None whatever the adapter).
+        adapter: Option<AdapterTag>,
     },
     Removed {
         hashes: Vec<u64>,
@@ -54,6 +57,15 @@ pub enum KvEvent {
     /// An event of a kind this decoder does not know, named by its tag: skipped, as an engine
     /// newer than the gateway may add kinds.
     Other(String),
+}
+
+/// How a stored event names its blocks' adapter: vLLM's `lora_name` where the release sends it,
+/// else its `lora_id` (the engine's own number for the adapter, which the gateway cannot map to
+/// a name: such blocks are kept apart from every request's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdapterTag {
+    Name(String),
+    Id(i64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -168,6 +180,7 @@ fn event(value: &Value) -> Result<KvEvent, &'static str> {
                     .ok_or("block_size is not a count")? as usize,
                 medium: f.get("medium").and_then(Value::as_str).map(String::from),
                 group: f.get("group_idx").and_then(Value::as_u64).map(|g| g as u32),
+                adapter: adapter_tag(f.get("lora_name"), f.get("lora_id")),
             }
         }
         "BlockRemoved" => {
@@ -181,6 +194,13 @@ fn event(value: &Value) -> Result<KvEvent, &'static str> {
         "AllBlocksCleared" => KvEvent::AllCleared,
         other => KvEvent::Other(other.to_string()),
     })
+}
+
+/// The adapter a stored event names, by name before number.
+fn adapter_tag(name: Option<&Value>, id: Option<&Value>) -> Option<AdapterTag> {
+    name.and_then(Value::as_str)
+        .map(|n| AdapterTag::Name(n.to_string()))
+        .or_else(|| id.and_then(Value::as_i64).map(AdapterTag::Id))
 }
 
 fn hashes(value: Option<&Value>) -> Result<Vec<u64>, &'static str> {
@@ -258,6 +278,7 @@ mod tests {
                     block_size: 3,
                     medium: None,
                     group: None,
+                    adapter: None,
                 },
                 KvEvent::Removed {
                     hashes: vec![(-5i64) as u64],
@@ -284,9 +305,9 @@ mod tests {
                         ("parent_block_hash", Value::Binary(vec![1; 32])),
                         ("token_ids", ints(&[9, 9])),
                         ("block_size", Value::from(2)),
-                        ("lora_id", Value::Nil),
+                        ("lora_id", Value::from(3)),
                         ("medium", s("GPU")),
-                        ("lora_name", Value::Nil),
+                        ("lora_name", s("sql")),
                         ("group_idx", Value::from(0)),
                     ]),
                     map(vec![
@@ -312,6 +333,7 @@ mod tests {
                     block_size: 2,
                     medium: Some("GPU".into()),
                     group: Some(0),
+                    adapter: Some(AdapterTag::Name("sql".into())),
                 },
                 KvEvent::Removed {
                     hashes: vec![folded],
@@ -350,5 +372,26 @@ mod tests {
                 what: "a token id is not a 32-bit count".into()
             })
         );
+    }
+
+    /// Older vLLM's array-like events carry the adapter's number only.
+    #[test]
+    fn an_adapter_is_read_by_name_before_number() {
+        let batch = Value::Array(vec![
+            Value::F64(0.0),
+            Value::Array(vec![Value::Array(vec![
+                s("BlockStored"),
+                ints(&[1]),
+                Value::Nil,
+                ints(&[1, 2]),
+                Value::from(2),
+                Value::from(7),
+            ])]),
+        ]);
+        let decoded = decode_batch(&encode(&batch)).unwrap();
+        let KvEvent::Stored { adapter, .. } = &decoded.events[0] else {
+            panic!("a stored event");
+        };
+        assert_eq!(adapter, &Some(AdapterTag::Id(7)));
     }
 }

@@ -20,6 +20,7 @@ use sluice_gateway::config::Config;
 use sluice_gateway::fleet::ZmqEndpoint;
 use sluice_gateway::tokens::{ChatMessage, SharedTokens};
 use sluice_gateway::Gateway;
+use sluice_sim::lora::{LoraSettings, FAST_LOAD};
 use sluice_sim::testkit::{instant, post};
 use sluice_sim::zmq_events::KvEventsConfig;
 use sluice_sim::{EngineConfig, Flavor, FleetConfig, SimFleet};
@@ -37,8 +38,9 @@ fn words(seed: u32, n: u32) -> String {
         .collect()
 }
 
-fn chat(content: &str) -> String {
-    json!({"model": "test-model", "max_tokens": 1,
+/// A one-message chat for `model` (the base model or a LoRA adapter).
+fn chat_for(model: &str, content: &str) -> String {
+    json!({"model": model, "max_tokens": 1,
            "messages": [{"role": "user", "content": content}]})
     .to_string()
 }
@@ -97,8 +99,13 @@ struct Direct(Vec<String>);
 
 impl Direct {
     async fn send(&self, s: &Setup, i: usize, content: &str) {
+        self.send_for(s, i, "test-model", content).await
+    }
+
+    async fn send_for(&self, s: &Setup, i: usize, model: &str, content: &str) {
         let url = format!("{}/v1/chat/completions", self.0[i]);
-        assert_eq!(post(&s.client, &url, &chat(content)).await.status, 200);
+        let answer = post(&s.client, &url, &chat_for(model, content)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
     }
 }
 
@@ -120,8 +127,19 @@ async fn until_events_flow(s: &Setup, direct: &Direct, i: usize) {
 /// Puts `content`'s blocks in engine `i`'s cache behind the gateway's back, and waits until
 /// the gateway has heard of them.
 async fn store_directly(s: &Setup, direct: &Direct, model: &ModelDir, i: usize, content: &str) {
+    store_directly_for(s, direct, model, (i, "test-model"), content).await
+}
+
+/// `store_directly` under `served`, the base model or an adapter.
+async fn store_directly_for(
+    s: &Setup,
+    direct: &Direct,
+    model: &ModelDir,
+    (i, served): (usize, &str),
+    content: &str,
+) {
     let before = prefix_cache(s, i).await["blocks"].as_u64().unwrap();
-    direct.send(s, i, content).await;
+    direct.send_for(s, i, served, content).await;
     let want = before + full_blocks(model, content);
     bounded("the blocks heard of", async {
         while prefix_cache(s, i).await["blocks"].as_u64().unwrap() < want {
@@ -133,8 +151,13 @@ async fn store_directly(s: &Setup, direct: &Direct, model: &ModelDir, i: usize, 
 
 /// Sends `content` through the gateway; the engine it reached.
 async fn routed(s: &Setup, content: &str) -> usize {
+    routed_for(s, "test-model", content).await
+}
+
+/// `routed` for `model`.
+async fn routed_for(s: &Setup, model: &str, content: &str) -> usize {
     let before = s.received();
-    assert_eq!(s.chat(&chat(content)).await.status, 200);
+    assert_eq!(s.chat(&chat_for(model, content)).await.status, 200);
     let after = s.received();
     let moved: Vec<usize> = (0..after.len())
         .filter(|&i| after[i] != before[i])
@@ -309,4 +332,25 @@ async fn a_restarted_engine_is_forgotten_and_heard_again() {
     store_directly(&s, &direct, &model, 0, &prompt).await;
     let view = prefix_cache(&s, 0).await;
     assert!(view["lost"].as_u64().unwrap() >= 1, "{view}");
+}
+
+#[tokio::test]
+async fn one_prompt_under_two_adapters_goes_where_each_adapter_holds_it() {
+    let model = ModelDir::new("kv-lora");
+    let mut engine = publishing(Flavor::Vllm);
+    let mut lora = LoraSettings::serving(&["sql", "med"], FAST_LOAD);
+    lora.max_loras = Some(2);
+    engine.lora = Some(lora);
+    let s = zmq_setup(engine, &model).await;
+    let direct = Direct(s.sims.urls());
+    for i in 0..2 {
+        until_events_flow(&s, &direct, i).await;
+    }
+    let prompt = words(0, 200);
+    store_directly_for(&s, &direct, &model, (1, "sql"), &prompt).await;
+    store_directly_for(&s, &direct, &model, (0, "med"), &prompt).await;
+    // Keyed alike, both engines would hold the prompt for either adapter and one tie-break
+    // would send both requests to the same engine.
+    assert_eq!(routed_for(&s, "sql", &prompt).await, 1);
+    assert_eq!(routed_for(&s, "med", &prompt).await, 0);
 }

@@ -84,6 +84,7 @@ fn check_rebuilt(payload: &[u8], block_size: usize) {
                 engine_hashes: hashes,
                 tokens,
                 block_size: *size,
+                start: 0,
             })
             .unwrap();
         assert_eq!(
@@ -97,7 +98,7 @@ fn check_rebuilt(payload: &[u8], block_size: usize) {
         stored >= 2,
         "a long prompt stores several blocks: {batch:?}"
     );
-    let keys = token_block_hashes(&spelled, block_size, usize::MAX);
+    let keys = token_block_hashes(0, &spelled, block_size, usize::MAX);
     assert_eq!(held.held_prefix(&keys), keys.len());
 }
 

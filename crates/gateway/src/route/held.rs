@@ -6,11 +6,12 @@
 //! prompt is tokenized (off the runtime's threads) only when its pool has a worker whose events
 //! flow and the model's tokenizer is loaded; otherwise every worker is scored the approximate
 //! way, as before. In a pool where some workers' events flow and others' do not, each is scored
-//! its own way and the two compared as shares of the prompt (`policy::prefix_share`).
+//! its own way and the two compared as shares of the prompt (`policy::prefix_share`). A request
+//! for a LoRA adapter is keyed under its adapter (`held_blocks::chain_start`), as vLLM caches it.
 
 use std::sync::Arc;
 
-use sluice_core::held_blocks::token_block_hashes;
+use sluice_core::held_blocks::{chain_start, token_block_hashes};
 use sluice_core::policy::{by_shares, prefix_share, Candidate, RouteInput};
 
 use super::{RouteRequest, RouteStage, Wants};
@@ -28,13 +29,15 @@ pub(crate) struct HeldKeys {
 }
 
 impl HeldKeys {
-    fn cut(ids: &[u32], sizes: &[usize]) -> Self {
+    /// `ids` cut in each of `sizes`, keyed from `start` (`chain_start`: the request's adapter's
+    /// blocks are its own).
+    fn cut(start: u64, ids: &[u32], sizes: &[usize]) -> Self {
         Self {
             by_size: sizes
                 .iter()
                 .map(|&size| {
                     let max = MAX_MATCHED_TOKENS / size.max(1);
-                    (size, token_block_hashes(ids, size, max))
+                    (size, token_block_hashes(start, ids, size, max))
                 })
                 .collect(),
         }
@@ -90,6 +93,7 @@ impl RouteStage {
             return None;
         }
         let tokens = self.tokens.get()?;
+        let start = chain_start(pool.adapter.as_deref());
         let (chat, raw) = match prompt {
             PromptJson::Messages(raw) => (true, raw.to_vec()),
             PromptJson::Completion(raw) => (false, raw.to_vec()),
@@ -101,7 +105,7 @@ impl RouteStage {
                 PromptJson::Completion(&raw)
             };
             let ids = tokens.routing_ids(prompt)?;
-            Some(HeldKeys::cut(&ids, &sizes))
+            Some(HeldKeys::cut(start, &ids, &sizes))
         })
         .await
         .ok()
@@ -129,12 +133,12 @@ mod tests {
     #[test]
     fn a_prompt_is_cut_in_each_block_size_and_bounded() {
         let ids: Vec<u32> = (0..100).collect();
-        let keys = HeldKeys::cut(&ids, &[16, 1]);
+        let keys = HeldKeys::cut(0, &ids, &[16, 1]);
         assert_eq!(keys.keys(16).map(<[u64]>::len), Some(6));
         assert_eq!(keys.keys(1).map(<[u64]>::len), Some(100));
         assert_eq!(keys.keys(8), None);
         let long: Vec<u32> = (0..40_000).collect();
-        let bounded = HeldKeys::cut(&long, &[16]);
+        let bounded = HeldKeys::cut(0, &long, &[16]);
         assert_eq!(
             bounded.keys(16).map(<[u64]>::len),
             Some(MAX_MATCHED_TOKENS / 16)

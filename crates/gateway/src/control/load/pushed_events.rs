@@ -7,7 +7,7 @@
 //! the gRPC stream loses them all.
 
 use sluice_core::engine_cache::Numbered;
-use sluice_core::kv_events::{EventBatch, KvEvent};
+use sluice_core::kv_events::{AdapterTag, EventBatch, KvEvent};
 use sluice_proto::common::kv_cache_event::Data;
 use sluice_proto::common::{KvBlocksStored, KvCacheTier, KvEventBatch};
 
@@ -64,7 +64,18 @@ fn stored_of(stored: &KvBlocksStored) -> KvEvent {
             .map_or(0, |b| usize::try_from(b.block_size).unwrap_or(0)),
         medium: medium(stored.medium.as_deref(), stored.tier),
         group: stored.group_idx,
+        adapter: adapter_of(stored),
     }
+}
+
+/// The adapter the blocks are in: the batch's `lora_name`, else the blocks' `lora_id` (each
+/// block carries its own; one event's blocks are one request's, so the first's stands).
+fn adapter_of(stored: &KvBlocksStored) -> Option<AdapterTag> {
+    stored
+        .lora_name
+        .clone()
+        .map(AdapterTag::Name)
+        .or_else(|| stored.blocks.first()?.lora_id.map(AdapterTag::Id))
 }
 
 /// Where the blocks live, as the core reads it (`None`: the GPU): the event's medium when it
@@ -97,6 +108,7 @@ mod tests {
         let stored = KvBlocksStored {
             blocks: vec![block(-1, &[1, 2]), block(7, &[3, 4])],
             parent_block_hash: Some(5),
+            lora_name: Some("sql".into()),
             ..Default::default()
         };
         let removed = KvBlocksRemoved {
@@ -130,6 +142,7 @@ mod tests {
                 block_size: 2,
                 medium: None,
                 group: None,
+                adapter: Some(AdapterTag::Name("sql".into())),
             }
         );
         assert_eq!(
