@@ -15,7 +15,7 @@ use crate::admin::{self, Admin};
 use crate::admit::{Admit, AdmitStage};
 use crate::config::Config;
 use crate::context::{Accounts, InFlight};
-use crate::control::Control;
+use crate::control::{AdapterLoads, Control};
 use crate::fleet::{Borrowed, Fleet, FleetCollector};
 use crate::forward::Forwarder;
 use crate::front::{self, ApiRoute, Front};
@@ -102,7 +102,7 @@ impl App {
                 degrade,
             },
             route: route_stage(config, &admit, &metrics),
-            forward: Forwarder::new(upstream, config.forward.clone(), metrics.clone()),
+            forward: forward_stage(config, upstream, &fleet, &metrics),
             accounts: Accounts {
                 metrics,
                 access_log,
@@ -173,6 +173,22 @@ fn cors_layer(origins: &CorsOrigins) -> CorsLayer {
         .allow_methods(tower_http::cors::Any)
         .allow_headers(tower_http::cors::Any)
         .expose_headers([crate::http::REQUEST_ID, crate::error::ERROR_CODE_HEADER])
+}
+
+/// The forward stage, loading LoRA adapters onto the workers whose specs allow it.
+fn forward_stage(
+    config: &Config,
+    upstream: Upstream,
+    fleet: &Arc<Fleet>,
+    metrics: &Arc<Metrics>,
+) -> Forwarder {
+    let loads = AdapterLoads::new(
+        upstream.clone(),
+        Arc::downgrade(fleet),
+        config.control.adapter_load_timeout,
+    );
+    Forwarder::new(upstream, config.forward.clone(), metrics.clone())
+        .with_adapter_loads(Arc::new(loads))
 }
 
 /// The control loops and the fleet they feed; the liveness checker runs from here on.

@@ -7,6 +7,7 @@ mod common;
 use common::pinned::fast_load;
 use common::*;
 use sluice_core::policy::Policy;
+use sluice_gateway::fleet::WorkerSpec;
 use sluice_sim::lora::{LoraSettings, FAST_LOAD};
 
 /// A vLLM-shaped engine serving `sql` and `med` with one adapter slot (vLLM's default).
@@ -196,4 +197,106 @@ async fn with_adapter_routing_disabled_the_policy_alone_chooses() {
         "round robin, blind to where sql runs: {before:?} -> {after:?}"
     );
     drop(held);
+}
+
+/// vLLM-shaped engines serving `sql`, loading adapters at run time when asked
+/// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`), each worker's spec letting the gateway load `med` and
+/// `ops` and hold `max_loaded` adapters.
+async fn loading_fleet(runtime_updates: bool, max_loaded: u32) -> Setup {
+    let mut engine = timed(Flavor::Vllm, 1.0);
+    let mut lora = LoraSettings::serving(&["sql"], FAST_LOAD);
+    lora.runtime_updates = runtime_updates;
+    engine.lora = Some(lora);
+    let sims = SimFleet::start(FleetConfig::local(2, engine))
+        .await
+        .unwrap();
+    let mut config = Config::local(&sims.urls());
+    config.workers = sims
+        .urls()
+        .iter()
+        .map(|url| {
+            let spec = serde_json::json!({"url": url, "lora": {
+                "modules": ["med=/adapters/med", {"name": "ops", "path": "/adapters/ops"}],
+                "max_loaded": max_loaded}});
+            WorkerSpec::parse(spec.to_string().as_bytes()).unwrap()
+        })
+        .collect();
+    serve(sims, config).await
+}
+
+/// What engine `i` lists in its own `/v1/models`.
+async fn engine_lists(s: &Setup, i: usize) -> Vec<String> {
+    let url = format!("{}/v1/models", s.sims.urls()[i]);
+    model_ids(&get(&s.client, &url).await.json())
+}
+
+#[tokio::test]
+async fn an_adapter_no_worker_serves_is_loaded_onto_one_its_spec_allows_once_and_in_its_allowance()
+{
+    let s = loading_fleet(true, 1).await;
+    let models = get_admin(&s.client, &s.url("/v1/models")).await.json();
+    assert!(
+        lists(&models, "med"),
+        "a loadable adapter is listed: {models}"
+    );
+    let before = s.received();
+    let bodies: Vec<String> = (0..3)
+        .map(|i| chat_body("med", &format!("q{i}"), 1, false))
+        .collect();
+    let asks = bodies.iter().map(|body| s.chat(body));
+    for answer in futures_util::future::join_all(asks).await {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let after = s.received();
+    let took: Vec<usize> = (0..2).filter(|&i| after[i] > before[i]).collect();
+    assert_eq!(
+        took.len(),
+        1,
+        "one engine loads it, the others wait there: {before:?} -> {after:?}"
+    );
+    let loaded = engine_lists(&s, took[0]).await;
+    assert!(loaded.contains(&"med".to_string()), "{loaded:?}");
+    assert!(
+        !loaded.contains(&"sql".to_string()),
+        "max_loaded 1: sql, idle, was unloaded to make room: {loaded:?}"
+    );
+    let other = engine_lists(&s, 1 - took[0]).await;
+    assert!(!other.contains(&"med".to_string()), "{other:?}");
+    // Read again after the load, before the request was sent on: the pools follow at once.
+    let id = s.worker_id(took[0]).await;
+    let view = s.until_worker(&id, "its models", |_| true).await;
+    assert_eq!(
+        view["models"],
+        serde_json::json!(["test-model", "med"]),
+        "{view}"
+    );
+    let sql = s.chat(&chat_body("sql", "still served", 1, false)).await;
+    assert_eq!(
+        sql.status,
+        200,
+        "the other engine still holds sql: {}",
+        sql.text()
+    );
+}
+
+#[tokio::test]
+async fn a_load_the_engine_refuses_is_a_worker_failure_and_the_client_gets_a_clear_error() {
+    let s = loading_fleet(false, 4).await;
+    let answer = s.chat(&chat_body("med", "q", 1, false)).await;
+    assert_eq!(answer.status, 502, "{}", answer.text());
+    assert_eq!(code(&answer).as_deref(), Some("adapter_load_failed"));
+    let text = answer.text();
+    for url in s.sims.urls() {
+        let port = url.rsplit(':').next().unwrap();
+        assert!(!text.contains(port), "no worker address in {text}");
+    }
+    let id = s.worker_id(0).await;
+    let series = format!("sluice_upstream_errors_total{{worker=\"{id}\",kind=\"adapter_load\"}}");
+    assert_eq!(
+        s.metric(&series).await,
+        Some(1.0),
+        "tried once on each worker"
+    );
+    let sql = s.chat(&chat_body("sql", "q", 1, false)).await;
+    assert_eq!(sql.status, 200, "{}", sql.text());
 }

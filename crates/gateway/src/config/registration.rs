@@ -38,6 +38,13 @@ pub struct RegistrationSettings {
     #[arg(help_heading = "Workers")]
     pub(crate) worker_models_refresh_secs: f64,
 
+    /// Seconds one call to a worker's LoRA adapter load or unload endpoint may take, when the
+    /// gateway loads an adapter its spec's `lora` block names (the request waiting for it is
+    /// bounded by its own deadline too).
+    #[arg(long, default_value_t = 60.0)]
+    #[arg(help_heading = "Workers")]
+    pub(crate) adapter_load_timeout_secs: f64,
+
     /// Seconds a Ready worker being removed takes no new requests before it goes (0: at once).
     #[arg(long, default_value_t = 5.0)]
     #[arg(help_heading = "Workers")]
@@ -74,6 +81,11 @@ impl RegistrationSettings {
             self.worker_models_refresh_secs,
         )?;
         Ok(Some(every).filter(|t| !t.is_zero()))
+    }
+
+    /// `--adapter-load-timeout-secs`.
+    pub(super) fn adapter_load_timeout(&self) -> Result<Duration, ConfigError> {
+        positive_seconds("adapter-load-timeout-secs", self.adapter_load_timeout_secs)
     }
 
     /// `--drain-settle-secs`.

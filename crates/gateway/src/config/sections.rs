@@ -73,6 +73,7 @@ impl Settings {
             startup_delay: self.registration.delay()?,
             startup_timeout: self.registration.timeout()?,
             models_refresh: self.registration.models_refresh()?,
+            adapter_load_timeout: self.registration.adapter_load_timeout()?,
             adaptive: self.adaptive.limiter()?,
             kv_events: self.kv_events()?,
         })

@@ -18,12 +18,15 @@
 //!   progress is back.
 //! - `kv_events` — each HTTP worker's KV events over ZMQ, subscribed per rank, applied to what
 //!   its engine is known to hold (a gRPC worker's come on the load monitor's stream).
+//! - `adapter_loads` — a LoRA adapter loaded onto a worker its spec allows, when a request for it
+//!   is placed there (the one loop the request path starts: it waits for the load).
 //! - `discovery` — workers registered, re-registered and drained as a source lists them
 //!   (`--discovery-file`, `--discovery-dns`).
 //!
 //! `Control` holds what they share (the upstream client, their settings, the probe permits) and
 //! starts the per-worker loops for each registration (`fleet::Supervise`).
 
+mod adapter_loads;
 mod adaptive;
 mod discover;
 pub mod discovery;
@@ -45,6 +48,7 @@ use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use tracing::info;
 
+pub(crate) use adapter_loads::{AdapterLoads, LoadError};
 pub use adaptive::AdaptiveConfig;
 pub use health::{probe, Effective, HealthConfig, ProbeError, MAX_PROBES_IN_FLIGHT};
 pub(crate) use kv_events::KvEventsConfig;
@@ -72,6 +76,9 @@ pub struct ControlSettings {
     /// `--worker-models-refresh-secs`: how often a registered worker's models are read again;
     /// `None`: never.
     pub models_refresh: Option<Duration>,
+    /// `--adapter-load-timeout-secs`: how long one call to a worker's adapter load or unload
+    /// endpoint may take.
+    pub adapter_load_timeout: Duration,
     /// `--adaptive-concurrency` and its settings; `None`: off.
     pub adaptive: Option<AdaptiveConfig>,
     /// Where workers' KV events are subscribed to.

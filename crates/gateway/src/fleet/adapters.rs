@@ -7,10 +7,14 @@
 
 use std::sync::Arc;
 
-/// Requests in flight on one worker, by adapter name.
+use tokio::time::Instant;
+
+/// Requests in flight on one worker, by adapter name, and when each adapter was last asked for
+/// there (the least recently used is unloaded first, `control::adapter_loads`).
 #[derive(Debug, Default)]
 pub(crate) struct AdapterUse {
     counts: parking_lot::Mutex<Vec<(Arc<str>, u64)>>,
+    last: parking_lot::Mutex<Vec<(Arc<str>, Instant)>>,
 }
 
 impl AdapterUse {
@@ -21,6 +25,36 @@ impl AdapterUse {
             Some((_, n)) => *n += 1,
             None => counts.push((adapter.clone(), 1)),
         }
+        drop(counts);
+        let now = Instant::now();
+        let mut last = self.last.lock();
+        match last.iter_mut().find(|(name, _)| name == adapter) {
+            Some((_, at)) => *at = now,
+            None => last.push((adapter.clone(), now)),
+        }
+    }
+
+    /// Whether a request for `adapter` is in flight.
+    pub(crate) fn has(&self, adapter: &str) -> bool {
+        self.counts
+            .lock()
+            .iter()
+            .any(|(name, _)| &**name == adapter)
+    }
+
+    /// When a request for `adapter` was last sent; `None`: never, since the gateway started or
+    /// the adapter was last unloaded.
+    pub(crate) fn last_sent(&self, adapter: &str) -> Option<Instant> {
+        self.last
+            .lock()
+            .iter()
+            .find(|(name, _)| &**name == adapter)
+            .map(|(_, at)| *at)
+    }
+
+    /// `adapter` was unloaded: its last use is forgotten.
+    pub(crate) fn forget(&self, adapter: &str) {
+        self.last.lock().retain(|(name, _)| &**name != adapter);
     }
 
     /// A request for `adapter` ended: an adapter with none left is no longer named.

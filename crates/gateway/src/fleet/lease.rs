@@ -66,6 +66,11 @@ impl Lease {
         self.rooms = Some(Box::new(rooms));
     }
 
+    /// The LoRA adapter the request names, once counted (`for_adapter`).
+    pub(crate) fn adapter(&self) -> Option<&Arc<str>> {
+        self.adapter.as_ref()
+    }
+
     /// Counts the request under `adapter` on the worker until the lease ends.
     pub(crate) fn for_adapter(&mut self, adapter: &Arc<str>) {
         if self.adapter.is_none() {

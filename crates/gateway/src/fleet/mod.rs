@@ -490,7 +490,7 @@ impl Fleet {
             if models.is_empty() {
                 unresolved += 1;
             }
-            for model in models {
+            for model in models.iter().cloned().chain(worker.loadable(&models)) {
                 let state = pool::pool_state(&mut registry.pools, &self.settings, &model, None);
                 pools
                     .entry(model.clone())
@@ -506,7 +506,11 @@ impl Fleet {
             }
         }
         for pool in pools.values_mut() {
-            if pool.workers.iter().any(|w| w.lists_as_adapter(&pool.model)) {
+            if pool
+                .workers
+                .iter()
+                .any(|w| w.lists_as_adapter(&pool.model) || w.may_load(&pool.model))
+            {
                 pool.adapter = Some(Arc::from(pool.model.as_str()));
             }
             pool.pd = pool::pd_pools(&mut registry.pools, &self.settings, pool);

@@ -389,6 +389,45 @@ impl Worker {
         })
     }
 
+    /// The adapters its spec lets the gateway load that it does not list (`models`): it joins
+    /// their pools, to be loaded onto when no worker lists them. None before it registered.
+    pub(crate) fn loadable(&self, models: &[ModelName]) -> Vec<ModelName> {
+        if self.info().is_none() {
+            return Vec::new();
+        }
+        let live = self.live();
+        live.spec
+            .lora
+            .modules
+            .iter()
+            .map(|m| ModelName::new(&m.name))
+            .filter(|name| !models.contains(name))
+            .collect()
+    }
+
+    /// Whether the gateway may load adapter `model` onto it, its spec naming it and its
+    /// `/v1/models` not listing it yet.
+    pub(crate) fn may_load(&self, model: &ModelName) -> bool {
+        self.live().spec.lora.module(model.as_str()).is_some() && !self.lists(model)
+    }
+
+    /// The LoRA adapters its `/v1/models` lists (cards with a `parent`).
+    pub(crate) fn listed_adapters(&self) -> Vec<ModelName> {
+        self.info().map_or_else(Vec::new, |info| {
+            info.models
+                .iter()
+                .filter(|m| m.card.get("parent").is_some_and(|p| p.is_string()))
+                .map(|m| m.id.clone())
+                .collect()
+        })
+    }
+
+    /// Whether its `/v1/models` lists `model`.
+    pub(crate) fn lists(&self, model: &ModelName) -> bool {
+        self.info()
+            .is_some_and(|info| info.models.iter().any(|m| &m.id == model))
+    }
+
     /// The models it serves, once known.
     pub(crate) fn models(&self) -> Vec<ModelName> {
         match (&self.live().spec.model_id, self.info()) {

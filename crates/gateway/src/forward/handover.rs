@@ -55,6 +55,8 @@ pub struct Handover {
 /// plane's subset, the workers it can reach), never on one it does not.
 pub(crate) struct ToDataPlane<'a> {
     pub(crate) allowed: &'a (dyn Fn(&Worker) -> bool + Sync),
+    /// Loads a LoRA adapter onto the worker first, where its spec allows and it must.
+    pub(crate) adapter_loads: Option<&'a crate::control::AdapterLoads>,
 }
 
 impl Dispatch for ToDataPlane<'_> {
@@ -107,6 +109,19 @@ impl Dispatch for ToDataPlane<'_> {
         lease.prefilling(chooser.request().prompt_tokens);
         if chooser.request().stream {
             lease.streaming();
+        }
+        if let Some(loads) = self.adapter_loads {
+            match super::adapter::load_for(loads, &lease, terms.deadline).await {
+                Ok(()) => {}
+                Err(Some(_)) => {
+                    lease.settle(sluice_core::breaker::Outcome::Failure);
+                    return Err(super::adapter::load_failed(&lease));
+                }
+                Err(None) => {
+                    let timeout = terms.allowed(asked.arrival.started);
+                    return Err(crate::error::Expired::RequestTimeout { timeout }.into());
+                }
+            }
         }
         let mut set_headers = HeaderMap::new();
         super::add_worker_headers(

@@ -48,6 +48,7 @@ use crate::request::Asked;
 use crate::route::{Chooser, Placement, RouteError};
 use crate::upstream::{Upstream, UpstreamRequest, UpstreamResponse};
 
+mod adapter;
 mod ahead;
 mod failed;
 mod handover;
@@ -161,6 +162,9 @@ pub(crate) struct Forwarder {
     budget: TpsBudget,
     /// Where attempts, retries and upstream errors are counted.
     metrics: Arc<Metrics>,
+    /// Loads a LoRA adapter onto a worker whose spec allows it, when a request for it is placed
+    /// there (`with_adapter_loads`).
+    adapter_loads: Option<Arc<crate::control::AdapterLoads>>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -185,6 +189,7 @@ impl Forwarder {
             pd,
             budget,
             metrics,
+            adapter_loads: None,
         }
     }
 
@@ -273,6 +278,9 @@ impl Forwarder {
         lease.prefilling(request.prompt_tokens);
         if request.stream {
             lease.streaming();
+        }
+        if let Err(failed) = self.adapter_ready(&at, &mut lease).await {
+            return self.tried(failed, &at);
         }
         let sent_at = Instant::now();
         let sent = match self.wait_for_answer(&at, &mut lease).await {

@@ -17,6 +17,9 @@ pub enum ForwardError {
     UpstreamUnreachable { model: ModelName, attempts: u32 },
     #[error("Worker {worker} failed before answering")]
     UpstreamFailed { worker: WorkerId },
+    /// The worker the request was placed on could not load the LoRA adapter it names.
+    #[error("Worker {worker} could not load adapter '{adapter}'")]
+    AdapterLoadFailed { worker: WorkerId, adapter: String },
     /// The worker's answer broke HTTP/1.1's framing or the client's bounds (`upstream::wire`'s
     /// limits): its details stay in the log, since the bytes are the worker's.
     #[error("Worker {worker} sent a malformed response")]
@@ -49,6 +52,7 @@ impl Answerable for ForwardError {
         match self {
             ForwardError::UpstreamUnreachable { .. }
             | ForwardError::UpstreamFailed { .. }
+            | ForwardError::AdapterLoadFailed { .. }
             | ForwardError::UpstreamBadAnswer { .. } => StatusCode::BAD_GATEWAY,
             ForwardError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ForwardError::NotOnGrpc { .. } => StatusCode::BAD_REQUEST,
@@ -63,6 +67,7 @@ impl Answerable for ForwardError {
         match self {
             ForwardError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ForwardError::UpstreamFailed { .. } => "upstream_failed",
+            ForwardError::AdapterLoadFailed { .. } => "adapter_load_failed",
             ForwardError::UpstreamBadAnswer { .. } => "upstream_bad_response",
             ForwardError::UpstreamTimeout { .. } => "upstream_timeout",
             ForwardError::NotOnGrpc { param: Some(_), .. } => "unsupported_parameter",
@@ -79,6 +84,7 @@ impl Answerable for ForwardError {
             ForwardError::TokenizerUnavailable => Origin::Gateway,
             ForwardError::UpstreamUnreachable { .. }
             | ForwardError::UpstreamFailed { .. }
+            | ForwardError::AdapterLoadFailed { .. }
             | ForwardError::UpstreamBadAnswer { .. }
             | ForwardError::UpstreamTimeout { .. } => Origin::Upstream,
             ForwardError::NotOnGrpc { .. } => Origin::Client,

@@ -413,8 +413,11 @@ fn alias_card(
 /// The card of `model` a routable worker gave, or a plain one; `None` when none serves it.
 fn card(snapshot: &crate::fleet::Snapshot, model: &str) -> Option<serde_json::Value> {
     let pool = snapshot.pools.get(model)?;
-    let worker = pool.workers.iter().find(|w| w.is_routable())?;
-    let card = worker.info().and_then(|info| {
+    let mut routable = pool.workers.iter().filter(|w| w.is_routable()).peekable();
+    routable.peek()?;
+    // A worker that lists it (an adapter's pool also holds workers it may be loaded onto).
+    let card = routable.find_map(|worker| {
+        let info = worker.info()?;
         info.models
             .iter()
             .find(|m| m.id.as_str() == model)

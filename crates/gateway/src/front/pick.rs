@@ -137,7 +137,10 @@ pub async fn pick(
     let mut ctx = RequestContext::new(&front.accounts, arrival.id.clone(), route.path(), started);
     ctx.trace_from(&front.accounts, &parts.headers);
     let mut body = Some(body);
-    let dispatch = ToDataPlane { allowed };
+    let dispatch = ToDataPlane {
+        allowed,
+        adapter_loads: front.forward.adapter_loads(),
+    };
     let picked = serve(front, &mut ctx, &arrival, &parts, &mut body, &dispatch).await;
     let mut answer_headers = HeaderMap::new();
     answer_headers.insert(REQUEST_ID, arrival.id);

@@ -99,8 +99,9 @@ pub(super) const BREAKER_TRANSITIONS: [(&str, &str); 4] = [
 /// error status before any byte), `unresponsive`, `error_event` (a stream the engine ended with
 /// an error event of its own failure), `event_too_large` (an event-stream line or event past
 /// the parser's cap), `bad_answer` (malformed HTTP/1.1 framing or a bound of the worker client
-/// broken, before or during the body).
-pub(crate) const UPSTREAM_ERROR_KINDS: [&str; 9] = [
+/// broken, before or during the body), `adapter_load` (a LoRA adapter the gateway asked it to
+/// load was not).
+pub(crate) const UPSTREAM_ERROR_KINDS: [&str; 10] = [
     "connect",
     "reset",
     "timeout",
@@ -110,4 +111,5 @@ pub(crate) const UPSTREAM_ERROR_KINDS: [&str; 9] = [
     "error_event",
     "event_too_large",
     "bad_answer",
+    "adapter_load",
 ];

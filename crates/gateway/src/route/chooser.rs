@@ -248,12 +248,7 @@ fn select(
             w.veto_class_for(rules.projection, request.reserve)
                 .is_none()
         });
-    let groups = if rules.by_adapter {
-        by_adapter(pool, free)
-    } else {
-        vec![free]
-    };
-    for group in groups {
+    for group in by_adapter(pool, free, rules.by_adapter) {
         if let Some(lease) = pick_where_it_starts(policy, pool, request, group) {
             return Ok(Selected {
                 lease,
@@ -268,19 +263,37 @@ fn select(
     fall_back(rules, pool, request, tried, vetoed, others_out)
 }
 
-/// `workers` in the order a request for its pool's LoRA adapter tries them: those where the
-/// adapter runs, then those with a free slot, then those where it would wait, the policy
-/// choosing within each group (`sluice_core::lora`); one group for any other model.
-fn by_adapter<'w>(pool: &Pool, workers: Vec<&'w Arc<Worker>>) -> Vec<Vec<&'w Arc<Worker>>> {
-    match &pool.adapter {
-        Some(adapter) => lora::groups(
-            workers
-                .into_iter()
-                .map(|w| (w.adapter_affinity(adapter), w))
-                .collect(),
-        ),
-        None => vec![workers],
-    }
+/// `workers` in the order a request for its pool's LoRA adapter tries them: those that hold it
+/// (list it, or have a request for it in flight, which a load waits under) before those it would
+/// be loaded onto (their spec's `lora` block); within each, with `aware` (unless
+/// `--disable-adapter-routing`), those where it runs, then those with a free slot, then those
+/// where it would wait (`sluice_core::lora`). One group for any other model.
+fn by_adapter<'w>(
+    pool: &Pool,
+    workers: Vec<&'w Arc<Worker>>,
+    aware: bool,
+) -> Vec<Vec<&'w Arc<Worker>>> {
+    let Some(adapter) = &pool.adapter else {
+        return vec![workers];
+    };
+    let order = |workers: Vec<&'w Arc<Worker>>| {
+        if aware {
+            lora::groups(
+                workers
+                    .into_iter()
+                    .map(|w| (w.adapter_affinity(adapter), w))
+                    .collect(),
+            )
+        } else {
+            vec![workers]
+        }
+    };
+    let (holding, loadable): (Vec<_>, Vec<_>) = workers
+        .into_iter()
+        .partition(|w| !w.may_load(&pool.model) || w.adapters.has(adapter));
+    let mut groups = order(holding);
+    groups.extend(order(loadable));
+    groups
 }
 
 /// The policy's pick among `workers`; for a request that seeks room, among those where it

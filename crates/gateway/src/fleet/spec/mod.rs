@@ -82,6 +82,9 @@ pub struct WorkerSpec {
     /// Its engine's data-parallel ranks, each publishing; unset follows `--kv-events-ranks`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) kv_events_ranks: Option<u32>,
+    /// LoRA adapters the gateway may load onto its engine, and how many it may hold.
+    #[serde(skip_serializing_if = "LoraSpec::is_empty")]
+    pub(crate) lora: LoraSpec,
 }
 
 /// A ZMQ TCP endpoint a publisher binds, as a spec names it: `tcp://host:port`.
@@ -193,10 +196,12 @@ pub(crate) struct HealthPatch {
 }
 
 mod blocks;
+mod lora;
 mod url;
 
 pub use blocks::AdaptiveOverrides;
 use blocks::{adaptive_block, health_patch, overload_block};
+pub use lora::LoraSpec;
 use url::normalize_url;
 
 const FIELDS: &[&str] = &[
@@ -215,6 +220,7 @@ const FIELDS: &[&str] = &[
     "max_running_requests",
     "kv_events_endpoint",
     "kv_events_ranks",
+    "lora",
 ];
 /// The shortest load-poll interval a spec may ask for (the gateway polls no more often anyway).
 const MIN_POLL_SECS: f64 = 1.0;
@@ -252,6 +258,7 @@ impl WorkerSpec {
             max_running_requests: None,
             kv_events_endpoint: None,
             kv_events_ranks: None,
+            lora: LoraSpec::default(),
         })
     }
 
@@ -305,16 +312,8 @@ impl WorkerSpec {
                 "must be tcp://host:port",
                 |v| v.as_str().and_then(ZmqEndpoint::parse),
             )?,
-            kv_events_ranks: optional(
-                &object,
-                "kv_events_ranks",
-                "must be a whole number from 1 to 1024",
-                |v| {
-                    v.as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .filter(|n| (1..=1024).contains(n))
-                },
-            )?,
+            kv_events_ranks: kv_events_ranks(&object)?,
+            lora: lora::lora_block(&object)?,
             max_num_batched_tokens: optional(&object, "max_num_batched_tokens", AT_LEAST_1, |v| {
                 v.as_u64().filter(|n| *n >= 1)
             })?,
@@ -389,6 +388,19 @@ impl WorkerPatch {
             health: health_patch(&object)?,
         })
     }
+}
+
+fn kv_events_ranks(object: &Map<String, Value>) -> Result<Option<u32>, SpecError> {
+    optional(
+        object,
+        "kv_events_ranks",
+        "must be a whole number from 1 to 1024",
+        |v| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| (1..=1024).contains(n))
+        },
+    )
 }
 
 fn worker_type(object: &Map<String, Value>) -> Result<WorkerType, SpecError> {
