@@ -300,3 +300,59 @@ async fn a_load_the_engine_refuses_is_a_worker_failure_and_the_client_gets_a_cle
     let sql = s.chat(&chat_body("sql", "q", 1, false)).await;
     assert_eq!(sql.status, 200, "{}", sql.text());
 }
+
+/// A chat naming `model`, with SGLang's `lora_path` when given.
+fn sglang_chat(
+    model: &str,
+    lora_path: Option<&str>,
+    content: &str,
+    max_tokens: u32,
+    stream: bool,
+) -> String {
+    let mut body: Value =
+        serde_json::from_str(&chat_body(model, content, max_tokens, stream)).unwrap();
+    if let Some(path) = lora_path {
+        body["lora_path"] = path.into();
+    }
+    body.to_string()
+}
+
+#[tokio::test]
+async fn an_adapter_named_as_sglang_takes_it_is_routed_by_adapter_and_sent_as_written() {
+    let mut engine = timed(Flavor::Sglang, 1.0);
+    engine.lora = Some(LoraSettings::serving(&["sql", "med"], FAST_LOAD));
+    let s = start(2, engine, |c| c.route.policy = Policy::RoundRobin).await;
+    let body = sglang_chat("test-model:sql", None, "a long answer", 4000, true);
+    let held = open_stream_with(&s.client, &s.gateway, body, &[]).await;
+    let runs_sql = engine_running(&s);
+    let before = s.received();
+    for i in 0..4 {
+        let named = sglang_chat("test-model:sql", None, &format!("q{i}"), 1, false);
+        let by_path = sglang_chat("test-model", Some("sql"), &format!("p{i}"), 1, false);
+        for body in [named, by_path] {
+            let answer = s.chat(&body).await;
+            assert_eq!(
+                answer.status,
+                200,
+                "the engine read the adapter: {}",
+                answer.text()
+            );
+        }
+    }
+    let after = s.received();
+    assert_eq!(
+        after[runs_sql] - before[runs_sql],
+        8,
+        "where sql runs: {before:?} -> {after:?}"
+    );
+    let unknown = s
+        .chat(&sglang_chat("test-model:nope", None, "q", 1, false))
+        .await;
+    assert_eq!(
+        code(&unknown).as_deref(),
+        Some("model_not_found"),
+        "{}",
+        unknown.text()
+    );
+    drop(held);
+}

@@ -21,7 +21,7 @@ use super::{Admit, Admitted, Asking, Decided, Turn};
 use crate::context::RequestContext;
 use crate::error::reflected;
 use crate::fleet::{Fleet, Pool, Snapshot};
-use crate::request::Asked;
+use crate::request::{Asked, RequestFacts};
 
 /// The admit stage, shared by every request: admission, the fleet it finds pools in, the
 /// models' other names, and the ladder.
@@ -64,9 +64,14 @@ impl AdmitStage {
         let (pool, turn) = self.pool(ctx, &mut decided, degrade, asked).await?;
         self.admit.count_admitted(ctx);
         let served = pool.model.as_str();
-        let body = degrade
-            .and_then(|d| d.rewrite(tier, served, asked.body, &mut ctx.degraded))
-            .unwrap_or_else(|| served_body(route, facts, asked.body, served));
+        let body = if sglang_adapter(&self.fleet.snapshot(), facts) == Some(served) {
+            // Named as SGLang takes it: the worker reads the adapter from the body as it is.
+            asked.body.clone()
+        } else {
+            degrade
+                .and_then(|d| d.rewrite(tier, served, asked.body, &mut ctx.degraded))
+                .unwrap_or_else(|| served_body(route, facts, asked.body, served))
+        };
         Ok(Admitted {
             terms: decided.terms(),
             grants: decided.grants.take(),
@@ -91,6 +96,7 @@ impl AdmitStage {
         let mut turn: Option<Turn> = None;
         loop {
             let snapshot = self.fleet.snapshot();
+            let model = sglang_adapter(&snapshot, asked.facts).or(model);
             let cascade = cascaded(degrade, tier, model, &snapshot);
             let pool = self
                 .serving(&snapshot, cascade.or(model))
@@ -144,6 +150,26 @@ impl AdmitStage {
             model: reflected(model),
         })
     }
+}
+
+/// The LoRA adapter a request names SGLang's way, when a pool is that adapter's: `model` as
+/// `base:adapter`, or the base model with `lora_path` (python/sglang/srt/entrypoints/openai/
+/// serving_base.py, `_resolve_lora_path`). Its body goes on as the client wrote it, for SGLang
+/// to read.
+fn sglang_adapter<'a>(snapshot: &Snapshot, facts: &'a RequestFacts<'_>) -> Option<&'a str> {
+    let model = facts.model.as_deref()?;
+    if snapshot.pools.contains_key(model) && facts.lora_path.is_none() {
+        return None;
+    }
+    let named = match model.split_once(':') {
+        Some((_, adapter)) => adapter.trim(),
+        None => facts.lora_path.as_deref()?,
+    };
+    snapshot
+        .pools
+        .get(named)
+        .filter(|pool| pool.adapter.is_some())
+        .map(|_| named)
 }
 
 /// The model the ladder cascades a request for `model` to at the level now — only if that model

@@ -111,6 +111,9 @@ pub struct RequestFacts<'a> {
     /// `n`, the choices asked for: 1 unless given.
     pub(crate) n: u64,
     pub(crate) user: Option<Cow<'a, str>>,
+    /// SGLang's `lora_path`, when a string: the LoRA adapter a request for the base model names
+    /// (`sglang_adapter`).
+    pub(crate) lora_path: Option<Cow<'a, str>>,
     /// The raw JSON of the prompt (`messages`, `prompt` or `input`): what prefix affinity hashes
     /// and the size estimate counts.
     pub(crate) prompt: &'a [u8],
@@ -135,6 +138,8 @@ struct Fields<'a> {
     max_completion_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     user: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    lora_path: Option<&'a RawValue>,
     #[serde(borrow, default)]
     n: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -169,6 +174,7 @@ fn passed_through<'a>(
         max_tokens_param: "max_tokens",
         n: 1,
         user: None,
+        lora_path: None,
         prompt: prompt.map_or(&[][..], |raw| raw.get().as_bytes()),
     })
 }
@@ -200,6 +206,7 @@ pub async fn parse_form<'a>(
         max_tokens_param: "max_tokens",
         n: 1,
         user: None,
+        lora_path: None,
         prompt: &[],
     })
 }
@@ -266,6 +273,10 @@ pub fn parse(route: ApiRoute, body: &[u8]) -> Result<RequestFacts<'_>, RequestEr
         max_tokens_param,
         n,
         user: fields.user.map(|raw| string(raw, "user")).transpose()?,
+        // A list (one adapter per prompt of a batch) is SGLang's to read.
+        lora_path: fields
+            .lora_path
+            .and_then(|raw| string(raw, "lora_path").ok()),
         prompt: prompt.get().as_bytes(),
     })
 }
