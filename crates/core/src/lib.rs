@@ -15,6 +15,8 @@
 //! - `liveness` — unreachable, stale and wedged vetoes judged from what the gateway observed.
 //! - `load` — engine load reports (vLLM `/metrics`, SGLang `/v1/loads` and `/get_load`) in one
 //!   per-rank shape.
+//! - `latency` — each worker's latency model: predicted time to first token and per output
+//!   token, learned online from its answers, and the predictions' error.
 //! - `lora` — LoRA adapters: where a request naming one stands on each worker (its adapter
 //!   running there, a slot free, or a wait).
 //! - `overload` — overload ceilings, busy ranks, and the one rule for a pool whose every
@@ -64,6 +66,7 @@ pub mod held_blocks;
 pub mod histogram;
 pub mod ids;
 pub mod kv_events;
+pub mod latency;
 pub mod liveness;
 pub mod load;
 pub mod lora;

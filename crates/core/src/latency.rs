@@ -1,0 +1,282 @@
+//! What a worker's answer to a request will take, predicted from the worker's own answers: the
+//! time to first token and the time per output token, each learned online per worker, with the
+//! error of each prediction tracked against what came.
+//!
+//! The model is the engines' own arithmetic, with the constants measured rather than assumed:
+//! - **TTFT** = the prefill work ahead of the request and its own uncached prompt, at the worker's
+//!   prefill rate, plus one step of the batch it joins. vLLM and SGLang schedule waiting prompts
+//!   first come first served under a token budget per step (vllm/v1/core/sched/scheduler.py,
+//!   SGLang's `PrefillAdder`), so the tokens queued ahead are what stands between a request and its
+//!   first token; a prompt's cached prefix is not computed again.
+//! - **TPOT** = one decode step with the batch it joins, a step costing a fixed part (the weights
+//!   read once) and a part per running sequence (their KV read): `base + per_seq * batch`, fitted
+//!   by exponentially weighted least squares over the worker's (batch, TPOT) samples.
+//!
+//! The prefill rate is learned from each first token: the work the request waited for (ahead and
+//! its own) over its TTFT less the predicted step, an exponential average. It is the same
+//! estimate the liveness checker's prefill allowance needs, and may feed it.
+//!
+//! Pure: every sample and every question carries its numbers; nothing here reads a clock.
+
+use std::time::Duration;
+
+/// Weight of the newest sample in each average.
+const WEIGHT: f64 = 0.1;
+/// Samples before a fit of step times is trusted; a flat step (the mean) before that.
+const MIN_STEP_SAMPLES: u32 = 8;
+/// Only first tokens at least this late count towards the TTFT error: shorter ones are noise of
+/// the transport, and a percentage of them says nothing.
+pub const ERROR_FLOOR: Duration = Duration::from_millis(100);
+
+/// Where a request would stand on a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Situation {
+    /// Prompt tokens queued for prefill ahead of it.
+    pub prefill_ahead: u64,
+    /// Its prompt tokens the worker does not hold in cache.
+    pub uncached_prompt: u64,
+    /// Sequences in the batch it joins, itself included.
+    pub batch: u64,
+}
+
+/// What the model expects of one request on one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Prediction {
+    pub ttft: Duration,
+    pub tpot: Duration,
+}
+
+/// What came of a request: the situation it was sent in, its first token and its pace after.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Observed {
+    pub situation: Situation,
+    pub ttft: Duration,
+    /// The mean time between its output tokens; `None` for a single token.
+    pub tpot: Option<Duration>,
+}
+
+/// An exponential average, unset until the first sample.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Average(Option<f64>);
+
+impl Average {
+    fn add(&mut self, sample: f64) {
+        self.0 = Some(match self.0 {
+            Some(old) => old + WEIGHT * (sample - old),
+            None => sample,
+        });
+    }
+}
+
+/// Exponentially weighted least squares of `y = base + slope * x`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct LinearFit {
+    x: Average,
+    y: Average,
+    xx: Average,
+    xy: Average,
+    samples: u32,
+}
+
+impl LinearFit {
+    fn add(&mut self, x: f64, y: f64) {
+        self.x.add(x);
+        self.y.add(y);
+        self.xx.add(x * x);
+        self.xy.add(x * y);
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// `y` at `x`; the mean until enough samples spread over `x` make a slope, and never a
+    /// slope below zero (a step never gets cheaper with more sequences).
+    fn at(&self, x: f64) -> Option<f64> {
+        let (mx, my) = (self.x.0?, self.y.0?);
+        let variance = self.xx.0? - mx * mx;
+        if self.samples < MIN_STEP_SAMPLES || variance < 1e-9 {
+            return Some(my);
+        }
+        let slope = ((self.xy.0? - mx * my) / variance).max(0.0);
+        Some((my + slope * (x - mx)).max(0.0))
+    }
+}
+
+/// The absolute percentage errors of one kind of prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ErrorTrack {
+    /// Predictions judged.
+    pub count: u64,
+    sum: f64,
+}
+
+impl ErrorTrack {
+    fn add(&mut self, predicted: Duration, actual: Duration) {
+        let actual = actual.as_secs_f64();
+        if actual <= 0.0 {
+            return;
+        }
+        self.sum += (predicted.as_secs_f64() - actual).abs() / actual;
+        self.count += 1;
+    }
+
+    /// The mean absolute percentage error so far, as a fraction; `None` before any.
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
+    }
+}
+
+/// One worker's latency model and how right it has been.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LatencyModel {
+    /// Prompt tokens prefilled per second.
+    prefill_rate: Average,
+    /// Seconds per decode step against the batch.
+    step: LinearFit,
+    /// The TTFT predictions' error, over first tokens at least `ERROR_FLOOR` late.
+    pub ttft_error: ErrorTrack,
+    pub tpot_error: ErrorTrack,
+}
+
+impl LatencyModel {
+    /// The prefill rate learned, prompt tokens per second; `None` before a first token.
+    pub fn prefill_rate(&self) -> Option<f64> {
+        self.prefill_rate.0.filter(|r| *r > 0.0)
+    }
+
+    /// One decode step with `batch` sequences; `None` before a pace was seen.
+    fn step(&self, batch: u64) -> Option<Duration> {
+        self.step.at(batch as f64).map(Duration::from_secs_f64)
+    }
+
+    /// What a request in `situation` should expect; `None` until a first token was seen.
+    pub fn predict(&self, situation: &Situation) -> Option<Prediction> {
+        let rate = self.prefill_rate()?;
+        let step = self.step(situation.batch).unwrap_or_default();
+        let work = (situation.prefill_ahead + situation.uncached_prompt) as f64;
+        Some(Prediction {
+            ttft: Duration::from_secs_f64(work / rate) + step,
+            tpot: step,
+        })
+    }
+
+    /// Learns from what came, first judging what would have been predicted for it.
+    pub fn observe(&mut self, seen: &Observed) {
+        if let Some(predicted) = self.predict(&seen.situation) {
+            if seen.ttft >= ERROR_FLOOR {
+                self.ttft_error.add(predicted.ttft, seen.ttft);
+            }
+            if let Some(tpot) = seen.tpot.filter(|_| self.step.samples > 0) {
+                self.tpot_error.add(predicted.tpot, tpot);
+            }
+        }
+        if let Some(tpot) = seen.tpot {
+            self.step
+                .add(seen.situation.batch as f64, tpot.as_secs_f64());
+        }
+        let work = seen.situation.prefill_ahead + seen.situation.uncached_prompt;
+        let step = self.step(seen.situation.batch).unwrap_or_default();
+        let prefill = seen.ttft.saturating_sub(step).as_secs_f64();
+        if work > 0 && prefill > 0.0 {
+            self.prefill_rate.add(work as f64 / prefill);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A worker that prefills 8,000 tokens a second and steps in 20 ms + 0.5 ms a sequence.
+    fn truth(s: &Situation) -> (Duration, Duration) {
+        let step = Duration::from_secs_f64(0.020 + 0.0005 * s.batch as f64);
+        let prefill =
+            Duration::from_secs_f64((s.prefill_ahead + s.uncached_prompt) as f64 / 8000.0);
+        (prefill + step, step)
+    }
+
+    fn situation(i: u64) -> Situation {
+        Situation {
+            prefill_ahead: (i * 7919) % 6000,
+            uncached_prompt: 200 + (i * 104_729) % 3000,
+            batch: 1 + (i * 31) % 64,
+        }
+    }
+
+    fn learned(samples: u64) -> LatencyModel {
+        let mut model = LatencyModel::default();
+        for i in 0..samples {
+            let s = situation(i);
+            let (ttft, tpot) = truth(&s);
+            model.observe(&Observed {
+                situation: s,
+                ttft,
+                tpot: Some(tpot),
+            });
+        }
+        model
+    }
+
+    fn within(predicted: Duration, actual: Duration, share: f64) -> bool {
+        (predicted.as_secs_f64() - actual.as_secs_f64()).abs() <= share * actual.as_secs_f64()
+    }
+
+    #[test]
+    fn nothing_is_predicted_before_a_first_token() {
+        assert_eq!(LatencyModel::default().predict(&situation(1)), None);
+        assert_eq!(LatencyModel::default().ttft_error.mean(), None);
+    }
+
+    #[test]
+    fn a_worker_is_learned_from_its_answers_and_predicted_within_a_few_percent() {
+        let model = learned(400);
+        for i in 1_000..1_050 {
+            let s = situation(i);
+            let (ttft, tpot) = truth(&s);
+            let p = model.predict(&s).unwrap();
+            assert!(within(p.ttft, ttft, 0.05), "{s:?}: {p:?} vs {ttft:?}");
+            assert!(within(p.tpot, tpot, 0.05), "{s:?}: {p:?} vs {tpot:?}");
+        }
+        let rate = model.prefill_rate().unwrap();
+        assert!((rate - 8000.0).abs() < 400.0, "{rate}");
+    }
+
+    #[test]
+    fn the_error_shrinks_as_the_model_learns_and_counts_only_late_first_tokens() {
+        let model = learned(400);
+        let mean = model.ttft_error.mean().unwrap();
+        assert!(mean < 0.15, "{mean}");
+        let mut fresh = learned(400);
+        let before = fresh.ttft_error.count;
+        fresh.observe(&Observed {
+            situation: Situation {
+                prefill_ahead: 0,
+                uncached_prompt: 10,
+                batch: 1,
+            },
+            ttft: 30 * MS,
+            tpot: None,
+        });
+        assert_eq!(
+            fresh.ttft_error.count, before,
+            "under the floor: not judged"
+        );
+    }
+
+    #[test]
+    fn more_work_ahead_or_a_bigger_batch_never_predicts_sooner() {
+        let model = learned(200);
+        let base = situation(5);
+        let p = model.predict(&base).unwrap();
+        let more_ahead = Situation {
+            prefill_ahead: base.prefill_ahead + 1000,
+            ..base
+        };
+        let bigger = Situation {
+            batch: base.batch + 10,
+            ..base
+        };
+        assert!(model.predict(&more_ahead).unwrap().ttft > p.ttft);
+        assert!(model.predict(&bigger).unwrap().tpot >= p.tpot);
+    }
+}
