@@ -180,6 +180,8 @@ pub(crate) struct WorkerView {
     /// How the cache-aware policy scores it: by the blocks its engine's KV events say it holds,
     /// or by where prompts were sent; what its events have done.
     prefix_cache: crate::fleet::PrefixCacheView,
+    /// Its latency model: the prefill rate learned, its predictions' errors.
+    latency: crate::fleet::LatencyView,
     spec: WorkerSpec,
 }
 
@@ -209,6 +211,7 @@ impl WorkerView {
             engine_load: load::LoadView::of(worker),
             concurrency: load::LimitView::of(worker),
             prefix_cache: worker.held.view(),
+            latency: worker.latency.view(),
             circuit: CircuitView {
                 state: worker.breaker.state().as_str(),
                 consecutive_failures: worker.breaker.consecutive_failures(),

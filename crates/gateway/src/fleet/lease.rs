@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use sluice_core::breaker::Outcome;
+use sluice_core::latency::Situation;
 use tokio::time::Instant;
 
 use super::breaker::Permit;
@@ -34,6 +35,9 @@ pub(crate) struct Lease {
     rooms: Option<Box<DecodeRooms>>,
     /// The LoRA adapter the request names, counted on the worker until the lease ends.
     adapter: Option<Arc<str>>,
+    /// Where it stood on the worker when it was sent: what its first token teaches the
+    /// worker's latency model.
+    situation: Option<Situation>,
 }
 
 impl Lease {
@@ -58,6 +62,7 @@ impl Lease {
             streaming: false,
             rooms: None,
             adapter: None,
+            situation: None,
         })
     }
 
@@ -105,6 +110,11 @@ impl Lease {
             self.worker.signals.sent(Instant::now());
         }
         self.prefill = prompt_tokens;
+        self.situation = Some(Situation {
+            prefill_ahead: self.worker.traffic.pending_prefill_tokens(),
+            uncached_prompt: prompt_tokens,
+            batch: self.worker.load_everywhere(),
+        });
         self.worker.traffic.prefill_added(prompt_tokens);
     }
 
@@ -112,6 +122,9 @@ impl Lease {
     /// prompt is no longer waiting.
     pub(crate) fn first_byte_after(&mut self, ttft: std::time::Duration) {
         self.worker.signals.prefill_sample(self.prefill, ttft);
+        if let Some(situation) = self.situation.take() {
+            self.worker.latency.first_token(situation, ttft);
+        }
         if let Some(still) = self.no_longer_pending() {
             self.worker.signals.answered(Instant::now(), still);
         }

@@ -18,6 +18,7 @@ use super::adaptive::AdaptiveLimit;
 use super::atomic::AtomicEnum;
 use super::breaker::WorkerBreaker;
 use super::held::HeldIndex;
+use super::latency::WorkerLatency;
 use super::pd::{DecodeWindow, Role};
 use super::signals::Signals;
 use super::spec::WorkerSpec;
@@ -204,6 +205,8 @@ pub struct Worker {
     pub(crate) held: HeldIndex,
     /// The LoRA adapters of this gateway's requests on it (the request path, through `Lease`).
     pub(crate) adapters: AdapterUse,
+    /// What its answers take, predicted and learned (the request path, through `Lease`).
+    pub(crate) latency: WorkerLatency,
     pub(crate) metrics: WorkerMetrics,
 }
 
@@ -238,6 +241,7 @@ impl Worker {
             decode_window: Arc::new(DecodeWindow::new(notices.changed)),
             held: HeldIndex::default(),
             adapters: AdapterUse::default(),
+            latency: WorkerLatency::default(),
             metrics,
         }
     }

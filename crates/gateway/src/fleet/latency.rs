@@ -1,0 +1,47 @@
+//! One worker's latency model (`sluice_core::latency`), learned from this gateway's requests to
+//! it: the request path is its one writer (each first token, through `Lease`), views and
+//! placement read it.
+
+use serde::Serialize;
+use sluice_core::latency::{LatencyModel, Observed, Situation};
+
+/// The model under a lock held for one update or one read, never across an `.await`.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerLatency {
+    model: parking_lot::Mutex<LatencyModel>,
+}
+
+/// What `GET /workers` shows of it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct LatencyView {
+    /// Prompt tokens a second, as learned; `None` before a first token.
+    prefill_rate: Option<f64>,
+    /// Mean absolute percentage error of its TTFT predictions (first tokens of 100 ms or more),
+    /// and how many were judged.
+    ttft_error: Option<f64>,
+    ttft_judged: u64,
+    tpot_error: Option<f64>,
+    tpot_judged: u64,
+}
+
+impl WorkerLatency {
+    /// A request sent in `situation` had its first token after `ttft`.
+    pub(crate) fn first_token(&self, situation: Situation, ttft: std::time::Duration) {
+        self.model.lock().observe(&Observed {
+            situation,
+            ttft,
+            tpot: None,
+        });
+    }
+
+    pub(crate) fn view(&self) -> LatencyView {
+        let model = *self.model.lock();
+        LatencyView {
+            prefill_rate: model.prefill_rate(),
+            ttft_error: model.ttft_error.mean(),
+            ttft_judged: model.ttft_error.count,
+            tpot_error: model.tpot_error.mean(),
+            tpot_judged: model.tpot_error.count,
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Each worker's latency model learns from this gateway's requests to it, and `/workers` shows
+//! what it learned.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+
+#[tokio::test]
+async fn a_workers_prefill_rate_is_learned_from_its_first_tokens() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |_| {}).await;
+    let before = &s.workers().await[0]["latency"];
+    assert_eq!(
+        before["prefill_rate"],
+        Value::Null,
+        "nothing learned yet: {before}"
+    );
+    let prompt = "word ".repeat(2000);
+    for _ in 0..3 {
+        let answer = s.chat(&chat_body("test-model", &prompt, 1, false)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let after = &s.workers().await[0]["latency"];
+    let rate = after["prefill_rate"].as_f64().unwrap_or(0.0);
+    assert!(rate > 0.0, "{after}");
+}
