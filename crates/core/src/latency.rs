@@ -158,26 +158,35 @@ impl LatencyModel {
         })
     }
 
-    /// Learns from what came, first judging what would have been predicted for it.
+    /// Learns from a whole answer: its first token, then its pace.
     pub fn observe(&mut self, seen: &Observed) {
-        if let Some(predicted) = self.predict(&seen.situation) {
-            if seen.ttft >= ERROR_FLOOR {
-                self.ttft_error.add(predicted.ttft, seen.ttft);
-            }
-            if let Some(tpot) = seen.tpot.filter(|_| self.step.samples > 0) {
-                self.tpot_error.add(predicted.tpot, tpot);
-            }
-        }
+        self.first_token(&seen.situation, seen.ttft);
         if let Some(tpot) = seen.tpot {
-            self.step
-                .add(seen.situation.batch as f64, tpot.as_secs_f64());
+            self.paced(seen.situation.batch, tpot);
         }
-        let work = seen.situation.prefill_ahead + seen.situation.uncached_prompt;
-        let step = self.step(seen.situation.batch).unwrap_or_default();
-        let prefill = seen.ttft.saturating_sub(step).as_secs_f64();
+    }
+
+    /// A request sent in `situation` had its first token after `ttft`: the prediction for it
+    /// judged (when that late), then the prefill rate learned from it.
+    pub fn first_token(&mut self, situation: &Situation, ttft: Duration) {
+        if let Some(predicted) = self.predict(situation).filter(|_| ttft >= ERROR_FLOOR) {
+            self.ttft_error.add(predicted.ttft, ttft);
+        }
+        let work = situation.prefill_ahead + situation.uncached_prompt;
+        let step = self.step(situation.batch).unwrap_or_default();
+        let prefill = ttft.saturating_sub(step).as_secs_f64();
         if work > 0 && prefill > 0.0 {
             self.prefill_rate.add(work as f64 / prefill);
         }
+    }
+
+    /// A request that joined a batch of `batch` produced its output tokens `tpot` apart: the
+    /// prediction judged, then the step fitted.
+    pub fn paced(&mut self, batch: u64, tpot: Duration) {
+        if let Some(step) = self.step(batch) {
+            self.tpot_error.add(step, tpot);
+        }
+        self.step.add(batch as f64, tpot.as_secs_f64());
     }
 }
 

@@ -1,9 +1,11 @@
 //! One worker's latency model (`sluice_core::latency`), learned from this gateway's requests to
-//! it: the request path is its one writer (each first token, through `Lease`), views and
-//! placement read it.
+//! it: the request path is its one writer (each first token and each stream's pace, through
+//! `Lease`), views read it.
 
 use serde::Serialize;
-use sluice_core::latency::{LatencyModel, Observed, Situation};
+use std::time::Duration;
+
+use sluice_core::latency::{LatencyModel, Situation};
 
 /// The model under a lock held for one update or one read, never across an `.await`.
 #[derive(Debug, Default)]
@@ -26,12 +28,13 @@ pub(crate) struct LatencyView {
 
 impl WorkerLatency {
     /// A request sent in `situation` had its first token after `ttft`.
-    pub(crate) fn first_token(&self, situation: Situation, ttft: std::time::Duration) {
-        self.model.lock().observe(&Observed {
-            situation,
-            ttft,
-            tpot: None,
-        });
+    pub(crate) fn first_token(&self, situation: &Situation, ttft: Duration) {
+        self.model.lock().first_token(situation, ttft);
+    }
+
+    /// A request that joined a batch of `batch` produced its tokens `tpot` apart.
+    pub(crate) fn paced(&self, batch: u64, tpot: Duration) {
+        self.model.lock().paced(batch, tpot);
     }
 
     pub(crate) fn view(&self) -> LatencyView {

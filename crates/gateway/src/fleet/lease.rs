@@ -122,13 +122,20 @@ impl Lease {
     /// prompt is no longer waiting.
     pub(crate) fn first_byte_after(&mut self, ttft: std::time::Duration) {
         self.worker.signals.prefill_sample(self.prefill, ttft);
-        if let Some(situation) = self.situation.take() {
+        if let Some(situation) = &self.situation {
             self.worker.latency.first_token(situation, ttft);
         }
         if let Some(still) = self.no_longer_pending() {
             self.worker.signals.answered(Instant::now(), still);
         }
         self.first_byte();
+    }
+
+    /// The stream's output tokens came `tpot` apart: the pace of the batch it joined.
+    pub(crate) fn paced(&self, tpot: std::time::Duration) {
+        if let Some(situation) = &self.situation {
+            self.worker.latency.paced(situation.batch, tpot);
+        }
     }
 
     /// The worker answered with something other than its output (a refusal, an error status):

@@ -322,6 +322,10 @@ impl Relay {
             tokens: self.sse.then_some(self.tokens),
         };
         ctx.metrics().slo.completed(self.terms.tier, &served);
+        if let (true, 2..) = (self.sse, self.tokens) {
+            let gaps = u32::try_from(self.tokens - 1).unwrap_or(u32::MAX);
+            self.lease.paced((last - first) / gaps);
+        }
     }
 
     /// The worker finished the response.
