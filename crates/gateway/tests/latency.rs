@@ -34,7 +34,16 @@ async fn a_workers_pace_is_learned_from_its_streams_and_each_prediction_judged()
         assert_eq!(answer.status, 200, "{}", answer.text());
     }
     let latency = &s.workers().await[0]["latency"];
-    assert_eq!(latency["tpot_judged"], 2, "every stream after the first: {latency}");
+    assert_eq!(
+        latency["tpot_judged"], 2,
+        "every stream after the first: {latency}"
+    );
     let error = latency["tpot_error"].as_f64().unwrap();
-    assert!((0.0..1.0).contains(&error), "one engine, one pace: {latency}");
+    assert!(
+        (0.0..1.0).contains(&error),
+        "one engine, one pace: {latency}"
+    );
+    let id = s.worker_id(0).await;
+    let series = format!("sluice_worker_prediction_error{{worker=\"{id}\",kind=\"tpot\"}}");
+    assert_eq!(s.metric(&series).await, Some(error), "the view's figure");
 }

@@ -84,6 +84,7 @@ impl Collector for FleetCollector {
         }
         encode_kv_events(&mut encoder, &snapshot.workers)?;
         encode_adapters(&mut encoder, &snapshot.workers)?;
+        encode_prediction_errors(&mut encoder, &snapshot.workers)?;
         encode_identity(&mut encoder, &snapshot.workers)
     }
 }
@@ -197,6 +198,28 @@ fn encode_adapters(
         for (adapter, n) in w.adapters.counts() {
             let labels = [("worker", w.id.as_str()), ("adapter", &*adapter)];
             ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// How wrong each worker's latency predictions have been.
+fn encode_prediction_errors(
+    encoder: &mut DescriptorEncoder,
+    workers: &[Arc<Worker>],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "worker_prediction_error",
+        "Mean absolute percentage error (a fraction) of each worker's predicted time to first token (first tokens of 100 ms or more) and time per output token",
+        None,
+        MetricType::Gauge,
+    )?;
+    for w in workers {
+        for (kind, error) in w.latency.errors() {
+            if let Some(error) = error {
+                let labels = [("worker", w.id.as_str()), ("kind", kind)];
+                ConstGauge::new(error).encode(family.encode_family(&labels)?)?;
+            }
         }
     }
     Ok(())

@@ -37,6 +37,15 @@ impl WorkerLatency {
         self.model.lock().paced(batch, tpot);
     }
 
+    /// The mean absolute percentage errors of its TTFT and TPOT predictions, as fractions.
+    pub(crate) fn errors(&self) -> [(&'static str, Option<f64>); 2] {
+        let model = self.model.lock();
+        [
+            ("ttft", model.ttft_error.mean()),
+            ("tpot", model.tpot_error.mean()),
+        ]
+    }
+
     pub(crate) fn view(&self) -> LatencyView {
         let model = *self.model.lock();
         LatencyView {
