@@ -16,6 +16,10 @@
 //! its own) over its TTFT less the predicted step, an exponential average. It is the same
 //! estimate the liveness checker's prefill allowance needs, and may feed it.
 //!
+//! `place` is the `predicted` policy's decision over those predictions: the candidate that meets
+//! the request's objectives with the most headroom, or, when none does, the soonest (for
+//! admission to weigh).
+//!
 //! Pure: every sample and every question carries its numbers; nothing here reads a clock.
 
 use std::time::Duration;
@@ -190,6 +194,67 @@ impl LatencyModel {
     }
 }
 
+/// A request's objectives: its time to first token, and time per output token when its tier
+/// has one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objectives {
+    pub ttft: Duration,
+    pub tpot: Option<Duration>,
+}
+
+/// Where the predictions place a request among candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    /// The candidate predicted to meet both objectives with the most headroom.
+    Meets(usize),
+    /// None is predicted to meet them: the candidate predicted to answer first, for admission to
+    /// weigh (queue, step down, or refuse with a Retry-After from the prediction).
+    NoneMeets(usize),
+    /// Some candidate has no prediction yet (nothing learned of it): the policy decides.
+    Unknown,
+}
+
+/// The headroom of `p` under `objectives`: the smaller of the two objectives' slack, as a
+/// share of the objective (negative when missed).
+fn headroom(p: &Prediction, objectives: &Objectives) -> f64 {
+    let share = |objective: Duration, predicted: Duration| {
+        let objective = objective.as_secs_f64().max(1e-9);
+        (objective - predicted.as_secs_f64()) / objective
+    };
+    let ttft = share(objectives.ttft, p.ttft);
+    objectives
+        .tpot
+        .map_or(ttft, |tpot| ttft.min(share(tpot, p.tpot)))
+}
+
+/// Places a request by the candidates' predictions (in the candidates' order; ties go to the
+/// first). A candidate without a prediction makes the choice the policy's: the model knows
+/// nothing of it, and a new worker must get requests to be learned.
+pub fn place(predictions: &[Option<Prediction>], objectives: &Objectives) -> Placed {
+    if predictions.is_empty() || predictions.iter().any(Option::is_none) {
+        return Placed::Unknown;
+    }
+    let scored = predictions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.map(|p| (i, p, headroom(&p, objectives))));
+    let best = scored
+        .clone()
+        .fold(None::<(usize, f64)>, |best, (i, _, room)| match best {
+            Some((_, top)) if top >= room => best,
+            _ => Some((i, room)),
+        });
+    match best {
+        Some((i, room)) if room >= 0.0 => Placed::Meets(i),
+        _ => {
+            let soonest = scored
+                .min_by(|a, b| a.1.ttft.cmp(&b.1.ttft))
+                .map_or(0, |(i, _, _)| i);
+            Placed::NoneMeets(soonest)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +352,43 @@ mod tests {
         };
         assert!(model.predict(&more_ahead).unwrap().ttft > p.ttft);
         assert!(model.predict(&bigger).unwrap().tpot >= p.tpot);
+    }
+
+    fn predicted(ttft_ms: u32, tpot_ms: u32) -> Option<Prediction> {
+        Some(Prediction {
+            ttft: ttft_ms * MS,
+            tpot: tpot_ms * MS,
+        })
+    }
+
+    #[test]
+    fn a_request_goes_where_both_objectives_keep_the_most_headroom() {
+        let objectives = Objectives {
+            ttft: 1000 * MS,
+            tpot: Some(100 * MS),
+        };
+        // 0: fast first token, slow pace (90% of its TPOT); 1: 50% headroom on both.
+        let candidates = [predicted(100, 90), predicted(500, 50), predicted(900, 10)];
+        assert_eq!(place(&candidates, &objectives), Placed::Meets(1));
+        let no_tpot = Objectives {
+            tpot: None,
+            ..objectives
+        };
+        assert_eq!(place(&candidates, &no_tpot), Placed::Meets(0));
+    }
+
+    #[test]
+    fn when_none_meets_them_the_soonest_is_named_and_an_unknown_worker_defers_to_the_policy() {
+        let objectives = Objectives {
+            ttft: 100 * MS,
+            tpot: None,
+        };
+        let late = [predicted(400, 10), predicted(300, 10), predicted(900, 10)];
+        assert_eq!(place(&late, &objectives), Placed::NoneMeets(1));
+        assert_eq!(
+            place(&[predicted(10, 10), None], &objectives),
+            Placed::Unknown
+        );
+        assert_eq!(place(&[], &objectives), Placed::Unknown);
     }
 }
