@@ -92,6 +92,34 @@ pub fn groups<T>(mut items: Vec<(Affinity, T)>) -> Vec<Vec<T>> {
     groups
 }
 
+/// One adapter a worker holds, as the choice of what to unload sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held<'a, T> {
+    pub name: &'a str,
+    /// Requests for it in flight through this gateway, or its engine reports it running.
+    pub busy: bool,
+    /// When it was last asked for there; `None`: never (since it was loaded, or the gateway
+    /// started).
+    pub last_used: Option<T>,
+}
+
+/// The adapters to unload from a worker that holds `held` so that one more (`loading`) fits in
+/// `max_loaded`: idle ones only (never `loading`, never a busy one), least recently used first,
+/// those never used before any. Fewer than needed when too many are busy.
+pub fn to_unload<'a, T: Ord + Copy>(
+    held: &[Held<'a, T>],
+    loading: &str,
+    max_loaded: u32,
+) -> Vec<&'a str> {
+    let over = (held.len() + 1).saturating_sub(max_loaded as usize);
+    let mut idle: Vec<&Held<'a, T>> = held
+        .iter()
+        .filter(|h| !h.busy && h.name != loading)
+        .collect();
+    idle.sort_by_key(|h| h.last_used);
+    idle.into_iter().take(over).map(|h| h.name).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +208,36 @@ mod tests {
             vec![vec!['a', 'b']]
         );
         assert!(groups::<u8>(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn the_least_recently_used_idle_adapters_make_room() {
+        let held = |name, busy, last_used| Held {
+            name,
+            busy,
+            last_used,
+        };
+        let worker = [
+            held("a", false, Some(5)),
+            held("b", true, Some(1)),
+            held("c", false, None),
+            held("d", false, Some(2)),
+        ];
+        assert_eq!(to_unload(&worker, "e", 8), Vec::<&str>::new(), "room left");
+        assert_eq!(
+            to_unload(&worker, "e", 4),
+            vec!["c"],
+            "never used goes first"
+        );
+        assert_eq!(
+            to_unload(&worker, "e", 3),
+            vec!["c", "d"],
+            "then the oldest; b is busy"
+        );
+        assert_eq!(
+            to_unload(&worker, "a", 1),
+            vec!["c", "d"],
+            "never the one loading"
+        );
     }
 }

@@ -25,11 +25,15 @@ fn engine_running(s: &Setup) -> usize {
     running[0]
 }
 
-#[tokio::test]
-async fn an_adapters_requests_join_it_where_it_runs_and_another_adapter_goes_where_a_slot_is_free()
-{
+/// Round robin over two engines serving `sql` and `med` (`by_adapter`: routing by adapter on),
+/// a `sql` stream held on one of them, then six more `sql` requests: the setup, the held stream,
+/// the engine running `sql`, and how many of the six reached it.
+async fn six_sql_requests(
+    by_adapter: bool,
+) -> (Setup, hyper::Response<hyper::body::Incoming>, usize, u64) {
     let s = start(2, serving_adapters(), |c| {
-        c.route.policy = Policy::RoundRobin
+        c.route.policy = Policy::RoundRobin;
+        c.route.by_adapter = by_adapter;
     })
     .await;
     let body = chat_body("sql", "a long answer", 4000, true);
@@ -40,12 +44,16 @@ async fn an_adapters_requests_join_it_where_it_runs_and_another_adapter_goes_whe
         let a = s.chat(&chat_body("sql", &format!("q{i}"), 1, false)).await;
         assert_eq!(a.status, 200, "{}", a.text());
     }
+    let joined = s.received()[runs_sql] - before[runs_sql];
+    (s, held, runs_sql, joined)
+}
+
+#[tokio::test]
+async fn an_adapters_requests_join_it_where_it_runs_and_another_adapter_goes_where_a_slot_is_free()
+{
+    let (s, held, runs_sql, joined) = six_sql_requests(true).await;
+    assert_eq!(joined, 6, "round robin would have split them");
     let after = s.received();
-    assert_eq!(
-        after[runs_sql] - before[runs_sql],
-        6,
-        "round robin would have split them: {before:?} -> {after:?}"
-    );
     let other = 1 - runs_sql;
     for i in 0..4 {
         let a = s.chat(&chat_body("med", &format!("m{i}"), 1, false)).await;
@@ -177,25 +185,8 @@ async fn an_adapter_loaded_or_unloaded_after_registration_is_routed_by_what_the_
 
 #[tokio::test]
 async fn with_adapter_routing_disabled_the_policy_alone_chooses() {
-    let s = start(2, serving_adapters(), |c| {
-        c.route.policy = Policy::RoundRobin;
-        c.route.by_adapter = false;
-    })
-    .await;
-    let body = chat_body("sql", "a long answer", 4000, true);
-    let held = open_stream_with(&s.client, &s.gateway, body, &[]).await;
-    let runs_sql = engine_running(&s);
-    let before = s.received();
-    for i in 0..6 {
-        let a = s.chat(&chat_body("sql", &format!("q{i}"), 1, false)).await;
-        assert_eq!(a.status, 200, "{}", a.text());
-    }
-    let after = s.received();
-    assert_eq!(
-        after[runs_sql] - before[runs_sql],
-        3,
-        "round robin, blind to where sql runs: {before:?} -> {after:?}"
-    );
+    let (_s, held, _, joined) = six_sql_requests(false).await;
+    assert_eq!(joined, 3, "round robin, blind to where sql runs");
     drop(held);
 }
 

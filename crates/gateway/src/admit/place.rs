@@ -64,7 +64,7 @@ impl AdmitStage {
         let (pool, turn) = self.pool(ctx, &mut decided, degrade, asked).await?;
         self.admit.count_admitted(ctx);
         let served = pool.model.as_str();
-        let body = if sglang_adapter(&self.fleet.snapshot(), facts) == Some(served) {
+        let body = if pool.adapter.is_some() && sglang_named(facts) == Some(served) {
             // Named as SGLang takes it: the worker reads the adapter from the body as it is.
             asked.body.clone()
         } else {
@@ -152,24 +152,29 @@ impl AdmitStage {
     }
 }
 
-/// The LoRA adapter a request names SGLang's way, when a pool is that adapter's: `model` as
-/// `base:adapter`, or the base model with `lora_path` (python/sglang/srt/entrypoints/openai/
-/// serving_base.py, `_resolve_lora_path`). Its body goes on as the client wrote it, for SGLang
-/// to read.
+/// The LoRA adapter a request names SGLang's way, when a pool is that adapter's and the model
+/// asked for is not a pool of its own (unless `lora_path` names one).
 fn sglang_adapter<'a>(snapshot: &Snapshot, facts: &'a RequestFacts<'_>) -> Option<&'a str> {
     let model = facts.model.as_deref()?;
     if snapshot.pools.contains_key(model) && facts.lora_path.is_none() {
         return None;
     }
-    let named = match model.split_once(':') {
-        Some((_, adapter)) => adapter.trim(),
-        None => facts.lora_path.as_deref()?,
-    };
+    let named = sglang_named(facts)?;
     snapshot
         .pools
         .get(named)
         .filter(|pool| pool.adapter.is_some())
         .map(|_| named)
+}
+
+/// The adapter a request names as SGLang reads it: `model` as `base:adapter`, else the body's
+/// `lora_path` (python/sglang/srt/entrypoints/openai/serving_base.py, `_resolve_lora_path`).
+/// Such a body goes on as the client wrote it, for SGLang to read.
+fn sglang_named<'a>(facts: &'a RequestFacts<'_>) -> Option<&'a str> {
+    match facts.model.as_deref()?.split_once(':') {
+        Some((_, adapter)) => Some(adapter.trim()),
+        None => facts.lora_path.as_deref(),
+    }
 }
 
 /// The model the ladder cascades a request for `model` to at the level now — only if that model

@@ -21,8 +21,10 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
 use bytes::Bytes;
+use sluice_core::lora;
 use sluice_core::ModelName;
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::discover;
@@ -129,30 +131,29 @@ impl AdapterLoads {
         let Some(max) = worker.live().spec.lora.max_loaded else {
             return;
         };
-        let held = worker.listed_adapters();
-        let over = (held.len() + 1).saturating_sub(max as usize);
-        if over == 0 {
-            return;
-        }
+        let listed = worker.listed_adapters();
         let running = worker
             .vetoes
             .load()
             .and_then(|l| l.report.adapters.clone())
             .map(|slots| slots.running)
             .unwrap_or_default();
-        let mut idle: Vec<ModelName> = held
-            .into_iter()
-            .filter(|name| {
+        let held: Vec<lora::Held<'_, Instant>> = listed
+            .iter()
+            .map(|name| {
                 let name = name.as_str();
-                name != adapter && !worker.adapters.has(name) && !running.iter().any(|r| r == name)
+                lora::Held {
+                    name,
+                    busy: worker.adapters.has(name) || running.iter().any(|r| r == name),
+                    last_used: worker.adapters.last_sent(name),
+                }
             })
             .collect();
-        idle.sort_by_key(|name| worker.adapters.last_sent(name.as_str()));
-        for victim in idle.into_iter().take(over) {
-            let body = serde_json::json!({"lora_name": victim.as_str()});
+        for victim in lora::to_unload(&held, adapter, max) {
+            let body = serde_json::json!({"lora_name": victim});
             match self.call(worker, "unload", body).await {
                 Ok(()) => {
-                    worker.adapters.forget(victim.as_str());
+                    worker.adapters.forget(victim);
                     info!(worker = %worker.id, adapter = %victim, "LoRA adapter unloaded to make room");
                 }
                 Err(e) => {

@@ -13,73 +13,80 @@ use tokio::time::Instant;
 /// there (the least recently used is unloaded first, `control::adapter_loads`).
 #[derive(Debug, Default)]
 pub(crate) struct AdapterUse {
-    counts: parking_lot::Mutex<Vec<(Arc<str>, u64)>>,
-    last: parking_lot::Mutex<Vec<(Arc<str>, Instant)>>,
+    adapters: parking_lot::Mutex<Vec<Use>>,
+}
+
+/// One adapter asked for on the worker: kept after its last request ends, for when it was used.
+#[derive(Debug)]
+struct Use {
+    name: Arc<str>,
+    in_flight: u64,
+    last_sent: Instant,
 }
 
 impl AdapterUse {
     /// A request for `adapter` was sent.
     pub(crate) fn enter(&self, adapter: &Arc<str>) {
-        let mut counts = self.counts.lock();
-        match counts.iter_mut().find(|(name, _)| name == adapter) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((adapter.clone(), 1)),
-        }
-        drop(counts);
         let now = Instant::now();
-        let mut last = self.last.lock();
-        match last.iter_mut().find(|(name, _)| name == adapter) {
-            Some((_, at)) => *at = now,
-            None => last.push((adapter.clone(), now)),
+        let mut adapters = self.adapters.lock();
+        match adapters.iter_mut().find(|u| &u.name == adapter) {
+            Some(used) => {
+                used.in_flight += 1;
+                used.last_sent = now;
+            }
+            None => adapters.push(Use {
+                name: adapter.clone(),
+                in_flight: 1,
+                last_sent: now,
+            }),
+        }
+    }
+
+    /// A request for `adapter` ended.
+    pub(crate) fn leave(&self, adapter: &Arc<str>) {
+        if let Some(used) = self.adapters.lock().iter_mut().find(|u| &u.name == adapter) {
+            used.in_flight = used.in_flight.saturating_sub(1);
         }
     }
 
     /// Whether a request for `adapter` is in flight.
     pub(crate) fn has(&self, adapter: &str) -> bool {
-        self.counts
+        self.adapters
             .lock()
             .iter()
-            .any(|(name, _)| &**name == adapter)
+            .any(|u| &*u.name == adapter && u.in_flight > 0)
     }
 
     /// When a request for `adapter` was last sent; `None`: never, since the gateway started or
     /// the adapter was last unloaded.
     pub(crate) fn last_sent(&self, adapter: &str) -> Option<Instant> {
-        self.last
+        self.adapters
             .lock()
             .iter()
-            .find(|(name, _)| &**name == adapter)
-            .map(|(_, at)| *at)
+            .find(|u| &*u.name == adapter)
+            .map(|u| u.last_sent)
     }
 
-    /// `adapter` was unloaded: its last use is forgotten.
+    /// `adapter` was unloaded: its last use is forgotten, unless a request for it is in flight.
     pub(crate) fn forget(&self, adapter: &str) {
-        self.last.lock().retain(|(name, _)| &**name != adapter);
-    }
-
-    /// A request for `adapter` ended: an adapter with none left is no longer named.
-    pub(crate) fn leave(&self, adapter: &Arc<str>) {
-        let mut counts = self.counts.lock();
-        if let Some(at) = counts.iter().position(|(name, _)| name == adapter) {
-            counts[at].1 = counts[at].1.saturating_sub(1);
-            if counts[at].1 == 0 {
-                counts.swap_remove(at);
-            }
-        }
+        self.adapters
+            .lock()
+            .retain(|u| &*u.name != adapter || u.in_flight > 0);
     }
 
     /// The adapters with requests in flight, each once.
     pub(crate) fn names(&self) -> Vec<Arc<str>> {
-        self.counts
-            .lock()
-            .iter()
-            .map(|(name, _)| name.clone())
-            .collect()
+        self.counts().into_iter().map(|(name, _)| name).collect()
     }
 
-    /// Requests in flight for each adapter, for views.
+    /// Requests in flight for each adapter that has any, for views.
     pub(crate) fn counts(&self) -> Vec<(Arc<str>, u64)> {
-        self.counts.lock().clone()
+        self.adapters
+            .lock()
+            .iter()
+            .filter(|u| u.in_flight > 0)
+            .map(|u| (u.name.clone(), u.in_flight))
+            .collect()
     }
 }
 
@@ -101,5 +108,8 @@ mod tests {
         used.leave(&sql);
         used.leave(&sql);
         assert!(used.names().is_empty());
+        assert!(used.last_sent("sql").is_some(), "its last use is kept");
+        used.forget("sql");
+        assert_eq!(used.last_sent("sql"), None);
     }
 }

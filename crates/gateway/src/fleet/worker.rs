@@ -386,11 +386,7 @@ impl Worker {
     /// Whether it lists `model` as a LoRA adapter: its `/v1/models` card names a `parent` (the
     /// base model), as vLLM's and SGLang's do.
     pub(crate) fn lists_as_adapter(&self, model: &ModelName) -> bool {
-        self.info().is_some_and(|info| {
-            info.models
-                .iter()
-                .any(|m| &m.id == model && m.card.get("parent").is_some_and(|p| p.is_string()))
-        })
+        self.listed_adapters().contains(model)
     }
 
     /// The adapters its spec lets the gateway load that it does not list (`models`): it joins
