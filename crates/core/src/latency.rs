@@ -227,32 +227,78 @@ fn headroom(p: &Prediction, objectives: &Objectives) -> f64 {
         .map_or(ttft, |tpot| ttft.min(share(tpot, p.tpot)))
 }
 
+/// A request's objectives as it stands at placement: its tier's first-token objective less
+/// what it has already spent in the gateway (the objective counts from its arrival), never
+/// past what is left of its client's deadline; its tier's time per output token. `None` when
+/// nothing bounds its first token (a tier without objectives, no deadline).
+pub fn objectives(
+    ttft: Option<Duration>,
+    tpot: Option<Duration>,
+    waited: Duration,
+    deadline_left: Option<Duration>,
+) -> Option<Objectives> {
+    let tier = ttft
+        .filter(|t| !t.is_zero())
+        .map(|t| t.saturating_sub(waited));
+    let ttft = match (tier, deadline_left) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    Some(Objectives {
+        ttft,
+        tpot: tpot.filter(|t| !t.is_zero()),
+    })
+}
+
+/// How late the soonest first token predicted for a request would be against its first-token
+/// objective; `None` when it is in time, or when either is unknown (nothing learned yet, or no
+/// objective): admission refuses or holds a request only on a prediction.
+pub fn lateness(soonest: Option<Duration>, objective: Option<Duration>) -> Option<Duration> {
+    let (soonest, objective) = (soonest?, objective?);
+    (soonest > objective).then(|| soonest - objective)
+}
+
+/// The prompt tokens a worker must still prefill for a request of `prompt_tokens`: less the
+/// cached `share` of the first `covered` tokens, the part its prefix was matched over (an
+/// index matches a bounded prefix; a share of it says nothing of the rest).
+pub fn uncached(prompt_tokens: u64, share: f64, covered: u64) -> u64 {
+    let matched = covered.min(prompt_tokens) as f64 * share.clamp(0.0, 1.0);
+    prompt_tokens - (matched as u64).min(prompt_tokens)
+}
+
 /// Places a request by the candidates' predictions (in the candidates' order; ties go to the
-/// first). A candidate without a prediction makes the choice the policy's: the model knows
+/// first): with `objectives`, as `Placed` says; without (nothing bounds its first token), the
+/// soonest. A candidate without a prediction makes the choice the policy's: the model knows
 /// nothing of it, and a new worker must get requests to be learned.
-pub fn place(predictions: &[Option<Prediction>], objectives: &Objectives) -> Placed {
+pub fn place(predictions: &[Option<Prediction>], objectives: Option<&Objectives>) -> Placed {
     if predictions.is_empty() || predictions.iter().any(Option::is_none) {
         return Placed::Unknown;
     }
+    let Some(objectives) = objectives else {
+        return Placed::Meets(soonest(predictions));
+    };
     let scored = predictions
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| p.map(|p| (i, p, headroom(&p, objectives))));
-    let best = scored
-        .clone()
-        .fold(None::<(usize, f64)>, |best, (i, _, room)| match best {
-            Some((_, top)) if top >= room => best,
-            _ => Some((i, room)),
-        });
+        .filter_map(|(i, p)| p.map(|p| (i, headroom(&p, objectives))));
+    let best = scored.fold(None::<(usize, f64)>, |best, (i, room)| match best {
+        Some((_, top)) if top >= room => best,
+        _ => Some((i, room)),
+    });
     match best {
         Some((i, room)) if room >= 0.0 => Placed::Meets(i),
-        _ => {
-            let soonest = scored
-                .min_by(|a, b| a.1.ttft.cmp(&b.1.ttft))
-                .map_or(0, |(i, _, _)| i);
-            Placed::NoneMeets(soonest)
-        }
+        _ => Placed::NoneMeets(soonest(predictions)),
     }
+}
+
+/// The candidate predicted to answer first (the first of equals).
+fn soonest(predictions: &[Option<Prediction>]) -> usize {
+    predictions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.map(|p| (i, p.ttft)))
+        .min_by_key(|(_, ttft)| *ttft)
+        .map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]
@@ -369,12 +415,12 @@ mod tests {
         };
         // 0: fast first token, slow pace (90% of its TPOT); 1: 50% headroom on both.
         let candidates = [predicted(100, 90), predicted(500, 50), predicted(900, 10)];
-        assert_eq!(place(&candidates, &objectives), Placed::Meets(1));
+        assert_eq!(place(&candidates, Some(&objectives)), Placed::Meets(1));
         let no_tpot = Objectives {
             tpot: None,
             ..objectives
         };
-        assert_eq!(place(&candidates, &no_tpot), Placed::Meets(0));
+        assert_eq!(place(&candidates, Some(&no_tpot)), Placed::Meets(0));
     }
 
     #[test]
@@ -384,11 +430,52 @@ mod tests {
             tpot: None,
         };
         let late = [predicted(400, 10), predicted(300, 10), predicted(900, 10)];
-        assert_eq!(place(&late, &objectives), Placed::NoneMeets(1));
+        assert_eq!(place(&late, Some(&objectives)), Placed::NoneMeets(1));
         assert_eq!(
-            place(&[predicted(10, 10), None], &objectives),
+            place(&[predicted(10, 10), None], Some(&objectives)),
             Placed::Unknown
         );
-        assert_eq!(place(&[], &objectives), Placed::Unknown);
+        assert_eq!(place(&[], Some(&objectives)), Placed::Unknown);
+        assert_eq!(
+            place(&late, None),
+            Placed::Meets(1),
+            "no objective: the soonest"
+        );
+    }
+
+    #[test]
+    fn objectives_count_from_arrival_and_end_at_the_deadline() {
+        let (two_s, tenth) = (Some(2000 * MS), Some(100 * MS));
+        let o = objectives(two_s, tenth, 500 * MS, None).unwrap();
+        assert_eq!((o.ttft, o.tpot), (1500 * MS, tenth));
+        let o = objectives(two_s, tenth, 500 * MS, Some(800 * MS)).unwrap();
+        assert_eq!(o.ttft, 800 * MS, "the deadline is nearer");
+        let o = objectives(None, None, Duration::ZERO, Some(800 * MS)).unwrap();
+        assert_eq!((o.ttft, o.tpot), (800 * MS, None));
+        assert_eq!(objectives(None, None, Duration::ZERO, None), None);
+        assert_eq!(
+            objectives(Some(Duration::ZERO), tenth, Duration::ZERO, None),
+            None,
+            "zero: none"
+        );
+        let spent = objectives(two_s, None, 3000 * MS, None).unwrap();
+        assert_eq!(spent.ttft, Duration::ZERO, "already late");
+    }
+
+    #[test]
+    fn a_request_is_late_only_on_a_prediction_past_its_objective() {
+        assert_eq!(lateness(Some(900 * MS), Some(1000 * MS)), None);
+        assert_eq!(lateness(Some(1500 * MS), Some(1000 * MS)), Some(500 * MS));
+        assert_eq!(lateness(None, Some(1000 * MS)), None, "nothing learned");
+        assert_eq!(lateness(Some(1500 * MS), None), None, "no objective");
+    }
+
+    #[test]
+    fn the_cached_share_counts_over_the_part_matched() {
+        assert_eq!(uncached(1000, 0.0, 1000), 1000);
+        assert_eq!(uncached(1000, 0.5, 1000), 500);
+        assert_eq!(uncached(100_000, 1.0, 32_768), 100_000 - 32_768);
+        assert_eq!(uncached(1000, 1.0, 4000), 0, "never below nothing");
+        assert_eq!(uncached(1000, 7.0, 1000), 0);
     }
 }

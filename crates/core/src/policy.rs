@@ -24,6 +24,10 @@ pub enum Policy {
     /// Rendezvous hashing on a routing key: the same key goes to the same worker while it is a
     /// candidate, and losing a worker moves only its keys.
     ConsistentHash,
+    /// Where the request is predicted to meet its objectives with the most headroom
+    /// (`latency::place`, which the caller runs over each worker's latency model); the
+    /// cache-aware rule with these thresholds while a candidate's latency is not yet learned.
+    Predicted(CacheAware),
 }
 
 impl Policy {
@@ -35,12 +39,19 @@ impl Policy {
             Policy::PowerOfTwo => "power_of_two",
             Policy::CacheAware(_) => "cache_aware",
             Policy::ConsistentHash => "consistent_hash",
+            Policy::Predicted(_) => "predicted",
         }
     }
 
     /// Whether `choose` reads `Candidate::prefix_match` (the caller can skip computing it).
     pub fn wants_prefix(&self) -> bool {
-        matches!(self, Policy::CacheAware(_))
+        matches!(self, Policy::CacheAware(_) | Policy::Predicted(_))
+    }
+
+    /// Whether the caller places by predicted latency first (`latency::place`), `choose`
+    /// deciding only when that defers to it.
+    pub fn predicts(&self) -> bool {
+        matches!(self, Policy::Predicted(_))
     }
 }
 
@@ -164,7 +175,9 @@ pub fn choose(
         Policy::Random => (draw.random % n as u64) as usize,
         Policy::LeastLoad => least_load(candidates, draw.ticket),
         Policy::PowerOfTwo => power_of_two(candidates, draw.random),
-        Policy::CacheAware(cfg) => cache_aware(cfg, candidates, input, draw.ticket),
+        Policy::CacheAware(cfg) | Policy::Predicted(cfg) => {
+            cache_aware(cfg, candidates, input, draw.ticket)
+        }
         Policy::ConsistentHash => match input.routing_key {
             Some(key) => rendezvous(candidates, key),
             None => (draw.random % n as u64) as usize,

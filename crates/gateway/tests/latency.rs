@@ -4,7 +4,11 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
+use sluice_core::policy::{CacheAware, Policy};
+use sluice_core::slo::{Slo, Slos};
 
 #[tokio::test]
 async fn a_workers_prefill_rate_is_learned_from_its_first_tokens() {
@@ -45,5 +49,95 @@ async fn a_workers_pace_is_learned_from_its_streams_and_each_prediction_judged()
     );
     let id = s.worker_id(0).await;
     let series = format!("sluice_worker_prediction_error{{worker=\"{id}\",kind=\"tpot\"}}");
-    assert_eq!(s.metric(&series).await, Some(error), "the view's figure");
+    let metric = s.metric(&series).await.unwrap();
+    // The same figure, each printed shortest for its own format (JSON, the exposition's).
+    assert!(
+        (metric - error).abs() < 1e-12,
+        "the view's figure: {metric} vs {error}"
+    );
+}
+
+/// `--policy predicted` with the tiers' objectives `slos` (the route's, the queue's room).
+fn predicted(c: &mut Config, slos: Slos) {
+    c.route.policy = Policy::Predicted(CacheAware::default());
+    c.route.slos = slos;
+    c.telemetry.slos = slos;
+    c.fleet.room_by_prediction = Some(slos);
+}
+
+/// Every tier's first token within `ttft_ms`, its tokens 100 ms apart.
+fn within(ttft_ms: u64) -> Slos {
+    Slos::new(
+        [Slo {
+            ttft: Some(Duration::from_millis(ttft_ms)),
+            tpot: Some(Duration::from_millis(100)),
+        }; 3],
+    )
+}
+
+#[tokio::test]
+async fn predicted_sends_requests_where_they_are_predicted_to_answer_soonest() {
+    let s = start(2, timed(Flavor::Vllm, 1.0), |c| predicted(c, within(5_000))).await;
+    s.fault(1, Fault::Slow { factor: 8.0 }).await;
+    // Both learned first: until then the cache-aware rule places (distinct prompts, idle
+    // workers: in turn).
+    let mut i = 0;
+    let learned = |w: &Value| w["latency"]["prefill_rate"].is_f64();
+    while !s.workers().await.iter().all(learned) {
+        assert!(i < 20, "both workers learned within 20 requests");
+        let body = chat_body(
+            "test-model",
+            &format!("{i} {}", "word ".repeat(500)),
+            4,
+            true,
+        );
+        assert_eq!(s.chat(&body).await.status, 200);
+        i += 1;
+    }
+    let before = s.received();
+    for j in 0..8 {
+        let body = chat_body(
+            "test-model",
+            &format!("{j} again {}", "word ".repeat(500)),
+            4,
+            true,
+        );
+        assert_eq!(s.chat(&body).await.status, 200);
+    }
+    let after = s.received();
+    assert_eq!(
+        after[1], before[1],
+        "none to the slow worker: {before:?} -> {after:?}"
+    );
+    assert_eq!(after[0], before[0] + 8);
+}
+
+#[tokio::test]
+async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_retry_after() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| predicted(c, within(300))).await;
+    s.fault(0, Fault::Slow { factor: 4.0 }).await;
+    for i in 0..2 {
+        let short = s
+            .chat(&chat_body("test-model", &format!("hi {i}"), 2, false))
+            .await;
+        assert_eq!(short.status, 200, "{}", short.text());
+    }
+    let received = s.received()[0];
+    let long = chat_body("test-model", &"word ".repeat(30_000), 2, false);
+    let refused = s.chat(&long).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.headers["x-sluice-error-code"], "predicted_late");
+    let retry: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1, "{retry}");
+    let error = refused.json();
+    assert_eq!(error["error"]["code"], "predicted_late", "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(!message.contains("127.0.0.1"), "no worker named: {message}");
+    assert_eq!(s.received()[0], received, "the engine never saw it");
+    let short = s.chat(&chat_body("test-model", "hi again", 2, false)).await;
+    assert_eq!(short.status, 200, "a prompt that fits still goes");
 }

@@ -5,24 +5,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// What the gateway expects of the best worker for a request: its time to first token, and,
-/// once measured, its time per output token.
+/// What the gateway expects of the best worker for a request (its latency model's prediction,
+/// `latency::LatencyModel`): its time to first token, and, once measured, its time per output
+/// token.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Expected {
     pub ttft: Duration,
     pub per_token: Option<Duration>,
-}
-
-/// The time a worker may take to a first token for a prompt of `prompt_tokens`: the prompts
-/// already waiting for its prefill, this one included, at its measured prefill rate (tokens per
-/// second). `None` until a rate is measured.
-pub fn expected_ttft(
-    waiting_prefill: u64,
-    prompt_tokens: u64,
-    prefill_rate: f64,
-) -> Option<Duration> {
-    (prefill_rate > 0.0)
-        .then(|| Duration::from_secs_f64((waiting_prefill + prompt_tokens) as f64 / prefill_rate))
 }
 
 /// Whether a request due by `deadline` can still be answered in full if sent now: the expected
@@ -41,12 +30,6 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn the_first_token_waits_for_the_prefill_ahead_of_it() {
-        assert_eq!(expected_ttft(3000, 1000, 8000.0), Some(500 * MS));
-        assert_eq!(expected_ttft(3000, 1000, 0.0), None, "no rate measured yet");
-    }
 
     #[test]
     fn the_first_token_and_the_generation_must_fit() {

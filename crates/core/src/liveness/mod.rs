@@ -172,9 +172,7 @@ impl fmt::Display for LivenessVeto {
     }
 }
 
-pub use progress::{
-    leg_silence_bound, prefill_allowance, prefill_rate, stalled_since, wedge_bound, Reading,
-};
+pub use progress::{leg_silence_bound, prefill_allowance, stalled_since, wedge_bound, Reading};
 pub use silence::{PollShowed, Silence, Span};
 
 /// What the gateway has observed of one worker.

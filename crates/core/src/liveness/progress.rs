@@ -36,33 +36,15 @@ pub fn wedge_bound(wedge: Duration, allowance: Duration) -> Duration {
     wedge.max(allowance.min(super::WEDGE_CAP))
 }
 
-/// Weight of the newest sample in the prefill-rate average.
-const RATE_WEIGHT: f64 = 0.2;
-
-/// The prefill rate (prompt tokens per second) after one request's first byte came `ttft`
-/// after it was sent with `prompt_tokens`: an exponential average, the first sample taken as is.
-/// It underestimates (queueing counts too), which only makes the wedge bound more lenient.
-/// `None` for a sample that says nothing.
-pub fn prefill_rate(old: f64, prompt_tokens: u64, ttft: Duration) -> Option<f64> {
-    if prompt_tokens == 0 || ttft.is_zero() {
-        return None;
-    }
-    let sample = prompt_tokens as f64 / ttft.as_secs_f64();
-    Some(if old > 0.0 {
-        old + RATE_WEIGHT * (sample - old)
-    } else {
-        sample
-    })
-}
-
 /// The prompt length at which a prefill's attention costs as much as the rest of it: a model of
 /// P parameters, L layers and width d spends 2P FLOPs a token in its weights and 2·L·d·n in causal
 /// attention over n tokens, even at n = P / (L·d) — about 38k tokens for Llama 3.2 1B, 61k for
 /// Llama 3.1 8B, 107k for Llama 3.3 70B. The smaller figure makes the allowance err long.
 const ATTENTION_EVEN_TOKENS: f64 = 32_768.0;
 
-/// How long prompts waiting for prefill may still take: twice their tokens at the measured rate
-/// (twice, as the rate is an estimate), stretched by `1 + tokens / ATTENTION_EVEN_TOKENS` since
+/// How long prompts waiting for prefill may still take: twice their tokens at the worker's
+/// learned prefill rate (`latency::LatencyModel::prefill_rate`, the estimate the latency
+/// predictions read too; twice, as it is an estimate), stretched by `1 + tokens / ATTENTION_EVEN_TOKENS` since
 /// attention grows with the square of a prompt and the rate was measured on shorter ones (the
 /// sum of several prompts stands in for the longest, which errs long); zero until a rate is
 /// measured.

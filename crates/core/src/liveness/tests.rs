@@ -444,15 +444,13 @@ fn the_engine_stalls_only_while_nothing_in_its_stepping_moves_with_work_in_hand(
 }
 
 #[test]
-fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate_stretched_for_attention()
-{
+fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_learned_rate_stretched_for_attention() {
     assert_eq!(
         prefill_allowance(10_000, 0.0),
         Duration::ZERO,
         "no rate measured yet"
     );
-    let rate = prefill_rate(0.0, 5_000, Duration::from_millis(500)).unwrap();
-    assert_eq!(rate, 10_000.0, "the first sample as is");
+    let rate = 10_000.0;
     let allowance = prefill_allowance(10_000, rate).as_secs_f64();
     assert!(
         (allowance - 2.0 * (1.0 + 10_000.0 / 32_768.0)).abs() < 1e-9,
@@ -461,11 +459,7 @@ fn the_prefill_allowance_is_twice_the_pending_tokens_at_the_measured_rate_stretc
     // 128k tokens at 10k a second: twice 13.1 s, stretched five times for attention.
     let long = prefill_allowance(131_072, rate).as_secs_f64();
     assert!((long - 2.0 * 13.1072 * 5.0).abs() < 1e-6, "{long}");
-    let rate = prefill_rate(rate, 1_000, Duration::from_millis(500)).unwrap();
-    assert!((rate - 8_400.0).abs() < 1e-6, "{rate}");
     assert_eq!(prefill_allowance(0, rate), Duration::ZERO);
-    assert_eq!(prefill_rate(rate, 0, secs(1)), None);
-    assert_eq!(prefill_rate(rate, 10, Duration::ZERO), None);
 }
 
 #[test]

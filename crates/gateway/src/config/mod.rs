@@ -159,7 +159,9 @@ impl Settings {
         Ok(Config {
             listener: self.listen.validate(self.listen_tls()?)?,
             workers: self.workers()?,
-            route: self.routing.route(&self.pd, self.overload.shedding())?,
+            route: self
+                .routing
+                .route(&self.pd, self.overload.shedding(), slos)?,
             fleet: self.fleet()?,
             access: self.access.validate()?,
             front: self.intake.validate(self.overload.answers()?)?,
@@ -236,6 +238,11 @@ impl Settings {
             interactive_reserve: self.overload.interactive_reserve()?,
             drain_settle: self.registration.drain_settle()?,
             default_worker_key: self.default_worker_key(),
+            room_by_prediction: self
+                .routing
+                .predicts()
+                .then(|| self.status.slos())
+                .transpose()?,
         })
     }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use sluice_core::policy::{CacheAware, Policy};
+use sluice_core::slo::Slos;
 use sluice_core::ModelName;
 
 use super::checks::{at_least, fraction, invalid};
@@ -22,7 +23,9 @@ const PREFIX_BLOCK_CHARS: usize = 64;
 #[derive(Debug, Clone, Args, Serialize, Deserialize, PartialEq)]
 pub struct RoutingSettings {
     /// Load-balancing policy: round_robin, random, least_load, power_of_two, cache_aware,
-    /// consistent_hash.
+    /// consistent_hash, predicted (where the request's tier objectives are predicted to be met
+    /// with the most headroom, from each worker's learned prefill rate and step times and the
+    /// prompt's cached prefix; cache_aware, with its thresholds, until a worker is learned).
     #[arg(long, default_value = "cache_aware")]
     #[arg(help_heading = "Routing policy")]
     pub(crate) policy: String,
@@ -95,6 +98,7 @@ impl RoutingSettings {
         &self,
         pd: &PdSettings,
         shedding: Shedding,
+        slos: Slos,
     ) -> Result<RouteConfig, ConfigError> {
         let side = |flag, name: &Option<String>| match name {
             Some(name) => self.policy_named(flag, name),
@@ -107,12 +111,18 @@ impl RoutingSettings {
             routing_key_headers: header_names("routing-key-headers", &self.routing_key_headers)?,
             shedding,
             by_adapter: !self.disable_adapter_routing,
+            slos,
         })
     }
 
     /// `--max-tree-size` in the index's blocks.
     pub(super) fn prefix_capacity(&self) -> usize {
         (self.max_tree_size / PREFIX_BLOCK_CHARS).max(1)
+    }
+
+    /// Whether `--policy predicted` places requests (the queue then waits for predicted room).
+    pub(super) fn predicts(&self) -> bool {
+        self.policy == "predicted"
     }
 
     pub(super) fn policy(&self) -> Result<Policy, ConfigError> {
@@ -145,24 +155,30 @@ impl RoutingSettings {
                     ),
                 ))
             }
-            "cache_aware" => Policy::CacheAware(CacheAware {
-                cache_threshold: fraction("cache-threshold", self.cache_threshold)?,
-                balance_abs_threshold: self.balance_abs_threshold,
-                balance_rel_threshold: at_least(
-                    "balance-rel-threshold",
-                    self.balance_rel_threshold,
-                    1.0,
-                )?,
-            }),
+            "cache_aware" => Policy::CacheAware(self.cache_aware()?),
+            "predicted" => Policy::Predicted(self.cache_aware()?),
             other => {
                 return Err(invalid(
                     flag,
                     format!(
                         "unknown policy '{other}' (round_robin, random, least_load, power_of_two, \
-                         cache_aware, consistent_hash)"
+                         cache_aware, consistent_hash, predicted)"
                     ),
                 ))
             }
+        })
+    }
+
+    /// The cache-aware thresholds, checked (`predicted` falls back on them too).
+    fn cache_aware(&self) -> Result<CacheAware, ConfigError> {
+        Ok(CacheAware {
+            cache_threshold: fraction("cache-threshold", self.cache_threshold)?,
+            balance_abs_threshold: self.balance_abs_threshold,
+            balance_rel_threshold: at_least(
+                "balance-rel-threshold",
+                self.balance_rel_threshold,
+                1.0,
+            )?,
         })
     }
 

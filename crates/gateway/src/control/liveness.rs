@@ -54,7 +54,7 @@ fn observe(
         engine_stalled_since: heard.engine_stalled_since,
         prefill_allowance: prefill_allowance(
             worker.traffic.pending_prefill_tokens(),
-            heard.prefill_rate,
+            worker.latency.prefill_rate().unwrap_or(0.0),
         ),
         silence,
         vetoed_at: seen.vetoed_at,

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use std::time::Duration;
 
-use sluice_core::latency::{LatencyModel, Situation};
+use sluice_core::latency::{LatencyModel, Prediction, Situation};
 
 /// The model under a lock held for one update or one read, never across an `.await`.
 #[derive(Debug, Default)]
@@ -30,6 +30,17 @@ impl WorkerLatency {
     /// A request sent in `situation` had its first token after `ttft`.
     pub(crate) fn first_token(&self, situation: &Situation, ttft: Duration) {
         self.model.lock().first_token(situation, ttft);
+    }
+
+    /// What a request in `situation` should expect; `None` before a first token was seen.
+    pub(crate) fn predict(&self, situation: &Situation) -> Option<Prediction> {
+        self.model.lock().predict(situation)
+    }
+
+    /// Prompt tokens a second, as learned: the one estimate the latency predictions, the
+    /// deadline check and the liveness checker's prefill allowance read.
+    pub(crate) fn prefill_rate(&self) -> Option<f64> {
+        self.model.lock().prefill_rate()
     }
 
     /// A request that joined a batch of `batch` produced its tokens `tpot` apart.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use sluice_core::breaker::Outcome;
-use sluice_core::latency::Situation;
 use tokio::time::Instant;
 
 use super::breaker::Permit;
@@ -35,9 +34,12 @@ pub(crate) struct Lease {
     rooms: Option<Box<DecodeRooms>>,
     /// The LoRA adapter the request names, counted on the worker until the lease ends.
     adapter: Option<Arc<str>>,
+    /// Its prompt tokens the worker was believed not to hold when it was chosen (the prefix
+    /// scores), for a policy that scores prefixes; the whole prompt otherwise.
+    uncached: Option<u64>,
     /// Where it stood on the worker when it was sent: what its first token teaches the
     /// worker's latency model.
-    situation: Option<Situation>,
+    situation: Option<sluice_core::latency::Situation>,
 }
 
 impl Lease {
@@ -62,6 +64,7 @@ impl Lease {
             streaming: false,
             rooms: None,
             adapter: None,
+            uncached: None,
             situation: None,
         })
     }
@@ -82,6 +85,18 @@ impl Lease {
             self.worker.adapters.enter(adapter);
             self.adapter = Some(adapter.clone());
         }
+    }
+
+    /// Of its prompt, `tokens` are not cached on the worker, as the prefix scores say.
+    pub(crate) fn uncached(&mut self, tokens: u64) {
+        self.uncached = Some(tokens);
+    }
+
+    /// What a request of `prompt_tokens` should expect on the worker now, counted in flight
+    /// there (of its prompt, the part the prefix scores said is not cached).
+    pub(crate) fn predicted(&self, prompt_tokens: u64) -> Option<sluice_core::latency::Prediction> {
+        let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
+        self.worker.predict(uncached, 0)
     }
 
     /// Names the request this lease is for, in what its outcome logs.
@@ -110,18 +125,15 @@ impl Lease {
             self.worker.signals.sent(Instant::now());
         }
         self.prefill = prompt_tokens;
-        self.situation = Some(Situation {
-            prefill_ahead: self.worker.traffic.pending_prefill_tokens(),
-            uncached_prompt: prompt_tokens,
-            batch: self.worker.load_everywhere(),
-        });
+        // Counted in flight since it was leased: it joins as itself.
+        let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
+        self.situation = Some(self.worker.situation(uncached, 0));
         self.worker.traffic.prefill_added(prompt_tokens);
     }
 
-    /// The first byte came `ttft` after the request was sent: a prefill-rate sample, and the
-    /// prompt is no longer waiting.
+    /// The first byte came `ttft` after the request was sent: what the worker's latency model
+    /// learns its prefill rate from, and the prompt is no longer waiting.
     pub(crate) fn first_byte_after(&mut self, ttft: std::time::Duration) {
-        self.worker.signals.prefill_sample(self.prefill, ttft);
         if let Some(situation) = &self.situation {
             self.worker.latency.first_token(situation, ttft);
         }

@@ -95,6 +95,9 @@ pub struct FleetSettings {
     pub drain_settle: Duration,
     /// The key sent to a worker whose spec has none.
     pub(crate) default_worker_key: Option<String>,
+    /// With `--policy predicted`, the tiers' objectives: room for a tier's request in a pool
+    /// (what the gateway queue waits for) is a worker predicted to start it in time.
+    pub room_by_prediction: Option<sluice_core::slo::Slos>,
 }
 
 /// What the fleet takes from other sections' settings, read where they are when the gateway is

@@ -6,11 +6,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::admission::deadline::expected_ttft;
 use sluice_core::admission::drain::OverCeiling;
 use sluice_core::admission::Tier;
 use sluice_core::overload::{reserve_in_force, seeks_room, Projection};
 use sluice_core::prefix::PrefixIndex;
+use sluice_core::slo::Slos;
 use sluice_core::ModelName;
 use tokio::time::Instant;
 
@@ -26,6 +26,9 @@ pub struct PoolState {
     pub(crate) prefix: parking_lot::Mutex<PrefixIndex>,
     /// `--interactive-reserve`: the share of each worker's capacity less urgent requests leave.
     reserve: f64,
+    /// With `--policy predicted`, the tiers' objectives: a worker predicted to start a new
+    /// prompt later than its tier's first-token objective has no room for it.
+    objectives: Option<Slos>,
 }
 
 /// The workers of one model.
@@ -54,18 +57,26 @@ pub struct PdPools {
 impl Pool {
     /// Whether a request of `tier` could go to one of its workers now without waiting: one is
     /// routable, under its adaptive limit and under every veto, its queue projected warily
-    /// (`Projection::Wary`: the gateway queue can release many at once), and with room beyond
-    /// the interactive reserve for a less urgent request (`reserve_for`). The gateway queue
-    /// holds requests while this is false. A disaggregated model needs room on both sides.
+    /// (`Projection::Wary`: the gateway queue can release many at once), with room beyond
+    /// the interactive reserve for a less urgent request (`reserve_for`), and, with `--policy
+    /// predicted`, predicted to start a new prompt within the tier's first-token objective
+    /// (`in_time`). The gateway queue holds requests while this is false. A disaggregated model
+    /// needs room on both sides.
     pub(crate) fn has_room_for(&self, tier: Tier) -> bool {
         if let Some(pd) = &self.pd {
             return pd.prefill.has_room_for(tier) && pd.decode.has_room_for(tier);
         }
         let reserve = self.reserve_for(tier);
+        let objective = self
+            .state
+            .objectives
+            .and_then(|slos| slos.of(tier).ttft)
+            .filter(|t| !t.is_zero());
         self.workers.iter().any(|w| {
             w.is_routable()
                 && !w.at_limit(1)
                 && w.veto_class_for(Projection::Wary, reserve).is_none()
+                && objective.is_none_or(|objective| in_time(w, objective))
         })
     }
 
@@ -124,8 +135,9 @@ impl Pool {
     }
 
     /// The shortest time to a first token a request of `prompt_tokens` could expect on one of
-    /// its routable workers: the prompts waiting for prefill there, its own included, at the
-    /// prefill rate the gateway measured on that worker. `None` until a rate is measured.
+    /// its routable workers, as their latency models predict it (the prompts waiting for
+    /// prefill there and its own at the worker's learned rate, plus a step of the batch it
+    /// would join). `None` until one is learned.
     pub(crate) fn expected_ttft(&self, prompt_tokens: u64) -> Option<Duration> {
         if let Some(pd) = &self.pd {
             return pd.prefill.expected_ttft(prompt_tokens);
@@ -133,13 +145,8 @@ impl Pool {
         self.workers
             .iter()
             .filter(|w| w.is_routable())
-            .filter_map(|w| {
-                expected_ttft(
-                    w.traffic.pending_prefill_tokens(),
-                    prompt_tokens,
-                    w.signals.heard().prefill_rate,
-                )
-            })
+            .filter_map(|w| w.predict(prompt_tokens, 1))
+            .map(|p| p.ttft)
             .min()
     }
 
@@ -151,6 +158,14 @@ impl Pool {
             .filter_map(|w| w.vetoes.at_capacity_until())
             .min()
     }
+}
+
+/// Whether `worker`'s first token for a new (empty) prompt is predicted within `objective`: the
+/// prefill queued there at its learned rate, and a step. A worker not learned yet is in time.
+fn in_time(worker: &Worker, objective: Duration) -> bool {
+    worker
+        .predict(0, 1)
+        .is_none_or(|predicted| predicted.ttft <= objective)
 }
 
 /// The lasting routing state of a model's pool (`role`: one side of a disaggregated model).
@@ -167,6 +182,7 @@ pub(super) fn pool_state(
                 ticket: AtomicU64::new(0),
                 prefix: parking_lot::Mutex::new(PrefixIndex::new(settings.prefix_capacity)),
                 reserve: settings.interactive_reserve,
+                objectives: settings.room_by_prediction,
             })
         })
         .clone()

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_core::liveness::{prefill_rate, LivenessConfig, PollShowed, Silence, TrialVerdict};
+use sluice_core::liveness::{LivenessConfig, PollShowed, Silence, TrialVerdict};
 use tokio::time::Instant;
 
 use super::atomic::AtomicInstant;
@@ -31,8 +31,6 @@ pub struct Signals {
     pile: AtomicU32,
     /// Since when its reports have shown no step with requests in hand (the load monitor).
     engine_stalled_since: AtomicInstant,
-    /// Measured prefill rate, prompt tokens per second (f64 bits; 0: not measured yet).
-    prefill_rate: AtomicU64,
     /// Its silence across requests (moved by `Lease` and the load monitor, under a lock held
     /// for a few instructions, never across an await).
     silence: parking_lot::Mutex<Silence>,
@@ -59,7 +57,6 @@ impl Default for Signals {
             last_progress: AtomicInstant::now(),
             pile: AtomicU32::new(0),
             engine_stalled_since: AtomicInstant::none(),
-            prefill_rate: AtomicU64::new(0),
             silence: parking_lot::Mutex::new(Silence::default()),
             silence_lapse: AtomicU64::new(nanos(LivenessConfig::default().unresponsive)),
             last_token: AtomicInstant::none(),
@@ -81,8 +78,6 @@ pub struct Heard {
     pub(crate) progress_stamp: u64,
     pub(crate) pile: u32,
     pub(crate) engine_stalled_since: Option<Instant>,
-    /// Prompt tokens per second; 0 until measured.
-    pub(crate) prefill_rate: f64,
     /// Its silence across requests.
     pub(crate) silence: Silence,
     /// The last token or completion.
@@ -137,16 +132,6 @@ impl Signals {
 
     pub fn pile(&self) -> u32 {
         self.pile.load(Ordering::Relaxed)
-    }
-
-    /// A request's first byte came `ttft` after it was sent with `prompt_tokens` of prompt: one
-    /// sample of the worker's prefill rate.
-    pub(crate) fn prefill_sample(&self, prompt_tokens: u64, ttft: Duration) {
-        let _ = self
-            .prefill_rate
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                prefill_rate(f64::from_bits(bits), prompt_tokens, ttft).map(f64::to_bits)
-            });
     }
 
     /// How long nothing owed ends a silence: the unresponsive bound.
@@ -221,7 +206,6 @@ impl Signals {
             progress_stamp: self.last_progress.stamp(),
             pile: self.pile(),
             engine_stalled_since: self.engine_stalled_since.load(),
-            prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
             silence: *self.silence.lock(),
             last_token: self.last_token.load(),
             pushed_load: self.pushed_load.load(Ordering::Relaxed),

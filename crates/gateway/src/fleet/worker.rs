@@ -8,6 +8,7 @@ use axum::http::HeaderValue;
 use sluice_core::admission::drain::OverCeiling;
 use sluice_core::breaker::BreakerState;
 use sluice_core::health::{Health, HealthState, HealthTransition};
+use sluice_core::latency::{Prediction, Situation};
 use sluice_core::lora::{affinity, Affinity};
 use sluice_core::overload::{Projection, VetoClass};
 use sluice_core::{ModelName, WorkerId};
@@ -290,6 +291,25 @@ impl Worker {
     /// load the policies and the all-vetoed rule compare.
     pub(crate) fn load_everywhere(&self) -> u64 {
         self.traffic.in_flight() + self.traffic.in_flight_elsewhere()
+    }
+
+    /// Where a request with `uncached` prompt tokens to prefill would stand on it now: behind
+    /// the prompts waiting for its prefill, in a batch of every replica's requests in flight
+    /// there (or its engine's last reported running count, when more: other clients'), plus
+    /// `joining` (the request's own sequences, when not counted in flight yet).
+    pub(crate) fn situation(&self, uncached: u64, joining: u64) -> Situation {
+        let reported = self.vetoes.load().map_or(0, |l| l.report.running());
+        Situation {
+            prefill_ahead: self.traffic.pending_prefill_tokens(),
+            uncached_prompt: uncached,
+            batch: self.load_everywhere().max(reported) + joining,
+        }
+    }
+
+    /// What a request of `weight` sequences with `uncached` prompt tokens should expect if sent
+    /// now; `None` until its latency is learned.
+    pub(crate) fn predict(&self, uncached: u64, weight: u64) -> Option<Prediction> {
+        self.latency.predict(&self.situation(uncached, weight))
     }
 
     /// At its adaptive concurrency limit for a request of `weight`: it takes no such request now,

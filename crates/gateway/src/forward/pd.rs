@@ -322,7 +322,7 @@ impl Forwarder {
         lease.prefilling(at.job.chooser.request().prompt_tokens);
         let allowance = prefill_allowance(
             worker.traffic.pending_prefill_tokens(),
-            worker.signals.heard().prefill_rate,
+            worker.latency.prefill_rate().unwrap_or(0.0),
         );
         let sent_at = Instant::now();
         let bound = leg_silence_bound(self.pd.wedge, allowance)

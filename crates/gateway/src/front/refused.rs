@@ -106,6 +106,7 @@ impl Answerable for RouteError {
             RouteError::WorkerOverloadShed { .. } | RouteError::OverloadedBeforeDispatch { .. } => {
                 "worker_overload_shed"
             }
+            RouteError::PredictedLate { .. } => "predicted_late",
         }
     }
 
@@ -116,7 +117,8 @@ impl Answerable for RouteError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             RouteError::WorkerOverloadShed { retry_after, .. }
-            | RouteError::OverloadedBeforeDispatch { retry_after, .. } => Some(*retry_after),
+            | RouteError::OverloadedBeforeDispatch { retry_after, .. }
+            | RouteError::PredictedLate { retry_after, .. } => Some(*retry_after),
             RouteError::NoAvailableWorkers { .. } => Some(NO_WORKERS_RETRY_AFTER),
         }
     }
@@ -124,14 +126,18 @@ impl Answerable for RouteError {
     fn is_shed(&self) -> bool {
         matches!(
             self,
-            RouteError::WorkerOverloadShed { .. } | RouteError::OverloadedBeforeDispatch { .. }
+            RouteError::WorkerOverloadShed { .. }
+                | RouteError::OverloadedBeforeDispatch { .. }
+                | RouteError::PredictedLate { .. }
         )
     }
 
     fn is_overload(&self) -> bool {
         matches!(
             self,
-            RouteError::WorkerOverloadShed { .. } | RouteError::OverloadedBeforeDispatch { .. }
+            RouteError::WorkerOverloadShed { .. }
+                | RouteError::OverloadedBeforeDispatch { .. }
+                | RouteError::PredictedLate { .. }
         )
     }
 }

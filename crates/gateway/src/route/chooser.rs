@@ -18,7 +18,7 @@ use sluice_core::policy::{choose, Candidate, Draw, Policy};
 use sluice_core::ModelName;
 
 use super::RouteError;
-use super::{held, RouteRequest, Shedding};
+use super::{held, predicted, RouteRequest, Shedding};
 use crate::fleet::{Lease, Pool, Worker};
 use crate::metrics::{Metrics, StageLabel};
 
@@ -42,6 +42,8 @@ pub(super) struct Rules {
     /// A LoRA adapter's requests tried where it runs, then where a slot is free, before the
     /// policy chooses (off: `--disable-adapter-routing`).
     pub(crate) by_adapter: bool,
+    /// The tiers' objectives, which `predicted` places by.
+    pub(crate) slos: sluice_core::slo::Slos,
 }
 
 impl Rules {
@@ -202,6 +204,25 @@ impl Chooser {
         Ok(selected.lease)
     }
 
+    /// With `predicted`, whether the first worker `lease` holds is predicted to give the
+    /// request's first token within its objective: `PredictedLate`, with a Retry-After of how
+    /// late, when not (the request is refused; the caller drops the lease).
+    pub(crate) fn in_time(&self, lease: &Lease) -> Result<(), RouteError> {
+        if self.side != Side::Whole || !self.policy().predicts() {
+            return Ok(());
+        }
+        let Some((objective, predicted)) = predicted::late(lease, &self.request) else {
+            return Ok(());
+        };
+        self.rules.count_shed("predicted");
+        Err(RouteError::PredictedLate {
+            model: self.pool.model.clone(),
+            objective,
+            predicted,
+            retry_after: predicted::retry_after(predicted - objective),
+        })
+    }
+
     /// The overload answer for its pool (`--overload-status-code`, Retry-After): what the
     /// decode admission window sheds with.
     pub(crate) fn shed(&self) -> RouteError {
@@ -341,17 +362,32 @@ fn pick(
         .then(|| held::score(&workers, request, &mut candidates))
         .flatten();
     let input = precise.unwrap_or(request.input);
+    let mut uncached = policy
+        .wants_prefix()
+        .then(|| predicted::uncached_on(request, &candidates, &input, precise.is_some()));
     while !candidates.is_empty() {
-        let draw = Draw {
-            ticket: pool
-                .state
-                .ticket
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            random: rand::random(),
+        let by_prediction = uncached
+            .as_deref()
+            .filter(|_| policy.predicts())
+            .and_then(|tokens| predicted::placed(&workers, request, tokens));
+        let i = match by_prediction {
+            Some(i) => i,
+            None => {
+                let draw = Draw {
+                    ticket: pool
+                        .state
+                        .ticket
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    random: rand::random(),
+                };
+                choose(policy, &candidates, &input, draw)?
+            }
         };
-        let i = choose(policy, &candidates, &input, draw)?;
         let worker = workers[i];
-        if let Some(lease) = Lease::acquire(worker, request.weight) {
+        if let Some(mut lease) = Lease::acquire(worker, request.weight) {
+            if let Some(tokens) = &uncached {
+                lease.uncached(tokens[i]);
+            }
             if policy.wants_prefix() && !request.blocks.is_empty() {
                 pool.state.prefix.lock().insert(&request.blocks, worker.key);
             }
@@ -362,6 +398,9 @@ fn pick(
         // place under its limit: choose among the others.
         candidates.swap_remove(i);
         workers.swap_remove(i);
+        if let Some(tokens) = &mut uncached {
+            tokens.swap_remove(i);
+        }
     }
     None
 }

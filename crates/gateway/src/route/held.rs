@@ -20,7 +20,7 @@ use crate::tokens::PromptJson;
 
 /// Prompt tokens matched at most: enough to tell conversations apart (and a long document's
 /// cached prefix) without hashing whole books.
-const MAX_MATCHED_TOKENS: usize = 32_768;
+pub(super) const MAX_MATCHED_TOKENS: usize = 32_768;
 
 /// A prompt's block keys in each block size its pool's engines cache in (one, in practice).
 #[derive(Debug, Clone, Default, PartialEq)]

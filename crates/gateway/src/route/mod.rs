@@ -26,15 +26,22 @@
 //! Where a pool's engines publish KV events, the cache-aware policy scores by the blocks they
 //! hold (`held`); elsewhere by where prompts were sent.
 //!
+//! The `predicted` policy places a request where its objectives (`RouteRequest::objectives`)
+//! are predicted to be met with the most headroom (`predicted`); when none is predicted to
+//! give its first token in time, the request is refused (`RouteError::PredictedLate`, with a
+//! Retry-After of how late it would be) instead of sent to be late.
+//!
 //! ## Layout
 //!
 //! - `request` — what the chooser reads of a request (`Wants`, `RouteRequest`).
 //! - `chooser` — a request's chooser, and the pick: candidates, the policy, the breaker's
 //!   permit, the all-vetoed rule.
 //! - `held` — the prompt in the blocks engines' KV events name.
+//! - `predicted` — each candidate's predicted latency for the request, and the placement by it.
 
 mod chooser;
 mod held;
+mod predicted;
 mod refusal;
 mod request;
 
@@ -43,8 +50,11 @@ use std::sync::Arc;
 use axum::http::{HeaderName, HeaderValue};
 use bytes::Bytes;
 use sluice_core::admission::Tier;
+use sluice_core::latency::{objectives, Objectives};
 use sluice_core::overload::Projection;
 use sluice_core::policy::Policy;
+use sluice_core::slo::Slos;
+use tokio::time::Instant;
 
 pub(crate) use chooser::Chooser;
 pub(crate) use held::HeldKeys;
@@ -107,6 +117,8 @@ pub struct RouteConfig {
     /// Where a LoRA adapter runs orders the candidates for its requests (on unless
     /// `--disable-adapter-routing`).
     pub by_adapter: bool,
+    /// The tiers' objectives (`--slo-*`): what `predicted` places each request by.
+    pub slos: Slos,
 }
 
 /// What a request gets when every worker it could use is overloaded.
@@ -129,6 +141,7 @@ impl RouteStage {
                 projection: Projection::Hopeful,
                 metrics,
                 by_adapter: config.by_adapter,
+                slos: config.slos,
             }),
             tokens: SharedTokens::default(),
             routing_key_headers: config.routing_key_headers.clone(),
@@ -173,10 +186,14 @@ impl RouteStage {
         } = admitted;
         let wants = self.wants(asked, terms.tier);
         let held = self.held_keys(&pool, &wants).await;
-        let request = self.request(&pool, &wants, held);
+        let mut request = self.request(&pool, &wants, held);
+        request.objectives = self.objectives(asked.arrival.started, &terms);
         let mut chooser = Chooser::new(self.rules.clone(), pool, request, excluded);
         let prefill = chooser.split_prefill();
         let lease = chooser.next()?;
+        // Predicted late everywhere: refused now, its worker's place handed back, rather than
+        // found late after the wait.
+        chooser.in_time(&lease)?;
         turn.taken();
         Ok(Placement {
             terms,
@@ -185,6 +202,21 @@ impl RouteStage {
             chooser,
             prefill,
         })
+    }
+
+    /// The request's objectives now, `started` being its arrival: its tier's, less the time
+    /// since, and no later than its client's deadline (`latency::objectives`).
+    fn objectives(&self, started: Instant, terms: &Terms) -> Option<Objectives> {
+        let slo = self.rules.slos.of(terms.tier);
+        let now = Instant::now();
+        objectives(
+            slo.ttft,
+            slo.tpot,
+            now.saturating_duration_since(started),
+            terms
+                .client_deadline
+                .map(|due| due.saturating_duration_since(now)),
+        )
     }
 
     /// What the chooser reads of `asked`, in `tier`.

@@ -23,4 +23,18 @@ pub enum RouteError {
         model: ModelName,
         retry_after: Duration,
     },
+    /// `--policy predicted`: no worker the request could use is predicted to give its first
+    /// token within its objective (its tier's, or its deadline).
+    #[error(
+        "No worker for model '{model}' is predicted to answer within the request's time to first \
+         token of {} ms (the soonest: {} ms)",
+        objective.as_millis(),
+        predicted.as_millis()
+    )]
+    PredictedLate {
+        model: ModelName,
+        objective: Duration,
+        predicted: Duration,
+        retry_after: Duration,
+    },
 }

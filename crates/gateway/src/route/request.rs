@@ -2,6 +2,7 @@
 //! and the tier admission gave it, then owned by the request's chooser for every attempt.
 
 use sluice_core::admission::Tier;
+use sluice_core::latency::Objectives;
 use sluice_core::policy::RouteInput;
 use sluice_core::prefix::block_hashes;
 
@@ -53,6 +54,9 @@ pub(crate) struct RouteRequest {
     pub(crate) reserve: f64,
     /// It goes where it starts at once when such a worker exists (`Pool::seeks_room`).
     pub(crate) seeks_room: bool,
+    /// Its time to first token and per output token as they stand at placement (its tier's,
+    /// its deadline's): what the `predicted` policy places it by. `None`: nothing bounds it.
+    pub(crate) objectives: Option<Objectives>,
 }
 
 impl RouteRequest {
@@ -75,6 +79,7 @@ impl RouteRequest {
             weight: wants.n.max(1),
             reserve: 0.0,
             seeks_room: false,
+            objectives: None,
         }
     }
 }

@@ -246,7 +246,7 @@ impl Control {
             return;
         };
         let judged = self.settings.liveness.is_some_and(|l| !l.wedge.is_zero());
-        let rate_known = worker.signals.heard().prefill_rate > 0.0;
+        let rate_known = worker.latency.prefill_rate().is_some();
         let since = (ms > 0 && (silence.reports_steps || rate_known))
             .then(|| now.checked_sub(Duration::from_millis(u64::from(ms))))
             .flatten();
