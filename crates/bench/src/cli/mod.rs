@@ -257,6 +257,8 @@ pub enum BenchError {
     Positive(&'static str),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--load is taken by routing, long-context, tiered-overload and spike")]
+    LoadNotTaken,
     #[error("cannot find the sluice binary: {0}")]
     Exe(std::io::Error),
     #[error("the benchmark thread failed: {0}")]

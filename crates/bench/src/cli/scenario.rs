@@ -106,9 +106,12 @@ pub struct ScenarioArgs {
     /// reach; tiered-overload: sluice-tiers, smg-priority; noisy-tenant: sluice-tenants and
     /// sluice-tenants-q<N> (--queue-size);
     /// slow-worker: sluice-adaptive, sluice-rr, sluice-rr-adaptive; spike: sluice-queue,
-    /// sluice-codel, sluice-adaptive, sluice-adaptive-slo; routing: direct and only its own,
-    /// sluice-round-robin, sluice-least-load, sluice-power-of-two, sluice-consistent-hash,
-    /// sluice-cache-aware, smg-round-robin, smg-cache-aware; lora: the routing names and
+    /// sluice-codel, sluice-adaptive, sluice-adaptive-slo, and as long-context:
+    /// sluice-least-load, sluice-power-of-two, sluice-predicted (sluice is cache_aware);
+    /// tiered-overload: sluice-tiers-least-load, sluice-tiers-power-of-two,
+    /// sluice-tiers-predicted; routing: direct and only its own, sluice-round-robin,
+    /// sluice-least-load, sluice-power-of-two, sluice-consistent-hash, sluice-cache-aware,
+    /// sluice-cache-aware-precise, sluice-predicted, smg-round-robin, smg-cache-aware; lora: the routing names and
     /// sluice-least-load-blind, sluice-power-of-two-blind; many-streams: sluice-http2,
     /// sluice-http1, envoy), or names from --gateway [default:
     /// all that can run here; direct always runs first, it sets C].
@@ -175,6 +178,11 @@ pub struct ScenarioArgs {
     /// gateway reaches them as `grpc://` workers, fetching the model's tokenizer from them.
     #[arg(long)]
     pub grpc: bool,
+    /// routing, long-context, tiered-overload and spike: the loads to measure at, as multiples
+    /// of C, instead of the scenario's own (spike: its peak, the base load a third of it), e.g.
+    /// `0.8,1.5,3`. Each load of an incident scenario is a run of its own.
+    #[arg(long, value_delimiter = ',')]
+    pub load: Vec<f64>,
     /// Where the plot and the processes' logs go.
     #[arg(long, default_value = "sluice-bench-out")]
     pub out: PathBuf,
@@ -248,8 +256,10 @@ async fn planned(args: &ScenarioArgs) -> Result<(), BenchError> {
             None => crate::scenario::Timing::new(args.quick),
         };
         let capacity = crate::scenario::fleet_capacity(&plan).await?;
-        let report = crate::scenario::timeline(&plan, incident, capacity, timing).await?;
-        print_report(args.json, &report, || report.table() + &plot(&report.svg));
+        for base in incident.base_loads(plan.loads.as_deref()) {
+            let report = crate::scenario::timeline(&plan, incident, capacity, timing, base).await?;
+            print_report(args.json, &report, || report.table() + &plot(&report.svg));
+        }
     } else if let ScenarioName::TieredOverload = args.name {
         let report = crate::scenario::tiered_overload(&plan).await?;
         print_report(args.json, &report, || report.table());
@@ -375,6 +385,18 @@ fn envoy_for(named: bool) -> Result<Option<std::path::PathBuf>, BenchError> {
     })
 }
 
+/// The scenario's own fleet size.
+fn default_engines(name: ScenarioName) -> usize {
+    match name {
+        ScenarioName::OverloadSweep
+        | ScenarioName::TieredOverload
+        | ScenarioName::NoisyTenant
+        | ScenarioName::Degradation => 2,
+        ScenarioName::Routing | ScenarioName::Lora => 4,
+        _ => 3,
+    }
+}
+
 fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError> {
     let exe = std::env::current_exe().map_err(BenchError::Exe)?;
     let configs = configs(args, &exe)?;
@@ -384,14 +406,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
     if args.capacity.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
         return Err(BenchError::Positive("capacity"));
     }
-    let engines = args.engines.unwrap_or(match args.name {
-        ScenarioName::OverloadSweep
-        | ScenarioName::TieredOverload
-        | ScenarioName::NoisyTenant
-        | ScenarioName::Degradation => 2,
-        ScenarioName::Routing | ScenarioName::Lora => 4,
-        _ => 3,
-    });
+    let engines = args.engines.unwrap_or(default_engines(args.name));
     if engines == 0 {
         return Err(BenchError::Zero("engines"));
     }
@@ -428,6 +443,7 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             _ => crate::client::Api::Completions,
         },
         adapters: None,
+        loads: loads(args)?,
         tiers: match args.name {
             ScenarioName::TieredOverload | ScenarioName::Degradation => {
                 crate::scenario::three_tiers()
@@ -436,6 +452,23 @@ fn plan(args: &ScenarioArgs) -> Result<crate::scenario::ScenarioPlan, BenchError
             _ => crate::run::default_tiers(),
         },
     })
+}
+
+/// `--load`, checked: positive multiples, for the scenarios that take them.
+fn loads(args: &ScenarioArgs) -> Result<Option<Vec<f64>>, BenchError> {
+    if args.load.is_empty() {
+        return Ok(None);
+    }
+    if args.load.iter().any(|l| !(*l > 0.0 && l.is_finite())) {
+        return Err(BenchError::Positive("load"));
+    }
+    match args.name {
+        ScenarioName::Routing
+        | ScenarioName::LongContext
+        | ScenarioName::TieredOverload
+        | ScenarioName::Spike => Ok(Some(args.load.clone())),
+        _ => Err(BenchError::LoadNotTaken),
+    }
 }
 
 /// The simulated engines' arguments: `--engine-args`, or the scenario's, and gRPC's.
@@ -465,6 +498,7 @@ fn configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError>
     match args.name {
         ScenarioName::TieredOverload => {
             configs.push(crate::scenario::tiered_config(exe, args.time_scale));
+            configs.extend(crate::scenario::tiered_policy_configs(exe, args.time_scale));
             if crate::overhead::on_path("smg") {
                 let engines = args.engines.unwrap_or(2);
                 configs.push(crate::scenario::smg_priority_config(
@@ -501,16 +535,7 @@ fn configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError>
         }
         name => {
             if let Some(incident) = name.incident() {
-                configs.push(crate::scenario::quiet_sluice(
-                    "direct-unreachable",
-                    exe,
-                    &crate::scenario::naive_flags(true),
-                ));
-                configs.extend(crate::scenario::incident_configs(
-                    incident,
-                    exe,
-                    args.time_scale,
-                ));
+                configs.extend(incident_configs(name, incident, exe, args.time_scale));
             }
         }
     }
@@ -519,6 +544,27 @@ fn configs(args: &ScenarioArgs, exe: &Path) -> Result<Vec<Template>, BenchError>
         configs.push(Template::parse(g)?);
     }
     narrowed(configs, &args.configs)
+}
+
+/// An incident scenario's own configurations: the naive fleet that leaves out a worker it
+/// cannot reach, the incident's controls, and for long-context and spike the policies
+/// `predicted` is measured against.
+fn incident_configs(
+    name: ScenarioName,
+    incident: crate::scenario::Incident,
+    exe: &Path,
+    time_scale: f64,
+) -> Vec<Template> {
+    let mut configs = vec![crate::scenario::quiet_sluice(
+        "direct-unreachable",
+        exe,
+        &crate::scenario::naive_flags(true),
+    )];
+    configs.extend(crate::scenario::incident_configs(incident, exe, time_scale));
+    if matches!(name, ScenarioName::LongContext | ScenarioName::Spike) {
+        configs.extend(crate::scenario::default_policy_configs(exe, time_scale));
+    }
+    configs
 }
 
 /// Envoy's configurations, for the scenarios that compare it, when an Envoy is at hand.

@@ -145,6 +145,7 @@ fn template(kind: Kind, plan: &DemoPlan, dir: &Path) -> Result<Template, Scenari
 fn scenario_plan(plan: &DemoPlan, models: &[Model; 2], dir: &Path) -> ScenarioPlan {
     ScenarioPlan {
         adapters: None,
+        loads: None,
         configs: Vec::new(),
         time_scale: plan.speed,
         window: plan.duration,

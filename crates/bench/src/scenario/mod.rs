@@ -23,6 +23,7 @@ mod many_streams;
 mod noisy;
 mod pd_burst;
 mod plot;
+mod prediction;
 mod routing;
 mod sweep;
 mod tiered;
@@ -44,9 +45,13 @@ pub use lora::{configs as lora_configs, lora, LoraReport};
 pub use many_streams::{many_streams, ManyStreamsPlan, ManyStreamsReport};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants, QUEUE_SIZES};
 pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
+pub use prediction::PredictionError;
 pub use routing::{configs as routing_configs, routing, RoutingReport};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
-pub use tiered::{smg_priority_config, three_tiers, tiered_config, tiered_overload, TieredReport};
+pub use tiered::{
+    smg_priority_config, three_tiers, tiered_config, tiered_overload, tiered_policy_configs,
+    TieredReport,
+};
 pub use timeline::{timeline, Incident, TimelineReport, Timing};
 
 use crate::arrivals::{ArrivalError, Process, Schedule};
@@ -122,6 +127,9 @@ pub struct ScenarioPlan {
     pub api: Api,
     /// The LoRA adapters requests ask for instead of the model (the `lora` scenario).
     pub adapters: Option<crate::run::AdapterMix>,
+    /// `--load`: the loads to measure at, as multiples of C, instead of the scenario's own
+    /// (spike: its peak).
+    pub loads: Option<Vec<f64>>,
 }
 
 /// The load poll every gateway of a scenario gets, SMG included: both default to 10 s, so the
@@ -187,15 +195,63 @@ pub(crate) fn wall_waits(scale: f64, longest: Duration) -> [String; 3] {
 /// milliseconds under `scale`: what it judges answers by, and the interactive tier's lateness
 /// that keeps its reserve (`--interactive-reserve`).
 pub(crate) fn wall_objectives(scale: f64) -> String {
+    wall_ms(scale, |slo| slo.ttft)
+}
+
+/// The gateway's objectives read by `field` (its defaults, in engine time), in wall
+/// milliseconds under `scale`, by tier (0: none).
+fn wall_ms(scale: f64, field: fn(sluice_core::slo::Slo) -> Option<Duration>) -> String {
     let slos = Slos::default();
     sluice_core::admission::Tier::ALL
         .map(|tier| {
-            slos.of(tier)
-                .ttft
+            field(slos.of(tier))
                 .map_or(0, |t| (t.as_secs_f64() * 1000.0 / scale).round() as u64)
                 .to_string()
         })
         .join(",")
+}
+
+/// The policies `predicted` is measured against, each a gateway configured by `config` with one
+/// policy: `{prefix}-least-load`, `{prefix}-power-of-two` and `{prefix}-predicted` (told the
+/// tiers' time-per-token objectives in wall time; `config` must give their first-token ones,
+/// as the queue's timers do). The default policy, cache_aware, is the scenario's `prefix`
+/// configuration itself.
+pub fn policy_configs(
+    prefix: &str,
+    time_scale: f64,
+    config: impl Fn(&str, &[&str]) -> Template,
+) -> Vec<Template> {
+    let tpot = wall_ms(time_scale.max(1.0), |slo| slo.tpot);
+    let predicted = ["--policy", "predicted", "--slo-tpot-ms-by-tier", &tpot];
+    vec![
+        config(&format!("{prefix}-least-load"), &["--policy", "least_load"]),
+        config(
+            &format!("{prefix}-power-of-two"),
+            &["--policy", "power_of_two"],
+        ),
+        config(&format!("{prefix}-predicted"), &predicted),
+    ]
+}
+
+/// `sluice` with each other policy `predicted` is measured against, and `predicted`.
+pub fn default_policy_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
+    let defaults = default_flags(time_scale);
+    policy_configs("sluice", time_scale, |name, flags| {
+        let flags: Vec<&str> = defaults
+            .iter()
+            .map(String::as_str)
+            .chain(flags.iter().copied())
+            .collect();
+        quiet_sluice(name, exe, &flags)
+    })
+}
+
+/// The default configuration's flags (`sluice`): the load poll and the queue's timers in
+/// engine time.
+pub fn default_flags(time_scale: f64) -> Vec<String> {
+    let mut flags = vec!["--load-monitor-interval".to_string(), load_poll(time_scale)];
+    flags.extend(queue_timers(time_scale));
+    flags
 }
 
 /// SMG with its defaults (its cache_aware policy: the overhead benchmark's round robin is for
@@ -215,8 +271,7 @@ pub fn smg_config(time_scale: f64) -> Template {
 /// with its defaults when it is installed; every one but the plain proxy with the scenario's
 /// load poll (`load_poll`).
 pub fn default_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
-    let mut defaults = vec!["--load-monitor-interval".to_string(), load_poll(time_scale)];
-    defaults.extend(queue_timers(time_scale));
+    let defaults = default_flags(time_scale);
     let defaults: Vec<&str> = defaults.iter().map(String::as_str).collect();
     let shed: Vec<&str> = defaults
         .iter()
@@ -371,6 +426,10 @@ pub struct Point {
     pub goodput: f64,
     pub report: Report,
     pub engines: EngineTotals,
+    /// A sluice gateway's own prediction error over the point (`--policy predicted` learns and
+    /// judges its predictions whatever the policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<PredictionError>,
 }
 
 /// The plan's tiers with objectives converted to wall time under its scale.
@@ -464,6 +523,7 @@ pub async fn measure(
         goodput: report.goodput_rps / scale,
         report,
         engines,
+        prediction: PredictionError::read(url).await,
     })
 }
 

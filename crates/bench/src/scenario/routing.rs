@@ -58,6 +58,25 @@ pub fn configs(exe: &Path, time_scale: f64) -> Vec<Template> {
         configs.push(quiet_sluice(&name, exe, &flags));
     }
     configs.push(precise(exe, &poll));
+    // `predicted`, told the tiers' objectives in wall time (the others have no use for them).
+    let ttft = super::wall_objectives(time_scale.max(1.0));
+    let predicted = super::policy_configs("sluice", time_scale, |name, flags| {
+        let flags: Vec<&str> = [
+            "--load-monitor-interval",
+            &poll,
+            "--slo-ttft-ms-by-tier",
+            &ttft,
+        ]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .collect();
+        quiet_sluice(name, exe, &flags)
+    });
+    configs.extend(
+        predicted
+            .into_iter()
+            .filter(|c| c.name.ends_with("-predicted")),
+    );
     if crate::overhead::on_path("smg") {
         for policy in ["round_robin", "cache_aware"] {
             let mut smg = super::smg_config(time_scale);
@@ -210,8 +229,9 @@ pub async fn routing(plan: &ScenarioPlan) -> Result<RoutingReport, ScenarioError
         }
     };
     let mut points = Vec::new();
+    let loads = plan.loads.clone().unwrap_or(LOADS.to_vec());
     for config in &plan.configs {
-        for load in LOADS {
+        for &load in &loads {
             let mut p = cold_point(plan, config, load * capacity).await?;
             tracing::info!(
                 config = %config.name,
@@ -307,7 +327,13 @@ impl RoutingReport {
                 100.0 * point.engines.late_share(),
             );
         }
-        out
+        out + &super::prediction::foot(self.points.iter().map(|p| {
+            (
+                p.point.config.as_str(),
+                p.point.offered / self.capacity,
+                p.point.prediction.as_ref(),
+            )
+        }))
     }
 }
 
@@ -349,6 +375,7 @@ mod tests {
                 goodput: 1.0,
                 report: crate::goodput::summarize(&[], &[], std::time::Duration::from_secs(1)),
                 engines: EngineTotals::default(),
+                prediction: None,
             },
             per_engine: vec![engine(10, 100, 50), engine(30, 100, 0)],
         };

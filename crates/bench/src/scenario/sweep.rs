@@ -294,6 +294,7 @@ mod tests {
             goodput,
             report,
             engines: EngineTotals::default(),
+            prediction: None,
         }
     }
 

@@ -52,6 +52,18 @@ pub fn tiered_config(exe: &Path, time_scale: f64) -> Template {
     )
 }
 
+/// `sluice-tiers` with each other policy `predicted` is measured against, and `predicted`
+/// (`sluice-tiers` itself is cache_aware, the default).
+pub fn tiered_policy_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
+    super::policy_configs("sluice-tiers", time_scale, |name, flags| {
+        let flags: Vec<&str> = ["--default-priority", "0"]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .collect();
+        admission_config(name, exe, time_scale, &flags)
+    })
+}
+
 /// The gateway queue's size in the admission configurations: more than the waits by tier let
 /// stand at these rates, so the timeouts and shedding decide, not the size.
 pub const ADMISSION_QUEUE: usize = 1024;
@@ -138,10 +150,10 @@ pub struct TieredReport {
 }
 
 pub async fn tiered_overload(plan: &ScenarioPlan) -> Result<TieredReport, ScenarioError> {
-    let levels = if plan.quick {
-        vec![1.0, 3.0]
-    } else {
-        vec![1.0, 2.0, 3.0, 4.0]
+    let levels = match &plan.loads {
+        Some(loads) => loads.clone(),
+        None if plan.quick => vec![1.0, 3.0],
+        None => vec![1.0, 2.0, 3.0, 4.0],
     };
     classes_at(plan, levels).await
 }
@@ -178,8 +190,8 @@ impl TieredReport {
             .unwrap_or_default();
         let mut out = format!(
             "capacity C = {:.2} requests per engine-second; time scale {}, {} engine-s per point\n\n\
-             | config | load | goodput / C | within SLO | {} | rejected | reject p99 (ms) | from send (ms) | late engine steps |\n\
-             | --- | ---: | ---: | ---: | {}---: | ---: | ---: | ---: |\n",
+             | config | load | goodput / C | within SLO | TTFT p50 / p99 (s) | {} | rejected | reject p99 (ms) | from send (ms) | late engine steps |\n\
+             | --- | ---: | ---: | ---: | ---: | {}---: | ---: | ---: | ---: |\n",
             self.capacity,
             self.time_scale,
             self.window_engine_secs,
@@ -199,11 +211,13 @@ impl TieredReport {
                 .collect();
             let _ = writeln!(
                 out,
-                "| {} | {:.2}x | {:.0}% | {:.0}% | {} | {:.0}% | {:.1} | {:.1} | {:.1}% |",
+                "| {} | {:.2}x | {:.0}% | {:.0}% | {:.2} / {:.2} | {} | {:.0}% | {:.1} | {:.1} | {:.1}% |",
                 p.config,
                 p.offered / self.capacity,
                 100.0 * p.goodput / self.capacity,
                 100.0 * attainment(p),
+                r.ttft_p50 * self.time_scale,
+                r.ttft_p99 * self.time_scale,
                 per_class.join(" | "),
                 100.0 * r.rejection_rate,
                 r.time_to_reject_p99 * 1e3,
@@ -212,6 +226,13 @@ impl TieredReport {
             );
         }
         out + &self.classes_table()
+            + &super::prediction::foot(self.points.iter().map(|p| {
+                (
+                    p.config.as_str(),
+                    p.offered / self.capacity,
+                    p.prediction.as_ref(),
+                )
+            }))
     }
 
     /// Markdown: one row per configuration, load and class — how much of it got through, how

@@ -132,6 +132,7 @@ pub async fn liveness(plan: &LivenessPlan) -> Result<LivenessReport, ScenarioErr
 fn fleet_plan(plan: &LivenessPlan, failure: Failure, dir: &Path) -> ScenarioPlan {
     ScenarioPlan {
         adapters: None,
+        loads: None,
         configs: Vec::new(),
         time_scale: 1.0,
         window: plan.timing.during,

@@ -70,6 +70,16 @@ impl Incident {
         }
     }
 
+    /// The base loads (x C) a run is asked for at `loads` (`--load`): the loads themselves,
+    /// but for a spike, whose peak each is; the scenario's own base load without them.
+    pub fn base_loads(self, loads: Option<&[f64]>) -> Vec<f64> {
+        match loads {
+            None => vec![self.base_load()],
+            Some(loads) if self == Incident::Spike => loads.iter().map(|l| l / SPIKE).collect(),
+            Some(loads) => loads.to_vec(),
+        }
+    }
+
     /// Whether the target's own counter shows when the gateway stopped sending it work.
     fn counter_readable(self) -> bool {
         matches!(
@@ -160,6 +170,15 @@ pub struct Row {
     /// its log after the run; `None` for a gateway that is not sluice.
     pub vetoes: Option<Vetoes>,
     pub buckets: Vec<Bucket>,
+    /// Over the whole run: requests offered and within objectives per engine-second, and the
+    /// time to a first token of those answered (engine seconds).
+    pub offered: f64,
+    pub goodput: f64,
+    pub ttft_p50: f64,
+    pub ttft_p99: f64,
+    /// A sluice gateway's prediction error over the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<super::PredictionError>,
 }
 
 /// The vetoes a sluice gateway logged over one run.
@@ -198,21 +217,26 @@ pub struct TimelineReport {
 }
 
 /// Runs `incident` for every configuration of `plan` against a fleet whose capacity is
-/// `capacity` requests per engine-second.
+/// `capacity` requests per engine-second, `base_load` x C offered before and after it.
 pub async fn timeline(
     plan: &ScenarioPlan,
     incident: Incident,
     capacity: f64,
     timing: Timing,
+    base_load: f64,
 ) -> Result<TimelineReport, ScenarioError> {
-    let base_rate = incident.base_load() * capacity;
+    let base_rate = base_load * capacity;
     let mut rows = Vec::new();
     for config in &plan.configs {
         let row = one_config(plan, incident, config, base_rate, &timing).await?;
         tracing::info!(config = %config.name, attainment = row.attainment, "incident run");
         rows.push(row);
     }
-    let svg = plan.out_dir.join(format!("{}.svg", incident.name()));
+    let svg = match plan.loads {
+        Some(_) => format!("{}-{base_load:.2}x.svg", incident.name()),
+        None => format!("{}.svg", incident.name()),
+    };
+    let svg = plan.out_dir.join(svg);
     draw(&svg, incident, plan.time_scale, &timing, &rows)?;
     Ok(TimelineReport {
         incident,
@@ -238,6 +262,7 @@ async fn one_config(
         let gateway = Gateway::start(config, &fleet.workers, &plan.out_dir).await?;
         let load = start_load(plan, incident, base_rate, timing, &gateway.url);
         let run = drive(&mut fleet, incident, timing, load).await;
+        let prediction = super::PredictionError::read(&gateway.url).await;
         gateway.stop().await;
         let (outcomes, readings) = run?;
         let run = Run {
@@ -253,6 +278,7 @@ async fn one_config(
         );
         Ok(Row {
             vetoes,
+            prediction,
             ..run.row(&outcomes, &readings, fleet.totals().await)
         })
     }
@@ -392,6 +418,7 @@ impl Run<'_> {
                 .collect();
             crate::stats::percentile(&times, 0.99)
         };
+        let whole = crate::goodput::summarize(outcomes, tiers, phases.end);
         let arrived = arrivals(readings);
         let (excluded, share_of_target) =
             exclusion(incident, (&arrived, readings, outcomes), tiers, &phases);
@@ -413,6 +440,11 @@ impl Run<'_> {
             engines,
             vetoes: None,
             buckets,
+            offered: whole.offered_rps / scale,
+            goodput: whole.goodput_rps / scale,
+            ttft_p50: whole.ttft_p50 * scale,
+            ttft_p99: whole.ttft_p99 * scale,
+            prediction: None,
         }
     }
 }

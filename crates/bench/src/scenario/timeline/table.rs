@@ -14,7 +14,34 @@ fn percent(x: Option<f64>) -> String {
 
 impl TimelineReport {
     pub fn table(&self) -> String {
-        self.heading() + &self.summary() + &self.over_time()
+        self.heading() + &self.summary() + &self.whole_run() + &self.over_time()
+    }
+
+    /// One row per configuration over the whole run: goodput, its share of the offered load,
+    /// the time to a first token; then each sluice's prediction error.
+    fn whole_run(&self) -> String {
+        let mut out = String::from(
+            "
+| config | goodput (req/engine-s) | goodput / offered | TTFT p50 / p99 (s) |\n\
+             | --- | ---: | ---: | ---: |\n",
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {:.2} | {:.0}% | {:.2} / {:.2} |",
+                r.config,
+                r.goodput,
+                100.0 * r.goodput / r.offered.max(f64::MIN_POSITIVE),
+                r.ttft_p50,
+                r.ttft_p99,
+            );
+        }
+        let load = self.base_rate / self.capacity.max(f64::MIN_POSITIVE);
+        out + &crate::scenario::prediction::foot(
+            self.rows
+                .iter()
+                .map(|r| (r.config.as_str(), load, r.prediction.as_ref())),
+        )
     }
 
     /// What happened when, and at what load.
