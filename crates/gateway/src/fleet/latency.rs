@@ -5,12 +5,21 @@
 use serde::Serialize;
 use std::time::Duration;
 
-use sluice_core::latency::{LatencyModel, Prediction, Situation};
+use sluice_core::latency::{Backlog, LatencyModel, Prediction, Situation, Work};
+use tokio::time::Instant;
 
-/// The model under a lock held for one update or one read, never across an `.await`.
+/// The model and the worker's prefill backlog, under one lock held for one update or one
+/// read, never across an `.await`.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerLatency {
-    model: parking_lot::Mutex<LatencyModel>,
+    model: parking_lot::Mutex<Learned>,
+}
+
+#[derive(Debug, Default)]
+struct Learned {
+    model: LatencyModel,
+    /// The prompt tokens still to prefill, drained at the model's rate.
+    backlog: Backlog,
 }
 
 /// What `GET /workers` shows of it.
@@ -29,28 +38,44 @@ pub(crate) struct LatencyView {
 impl WorkerLatency {
     /// A request sent in `situation` had its first token after `ttft`.
     pub(crate) fn first_token(&self, situation: &Situation, ttft: Duration) {
-        self.model.lock().first_token(situation, ttft);
+        self.model.lock().model.first_token(situation, ttft);
+    }
+
+    /// A prompt of `tokens` to prefill is sent now, `waiting` prompt tokens still waiting for
+    /// a first token there: the tokens ahead of it (`Backlog`).
+    pub(crate) fn sent(&self, waiting: u64, tokens: u64) -> Work {
+        let mut learned = self.model.lock();
+        let fit = learned.model.prefill_fit();
+        learned.backlog.add(Instant::now(), fit, waiting, tokens)
+    }
+
+    /// The prompt tokens still to prefill ahead of a prompt sent now, `waiting` still waiting
+    /// for a first token.
+    pub(crate) fn ahead(&self, waiting: u64) -> Work {
+        let learned = self.model.lock();
+        let fit = learned.model.prefill_fit();
+        learned.backlog.at(Instant::now(), fit, waiting)
     }
 
     /// What a request in `situation` should expect; `None` before a first token was seen.
     pub(crate) fn predict(&self, situation: &Situation) -> Option<Prediction> {
-        self.model.lock().predict(situation)
+        self.model.lock().model.predict(situation)
     }
 
     /// Prompt tokens a second, as learned: the one estimate the latency predictions, the
     /// deadline check and the liveness checker's prefill allowance read.
     pub(crate) fn prefill_rate(&self) -> Option<f64> {
-        self.model.lock().prefill_rate()
+        self.model.lock().model.prefill_rate()
     }
 
     /// A request that joined a batch of `batch` produced its tokens `tpot` apart.
     pub(crate) fn paced(&self, batch: u64, tpot: Duration) {
-        self.model.lock().paced(batch, tpot);
+        self.model.lock().model.paced(batch, tpot);
     }
 
     /// The mean absolute percentage errors of its TTFT and TPOT predictions, as fractions.
     pub(crate) fn errors(&self) -> [(&'static str, Option<f64>); 2] {
-        let model = self.model.lock();
+        let model = &self.model.lock().model;
         [
             ("ttft", model.ttft_error.mean()),
             ("tpot", model.tpot_error.mean()),
@@ -58,7 +83,7 @@ impl WorkerLatency {
     }
 
     pub(crate) fn view(&self) -> LatencyView {
-        let model = *self.model.lock();
+        let model = self.model.lock().model;
         LatencyView {
             prefill_rate: model.prefill_rate(),
             ttft_error: model.ttft_error.mean(),

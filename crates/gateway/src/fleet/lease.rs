@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use sluice_core::breaker::Outcome;
+use sluice_core::latency::Situation;
 use tokio::time::Instant;
 
 use super::breaker::Permit;
@@ -39,7 +40,7 @@ pub(crate) struct Lease {
     uncached: Option<u64>,
     /// Where it stood on the worker when it was sent: what its first token teaches the
     /// worker's latency model.
-    situation: Option<sluice_core::latency::Situation>,
+    situation: Option<Situation>,
 }
 
 impl Lease {
@@ -127,7 +128,12 @@ impl Lease {
         self.prefill = prompt_tokens;
         // Counted in flight since it was leased: it joins as itself.
         let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
-        self.situation = Some(self.worker.situation(uncached, 0));
+        let waiting = self.worker.traffic.pending_prefill_tokens();
+        let ahead = self.worker.latency.sent(waiting, uncached);
+        self.situation = Some(Situation {
+            prefill_ahead: ahead,
+            ..self.worker.situation(uncached, 0)
+        });
         self.worker.traffic.prefill_added(prompt_tokens);
     }
 

@@ -294,13 +294,13 @@ impl Worker {
     }
 
     /// Where a request with `uncached` prompt tokens to prefill would stand on it now: behind
-    /// the prompts waiting for its prefill, in a batch of every replica's requests in flight
+    /// the prefill backlog (`WorkerLatency::ahead`), in a batch of every replica's requests in flight
     /// there (or its engine's last reported running count, when more: other clients'), plus
     /// `joining` (the request's own sequences, when not counted in flight yet).
     pub(crate) fn situation(&self, uncached: u64, joining: u64) -> Situation {
         let reported = self.vetoes.load().map_or(0, |l| l.report.running());
         Situation {
-            prefill_ahead: self.traffic.pending_prefill_tokens(),
+            prefill_ahead: self.latency.ahead(self.traffic.pending_prefill_tokens()),
             uncached_prompt: uncached,
             batch: self.load_everywhere().max(reported) + joining,
         }

@@ -3,8 +3,10 @@
 //! error of each prediction tracked against what came.
 //!
 //! The model is the engines' own arithmetic, with the constants measured rather than assumed:
-//! - **TTFT** = the prefill work ahead of the request and its own uncached prompt, at the worker's
-//!   prefill rate, plus one step of the batch it joins. vLLM and SGLang schedule waiting prompts
+//! - **TTFT** = the prefill work ahead of the request and its own uncached prompt, plus one step
+//!   of the batch it joins. Prefill work is tokens and their causal attention (a prompt of n
+//!   tokens attends to about n²/2 pairs): its seconds are fitted as `a * tokens + b * pairs`
+//!   (`prefill::PrefillFit`), since a 128k-token prompt takes far longer than 128 prompts of 1k. vLLM and SGLang schedule waiting prompts
 //!   first come first served under a token budget per step (vllm/v1/core/sched/scheduler.py,
 //!   SGLang's `PrefillAdder`), so the tokens queued ahead are what stands between a request and its
 //!   first token; a prompt's cached prefix is not computed again.
@@ -24,6 +26,11 @@
 
 use std::time::Duration;
 
+mod prefill;
+
+pub use prefill::{attention_of, Backlog, Work};
+use prefill::PrefillFit;
+
 /// Weight of the newest sample in each average.
 const WEIGHT: f64 = 0.1;
 /// Samples before a fit of step times is trusted; a flat step (the mean) before that.
@@ -35,12 +42,20 @@ pub const ERROR_FLOOR: Duration = Duration::from_millis(100);
 /// Where a request would stand on a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Situation {
-    /// Prompt tokens queued for prefill ahead of it.
-    pub prefill_ahead: u64,
+    /// Prefill work queued ahead of it (`Backlog`).
+    pub prefill_ahead: Work,
     /// Its prompt tokens the worker does not hold in cache.
     pub uncached_prompt: u64,
     /// Sequences in the batch it joins, itself included.
     pub batch: u64,
+}
+
+impl Situation {
+    /// Its prefill's work: what is queued ahead and its own uncached prompt.
+    pub fn work(&self) -> Work {
+        self.prefill_ahead
+            .plus(self.uncached_prompt, attention_of(self.uncached_prompt))
+    }
 }
 
 /// What the model expects of one request on one worker.
@@ -131,8 +146,8 @@ impl ErrorTrack {
 /// One worker's latency model and how right it has been.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LatencyModel {
-    /// Prompt tokens prefilled per second.
-    prefill_rate: Average,
+    /// Seconds a prefill takes against its tokens and their attention.
+    prefill: PrefillFit,
     /// Seconds per decode step against the batch.
     step: LinearFit,
     /// The TTFT predictions' error, over first tokens at least `ERROR_FLOOR` late.
@@ -141,9 +156,15 @@ pub struct LatencyModel {
 }
 
 impl LatencyModel {
-    /// The prefill rate learned, prompt tokens per second; `None` before a first token.
+    /// The prefill rate learned, prompt tokens per second of a short prompt (its attention
+    /// aside); `None` before a first token.
     pub fn prefill_rate(&self) -> Option<f64> {
-        self.prefill_rate.0.filter(|r| *r > 0.0)
+        self.prefill.rate()
+    }
+
+    /// The prefill fit, for the backlog to drain by.
+    pub fn prefill_fit(&self) -> Option<(f64, f64)> {
+        self.prefill.coefficients()
     }
 
     /// One decode step with `batch` sequences; `None` before a pace was seen.
@@ -153,11 +174,10 @@ impl LatencyModel {
 
     /// What a request in `situation` should expect; `None` until a first token was seen.
     pub fn predict(&self, situation: &Situation) -> Option<Prediction> {
-        let rate = self.prefill_rate()?;
         let step = self.step(situation.batch).unwrap_or_default();
-        let work = (situation.prefill_ahead + situation.uncached_prompt) as f64;
+        let prefill = self.prefill.seconds(&situation.work())?;
         Some(Prediction {
-            ttft: Duration::from_secs_f64(work / rate) + step,
+            ttft: Duration::from_secs_f64(prefill) + step,
             tpot: step,
         })
     }
@@ -176,12 +196,9 @@ impl LatencyModel {
         if let Some(predicted) = self.predict(situation).filter(|_| ttft >= ERROR_FLOOR) {
             self.ttft_error.add(predicted.ttft, ttft);
         }
-        let work = situation.prefill_ahead + situation.uncached_prompt;
         let step = self.step(situation.batch).unwrap_or_default();
         let prefill = ttft.saturating_sub(step).as_secs_f64();
-        if work > 0 && prefill > 0.0 {
-            self.prefill_rate.add(work as f64 / prefill);
-        }
+        self.prefill.add(&situation.work(), prefill);
     }
 
     /// A request that joined a batch of `batch` produced its output tokens `tpot` apart: the
@@ -307,17 +324,17 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// A worker that prefills 8,000 tokens a second and steps in 20 ms + 0.5 ms a sequence.
+    /// A worker that prefills 8,000 tokens a second (attention aside) and steps in 20 ms +
+    /// 0.5 ms a sequence.
     fn truth(s: &Situation) -> (Duration, Duration) {
         let step = Duration::from_secs_f64(0.020 + 0.0005 * s.batch as f64);
-        let prefill =
-            Duration::from_secs_f64((s.prefill_ahead + s.uncached_prompt) as f64 / 8000.0);
+        let prefill = Duration::from_secs_f64(s.work().tokens as f64 / 8000.0);
         (prefill + step, step)
     }
 
     fn situation(i: u64) -> Situation {
         Situation {
-            prefill_ahead: (i * 7919) % 6000,
+            prefill_ahead: Work::default().plus((i * 7919) % 6000, 0),
             uncached_prompt: 200 + (i * 104_729) % 3000,
             batch: 1 + (i * 31) % 64,
         }
@@ -370,7 +387,7 @@ mod tests {
         let before = fresh.ttft_error.count;
         fresh.observe(&Observed {
             situation: Situation {
-                prefill_ahead: 0,
+                prefill_ahead: Work::default(),
                 uncached_prompt: 10,
                 batch: 1,
             },
@@ -389,7 +406,7 @@ mod tests {
         let base = situation(5);
         let p = model.predict(&base).unwrap();
         let more_ahead = Situation {
-            prefill_ahead: base.prefill_ahead + 1000,
+            prefill_ahead: base.prefill_ahead.plus(1000, 0),
             ..base
         };
         let bigger = Situation {
