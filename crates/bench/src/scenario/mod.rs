@@ -45,7 +45,7 @@ pub use lora::{configs as lora_configs, lora, LoraReport};
 pub use many_streams::{many_streams, ManyStreamsPlan, ManyStreamsReport};
 pub use noisy::{noisy_tenant, tenants_config, two_tenants, QUEUE_SIZES};
 pub use pd_burst::{pd_burst, PdBurstPlan, PdBurstReport};
-pub use prediction::PredictionError;
+pub use prediction::{default_policy_configs, policy_configs, PredictionError};
 pub use routing::{configs as routing_configs, routing, RoutingReport};
 pub use sweep::{fleet_capacity, overload_sweep, SweepReport};
 pub use tiered::{
@@ -200,7 +200,7 @@ pub(crate) fn wall_objectives(scale: f64) -> String {
 
 /// The gateway's objectives read by `field` (its defaults, in engine time), in wall
 /// milliseconds under `scale`, by tier (0: none).
-fn wall_ms(scale: f64, field: fn(sluice_core::slo::Slo) -> Option<Duration>) -> String {
+pub(crate) fn wall_ms(scale: f64, field: fn(sluice_core::slo::Slo) -> Option<Duration>) -> String {
     let slos = Slos::default();
     sluice_core::admission::Tier::ALL
         .map(|tier| {
@@ -209,41 +209,6 @@ fn wall_ms(scale: f64, field: fn(sluice_core::slo::Slo) -> Option<Duration>) -> 
                 .to_string()
         })
         .join(",")
-}
-
-/// The policies `predicted` is measured against, each a gateway configured by `config` with one
-/// policy: `{prefix}-least-load`, `{prefix}-power-of-two` and `{prefix}-predicted` (told the
-/// tiers' time-per-token objectives in wall time; `config` must give their first-token ones,
-/// as the queue's timers do). The default policy, cache_aware, is the scenario's `prefix`
-/// configuration itself.
-pub fn policy_configs(
-    prefix: &str,
-    time_scale: f64,
-    config: impl Fn(&str, &[&str]) -> Template,
-) -> Vec<Template> {
-    let tpot = wall_ms(time_scale.max(1.0), |slo| slo.tpot);
-    let predicted = ["--policy", "predicted", "--slo-tpot-ms-by-tier", &tpot];
-    vec![
-        config(&format!("{prefix}-least-load"), &["--policy", "least_load"]),
-        config(
-            &format!("{prefix}-power-of-two"),
-            &["--policy", "power_of_two"],
-        ),
-        config(&format!("{prefix}-predicted"), &predicted),
-    ]
-}
-
-/// `sluice` with each other policy `predicted` is measured against, and `predicted`.
-pub fn default_policy_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
-    let defaults = default_flags(time_scale);
-    policy_configs("sluice", time_scale, |name, flags| {
-        let flags: Vec<&str> = defaults
-            .iter()
-            .map(String::as_str)
-            .chain(flags.iter().copied())
-            .collect();
-        quiet_sluice(name, exe, &flags)
-    })
 }
 
 /// The default configuration's flags (`sluice`): the load poll and the queue's timers in

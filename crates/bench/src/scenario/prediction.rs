@@ -1,15 +1,55 @@
-//! The `predicted` policy's own error in a scenario, read from a sluice gateway's `/workers` at
+//! The `predicted` policy in the scenarios: the configurations it is measured against (each
+//! scenario's own with another policy), and its own error in a scenario, read from a sluice gateway's `/workers` at
 //! the end of each point (each gateway starts fresh, so it covers that point alone): each
 //! worker's mean absolute percentage error of its TTFT predictions (first tokens of 100 ms or
 //! more) and of its TPOT predictions, pooled over the workers by how many each judged.
 
 use std::fmt::Write;
+use std::path::Path;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
+
+use super::{default_flags, quiet_sluice, wall_ms};
+use crate::overhead::Template;
+
+/// The policies `predicted` is measured against, each a gateway configured by `config` with one
+/// policy: `{prefix}-least-load`, `{prefix}-power-of-two` and `{prefix}-predicted` (told the
+/// tiers' time-per-token objectives in wall time; `config` must give their first-token ones,
+/// as the queue's timers do). The default policy, cache_aware, is the scenario's `prefix`
+/// configuration itself.
+pub fn policy_configs(
+    prefix: &str,
+    time_scale: f64,
+    config: impl Fn(&str, &[&str]) -> Template,
+) -> Vec<Template> {
+    let tpot = wall_ms(time_scale.max(1.0), |slo| slo.tpot);
+    let predicted = ["--policy", "predicted", "--slo-tpot-ms-by-tier", &tpot];
+    vec![
+        config(&format!("{prefix}-least-load"), &["--policy", "least_load"]),
+        config(
+            &format!("{prefix}-power-of-two"),
+            &["--policy", "power_of_two"],
+        ),
+        config(&format!("{prefix}-predicted"), &predicted),
+    ]
+}
+
+/// `sluice` with each other policy `predicted` is measured against, and `predicted`.
+pub fn default_policy_configs(exe: &Path, time_scale: f64) -> Vec<Template> {
+    let defaults = default_flags(time_scale);
+    policy_configs("sluice", time_scale, |name, flags| {
+        let flags: Vec<&str> = defaults
+            .iter()
+            .map(String::as_str)
+            .chain(flags.iter().copied())
+            .collect();
+        quiet_sluice(name, exe, &flags)
+    })
+}
 
 /// A gateway's prediction error over one point.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]

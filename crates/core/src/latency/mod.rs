@@ -28,8 +28,8 @@ use std::time::Duration;
 
 mod prefill;
 
-pub use prefill::{attention_of, Backlog, Work};
 use prefill::PrefillFit;
+pub use prefill::{attention_of, Backlog, Work};
 
 /// Weight of the newest sample in each average.
 const WEIGHT: f64 = 0.1;

@@ -181,7 +181,10 @@ mod tests {
         }
         let long = work(128_000);
         let predicted = fit.seconds(&long).unwrap();
-        assert!((predicted - truth(&long)).abs() < 0.05 * truth(&long), "{predicted}");
+        assert!(
+            (predicted - truth(&long)).abs() < 0.05 * truth(&long),
+            "{predicted}"
+        );
         let rate = fit.rate().unwrap();
         assert!((rate - 10_000.0).abs() < 500.0, "{rate}");
     }
@@ -207,8 +210,16 @@ mod tests {
         let half = t0 + 500 * MS;
         assert_eq!(backlog.at(half, fit, 10_000).tokens, 9_500);
         assert_eq!(backlog.add(half, fit, 10_000, 2_000).tokens, 9_500);
-        assert_eq!(backlog.at(half, fit, 11_500).tokens, 11_500, "at most what waits");
-        assert_eq!(backlog.at(half + 20 * 1000 * MS, fit, 2_000).tokens, 0, "drained");
+        assert_eq!(
+            backlog.at(half, fit, 11_500).tokens,
+            11_500,
+            "at most what waits"
+        );
+        assert_eq!(
+            backlog.at(half + 20 * 1000 * MS, fit, 2_000).tokens,
+            0,
+            "drained"
+        );
         let none = backlog.at(half + 1000 * MS, None, 50_000);
         assert_eq!(none.tokens, 11_500, "no fit: none drained");
         assert!(none.pairs > 0);

@@ -336,7 +336,7 @@ impl Metrics {
         );
         r.register(
             "worker_overload_shed",
-            "Requests refused because every candidate was overloaded (--worker-overload-shed), by stage",
+            "Requests refused because every candidate was overloaded (--worker-overload-shed), or, stage predicted, predicted late everywhere (--policy predicted), by stage",
             self.overload_sheds.clone(),
         );
     }
