@@ -29,7 +29,7 @@ use std::time::Duration;
 mod prefill;
 
 use prefill::PrefillFit;
-pub use prefill::{attention_of, Backlog, Work};
+pub use prefill::{attention_of, Backlog, Coefficients, Work};
 
 /// Weight of the newest sample in each average.
 const WEIGHT: f64 = 0.1;
@@ -48,6 +48,9 @@ pub struct Situation {
     pub uncached_prompt: u64,
     /// Sequences in the batch it joins, itself included.
     pub batch: u64,
+    /// Requests ahead of it waiting for one of the engine's running slots (none when the
+    /// engine's slots are unknown).
+    pub slot_queue: u64,
 }
 
 impl Situation {
@@ -163,7 +166,7 @@ impl LatencyModel {
     }
 
     /// The prefill fit, for the backlog to drain by.
-    pub fn prefill_fit(&self) -> Option<(f64, f64)> {
+    pub fn prefill_fit(&self) -> Option<Coefficients> {
         self.prefill.coefficients()
     }
 
@@ -175,7 +178,9 @@ impl LatencyModel {
     /// What a request in `situation` should expect; `None` until a first token was seen.
     pub fn predict(&self, situation: &Situation) -> Option<Prediction> {
         let step = self.step(situation.batch).unwrap_or_default();
-        let prefill = self.prefill.seconds(&situation.work())?;
+        let prefill = self
+            .prefill
+            .seconds(&situation.work(), situation.slot_queue)?;
         Some(Prediction {
             ttft: Duration::from_secs_f64(prefill) + step,
             tpot: step,
@@ -198,7 +203,8 @@ impl LatencyModel {
         }
         let step = self.step(situation.batch).unwrap_or_default();
         let prefill = ttft.saturating_sub(step).as_secs_f64();
-        self.prefill.add(&situation.work(), prefill);
+        self.prefill
+            .add(&situation.work(), situation.slot_queue, prefill);
     }
 
     /// A request that joined a batch of `batch` produced its output tokens `tpot` apart: the
@@ -337,6 +343,7 @@ mod tests {
             prefill_ahead: Work::default().plus((i * 7919) % 6000, 0),
             uncached_prompt: 200 + (i * 104_729) % 3000,
             batch: 1 + (i * 31) % 64,
+            slot_queue: 0,
         }
     }
 
@@ -390,6 +397,7 @@ mod tests {
                 prefill_ahead: Work::default(),
                 uncached_prompt: 10,
                 batch: 1,
+                slot_queue: 0,
             },
             ttft: 30 * MS,
             tpot: None,

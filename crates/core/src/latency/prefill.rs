@@ -3,9 +3,11 @@
 //!
 //! A prefill's cost is the weights read for every token and the attention of each token to the
 //! ones before it: `a * tokens + b * pairs`, with `pairs` about n²/2 for a prompt of n tokens
-//! (vllm's and SGLang's attention kernels compute every causal pair once). Both constants are
-//! fitted by least squares over the worker's first tokens, so a fleet of long prompts and one of
-//! short ones are each predicted by what they cost there.
+//! (vLLM's and SGLang's attention kernels compute every causal pair once). A request the engine
+//! cannot start because its running slots are full (`--max-num-seqs`, `--max-running-requests`)
+//! waits for running ones to finish as well: `c * queued`, `queued` the requests ahead of it in
+//! that queue. The constants are fitted by least squares over the worker's first tokens, so a
+//! fleet of long prompts and one of short ones are each predicted by what they cost there.
 
 use tokio::time::Instant;
 
@@ -42,65 +44,112 @@ pub fn attention_of(tokens: u64) -> u64 {
     tokens.saturating_mul(tokens.saturating_add(1)) / 2
 }
 
-/// Exponentially weighted least squares of `seconds = a * tokens + b * pairs` (no intercept:
-/// no work, no time), `a` and `b` never negative.
+/// The features of a first token's wait: prefill work (thousands of tokens, millions of
+/// pairs) and the requests queued for a running slot ahead of it.
+const FEATURES: usize = 3;
+
+/// The coefficients fitted: seconds per thousand tokens, per million pairs, per request queued
+/// for a slot.
+pub type Coefficients = [f64; FEATURES];
+
+/// The subsets of features tried in turn, the first whose coefficients are all positive winning:
+/// tokens always (work takes time), then attention and the slot queue where the samples show
+/// them.
+const SUBSETS: [&[usize]; 4] = [&[0, 1, 2], &[0, 1], &[0, 2], &[0]];
+
+/// Exponentially weighted least squares of `seconds = a * tokens + b * pairs + c * queued` (no
+/// intercept: no work and no queue, no wait), every coefficient at least zero.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PrefillFit {
-    /// Weighted means of x1², x1·x2, x2², x1·y, x2·y.
-    s11: f64,
-    s12: f64,
-    s22: f64,
-    s1y: f64,
-    s2y: f64,
+    /// Weighted means of xi·xj and of xi·y.
+    xx: [[f64; FEATURES]; FEATURES],
+    xy: [f64; FEATURES],
     samples: u32,
 }
 
 impl PrefillFit {
-    /// A first token after `seconds` of prefill for `work`.
-    pub fn add(&mut self, work: &Work, seconds: f64) {
+    /// A first token after `seconds` of prefill for `work`, `queued` requests waiting for a
+    /// running slot ahead of it.
+    pub fn add(&mut self, work: &Work, queued: u64, seconds: f64) {
         let (x1, x2) = work.features();
         if x1 <= 0.0 || !seconds.is_finite() {
             return;
         }
+        let x = [x1, x2, queued as f64];
         let y = seconds.max(0.0);
         let w = if self.samples == 0 { 1.0 } else { WEIGHT };
-        let mix = |old: &mut f64, new: f64| *old += w * (new - *old);
-        mix(&mut self.s11, x1 * x1);
-        mix(&mut self.s12, x1 * x2);
-        mix(&mut self.s22, x2 * x2);
-        mix(&mut self.s1y, x1 * y);
-        mix(&mut self.s2y, x2 * y);
+        for i in 0..FEATURES {
+            for j in 0..FEATURES {
+                self.xx[i][j] += w * (x[i] * x[j] - self.xx[i][j]);
+            }
+            self.xy[i] += w * (x[i] * y - self.xy[i]);
+        }
         self.samples = self.samples.saturating_add(1);
     }
 
-    /// Seconds per thousand tokens and per million pairs; `None` before a first token (or
-    /// while every sample took no time).
-    pub fn coefficients(&self) -> Option<(f64, f64)> {
-        if self.samples == 0 || self.s11 <= 0.0 {
-            return None;
-        }
-        let det = self.s11 * self.s22 - self.s12 * self.s12;
-        if self.samples >= MIN_SAMPLES && det > 1e-9 * self.s11 * self.s22 {
-            let a = (self.s22 * self.s1y - self.s12 * self.s2y) / det;
-            let b = (self.s11 * self.s2y - self.s12 * self.s1y) / det;
-            if a > 0.0 && b >= 0.0 {
-                return Some((a, b));
-            }
-        }
-        let a = self.s1y / self.s11;
-        (a > 0.0).then_some((a, 0.0))
+    /// The coefficients; `None` before a first token (or while every sample took no time).
+    /// Before `MIN_SAMPLES`, tokens alone.
+    pub fn coefficients(&self) -> Option<Coefficients> {
+        let subsets: &[&[usize]] = if self.samples >= MIN_SAMPLES {
+            &SUBSETS
+        } else {
+            &SUBSETS[3..]
+        };
+        subsets.iter().find_map(|subset| self.solve(subset))
     }
 
-    /// The seconds `work` takes; `None` before a first token.
-    pub fn seconds(&self, work: &Work) -> Option<f64> {
-        let (a, b) = self.coefficients()?;
+    /// The least-squares coefficients over `subset` of the features (the others zero), when
+    /// the system is well posed and every one is positive.
+    fn solve(&self, subset: &[usize]) -> Option<Coefficients> {
+        let n = subset.len();
+        let mut m = [[0.0; FEATURES + 1]; FEATURES];
+        for (r, &i) in subset.iter().enumerate() {
+            for (c, &j) in subset.iter().enumerate() {
+                m[r][c] = self.xx[i][j];
+            }
+            m[r][n] = self.xy[i];
+        }
+        // Gaussian elimination with partial pivoting on the n x (n + 1) system.
+        for col in 0..n {
+            let pivot = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+            m.swap(col, pivot);
+            let scale = self.xx[subset[col]][subset[col]]
+                .abs()
+                .max(f64::MIN_POSITIVE);
+            if m[col][col].abs() <= 1e-9 * scale {
+                return None;
+            }
+            for r in 0..n {
+                if r != col {
+                    let f = m[r][col] / m[col][col];
+                    for c in col..=n {
+                        m[r][c] -= f * m[col][c];
+                    }
+                }
+            }
+        }
+        let mut out = [0.0; FEATURES];
+        for (r, &i) in subset.iter().enumerate() {
+            let value = m[r][n] / m[r][r];
+            if !(value > 0.0 && value.is_finite()) {
+                return None;
+            }
+            out[i] = value;
+        }
+        Some(out)
+    }
+
+    /// The seconds `work` takes with `queued` ahead of it for a slot; `None` before a first
+    /// token.
+    pub fn seconds(&self, work: &Work, queued: u64) -> Option<f64> {
+        let [a, b, c] = self.coefficients()?;
         let (x1, x2) = work.features();
-        Some(a * x1 + b * x2)
+        Some(a * x1 + b * x2 + c * queued as f64)
     }
 
     /// Tokens a second of a short prompt (its attention aside).
     pub fn rate(&self) -> Option<f64> {
-        self.coefficients().map(|(a, _)| K / a)
+        self.coefficients().map(|[a, _, _]| K / a)
     }
 }
 
@@ -119,9 +168,9 @@ pub struct Backlog {
 impl Backlog {
     /// The work left at `now` under `fit` (none drained before one is learned), at most
     /// `waiting` tokens.
-    pub fn at(&self, now: Instant, fit: Option<(f64, f64)>, waiting: u64) -> Work {
+    pub fn at(&self, now: Instant, fit: Option<Coefficients>, waiting: u64) -> Work {
         let mut keep = 1.0;
-        if let (Some(at), Some((a, b))) = (self.at, fit) {
+        if let (Some(at), Some([a, b, _])) = (self.at, fit) {
             let total = a * self.tokens / K + b * self.pairs / (K * K);
             let elapsed = now.saturating_duration_since(at).as_secs_f64();
             if total > 0.0 {
@@ -146,7 +195,7 @@ impl Backlog {
     pub fn add(
         &mut self,
         now: Instant,
-        fit: Option<(f64, f64)>,
+        fit: Option<Coefficients>,
         waiting: u64,
         tokens: u64,
     ) -> Work {
@@ -177,10 +226,10 @@ mod tests {
         let mut fit = PrefillFit::default();
         for i in 0..200u64 {
             let w = work(500 + (i * 7919) % 130_000);
-            fit.add(&w, truth(&w));
+            fit.add(&w, 0, truth(&w));
         }
         let long = work(128_000);
-        let predicted = fit.seconds(&long).unwrap();
+        let predicted = fit.seconds(&long, 0).unwrap();
         assert!(
             (predicted - truth(&long)).abs() < 0.05 * truth(&long),
             "{predicted}"
@@ -193,11 +242,11 @@ mod tests {
     fn before_enough_samples_tokens_alone_are_fitted() {
         let mut fit = PrefillFit::default();
         assert_eq!(fit.coefficients(), None);
-        fit.add(&work(2000), 0.2);
-        let (a, b) = fit.coefficients().unwrap();
-        assert!(a > 0.0 && b == 0.0, "{a} {b}");
-        fit.add(&Work::default(), 5.0);
-        assert_eq!(fit.coefficients(), Some((a, b)), "no work: no sample");
+        fit.add(&work(2000), 3, 0.2);
+        let [a, b, c] = fit.coefficients().unwrap();
+        assert!(a > 0.0 && b == 0.0 && c == 0.0, "{a} {b} {c}");
+        fit.add(&Work::default(), 0, 5.0);
+        assert_eq!(fit.coefficients(), Some([a, b, c]), "no work: no sample");
     }
 
     #[test]
@@ -205,7 +254,7 @@ mod tests {
         let t0 = Instant::now();
         let mut backlog = Backlog::default();
         // 1 s per 1k tokens, no attention term: 1,000 tokens a second.
-        let fit = Some((1.0, 0.0));
+        let fit = Some([1.0, 0.0, 0.0]);
         assert_eq!(backlog.add(t0, fit, 0, 10_000).tokens, 0, "nothing ahead");
         let half = t0 + 500 * MS;
         assert_eq!(backlog.at(half, fit, 10_000).tokens, 9_500);
@@ -223,5 +272,21 @@ mod tests {
         let none = backlog.at(half + 1000 * MS, None, 50_000);
         assert_eq!(none.tokens, 11_500, "no fit: none drained");
         assert!(none.pairs > 0);
+    }
+
+    #[test]
+    fn a_queue_for_running_slots_is_fitted_beside_the_prefill() {
+        // 0.1 s per 1k tokens, and 0.25 s per request queued ahead for a slot.
+        let mut fit = PrefillFit::default();
+        for i in 0..300u64 {
+            let w = work(200 + (i * 7919) % 4000);
+            let queued = (i * 31) % 20;
+            let seconds = 0.1 * w.tokens as f64 / K + 0.25 * queued as f64;
+            fit.add(&w, queued, seconds);
+        }
+        let [a, _, c] = fit.coefficients().unwrap();
+        assert!((a - 0.1).abs() < 0.01 && (c - 0.25).abs() < 0.01, "{a} {c}");
+        let predicted = fit.seconds(&work(1000), 10).unwrap();
+        assert!((predicted - 2.6).abs() < 0.1, "{predicted}");
     }
 }

@@ -296,13 +296,25 @@ impl Worker {
     /// Where a request with `uncached` prompt tokens to prefill would stand on it now: behind
     /// the prefill backlog (`WorkerLatency::ahead`), in a batch of every replica's requests in flight
     /// there (or its engine's last reported running count, when more: other clients'), plus
-    /// `joining` (the request's own sequences, when not counted in flight yet).
+    /// `joining` (the request's own sequences, when not counted in flight yet) — up to the
+    /// engine's running slots, the rest queued for one (`Situation::slot_queue`).
     pub(crate) fn situation(&self, uncached: u64, joining: u64) -> Situation {
         let reported = self.vetoes.load().map_or(0, |l| l.report.running());
+        let in_hand = self.load_everywhere().max(reported) + joining;
+        // Past the engine's running slots, the rest wait for one (when the slots are known).
+        let slots = self
+            .running_window()
+            .or_else(|| self.vetoes.window())
+            .filter(|w| *w > 0);
+        let (batch, slot_queue) = match slots {
+            Some(slots) => (in_hand.min(slots), in_hand.saturating_sub(slots)),
+            None => (in_hand, 0),
+        };
         Situation {
             prefill_ahead: self.latency.ahead(self.traffic.pending_prefill_tokens()),
             uncached_prompt: uncached,
-            batch: self.load_everywhere().max(reported) + joining,
+            batch,
+            slot_queue,
         }
     }
 
