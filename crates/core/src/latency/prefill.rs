@@ -119,11 +119,12 @@ impl PrefillFit {
             if m[col][col].abs() <= 1e-9 * scale {
                 return None;
             }
-            for r in 0..n {
+            let pivot_row = m[col];
+            for (r, row) in m.iter_mut().enumerate().take(n) {
                 if r != col {
-                    let f = m[r][col] / m[col][col];
-                    for c in col..=n {
-                        m[r][c] -= f * m[col][c];
+                    let f = row[col] / pivot_row[col];
+                    for (cell, p) in row.iter_mut().zip(pivot_row).take(n + 1).skip(col) {
+                        *cell -= f * p;
                     }
                 }
             }
