@@ -7,8 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use sluice_core::admission::Tier;
 use sluice_core::policy::{CacheAware, Policy};
 use sluice_core::slo::{Slo, Slos};
+use sluice_gateway::admit::QueueConfig;
 
 #[tokio::test]
 async fn a_workers_prefill_rate_is_learned_from_its_first_tokens() {
@@ -140,4 +142,66 @@ async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_re
     assert_eq!(s.received()[0], received, "the engine never saw it");
     let short = s.chat(&chat_body("test-model", "hi again", 2, false)).await;
     assert_eq!(short.status, 200, "a prompt that fits still goes");
+}
+
+/// Interactive and agent requests' first tokens within `ttft_ms`; batch without an objective.
+fn interactive_within(ttft_ms: u64) -> Slos {
+    let bound = Slo {
+        ttft: Some(Duration::from_millis(ttft_ms)),
+        tpot: None,
+    };
+    Slos::new([bound, bound, Slo::default()])
+}
+
+#[tokio::test]
+async fn with_a_queue_a_request_predicted_late_waits_for_predicted_room_instead_of_a_refusal() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        predicted(c, interactive_within(300));
+        c.admission.default_tier = Tier::Interactive;
+        c.admission.queue = Some(QueueConfig {
+            size: 8,
+            timeouts: [Duration::from_secs(60); 3],
+            shed: false,
+            shed_retry_after: Duration::from_secs(1),
+            codel: None,
+        });
+    })
+    .await;
+    s.fault(0, Fault::Slow { factor: 4.0 }).await;
+    for i in 0..2 {
+        let short = s
+            .chat(&chat_body("test-model", &format!("hi {i}"), 2, false))
+            .await;
+        assert_eq!(short.status, 200, "{}", short.text());
+    }
+    // A long prompt of the batch tier (no objective: never refused) fills the prefill backlog.
+    let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+    let long = chat_body("test-model", &"word ".repeat(6_000), 2, false);
+    let before = s.received()[0];
+    let batch = tokio::spawn(async move {
+        send(
+            &client,
+            "POST",
+            &url,
+            Some(&long),
+            &[("x-sluice-priority", "batch")],
+        )
+        .await
+    });
+    bounded("the long prompt reaches the engine", async {
+        while s.received()[0] == before {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // An interactive request now is predicted behind it, past 300 ms: it waits in its queue...
+    let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+    let short = chat_body("test-model", "and now?", 2, false);
+    let waiter = tokio::spawn(async move { send(&client, "POST", &url, Some(&short), &[]).await });
+    until_depth(&s, 0, 1).await;
+    assert_eq!(s.received()[0], before + 1, "not sent while predicted late");
+    // ...and goes once the backlog is predicted to have drained, rather than being refused.
+    let answer = bounded("the waiter's answer", waiter).await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(bounded("the long answer", batch).await.unwrap().status, 200);
 }

@@ -150,15 +150,45 @@ impl Pool {
             .min()
     }
 
-    /// The earliest moment one of its workers' at-capacity vetoes ends, the one change of room no
-    /// event announces.
+    /// The earliest moment one of its workers' at-capacity vetoes ends, or, with `--policy
+    /// predicted`, one of them should be in time again for a tier: the changes of room no event
+    /// announces.
     pub(crate) fn next_room(&self) -> Option<Instant> {
         self.workers
             .iter()
             .filter_map(|w| w.vetoes.at_capacity_until())
+            .chain(self.predicted_room())
             .min()
     }
+
+    /// With `--policy predicted`, when the worker least late for a tier's first-token objective
+    /// should be in time, its backlog drained by as much (no sooner than `RECHECK_FLOOR`).
+    fn predicted_room(&self) -> Option<Instant> {
+        let slos = self.state.objectives?;
+        let objectives: Vec<Duration> = Tier::ALL
+            .iter()
+            .filter_map(|&tier| slos.of(tier).ttft.filter(|t| !t.is_zero()))
+            .collect();
+        let late_by = self
+            .workers
+            .iter()
+            .filter(|w| w.is_routable())
+            .filter_map(|w| {
+                let predicted = w.predict(0, 1)?.ttft;
+                objectives
+                    .iter()
+                    .filter(|&&objective| predicted > objective)
+                    .map(|&objective| predicted - objective)
+                    .min()
+            })
+            .min()?;
+        Some(Instant::now() + late_by.max(RECHECK_FLOOR))
+    }
 }
+
+/// The shortest wait before room predicted late is looked at again: a worker late by a hair is
+/// not polled in a loop.
+const RECHECK_FLOOR: Duration = Duration::from_millis(10);
 
 /// Whether `worker`'s first token for a new (empty) prompt is predicted within `objective`: the
 /// prefill queued there at its learned rate, and a step. A worker not learned yet is in time.

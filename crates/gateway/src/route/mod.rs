@@ -29,7 +29,8 @@
 //! The `predicted` policy places a request where its objectives (`RouteRequest::objectives`)
 //! are predicted to be met with the most headroom (`predicted`); when none is predicted to
 //! give its first token in time, the request is refused (`RouteError::PredictedLate`, with a
-//! Retry-After of how late it would be) instead of sent to be late.
+//! Retry-After of how late it would be) instead of sent to be late — unless the gateway queue
+//! called it, for room it judged by the same predictions.
 //!
 //! ## Layout
 //!
@@ -192,8 +193,11 @@ impl RouteStage {
         let prefill = chooser.split_prefill();
         let lease = chooser.next()?;
         // Predicted late everywhere: refused now, its worker's place handed back, rather than
-        // found late after the wait.
-        chooser.in_time(&lease)?;
+        // sent to be late. Not once it waited in the gateway queue: the queue called it for
+        // room predicted in time by its tier's objective, and bounded its wait by it.
+        if !turn.called() {
+            chooser.in_time(&lease)?;
+        }
         turn.taken();
         Ok(Placement {
             terms,

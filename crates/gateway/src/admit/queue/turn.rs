@@ -17,6 +17,12 @@ impl Turn {
         Self(Some(ack))
     }
 
+    /// The request waited in the queue and was called (its turn not yet taken): the queue has
+    /// judged the room it was sent for.
+    pub(crate) fn called(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// The request has its worker: the dispatcher may look for the next waiter.
     pub(crate) fn taken(&mut self) {
         if let Some(ack) = self.0.take() {
