@@ -114,9 +114,8 @@ async fn predicted_sends_requests_where_they_are_predicted_to_answer_soonest() {
     assert_eq!(after[0], before[0] + 8);
 }
 
-#[tokio::test]
-async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_retry_after() {
-    let s = start(1, timed(Flavor::Vllm, 1.0), |c| predicted(c, within(300))).await;
+/// Engine 0 four times slower, and its latency learned from two short requests.
+async fn slowed_and_learned(s: &Setup) {
     s.fault(0, Fault::Slow { factor: 4.0 }).await;
     for i in 0..2 {
         let short = s
@@ -124,6 +123,12 @@ async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_re
             .await;
         assert_eq!(short.status, 200, "{}", short.text());
     }
+}
+
+#[tokio::test]
+async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_retry_after() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| predicted(c, within(300))).await;
+    slowed_and_learned(&s).await;
     let received = s.received()[0];
     let long = chat_body("test-model", &"word ".repeat(30_000), 2, false);
     let refused = s.chat(&long).await;
@@ -167,13 +172,7 @@ async fn with_a_queue_a_request_predicted_late_waits_for_predicted_room_instead_
         });
     })
     .await;
-    s.fault(0, Fault::Slow { factor: 4.0 }).await;
-    for i in 0..2 {
-        let short = s
-            .chat(&chat_body("test-model", &format!("hi {i}"), 2, false))
-            .await;
-        assert_eq!(short.status, 200, "{}", short.text());
-    }
+    slowed_and_learned(&s).await;
     // A long prompt of the batch tier (no objective: never refused) fills the prefill backlog.
     let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
     let long = chat_body("test-model", &"word ".repeat(6_000), 2, false);

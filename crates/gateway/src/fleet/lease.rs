@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use sluice_core::breaker::Outcome;
-use sluice_core::latency::Situation;
 use tokio::time::Instant;
 
 use super::breaker::Permit;
@@ -40,7 +39,7 @@ pub(crate) struct Lease {
     uncached: Option<u64>,
     /// Where it stood on the worker when it was sent: what its first token teaches the
     /// worker's latency model.
-    situation: Option<Situation>,
+    situation: Option<sluice_core::latency::Situation>,
 }
 
 impl Lease {
@@ -130,10 +129,7 @@ impl Lease {
         let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
         let waiting = self.worker.traffic.pending_prefill_tokens();
         let ahead = self.worker.latency.sent(waiting, uncached);
-        self.situation = Some(Situation {
-            prefill_ahead: ahead,
-            ..self.worker.situation(uncached, 0)
-        });
+        self.situation = Some(self.worker.situation_behind(ahead, uncached, 0));
         self.worker.traffic.prefill_added(prompt_tokens);
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sluice_core::admission::drain::OverCeiling;
 use sluice_core::admission::Tier;
+use sluice_core::latency::lateness;
 use sluice_core::overload::{reserve_in_force, seeks_room, Projection};
 use sluice_core::prefix::PrefixIndex;
 use sluice_core::slo::Slos;
@@ -177,8 +178,7 @@ impl Pool {
                 let predicted = w.predict(0, 1)?.ttft;
                 objectives
                     .iter()
-                    .filter(|&&objective| predicted > objective)
-                    .map(|&objective| predicted - objective)
+                    .filter_map(|&objective| lateness(Some(predicted), Some(objective)))
                     .min()
             })
             .min()?;
@@ -193,9 +193,7 @@ const RECHECK_FLOOR: Duration = Duration::from_millis(10);
 /// Whether `worker`'s first token for a new (empty) prompt is predicted within `objective`: the
 /// prefill queued there at its learned rate, and a step. A worker not learned yet is in time.
 fn in_time(worker: &Worker, objective: Duration) -> bool {
-    worker
-        .predict(0, 1)
-        .is_none_or(|predicted| predicted.ttft <= objective)
+    lateness(worker.predict(0, 1).map(|p| p.ttft), Some(objective)).is_none()
 }
 
 /// The lasting routing state of a model's pool (`role`: one side of a disaggregated model).

@@ -8,7 +8,7 @@ use axum::http::HeaderValue;
 use sluice_core::admission::drain::OverCeiling;
 use sluice_core::breaker::BreakerState;
 use sluice_core::health::{Health, HealthState, HealthTransition};
-use sluice_core::latency::{Prediction, Situation};
+use sluice_core::latency::{Prediction, Situation, Work};
 use sluice_core::lora::{affinity, Affinity};
 use sluice_core::overload::{Projection, VetoClass};
 use sluice_core::{ModelName, WorkerId};
@@ -299,6 +299,12 @@ impl Worker {
     /// `joining` (the request's own sequences, when not counted in flight yet) — up to the
     /// engine's running slots, the rest queued for one (`Situation::slot_queue`).
     pub(crate) fn situation(&self, uncached: u64, joining: u64) -> Situation {
+        let ahead = self.latency.ahead(self.traffic.pending_prefill_tokens());
+        self.situation_behind(ahead, uncached, joining)
+    }
+
+    /// The same, behind `ahead` (the backlog as a request's send left it).
+    pub(crate) fn situation_behind(&self, ahead: Work, uncached: u64, joining: u64) -> Situation {
         let reported = self.vetoes.load().map_or(0, |l| l.report.running());
         let in_hand = self.load_everywhere().max(reported) + joining;
         // Past the engine's running slots, the rest wait for one (when the slots are known).
@@ -311,7 +317,7 @@ impl Worker {
             None => (in_hand, 0),
         };
         Situation {
-            prefill_ahead: self.latency.ahead(self.traffic.pending_prefill_tokens()),
+            prefill_ahead: ahead,
             uncached_prompt: uncached,
             batch,
             slot_queue,
