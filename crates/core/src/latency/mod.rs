@@ -26,10 +26,12 @@
 
 use std::time::Duration;
 
+mod backlog;
 mod prefill;
 
+pub use backlog::Backlog;
 use prefill::PrefillFit;
-pub use prefill::{attention_of, Backlog, Coefficients, Work};
+pub use prefill::{attention_of, Coefficients, Work};
 
 /// Weight of the newest sample in each average.
 const WEIGHT: f64 = 0.1;

@@ -1,5 +1,5 @@
-//! Prefill work and its time: a prompt's tokens and their causal attention, the seconds they
-//! take fitted per worker, and the work queued on a worker as a fluid queue.
+//! Prefill work and its time: a prompt's tokens and their causal attention, and the seconds they
+//! take fitted per worker.
 //!
 //! A prefill's cost is the weights read for every token and the attention of each token to the
 //! ones before it: `a * tokens + b * pairs`, with `pairs` about n²/2 for a prompt of n tokens
@@ -9,10 +9,8 @@
 //! that queue. The constants are fitted by least squares over the worker's first tokens, so a
 //! fleet of long prompts and one of short ones are each predicted by what they cost there.
 
-use tokio::time::Instant;
-
 /// Thousands of tokens: the fit's unit, so its sums stay well within an `f64`'s precision.
-const K: f64 = 1000.0;
+pub(super) const K: f64 = 1000.0;
 /// Weight of the newest sample.
 const WEIGHT: f64 = 0.05;
 /// Samples before the attention term is fitted; tokens alone before that.
@@ -154,67 +152,9 @@ impl PrefillFit {
     }
 }
 
-/// The prefill work still to do on a worker, as a fluid queue: each prompt sent adds its work,
-/// and the queue drains at one second of work a second by the worker's fit — never holding more
-/// tokens than the prompts still waiting for their first token (`waiting`: a prompt answered is
-/// done; one waiting may be part done). The count of waiting prompts alone would count a long
-/// prompt half prefilled as whole, and every request behind it as waiting for all of it.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Backlog {
-    tokens: f64,
-    pairs: f64,
-    at: Option<Instant>,
-}
-
-impl Backlog {
-    /// The work left at `now` under `fit` (none drained before one is learned), at most
-    /// `waiting` tokens.
-    pub fn at(&self, now: Instant, fit: Option<Coefficients>, waiting: u64) -> Work {
-        let mut keep = 1.0;
-        if let (Some(at), Some([a, b, _])) = (self.at, fit) {
-            let total = a * self.tokens / K + b * self.pairs / (K * K);
-            let elapsed = now.saturating_duration_since(at).as_secs_f64();
-            if total > 0.0 {
-                keep = ((total - elapsed) / total).max(0.0);
-            }
-        }
-        let mut tokens = self.tokens * keep;
-        let mut pairs = self.pairs * keep;
-        if tokens > waiting as f64 {
-            let cut = waiting as f64 / tokens;
-            tokens = waiting as f64;
-            pairs *= cut;
-        }
-        Work {
-            tokens: tokens as u64,
-            pairs: pairs as u64,
-        }
-    }
-
-    /// A prompt of `tokens` to prefill joins at `now`, `waiting` tokens still waiting before
-    /// it: returns the work ahead of it.
-    pub fn add(
-        &mut self,
-        now: Instant,
-        fit: Option<Coefficients>,
-        waiting: u64,
-        tokens: u64,
-    ) -> Work {
-        let ahead = self.at(now, fit, waiting);
-        let after = ahead.plus(tokens, attention_of(tokens));
-        self.tokens = after.tokens as f64;
-        self.pairs = after.pairs as f64;
-        self.at = Some(now);
-        ahead
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    const MS: Duration = Duration::from_millis(1);
 
     fn work(tokens: u64) -> Work {
         Work::default().plus(tokens, attention_of(tokens))
@@ -248,31 +188,6 @@ mod tests {
         assert!(a > 0.0 && b == 0.0 && c == 0.0, "{a} {b} {c}");
         fit.add(&Work::default(), 0, 5.0);
         assert_eq!(fit.coefficients(), Some([a, b, c]), "no work: no sample");
-    }
-
-    #[test]
-    fn the_backlog_drains_by_the_fit_and_never_past_what_still_waits() {
-        let t0 = Instant::now();
-        let mut backlog = Backlog::default();
-        // 1 s per 1k tokens, no attention term: 1,000 tokens a second.
-        let fit = Some([1.0, 0.0, 0.0]);
-        assert_eq!(backlog.add(t0, fit, 0, 10_000).tokens, 0, "nothing ahead");
-        let half = t0 + 500 * MS;
-        assert_eq!(backlog.at(half, fit, 10_000).tokens, 9_500);
-        assert_eq!(backlog.add(half, fit, 10_000, 2_000).tokens, 9_500);
-        assert_eq!(
-            backlog.at(half, fit, 11_500).tokens,
-            11_500,
-            "at most what waits"
-        );
-        assert_eq!(
-            backlog.at(half + 20 * 1000 * MS, fit, 2_000).tokens,
-            0,
-            "drained"
-        );
-        let none = backlog.at(half + 1000 * MS, None, 50_000);
-        assert_eq!(none.tokens, 11_500, "no fit: none drained");
-        assert!(none.pairs > 0);
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub(crate) struct WorkerLatency {
 #[derive(Debug, Default)]
 struct Learned {
     model: LatencyModel,
-    /// The prompt tokens still to prefill, drained at the model's rate.
+    /// The prompts sent and not yet answered, the head paced by the model.
     backlog: Backlog,
 }
 
@@ -41,20 +41,25 @@ impl WorkerLatency {
         self.model.lock().model.first_token(situation, ttft);
     }
 
-    /// A prompt of `tokens` to prefill is sent now, `waiting` prompt tokens still waiting for
-    /// a first token there: the tokens ahead of it (`Backlog`).
-    pub(crate) fn sent(&self, waiting: u64, tokens: u64) -> Work {
+    /// A prompt of `tokens` to prefill is sent now: its place in the worker's backlog (for
+    /// `answered`) and the work ahead of it.
+    pub(crate) fn sent(&self, tokens: u64) -> (u64, Work) {
         let mut learned = self.model.lock();
         let fit = learned.model.prefill_fit();
-        learned.backlog.add(Instant::now(), fit, waiting, tokens)
+        learned.backlog.add(Instant::now(), fit, tokens)
     }
 
-    /// The prompt tokens still to prefill ahead of a prompt sent now, `waiting` still waiting
-    /// for a first token.
-    pub(crate) fn ahead(&self, waiting: u64) -> Work {
-        let learned = self.model.lock();
+    /// The prompt of `key` had its first token, or its request ended: it leaves the backlog.
+    pub(crate) fn answered(&self, key: u64) {
+        let mut learned = self.model.lock();
         let fit = learned.model.prefill_fit();
-        learned.backlog.at(Instant::now(), fit, waiting)
+        learned.backlog.answered(Instant::now(), fit, key);
+    }
+
+    /// The prefill work ahead of a prompt sent now.
+    pub(crate) fn ahead(&self) -> Work {
+        let learned = self.model.lock();
+        learned.backlog.at(Instant::now(), learned.model.prefill_fit())
     }
 
     /// What a request in `situation` should expect; `None` before a first token was seen.

@@ -40,6 +40,8 @@ pub(crate) struct Lease {
     /// Where it stood on the worker when it was sent: what its first token teaches the
     /// worker's latency model.
     situation: Option<sluice_core::latency::Situation>,
+    /// Its prompt's place in the worker's prefill backlog until the first byte.
+    backlog: Option<u64>,
 }
 
 impl Lease {
@@ -66,6 +68,7 @@ impl Lease {
             adapter: None,
             uncached: None,
             situation: None,
+            backlog: None,
         })
     }
 
@@ -127,8 +130,8 @@ impl Lease {
         self.prefill = prompt_tokens;
         // Counted in flight since it was leased: it joins as itself.
         let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
-        let waiting = self.worker.traffic.pending_prefill_tokens();
-        let ahead = self.worker.latency.sent(waiting, uncached);
+        let (key, ahead) = self.worker.latency.sent(uncached);
+        self.backlog = Some(key);
         self.situation = Some(self.worker.situation_behind(ahead, uncached, 0));
         self.worker.traffic.prefill_added(prompt_tokens);
     }
@@ -171,6 +174,9 @@ impl Lease {
         let tokens = std::mem::take(&mut self.prefill);
         if tokens > 0 {
             self.worker.traffic.prefill_removed(tokens);
+        }
+        if let Some(key) = self.backlog.take() {
+            self.worker.latency.answered(key);
         }
     }
 

@@ -299,7 +299,7 @@ impl Worker {
     /// `joining` (the request's own sequences, when not counted in flight yet) — up to the
     /// engine's running slots, the rest queued for one (`Situation::slot_queue`).
     pub(crate) fn situation(&self, uncached: u64, joining: u64) -> Situation {
-        let ahead = self.latency.ahead(self.traffic.pending_prefill_tokens());
+        let ahead = self.latency.ahead();
         self.situation_behind(ahead, uncached, joining)
     }
 
