@@ -59,7 +59,9 @@ impl WorkerLatency {
     /// The prefill work ahead of a prompt sent now.
     pub(crate) fn ahead(&self) -> Work {
         let learned = self.model.lock();
-        learned.backlog.at(Instant::now(), learned.model.prefill_fit())
+        learned
+            .backlog
+            .at(Instant::now(), learned.model.prefill_fit())
     }
 
     /// What a request in `situation` should expect; `None` before a first token was seen.
