@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 
 use tokio::time::Instant;
 
-use super::prefill::{Coefficients, Work, K};
+use super::prefill::{attention_of, Coefficients, Work, K};
 
 /// One prompt sent and not yet answered.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -93,6 +93,9 @@ impl Queued {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Backlog {
     queue: VecDeque<Queued>,
+    /// The work of every prompt behind the head, none of it started: kept as prompts come and
+    /// go, so a prediction reads the backlog in constant time however many wait.
+    behind: Work,
     /// When the head's progress was last brought up to date.
     at: Option<Instant>,
     next_key: u64,
@@ -101,17 +104,10 @@ pub struct Backlog {
 impl Backlog {
     /// The work left at `now` under `fit` (the head not advanced before one is learned).
     pub fn at(&self, now: Instant, fit: Option<Coefficients>) -> Work {
-        let head = self.head_at(now, fit.as_ref());
-        let (mut tokens, mut pairs) = (0.0, 0.0);
-        for queued in head.iter().chain(self.queue.iter().skip(1)) {
-            let (t, p) = queued.left(fit.as_ref());
-            tokens += t;
-            pairs += p;
-        }
-        Work {
-            tokens: tokens as u64,
-            pairs: pairs as u64,
-        }
+        let (tokens, pairs) = self
+            .head_at(now, fit.as_ref())
+            .map_or((0.0, 0.0), |head| head.left(fit.as_ref()));
+        self.behind.plus(tokens as u64, pairs as u64)
     }
 
     /// A prompt of `tokens` to prefill joins at `now`: its key (for `answered`) and the work
@@ -121,6 +117,9 @@ impl Backlog {
         let ahead = self.at(now, fit);
         let key = self.next_key;
         self.next_key = self.next_key.wrapping_add(1);
+        if !self.queue.is_empty() {
+            self.behind = self.behind.plus(tokens, attention_of(tokens));
+        }
         self.queue.push_back(Queued {
             key,
             tokens,
@@ -134,7 +133,20 @@ impl Backlog {
     /// the next starts from now.
     pub fn answered(&mut self, now: Instant, fit: Option<Coefficients>, key: u64) {
         self.advance(now, fit.as_ref());
-        self.queue.retain(|queued| queued.key != key);
+        let Some(at) = self.queue.iter().position(|queued| queued.key == key) else {
+            return;
+        };
+        let gone = self.queue.remove(at).map(|queued| queued.tokens);
+        // What leaves the work behind the head: the prompt itself when it was behind, or, when
+        // it was the head, its successor, which now leads.
+        let leaves = if at == 0 {
+            self.queue.front().map(|next| next.tokens)
+        } else {
+            gone
+        };
+        if let Some(tokens) = leaves {
+            self.behind = self.behind.minus(tokens, attention_of(tokens));
+        }
     }
 
     /// The head as it stands at `now`.
@@ -225,5 +237,29 @@ mod tests {
         assert_eq!(backlog.at(t0 + 1500 * MS, FLAT).tokens, 500);
         let far = backlog.at(t0 + 9000 * MS, FLAT);
         assert_eq!(far.tokens, 500, "never more than the whole prompt");
+    }
+
+    #[test]
+    fn the_work_behind_the_head_is_kept_as_prompts_come_and_go_in_any_order() {
+        let t0 = Instant::now();
+        let mut backlog = Backlog::default();
+        let mut waiting: Vec<(u64, u64)> = Vec::new();
+        for i in 0..200u64 {
+            let tokens = 1 + (i * 7919) % 3000;
+            let (key, ahead) = backlog.add(t0, None, tokens);
+            let sum: u64 = waiting.iter().map(|(_, t)| t).sum();
+            assert_eq!(ahead.tokens, sum);
+            waiting.push((key, tokens));
+            // Every third step a prompt answers: the head, the newest, or one between.
+            if i % 3 == 2 {
+                let at = (i as usize * 31) % waiting.len();
+                let (key, _) = waiting.remove(at);
+                backlog.answered(t0, None, key);
+            }
+        }
+        let left = backlog.at(t0, None);
+        let tokens: u64 = waiting.iter().map(|(_, t)| t).sum();
+        let pairs: u64 = waiting.iter().map(|(_, t)| attention_of(*t)).sum();
+        assert_eq!((left.tokens, left.pairs), (tokens, pairs));
     }
 }

@@ -33,6 +33,13 @@ impl Work {
         }
     }
 
+    pub fn minus(self, tokens: u64, pairs: u64) -> Work {
+        Work {
+            tokens: self.tokens.saturating_sub(tokens),
+            pairs: self.pairs.saturating_sub(pairs),
+        }
+    }
+
     /// The features of the fit, in thousands of tokens and millions of pairs.
     fn features(&self) -> (f64, f64) {
         (self.tokens as f64 / K, self.pairs as f64 / (K * K))
