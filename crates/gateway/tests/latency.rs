@@ -130,6 +130,10 @@ async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_re
     let s = start(1, timed(Flavor::Vllm, 1.0), |c| predicted(c, within(300))).await;
     slowed_and_learned(&s).await;
     let received = s.received()[0];
+    let id = s.worker_id(0).await;
+    let selections =
+        format!("sluice_worker_selections_total{{policy=\"predicted\",worker=\"{id}\"}}");
+    assert_eq!(s.metric(&selections).await, Some(2.0), "the two short ones");
     let long = chat_body("test-model", &"word ".repeat(30_000), 2, false);
     let refused = s.chat(&long).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
@@ -145,6 +149,11 @@ async fn a_request_no_worker_is_predicted_to_answer_in_time_is_refused_with_a_re
     let message = error["error"]["message"].as_str().unwrap();
     assert!(!message.contains("127.0.0.1"), "no worker named: {message}");
     assert_eq!(s.received()[0], received, "the engine never saw it");
+    assert_eq!(
+        s.metric(&selections).await,
+        Some(2.0),
+        "a request refused is not counted as a pick"
+    );
     let short = s.chat(&chat_body("test-model", "hi again", 2, false)).await;
     assert_eq!(short.status, 200, "a prompt that fits still goes");
 }

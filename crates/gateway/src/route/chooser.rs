@@ -153,17 +153,24 @@ impl Chooser {
     /// A worker for the next attempt: the policy's pick with its breaker permit, or the
     /// all-vetoed rule's answer.
     pub(crate) fn next(&self) -> Result<Lease, RouteError> {
-        self.pick_skipping(&self.tried)
+        self.pick_skipping(&self.tried, Lateness::Sent)
     }
 
-    /// The same, skipping the workers in `skip` too (a decode worker whose window is full).
+    /// The request's first worker, as `next`; with `lateness` `Refused` and `predicted`, refused
+    /// (`PredictedLate`) when its first token is predicted late there.
+    pub(crate) fn first(&self, lateness: Lateness) -> Result<Lease, RouteError> {
+        self.pick_skipping(&self.tried, lateness)
+    }
+
+    /// The same as `next`, skipping the workers in `skip` too (a decode worker whose window is
+    /// full).
     pub(crate) fn next_except(&self, skip: &[u64]) -> Result<Lease, RouteError> {
         let mut skipped = self.tried.clone();
         skipped.extend_from_slice(skip);
-        self.pick_skipping(&skipped)
+        self.pick_skipping(&skipped, Lateness::Sent)
     }
 
-    fn pick_skipping(&self, skipped: &[u64]) -> Result<Lease, RouteError> {
+    fn pick_skipping(&self, skipped: &[u64], lateness: Lateness) -> Result<Lease, RouteError> {
         let rules = &*self.rules;
         let pool = self.pool();
         let selected = match select(rules, self.policy(), pool, &self.request, skipped) {
@@ -201,13 +208,32 @@ impl Chooser {
                 retry_after: rules.shedding.retry_after,
             });
         }
+        if lateness == Lateness::Refused {
+            self.in_time(&selected.lease)?;
+        }
+        self.record(&selected.lease);
         Ok(selected.lease)
     }
 
-    /// With `predicted`, whether the first worker `lease` holds is predicted to give the
-    /// request's first token within its objective: `PredictedLate`, with a Retry-After of how
-    /// late, when not (the request is refused; the caller drops the lease).
-    pub(crate) fn in_time(&self, lease: &Lease) -> Result<(), RouteError> {
+    /// The pick goes out: counted on its worker and, for a policy by prefix, its prompt kept in
+    /// the pool's index as sent there. Only now, so a request shed or refused after its pick
+    /// (its lease dropped) leaves no selection and no prefix the worker never saw.
+    fn record(&self, lease: &Lease) {
+        let worker = lease.worker();
+        if self.policy().wants_prefix() && !self.request.blocks.is_empty() {
+            let pool = self.pool();
+            pool.state
+                .prefix
+                .lock()
+                .insert(&self.request.blocks, worker.key);
+        }
+        worker.metrics.selections.inc();
+    }
+
+    /// With `predicted`, whether the worker `lease` holds is predicted to give the request's
+    /// first token within its objective: `PredictedLate`, with a Retry-After of how late, when
+    /// not (the request is refused; its lease is dropped).
+    fn in_time(&self, lease: &Lease) -> Result<(), RouteError> {
         if self.side != Side::Whole || !self.policy().predicts() {
             return Ok(());
         }
@@ -241,6 +267,16 @@ impl Chooser {
             .iter()
             .any(|w| w.key != current && !self.tried.contains(&w.key) && w.is_routable())
     }
+}
+
+/// What a request predicted late on its pick gets (`predicted` only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lateness {
+    /// Refused now rather than sent to be late: a request placed on arrival.
+    Refused,
+    /// Sent all the same: a retry, or a request the gateway queue released for room predicted
+    /// in time by its tier's objective (its wait bounded by it).
+    Sent,
 }
 
 /// The worker chosen for one attempt.
@@ -388,10 +424,6 @@ fn pick(
             if let Some(tokens) = &uncached {
                 lease.uncached(tokens[i]);
             }
-            if policy.wants_prefix() && !request.blocks.is_empty() {
-                pool.state.prefix.lock().insert(&request.blocks, worker.key);
-            }
-            worker.metrics.selections.inc();
             return Some(lease);
         }
         // Its half-open trial is taken (or it just opened), or another request took its last
@@ -434,7 +466,6 @@ fn fall_back(
             AllVetoed::Steer(i, class) => {
                 let worker = vetoed[i];
                 if let Some(lease) = Lease::acquire(worker, request.weight) {
-                    worker.metrics.selections.inc();
                     return Ok(Selected {
                         lease,
                         fallback: Some(class),

@@ -67,7 +67,7 @@ use crate::fleet::{Lease, Pool};
 use crate::metrics::Metrics;
 use crate::request::{ApiRoute, Asked};
 use crate::tokens::{PromptJson, SharedTokens};
-use chooser::Rules;
+use chooser::{Lateness, Rules};
 
 /// The route stage, shared by every request.
 #[derive(Debug)]
@@ -191,13 +191,15 @@ impl RouteStage {
         request.objectives = self.objectives(asked.arrival.started, &terms);
         let mut chooser = Chooser::new(self.rules.clone(), pool, request, excluded);
         let prefill = chooser.split_prefill();
-        let lease = chooser.next()?;
         // Predicted late everywhere: refused now, its worker's place handed back, rather than
         // sent to be late. Not once it waited in the gateway queue: the queue called it for
         // room predicted in time by its tier's objective, and bounded its wait by it.
-        if !turn.called() {
-            chooser.in_time(&lease)?;
-        }
+        let lateness = if turn.called() {
+            Lateness::Sent
+        } else {
+            Lateness::Refused
+        };
+        let lease = chooser.first(lateness)?;
         turn.taken();
         Ok(Placement {
             terms,
