@@ -470,3 +470,46 @@ async fn an_engine_preempting_is_over_its_kv_ceiling_whatever_its_usage_reads() 
     })
     .await;
 }
+
+#[tokio::test]
+async fn prefix_claims_the_engine_does_not_find_are_taken_at_what_it_found() {
+    // vLLM's prefix-cache counters (vllm/v1/metrics/loggers.py: `vllm:prefix_cache_queries`,
+    // `vllm:prefix_cache_hits`, prompt tokens looked up at admission and those found).
+    let page = |queries: u64, hits: u64| {
+        format!(
+            "vllm:num_requests_running{{engine=\"0\"}} 0\nvllm:prefix_cache_queries_total{{engine=\"0\"}} {queries}\nvllm:prefix_cache_hits_total{{engine=\"0\"}} {hits}\n"
+        )
+    };
+    let vllm = WireEngine::start("vllm", Scripted::ok_stream()).await;
+    vllm.set_load("/metrics", 200, page(0, 0));
+    let gateway = gateway_over(&[&vllm], |c| {
+        c.route.policy = Policy::CacheAware(Default::default());
+    })
+    .await;
+    let id = ids(&gateway).await[0].clone();
+    let credit = |w: &Value| w["latency"]["prefix_claim_credit"].clone();
+    let url = format!("{}/v1/chat/completions", gateway.url());
+    let prompt = "the same long system prompt ".repeat(200);
+    // The index claims the prompt cached on the worker from the second request on.
+    for _ in 0..4 {
+        let answer = post(&client(), &url, &chat_body("test-model", &prompt, 4, true)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    assert_eq!(credit(&worker_view(&gateway, &id).await), Value::Null);
+    // The engine looked the prompts up and found nothing: every claim was wrong.
+    vllm.set_load("/metrics", 200, page(20_000, 0));
+    until_worker(&gateway, &id, "claims found wanting", |w| {
+        credit(w).as_f64() == Some(0.0)
+    })
+    .await;
+    // Then it finds them all: the credit comes back.
+    for _ in 0..4 {
+        let answer = post(&client(), &url, &chat_body("test-model", &prompt, 4, true)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    vllm.set_load("/metrics", 200, page(1_000_000, 980_000));
+    until_worker(&gateway, &id, "claims found", |w| {
+        credit(w).as_f64().is_some_and(|c| c > 0.5)
+    })
+    .await;
+}

@@ -9,7 +9,8 @@
 //!   (`prefill::PrefillFit`), since a 128k-token prompt takes far longer than 128 prompts of 1k. vLLM and SGLang schedule waiting prompts
 //!   first come first served under a token budget per step (vllm/v1/core/sched/scheduler.py,
 //!   SGLang's `PrefillAdder`), so the tokens queued ahead are what stands between a request and its
-//!   first token; a prompt's cached prefix is not computed again.
+//!   first token; a prompt's cached prefix is not computed again. The prefix a policy claims
+//!   cached is taken at the credit its worker's engine gives such claims (`claims`).
 //! - **TPOT** = one decode step with the batch it joins, a step costing a fixed part (the weights
 //!   read once) and a part per running sequence (their KV read): `base + per_seq * batch`, fitted
 //!   by exponentially weighted least squares over the worker's (batch, TPOT) samples.
@@ -27,9 +28,11 @@
 use std::time::Duration;
 
 mod backlog;
+mod claims;
 mod prefill;
 
 pub use backlog::Backlog;
+pub use claims::{ClaimCheck, EngineHits};
 use prefill::PrefillFit;
 pub use prefill::{attention_of, Coefficients, Work};
 
@@ -283,12 +286,12 @@ pub fn lateness(soonest: Option<Duration>, objective: Option<Duration>) -> Optio
     (soonest > objective).then(|| soonest - objective)
 }
 
-/// The prompt tokens a worker must still prefill for a request of `prompt_tokens`: less the
-/// cached `share` of the first `covered` tokens, the part its prefix was matched over (an
-/// index matches a bounded prefix; a share of it says nothing of the rest).
-pub fn uncached(prompt_tokens: u64, share: f64, covered: u64) -> u64 {
+/// The prompt tokens a worker is claimed to hold cached of a request of `prompt_tokens`: the
+/// cached `share` of the first `covered` tokens, the part its prefix was matched over (an index
+/// matches a bounded prefix; a share of it says nothing of the rest).
+pub fn claimed_cached(prompt_tokens: u64, share: f64, covered: u64) -> u64 {
     let matched = covered.min(prompt_tokens) as f64 * share.clamp(0.0, 1.0);
-    prompt_tokens - (matched as u64).min(prompt_tokens)
+    (matched as u64).min(prompt_tokens)
 }
 
 /// Places a request by the candidates' predictions (in the candidates' order; ties go to the
@@ -499,10 +502,14 @@ mod tests {
 
     #[test]
     fn the_cached_share_counts_over_the_part_matched() {
-        assert_eq!(uncached(1000, 0.0, 1000), 1000);
-        assert_eq!(uncached(1000, 0.5, 1000), 500);
-        assert_eq!(uncached(100_000, 1.0, 32_768), 100_000 - 32_768);
-        assert_eq!(uncached(1000, 1.0, 4000), 0, "never below nothing");
-        assert_eq!(uncached(1000, 7.0, 1000), 0);
+        assert_eq!(claimed_cached(1000, 0.0, 1000), 0);
+        assert_eq!(claimed_cached(1000, 0.5, 1000), 500);
+        assert_eq!(claimed_cached(100_000, 1.0, 32_768), 32_768);
+        assert_eq!(
+            claimed_cached(1000, 1.0, 4000),
+            1000,
+            "never past the prompt"
+        );
+        assert_eq!(claimed_cached(1000, 7.0, 1000), 1000);
     }
 }

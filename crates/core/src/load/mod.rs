@@ -21,6 +21,7 @@ mod vllm;
 
 use serde::Serialize;
 
+use crate::latency::EngineHits;
 use crate::lora::AdapterSlots;
 use crate::prom_text;
 
@@ -71,6 +72,15 @@ pub struct RankLoad {
     /// (SGLang `num_waiting_uncached_tokens`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending_prefill_tokens: Option<u64>,
+    /// Prompt tokens looked up in the prefix cache since the engine started, and those found
+    /// (vLLM `prefix_cache_queries_total`, `prefix_cache_hits_total`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_queries: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_hits: Option<f64>,
+    /// The share of its recent prompt tokens found cached (SGLang `cache_hit_rate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_hit_rate: Option<f64>,
     /// Put to sleep (vLLM `engine_sleep_state{sleep_state="awake"}` 0): it looks idle and serves
     /// nothing.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -200,6 +210,29 @@ impl LoadReport {
             _ => 0,
         };
         retracted + rose
+    }
+
+    /// What the engine found in its prefix cache since `previous`: its counters' moves (vLLM),
+    /// else its own recent rate averaged over the ranks that report one (SGLang); `None` when
+    /// it reports neither, looked nothing up, or its counters went back (a restart).
+    pub fn prefix_found_since(&self, previous: Option<&LoadReport>) -> Option<EngineHits> {
+        let counted = |r: &LoadReport| -> Option<(f64, f64)> {
+            let sum = |f: fn(&RankLoad) -> Option<f64>| r.ranks.iter().map(f).sum::<Option<f64>>();
+            Some((sum(|x| x.prefix_queries)?, sum(|x| x.prefix_hits)?))
+        };
+        if let Some((queries, hits)) = counted(self) {
+            let (q0, h0) = previous.and_then(counted)?;
+            let (looked_up, found) = (queries - q0, hits - h0);
+            return (looked_up > 0.0 && found >= 0.0).then(|| EngineHits {
+                tokens: Some(looked_up),
+                share: (found / looked_up).clamp(0.0, 1.0),
+            });
+        }
+        let rates: Vec<f64> = self.ranks.iter().filter_map(|r| r.cache_hit_rate).collect();
+        (!rates.is_empty()).then(|| EngineHits {
+            tokens: None,
+            share: fraction(rates.iter().sum::<f64>() / rates.len() as f64),
+        })
     }
 }
 

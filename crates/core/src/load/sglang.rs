@@ -98,6 +98,10 @@ pub fn parse_sglang_loads(body: &[u8]) -> Result<LoadReport, LoadError> {
             retracted,
             pending_prefill_tokens: f.count("num_waiting_uncached_tokens"),
             used_tokens: f.count("num_used_tokens"),
+            cache_hit_rate: f
+                .number("cache_hit_rate")
+                .filter(|r| r.is_finite())
+                .map(fraction),
             ..RankLoad::default()
         });
     }

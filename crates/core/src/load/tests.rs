@@ -226,6 +226,54 @@ fn preemptions_are_the_rise_of_vllm_counter_or_sglang_retracted_requests() {
     assert_eq!(retracting.preempted_since(None), 4);
 }
 
+/// vLLM's two prefix-cache counters on two data-parallel ranks (`vllm:prefix_cache_queries`
+/// and `vllm:prefix_cache_hits`, vllm/v1/metrics/loggers.py, counters with the engine label).
+fn vllm_prefix(queries: [f64; 2], hits: [f64; 2]) -> LoadReport {
+    let text = format!(
+        "vllm:prefix_cache_queries_total{{engine=\"0\"}} {}\n\
+         vllm:prefix_cache_queries_total{{engine=\"1\"}} {}\n\
+         vllm:prefix_cache_hits_total{{engine=\"0\"}} {}\n\
+         vllm:prefix_cache_hits_total{{engine=\"1\"}} {}\n",
+        queries[0], queries[1], hits[0], hits[1]
+    );
+    parse_vllm_metrics(&text).unwrap()
+}
+
+#[test]
+fn what_the_engine_found_in_its_prefix_cache_is_the_move_of_its_counters_or_its_rate() {
+    let before = vllm_prefix([1000.0, 500.0], [100.0, 0.0]);
+    let after = vllm_prefix([3000.0, 1500.0], [700.0, 300.0]);
+    assert_eq!(before.ranks[1].prefix_queries, Some(500.0));
+    assert_eq!(
+        after.prefix_found_since(Some(&before)),
+        Some(crate::latency::EngineHits {
+            tokens: Some(3000.0),
+            share: 900.0 / 3000.0
+        })
+    );
+    assert_eq!(
+        after.prefix_found_since(None),
+        None,
+        "a first report says nothing"
+    );
+    assert_eq!(
+        after.prefix_found_since(Some(&after)),
+        None,
+        "nothing looked up"
+    );
+    assert_eq!(
+        before.prefix_found_since(Some(&after)),
+        None,
+        "counters that went back: a restart"
+    );
+    let retracting =
+        parse_sglang_loads(fixture("sglang/v1-loads-retracting.json").as_bytes()).unwrap();
+    let found = retracting.prefix_found_since(None).unwrap();
+    assert_eq!((found.tokens, found.share), (None, 0.2));
+    let none = parse_vllm_metrics("vllm:num_requests_running 1\n").unwrap();
+    assert_eq!(none.prefix_found_since(Some(&none)), None);
+}
+
 #[test]
 fn sglang_decode_waits_in_its_own_queue_apart_from_the_transfer_queues() {
     let r = parse_sglang_loads(fixture("sglang/v1-loads-decode.json").as_bytes()).unwrap();

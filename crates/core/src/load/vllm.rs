@@ -6,7 +6,9 @@
 //! it in `num_requests_waiting_by_reason{reason="capacity"|"deferred"}` — deferred being a
 //! request held by a transient constraint (remote KV in a disaggregated decode, a LoRA budget),
 //! not by a full batch. `engine_sleep_state` has one series per `sleep_state` label; `awake` 0
-//! means asleep. `lora_requests_info` is set to the current time at every step with the step's
+//! means asleep. `prefix_cache_queries` and `prefix_cache_hits` count prompt tokens looked up in
+//! the prefix cache at admission and those found (vllm/v1/core/kv_cache_manager.py; the older
+//! `gpu_prefix_cache_*` pair they replaced is not read). `lora_requests_info` is set to the current time at every step with the step's
 //! adapters in its labels, and every label combination it ever had stays a series: the newest
 //! value is the current one.
 
@@ -75,6 +77,8 @@ pub fn parse_vllm_metrics(text: &str) -> Result<LoadReport, LoadError> {
             "generation_tokens_total" => *r.generation_tokens.get_or_insert(0.0) += value,
             "prompt_tokens_total" => *r.prompt_tokens.get_or_insert(0.0) += value,
             "num_preemptions_total" => *r.preemptions.get_or_insert(0.0) += value,
+            "prefix_cache_queries_total" => *r.prefix_queries.get_or_insert(0.0) += value,
+            "prefix_cache_hits_total" => *r.prefix_hits.get_or_insert(0.0) += value,
             "engine_sleep_state" if s.label("sleep_state") == Some("awake") => {
                 r.asleep = value == 0.0;
             }
@@ -115,6 +119,8 @@ const KNOWN: &[&str] = &[
     "generation_tokens_total",
     "prompt_tokens_total",
     "num_preemptions_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
     "engine_sleep_state",
 ];
 

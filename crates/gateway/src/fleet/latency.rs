@@ -1,11 +1,15 @@
 //! One worker's latency model (`sluice_core::latency`), learned from this gateway's requests to
 //! it: the request path is its one writer (each first token and each stream's pace, through
-//! `Lease`), views read it.
+//! `Lease`), views read it. The credit its prefix claims get (`ClaimCheck`) has two writers of
+//! two facts: the request path adds the claims it sends, the worker's load monitor what the
+//! engine found.
 
 use serde::Serialize;
 use std::time::Duration;
 
-use sluice_core::latency::{Backlog, LatencyModel, Prediction, Situation, Work};
+use sluice_core::latency::{
+    Backlog, ClaimCheck, EngineHits, LatencyModel, Prediction, Situation, Work,
+};
 use tokio::time::Instant;
 
 /// The model and the worker's prefill backlog, under one lock held for one update or one
@@ -13,6 +17,7 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub(crate) struct WorkerLatency {
     model: parking_lot::Mutex<Learned>,
+    claims: parking_lot::Mutex<ClaimCheck>,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +38,9 @@ pub(crate) struct LatencyView {
     ttft_judged: u64,
     tpot_error: Option<f64>,
     tpot_judged: u64,
+    /// The share of a claimed cached prefix its engine is found to hold; `None` before both
+    /// the claims and the engine's prefix-cache counts say.
+    prefix_claim_credit: Option<f64>,
 }
 
 impl WorkerLatency {
@@ -80,6 +88,21 @@ impl WorkerLatency {
         self.model.lock().model.paced(batch, tpot);
     }
 
+    /// A prompt of `prompt` tokens is sent with `claimed` of them claimed cached.
+    pub(crate) fn claimed(&self, prompt: u64, claimed: u64) {
+        self.claims.lock().sent(prompt, claimed);
+    }
+
+    /// A load report said what the engine found in its prefix cache since the one before.
+    pub(crate) fn engine_found(&self, found: Option<EngineHits>) {
+        self.claims.lock().reported(found);
+    }
+
+    /// Of a prompt of `prompt` tokens with `claimed` claimed cached, what it must prefill.
+    pub(crate) fn uncached(&self, prompt: u64, claimed: u64) -> u64 {
+        self.claims.lock().uncached(prompt, claimed)
+    }
+
     /// The mean absolute percentage errors of its TTFT and TPOT predictions, as fractions.
     pub(crate) fn errors(&self) -> [(&'static str, Option<f64>); 2] {
         let model = &self.model.lock().model;
@@ -97,6 +120,7 @@ impl WorkerLatency {
             ttft_judged: model.ttft_error.count,
             tpot_error: model.tpot_error.mean(),
             tpot_judged: model.tpot_error.count,
+            prefix_claim_credit: self.claims.lock().credit(),
         }
     }
 }

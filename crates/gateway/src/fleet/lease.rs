@@ -34,9 +34,9 @@ pub(crate) struct Lease {
     rooms: Option<Box<DecodeRooms>>,
     /// The LoRA adapter the request names, counted on the worker until the lease ends.
     adapter: Option<Arc<str>>,
-    /// Its prompt tokens the worker was believed not to hold when it was chosen (the prefix
-    /// scores), for a policy that scores prefixes; the whole prompt otherwise.
-    uncached: Option<u64>,
+    /// Its prompt tokens the prefix scores claimed the worker holds cached when it was chosen,
+    /// for a policy that scores prefixes (taken at the worker's credit for such claims).
+    claimed: Option<u64>,
     /// Where it stood on the worker when it was sent: what its first token teaches the
     /// worker's latency model.
     situation: Option<sluice_core::latency::Situation>,
@@ -66,7 +66,7 @@ impl Lease {
             streaming: false,
             rooms: None,
             adapter: None,
-            uncached: None,
+            claimed: None,
             situation: None,
             backlog: None,
         })
@@ -90,16 +90,23 @@ impl Lease {
         }
     }
 
-    /// Of its prompt, `tokens` are not cached on the worker, as the prefix scores say.
-    pub(crate) fn uncached(&mut self, tokens: u64) {
-        self.uncached = Some(tokens);
+    /// Of its prompt, the prefix scores claim the worker holds `tokens` cached.
+    pub(crate) fn claimed(&mut self, tokens: u64) {
+        self.claimed = Some(tokens);
+    }
+
+    /// Of a prompt of `prompt_tokens`, what the worker must still prefill: all of it but the
+    /// claimed cached prefix, taken at the worker's credit for claims.
+    fn uncached(&self, prompt_tokens: u64) -> u64 {
+        self.claimed.map_or(prompt_tokens, |claimed| {
+            self.worker.latency.uncached(prompt_tokens, claimed)
+        })
     }
 
     /// What a request of `prompt_tokens` should expect on the worker now, counted in flight
-    /// there (of its prompt, the part the prefix scores said is not cached).
+    /// there (of its prompt, the part believed not cached).
     pub(crate) fn predicted(&self, prompt_tokens: u64) -> Option<sluice_core::latency::Prediction> {
-        let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
-        self.worker.predict(uncached, 0)
+        self.worker.predict(self.uncached(prompt_tokens), 0)
     }
 
     /// Names the request this lease is for, in what its outcome logs.
@@ -128,8 +135,11 @@ impl Lease {
             self.worker.signals.sent(Instant::now());
         }
         self.prefill = prompt_tokens;
+        if let Some(claimed) = self.claimed {
+            self.worker.latency.claimed(prompt_tokens, claimed);
+        }
         // Counted in flight since it was leased: it joins as itself.
-        let uncached = self.uncached.unwrap_or(prompt_tokens).min(prompt_tokens);
+        let uncached = self.uncached(prompt_tokens);
         let (key, ahead) = self.worker.latency.sent(uncached);
         self.backlog = Some(key);
         self.situation = Some(self.worker.situation_behind(ahead, uncached, 0));

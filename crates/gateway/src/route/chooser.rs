@@ -398,11 +398,11 @@ fn pick(
         .then(|| held::score(&workers, request, &mut candidates))
         .flatten();
     let input = precise.unwrap_or(request.input);
-    let mut uncached = policy
+    let mut claimed = policy
         .wants_prefix()
-        .then(|| predicted::uncached_on(request, &candidates, &input, precise.is_some()));
+        .then(|| predicted::claimed_on(request, &candidates, &input, precise.is_some()));
     while !candidates.is_empty() {
-        let by_prediction = uncached
+        let by_prediction = claimed
             .as_deref()
             .filter(|_| policy.predicts())
             .and_then(|tokens| predicted::placed(&workers, request, tokens));
@@ -421,8 +421,8 @@ fn pick(
         };
         let worker = workers[i];
         if let Some(mut lease) = Lease::acquire(worker, request.weight) {
-            if let Some(tokens) = &uncached {
-                lease.uncached(tokens[i]);
+            if let Some(tokens) = &claimed {
+                lease.claimed(tokens[i]);
             }
             return Some(lease);
         }
@@ -430,7 +430,7 @@ fn pick(
         // place under its limit: choose among the others.
         candidates.swap_remove(i);
         workers.swap_remove(i);
-        if let Some(tokens) = &mut uncached {
+        if let Some(tokens) = &mut claimed {
             tokens.swap_remove(i);
         }
     }

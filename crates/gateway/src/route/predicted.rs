@@ -1,12 +1,12 @@
-//! The `predicted` policy's inputs: how much of the prompt each candidate must still prefill
-//! (its prefix score, over the part of the prompt the score was matched on), and each
-//! candidate's predicted latency for the request from its own latency model, which
-//! `sluice_core::latency::place` places by.
+//! The `predicted` policy's inputs: how much of the prompt each candidate is claimed to hold
+//! cached (its prefix score, over the part of the prompt the score was matched on; taken at the
+//! credit the candidate's engine gives such claims), and each candidate's predicted latency for
+//! the request from its own latency model, which `sluice_core::latency::place` places by.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::latency::{lateness, place, uncached, Placed};
+use sluice_core::latency::{claimed_cached, lateness, place, Placed};
 use sluice_core::policy::{Candidate, RouteInput};
 
 use super::RouteRequest;
@@ -16,10 +16,10 @@ use crate::fleet::{Lease, Worker};
 /// a token, the ratio the prompt-size estimate uses.
 const TOKENS_PER_BLOCK: u64 = 16;
 
-/// Each candidate's uncached prompt tokens, from its prefix match as the policy scored it
-/// (`input.prefix_blocks` of the prompt; a share of `PREFIX_SHARE_SCALE` where engines' KV
-/// events scored it, `precise`).
-pub(super) fn uncached_on(
+/// The prompt tokens each candidate is claimed to hold cached, from its prefix match as the
+/// policy scored it (`input.prefix_blocks` of the prompt; a share of `PREFIX_SHARE_SCALE` where
+/// engines' KV events scored it, `precise`).
+pub(super) fn claimed_on(
     request: &RouteRequest,
     candidates: &[Candidate],
     input: &RouteInput,
@@ -38,7 +38,7 @@ pub(super) fn uncached_on(
             } else {
                 f64::from(c.prefix_match) / f64::from(input.prefix_blocks)
             };
-            uncached(request.prompt_tokens, share, covered)
+            claimed_cached(request.prompt_tokens, share, covered)
         })
         .collect()
 }
@@ -49,12 +49,13 @@ pub(super) fn uncached_on(
 pub(super) fn placed(
     workers: &[&Arc<Worker>],
     request: &RouteRequest,
-    uncached: &[u64],
+    claimed: &[u64],
 ) -> Option<usize> {
+    let prompt = request.prompt_tokens;
     let predictions: Vec<_> = workers
         .iter()
-        .zip(uncached)
-        .map(|(w, &tokens)| w.predict(tokens, request.weight))
+        .zip(claimed)
+        .map(|(w, &cached)| w.predict(w.latency.uncached(prompt, cached), request.weight))
         .collect();
     match place(&predictions, request.objectives.as_ref()) {
         Placed::Meets(i) | Placed::NoneMeets(i) => Some(i),

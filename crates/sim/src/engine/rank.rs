@@ -432,8 +432,14 @@ fn publish(scheduler: &Scheduler, ctx: &RankContext, reporter: &mut Reporter) {
         now.prefix_hits - published.prefix_hits,
     );
     ctx.metrics.prefix_lookups(ctx.index, queried, hit);
+    // SGLang's `cache_hit_rate` still counts a retracted request's lookup again, as the
+    // simulator always has: whether a release leaves those out was not read in its source.
+    let (again, again_hit) = (
+        now.preempted_queries - published.preempted_queries,
+        now.preempted_hits - published.preempted_hits,
+    );
     let throughput = &mut reporter.throughput;
-    throughput.add(generated, queried, hit, Instant::now());
+    throughput.add(generated, queried + again, hit + again_hit, Instant::now());
     let (rate, hit_rate) = (throughput.rate, throughput.hit_rate);
     let retracted = reporter.retracted(&now);
     reporter.published = now;

@@ -150,8 +150,18 @@ impl Scheduler {
         }
         let taken = take_blocks(&mut self.pool, &mut self.cache, fresh);
         debug_assert!(taken, "the free blocks were counted above");
-        self.counters.prefix_queries += u64::from(seq.prefill_target);
-        self.counters.prefix_hits += u64::from(hits * self.cfg.block_size);
+        let (queries, found) = match seq.preempted {
+            false => (
+                &mut self.counters.prefix_queries,
+                &mut self.counters.prefix_hits,
+            ),
+            true => (
+                &mut self.counters.preempted_queries,
+                &mut self.counters.preempted_hits,
+            ),
+        };
+        *queries += u64::from(seq.prefill_target);
+        *found += u64::from(hits * self.cfg.block_size);
         seq.shared = hits;
         seq.computed = computed;
         self.waiting.pop_front();

@@ -127,10 +127,16 @@ pub struct Counters {
     pub tokens_generated: u64,
     /// Prefill and decode work spent on requests later aborted, or recomputed after preemption.
     pub wasted_tokens: u64,
-    /// Prompt tokens looked up in the prefix cache at admission (vLLM's
+    /// Prompt tokens looked up in the prefix cache at a request's first admission (vLLM's
     /// `prefix_cache_queries`), and those found there (`prefix_cache_hits`).
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// The same at a preempted request's admission again, to recompute it: vLLM counts these
+    /// apart and leaves them out of its hit rate and its counters (vllm/v1/metrics/stats.py,
+    /// `PrefixCacheStats.record` with `preempted`, since vllm-project/vllm#25787, merged
+    /// 2025-09-26): its recomputed tokens are mostly still cached and would read as hits.
+    pub preempted_queries: u64,
+    pub preempted_hits: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -432,6 +438,7 @@ impl Scheduler {
                 seq.blocks = 0;
                 seq.computed = 0;
                 seq.prefill_target = seq.prompt_tokens + seq.generated;
+                seq.preempted = true;
                 seq.phase = Phase::Waiting;
                 self.waiting.push_front(id);
                 events.push(SeqEvent::Preempted(id));

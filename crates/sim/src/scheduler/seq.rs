@@ -95,6 +95,9 @@ pub struct Seq {
     pub adapter: Option<super::Adapter>,
     /// Passed over at least once because the batch's adapter slots were taken.
     pub slot_waited: bool,
+    /// Preempted to be recomputed at least once: its prefix lookups from then on are counted
+    /// apart (`Counters::preempted_queries`).
+    pub preempted: bool,
 }
 
 impl Seq {
@@ -117,6 +120,7 @@ impl Seq {
             preloaded: new.preloaded,
             adapter: new.adapter,
             slot_waited: false,
+            preempted: false,
         }
     }
 

@@ -128,12 +128,17 @@ fn say_changes(
     }
 }
 
-/// What the engine reported, as the worker's gauges show it.
-fn engine_gauges(worker: &Worker, report: &LoadReport) {
+/// What the engine reported of itself: its queue and KV usage as the worker's gauges show
+/// them, and what its prefix cache found since `previous` (the credit of the prefix claims sent
+/// to it).
+fn engine_figures(worker: &Worker, report: &LoadReport, previous: Option<&LoadReport>) {
     let m = &worker.metrics;
     m.engine_waiting.set(report.waiting() as i64);
     m.engine_running.set(report.running() as i64);
     m.engine_token_usage.set(report.mean_kv_usage());
+    worker
+        .latency
+        .engine_found(report.prefix_found_since(previous));
 }
 
 /// The room `report` leaves on `worker` to start requests, set on its vetoes (tight when what is
@@ -204,7 +209,7 @@ impl Control {
         let batch = worker.live().spec.max_num_batched_tokens.or(engine_batch);
         let activity = activity(&report, worker.traffic.pending_prefill_tokens(), batch);
         let busy = worker_busy(&activity, &self.busy_thresholds());
-        engine_gauges(worker, &report);
+        engine_figures(worker, &report, previous_report);
         let was_asleep = worker.vetoes.set_asleep(asleep);
         let at_report = AtReport::new(report.waiting(), worker.traffic.sent_and_ended(), now);
         let starts = previous

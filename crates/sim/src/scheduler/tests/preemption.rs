@@ -61,6 +61,24 @@ fn recompute_sends_the_victim_to_the_front_of_the_queue_and_wastes_its_work() {
 }
 
 #[test]
+fn a_recomputed_request_looks_its_prefix_up_again_counted_apart_as_vllm_does() {
+    let mut s = Scheduler::new(config(3, 4));
+    s.add(seq(0, 4, 6));
+    s.add(seq(1, 4, 6));
+    s.step().unwrap();
+    s.add(seq(2, 4, 6));
+    assert_eq!(preempted(&s.step().unwrap()), vec![1]);
+    run_to_end(&mut s);
+    let c = s.counters();
+    assert_eq!(c.prefix_queries, 3 * 4, "each request's first lookup");
+    assert!(
+        c.preempted_queries > 4,
+        "the victim's prompt and its token, again: {}",
+        c.preempted_queries
+    );
+}
+
+#[test]
 fn swap_keeps_the_work_and_pays_the_transfer_both_ways() {
     let mut cfg = config(3, 4);
     cfg.preemption = Preemption::Swap;
