@@ -64,15 +64,31 @@ impl Pool {
     /// (`in_time`). The gateway queue holds requests while this is false. A disaggregated model
     /// needs room on both sides.
     pub(crate) fn has_room_for(&self, tier: Tier) -> bool {
+        self.has_room_after(tier, Duration::ZERO)
+    }
+
+    /// With `--policy predicted`: room is gated on the predictions (`has_room_after`).
+    pub(crate) fn gates_by_prediction(&self) -> bool {
+        self.state.objectives.is_some()
+    }
+
+    /// `has_room_for` a request of `tier` that has waited `waited` already: with `--policy
+    /// predicted`, a worker must be predicted to start a new prompt within what is left of the
+    /// tier's first-token objective, which counts from the request's arrival. A queue that
+    /// released its oldest waiter on room in time for a fresh one would hold requests until
+    /// most of their time was spent, then send them to be late.
+    pub(crate) fn has_room_after(&self, tier: Tier, waited: Duration) -> bool {
         if let Some(pd) = &self.pd {
-            return pd.prefill.has_room_for(tier) && pd.decode.has_room_for(tier);
+            return pd.prefill.has_room_after(tier, waited)
+                && pd.decode.has_room_after(tier, waited);
         }
         let reserve = self.reserve_for(tier);
         let objective = self
             .state
             .objectives
             .and_then(|slos| slos.of(tier).ttft)
-            .filter(|t| !t.is_zero());
+            .filter(|t| !t.is_zero())
+            .map(|t| t.saturating_sub(waited));
         self.workers.iter().any(|w| {
             w.is_routable()
                 && !w.at_limit(1)

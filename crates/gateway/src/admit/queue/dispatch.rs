@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::admission::drain;
-use sluice_core::admission::{Tier, Waiter};
+use sluice_core::admission::{Ticket, Tier, Waiter};
 use sluice_core::ModelName;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -62,6 +62,32 @@ impl GatewayQueue {
         }
     }
 
+    /// The waiter to send now, if any: the first with room in time for what is left of its
+    /// tier's first-token objective; with `--policy predicted`, when none can still be in time,
+    /// the first with room in time for a fresh request (it is late whatever it does, and the
+    /// room would go unused until an arrival).
+    fn next_ready(
+        &self,
+        snapshot: &Snapshot,
+        slots_free: &impl Fn() -> bool,
+    ) -> Option<(Ticket, Waiter<Waiting>)> {
+        let now = Instant::now();
+        let pool = |w: &Waiter<Waiting>| snapshot.pools.get(&w.item.model);
+        let in_time = |w: &Waiter<Waiting>| {
+            let waited = now.saturating_duration_since(w.item.arrived);
+            slots_free() && pool(w).is_some_and(|p| p.has_room_after(w.tier, waited))
+        };
+        let late = |w: &Waiter<Waiting>| {
+            slots_free()
+                && pool(w).is_some_and(|p| p.gates_by_prediction() && p.has_room_for(w.tier))
+        };
+        let predicting = snapshot.pools.values().any(|p| p.gates_by_prediction());
+        let mut waiting = self.waiting.lock();
+        waiting
+            .pop_first(in_time)
+            .or_else(|| predicting.then(|| waiting.pop_first(late)).flatten())
+    }
+
     /// The dispatcher: sends waiters out as room opens, until `stop`.
     pub(crate) async fn dispatch(
         self: Arc<Self>,
@@ -74,14 +100,7 @@ impl GatewayQueue {
             changes.borrow_and_update();
             let codel_look = self.cut_standing();
             let snapshot = fleet.snapshot();
-            let ready = |w: &Waiter<Waiting>| {
-                slots_free()
-                    && snapshot
-                        .pools
-                        .get(&w.item.model)
-                        .is_some_and(|p| p.has_room_for(w.tier))
-            };
-            let next = self.waiting.lock().pop_first(ready);
+            let next = self.next_ready(&snapshot, &slots_free);
             if let Some((_, waiter)) = next {
                 self.count_depth();
                 let (ack, taken) = oneshot::channel();
