@@ -213,3 +213,98 @@ async fn with_a_queue_a_request_predicted_late_waits_for_predicted_room_instead_
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(bounded("the long answer", batch).await.unwrap().status, 200);
 }
+
+/// The interactive tier's first token within `interactive_ms`, the agent tier's within a
+/// minute; batch without an objective.
+fn interactive_and_agent(interactive_ms: u64) -> Slos {
+    let within = |ms| Slo {
+        ttft: Some(Duration::from_millis(ms)),
+        tpot: None,
+    };
+    Slos::new([within(interactive_ms), within(60_000), Slo::default()])
+}
+
+/// How long the oldest waiter of `tier` has waited, in seconds.
+async fn oldest_wait(s: &Setup, tier: usize) -> f64 {
+    let view = get_admin(&s.client, &s.url("/admission")).await.json();
+    view["queue"]["tiers"][tier]["oldest_wait_secs"]
+        .as_f64()
+        .unwrap()
+}
+
+/// Sends `body` at `tier` on its own task.
+fn spawn_at(s: &Setup, body: String, tier: &'static str) -> tokio::task::JoinHandle<Answer> {
+    let (client, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+    tokio::spawn(async move {
+        send(
+            &client,
+            "POST",
+            &url,
+            Some(&body),
+            &[("x-sluice-priority", tier)],
+        )
+        .await
+    })
+}
+
+#[tokio::test]
+async fn a_waiter_out_of_time_goes_after_one_that_can_still_be_in_time() {
+    let s = start(1, timed(Flavor::Vllm, 1.0), |c| {
+        predicted(c, interactive_and_agent(300));
+        c.admission.max_concurrent = Some(1);
+        c.admission.queue = Some(QueueConfig {
+            size: 8,
+            timeouts: [Duration::from_secs(60); 3],
+            shed: false,
+            shed_retry_after: Duration::from_secs(1),
+            codel: None,
+        });
+    })
+    .await;
+    slowed_and_learned(&s).await;
+    // A batch request (no objective) holds the one place while the others queue.
+    let long = |what: &str| chat_body("test-model", what, 100, false);
+    let holder = spawn_at(&s, long("hold the place"), "batch");
+    bounded("the holder reaches the engine", async {
+        while s.received()[0] < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let interactive = spawn_at(
+        &s,
+        chat_body("test-model", "quick?", 2, false),
+        "interactive",
+    );
+    until_depth(&s, 0, 1).await;
+    let agent = spawn_at(
+        &s,
+        chat_body("test-model", "and the agent", 300, false),
+        "agent",
+    );
+    until_depth(&s, 1, 1).await;
+    // The interactive waiter spends its 300 ms: it can no longer be in time anywhere.
+    bounded("the interactive waiter out of time", async {
+        while oldest_wait(&s, 0).await < 0.35 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(depth(&s, 0).await, 1, "the holder still holds the place");
+    assert_eq!(bounded("the holder", holder).await.unwrap().status, 200);
+    // The place goes to the agent, which can still be in time; the interactive one waits.
+    until_depth(&s, 1, 0).await;
+    assert_eq!(
+        depth(&s, 0).await,
+        1,
+        "the waiter out of time goes after the one in time"
+    );
+    assert_eq!(bounded("the agent", agent).await.unwrap().status, 200);
+    let late = bounded("the late one", interactive).await.unwrap();
+    assert_eq!(
+        late.status,
+        200,
+        "sent once nothing in time waits: {}",
+        late.text()
+    );
+}

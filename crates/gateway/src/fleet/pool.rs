@@ -74,7 +74,8 @@ impl Pool {
 
     /// `has_room_for` a request of `tier` that has waited `waited` already: with `--policy
     /// predicted`, a worker must be predicted to start a new prompt within what is left of the
-    /// tier's first-token objective, which counts from the request's arrival. A queue that
+    /// tier's first-token objective, which counts from the request's arrival (none left: out of
+    /// time, whatever is predicted). A queue that
     /// released its oldest waiter on room in time for a fresh one would hold requests until
     /// most of their time was spent, then send them to be late.
     pub(crate) fn has_room_after(&self, tier: Tier, waited: Duration) -> bool {
@@ -93,7 +94,7 @@ impl Pool {
             w.is_routable()
                 && !w.at_limit(1)
                 && w.veto_class_for(Projection::Wary, reserve).is_none()
-                && objective.is_none_or(|objective| in_time(w, objective))
+                && objective.is_none_or(|left| !left.is_zero() && in_time(w, left))
         })
     }
 
