@@ -17,6 +17,15 @@ pub(super) const K: f64 = 1000.0;
 const WEIGHT: f64 = 0.02;
 /// Samples before the attention term is fitted; tokens alone before that.
 const MIN_SAMPLES: u32 = 16;
+/// Attention pairs per token, in thousands (the fit's millions of pairs over its thousands of
+/// tokens), from which a sample's work shows its attention apart from its tokens: a prompt of
+/// 8,192 tokens.
+/// Among shorter prompts the pairs grow with the tokens over too narrow a range to tell the two
+/// terms apart, and attention is a few percent of their prefill, within the samples' noise: a
+/// fit of short prompts alone gives the attention term whatever the noise says, and a long
+/// prompt predicted by it was 40-60x too slow (long-context at 0.8x, one engine's first long
+/// prompt after forty short ones: 60 s predicted for the requests behind a 1.3-s prefill).
+const ATTENTION_SHOWS: f64 = 4.096;
 
 /// Prefill work: prompt tokens, and the causal attention pairs among them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +80,10 @@ pub struct PrefillFit {
     /// Weighted means of xi·xj and of xi·y.
     xx: [[f64; FEATURES]; FEATURES],
     xy: [f64; FEATURES],
+    /// The weighted mean of the attention feature squared over the samples whose work shows
+    /// attention (`ATTENTION_SHOWS`), the others counted as zero: the part of `xx[1][1]` that
+    /// can tell attention from tokens.
+    xx_attention: f64,
     samples: u32,
 }
 
@@ -85,6 +98,12 @@ impl PrefillFit {
         let x = [x1, x2, queued as f64];
         let y = seconds.max(0.0);
         let w = if self.samples == 0 { 1.0 } else { WEIGHT };
+        let shows = if x2 >= ATTENTION_SHOWS * x1 {
+            x2 * x2
+        } else {
+            0.0
+        };
+        self.xx_attention += w * (shows - self.xx_attention);
         for i in 0..FEATURES {
             for j in 0..FEATURES {
                 self.xx[i][j] += w * (x[i] * x[j] - self.xx[i][j]);
@@ -95,14 +114,18 @@ impl PrefillFit {
     }
 
     /// The coefficients; `None` before a first token (or while every sample took no time).
-    /// Before `MIN_SAMPLES`, tokens alone.
+    /// Before `MIN_SAMPLES`, tokens alone; attention only while most of what the samples say
+    /// of it comes from work long enough to show it (a long prompt's leverage keeps it so for
+    /// hundreds of short samples after).
     pub fn coefficients(&self) -> Option<Coefficients> {
-        let subsets: &[&[usize]] = if self.samples >= MIN_SAMPLES {
-            &SUBSETS
-        } else {
-            &SUBSETS[3..]
-        };
-        subsets.iter().find_map(|subset| self.solve(subset))
+        if self.samples < MIN_SAMPLES {
+            return self.solve(SUBSETS[3]);
+        }
+        let attention = self.xx_attention >= 0.5 * self.xx[1][1];
+        SUBSETS
+            .iter()
+            .filter(|subset| attention || !subset.contains(&1))
+            .find_map(|subset| self.solve(subset))
     }
 
     /// The least-squares coefficients over `subset` of the features (the others zero), when
@@ -197,6 +220,34 @@ mod tests {
         assert!(a > 0.0 && b == 0.0 && c == 0.0, "{a} {b} {c}");
         fit.add(&Work::default(), 0, 5.0);
         assert_eq!(fit.coefficients(), Some([a, b, c]), "no work: no sample");
+    }
+
+    #[test]
+    fn short_prompts_alone_fit_no_attention_and_a_long_one_then_does() {
+        // Prompts of 128-384 tokens whose times bend upwards (the measured noise of one run
+        // fitted 0.015 s per million pairs from forty of them): no attention term from them.
+        let mut fit = PrefillFit::default();
+        for i in 0..60u64 {
+            let w = work(128 + (i * 7919) % 256);
+            fit.add(
+                &w,
+                0,
+                0.009 * w.tokens as f64 / K + 0.015 * w.pairs as f64 / (K * K),
+            );
+        }
+        let [a, b, _] = fit.coefficients().unwrap();
+        assert!(a > 0.0 && b == 0.0, "{a} {b}");
+        let long = work(88_000);
+        let tokens_only = fit.seconds(&long, 0).unwrap();
+        assert!(tokens_only < 2.0, "{tokens_only}");
+        // One 94k prompt's first token after 1.4 s, as the engine took: attention is fitted,
+        // and the 88k prompt is predicted near what it took (1.25 s), not a minute.
+        let seen = work(94_000);
+        fit.add(&seen, 0, 1.4);
+        let [_, b, _] = fit.coefficients().unwrap();
+        assert!(b > 0.0, "{b}");
+        let predicted = fit.seconds(&long, 0).unwrap();
+        assert!((0.9..1.6).contains(&predicted), "{predicted}");
     }
 
     #[test]
