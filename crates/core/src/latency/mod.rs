@@ -201,10 +201,20 @@ impl LatencyModel {
     }
 
     /// A request sent in `situation` had its first token after `ttft`: the prediction for it
-    /// judged (when that late), then the prefill rate learned from it.
+    /// judged (when that late), then the prefill rate learned from it — unless a long prompt
+    /// was ahead of it. How much of a long prompt is left is the backlog's estimate, paced by
+    /// this fit, and the request behind it waits for all that is really left: its wait says
+    /// as much about the estimate as about the engine. Learned from, a short request behind
+    /// the last chunks of a long prompt (a few thousand tokens but hundreds of millions of
+    /// pairs, as the backlog counted them) put its whole wait on those pairs, and the next long
+    /// prompt was predicted 5x too slow (long-context at 1.5x, seed 1). A long prompt's cost is
+    /// learned from its own first token.
     pub fn first_token(&mut self, situation: &Situation, ttft: Duration) {
         if let Some(predicted) = self.predict(situation).filter(|_| ttft >= ERROR_FLOOR) {
             self.ttft_error.add(predicted.ttft, ttft);
+        }
+        if situation.prefill_ahead.shows_attention() {
+            return;
         }
         let step = self.step(situation.batch).unwrap_or_default();
         let prefill = ttft.saturating_sub(step).as_secs_f64();
@@ -411,6 +421,31 @@ mod tests {
             fresh.ttft_error.count, before,
             "under the floor: not judged"
         );
+    }
+
+    #[test]
+    fn a_wait_behind_a_long_prompt_is_judged_but_not_learned() {
+        let mut model = learned(100);
+        let fit = model.prefill_fit();
+        let judged = model.ttft_error.count;
+        // The last chunks of a 91k-token prompt as the backlog counted them (a few thousand
+        // tokens, hundreds of millions of pairs), then a short prompt, which waited 0.4 s for
+        // what the engine really had left of the long one.
+        let behind_long = Situation {
+            prefill_ahead: Work::default().plus(2_716, 244_000_000),
+            uncached_prompt: 261,
+            batch: 6,
+            slot_queue: 0,
+        };
+        model.first_token(&behind_long, 415 * MS);
+        assert_eq!(model.ttft_error.count, judged + 1, "judged");
+        assert_eq!(model.prefill_fit(), fit, "not learned");
+        let behind_short = Situation {
+            prefill_ahead: Work::default().plus(2_716, attention_of(2_716)),
+            ..behind_long
+        };
+        model.first_token(&behind_short, 415 * MS);
+        assert_ne!(model.prefill_fit(), fit, "learned");
     }
 
     #[test]

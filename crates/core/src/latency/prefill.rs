@@ -53,6 +53,12 @@ impl Work {
     fn features(&self) -> (f64, f64) {
         (self.tokens as f64 / K, self.pairs as f64 / (K * K))
     }
+
+    /// Whether its attention can be told apart from its tokens (`ATTENTION_SHOWS`).
+    pub fn shows_attention(&self) -> bool {
+        let (x1, x2) = self.features();
+        x1 > 0.0 && x2 >= ATTENTION_SHOWS * x1
+    }
 }
 
 /// The causal attention pairs of a prompt of `tokens`.
@@ -98,11 +104,7 @@ impl PrefillFit {
         let x = [x1, x2, queued as f64];
         let y = seconds.max(0.0);
         let w = if self.samples == 0 { 1.0 } else { WEIGHT };
-        let shows = if x2 >= ATTENTION_SHOWS * x1 {
-            x2 * x2
-        } else {
-            0.0
-        };
+        let shows = if work.shows_attention() { x2 * x2 } else { 0.0 };
         self.xx_attention += w * (shows - self.xx_attention);
         for i in 0..FEATURES {
             for j in 0..FEATURES {
